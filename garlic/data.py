@@ -1,0 +1,84 @@
+"""Batches for the model: a dataset over the cached tensors, normalised with training statistics only."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from garlic.splits import Normalisation
+from preprocessing.tensors import IrregularTensors
+
+
+@dataclass
+class Batch:
+    """B stays padded to the longest among them (T steps), D variables, S static features.
+
+    values  [B, T, D] normalised values, 0 where not observed
+    mask    [B, T, D] 1.0 where observed
+    times   [B, T]    hours since admission
+    lengths [B]       real steps per stay
+    static  [B, S]    normalised static features, 0 where unknown
+    labels  [B]       0/1 outcome
+    """
+
+    values: torch.Tensor
+    mask: torch.Tensor
+    times: torch.Tensor
+    lengths: torch.Tensor
+    static: torch.Tensor
+    labels: torch.Tensor
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class IrregularDataset(Dataset):
+    """The stays of one split, normalised up front with statistics from the training split."""
+
+    def __init__(self, tensors: IrregularTensors, normalisation: Normalisation):
+        self.tensors = tensors
+        self.stay_ids = tensors.stay_ids
+        mean, std = normalisation.value_mean, normalisation.value_std
+        self.values = torch.from_numpy(np.where(tensors.mask, (tensors.values - mean) / std, 0.0).astype("float32"))
+        self.mask = torch.from_numpy(tensors.mask.astype("float32"))
+        self.times = torch.from_numpy(tensors.times)
+        self.lengths = torch.from_numpy(tensors.lengths)
+        static = (tensors.static - normalisation.static_mean) / normalisation.static_std
+        self.static = torch.from_numpy(np.nan_to_num(static, nan=0.0).astype("float32"))
+        self.labels = torch.from_numpy(tensors.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {
+            "values": self.values[index],
+            "mask": self.mask[index],
+            "times": self.times[index],
+            "lengths": self.lengths[index],
+            "static": self.static[index],
+            "labels": self.labels[index],
+        }
+
+
+def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
+    """Stack single stays into a batch cut to the longest stay, so short batches cost less."""
+    steps = max(max(int(item["lengths"]) for item in items), 1)
+    return Batch(
+        values=torch.stack([item["values"][:steps] for item in items]),
+        mask=torch.stack([item["mask"][:steps] for item in items]),
+        times=torch.stack([item["times"][:steps] for item in items]),
+        lengths=torch.stack([item["lengths"] for item in items]),
+        static=torch.stack([item["static"] for item in items]),
+        labels=torch.stack([item["labels"] for item in items]),
+    )
+
+
+def loader(dataset: IrregularDataset, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=generator)

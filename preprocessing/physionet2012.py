@@ -1,0 +1,358 @@
+"""PhysioNet/Computing in Cardiology Challenge 2012 records -> the processed tables (see ``tables``).
+
+The release holds ``set-a``, ``set-b`` and ``set-c`` (as ``.tar.gz`` archives or extracted folders) with one
+``RECORDID.txt`` per stay (``Time,Parameter,Value``, time ``HH:MM`` since ICU admission, descriptors first), and
+``Outcomes-{a,b,c}.txt``. Any subset of the three sets works.
+
+Speed comes from parsing every record of a set in one pyarrow CSV pass: each record's lines are prefixed with the
+record's index, so the whole set is one table. Records whose lines break a rule are re-read line by line, so that
+each skipped line is reported with its file and line number.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from preprocessing.tables import sha256_of, write_processed
+
+log = logging.getLogger(__name__)
+
+SETS = ("a", "b", "c")
+WINDOW_HOURS = 48.0
+TIME_SERIES = [
+    "ALP", "ALT", "AST", "Albumin", "BUN", "Bilirubin", "Cholesterol", "Creatinine", "DiasABP", "FiO2", "GCS",
+    "Glucose", "HCO3", "HCT", "HR", "K", "Lactate", "MAP", "MechVent", "Mg", "NIDiasABP", "NIMAP", "NISysABP",
+    "Na", "PaCO2", "PaO2", "Platelets", "RespRate", "SaO2", "SysABP", "Temp", "TroponinI", "TroponinT", "Urine",
+    "WBC", "pH",
+]  # fmt: skip
+STATIC = ["Age", "Gender", "Height", "ICUType", "Weight"]
+# Weight is both a descriptor and a series; the P12 benchmark keeps only the descriptor.
+KNOWN_PARAMETERS = frozenset(TIME_SERIES) | {"RecordID", *STATIC}
+LABEL = "In-hospital_death"
+OUTCOME_COLUMNS = ["RecordID", "SAPS-I", "SOFA", "Length_of_stay", "Survival", LABEL]
+HEADER = b"Time,Parameter,Value"
+_TIME = re.compile(r"^(\d+):([0-5]\d)$")
+_RECORD_NAME = re.compile(r"^(\d+)\.txt$")
+
+
+class PhysioNet2012Error(ValueError):
+    """Input that cannot be read as the PhysioNet 2012 release; the message names the file (and line)."""
+
+
+@dataclass
+class Record:
+    """One stay's raw text; ``origin`` names it in messages (``set-a.tar.gz:set-a/132539.txt``)."""
+
+    origin: str
+    record_id: int
+    text: bytes
+
+
+@dataclass
+class Skip:
+    origin: str
+    line: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = self.origin if self.line is None else f"{self.origin} line {self.line}"
+        return f"{where}: {self.reason}"
+
+
+def _member_record_id(member_name: str, origin: str) -> int | None:
+    path = PurePosixPath(member_name)
+    if path.is_absolute() or ".." in path.parts:
+        raise PhysioNet2012Error(f"{origin}: archive member {member_name!r} escapes its folder; refusing the archive")
+    match = _RECORD_NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def iter_records(set_path: Path) -> Iterator[Record]:
+    """Yield the records of one set, from a ``.tar.gz`` archive or an extracted folder, in name order."""
+    set_path = Path(set_path)
+    if set_path.is_dir():
+        for file in sorted(set_path.glob("*.txt")):
+            record_id = _member_record_id(file.name, str(file))
+            if record_id is not None:
+                yield Record(f"{set_path.name}/{file.name}", record_id, file.read_bytes())
+        return
+    try:
+        with tarfile.open(set_path, "r:gz") as archive:
+            for member in archive:
+                record_id = _member_record_id(member.name, set_path.name)
+                if record_id is None or not member.isfile():
+                    continue
+                handle = archive.extractfile(member)
+                yield Record(f"{set_path.name}:{member.name}", record_id, handle.read())
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise PhysioNet2012Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
+
+
+def _parse_line(line: bytes) -> tuple[float, str, float] | str:
+    """One data line -> (hours, parameter, value), or the reason it is rejected."""
+    fields = line.decode("utf-8", errors="replace").strip().split(",")
+    if len(fields) != 3:
+        return f"expected 3 comma-separated fields (Time,Parameter,Value), got {len(fields)}: {line[:80]!r}"
+    time_text, parameter, value_text = fields
+    match = _TIME.match(time_text)
+    if not match:
+        return f"unparseable time {time_text!r} (expected HH:MM)"
+    if parameter not in KNOWN_PARAMETERS:
+        return f"unknown parameter {parameter!r}"
+    try:
+        value = float(value_text)
+    except ValueError:
+        return f"unparseable value {value_text!r} for {parameter}"
+    if not np.isfinite(value):
+        return f"non-finite value {value_text!r} for {parameter}"
+    return int(match.group(1)) + int(match.group(2)) / 60.0, parameter, value
+
+
+def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.DataFrame:
+    """Line-by-line parse of one record that broke a rule, reporting each rejected line."""
+    rows = []
+    lines = record.text.replace(b"\r\n", b"\n").split(b"\n")
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        parsed = _parse_line(line)
+        if isinstance(parsed, str):
+            skips.append(Skip(record.origin, number, parsed))
+        else:
+            rows.append((index, *parsed))
+    return pd.DataFrame(rows, columns=["record", "time", "parameter", "value"])
+
+
+def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
+    """Parse all records in one pyarrow pass; return the rows and the indices of records needing a slow look."""
+    suspicious: set[int] = set()
+    chunks = []
+    for index, record in enumerate(records):
+        header, _, body = record.text.replace(b"\r\n", b"\n").partition(b"\n")
+        if header.strip() != HEADER:
+            suspicious.add(index)
+            continue
+        body = body.rstrip(b"\n")
+        if body:
+            prefix = b"%d," % index
+            chunks.append(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
+
+    def on_invalid_row(row) -> str:
+        suspicious.add(int(row.text.split(",", 1)[0]))
+        return "skip"
+
+    table = pacsv.read_csv(
+        io.BytesIO(b"".join(chunks)),
+        read_options=pacsv.ReadOptions(column_names=["record", "time", "parameter", "value"]),
+        parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid_row),
+        convert_options=pacsv.ConvertOptions(
+            column_types={"record": pa.int64(), "time": pa.string(), "parameter": pa.string(), "value": pa.string()},
+            strings_can_be_null=False,
+        ),
+    )
+    record = table["record"].to_numpy()
+    bad = np.zeros(len(table), dtype=bool)
+
+    try:
+        value = pc.cast(table["value"], pa.float64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        value = pd.to_numeric(table["value"].to_pandas(), errors="coerce").to_numpy(dtype="float64")
+    bad |= ~np.isfinite(value)
+
+    time_parts = pc.split_pattern(table["time"], ":")
+    well_formed = pc.and_(
+        pc.equal(pc.list_value_length(time_parts), 2),
+        pc.match_substring_regex(table["time"], _TIME.pattern),
+    ).to_numpy(zero_copy_only=False)
+    bad |= ~well_formed
+    hours = np.zeros(len(table))
+    if well_formed.any():
+        parts = pc.list_flatten(pc.filter(time_parts, pa.array(well_formed)))
+        clock = pc.cast(parts, pa.int64()).to_numpy().reshape(-1, 2)
+        hours[well_formed] = clock[:, 0] + clock[:, 1] / 60.0
+
+    bad |= ~pc.is_in(table["parameter"], value_set=pa.array(sorted(KNOWN_PARAMETERS))).to_numpy(zero_copy_only=False)
+    suspicious.update(np.unique(record[bad]).tolist())
+
+    rows = pd.DataFrame(
+        {
+            "record": record,
+            "time": hours,
+            "parameter": table["parameter"].to_pandas(),
+            "value": value,
+        }
+    )
+    return rows, suspicious
+
+
+def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataFrame, list[Skip]]:
+    """All records -> one long frame (record index, time in hours, parameter, value) and the skipped lines."""
+    rows, suspicious = _fast_parse(records)
+    skips: list[Skip] = []
+    if suspicious:
+        slow = []
+        for index in sorted(suspicious):
+            record = records[index]
+            header = record.text.replace(b"\r\n", b"\n").partition(b"\n")[0]
+            if header.strip() != HEADER:
+                skips.append(Skip(record.origin, 1, f"expected header 'Time,Parameter,Value', got {header[:80]!r}"))
+                continue
+            slow.append(_parse_record_slowly(index, record, skips))
+        rows = pd.concat([rows[~rows["record"].isin(suspicious)], *slow], ignore_index=True)
+        rows = rows.sort_values("record", kind="stable", ignore_index=True)
+    if skips and strict:
+        raise PhysioNet2012Error(str(skips[0]))
+    by_reason: dict[str, list[Skip]] = {}
+    for skip in skips:
+        by_reason.setdefault(skip.reason, []).append(skip)
+    for reason, group in by_reason.items():
+        first = group[0].origin if group[0].line is None else f"{group[0].origin} line {group[0].line}"
+        log.warning("skipped %d line(s): %s (first at %s; all listed in the manifest)", len(group), reason, first)
+    return rows, skips
+
+
+def read_outcomes(path: Path) -> pd.DataFrame:
+    try:
+        outcomes = pd.read_csv(path)
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise PhysioNet2012Error(f"{path}: not a readable outcomes table ({exc})") from exc
+    missing = [c for c in OUTCOME_COLUMNS if c not in outcomes.columns]
+    if missing:
+        raise PhysioNet2012Error(f"{path}: missing column(s) {missing}; expected {OUTCOME_COLUMNS}")
+    for column in OUTCOME_COLUMNS:
+        numeric = pd.to_numeric(outcomes[column], errors="coerce")
+        broken = numeric.isna()
+        if broken.any():
+            line = int(np.flatnonzero(broken)[0]) + 2
+            raise PhysioNet2012Error(
+                f"{path} line {line}: {column} is {outcomes[column].iloc[line - 2]!r}, expected a number"
+            )
+        outcomes[column] = numeric
+    if not outcomes[LABEL].isin([0, 1]).all():
+        line = int(np.flatnonzero(~outcomes[LABEL].isin([0, 1]))[0]) + 2
+        raise PhysioNet2012Error(f"{path} line {line}: {LABEL} must be 0 or 1")
+    duplicated = outcomes["RecordID"].duplicated()
+    if duplicated.any():
+        line = int(np.flatnonzero(duplicated)[0]) + 2
+        raise PhysioNet2012Error(f"{path} line {line}: RecordID {outcomes['RecordID'].iloc[line - 2]} repeats")
+    return outcomes.astype({"RecordID": "int64"})
+
+
+def locate_sets(source: Path) -> dict[str, tuple[Path, Path]]:
+    """Find each available set's records (archive or folder) and its outcomes file."""
+    source = Path(source)
+    if not source.is_dir():
+        raise PhysioNet2012Error(f"{source}: no such folder (expected the PhysioNet 2012 release)")
+    found = {}
+    for name in SETS:
+        folder, archive = source / f"set-{name}", source / f"set-{name}.tar.gz"
+        records = folder if folder.is_dir() else archive if archive.is_file() else None
+        if records is None:
+            continue
+        outcomes = source / f"Outcomes-{name}.txt"
+        if not outcomes.is_file():
+            raise PhysioNet2012Error(f"{source}: found {records.name} but not its labels {outcomes.name}")
+        found[name] = (records, outcomes)
+    if not found:
+        raise PhysioNet2012Error(
+            f"{source}: found none of set-a, set-b, set-c (as .tar.gz or folder) with Outcomes-{{a,b,c}}.txt"
+        )
+    return found
+
+
+def preprocess(source: Path, destination: Path, sets: list[str] | None = None, strict: bool = False) -> dict:
+    """Read the release in ``source`` and write the processed tables to ``destination``; return the manifest."""
+    located = locate_sets(source)
+    if sets:
+        absent = [s for s in sets if s not in located]
+        if absent:
+            raise PhysioNet2012Error(f"{source}: set(s) {absent} requested but not found")
+        located = {s: located[s] for s in sets}
+
+    records: list[Record] = []
+    outcome_tables = []
+    files = {}
+    for name, (records_path, outcomes_path) in located.items():
+        records.extend(iter_records(records_path))
+        outcome_tables.append(read_outcomes(outcomes_path))
+        for path in (records_path, outcomes_path):
+            if path.is_file():
+                files[path.name] = sha256_of(path)
+    outcomes = pd.concat(outcome_tables, ignore_index=True)
+    repeated = outcomes["RecordID"][outcomes["RecordID"].duplicated()]
+    if len(repeated):
+        raise PhysioNet2012Error(f"{source}: RecordID {repeated.iloc[0]} appears in more than one outcomes file")
+
+    record_ids = np.array([r.record_id for r in records], dtype=np.int64)
+    if len(np.unique(record_ids)) != len(record_ids):
+        raise PhysioNet2012Error(f"{source}: a RecordID appears in more than one record file")
+    rows, skips = parse_records(records, strict=strict)
+    rows["stay_id"] = record_ids[rows["record"].to_numpy()]
+
+    descriptors = rows[rows["parameter"].isin(["RecordID", *STATIC])]
+    first = descriptors.drop_duplicates(["record", "parameter"], keep="first")
+    declared = first[first["parameter"] == "RecordID"]
+    mismatched = declared["value"].to_numpy() != record_ids[declared["record"].to_numpy()]
+    if mismatched.any():
+        origin = records[int(declared["record"].to_numpy()[mismatched][0])].origin
+        raise PhysioNet2012Error(f"{origin}: the RecordID row does not match the file name")
+    static = (
+        first[first["parameter"].isin(STATIC)]
+        .pivot(index="stay_id", columns="parameter", values="value")
+        .reindex(index=record_ids, columns=STATIC)
+    )
+    static = static.mask(static == -1).rename_axis("stay_id").reset_index()
+
+    series = rows[rows["parameter"].isin(TIME_SERIES) & (rows["time"] <= WINDOW_HOURS)]
+    observations = series.rename(columns={"parameter": "variable"})[["stay_id", "time", "variable", "value"]]
+
+    dropped = []
+    no_outcome = sorted(set(record_ids) - set(outcomes["RecordID"]))
+    dropped += [{"stay_id": int(s), "reason": "record has no row in the outcomes file"} for s in no_outcome]
+    outcome_without_record = sorted(set(outcomes["RecordID"]) - set(record_ids))
+    for stay in outcome_without_record:
+        log.warning("outcomes row for RecordID %d has no record file; ignored", stay)
+    no_series = sorted(set(record_ids) - set(observations["stay_id"]) - set(no_outcome))
+    dropped += [{"stay_id": int(s), "reason": f"no time-series observation in the first {WINDOW_HOURS:g} h"}
+                for s in no_series]  # fmt: skip
+    kept = np.setdiff1d(record_ids, [d["stay_id"] for d in dropped])
+
+    labels = (
+        outcomes[outcomes["RecordID"].isin(kept)]
+        .rename(columns={"RecordID": "stay_id", LABEL: "label"})
+        .sort_values("stay_id", ignore_index=True)
+    )
+    static = static[static["stay_id"].isin(kept)].sort_values("stay_id", ignore_index=True)
+    observations = observations[observations["stay_id"].isin(kept)]
+
+    manifest = {
+        "dataset": "physionet2012",
+        "source": {"sets": sorted(located), "files_sha256": files},
+        "window_hours": WINDOW_HOURS,
+        "label": LABEL,
+        "counts": {
+            "records_read": len(records),
+            "outcomes_read": int(len(outcomes)),
+            "deaths_in_outcomes": int(outcomes[LABEL].sum()),
+            "dropped_stays": len(dropped),
+            "skipped_lines": len(skips),
+            "outcomes_without_record": len(outcome_without_record),
+        },
+        "dropped_stays": dropped,
+        "skipped_lines": [str(s) for s in skips],
+        "outcomes_without_record": [int(s) for s in outcome_without_record],
+    }
+    write_processed(destination, observations, static, labels, TIME_SERIES, manifest)
+    log.info("physionet2012: %d stays kept, %d dropped, %d lines skipped", len(kept), len(dropped), len(skips))
+    return manifest

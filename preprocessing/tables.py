@@ -1,0 +1,195 @@
+"""The on-disk contract every preprocessor writes and every later stage reads.
+
+A processed dataset is one folder holding:
+
+- ``observations.parquet``: the long table, one row per measurement:
+  ``stay_id`` (int64), ``time`` (float32, hours since ICU admission), ``variable`` (dictionary string),
+  ``value`` (float32).
+- ``static.parquet``: one row per stay, ``stay_id`` then one float32 column per static feature (null = unknown).
+- ``labels.parquet``: one row per stay, ``stay_id``, ``label`` (int8, the prediction target) and any
+  reference columns the source provides (for example SAPS-I for baselines).
+- ``manifest.json``: what was read (files and SHA-256), the preprocessing version, the variable list, counts and
+  every dropped stay or skipped row with its reason. It is written last: a folder without it is incomplete.
+
+Folders are written beside their destination and renamed into place, so a crash never leaves a half-written
+dataset where a reader would find it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PREPROCESSING_VERSION = "1"
+
+OBSERVATIONS = "observations.parquet"
+STATIC = "static.parquet"
+LABELS = "labels.parquet"
+MANIFEST = "manifest.json"
+
+OBSERVATION_SCHEMA = pa.schema(
+    [
+        ("stay_id", pa.int64()),
+        ("time", pa.float32()),
+        ("variable", pa.dictionary(pa.int32(), pa.string())),
+        ("value", pa.float32()),
+    ]
+)
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A processed dataset folder is missing or incomplete."""
+
+
+@dataclass
+class ProcessedDataset:
+    """The three tables of a processed dataset and its manifest.
+
+    ``variables`` fixes the order of the time-series variables in every tensor built from these tables.
+    """
+
+    observations: pd.DataFrame
+    static: pd.DataFrame
+    labels: pd.DataFrame
+    variables: list[str]
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def static_features(self) -> list[str]:
+        return [c for c in self.static.columns if c != "stay_id"]
+
+
+def sha256_of(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _observation_table(observations: pd.DataFrame, variables: list[str]) -> pa.Table:
+    unknown = set(observations["variable"].unique()) - set(variables)
+    if unknown:
+        raise ValueError(f"observations name variables outside the dataset's variable list: {sorted(unknown)}")
+    codes = pd.Categorical(observations["variable"], categories=variables).codes.astype("int32")
+    variable = pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(variables, pa.string()))
+    return pa.Table.from_arrays(
+        [
+            pa.array(observations["stay_id"].to_numpy("int64")),
+            pa.array(observations["time"].to_numpy("float32")),
+            variable,
+            pa.array(observations["value"].to_numpy("float32")),
+        ],
+        schema=OBSERVATION_SCHEMA,
+    )
+
+
+def atomic_directory(destination: Path) -> "_AtomicDirectory":
+    """Context manager yielding a temporary folder that replaces ``destination`` only on success."""
+    return _AtomicDirectory(Path(destination))
+
+
+class _AtomicDirectory:
+    def __init__(self, destination: Path):
+        self.destination = destination
+
+    def __enter__(self) -> Path:
+        self.destination.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent))
+        return self.staging
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            return
+        retired = None
+        if self.destination.exists():
+            retired = self.destination.with_name(f".{self.destination.name}.retired-{os.getpid()}")
+            os.replace(self.destination, retired)
+        os.replace(self.staging, self.destination)
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(handle, "w") as out:
+        json.dump(payload, out, indent=2, sort_keys=True)
+    os.replace(temporary, path)
+
+
+def write_processed(
+    destination: Path,
+    observations: pd.DataFrame,
+    static: pd.DataFrame,
+    labels: pd.DataFrame,
+    variables: list[str],
+    manifest: dict,
+) -> Path:
+    """Write the three tables and the manifest into ``destination``, atomically.
+
+    ``observations`` needs columns stay_id, time, variable, value; ``static`` and ``labels`` need ``stay_id``,
+    and ``labels`` a 0/1 ``label`` column. Every stay in ``observations`` must have a label and a static row.
+    """
+    for name, frame in (("static", static), ("labels", labels)):
+        if not frame["stay_id"].is_unique:
+            raise ValueError(f"{name} table has repeated stay_id values")
+    missing = set(observations["stay_id"].unique()) - set(labels["stay_id"])
+    if missing:
+        raise ValueError(f"{len(missing)} stays have observations but no label, e.g. {sorted(missing)[:5]}")
+    if not labels["label"].isin([0, 1]).all():
+        raise ValueError("labels.label must be 0 or 1")
+
+    static = static.astype({c: "float32" for c in static.columns if c != "stay_id"})
+    labels = labels.astype({"label": "int8"})
+    manifest = {
+        **manifest,
+        "preprocessing_version": PREPROCESSING_VERSION,
+        "variables": list(variables),
+        "static_features": [c for c in static.columns if c != "stay_id"],
+        "counts": {
+            **manifest.get("counts", {}),
+            "stays": int(labels["stay_id"].nunique()),
+            "observations": int(len(observations)),
+            "positives": int(labels["label"].sum()),
+        },
+    }
+    destination = Path(destination)
+    with atomic_directory(destination) as staging:
+        pq.write_table(_observation_table(observations, variables), staging / OBSERVATIONS)
+        pq.write_table(pa.Table.from_pandas(static, preserve_index=False), staging / STATIC)
+        pq.write_table(pa.Table.from_pandas(labels, preserve_index=False), staging / LABELS)
+        write_json_atomic(staging / MANIFEST, manifest)
+    return destination
+
+
+def read_manifest(folder: Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise DatasetNotFoundError(
+            f"{folder} holds no processed dataset (no {MANIFEST}); run `garlic preprocess` for it first"
+        )
+    return json.loads(path.read_text())
+
+
+def read_processed(folder: Path) -> ProcessedDataset:
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    return ProcessedDataset(
+        # ``variable`` comes back as a pandas Categorical: cheap to hold and to turn into codes.
+        observations=pq.read_table(folder / OBSERVATIONS).to_pandas(),
+        static=pq.read_table(folder / STATIC).to_pandas(),
+        labels=pq.read_table(folder / LABELS).to_pandas(),
+        variables=manifest["variables"],
+        manifest=manifest,
+    )

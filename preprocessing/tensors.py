@@ -1,0 +1,144 @@
+"""Processed tables -> padded irregular tensors, cached next to the tables as one uncompressed ``.npz``.
+
+Per stay the time axis is the sorted union of its observation times; a cell with no measurement has mask 0 and
+value 0. When a variable is recorded twice at the same time, the later row wins.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from preprocessing.tables import MANIFEST, ProcessedDataset, read_manifest, read_processed
+
+TENSORS = "tensors.npz"
+
+
+@dataclass
+class IrregularTensors:
+    """A whole cohort as padded arrays. N stays, T the longest stay's steps, D variables, S static features.
+
+    values  [N, T, D] float32, 0 where not observed
+    mask    [N, T, D] bool, True where observed
+    times   [N, T]    float32 hours since admission, 0 in padding
+    lengths [N]       int64 number of real time steps
+    static  [N, S]    float32, NaN where unknown
+    labels  [N]       float32 0/1
+    """
+
+    stay_ids: np.ndarray
+    values: np.ndarray
+    mask: np.ndarray
+    times: np.ndarray
+    lengths: np.ndarray
+    static: np.ndarray
+    labels: np.ndarray
+    variables: list[str]
+    static_features: list[str]
+
+    def __len__(self) -> int:
+        return len(self.stay_ids)
+
+    def subset(self, index: np.ndarray) -> "IrregularTensors":
+        return IrregularTensors(
+            stay_ids=self.stay_ids[index],
+            values=self.values[index],
+            mask=self.mask[index],
+            times=self.times[index],
+            lengths=self.lengths[index],
+            static=self.static[index],
+            labels=self.labels[index],
+            variables=self.variables,
+            static_features=self.static_features,
+        )
+
+
+def tensorize(dataset: ProcessedDataset) -> IrregularTensors:
+    """Vectorised over all observations: no loop over stays, steps or variables."""
+    labels = dataset.labels.sort_values("stay_id")
+    stay_ids = labels["stay_id"].to_numpy("int64")
+    obs = dataset.observations
+    obs = obs.assign(code=pd.Categorical(obs["variable"], categories=dataset.variables).codes)
+    obs = obs.sort_values(["stay_id", "time"], kind="stable")
+    obs = obs.drop_duplicates(["stay_id", "time", "code"], keep="last")
+
+    stay = np.searchsorted(stay_ids, obs["stay_id"].to_numpy())
+    time = obs["time"].to_numpy("float32")
+    new_step = np.ones(len(obs), dtype=bool)
+    new_step[1:] = (stay[1:] != stay[:-1]) | (time[1:] != time[:-1])
+    step = np.cumsum(new_step) - 1
+    lengths = np.bincount(stay[new_step], minlength=len(stay_ids)).astype("int64")
+    first_step = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    step_in_stay = step - first_step[stay]
+
+    n, t, d = len(stay_ids), int(lengths.max(initial=0)), len(dataset.variables)
+    values = np.zeros((n, t, d), dtype="float32")
+    mask = np.zeros((n, t, d), dtype=bool)
+    times = np.zeros((n, t), dtype="float32")
+    code = obs["code"].to_numpy()
+    values[stay, step_in_stay, code] = obs["value"].to_numpy("float32")
+    mask[stay, step_in_stay, code] = True
+    times[stay[new_step], step_in_stay[new_step]] = time[new_step]
+
+    static = dataset.static.set_index("stay_id").reindex(stay_ids)[dataset.static_features]
+    return IrregularTensors(
+        stay_ids=stay_ids,
+        values=values,
+        mask=mask,
+        times=times,
+        lengths=lengths,
+        static=static.to_numpy("float32"),
+        labels=labels["label"].to_numpy("float32"),
+        variables=list(dataset.variables),
+        static_features=list(dataset.static_features),
+    )
+
+
+def _fingerprint(folder: Path) -> str:
+    return hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest()
+
+
+def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> None:
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
+    with os.fdopen(handle, "wb") as out:
+        np.savez(
+            out,
+            stay_ids=tensors.stay_ids,
+            values=tensors.values,
+            mask=tensors.mask,
+            times=tensors.times,
+            lengths=tensors.lengths,
+            static=tensors.static,
+            labels=tensors.labels,
+            variables=np.array(tensors.variables, dtype=str),
+            static_features=np.array(tensors.static_features, dtype=str),
+            fingerprint=np.array(fingerprint),
+        )
+    os.replace(temporary, path)
+
+
+def load_tensors(folder: Path) -> IrregularTensors:
+    """The cohort's tensors, built from the tables on first use and reloaded from the cache afterwards.
+
+    The cache records the manifest it was built from, so re-preprocessing the tables invalidates it.
+    """
+    folder = Path(folder)
+    read_manifest(folder)  # a clear error when the folder is not a processed dataset
+    fingerprint = _fingerprint(folder)
+    cache = folder / TENSORS
+    if cache.is_file():
+        with np.load(cache, allow_pickle=False) as stored:
+            if str(stored["fingerprint"]) == fingerprint:
+                arrays = {key: stored[key] for key in stored.files if key != "fingerprint"}
+                arrays["variables"] = arrays["variables"].tolist()
+                arrays["static_features"] = arrays["static_features"].tolist()
+                return IrregularTensors(**arrays)
+    tensors = tensorize(read_processed(folder))
+    save_tensors(tensors, cache, fingerprint)
+    return tensors
