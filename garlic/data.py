@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from garlic.splits import Normalisation
 from preprocessing.tensors import IrregularTensors
@@ -79,6 +79,37 @@ def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
     )
 
 
+class LengthBucketSampler(Sampler[list[int]]):
+    """Shuffled batches of stays of similar length, so that batches carry little padding.
+
+    Each epoch: shuffle all stays, sort each pool of ``pool_batches`` batches' worth of stays by length, cut it into
+    batches, and shuffle the batches. Every stay is seen once per epoch; the order is fixed by ``seed`` and epoch.
+    """
+
+    def __init__(self, lengths: torch.Tensor, batch_size: int, seed: int = 0, pool_batches: int = 50):
+        self.lengths, self.batch_size, self.seed, self.pool_batches = lengths, batch_size, seed, pool_batches
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.batch_size)
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(len(self.lengths), generator=generator)
+        pool = self.batch_size * self.pool_batches
+        batches = []
+        for start in range(0, len(order), pool):
+            chunk = order[start : start + pool]
+            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]
+            batches.extend(chunk[i : i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size))
+        for index in torch.randperm(len(batches), generator=generator).tolist():
+            yield batches[index]
+
+
 def loader(dataset: IrregularDataset, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
-    generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=generator)
+    """Batches in order, or (``shuffle``) length-bucketed random batches for training."""
+    if shuffle:
+        sampler = LengthBucketSampler(dataset.lengths, batch_size, seed)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)

@@ -10,6 +10,7 @@ each skipped line is reported with its file and line number.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import re
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.tables import sha256_of, write_processed
+from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,14 @@ def iter_records(set_path: Path) -> Iterator[Record]:
         raise PhysioNet2012Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
 
 
+def _records_digest(records: list[Record]) -> str:
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(b"%d\n%d\n" % (record.record_id, len(record.text)))
+        digest.update(record.text)
+    return digest.hexdigest()
+
+
 def _parse_line(line: bytes) -> tuple[float, str, float] | str:
     """One data line -> (hours, parameter, value), or the reason it is rejected."""
     fields = line.decode("utf-8", errors="replace").strip().split(",")
@@ -148,6 +157,10 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
             prefix = b"%d," % index
             chunks.append(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
 
+    if not chunks:  # every record is empty or has a broken header: nothing for the CSV reader
+        columns = {"record": np.zeros(0, "int64"), "time": np.zeros(0), "parameter": np.zeros(0, object)}
+        return pd.DataFrame({**columns, "value": np.zeros(0)}), suspicious
+
     def on_invalid_row(row) -> str:
         suspicious.add(int(row.text.split(",", 1)[0]))
         return "skip"
@@ -155,7 +168,8 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
     table = pacsv.read_csv(
         io.BytesIO(b"".join(chunks)),
         read_options=pacsv.ReadOptions(column_names=["record", "time", "parameter", "value"]),
-        parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid_row),
+        # No quoting: a stray '"' must not open a field that swallows the following lines (of other records too).
+        parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=on_invalid_row),
         convert_options=pacsv.ConvertOptions(
             column_types={"record": pa.int64(), "time": pa.string(), "parameter": pa.string(), "value": pa.string()},
             strings_can_be_null=False,
@@ -222,6 +236,57 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
     return rows, skips
 
 
+def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[Skip]]:
+    """Records -> observations (the 36 series, first 48 h), static descriptors (-1 -> null), skipped lines."""
+    record_ids = np.array([r.record_id for r in records], dtype=np.int64)
+    rows, skips = parse_records(records, strict=strict)
+    rows["stay_id"] = record_ids[rows["record"].to_numpy()]
+
+    descriptors = rows[rows["parameter"].isin(["RecordID", *STATIC])]
+    first = descriptors.drop_duplicates(["record", "parameter"], keep="first")
+    declared = first[first["parameter"] == "RecordID"]
+    mismatched = declared["value"].to_numpy() != record_ids[declared["record"].to_numpy()]
+    if mismatched.any():
+        origin = records[int(declared["record"].to_numpy()[mismatched][0])].origin
+        raise PhysioNet2012Error(f"{origin}: the RecordID row does not match the file name")
+    static = (
+        first[first["parameter"].isin(STATIC)]
+        .pivot(index="stay_id", columns="parameter", values="value")
+        .reindex(index=record_ids, columns=STATIC)
+    )
+    static = static.mask(static == -1).rename_axis("stay_id").reset_index()
+
+    series = rows[rows["parameter"].isin(TIME_SERIES) & (rows["time"] <= WINDOW_HOURS)]
+    observations = series.rename(columns={"parameter": "variable"})[["stay_id", "time", "variable", "value"]]
+    return observations, static, skips
+
+
+def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables."""
+    records = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise PhysioNet2012Error(f"{path}: no such record file")
+        record_id = _member_record_id(path.name, str(path))
+        if record_id is None:
+            raise PhysioNet2012Error(f"{path}: expected a PhysioNet 2012 record named RECORDID.txt (e.g. 132539.txt)")
+        records.append(Record(str(path), record_id, path.read_bytes()))
+    observations, static, _ = records_to_tables(records, strict=strict)
+    return observations, static
+
+
+def format_record(stay_id: int, observations: pd.DataFrame, static: dict[str, float]) -> str:
+    """One stay in the release's text format: descriptors first (-1 when unknown), then ``HH:MM,Parameter,Value``."""
+    lines = ["Time,Parameter,Value", f"00:00,RecordID,{stay_id}"]
+    for name in STATIC:
+        value = static.get(name)
+        lines.append(f"00:00,{name},{-1 if value is None or np.isnan(value) else value:g}")
+    minutes = np.round(observations["time"].to_numpy() * 60).astype(int)
+    for minute, variable, value in zip(minutes, observations["variable"].astype(str), observations["value"]):
+        lines.append(f"{minute // 60:02d}:{minute % 60:02d},{variable},{value:.6g}")
+    return "\n".join(lines) + "\n"
+
+
 def read_outcomes(path: Path) -> pd.DataFrame:
     try:
         outcomes = pd.read_csv(path)
@@ -284,11 +349,14 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     outcome_tables = []
     files = {}
     for name, (records_path, outcomes_path) in located.items():
-        records.extend(iter_records(records_path))
+        set_records = list(iter_records(records_path))
+        records.extend(set_records)
         outcome_tables.append(read_outcomes(outcomes_path))
         for path in (records_path, outcomes_path):
             if path.is_file():
                 files[path.name] = sha256_of(path)
+        if records_path.is_dir():  # an extracted folder: one digest over its record files' names and bytes
+            files[f"{records_path.name}/"] = _records_digest(set_records)
     outcomes = pd.concat(outcome_tables, ignore_index=True)
     repeated = outcomes["RecordID"][outcomes["RecordID"].duplicated()]
     if len(repeated):
@@ -297,25 +365,7 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     record_ids = np.array([r.record_id for r in records], dtype=np.int64)
     if len(np.unique(record_ids)) != len(record_ids):
         raise PhysioNet2012Error(f"{source}: a RecordID appears in more than one record file")
-    rows, skips = parse_records(records, strict=strict)
-    rows["stay_id"] = record_ids[rows["record"].to_numpy()]
-
-    descriptors = rows[rows["parameter"].isin(["RecordID", *STATIC])]
-    first = descriptors.drop_duplicates(["record", "parameter"], keep="first")
-    declared = first[first["parameter"] == "RecordID"]
-    mismatched = declared["value"].to_numpy() != record_ids[declared["record"].to_numpy()]
-    if mismatched.any():
-        origin = records[int(declared["record"].to_numpy()[mismatched][0])].origin
-        raise PhysioNet2012Error(f"{origin}: the RecordID row does not match the file name")
-    static = (
-        first[first["parameter"].isin(STATIC)]
-        .pivot(index="stay_id", columns="parameter", values="value")
-        .reindex(index=record_ids, columns=STATIC)
-    )
-    static = static.mask(static == -1).rename_axis("stay_id").reset_index()
-
-    series = rows[rows["parameter"].isin(TIME_SERIES) & (rows["time"] <= WINDOW_HOURS)]
-    observations = series.rename(columns={"parameter": "variable"})[["stay_id", "time", "variable", "value"]]
+    observations, static, skips = records_to_tables(records, strict=strict)
 
     dropped = []
     no_outcome = sorted(set(record_ids) - set(outcomes["RecordID"]))
@@ -355,4 +405,4 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     }
     write_processed(destination, observations, static, labels, TIME_SERIES, manifest)
     log.info("physionet2012: %d stays kept, %d dropped, %d lines skipped", len(kept), len(dropped), len(skips))
-    return manifest
+    return read_manifest(destination)  # as written, with the counts and variable list that write_processed adds

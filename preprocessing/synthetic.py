@@ -5,7 +5,8 @@ directly; the rest only feel it through a planted, time-lagged dependency graph 
 ``target`` at ``t``). Vital signs are charted together about hourly with dropouts, labs in draws every 4-12 hours
 with some tests left out; the outcome depends on the deterioration at 48 hours. The tables are the same as the
 real preprocessors write; the planted graph is in the manifest so that learned graphs and explanations can be
-scored against the truth.
+scored against the truth. Variables carry PhysioNet 2012 parameter names, so a synthetic stay can be written as a
+PhysioNet 2012 record file and read back (``physionet2012.format_record``), as uploads and ``garlic predict`` do.
 """
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from preprocessing.tables import write_processed
+from preprocessing.tables import read_manifest, write_processed
 
 HOURS = 48
-VITALS = ["HR", "SysABP", "RespRate", "Temp", "SpO2"]
+VITALS = ["HR", "SysABP", "RespRate", "Temp", "SaO2"]
 LABS = ["Lactate", "Creatinine", "BUN", "WBC", "Platelets", "GCS", "Glucose"]
 VARIABLES = VITALS + LABS
 SCALE = {  # (mean, standard deviation) in clinical units
-    "HR": (85, 15), "SysABP": (120, 20), "RespRate": (18, 4), "Temp": (37.0, 0.7), "SpO2": (96, 2),
+    "HR": (85, 15), "SysABP": (120, 20), "RespRate": (18, 4), "Temp": (37.0, 0.7), "SaO2": (96, 2),
     "Lactate": (1.8, 1.0), "Creatinine": (1.2, 0.6), "BUN": (20, 10), "WBC": (10, 4), "Platelets": (220, 80),
     "GCS": (13, 2.5), "Glucose": (130, 40),
 }  # fmt: skip
@@ -41,7 +42,7 @@ class Edge:
 PLANTED_GRAPH = [
     Edge("Lactate", "HR", 2, 0.7),
     Edge("HR", "RespRate", 1, 0.6),
-    Edge("RespRate", "SpO2", 1, -0.6),
+    Edge("RespRate", "SaO2", 1, -0.6),
     Edge("Creatinine", "BUN", 4, 0.8),
     Edge("SysABP", "GCS", 3, 0.6),
     Edge("Temp", "WBC", 6, 0.7),
@@ -75,6 +76,10 @@ def simulate(n_stays: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataF
             if hour >= edge.lag_hours:
                 state[:, hour, position[edge.target]] += edge.weight * state[:, hour - edge.lag_hours, position[edge.source]]
 
+    # The dynamics above inflate each variable's spread well past 1 (and the values past physiology, e.g. negative
+    # heart rates); rescale so that SCALE's standard deviations hold. Per-variable scaling keeps every correlation.
+    state /= state.std(axis=(0, 1))
+
     risk = 1.6 * latent[:, -1] - 2.2
     labels = (rng.random(n_stays) < 1 / (1 + np.exp(-risk))).astype("int8")
 
@@ -99,8 +104,8 @@ def simulate(n_stays: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataF
     value = mean[variable] + std[variable] * state[stay, step, variable]
     gcs = variable == position["GCS"]
     value[gcs] = np.clip(np.round(value[gcs]), 3, 15)
-    spo2 = variable == position["SpO2"]
-    value[spo2] = np.minimum(value[spo2], 100)
+    saturation = variable == position["SaO2"]
+    value[saturation] = np.minimum(value[saturation], 100)
 
     stay_ids = 100_000 + np.arange(n_stays)
     observations = pd.DataFrame(
@@ -136,4 +141,4 @@ def generate(destination: Path, n_stays: int = 2000, seed: int = 0) -> dict:
         "direct_loadings": LOADING,
     }
     write_processed(Path(destination), observations, static, labels, VARIABLES, manifest)
-    return manifest
+    return read_manifest(Path(destination))  # as written, with the counts that write_processed adds

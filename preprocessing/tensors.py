@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from preprocessing.tables import MANIFEST, ProcessedDataset, read_manifest, read_processed
+from preprocessing.tables import LABELS, MANIFEST, OBSERVATIONS, STATIC, ProcessedDataset, read_manifest, read_processed
 
 TENSORS = "tensors.npz"
 
@@ -100,7 +100,13 @@ def tensorize(dataset: ProcessedDataset) -> IrregularTensors:
 
 
 def _fingerprint(folder: Path) -> str:
-    return hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest()
+    """A digest of the manifest and the three tables: any change to what the tensors are built from shows."""
+    digest = hashlib.sha256()
+    for name in (MANIFEST, OBSERVATIONS, STATIC, LABELS):
+        data = (folder / name).read_bytes()
+        digest.update(b"%s %d\n" % (name.encode(), len(data)))
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> None:
@@ -126,7 +132,7 @@ def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> Non
 def load_tensors(folder: Path) -> IrregularTensors:
     """The cohort's tensors, built from the tables on first use and reloaded from the cache afterwards.
 
-    The cache records the manifest it was built from, so re-preprocessing the tables invalidates it.
+    The cache records a digest of the manifest and tables it was built from, so any change to them invalidates it.
     """
     folder = Path(folder)
     read_manifest(folder)  # a clear error when the folder is not a processed dataset

@@ -1,0 +1,78 @@
+"""A trained model as a folder: weights (loaded with ``weights_only=True``) and a JSON description.
+
+The description holds everything needed to use the model on new stays: the config, the variable order and the
+training split's normalisation statistics.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from garlic.config import Config
+from garlic.data import IrregularDataset
+from garlic.model import Garlic
+from garlic.splits import Normalisation
+from preprocessing.tables import write_json_atomic
+from preprocessing.tensors import IrregularTensors
+
+WEIGHTS = "weights.pt"
+DESCRIPTION = "model.json"
+
+
+@dataclass
+class TrainedModel:
+    model: Garlic
+    variables: list[str]
+    static_features: list[str]
+    normalisation: Normalisation
+
+    @property
+    def config(self) -> Config:
+        return self.model.config
+
+    def dataset(self, tensors: IrregularTensors) -> IrregularDataset:
+        """Stays as model input, normalised with the training statistics; their variables must match."""
+        if list(tensors.variables) != self.variables:
+            raise ValueError(
+                f"the stays' variables {list(tensors.variables)} differ from the model's {self.variables}"
+            )
+        return IrregularDataset(tensors, self.normalisation)
+
+
+def save_model(folder: Path, trained: TrainedModel) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{WEIGHTS}.partial"
+    torch.save(trained.model.state_dict(), temporary)
+    temporary.replace(folder / WEIGHTS)
+    write_json_atomic(
+        folder / DESCRIPTION,
+        {
+            "config": trained.config.to_dict(),
+            "num_variables": trained.model.num_variables,
+            "num_static": trained.model.num_static,
+            "variables": trained.variables,
+            "static_features": trained.static_features,
+            "normalisation": {k: v.tolist() for k, v in asdict(trained.normalisation).items()},
+        },
+    )
+    return folder
+
+
+def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
+    folder = Path(folder)
+    if not (folder / DESCRIPTION).is_file() or not (folder / WEIGHTS).is_file():
+        raise FileNotFoundError(f"{folder} holds no saved model (expected {WEIGHTS} and {DESCRIPTION})")
+    description = json.loads((folder / DESCRIPTION).read_text())
+    config = Config().override(description["config"])
+    model = Garlic(description["num_variables"], description["num_static"], config)
+    model.load_state_dict(torch.load(folder / WEIGHTS, map_location=device, weights_only=True))
+    model.eval()
+    normalisation = Normalisation(
+        **{k: np.asarray(v, dtype="float32") for k, v in description["normalisation"].items()}
+    )
+    return TrainedModel(model, description["variables"], description["static_features"], normalisation)

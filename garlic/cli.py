@@ -1,0 +1,158 @@
+"""The ``garlic`` command: preprocess, train, evaluate, predict, dashboard."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from garlic.config import Config, ConfigError
+from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, processed_folder
+from garlic.tracking import DEFAULT_STORE, RunNotFoundError
+from preprocessing.tables import DatasetNotFoundError
+
+log = logging.getLogger("garlic")
+APP = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+
+
+def _preprocess(args: argparse.Namespace) -> None:
+    destination = processed_folder(args.dataset, args.data_root)
+    if args.dataset == "synthetic":
+        from preprocessing import synthetic
+
+        manifest = synthetic.generate(destination, n_stays=args.stays, seed=args.seed)
+    elif args.dataset == "physionet2012":
+        from preprocessing import physionet2012
+
+        if args.source is None:
+            raise ConfigError("--source is required: the folder with set-a/b/c and Outcomes-a/b/c.txt")
+        manifest = physionet2012.preprocess(args.source, destination, strict=args.strict)
+    else:
+        module = __import__(f"preprocessing.{args.dataset}", fromlist=["preprocess"])
+        if args.source is None:
+            raise ConfigError(f"--source is required for {args.dataset}")
+        options = {"cohort": args.cohort} if args.cohort else {}
+        manifest = module.preprocess(args.source, destination, **options)
+    counts = manifest.get("counts", {})
+    print(f"{args.dataset}: wrote {destination} ({json.dumps(counts)})")
+
+
+def _config(args: argparse.Namespace) -> Config:
+    config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
+    overrides = [f"dataset={args.dataset}", *args.set]
+    if args.device:
+        overrides.append(f"device={args.device}")
+    return config.override(overrides)
+
+
+def _train(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from garlic import runs
+
+    config = _config(args)
+    indices = list(range(5 if config.split_protocol == "five-split" else 1)) if args.all_splits else [args.split]
+    bars: dict[str, tqdm] = {}
+
+    def progress(split: str, record) -> None:
+        if split not in bars:
+            bars[split] = tqdm(total=config.max_epochs, desc=split, unit="epoch", file=sys.stderr)
+        bar = bars[split]
+        bar.update(1)
+        bar.set_postfix(stage=record.stage[:3], val_auroc=f"{record.val_auroc:.3f}",
+                        val_auprc=f"{record.val_auprc:.3f}", s=f"{record.seconds:.1f}")  # fmt: skip
+
+    run_id, results = runs.train(config, indices, args.data_root, args.mlruns, on_epoch=progress)
+    for bar in bars.values():
+        bar.close()
+    for result in results:
+        scores = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items())
+        print(f"{result.split} (run {result.run_id}, best epoch {result.best_epoch}): test {scores}")
+    print(f"run {run_id}; browse with: mlflow ui --backend-store-uri sqlite:///{Path(args.mlruns).resolve()}/mlflow.db")
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    from garlic.runs import evaluate_run
+
+    print(json.dumps(evaluate_run(args.run, args.mlruns), indent=2))
+
+
+def _predict(args: argparse.Namespace) -> None:
+    from garlic.inference import predict_tables
+    from garlic.tracking import load_run_model
+    from preprocessing.records import read_record_files
+
+    trained = load_run_model(args.run, args.mlruns)
+    observations, static = read_record_files(args.input)
+    risks = predict_tables(trained, observations, static)
+    if args.output:
+        risks.to_csv(args.output, index=False)
+    else:
+        risks.to_csv(sys.stdout, index=False)
+
+
+def _dashboard(args: argparse.Namespace) -> None:
+    command = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+               "--server.port", str(args.port), "--", "--mlruns", str(args.mlruns), "--data-root", str(args.data_root)]  # fmt: skip
+    if args.run:
+        command += ["--run", args.run]
+    raise SystemExit(subprocess.call(command))
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="garlic", description=__doc__)
+    main.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
+    main.add_argument("--mlruns", type=Path, default=DEFAULT_STORE, help="the local MLflow store")
+    main.add_argument("-v", "--verbose", action="store_true")
+    commands = main.add_subparsers(dest="command", required=True)
+
+    prep = commands.add_parser("preprocess", help="raw records -> processed tables")
+    prep.add_argument("dataset", choices=DATASETS)
+    prep.add_argument("--source", type=Path, help="the raw release folder")
+    prep.add_argument("--cohort", help="named cohort (physionet2019, mimic3)")
+    prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
+    prep.add_argument("--stays", type=int, default=2000, help="synthetic: number of stays")
+    prep.add_argument("--seed", type=int, default=0, help="synthetic: generator seed")
+    prep.set_defaults(handler=_preprocess)
+
+    train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
+    train.add_argument("--dataset", choices=DATASETS, default="synthetic")
+    which = train.add_mutually_exclusive_group()
+    which.add_argument("--split", type=int, default=0, help="train on split K (default 0)")
+    which.add_argument("--all-splits", action="store_true", help="train on every split of the protocol")
+    train.add_argument("--config", type=Path, help="a JSON config (default: experiments/configs/DATASET.json)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    train.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    train.set_defaults(handler=_train)
+
+    evaluate = commands.add_parser("evaluate", help="re-evaluate a finished run on its test split")
+    evaluate.add_argument("--run", required=True, help="MLflow run id")
+    evaluate.set_defaults(handler=_evaluate)
+
+    predict = commands.add_parser("predict", help="risk per stay for record files, as CSV")
+    predict.add_argument("--run", required=True, help="MLflow run id")
+    predict.add_argument("--input", nargs="+", required=True, type=Path, help="PhysioNet 2012 .txt / 2019 .psv")
+    predict.add_argument("--output", type=Path, help="CSV file (default: standard output)")
+    predict.set_defaults(handler=_predict)
+
+    dashboard = commands.add_parser("dashboard", help="the bedside dashboard (Streamlit)")
+    dashboard.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
+    dashboard.add_argument("--port", type=int, default=8501)
+    dashboard.set_defaults(handler=_dashboard)
+    return main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        args.handler(args)
+    except (ConfigError, DatasetNotFoundError, RunNotFoundError, FileNotFoundError, ValueError) as exc:
+        print(f"garlic: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Risk for stays that come as raw tables (new records, uploads), with a trained model."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from garlic.checkpoint import TrainedModel
+from garlic.train import predict_proba
+from preprocessing.tables import ProcessedDataset
+from preprocessing.tensors import IrregularTensors, tensorize
+
+
+def tensors_for_model(trained: TrainedModel, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
+    """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns)."""
+    unknown = sorted(set(observations["variable"].astype(str)) - set(trained.variables))
+    if unknown:
+        raise ValueError(f"the records hold variables the model does not know: {unknown}")
+    stay_ids = np.sort(static["stay_id"].unique())
+    static = static.set_index("stay_id").reindex(index=stay_ids, columns=trained.static_features)
+    dataset = ProcessedDataset(
+        observations=observations,
+        static=static.rename_axis("stay_id").reset_index(),
+        labels=pd.DataFrame({"stay_id": stay_ids, "label": np.nan}),
+        variables=trained.variables,
+    )
+    return tensorize(dataset)
+
+
+def predict_tables(trained: TrainedModel, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
+    """One row per stay: stay_id and predicted risk."""
+    tensors = tensors_for_model(trained, observations, static)
+    risk = predict_proba(trained.model, trained.dataset(tensors))
+    return pd.DataFrame({"stay_id": tensors.stay_ids, "risk": risk})

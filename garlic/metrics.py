@@ -1,0 +1,26 @@
+"""Evaluation metrics for a binary outcome: discrimination and calibration."""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+
+def expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bins: int = 10) -> float:
+    """Sum over equal-width probability bins of (bin share of stays) * |mean label - mean probability|."""
+    labels, probabilities = np.asarray(labels, dtype=float), np.asarray(probabilities, dtype=float)
+    which = np.minimum((probabilities * bins).astype(int), bins - 1)
+    count = np.bincount(which, minlength=bins)
+    gap = np.abs(np.bincount(which, labels, bins) - np.bincount(which, probabilities, bins))
+    return float(gap.sum() / max(count.sum(), 1))
+
+
+def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+    """AUROC, AUPRC, Brier score and expected calibration error (AUROC/AUPRC are NaN with one class only)."""
+    labels, probabilities = np.asarray(labels, dtype=float), np.asarray(probabilities, dtype=float)
+    both_classes = 0 < labels.sum() < len(labels)
+    return {
+        "auroc": float(roc_auc_score(labels, probabilities)) if both_classes else float("nan"),
+        "auprc": float(average_precision_score(labels, probabilities)) if both_classes else float("nan"),
+        "brier": float(np.mean((probabilities - labels) ** 2)),
+        "ece": expected_calibration_error(labels, probabilities),
+    }

@@ -1,0 +1,279 @@
+"""GARLIC: Graph Attention-based Relational Learning of multivariate ICU time series (Wang et al., ICLR 2026).
+
+Read top to bottom: the layers in the order data meets them, then the model that chains them.
+
+1. Latent feature modelling: ``DecayImputation`` fills unobserved cells by a learnable exponential decay from the
+   variable's last observation towards its training mean; ``VariableEncoder`` turns (value, observed) into a
+   feature vector per variable and step.
+2. Time-lagged graph message passing: ``LagAttention`` summarises each variable's previous ``window_size`` steps;
+   ``GraphMessagePassing`` sends those summaries along a learned dense variable graph; a reconstruction head
+   predicts the observed values from the messages (the auxiliary loss that teaches the graph).
+3. Cross-dimensional sequential attention: ``SignalAttention`` weighs variables per step, a 2-layer GRU runs over
+   the steps, ``TemporalAttention`` pools the steps, and a classifier gives the logit.
+
+Shapes: B stays, T steps, D variables, F ``feature_dim``, W ``window_size``, H ``hidden_dim``, S static features.
+Everything is vectorised over B, T and D. Every step only sees itself and earlier steps, and padded steps are
+masked out of the attention over time, so a stay's prediction does not depend on the other stays in its batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from garlic.config import Config
+
+
+@dataclass
+class GarlicOutput:
+    logits: Tensor  # [B]
+    reconstruction: Tensor  # [B, T, D] predicted values, comparable where observed and a past exists
+    imputed: Tensor  # [B, T, D] the decay-imputed inputs
+    lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t
+    signal_attention: Tensor  # [B, T, D] weight of each variable at each step (sums to 1 over D)
+    temporal_attention: Tensor  # [B, T] weight of each step (sums to 1 over a stay's real steps)
+    step_mask: Tensor  # [B, T] True for real (non-padding) steps
+
+
+def step_mask(lengths: Tensor, steps: int) -> Tensor:
+    """[B] -> [B, T]: True where the step is part of the stay."""
+    return torch.arange(steps, device=lengths.device)[None, :] < lengths[:, None]
+
+
+class DecayImputation(nn.Module):
+    """x' = m * x + (1 - m) * (g * x_last + (1 - g) * mean), g = exp(-max(0, w_d * dt + b_d)).
+
+    Values arrive normalised with training statistics, so each variable's training mean is 0 here. ``dt`` is the
+    time in hours since the variable was last observed in this stay; a variable never observed yet takes its mean.
+
+    values, mask [B, T, D], times [B, T] -> imputed [B, T, D]
+    """
+
+    def __init__(self, num_variables: int, enabled: bool = True):
+        super().__init__()
+        self.enabled = enabled
+        self.rate = nn.Parameter(torch.full((num_variables,), 0.1))
+        self.offset = nn.Parameter(torch.zeros(num_variables))
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
+        if not self.enabled:
+            return values * mask
+        steps = torch.arange(values.shape[1], device=values.device)[None, :, None]
+        last = torch.where(mask.bool(), steps, -1).cummax(dim=1).values
+        seen = last >= 0
+        last = last.clamp(min=0)
+        last_value = values.gather(1, last)
+        last_time = times[:, :, None].expand_as(values).gather(1, last)
+        gap = times[:, :, None] - last_time
+        decay = torch.exp(-F.relu(self.rate * gap + self.offset)) * seen
+        return mask * values + (1 - mask) * decay * last_value
+
+
+class VariableEncoder(nn.Module):
+    """(value, observed) -> F features, with weights of its own for each variable (or shared when not per-variable).
+
+    values, mask [B, T, D] -> features [B, T, D, F]
+    """
+
+    def __init__(self, num_variables: int, feature_dim: int, per_variable: bool = True, use_mask: bool = True):
+        super().__init__()
+        rows = num_variables if per_variable else 1
+        self.use_mask = use_mask
+        self.weight = nn.Parameter(torch.randn(rows, 2, feature_dim) / math.sqrt(2))
+        self.bias = nn.Parameter(torch.zeros(rows, feature_dim))
+
+    def forward(self, values: Tensor, mask: Tensor) -> Tensor:
+        # Two inputs per variable: two broadcast products beat a batched matmul with an inner size of 2.
+        features = values[..., None] * self.weight[:, 0] + self.bias
+        if self.use_mask:
+            features = features + mask[..., None] * self.weight[:, 1]
+        return torch.tanh(features)
+
+
+class LagAttention(nn.Module):
+    """Each variable attends over its own features at the previous W steps (with a learned lag embedding).
+
+    features [B, T, D, F] -> summary [B, T, D, F], weights [B, T, W, D] (all zero at step 0, which has no past)
+    """
+
+    def __init__(self, num_variables: int, feature_dim: int, window_size: int):
+        super().__init__()
+        self.window_size = window_size
+        self.lag_embedding = nn.Parameter(torch.randn(window_size, feature_dim) * 0.02)
+        self.key = nn.Linear(feature_dim, feature_dim)
+        self.query = nn.Parameter(torch.randn(num_variables, feature_dim) / math.sqrt(feature_dim))
+
+    def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        steps, window = features.shape[1], self.window_size
+        # score(key(x), q) = x . (W_k^T q) + b_k . q: fold the key into the query instead of projecting every lag.
+        query = self.query @ self.key.weight  # [D, F]
+        lag_scores = self.lag_embedding @ query.T + self.query @ self.key.bias  # [W, D]
+        # Window t holds steps t-W .. t-1: pad W steps in front, then take every run of W (a view, no copy).
+        padded = F.pad(features, (0, 0, 0, 0, window, 0))
+        step_scores = F.pad((features * query).sum(-1), (0, 0, window, 0)).unfold(1, window, 1)[:, :steps]
+        scores = (step_scores + lag_scores.T) / math.sqrt(features.shape[-1])  # [B, T, D, W]
+        position = torch.arange(window, device=features.device)
+        has_step = position[None, :] >= window - torch.arange(steps, device=features.device)[:, None]  # [T, W]
+        scores = scores.masked_fill(~has_step[None, :, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        # A sum over the W lag positions of contiguous shifted copies: much faster than reducing the strided view.
+        summary = weights @ self.lag_embedding
+        for lag in range(window):
+            summary = summary + weights[..., lag, None] * padded[:, lag : lag + steps]
+        return summary, weights.transpose(2, 3)
+
+
+class GraphMessagePassing(nn.Module):
+    """out_j = sum_i A_ij * W s_i over a learned dense graph A, initialised as I + 0.2 (fixed I when disabled).
+
+    summary [B, T, D, F] -> messages [B, T, D, F]
+    """
+
+    def __init__(self, num_variables: int, feature_dim: int, learn_graph: bool = True):
+        super().__init__()
+        initial = torch.eye(num_variables) + (0.2 if learn_graph else 0.0)
+        if learn_graph:
+            self.adjacency = nn.Parameter(initial)
+        else:
+            self.register_buffer("adjacency", torch.eye(num_variables))
+        self.message = nn.Linear(feature_dim, feature_dim, bias=False)  # linear, so it commutes with A
+
+    def forward(self, summary: Tensor) -> Tensor:
+        mixed = (summary.transpose(-1, -2) @ self.adjacency).transpose(-1, -2)  # sum_i A_ij s_i
+        return self.message(mixed)
+
+
+class SignalAttention(nn.Module):
+    """Attention across variables at each step; keeps each variable's features, reweighted.
+
+    features [B, T, D, F] -> weighted [B, T, D * F], weights [B, T, D]
+    """
+
+    def __init__(self, feature_dim: int):
+        super().__init__()
+        self.project = nn.Linear(feature_dim, feature_dim)
+        self.score = nn.Linear(feature_dim, 1, bias=False)
+
+    def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        weights = torch.softmax(self.score(torch.tanh(self.project(features)))[..., 0], dim=-1)
+        # Scaled by D so that uniform attention leaves the features as they are.
+        weighted = features * weights[..., None] * features.shape[2]
+        return weighted.flatten(2), weights
+
+
+class StepwiseProjection(nn.Module):
+    """The no-GRU ablation: each step on its own, returned like ``nn.GRU`` does. [B, T, H] -> ([B, T, H], None)"""
+
+    def __init__(self, hidden_dim: int):
+        super().__init__()
+        self.layer = nn.Linear(hidden_dim, hidden_dim)
+
+    def forward(self, inputs: Tensor) -> tuple[Tensor, None]:
+        return torch.tanh(self.layer(inputs)), None
+
+
+class TemporalAttention(nn.Module):
+    """Attention pooling over a stay's real steps.
+
+    states [B, T, H], step_mask [B, T] -> context [B, H], weights [B, T]
+    """
+
+    def __init__(self, hidden_dim: int):
+        super().__init__()
+        self.project = nn.Linear(hidden_dim, hidden_dim)
+        self.score = nn.Linear(hidden_dim, 1, bias=False)
+
+    def forward(self, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        scores = self.score(torch.tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
+        return torch.einsum("bt,bth->bh", weights, states), weights
+
+
+class Garlic(nn.Module):
+    """The full model. ``prediction_parameters()`` are the ones the prediction stage trains."""
+
+    PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "classifier")
+
+    def __init__(self, num_variables: int, num_static: int, config: Config):
+        super().__init__()
+        d, f, h = num_variables, config.feature_dim, config.hidden_dim
+        self.config = config
+        self.num_variables, self.num_static = num_variables, num_static
+        self.use_static = config.use_static
+        # 1. latent feature modelling
+        self.decay = DecayImputation(d, enabled=config.use_decay)
+        self.encoder = VariableEncoder(d, f, config.per_variable_encoder, config.use_missing_indicator)
+        # 2. time-lagged graph message passing
+        self.lag_attention = LagAttention(d, f, config.window_size)
+        self.graph = GraphMessagePassing(d, f, learn_graph=config.use_graph)
+        self.reconstruction_weight = nn.Parameter(torch.randn(d, f) / math.sqrt(f))
+        self.reconstruction_bias = nn.Parameter(torch.zeros(d))
+        self.norm = nn.LayerNorm(f)
+        # 3. cross-dimensional sequential attention
+        self.signal_attention = SignalAttention(f)
+        self.sequence_input = nn.Linear(d * f, h)
+        self.sequence = (
+            nn.GRU(h, h, num_layers=2, batch_first=True, dropout=config.dropout)
+            if config.use_gru
+            else StepwiseProjection(h)
+        )
+        self.temporal_attention = TemporalAttention(h)
+        self.classifier = nn.Sequential(
+            nn.Linear(h + (num_static if config.use_static else 0), h),
+            nn.ReLU(),
+            nn.Dropout(config.dropout),
+            nn.Linear(h, 1),
+        )
+
+    def prediction_parameters(self) -> list[nn.Parameter]:
+        return [p for name in self.PREDICTION_MODULES for p in getattr(self, name).parameters()]
+
+    def reconstruction_parameters(self) -> list[nn.Parameter]:
+        prediction = {id(p) for p in self.prediction_parameters()}
+        return [p for p in self.parameters() if id(p) not in prediction]
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> GarlicOutput:
+        """values, mask [B, T, D], times [B, T], lengths [B], static [B, S] -> GarlicOutput"""
+        real = step_mask(lengths, values.shape[1])
+
+        imputed = self.decay(values, mask, times)
+        features = self.encoder(imputed, mask)
+
+        summary, lag_weights = self.lag_attention(features)
+        messages = self.graph(summary)
+        reconstruction = (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias
+        fused = self.norm(features + messages)
+
+        weighted, signal_weights = self.signal_attention(fused)
+        sequence_input = self.sequence_input(weighted)
+        states, _ = self.sequence(sequence_input)
+        context, temporal_weights = self.temporal_attention(states, real)
+        if self.use_static:
+            context = torch.cat([context, static], dim=-1)
+        logits = self.classifier(context)[:, 0]
+        return GarlicOutput(
+            logits=logits,
+            reconstruction=reconstruction,
+            imputed=imputed,
+            lag_attention=lag_weights,
+            signal_attention=signal_weights,
+            temporal_attention=temporal_weights,
+            step_mask=real,
+        )
+
+
+def reconstruction_loss(output: GarlicOutput, values: Tensor, mask: Tensor) -> Tensor:
+    """Mean squared error over observed cells of real steps that have a past to reconstruct from."""
+    has_past = output.step_mask.clone()
+    has_past[:, 0] = False
+    weight = mask * has_past[:, :, None]
+    return ((output.reconstruction - values) ** 2 * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def graph_penalty(model: Garlic) -> Tensor:
+    """L1 norm of the learned adjacency (0 when the graph is fixed)."""
+    adjacency = model.graph.adjacency
+    return adjacency.abs().sum() if isinstance(adjacency, nn.Parameter) else adjacency.new_zeros(())

@@ -1,0 +1,120 @@
+import math
+
+import pytest
+import torch
+
+from garlic.config import Config
+from garlic.model import DecayImputation, Garlic, LagAttention, graph_penalty, reconstruction_loss
+
+B, T, D, S = 5, 12, 4, 3
+
+
+def random_batch(seed: int = 0, lengths=(12, 7, 3, 1, 9)):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    real = torch.arange(T)[None, :] < lengths[:, None]
+    mask = (torch.rand(B, T, D, generator=generator) < 0.4).float() * real[:, :, None]
+    values = torch.randn(B, T, D, generator=generator) * mask
+    times = torch.cumsum(torch.rand(B, T, generator=generator) * 2, dim=1) * real
+    static = torch.randn(B, S, generator=generator)
+    return values, mask, times, lengths, static
+
+
+def small_model(**overrides) -> Garlic:
+    torch.manual_seed(0)
+    config = Config(hidden_dim=16, feature_dim=4, window_size=3).override(overrides)
+    return Garlic(D, S, config).eval()
+
+
+def test_output_shapes_and_normalised_attention():
+    values, mask, times, lengths, static = random_batch()
+    output = small_model()(values, mask, times, lengths, static)
+    assert output.logits.shape == (B,)
+    assert output.reconstruction.shape == (B, T, D)
+    assert output.lag_attention.shape == (B, T, 3, D)
+    assert output.signal_attention.shape == (B, T, D)
+    assert output.temporal_attention.shape == (B, T)
+    torch.testing.assert_close(output.signal_attention.sum(-1), torch.ones(B, T))
+    torch.testing.assert_close(output.temporal_attention.sum(-1), torch.ones(B))
+    # No weight on padding steps, and none on lags before the stay began.
+    assert (output.temporal_attention[~output.step_mask] == 0).all()
+    assert (output.lag_attention[:, 0] == 0).all()
+    assert (output.lag_attention[:, 1, :2] == 0).all() and torch.allclose(output.lag_attention[:, 1, 2], torch.ones(B, D))
+
+
+def test_prediction_does_not_depend_on_the_batch():
+    values, mask, times, lengths, static = random_batch()
+    model = small_model(use_static=True)
+    with torch.no_grad():
+        together = model(values, mask, times, lengths, static).logits
+        for i in range(B):
+            n = int(lengths[i])
+            alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
+                          static[i : i + 1]).logits  # fmt: skip
+            assert alone.shape == (1,)  # batch size 1 keeps its batch axis
+            torch.testing.assert_close(alone[0], together[i], atol=1e-5, rtol=1e-5)
+        # Other stays in the batch change nothing either.
+        shuffled = torch.tensor([3, 0, 4, 1, 2])
+        reordered = model(values[shuffled], mask[shuffled], times[shuffled], lengths[shuffled], static[shuffled])
+        torch.testing.assert_close(reordered.logits, together[shuffled], atol=1e-5, rtol=1e-5)
+
+
+def test_decay_passes_observations_through_and_decays_to_the_mean():
+    decay = DecayImputation(2)
+    times = torch.tensor([[0.0, 1.0, 2.0, 500.0]])
+    mask = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]])
+    values = torch.tensor([[[2.0, 0.0], [0.0, 0.0], [3.0, 0.0], [0.0, 0.0]]])
+    imputed = decay(values, mask, times)
+    assert imputed[0, 0, 0] == 2.0 and imputed[0, 2, 0] == 3.0  # observed values pass through
+    rate = decay.rate[0].item()
+    assert math.isclose(float(imputed[0, 1, 0]), 2.0 * math.exp(-rate * 1.0), rel_tol=1e-5)  # 1 h after a 2.0
+    assert abs(float(imputed[0, 3, 0])) < 1e-6  # a very long gap decays to the (normalised) mean, 0
+    assert (imputed[0, :, 1] == 0).all()  # never observed: the mean
+
+
+def test_decay_is_per_stay_not_per_batch():
+    decay = DecayImputation(1)
+    short = (torch.tensor([[[1.0], [0.0]]]), torch.tensor([[[1.0], [0.0]]]), torch.tensor([[0.0, 1.0]]))
+    alone = decay(*short)
+    # A stay with a huge gap in the same batch must not rescale this stay's decay.
+    values = torch.cat([short[0], torch.tensor([[[5.0], [0.0]]])])
+    mask = torch.cat([short[1], torch.tensor([[[1.0], [0.0]]])])
+    times = torch.cat([short[2], torch.tensor([[0.0, 300.0]])])
+    torch.testing.assert_close(decay(values, mask, times)[:1], alone)
+
+
+def test_lag_attention_looks_only_at_earlier_steps():
+    layer = LagAttention(D, 4, window_size=2)
+    features = torch.randn(1, T, D, 4)
+    summary, _ = layer(features)
+    changed = features.clone()
+    changed[0, 6] += 10.0
+    changed_summary, _ = layer(changed)
+    torch.testing.assert_close(changed_summary[0, :7], summary[0, :7])  # steps up to 6 do not see step 6
+    assert not torch.allclose(changed_summary[0, 7], summary[0, 7])
+
+
+def test_reconstruction_loss_counts_only_observed_cells():
+    values, mask, times, lengths, static = random_batch()
+    model = small_model()
+    output = model(values, mask, times, lengths, static)
+    loss = reconstruction_loss(output, values, mask)
+    noisy = values + (1 - mask) * 100.0  # garbage where nothing was observed
+    assert torch.isclose(reconstruction_loss(output, noisy, mask), loss)
+
+
+def test_parameter_groups_partition_the_model_and_ablations_build():
+    model = small_model()
+    prediction = {id(p) for p in model.prediction_parameters()}
+    reconstruction = {id(p) for p in model.reconstruction_parameters()}
+    assert prediction and reconstruction and not prediction & reconstruction
+    assert prediction | reconstruction == {id(p) for p in model.parameters()}
+    assert id(model.graph.adjacency) in reconstruction
+    torch.testing.assert_close(model.graph.adjacency.detach(), torch.eye(D) + 0.2)
+    assert float(graph_penalty(model)) > 0
+
+    values, mask, times, lengths, static = random_batch()
+    for switch in ("use_missing_indicator", "use_decay", "per_variable_encoder", "use_graph", "use_gru"):
+        ablated = small_model(**{switch: False})
+        assert ablated(values, mask, times, lengths, static).logits.shape == (B,)
+    assert float(graph_penalty(small_model(use_graph=False))) == 0.0

@@ -1,0 +1,120 @@
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from garlic import runs
+from garlic.config import Config
+from garlic.data import IrregularDataset, loader
+from garlic.metrics import binary_metrics
+from garlic.splits import load_splits
+from garlic.tracking import load_run_model, use_store
+from garlic.train import PREDICTION, RECONSTRUCTION, AlternatingTrainer, predict_proba
+from preprocessing import synthetic
+from preprocessing.tensors import load_tensors
+
+FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    folder = root / "processed" / "synthetic"
+    synthetic.generate(folder, n_stays=600, seed=1)
+    tensors = load_tensors(folder)
+    split = load_splits(folder, tensors)[0]
+    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
+             for p in ("train", "validation", "test")}  # fmt: skip
+    return root, tensors, parts
+
+
+def snapshot(parameters):
+    return [p.detach().clone() for p in parameters]
+
+
+def changed(before, parameters):
+    return [not torch.equal(b, p.detach()) for b, p in zip(before, parameters)]
+
+
+def test_each_stage_updates_only_its_own_parameters(cohort):
+    _, tensors, parts = cohort
+    trainer = AlternatingTrainer(Config().override(FAST), len(tensors.variables), len(tensors.static_features))
+    model = trainer.model
+    batches = loader(parts["train"], 64, shuffle=True)
+
+    reconstruction, prediction = snapshot(model.reconstruction_parameters()), snapshot(model.prediction_parameters())
+    trainer.train_epoch(batches, PREDICTION)
+    assert not any(changed(reconstruction, model.reconstruction_parameters()))
+    assert all(changed(prediction, model.prediction_parameters()))
+
+    reconstruction, prediction = snapshot(model.reconstruction_parameters()), snapshot(model.prediction_parameters())
+    trainer.train_epoch(batches, RECONSTRUCTION)
+    assert all(changed(reconstruction, model.reconstruction_parameters()))
+    assert all(changed(prediction, model.prediction_parameters()))
+
+
+def test_stage_switches_after_patience_and_early_stopping_ends_training(cohort):
+    _, tensors, parts = cohort
+    # With zero learning rates nothing improves after the first epoch, so the schedule alone drives the stages.
+    config = Config().override({**FAST, "lr_cls": 0.0, "lr_rec": 0.0, "stage_patience": 1, "early_stopping": 4})
+    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    fitted = trainer.fit(parts["train"], parts["validation"])
+    # A new stage starts from an infinite best loss, so its first epoch always counts as an improvement.
+    assert [r.stage for r in fitted.history] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION,
+                                                 RECONSTRUCTION]  # fmt: skip
+    assert fitted.best_epoch == 1
+
+
+def test_training_is_deterministic_and_learns(cohort):
+    _, tensors, parts = cohort
+    config = Config().override({**FAST, "max_epochs": 3})
+    results = []
+    for _ in range(2):
+        trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+        fitted = trainer.fit(parts["train"], parts["validation"])
+        results.append(predict_proba(fitted.model, parts["validation"]))
+    np.testing.assert_array_equal(results[0], results[1])
+    assert binary_metrics(parts["validation"].labels.numpy(), results[0])["auroc"] > 0.75
+
+
+def test_tracked_run_logs_metrics_artifacts_and_reloads_to_the_same_predictions(cohort, tmp_path):
+    root, tensors, parts = cohort
+    store = tmp_path / "mlruns"
+    config = Config().override({**FAST, "max_epochs": 3})
+    run_id, results = runs.train(config, [0], data_root=root, store=store)
+
+    use_store(store)
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.data.params["dataset"] == "synthetic" and run.data.params["window_size"] == "3"
+    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece"):
+        assert np.isfinite(run.data.metrics[metric])
+    history = mlflow.MlflowClient().get_metric_history(run_id, "val_auroc")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert len(mlflow.MlflowClient().get_metric_history(run_id, "stage_is_prediction")) == 3
+    artifacts = {a.path for folder in ("", "plots", "model", "predictions", "graph")
+                 for a in mlflow.MlflowClient().list_artifacts(run_id, folder)}  # fmt: skip
+    assert {"config.json", "data_manifest.json", "plots/roc_pr.png", "plots/calibration.png", "plots/graph.png",
+            "model/weights.pt", "model/model.json", "predictions/test.csv", "graph/adjacency.csv"} <= artifacts
+
+    logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
+    reloaded = load_run_model(run_id, store)
+    risk = predict_proba(reloaded.model, reloaded.dataset(parts["test"].tensors))
+    np.testing.assert_array_equal(logged["stay_id"], parts["test"].stay_ids)
+    np.testing.assert_allclose(risk, logged["risk"], rtol=1e-6, atol=1e-7)
+    assert results[0].test["auroc"] == pytest.approx(binary_metrics(logged["label"], logged["risk"])["auroc"])
+
+
+def test_several_splits_nest_under_one_parent_run(cohort, tmp_path):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    config = Config().override({**FAST, "max_epochs": 1})
+    parent, results = runs.train(config, [0, 1], data_root=root, store=store)
+    use_store(store)
+    children = mlflow.search_runs(filter_string=f"tags.mlflow.parentRunId = '{parent}'", search_all_experiments=True,
+                                  output_format="list")  # fmt: skip
+    assert sorted(c.info.run_name for c in children) == ["five-split/split_0", "five-split/split_1"]
+    metrics = mlflow.MlflowClient().get_run(parent).data.metrics
+    aurocs = [r.test["auroc"] for r in results]
+    assert metrics["test_auroc_mean"] == pytest.approx(np.mean(aurocs))
+    assert metrics["test_auroc_std"] == pytest.approx(np.std(aurocs))
