@@ -58,18 +58,22 @@ class DecayImputation(nn.Module):
         self.rate = nn.Parameter(torch.full((num_variables,), 0.1))
         self.offset = nn.Parameter(torch.zeros(num_variables))
 
-    def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
-        if not self.enabled:
-            return values * mask
-        steps = torch.arange(values.shape[1], device=values.device)[None, :, None]
+    def carry(self, mask: Tensor, times: Tensor) -> tuple[Tensor, Tensor]:
+        """For every cell, the step of the variable's last observation and the weight g carried from it.
+
+        mask [B, T, D], times [B, T] -> last step [B, T, D] (long), g [B, T, D] (0 where never observed yet)
+        """
+        steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
         last = torch.where(mask.bool(), steps, -1).cummax(dim=1).values
         seen = last >= 0
         last = last.clamp(min=0)
-        last_value = values.gather(1, last)
-        last_time = times[:, :, None].expand_as(values).gather(1, last)
-        gap = times[:, :, None] - last_time
-        decay = torch.exp(-F.relu(self.rate * gap + self.offset)) * seen
-        return mask * values + (1 - mask) * decay * last_value
+        gap = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, last)
+        carried = torch.exp(-F.relu(self.rate * gap + self.offset)) * seen if self.enabled else torch.zeros_like(mask)
+        return last, carried
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
+        last, carried = self.carry(mask, times)
+        return mask * values + (1 - mask) * carried * values.gather(1, last)
 
 
 class VariableEncoder(nn.Module):

@@ -1,0 +1,204 @@
+"""PhysioNet 2019: cohort counts on the shared set A, archive formats, the true ICULOS hour, bad input."""
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
+from preprocessing.tables import read_processed
+from preprocessing.tensors import load_tensors
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+P19 = SHARED / "physionet2019"
+needs_p19 = pytest.mark.skipif(
+    not (P19 / "training_setA.zip").is_file(), reason=f"shared PhysioNet 2019 data not found at {P19}"
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real data: one preprocessing per cohort, shared by the tests of that cohort
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory):
+    cache = {}
+
+    def get(cohort: str):
+        if cohort not in cache:
+            destination = tmp_path_factory.mktemp(cohort) / "processed"
+            preprocess(P19, destination, cohort=cohort)
+            cache[cohort] = (destination, read_processed(destination))
+        return cache[cohort]
+
+    return get
+
+
+@needs_p19
+@pytest.mark.parametrize(
+    "cohort, stays, positives",
+    [("garlic", 17_651, 1_547), ("raindrop", 17_099, 1_000), ("early", 4_141, 584)],
+)
+def test_cohort_counts_on_set_a(processed, cohort, stays, positives):
+    folder, dataset = processed(cohort)
+    counts = dataset.manifest["counts"]
+    assert counts["stays_read"] == 17_652
+    assert counts["stays_ever_septic_read"] == 1_547
+    assert (counts["stays"], counts["positives"]) == (stays, positives)
+    assert counts["prevalence"] == pytest.approx(positives / stays, abs=1e-6)
+    assert dataset.manifest["cohort"] == cohort and dataset.manifest["cohort_rule"]
+    dropped = sum(len(ids) for ids in dataset.manifest["dropped_stays"].values())
+    assert dropped + stays == 17_652
+    tensors = load_tensors(folder)
+    assert tensors.values.shape[0] == stays and tensors.values.shape[2] == 34
+    assert tensors.static_features == ["Age", "Gender", "Unit1", "Unit2", "HospAdmTime"]
+
+
+@needs_p19
+def test_garlic_window_keeps_the_true_iculos_hour(processed):
+    _, dataset = processed("garlic")
+    times = dataset.observations.groupby("stay_id")["time"]
+    assert times.max().max() <= 48
+    # About a third of set A starts after hour 1: their first observation keeps the true hour.
+    assert (times.min() > 1).sum() > 5_000
+
+
+@needs_p19
+def test_raindrop_keeps_stays_of_2_to_59_rows(processed):
+    _, dataset = processed("raindrop")
+    hours = dataset.labels.set_index("stay_id")["last_hour"]
+    assert dataset.observations.groupby("stay_id")["time"].nunique().max() <= 59
+    assert len(hours) == 17_099
+
+
+@needs_p19
+def test_early_cohort_has_no_sepsis_inside_its_window(processed):
+    _, dataset = processed("early")
+    labels = dataset.labels
+    assert not (labels["first_septic_hour"] <= 48).any()
+    assert (labels["last_hour"] > 48).all()
+    assert (labels["label"] == (labels["first_septic_hour"] > 48)).all()
+    assert dataset.observations["time"].max() <= 48
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Generated files
+
+
+def _psv(rows: list[list[object]]) -> bytes:
+    lines = [HEADER.decode()] + ["|".join("NaN" if v is None else str(v) for v in row) for row in rows]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _row(hour: int, label: int = 0, hr: float | None = 80.0) -> list[object]:
+    row: list[object] = [None] * len(COLUMNS)
+    row[0] = hr
+    row[COLUMNS.index("Age")] = 65
+    row[COLUMNS.index("Gender")] = 1
+    row[COLUMNS.index("HospAdmTime")] = -2.5
+    row[-2], row[-1] = hour, label
+    return row
+
+
+STAYS = {
+    "p000001.psv": _psv([_row(h) for h in range(1, 30)]),
+    "p000002.psv": _psv([_row(h, label=int(h >= 50)) for h in range(5, 70)]),  # starts at hour 5, septic at 50
+    "p000003.psv": _psv([_row(h, label=1) for h in range(1, 10)]),
+}
+
+
+def _write_set(root: Path, form: str, files: dict[str, bytes], name: str = "training_setA") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / name
+    folder.mkdir()
+    for file, text in files.items():
+        (folder / file).write_bytes(text)
+    if form == "zip":
+        with zipfile.ZipFile(root / f"{name}.zip", "w") as archive:
+            for file in files:
+                archive.write(folder / file, f"{name}/{file}")
+    elif form == "tar.gz":
+        with tarfile.open(root / f"{name}.tar.gz", "w:gz") as archive:
+            archive.add(folder, arcname=name)
+    if form != "folder":
+        for file in files:
+            (folder / file).unlink()
+        folder.rmdir()
+    return root
+
+
+@pytest.mark.parametrize("form", ["folder", "zip", "tar.gz"])
+def test_folder_zip_and_tar_give_the_same_tables(tmp_path, form):
+    reference = tmp_path / "reference"
+    preprocess(_write_set(tmp_path / "folder-source", "folder", STAYS), reference)
+    if form != "folder":
+        preprocess(_write_set(tmp_path / "source", form, STAYS), tmp_path / "out")
+        for table in ("observations", "labels", "static"):
+            pd.testing.assert_frame_equal(getattr(read_processed(tmp_path / "out"), table),
+                                          getattr(read_processed(reference), table))  # fmt: skip
+    dataset = read_processed(reference)
+    assert dataset.labels["stay_id"].tolist() == [1, 2, 3]
+    assert dataset.labels["label"].tolist() == [0, 1, 1]
+    late = dataset.observations[dataset.observations["stay_id"] == 2]["time"]
+    assert late.min() == 5 and late.max() == 48
+
+
+def test_early_cohort_on_generated_stays(tmp_path):
+    manifest = preprocess(_write_set(tmp_path / "source", "folder", STAYS), tmp_path / "out", cohort="early")
+    dataset = read_processed(tmp_path / "out")
+    # stay 1 leaves the ICU before hour 48, stay 3 is septic inside the window; stay 2 becomes septic after it.
+    assert dataset.labels[["stay_id", "label"]].values.tolist() == [[2, 1]]
+    assert manifest["dropped_stays"]["no ICU row after hour 48"] == [1]
+    assert manifest["dropped_stays"]["SepsisLabel 1 within the first 48 ICU hours"] == [3]
+
+
+def test_sets_a_and_b_are_read_together(tmp_path):
+    root = _write_set(tmp_path / "source", "zip", {"p000001.psv": STAYS["p000001.psv"]})
+    _write_set(root, "folder", {"p100001.psv": STAYS["p000002.psv"]}, name="training_setB")
+    manifest = preprocess(root, tmp_path / "out")
+    assert manifest["counts"]["stays_read_per_set"] == {"A": 1, "B": 1}
+    assert read_processed(tmp_path / "out").labels["stay_id"].tolist() == [1, 100001]
+
+
+def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path):
+    good = _psv([_row(1), _row(2)]).decode().splitlines()
+    broken = "\n".join(
+        [*good, "1|2|3", "|".join(["abc", *["NaN"] * (len(COLUMNS) - 3), "3", "0"]), good[2][:-1] + "2"]
+    )
+    files = {"p000001.psv": broken.encode() + b"\n", "p000002.psv": STAYS["p000001.psv"],
+             "p000003.psv": b"HR|Temp\n1|2\n"}  # fmt: skip
+    manifest = preprocess(_write_set(tmp_path / "source", "zip", files), tmp_path / "out")
+    skipped = manifest["skipped_lines"]
+    assert len(skipped) == 4
+    assert skipped[0].startswith("training_setA.zip:training_setA/p000001.psv line 4: expected 41")
+    assert "line 5: unparseable value 'abc' for HR" in skipped[1]
+    assert "line 6: SepsisLabel must be 0 or 1, got '2'" in skipped[2]
+    assert "p000003.psv line 1: unexpected header" in skipped[3]
+    dataset = read_processed(tmp_path / "out")
+    assert dataset.labels["stay_id"].tolist() == [1, 2]  # stay 1 keeps its two good rows
+    assert sorted(dataset.observations.query("stay_id == 1")["time"]) == [1.0, 2.0]
+    with pytest.raises(PhysioNet2019Error, match=r"p000001.psv line 4"):
+        preprocess(tmp_path / "source", tmp_path / "strict", strict=True)
+
+
+def test_missing_source_and_repeated_stays_are_errors(tmp_path):
+    with pytest.raises(PhysioNet2019Error, match="neither training_setA nor training_setB"):
+        preprocess(tmp_path, tmp_path / "out")
+    root = _write_set(tmp_path / "source", "folder", {"p000001.psv": STAYS["p000001.psv"]})
+    _write_set(root, "zip", {"p000001.psv": STAYS["p000001.psv"]}, name="training_setB")
+    with pytest.raises(PhysioNet2019Error, match="p000001 appears more than once"):
+        preprocess(root, tmp_path / "out")
+    with pytest.raises(PhysioNet2019Error, match="unknown cohort"):
+        preprocess(root, tmp_path / "out", cohort="nope")
+
+
+def test_values_reach_the_tensors(tmp_path):
+    preprocess(_write_set(tmp_path / "source", "folder", STAYS), tmp_path / "out")
+    tensors = load_tensors(tmp_path / "out")
+    assert tensors.lengths.tolist() == [29, 44, 9]
+    assert np.allclose(tensors.values[0, :29, 0], 80.0) and tensors.mask[0, :29, 0].all()
+    assert tensors.static[0].tolist()[:2] == [65.0, 1.0]
