@@ -104,6 +104,9 @@ def simulate(n_stays: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataF
     value = mean[variable] + std[variable] * state[stay, step, variable]
     gcs = variable == position["GCS"]
     value[gcs] = np.clip(np.round(value[gcs]), 3, 15)
+    # Lab values are concentrations and counts: keep them above a small positive floor, as real labs are.
+    lab = variable >= len(VITALS)
+    value[lab] = np.maximum(value[lab], 0.05 * mean[variable[lab]])
     saturation = variable == position["SaO2"]
     value[saturation] = np.minimum(value[saturation], 100)
 

@@ -104,6 +104,7 @@ class _AtomicDirectory:
     def __enter__(self) -> Path:
         self.destination.parent.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent))
+        self.staging.chmod(0o755)  # mkdtemp's private 0700 would hide the dataset from other users
         return self.staging
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -125,6 +126,7 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(handle, "w") as out:
         json.dump(payload, out, indent=2, sort_keys=True)
+    os.chmod(temporary, 0o644)
     os.replace(temporary, path)
 
 
@@ -144,9 +146,10 @@ def write_processed(
     for name, frame in (("static", static), ("labels", labels)):
         if not frame["stay_id"].is_unique:
             raise ValueError(f"{name} table has repeated stay_id values")
-    missing = set(observations["stay_id"].unique()) - set(labels["stay_id"])
-    if missing:
-        raise ValueError(f"{len(missing)} stays have observations but no label, e.g. {sorted(missing)[:5]}")
+    for name, frame in (("label", labels), ("static", static)):
+        missing = set(observations["stay_id"].unique()) - set(frame["stay_id"])
+        if missing:
+            raise ValueError(f"{len(missing)} stays have observations but no {name} row, e.g. {sorted(missing)[:5]}")
     if not labels["label"].isin([0, 1]).all():
         raise ValueError("labels.label must be 0 or 1")
 

@@ -126,6 +126,7 @@ def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> Non
             static_features=np.array(tensors.static_features, dtype=str),
             fingerprint=np.array(fingerprint),
         )
+    os.chmod(temporary, 0o644)
     os.replace(temporary, path)
 
 

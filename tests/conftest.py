@@ -1,0 +1,121 @@
+"""Shared fixtures: the real PhysioNet 2012 release, preprocessed once per test session, and an independent raw reader.
+
+The raw reader below parses the archives with ``tarfile`` and plain string splitting, without any code from
+``preprocessing``, so that tests can check the preprocessor against the release itself.
+"""
+from __future__ import annotations
+
+import csv
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+P12 = SHARED / "physionet2012"
+HAVE_P12 = all((P12 / f"set-{s}.tar.gz").is_file() and (P12 / f"Outcomes-{s}.txt").is_file() for s in "abc")
+requires_p12 = pytest.mark.skipif(
+    not HAVE_P12, reason=f"the PhysioNet 2012 release is not at {P12} (set-{{a,b,c}}.tar.gz + Outcomes-{{a,b,c}}.txt)"
+)
+
+# Written out here rather than imported, so that a change to the parser's list shows up as a failing test.
+P12_TIME_SERIES = {
+    "ALP", "ALT", "AST", "Albumin", "BUN", "Bilirubin", "Cholesterol", "Creatinine", "DiasABP", "FiO2", "GCS",
+    "Glucose", "HCO3", "HCT", "HR", "K", "Lactate", "MAP", "MechVent", "Mg", "NIDiasABP", "NIMAP", "NISysABP",
+    "Na", "PaCO2", "PaO2", "Platelets", "RespRate", "SaO2", "SysABP", "Temp", "TroponinI", "TroponinT", "Urine",
+    "WBC", "pH",
+}  # fmt: skip
+
+
+@dataclass
+class RawRelease:
+    """What the release says, read without the preprocessor."""
+
+    texts: dict[int, tuple[str, str]] = field(default_factory=dict)  # stay -> (set letter, file text)
+    outcomes: dict[int, dict[str, str]] = field(default_factory=dict)  # stay -> outcomes row
+    nameless: list[tuple[str, int]] = field(default_factory=list)  # (archive:member, line number)
+    in_window: dict[int, list[tuple[float, str, float]]] = field(default_factory=dict)  # stay -> series rows <= 48 h
+
+
+def raw_series(text: str) -> list[tuple[float, str, float]]:
+    """A record's time-series rows within 48 h, parsed with plain string operations."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        fields = line.split(",")
+        if len(fields) != 3 or fields[1] not in P12_TIME_SERIES:
+            continue
+        hours, minutes = fields[0].split(":")
+        time = int(hours) + int(minutes) / 60
+        if time <= 48:
+            rows.append((time, fields[1], float(fields[2])))
+    return rows
+
+
+def assert_frames_equal(left, right) -> None:
+    """Same columns, dtypes and values (NaN equal to NaN); much faster than pandas' check on big categoricals."""
+    assert list(left.columns) == list(right.columns)
+    assert len(left) == len(right)
+    for column in left.columns:
+        a, b = left[column], right[column]
+        assert a.dtype == b.dtype, column
+        if isinstance(a.dtype, pd.CategoricalDtype):
+            a, b = a.astype(str), b.astype(str)
+        a, b = a.to_numpy(), b.to_numpy()
+        if a.dtype.kind == "f":
+            assert np.array_equal(a, b, equal_nan=True), column
+        else:
+            assert (a == b).all(), column
+
+
+@pytest.fixture(scope="session")
+def p12_raw() -> RawRelease:
+    if not HAVE_P12:
+        pytest.skip(f"the PhysioNet 2012 release is not at {P12}")
+    raw = RawRelease()
+    for letter in "abc":
+        archive_name = f"set-{letter}.tar.gz"
+        with tarfile.open(P12 / archive_name, "r:gz") as archive:
+            for member in archive:
+                if not member.isfile() or not member.name.endswith(".txt"):
+                    continue
+                text = archive.extractfile(member).read().decode()
+                stay = int(Path(member.name).stem)
+                raw.texts[stay] = (letter, text)
+                if ",," in text:
+                    for number, line in enumerate(text.splitlines(), start=1):
+                        if line.count(",") == 2 and line.split(",")[1] == "":
+                            raw.nameless.append((f"{archive_name}:{member.name}", number))
+                raw.in_window[stay] = raw_series(text)
+        with open(P12 / f"Outcomes-{letter}.txt", newline="") as handle:
+            for row in csv.DictReader(handle):
+                raw.outcomes[int(row["RecordID"])] = row
+    return raw
+
+
+@pytest.fixture(scope="session")
+def p12_processed(tmp_path_factory) -> Path:
+    """The whole release preprocessed once per session (about 10 s)."""
+    if not HAVE_P12:
+        pytest.skip(f"the PhysioNet 2012 release is not at {P12}")
+    from preprocessing.physionet2012 import preprocess
+
+    destination = tmp_path_factory.mktemp("p12") / "processed"
+    preprocess(P12, destination)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def p12_dataset(p12_processed):
+    from preprocessing.tables import read_processed
+
+    return read_processed(p12_processed)
+
+
+@pytest.fixture(scope="session")
+def p12_tensors(p12_processed):
+    from preprocessing.tensors import load_tensors
+
+    return load_tensors(p12_processed)

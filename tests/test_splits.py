@@ -1,0 +1,197 @@
+"""Saved stratified splits, train-only normalisation, and the torch dataset + collate built on them."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import requires_p12
+from garlic.data import IrregularDataset, collate, loader
+from garlic.splits import PROTOCOLS, Normalisation, Split, draw_split, load_splits
+from preprocessing.synthetic import generate
+from preprocessing.tensors import load_tensors
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("synthetic") / "processed"
+    generate(folder, n_stays=2000, seed=3)
+    return folder, load_tensors(folder)
+
+
+def check_split(split: Split, tensors) -> None:
+    n = len(tensors)
+    parts = {"train": split.train, "validation": split.validation, "test": split.test}
+    for name, share in (("train", 0.8), ("validation", 0.1), ("test", 0.1)):
+        assert abs(len(parts[name]) - share * n) <= 1, (name, len(parts[name]), n)
+    everything = np.concatenate(list(parts.values()))
+    assert len(np.unique(everything)) == len(everything) == n  # disjoint
+    assert np.array_equal(np.sort(everything), tensors.stay_ids)  # covering
+    rate = tensors.labels.astype("float64").mean()
+    for name, ids in parts.items():
+        labels = tensors.labels[np.searchsorted(tensors.stay_ids, ids)].astype("float64")
+        assert abs(labels.sum() - rate * len(ids)) <= 1, name  # stratified: positives as expected, within one
+        assert abs(labels.mean() - rate) <= 0.01, (name, labels.mean(), rate)
+        assert np.array_equal(split.positions(tensors, name), np.searchsorted(tensors.stay_ids, ids))
+
+
+@requires_p12
+def test_five_splits_on_p12_sizes_stratification_disjointness(p12_tensors, monkeypatch):
+    # Only the stays are checked here (the statistics have their own test), so skip fitting them: 2 s a split.
+    monkeypatch.setattr(Normalisation, "fit", classmethod(lambda cls, train: None))
+    assert PROTOCOLS["five-split"] == [0, 1, 2, 3, 4]
+    splits = [draw_split(p12_tensors, "five-split", index) for index in PROTOCOLS["five-split"]]
+    for split in splits:
+        check_split(split, p12_tensors)
+    assert len(split.train) == 9_590 and len(split.validation) == len(split.test) == 1_199
+    tests = [frozenset(s.test.tolist()) for s in splits]
+    assert len(set(tests)) == 5  # five different draws
+
+
+def test_splits_on_synthetic_and_determinism(synthetic, tmp_path):
+    folder, tensors = synthetic
+    splits = load_splits(folder, tensors, "five-split")
+    for split in splits:
+        check_split(split, tensors)
+    again = draw_split(tensors, "five-split", 2)
+    assert np.array_equal(again.train, splits[2].train) and np.array_equal(again.test, splits[2].test)
+    # Drawn from scratch into another folder: identical files.
+    elsewhere = load_splits(tmp_path, tensors, "five-split")
+    for a, b in zip(splits, elsewhere):
+        assert a.to_json() == b.to_json()
+
+
+def test_saved_splits_are_read_back_not_redrawn(synthetic, tmp_path):
+    _, tensors = synthetic
+    load_splits(tmp_path, tensors, "reference")
+    path = tmp_path / "splits" / "reference" / "split_0.json"
+    payload = json.loads(path.read_text())
+    # Move one stay from test to train in the saved file: a redraw would undo this, a read keeps it.
+    moved = payload["test"].pop(0)
+    payload["train"] = sorted(payload["train"] + [moved])
+    path.write_text(json.dumps(payload))
+    (split,) = load_splits(tmp_path, tensors, "reference")
+    assert moved in split.train.tolist() and moved not in split.test.tolist()
+    assert json.loads(path.read_text()) == payload
+
+
+def test_reference_protocol(synthetic, tmp_path):
+    _, tensors = synthetic
+    (reference,) = load_splits(tmp_path, tensors, "reference")
+    assert reference.protocol == "reference" and reference.index == 0 and reference.name == "reference/split_0"
+    assert (tmp_path / "splits" / "reference" / "split_0.json").is_file()
+    assert not (tmp_path / "splits" / "five-split").exists()
+    check_split(reference, tensors)
+    first = draw_split(tensors, "five-split", 0)  # the same random_state=0 draw
+    assert np.array_equal(reference.train, first.train) and np.array_equal(reference.test, first.test)
+    with pytest.raises(ValueError, match="unknown split protocol"):
+        load_splits(tmp_path, tensors, "ten-split")
+
+
+def test_split_naming_missing_stays_is_refused(synthetic):
+    _, tensors = synthetic
+    split = draw_split(tensors, "five-split", 0)
+    split.test = np.append(split.test, 999_999_999)
+    with pytest.raises(ValueError, match="re-create the split"):
+        split.positions(tensors, "test")
+
+
+def independent_stats(dataset, stays):
+    """Per-variable mean and std (ddof 0) of the observed values of ``stays``, from the long table."""
+    obs = dataset.observations
+    obs = obs[obs["stay_id"].isin(stays)].drop_duplicates(["stay_id", "time", "variable"], keep="last")
+    grouped = obs.assign(value=obs["value"].astype("float64")).groupby("variable", observed=True)["value"]
+    return (grouped.mean().reindex(dataset.variables).to_numpy(),
+            grouped.std(ddof=0).reindex(dataset.variables).to_numpy())  # fmt: skip
+
+
+def dataset_variable(dataset, where):
+    return [v for v, w in zip(dataset.variables, where) if w]
+
+
+@requires_p12
+def test_normalisation_uses_the_training_part_only(p12_processed, p12_tensors, p12_dataset):
+    (split,) = load_splits(p12_processed, p12_tensors, "reference")
+    norm = split.normalisation
+    mean, std = independent_stats(p12_dataset, split.train)
+    assert (std == 0).sum() == 1 and dataset_variable(p12_dataset, std == 0) == ["MechVent"]  # always 1 in P12
+    np.testing.assert_allclose(norm.value_mean, mean, rtol=1e-4)
+    np.testing.assert_allclose(norm.value_std, np.where(std == 0, 1.0, std), rtol=1e-3)  # a constant is left as is
+    all_mean, all_std = independent_stats(p12_dataset, p12_dataset.labels["stay_id"])
+    assert not np.allclose(norm.value_mean, all_mean, rtol=1e-5)  # other stays' values did not leak in
+    assert not np.allclose(norm.value_std, np.where(all_std == 0, 1.0, all_std), rtol=1e-5)
+
+    static = p12_dataset.static.set_index("stay_id").loc[split.train].to_numpy("float64")
+    np.testing.assert_allclose(norm.static_mean, np.nanmean(static, axis=0), rtol=1e-5)
+    np.testing.assert_allclose(norm.static_std, np.nanstd(static, axis=0), rtol=1e-4)
+    # Saved and read back unchanged.
+    (again,) = load_splits(p12_processed, p12_tensors, "reference")
+    assert np.array_equal(again.normalisation.value_mean, norm.value_mean)
+
+
+def test_normalisation_on_synthetic_train_part(synthetic):
+    folder, tensors = synthetic
+    from preprocessing.tables import read_processed
+
+    dataset = read_processed(folder)
+    split = draw_split(tensors, "five-split", 1)
+    mean, std = independent_stats(dataset, split.train)
+    np.testing.assert_allclose(split.normalisation.value_mean, mean, rtol=1e-4)
+    np.testing.assert_allclose(split.normalisation.value_std, std, rtol=1e-3)
+
+
+def test_dataset_and_collate(synthetic):
+    folder, tensors = synthetic
+    split = draw_split(tensors, "five-split", 0)
+    norm = split.normalisation
+    part = tensors.subset(split.positions(tensors, "validation"))
+    part.static[0, 0] = np.nan  # an unknown static value
+    dataset = IrregularDataset(part, norm)
+    assert len(dataset) == len(split.validation)
+
+    batches = list(loader(dataset, batch_size=16))
+    assert sum(len(b) for b in batches) == len(dataset)
+    start = 0
+    for batch in batches:
+        rows = np.arange(start, start + len(batch))
+        start += len(batch)
+        longest = int(part.lengths[rows].max())
+        b, d = len(batch), len(part.variables)
+        assert batch.values.shape == (b, longest, d) and batch.mask.shape == (b, longest, d)
+        assert batch.times.shape == (b, longest) and batch.static.shape == (b, len(part.static_features))
+        assert batch.values.dtype == torch.float32 and batch.mask.dtype == torch.float32
+        mask = part.mask[rows, :longest]
+        assert np.array_equal(batch.mask.numpy(), mask.astype("float32"))
+        expected = (part.values[rows, :longest] - norm.value_mean) / norm.value_std
+        np.testing.assert_allclose(batch.values.numpy()[mask], expected[mask], rtol=1e-5, atol=1e-5)
+        assert (batch.values.numpy()[~mask] == 0).all()
+        assert np.array_equal(batch.times.numpy(), part.times[rows, :longest])
+        assert np.array_equal(batch.lengths.numpy(), part.lengths[rows])
+        assert np.array_equal(batch.labels.numpy(), part.labels[rows])
+        static = (part.static[rows] - norm.static_mean) / norm.static_std
+        known = ~np.isnan(static)
+        np.testing.assert_allclose(batch.static.numpy()[known], static[known], rtol=1e-5, atol=1e-6)
+        assert (batch.static.numpy()[~known] == 0).all()
+    assert batches[0].static[0, 0] == 0  # the NaN became 0
+    # The whole split's normalised training values have mean ~0 and std ~1 per variable.
+    train = IrregularDataset(tensors.subset(split.positions(tensors, "train")), norm)
+    observed = train.mask.bool()
+    for k in range(len(tensors.variables)):
+        values = train.values[..., k][observed[..., k]].double()
+        assert abs(values.mean().item()) < 1e-3 and abs(values.std(unbiased=False).item() - 1) < 1e-3
+
+
+def test_collate_trims_to_the_longest_stay_in_the_batch(synthetic):
+    _, tensors = synthetic
+    norm = draw_split(tensors, "five-split", 0).normalisation
+    dataset = IrregularDataset(tensors, norm)
+    order = np.argsort(tensors.lengths)
+    short, long = int(order[0]), int(order[-1])
+    assert tensors.lengths[short] < tensors.lengths[long]
+    assert collate([dataset[short]]).values.shape[1] == tensors.lengths[short]
+    assert collate([dataset[short], dataset[long]]).values.shape[1] == tensors.lengths[long]
+    shuffled = [b.labels for b in loader(dataset, 64, shuffle=True, seed=1)]
+    again = [b.labels for b in loader(dataset, 64, shuffle=True, seed=1)]
+    assert all(torch.equal(a, b) for a, b in zip(shuffled, again))
