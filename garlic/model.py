@@ -32,6 +32,8 @@ class GarlicOutput:
     logits: Tensor  # [B]
     reconstruction: Tensor  # [B, T, D] predicted values, comparable where observed and a past exists
     imputed: Tensor  # [B, T, D] the decay-imputed inputs
+    features: Tensor  # [B, T, D, F] each variable's own encoded features
+    messages: Tensor  # [B, T, D, F] what each variable receives over the graph from the previous steps
     lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t
     signal_attention: Tensor  # [B, T, D] weight of each variable at each step (sums to 1 over D)
     temporal_attention: Tensor  # [B, T] weight of each step (sums to 1 over a stay's real steps)
@@ -262,6 +264,8 @@ class Garlic(nn.Module):
             logits=logits,
             reconstruction=reconstruction,
             imputed=imputed,
+            features=features,
+            messages=messages,
             lag_attention=lag_weights,
             signal_attention=signal_weights,
             temporal_attention=temporal_weights,

@@ -19,6 +19,7 @@ from garlic.checkpoint import TrainedModel
 from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
+from garlic.explanation_report import log_explanations
 from garlic.metrics import binary_metrics
 from garlic.splits import Split, load_splits
 from garlic.tracking import DEFAULT_STORE, get_run, load_run_model, log_model, use_experiment, use_store
@@ -54,8 +55,9 @@ def train_split(
     tensors: IrregularTensors,
     split: Split,
     on_epoch: Callable[[EpochRecord], None] | None = None,
+    planted_graph: list[dict] | None = None,
 ) -> SplitResult:
-    """Train, select and test on one split inside the active MLflow run."""
+    """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth)."""
     parts = _datasets(tensors, split)
     mlflow.log_params({"split": split.name, "n_train": len(parts["train"]), "n_validation": len(parts["validation"]),
                        "n_test": len(parts["test"])})  # fmt: skip
@@ -86,7 +88,9 @@ def train_split(
     ):
         mlflow.log_figure(figure, f"plots/{name}")
         plots.plt.close(figure)
-    log_model(TrainedModel(fitted.model, tensors.variables, tensors.static_features, split.normalisation))
+    trained = TrainedModel(fitted.model, tensors.variables, tensors.static_features, split.normalisation)
+    log_model(trained)
+    log_explanations(trained, parts["test"], planted=planted_graph)
     return SplitResult(mlflow.active_run().info.run_id, split.name, fitted.best_epoch, scores)
 
 
@@ -112,7 +116,8 @@ def train(
     with mlflow.start_run(run_name=f"garlic-{config.dataset}") as parent:
         mlflow.log_params(config.to_dict())
         mlflow.log_dict(config.to_dict(), "config.json")
-        mlflow.log_dict(read_manifest(folder), "data_manifest.json")
+        manifest = read_manifest(folder)
+        mlflow.log_dict(manifest, "data_manifest.json")
         mlflow.log_params({"data_folder": str(folder), "n_stays": len(tensors), "n_variables": len(tensors.variables)})
         nested = len(indices) > 1
         for index in indices:
@@ -122,7 +127,7 @@ def train(
                 if nested:
                     mlflow.log_params(config.to_dict())
                 report = (lambda record, name=split.name: on_epoch(name, record)) if on_epoch else None
-                results.append(train_split(config, tensors, split, report))
+                results.append(train_split(config, tensors, split, report, manifest.get("ground_truth_graph")))
         if nested:
             for metric in TEST_METRICS:
                 values = np.array([r.test[metric] for r in results])
