@@ -1,0 +1,87 @@
+"""Training and inference speed of GARLIC on a processed dataset, and (with --accuracy) the five-split result.
+
+    python -m experiments.benchmark_training --dataset physionet2012            # one epoch + inference, minutes
+    python -m experiments.benchmark_training --dataset physionet2012 --accuracy # five full trainings, hours on a CPU
+
+Speed: one training epoch in the reconstruction stage (all parameters, the costlier stage) over split 0's training
+stays with the dataset's shipped config, and stays per second when predicting split 0's validation and test stays.
+Accuracy: ``garlic train --all-splits`` with the shipped config, test AUROC/AUPRC mean +/- std beside the paper's.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from garlic import runs
+from garlic.config import Config
+from garlic.data import IrregularDataset, loader
+from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
+from garlic.splits import load_splits
+from garlic.tracking import DEFAULT_STORE
+from garlic.train import RECONSTRUCTION, AlternatingTrainer, predict_proba
+from preprocessing.tensors import load_tensors
+
+PAPER = {"physionet2012": {"auroc": (86.40, 0.86), "auprc": (56.89, 1.75)}}
+
+
+def measure_speed(config: Config, data_root: Path) -> dict[str, float]:
+    folder = ensure_processed(config.dataset, data_root)
+    tensors = load_tensors(folder)
+    split = load_splits(folder, tensors, config.split_protocol)[0]
+
+    def part(name: str) -> IrregularDataset:
+        return IrregularDataset(tensors.subset(split.positions(tensors, name)), split.normalisation)
+
+    train, held_out = part("train"), part("validation")
+    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    start = time.perf_counter()
+    trainer.train_epoch(loader(train, config.batch_size, shuffle=True, seed=config.seed), RECONSTRUCTION)
+    epoch_seconds = time.perf_counter() - start
+
+    test = part("test")
+    start = time.perf_counter()
+    predict_proba(trainer.model, held_out)
+    predict_proba(trainer.model, test)
+    inference_seconds = time.perf_counter() - start
+    return {
+        "training_stays": len(train),
+        "epoch_seconds": epoch_seconds,
+        "predicted_stays": len(held_out) + len(test),
+        "stays_per_second": (len(held_out) + len(test)) / inference_seconds,
+    }
+
+
+def measure_accuracy(config: Config, data_root: Path, store: Path) -> None:
+    run_id, results = runs.train(config, list(range(5)), data_root, store)
+    print(f"five-split run {run_id}")
+    for metric in ("auroc", "auprc", "brier", "ece"):
+        values = 100 * np.array([r.test[metric] for r in results])
+        paper = PAPER.get(config.dataset, {}).get(metric)
+        beside = f"   paper {paper[0]:.2f} +/- {paper[1]:.2f}" if paper else ""
+        print(f"test {metric:6s} {values.mean():6.2f} +/- {values.std():.2f}{beside}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="physionet2012")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--accuracy", action="store_true", help="also train all five splits (long)")
+    args = parser.parse_args()
+    config = Config.for_dataset(args.dataset).override(args.set)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {config.device}")
+    speed = measure_speed(config, args.data_root)
+    print(f"one training epoch: {speed['epoch_seconds']:.1f} s for {speed['training_stays']} stays "
+          f"(batch {config.batch_size})")  # fmt: skip
+    print(f"inference: {speed['stays_per_second']:.0f} stays/s over {speed['predicted_stays']} stays")
+    if args.accuracy:
+        measure_accuracy(config, args.data_root, args.mlruns)
+
+
+if __name__ == "__main__":
+    main()
