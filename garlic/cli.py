@@ -1,9 +1,10 @@
-"""The ``garlic`` command: preprocess, train, evaluate, predict, dashboard."""
+"""The ``garlic`` command: download, preprocess, train, evaluate, predict, dashboard."""
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +12,21 @@ from pathlib import Path
 from garlic.config import Config, ConfigError
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, processed_folder
 from garlic.tracking import DEFAULT_STORE, RunNotFoundError
+from preprocessing.download import DownloadError
 from preprocessing.tables import DatasetNotFoundError
 
 log = logging.getLogger("garlic")
 APP = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+
+
+def _download(args: argparse.Namespace) -> None:
+    from preprocessing.download import download
+
+    for outcome in download(args.dataset, args.to, args.base_url, args.only):
+        print(f"{outcome.name}: {outcome.status}, SHA-256 {outcome.sha256}")
+    if args.dataset == "physionet2019":
+        print("checked against the release's SHA256SUMS.txt as served (no checksum is pinned for this release)")
+    print(f"next: garlic preprocess {args.dataset} --source {args.to}")
 
 
 def _preprocess(args: argparse.Namespace) -> None:
@@ -47,24 +59,44 @@ def _config(args: argparse.Namespace) -> Config:
     return config.override(overrides)
 
 
+def _split_indices(args: argparse.Namespace, config: Config) -> list[int]:
+    if args.all_splits:
+        return list(range(5 if config.split_protocol == "five-split" else 1))
+    return [0 if args.split is None else args.split]
+
+
+def _stop_on_sigterm(number, frame) -> None:
+    # An exception, unlike the default handler, lets MLflow mark the run as failed; `--resume` takes it up.
+    raise SystemExit(128 + number)
+
+
 def _train(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    from garlic import runs
+    from garlic import distributed, runs
 
-    config = _config(args)
-    indices = list(range(5 if config.split_protocol == "five-split" else 1)) if args.all_splits else [args.split]
+    if args.resume and (args.set or args.config or args.all_splits or args.split is not None):
+        raise ConfigError("--resume continues a run with its own config and splits; drop --set/--config/--split")
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    config = None if args.resume else _config(args)
     bars: dict[str, tqdm] = {}
 
     def progress(split: str, record) -> None:
         if split not in bars:
-            bars[split] = tqdm(total=config.max_epochs, desc=split, unit="epoch", file=sys.stderr)
+            total = config.max_epochs if config else None  # resumed: the run's config is read later
+            bars[split] = tqdm(total=total, initial=record.epoch - 1, desc=split, unit="epoch", file=sys.stderr)
         bar = bars[split]
         bar.update(1)
         bar.set_postfix(stage=record.stage[:3], val_auroc=f"{record.val_auroc:.3f}",
                         val_auprc=f"{record.val_auprc:.3f}", s=f"{record.seconds:.1f}")  # fmt: skip
 
-    run_id, results = runs.train(config, indices, args.data_root, args.mlruns, on_epoch=progress)
+    with distributed.process_group(config.device if config else args.device or "auto"):
+        if args.resume:
+            run_id, results = runs.resume(args.resume, args.data_root, args.mlruns, progress, args.device)
+        else:
+            run_id, results = runs.train(config, _split_indices(args, config), args.data_root, args.mlruns, progress)
+    if run_id is None:  # a helper rank under torchrun: rank 0 reports
+        return
     for bar in bars.values():
         bar.close()
     for result in results:
@@ -108,6 +140,13 @@ def parser() -> argparse.ArgumentParser:
     main.add_argument("-v", "--verbose", action="store_true")
     commands = main.add_subparsers(dest="command", required=True)
 
+    fetch = commands.add_parser("download", help="fetch an open-access release from PhysioNet, verified")
+    fetch.add_argument("dataset", choices=["physionet2012", "physionet2019", "mimic3"])
+    fetch.add_argument("--to", type=Path, required=True, help="the folder the release lands in")
+    fetch.add_argument("--base-url", help="a mirror of the release folder (default: physionet.org)")
+    fetch.add_argument("--only", nargs="+", metavar="FILE", help="physionet2012: just these files of the release")
+    fetch.set_defaults(handler=_download)
+
     prep = commands.add_parser("preprocess", help="raw records -> processed tables")
     prep.add_argument("dataset", choices=DATASETS)
     prep.add_argument("--source", type=Path, help="the raw release folder")
@@ -120,11 +159,12 @@ def parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
     train.add_argument("--dataset", choices=DATASETS, default="synthetic")
     which = train.add_mutually_exclusive_group()
-    which.add_argument("--split", type=int, default=0, help="train on split K (default 0)")
+    which.add_argument("--split", type=int, help="train on split K (default 0)")
     which.add_argument("--all-splits", action="store_true", help="train on every split of the protocol")
     train.add_argument("--config", type=Path, help="a JSON config (default: experiments/configs/DATASET.json)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    train.add_argument("--resume", metavar="RUN_ID", help="continue this killed run from its last epoch checkpoint")
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="re-evaluate a finished run on its test split")
@@ -149,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         args.handler(args)
-    except (ConfigError, DatasetNotFoundError, RunNotFoundError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, DatasetNotFoundError, DownloadError, RunNotFoundError, FileNotFoundError, ValueError) as exc:
         print(f"garlic: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -2,10 +2,14 @@
 
 One MLflow run per training; with several splits, a parent run holds one nested run per split and the
 mean +/- std of the test metrics.
+
+After every epoch the state of the fit is saved to ``STORE/checkpoints/SPLIT_RUN_ID/training.pt`` (atomically;
+deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends
+as the uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes checkpoints.
 """
 from __future__ import annotations
 
-import contextlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,7 +18,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from garlic import plots
+from garlic import distributed, plots
 from garlic.checkpoint import TrainedModel
 from garlic.config import Config
 from garlic.data import IrregularDataset
@@ -23,11 +27,19 @@ from garlic.explanation_report import log_explanations
 from garlic.metrics import binary_metrics
 from garlic.splits import Split, load_splits
 from garlic.tracking import DEFAULT_STORE, get_run, load_run_model, log_model, use_experiment, use_store
-from garlic.train import AlternatingTrainer, EpochRecord, evaluate
+from garlic.train import (
+    AlternatingTrainer,
+    EpochRecord,
+    FitResult,
+    evaluate,
+    load_training_state,
+    save_training_state,
+)
 from preprocessing.tables import read_manifest
 from preprocessing.tensors import IrregularTensors, load_tensors
 
 TEST_METRICS = ("auroc", "auprc", "brier", "ece")
+CHECKPOINT = "training.pt"
 
 
 @dataclass
@@ -50,17 +62,46 @@ def _log_predictions(name: str, dataset: IrregularDataset, probabilities: np.nda
     mlflow.log_text(table.to_csv(index=False), f"predictions/{name}.csv")
 
 
+def checkpoint_path(store: Path, run_id: str) -> Path:
+    return Path(store) / "checkpoints" / run_id / CHECKPOINT
+
+
+def fit_split(
+    config: Config,
+    tensors: IrregularTensors,
+    parts: dict[str, IrregularDataset],
+    resume: dict | None,
+    checkpoint: Path | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+) -> FitResult:
+    """Fit on one split (every rank does), from the saved state ``resume`` or afresh, saving to ``checkpoint``."""
+    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+
+    def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
+        if checkpoint is not None:
+            save_training_state(checkpoint, state)
+
+    return trainer.fit(parts["train"], parts["validation"], on_epoch=on_epoch, on_checkpoint=save, resume=resume)
+
+
 def train_split(
     config: Config,
     tensors: IrregularTensors,
     split: Split,
     on_epoch: Callable[[EpochRecord], None] | None = None,
     planted_graph: list[dict] | None = None,
+    checkpoint: Path | None = None,
 ) -> SplitResult:
-    """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth)."""
+    """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth).
+
+    With ``checkpoint``, the fit's state is saved there after every epoch, and a state found there is continued.
+    """
     parts = _datasets(tensors, split)
-    mlflow.log_params({"split": split.name, "n_train": len(parts["train"]), "n_validation": len(parts["validation"]),
-                       "n_test": len(parts["test"])})  # fmt: skip
+    resume = load_training_state(checkpoint) if checkpoint is not None and checkpoint.is_file() else None
+    distributed.broadcast_state({"resume": resume})
+    if resume is None:
+        mlflow.log_params({"split": split.name, "n_train": len(parts["train"]),
+                           "n_validation": len(parts["validation"]), "n_test": len(parts["test"])})  # fmt: skip
 
     def log_epoch(record: EpochRecord) -> None:
         mlflow.log_metrics({**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")},
@@ -68,8 +109,7 @@ def train_split(
         if on_epoch is not None:
             on_epoch(record)
 
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
-    fitted = trainer.fit(parts["train"], parts["validation"], on_epoch=log_epoch)
+    fitted = fit_split(config, tensors, parts, resume, checkpoint, log_epoch)
     validation = evaluate(fitted.model, parts["validation"], config)["probabilities"]
     test = evaluate(fitted.model, parts["test"], config)["probabilities"]  # the one look at the test split
     labels = parts["test"].labels.numpy()
@@ -91,6 +131,8 @@ def train_split(
     trained = TrainedModel(fitted.model, tensors.variables, tensors.static_features, split.normalisation)
     log_model(trained)
     log_explanations(trained, parts["test"], planted=planted_graph)
+    if checkpoint is not None:
+        shutil.rmtree(checkpoint.parent, ignore_errors=True)
     return SplitResult(mlflow.active_run().info.run_id, split.name, fitted.best_epoch, scores)
 
 
@@ -100,39 +142,133 @@ def train(
     data_root: Path = DEFAULT_DATA_ROOT,
     store: Path = DEFAULT_STORE,
     on_epoch: Callable[[str, EpochRecord], None] | None = None,
-) -> tuple[str, list[SplitResult]]:
-    """Train on the chosen splits (default: the first) of the config's dataset; returns the run id and results."""
-    folder = ensure_processed(config.dataset, data_root)
-    tensors = load_tensors(folder)
-    splits = load_splits(folder, tensors, config.split_protocol)
+    resume_run: str | None = None,
+) -> tuple[str | None, list[SplitResult]]:
+    """Train on the chosen splits (default: the first) of the config's dataset; returns the run id and results.
+
+    ``resume_run`` continues that run (see ``resume``). Inside ``distributed.process_group`` (``garlic train``
+    under ``torchrun``), ranks other than 0 help fit and return ``(None, [])``.
+    """
+    with distributed.main_first():  # rank 0 builds the caches (tensors, splits) that the others then read
+        folder = ensure_processed(config.dataset, data_root)
+        tensors = load_tensors(folder)
+        splits = load_splits(folder, tensors, config.split_protocol)
     indices = [0] if split_indices is None else split_indices
     unknown = [k for k in indices if not 0 <= k < len(splits)]
     if unknown:
         raise ValueError(f"protocol {config.split_protocol!r} has splits 0..{len(splits) - 1}; got {unknown}")
+    if not distributed.is_main():
+        for index in indices:
+            _help_fit(config, tensors, splits[index])
+        return None, []
+    return _tracked_train(config, tensors, [splits[k] for k in indices], folder, store, on_epoch, resume_run)
 
+
+def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
+    """A rank other than 0: fit beside rank 0, from the state it sends, unless it says the split is done."""
+    plan = distributed.broadcast_state(None)
+    if not plan.get("finished"):
+        fit_split(config, tensors, _datasets(tensors, split), plan["resume"])
+
+
+def _tracked_train(
+    config: Config,
+    tensors: IrregularTensors,
+    splits: list[Split],
+    folder: Path,
+    store: Path,
+    on_epoch: Callable[[str, EpochRecord], None] | None,
+    resume_run: str | None,
+) -> tuple[str, list[SplitResult]]:
     use_store(store)
     use_experiment(config.dataset, store)
+    manifest = read_manifest(folder)
     results = []
-    with mlflow.start_run(run_name=f"garlic-{config.dataset}") as parent:
-        mlflow.log_params(config.to_dict())
-        mlflow.log_dict(config.to_dict(), "config.json")
-        manifest = read_manifest(folder)
-        mlflow.log_dict(manifest, "data_manifest.json")
-        mlflow.log_params({"data_folder": str(folder), "n_stays": len(tensors), "n_variables": len(tensors.variables)})
-        nested = len(indices) > 1
-        for index in indices:
-            split = splits[index]
-            child = mlflow.start_run(run_name=split.name, nested=True) if nested else contextlib.nullcontext()
-            with child:
-                if nested:
+    begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}"}
+    with mlflow.start_run(**begin) as parent:
+        if resume_run is None:
+            mlflow.log_params(config.to_dict())
+            mlflow.log_dict(config.to_dict(), "config.json")
+            mlflow.log_dict(manifest, "data_manifest.json")
+            mlflow.log_params({"data_folder": str(folder), "n_stays": len(tensors),
+                               "n_variables": len(tensors.variables),
+                               "split_indices": ",".join(str(s.index) for s in splits)})  # fmt: skip
+        nested = len(splits) > 1
+        earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
+        for split in splits:
+            report = (lambda record, name=split.name: on_epoch(name, record)) if on_epoch else None
+            previous = earlier.get(split.name)
+            if previous is not None and previous.info.status == "FINISHED":
+                distributed.broadcast_state({"finished": True})
+                results.append(_finished_result(previous))
+                continue
+            if not nested:
+                checkpoint = checkpoint_path(store, parent.info.run_id)
+                results.append(train_split(config, tensors, split, report, manifest.get("ground_truth_graph"),
+                                           checkpoint))  # fmt: skip
+                continue
+            begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": split.name}
+            with mlflow.start_run(**begin, nested=True) as child:
+                if previous is None:
                     mlflow.log_params(config.to_dict())
-                report = (lambda record, name=split.name: on_epoch(name, record)) if on_epoch else None
-                results.append(train_split(config, tensors, split, report, manifest.get("ground_truth_graph")))
+                checkpoint = checkpoint_path(store, child.info.run_id)
+                results.append(train_split(config, tensors, split, report, manifest.get("ground_truth_graph"),
+                                           checkpoint))  # fmt: skip
         if nested:
             for metric in TEST_METRICS:
                 values = np.array([r.test[metric] for r in results])
                 mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
     return parent.info.run_id, results
+
+
+def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
+    """The split runs already nested under ``parent_id``, by split name."""
+    children = mlflow.search_runs(experiment_ids=[get_run(parent_id).info.experiment_id], output_format="list",
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")  # fmt: skip
+    return {child.info.run_name: child for child in children}
+
+
+def _finished_result(run: mlflow.entities.Run) -> SplitResult:
+    metrics = run.data.metrics
+    return SplitResult(run.info.run_id, run.info.run_name, int(metrics["best_epoch"]),
+                       {k: metrics[f"test_{k}"] for k in TEST_METRICS})  # fmt: skip
+
+
+def resume(
+    run_id: str,
+    data_root: Path = DEFAULT_DATA_ROOT,
+    store: Path = DEFAULT_STORE,
+    on_epoch: Callable[[str, EpochRecord], None] | None = None,
+    device: str | None = None,
+) -> tuple[str | None, list[SplitResult]]:
+    """Continue the unfinished run ``run_id``, with its own config and splits; returns what ``train`` returns.
+
+    Finished split runs are kept; an unfinished one goes on from its last epoch checkpoint (from its start when it
+    was stopped in its first epoch), in the same MLflow run. Epochs done after the last checkpoint are done again,
+    with the same result, and their metrics logged once more at the same steps. ``device`` may differ from the
+    run's (resuming on another machine). Under ``torchrun`` only rank 0 reads the store and sends the others the
+    config.
+    """
+    plan = _resume_plan(run_id, store) if distributed.is_main() else None
+    plan = distributed.broadcast_state(plan)
+    config = Config().override(plan["config"])
+    if device is not None:
+        config = config.override({"device": device})
+    return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id)
+
+
+def _resume_plan(run_id: str, store: Path) -> dict:
+    use_store(store)
+    run = get_run(run_id)
+    if run.info.status == "FINISHED":
+        raise ValueError(f"run {run_id} has finished; there is nothing to resume")
+    parent = run.data.tags.get("mlflow.parentRunId")
+    if parent:
+        raise ValueError(f"run {run_id} is one split of run {parent}; resume that one")
+    if "split_indices" not in run.data.params:
+        raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+    config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/config.json")
+    return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")]}
 
 
 def evaluate_run(run_id: str, store: Path = DEFAULT_STORE) -> dict:

@@ -7,19 +7,30 @@ Each parameter group has its own optimiser (learning rate, weight decay) and pla
 when its validation loss has not improved for ``stage_patience`` epochs, restarting from the best checkpoint;
 training stops when validation AUROC has not improved for ``early_stopping`` epochs. With ``alternating=False``
 the reconstruction-stage objective trains everything jointly (the ablation).
+
+After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
+state and bookkeeping); a fit continued from that state ends exactly as an uninterrupted one. Under ``torchrun``
+the same code trains data-parallel (see ``garlic.distributed``).
 """
 from __future__ import annotations
 
 import copy
+import math
+import os
+import pickle  # for its exception type only: torch.load(weights_only=True) refuses content with UnpicklingError
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DataLoader
 
+from garlic import distributed
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate, loader
 from garlic.metrics import binary_metrics
@@ -56,6 +67,21 @@ class EpochRecord:
 
 
 @dataclass
+class Progress:
+    """Where a fit stands after an epoch; with the weights, optimisers and random state, all it needs to go on."""
+
+    epoch: int = 0
+    stage: str = RECONSTRUCTION
+    best_score: float = -math.inf
+    best_epoch: int = 0
+    stale: int = 0
+    stage_best: float = math.inf
+    stage_stale: int = 0
+    stopped: bool = False
+    history: list[EpochRecord] = field(default_factory=list)
+
+
+@dataclass
 class FitResult:
     model: Garlic
     history: list[EpochRecord]
@@ -66,8 +92,9 @@ def forward(model: Garlic, batch) -> GarlicOutput:
     return model(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
 
 
-def stage_losses(model: Garlic, batch, config: Config) -> dict[str, torch.Tensor]:
-    output = forward(model, batch)
+def stage_losses(model: Garlic, batch, config: Config, network: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """The losses of both stages; ``network`` runs the forward pass when it wraps ``model`` (DDP)."""
+    output = forward(network or model, batch)
     bce = F.binary_cross_entropy_with_logits(output.logits, batch.labels)
     reconstruction = reconstruction_loss(output, batch.values, batch.mask)
     return {
@@ -135,6 +162,10 @@ class AlternatingTrainer:
             name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=2)
             for name, opt in self.optimisers.items()
         }
+        self.network = distributed.wrap(self.model)
+        world = distributed.current()
+        if world.size > 1:  # the ranks start from the same weights, but each draws its own dropout masks
+            torch.manual_seed(config.seed + world.rank)
 
     def _set_stage(self, stage: str) -> None:
         for parameter in self.model.reconstruction_parameters():
@@ -148,10 +179,10 @@ class AlternatingTrainer:
         sums, count = {"loss": 0.0, "bce": 0.0, "reconstruction": 0.0}, 0
         for batch in batches:
             batch = batch.to(self.device)
-            losses = stage_losses(self.model, batch, self.config)
+            losses = stage_losses(self.model, batch, self.config, self.network)
             for optimiser in self.optimisers.values():
                 optimiser.zero_grad(set_to_none=True)
-            losses[stage].backward()
+            (losses[stage] * distributed.batch_weight(len(batch))).backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRADIENT_CLIP)
             for optimiser in stepped:
                 optimiser.step()
@@ -159,61 +190,119 @@ class AlternatingTrainer:
                 sums[name] += losses[key].item() * len(batch)
             count += len(batch)
         self._set_stage(RECONSTRUCTION)
-        return {k: v / max(count, 1) for k, v in sums.items()}
+        totals = distributed.all_sum(torch.tensor([*sums.values(), count], dtype=torch.float64)).tolist()
+        return {name: total / max(totals[-1], 1) for name, total in zip(sums, totals)}
+
+    def state(self, progress: Progress, best_state: dict, sampler) -> dict:
+        """Everything a fit needs to go on from here (every rank must call it: it gathers their random states)."""
+        cuda = self.device.type == "cuda"
+        return {
+            "progress": asdict(progress),
+            "model": self.model.state_dict(),
+            "best_model": best_state,
+            "optimisers": {name: opt.state_dict() for name, opt in self.optimisers.items()},
+            "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
+            "sampler_epoch": sampler.epoch,
+            "rng": distributed.all_gather(torch.get_rng_state()),
+            "cuda_rng": distributed.all_gather(torch.cuda.get_rng_state()) if cuda else [],
+        }
+
+    def restore(self, state: dict, sampler) -> tuple[Progress, dict]:
+        """Put the trainer back where ``state`` was taken; returns the fit's progress and best weights."""
+        self.model.load_state_dict(state["model"])
+        for name, optimiser in self.optimisers.items():
+            optimiser.load_state_dict(state["optimisers"][name])
+        for name, scheduler in self.schedulers.items():
+            scheduler.load_state_dict(state["schedulers"][name])
+        sampler.epoch = state["sampler_epoch"]
+        # With another number of processes than wrote the state, training goes on, but not bit for bit.
+        rank = distributed.current().rank
+        torch.set_rng_state(state["rng"][rank % len(state["rng"])])
+        if state["cuda_rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"][rank % len(state["cuda_rng"])])
+        progress = dict(state["progress"])
+        progress["history"] = [EpochRecord(**record) for record in progress["history"]]
+        return Progress(**progress), state["best_model"]
 
     def fit(
         self,
         train: IrregularDataset,
         validation: IrregularDataset,
         on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_checkpoint: Callable[[dict], None] | None = None,
+        resume: dict | None = None,
     ) -> FitResult:
+        """Fit, selecting on ``validation``; ``on_checkpoint`` gets the state after each epoch, ``resume`` continues
+        from such a state."""
         config = self.config
-        batches = loader(train, config.batch_size, shuffle=True, seed=config.seed)
-        stage = RECONSTRUCTION
-        best_score, best_epoch = -np.inf, 0
-        best_state = copy.deepcopy(self.model.state_dict())
-        stage_best, stage_stale, stale = np.inf, 0, 0
-        history: list[EpochRecord] = []
-        for epoch in range(1, config.max_epochs + 1):
+        batches = distributed.shard(loader(train, config.batch_size, shuffle=True, seed=config.seed))
+        progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
+        if resume is not None:
+            progress, best_state = self.restore(resume, batches.batch_sampler)
+        while not progress.stopped and progress.epoch < config.max_epochs:
+            progress.epoch += 1
             start = time.perf_counter()
-            trained = self.train_epoch(batches, stage)
+            trained = self.train_epoch(batches, progress.stage)
             checked = evaluate(self.model, validation, config)
             scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
             losses = checked["losses"]
             for name, scheduler in self.schedulers.items():
                 scheduler.step(losses[name])
             record = EpochRecord(
-                epoch=epoch,
-                stage=stage,
+                epoch=progress.epoch,
+                stage=progress.stage,
                 train_loss=trained["loss"],
                 train_bce=trained["bce"],
                 train_reconstruction=trained["reconstruction"],
-                val_loss=losses[stage],
+                val_loss=losses[progress.stage],
                 val_bce=losses["bce"],
                 val_reconstruction=losses["reconstruction"],
                 val_auroc=scores["auroc"],
                 val_auprc=scores["auprc"],
                 seconds=time.perf_counter() - start,
             )
-            history.append(record)
+            progress.history.append(record)
             # AUROC picks the checkpoint; it is NaN only with one class, when the loss has to decide.
             score = scores["auroc"] if np.isfinite(scores["auroc"]) else -losses["bce"]
-            if score > best_score:
-                best_score, best_epoch, stale = score, epoch, 0
+            if score > progress.best_score:
+                progress.best_score, progress.best_epoch, progress.stale = score, progress.epoch, 0
                 best_state = copy.deepcopy(self.model.state_dict())
             else:
-                stale += 1
-            if losses[stage] < stage_best - 1e-6:
-                stage_best, stage_stale = losses[stage], 0
+                progress.stale += 1
+            if losses[progress.stage] < progress.stage_best - 1e-6:
+                progress.stage_best, progress.stage_stale = losses[progress.stage], 0
             else:
-                stage_stale += 1
+                progress.stage_stale += 1
             if on_epoch is not None:
                 on_epoch(record)
-            if stale >= config.early_stopping:
-                break
-            if config.alternating and stage_stale >= config.stage_patience:
-                stage = PREDICTION if stage == RECONSTRUCTION else RECONSTRUCTION
+            if progress.stale >= config.early_stopping:
+                progress.stopped = True
+            elif config.alternating and progress.stage_stale >= config.stage_patience:
+                progress.stage = PREDICTION if progress.stage == RECONSTRUCTION else RECONSTRUCTION
                 self.model.load_state_dict(best_state)
-                stage_best, stage_stale = np.inf, 0
+                progress.stage_best, progress.stage_stale = np.inf, 0
+            if on_checkpoint is not None:
+                on_checkpoint(self.state(progress, best_state, batches.batch_sampler))
         self.model.load_state_dict(best_state)
-        return FitResult(self.model, history, best_epoch)
+        return FitResult(self.model, progress.history, progress.best_epoch)
+
+
+def save_training_state(path: Path, state: dict) -> None:
+    """Write ``state`` to ``path`` atomically: a reader (or a resumed run) sees the previous state or this one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            torch.save(state, out)
+        os.replace(temporary, path)
+    except BaseException:  # SIGTERM arrives as SystemExit, maybe mid-write: leave no stray temporary file
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def load_training_state(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise ValueError(f"{path}: not a readable training checkpoint ({exc})") from exc

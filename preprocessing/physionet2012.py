@@ -45,6 +45,7 @@ OUTCOME_COLUMNS = ["RecordID", "SAPS-I", "SOFA", "Length_of_stay", "Survival", L
 HEADER = b"Time,Parameter,Value"
 _TIME = re.compile(r"^(\d+):([0-5]\d)$")
 _RECORD_NAME = re.compile(r"^(\d+)\.txt$")
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # values are stored as float32: larger ones would become inf
 
 
 class PhysioNet2012Error(ValueError):
@@ -125,6 +126,8 @@ def _parse_line(line: bytes) -> tuple[float, str, float] | str:
         return f"unparseable value {value_text!r} for {parameter}"
     if not np.isfinite(value):
         return f"non-finite value {value_text!r} for {parameter}"
+    if abs(value) > FLOAT32_MAX:
+        return f"value {value_text!r} for {parameter} is beyond the float32 range"
     return int(match.group(1)) + int(match.group(2)) / 60.0, parameter, value
 
 
@@ -140,7 +143,20 @@ def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.Da
             skips.append(Skip(record.origin, number, parsed))
         else:
             rows.append((index, *parsed))
-    return pd.DataFrame(rows, columns=["record", "time", "parameter", "value"])
+    frame = pd.DataFrame(rows, columns=["record", "time", "parameter", "value"])
+    # Typed even when every line was rejected: an empty untyped frame would turn the record column into objects.
+    return frame.astype({"record": "int64", "time": "float64", "value": "float64"})
+
+
+def _is_utf8(text: bytes) -> bool:
+    """The CSV reader cannot even report a row that is not UTF-8, so such records take the slow path."""
+    if text.isascii():
+        return True
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
@@ -149,7 +165,8 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
     chunks = []
     for index, record in enumerate(records):
         header, _, body = record.text.replace(b"\r\n", b"\n").partition(b"\n")
-        if header.strip() != HEADER:
+        # A lone CR would end a CSV row in mid-line; the line-by-line reader sees it as part of the line.
+        if header.strip() != HEADER or b"\r" in body or not _is_utf8(body):
             suspicious.add(index)
             continue
         body = body.rstrip(b"\n")
@@ -182,7 +199,7 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
         value = pc.cast(table["value"], pa.float64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:
         value = pd.to_numeric(table["value"].to_pandas(), errors="coerce").to_numpy(dtype="float64")
-    bad |= ~np.isfinite(value)
+    bad |= ~(np.abs(value) <= FLOAT32_MAX)  # also NaN and inf
 
     time_parts = pc.split_pattern(table["time"], ":")
     well_formed = pc.and_(
@@ -193,7 +210,8 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
     hours = np.zeros(len(table))
     if well_formed.any():
         parts = pc.list_flatten(pc.filter(time_parts, pa.array(well_formed)))
-        clock = pc.cast(parts, pa.int64()).to_numpy().reshape(-1, 2)
+        # float64, not int64: an absurd hour (20 digits) must not overflow; it falls outside the window anyway.
+        clock = pc.cast(parts, pa.float64()).to_numpy().reshape(-1, 2)
         hours[well_formed] = clock[:, 0] + clock[:, 1] / 60.0
 
     bad |= ~pc.is_in(table["parameter"], value_set=pa.array(sorted(KNOWN_PARAMETERS))).to_numpy(zero_copy_only=False)
@@ -290,7 +308,7 @@ def format_record(stay_id: int, observations: pd.DataFrame, static: dict[str, fl
 def read_outcomes(path: Path) -> pd.DataFrame:
     try:
         outcomes = pd.read_csv(path)
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise PhysioNet2012Error(f"{path}: not a readable outcomes table ({exc})") from exc
     missing = [c for c in OUTCOME_COLUMNS if c not in outcomes.columns]
     if missing:

@@ -1,0 +1,160 @@
+"""Resumable training: a fit continued from an epoch checkpoint ends exactly where an uninterrupted one does, and
+``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or SIGTERM) in the same MLflow run."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from garlic import runs
+from garlic.config import Config
+from garlic.data import IrregularDataset
+from garlic.splits import load_splits
+from garlic.tracking import use_store
+from garlic.train import AlternatingTrainer, load_training_state, predict_proba, save_training_state
+from preprocessing import synthetic
+from preprocessing.tensors import load_tensors
+
+SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
+GARLIC = [sys.executable, "-m", "garlic.cli"]
+# One thread per process, here and in the subprocesses: on a busy machine several threads per process mostly wait.
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    folder = root / "processed" / "synthetic"
+    synthetic.generate(folder, n_stays=240, seed=3)
+    tensors = load_tensors(folder)
+    split = load_splits(folder, tensors)[0]
+    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
+             for p in ("train", "validation")}  # fmt: skip
+    return root, tensors, parts
+
+
+def test_a_fit_continued_from_any_epoch_checkpoint_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path):
+    _, tensors, parts = cohort
+    # The reconstruction-stage loss cannot improve (lr_rec and lambda_cls 0), so with patience 1 the stage switches
+    # (and the best weights reload) after epoch 2: the checkpoints fall before, at and after a switch. Dropout is on.
+    config = Config().override({**SMALL, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0})
+    sizes = len(tensors.variables), len(tensors.static_features)
+
+    def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do
+        save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state)
+
+    whole = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"], on_checkpoint=save)
+    expected = predict_proba(whole.model, parts["validation"])
+    assert [r.stage for r in whole.history] == ["reconstruction"] * 2 + ["prediction"] * 2
+
+    for epoch in (1, 2, 3):
+        path = tmp_path / f"epoch{epoch}.pt"
+        continued = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"],
+                                                           resume=load_training_state(path))  # fmt: skip
+        np.testing.assert_array_equal(predict_proba(continued.model, parts["validation"]), expected)
+        assert continued.best_epoch == whole.best_epoch
+        assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
+
+
+def test_an_unreadable_checkpoint_is_refused_with_its_name(tmp_path):
+    path = tmp_path / "training.pt"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=f"{path}: not a readable training checkpoint"):
+        load_training_state(path)
+    # Arbitrary objects never load: weights_only=True refuses them.
+    torch.save({"payload": Path("x")}, path)
+    with pytest.raises(ValueError, match="not a readable training checkpoint"):
+        load_training_state(path)
+
+
+def _epoch_of(checkpoint: Path) -> int:
+    try:
+        return load_training_state(checkpoint)["progress"]["epoch"]
+    except ValueError:
+        return 0
+
+
+def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> str:
+    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 checkpoint exists; return the run id."""
+    settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
+    command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", *settings]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
+    deadline = time.monotonic() + 240
+    checkpoints = store / "checkpoints"
+    while time.monotonic() < deadline and process.poll() is None:
+        found = list(checkpoints.glob(f"*/{runs.CHECKPOINT}")) if checkpoints.is_dir() else []
+        if found and _epoch_of(found[0]) >= 2:
+            os.kill(process.pid, sent)
+            break
+        time.sleep(0.05)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM), errors.decode()[-2000:]
+    (checkpoint,) = checkpoints.glob(f"*/{runs.CHECKPOINT}")
+    assert 2 <= _epoch_of(checkpoint) < SMALL["max_epochs"]
+    return checkpoint.parent.name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cohort, tmp_path_factory):
+    root, _, _ = cohort
+    store = tmp_path_factory.mktemp("whole") / "mlruns"
+    run_id, _ = runs.train(Config.for_dataset("synthetic").override(SMALL), [0], data_root=root, store=store)
+    return store, run_id
+
+
+def _logged(store: Path, run_id: str) -> dict:
+    use_store(store)
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    tables = {name: pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"predictions/{name}.csv"))
+              for name in ("validation", "test")}  # fmt: skip
+    history = {m.step: m.value for m in client.get_metric_history(run_id, "val_auroc")}
+    return {"run": run, "tables": tables, "history": history}
+
+
+@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupted_run(
+    cohort, uninterrupted, tmp_path, sent
+):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    run_id = _start_and_kill(root, store, sent)
+    use_store(store)
+    # SIGTERM ends the run cleanly enough for MLflow to mark it failed; SIGKILL leaves it "running". Both resume.
+    assert mlflow.MlflowClient().get_run(run_id).info.status == ("RUNNING" if sent == signal.SIGKILL else "FAILED")
+
+    if sent == signal.SIGKILL:  # through the command line once; in this process otherwise (it starts faster)
+        command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id]
+        resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert f"run {run_id}" in resumed.stdout
+    else:
+        assert runs.resume(run_id, root, store)[0] == run_id
+
+    got, want = _logged(store, run_id), _logged(*uninterrupted)
+    assert got["run"].info.status == "FINISHED"
+    for name in ("validation", "test"):
+        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
+    assert got["history"] == want["history"] and sorted(got["history"]) == [1, 2, 3, 4]
+    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
+        assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
+    assert not (store / "checkpoints" / run_id).exists()  # a finished run keeps no checkpoint
+    with pytest.raises(ValueError, match="has finished; there is nothing to resume"):
+        runs.resume(run_id, root, store)
