@@ -577,20 +577,24 @@ def iter_batches(path: Path, names: dict[str, str], block_size: int, report: Tab
                                 f"{row.actual_columns}: {row.text[:120]!r}")  # fmt: skip
         return "skip"
 
-    reader = pacsv.open_csv(
-        pa.input_stream(str(path), compression="detect"),
-        read_options=pacsv.ReadOptions(block_size=block_size),
-        parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid_row),
-        convert_options=pacsv.ConvertOptions(
-            include_columns=list(names.values()),
-            column_types={n: pa.string() for n in names.values()},
-            strings_can_be_null=True,
-        ),
-    )
     rename = {actual: lower for lower, actual in names.items()}
-    for batch in reader:
-        report.rows_read += batch.num_rows
-        yield batch.rename_columns([rename[c] for c in batch.schema.names])
+    try:
+        reader = pacsv.open_csv(
+            pa.input_stream(str(path), compression="detect"),
+            read_options=pacsv.ReadOptions(block_size=block_size),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid_row),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=list(names.values()),
+                column_types={n: pa.string() for n in names.values()},
+                strings_can_be_null=True,
+            ),
+        )
+        for batch in reader:
+            report.rows_read += batch.num_rows
+            yield batch.rename_columns([rename[c] for c in batch.schema.names])
+    except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        # What pyarrow cannot even hand to the row handler (bytes that are not UTF-8, a broken gzip stream).
+        raise MimicError(f"{path}: unreadable CSV after {report.rows_read} rows ({exc})") from exc
 
 
 def _prefilter(batch: pa.RecordBatch, table: EventTable, itemids: pa.Array, subjects: pa.Array, report) -> pa.Table:

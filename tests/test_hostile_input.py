@@ -377,8 +377,7 @@ def test_mimic3_tables_with_hostile_rows(data):
             assert_sound(read_processed(destination))
 
 
-@pytest.mark.xfail(reason=KNOWN_BUG, raises=pa.ArrowInvalid, strict=False)
-def test_mimic3_known_bug_a_malformed_row_that_is_not_utf8(tmp_path):
+def test_mimic3_a_malformed_row_that_is_not_utf8_is_a_clear_error(tmp_path):
     tables = {"ICUSTAYS": STAYS, "ADMISSIONS": ADMISSIONS, "PATIENTS": PATIENTS, "CHARTEVENTS": f"{CHART_HEADER}\n",
               "LABEVENTS": f"{LAB_HEADER}\n"}  # fmt: skip
     (tmp_path / "raw").mkdir()
