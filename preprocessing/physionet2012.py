@@ -15,8 +15,7 @@ import io
 import logging
 import re
 import tarfile
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -25,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
@@ -52,32 +52,8 @@ class PhysioNet2012Error(ValueError):
     """Input that cannot be read as the PhysioNet 2012 release; the message names the file (and line)."""
 
 
-@dataclass
-class Record:
-    """One stay's raw text; ``origin`` names it in messages (``set-a.tar.gz:set-a/132539.txt``)."""
-
-    origin: str
-    record_id: int
-    text: bytes
-
-
-@dataclass
-class Skip:
-    origin: str
-    line: int | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = self.origin if self.line is None else f"{self.origin} line {self.line}"
-        return f"{where}: {self.reason}"
-
-
-def _member_record_id(member_name: str, origin: str) -> int | None:
-    path = PurePosixPath(member_name)
-    if path.is_absolute() or ".." in path.parts:
-        raise PhysioNet2012Error(f"{origin}: archive member {member_name!r} escapes its folder; refusing the archive")
-    match = _RECORD_NAME.match(path.name)
-    return int(match.group(1)) if match else None
+def _record_id(member_name: str, origin: str) -> int | None:
+    return member_stay_id(member_name, origin, _RECORD_NAME, PhysioNet2012Error)
 
 
 def iter_records(set_path: Path) -> Iterator[Record]:
@@ -85,14 +61,14 @@ def iter_records(set_path: Path) -> Iterator[Record]:
     set_path = Path(set_path)
     if set_path.is_dir():
         for file in sorted(set_path.glob("*.txt")):
-            record_id = _member_record_id(file.name, str(file))
+            record_id = _record_id(file.name, str(file))
             if record_id is not None:
                 yield Record(f"{set_path.name}/{file.name}", record_id, file.read_bytes())
         return
     try:
         with tarfile.open(set_path, "r:gz") as archive:
             for member in archive:
-                record_id = _member_record_id(member.name, set_path.name)
+                record_id = _record_id(member.name, set_path.name)
                 if record_id is None or not member.isfile():
                     continue
                 handle = archive.extractfile(member)
@@ -104,7 +80,7 @@ def iter_records(set_path: Path) -> Iterator[Record]:
 def _records_digest(records: list[Record]) -> str:
     digest = hashlib.sha256()
     for record in records:
-        digest.update(b"%d\n%d\n" % (record.record_id, len(record.text)))
+        digest.update(b"%d\n%d\n" % (record.stay_id, len(record.text)))
         digest.update(record.text)
     return digest.hexdigest()
 
@@ -148,33 +124,10 @@ def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.Da
     return frame.astype({"record": "int64", "time": "float64", "value": "float64"})
 
 
-def _is_utf8(text: bytes) -> bool:
-    """The CSV reader cannot even report a row that is not UTF-8, so such records take the slow path."""
-    if text.isascii():
-        return True
-    try:
-        text.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
     """Parse all records in one pyarrow pass; return the rows and the indices of records needing a slow look."""
-    suspicious: set[int] = set()
-    chunks = []
-    for index, record in enumerate(records):
-        header, _, body = record.text.replace(b"\r\n", b"\n").partition(b"\n")
-        # A lone CR would end a CSV row in mid-line; the line-by-line reader sees it as part of the line.
-        if header.strip() != HEADER or b"\r" in body or not _is_utf8(body):
-            suspicious.add(index)
-            continue
-        body = body.rstrip(b"\n")
-        if body:
-            prefix = b"%d," % index
-            chunks.append(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
-
-    if not chunks:  # every record is empty or has a broken header: nothing for the CSV reader
+    data, suspicious = prefixed_rows(records, HEADER, b",")
+    if not data:  # every record is empty or was set aside: nothing for the CSV reader
         columns = {"record": np.zeros(0, "int64"), "time": np.zeros(0), "parameter": np.zeros(0, object)}
         return pd.DataFrame({**columns, "value": np.zeros(0)}), suspicious
 
@@ -183,7 +136,7 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
         return "skip"
 
     table = pacsv.read_csv(
-        io.BytesIO(b"".join(chunks)),
+        io.BytesIO(data),
         read_options=pacsv.ReadOptions(column_names=["record", "time", "parameter", "value"]),
         # No quoting: a stray '"' must not open a field that swallows the following lines (of other records too).
         parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=on_invalid_row),
@@ -245,18 +198,13 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
         rows = rows.sort_values("record", kind="stable", ignore_index=True)
     if skips and strict:
         raise PhysioNet2012Error(str(skips[0]))
-    by_reason: dict[str, list[Skip]] = {}
-    for skip in skips:
-        by_reason.setdefault(skip.reason, []).append(skip)
-    for reason, group in by_reason.items():
-        first = group[0].origin if group[0].line is None else f"{group[0].origin} line {group[0].line}"
-        log.warning("skipped %d line(s): %s (first at %s; all listed in the manifest)", len(group), reason, first)
+    log_skips(skips, log)
     return rows, skips
 
 
 def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[Skip]]:
     """Records -> observations (the 36 series, first 48 h), static descriptors (-1 -> null), skipped lines."""
-    record_ids = np.array([r.record_id for r in records], dtype=np.int64)
+    record_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     rows, skips = parse_records(records, strict=strict)
     rows["stay_id"] = record_ids[rows["record"].to_numpy()]
 
@@ -285,7 +233,7 @@ def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFr
     for path in map(Path, paths):
         if not path.is_file():
             raise PhysioNet2012Error(f"{path}: no such record file")
-        record_id = _member_record_id(path.name, str(path))
+        record_id = _record_id(path.name, str(path))
         if record_id is None:
             raise PhysioNet2012Error(f"{path}: expected a PhysioNet 2012 record named RECORDID.txt (e.g. 132539.txt)")
         records.append(Record(str(path), record_id, path.read_bytes()))
@@ -380,7 +328,7 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     if len(repeated):
         raise PhysioNet2012Error(f"{source}: RecordID {repeated.iloc[0]} appears in more than one outcomes file")
 
-    record_ids = np.array([r.record_id for r in records], dtype=np.int64)
+    record_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     if len(np.unique(record_ids)) != len(record_ids):
         raise PhysioNet2012Error(f"{source}: a RecordID appears in more than one record file")
     observations, static, skips = records_to_tables(records, strict=strict)

@@ -36,7 +36,7 @@ import re
 import tarfile
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -44,6 +44,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
@@ -69,36 +70,12 @@ class PhysioNet2019Error(ValueError):
     """Input that cannot be read as the PhysioNet 2019 training data; the message names the file (and line)."""
 
 
-@dataclass
-class Record:
-    """One stay's raw text; ``origin`` names it in messages (``training_setA.zip:training_setA/p000001.psv``)."""
-
-    origin: str
-    stay_id: int
-    text: bytes
-
-
-@dataclass
-class Skip:
-    origin: str
-    line: int | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = self.origin if self.line is None else f"{self.origin} line {self.line}"
-        return f"{where}: {self.reason}"
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Reading the files
 
 
 def _member_stay_id(member_name: str, origin: str) -> int | None:
-    path = PurePosixPath(member_name)
-    if path.is_absolute() or ".." in path.parts:
-        raise PhysioNet2019Error(f"{origin}: archive member {member_name!r} escapes its folder; refusing the archive")
-    match = _RECORD_NAME.match(path.name)
-    return int(match.group(1)) if match else None
+    return member_stay_id(member_name, origin, _RECORD_NAME, PhysioNet2019Error)
 
 
 def _iter_folder(folder: Path) -> Iterator[Record]:
@@ -236,17 +213,10 @@ def _records_with_unparseable_cells(table: pa.Table) -> set[int]:
 
 def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
     """Parse all records in one pyarrow pass; return the rows and the indices of records needing a slow look."""
-    suspicious: set[int] = set()
-    chunks = []
-    for index, record in enumerate(records):
-        header, _, body = record.text.replace(b"\r\n", b"\n").partition(b"\n")
-        body = body.rstrip(b"\n")
-        if header.strip() != HEADER:
-            suspicious.add(index)
-        elif body:
-            prefix = b"%d|" % index
-            chunks.append(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
-    data = b"".join(chunks)
+    data, suspicious = prefixed_rows(records, HEADER, b"|")
+    if not data:  # every record is empty or was set aside: nothing for the CSV reader
+        empty = pd.DataFrame(columns=["record", *COLUMNS])
+        return empty.astype({"record": "int64", **dict.fromkeys(COLUMNS, "float64")}), suspicious
     try:
         table = _read_prefixed(data, as_text=False, suspicious=suspicious)
     except pa.ArrowInvalid:
@@ -286,16 +256,8 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
         rows = rows.sort_values("record", kind="stable", ignore_index=True)
     if skips and strict:
         raise PhysioNet2019Error(str(skips[0]))
-    _log_skips(skips)
+    log_skips(skips, log)
     return rows, skips
-
-
-def _log_skips(skips: list[Skip]) -> None:
-    by_reason: dict[str, list[Skip]] = {}
-    for skip in skips:
-        by_reason.setdefault(re.sub(r"'.*'|\d+", "…", skip.reason), []).append(skip)
-    for group in by_reason.values():
-        log.warning("skipped %d line(s) like %s (all listed in the manifest)", len(group), group[0])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -399,6 +361,39 @@ def static_table(rows: pd.DataFrame, stay_ids: np.ndarray) -> pd.DataFrame:
     """The descriptors are repeated on every row; the first known value of each is the stay's."""
     first = rows.groupby("stay_id", sort=True)[STATIC].first()
     return first.reindex(stay_ids).rename_axis("stay_id").reset_index()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stand-alone record files
+
+
+def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stand-alone ``pNNNNNN.psv`` files (as uploaded or given to ``garlic predict``) -> observations, static.
+
+    The input rows are those of the ``garlic`` and ``early`` cohorts: ICULOS <= 48, time = ICULOS hours.
+    """
+    records = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise PhysioNet2019Error(f"{path}: no such record file")
+        stay_id = _member_stay_id(path.name, str(path))
+        if stay_id is None:
+            raise PhysioNet2019Error(f"{path}: expected a PhysioNet 2019 record named pNNNNNN.psv (e.g. p000001.psv)")
+        records.append(Record(str(path), stay_id, path.read_bytes()))
+    stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
+    if len(np.unique(stay_ids)) != len(stay_ids):
+        raise PhysioNet2019Error(f"a stay appears in more than one file: {[r.origin for r in records]}")
+    # A few files at a time: the line-by-line reader is quick enough, and unlike the one-pass reader it also
+    # copes with files that hold no readable row at all.
+    skips: list[Skip] = []
+    frames = [_parse_record_slowly(index, record, skips) for index, record in enumerate(records)]
+    if skips and strict:
+        raise PhysioNet2019Error(str(skips[0]))
+    log_skips(skips, log)
+    rows = pd.concat(frames, ignore_index=True).astype({"record": "int64", **{c: "float64" for c in COLUMNS}})
+    rows.insert(0, "stay_id", stay_ids[rows["record"].to_numpy()])
+    observations = long_observations(rows[_within_window(rows)])
+    return observations, static_table(rows, np.sort(stay_ids))
 
 
 # ---------------------------------------------------------------------------------------------------------------

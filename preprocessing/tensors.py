@@ -63,7 +63,15 @@ def tensorize(dataset: ProcessedDataset) -> IrregularTensors:
     labels = dataset.labels.sort_values("stay_id")
     stay_ids = labels["stay_id"].to_numpy("int64")
     obs = dataset.observations
-    obs = obs.assign(code=pd.Categorical(obs["variable"], categories=dataset.variables).codes)
+    variable = obs["variable"]
+    if isinstance(variable.dtype, pd.CategoricalDtype):  # as read from Parquet: recode without a string pass
+        code = variable.cat.set_categories(dataset.variables).cat.codes.to_numpy()
+    else:
+        code = pd.Categorical(variable, categories=dataset.variables).codes
+    if (code < 0).any():
+        unknown = sorted(set(variable[code < 0].astype(str)))
+        raise ValueError(f"observations name variables outside the dataset's variable list: {unknown}")
+    obs = obs.assign(code=code)
     obs = obs.sort_values(["stay_id", "time"], kind="stable")
     obs = obs.drop_duplicates(["stay_id", "time", "code"], keep="last")
 

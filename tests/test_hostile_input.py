@@ -16,7 +16,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -298,15 +297,11 @@ def test_physionet2019_archive_member_escaping_its_folder_is_refused(tmp_path, p
     assert not (tmp_path / "out").exists()
 
 
-KNOWN_BUG = "reported, not yet fixed in that parser: pyarrow's ArrowInvalid escapes instead of a clear error or skip"
-
-
-@pytest.mark.xfail(reason=KNOWN_BUG, raises=pa.ArrowInvalid, strict=False)
 @pytest.mark.parametrize("payload", [
     b"",  # an empty file: the one-pass reader gets no bytes at all ('Empty CSV file')
     physionet2019.HEADER + b"\n\x80\n",  # a malformed row that is not UTF-8: pyarrow cannot even report it
 ], ids=["empty file", "non-UTF-8 row"])  # fmt: skip
-def test_physionet2019_known_bugs(tmp_path, payload):
+def test_physionet2019_empty_or_undecodable_files_end_in_a_clear_error_or_skip(tmp_path, payload):
     (tmp_path / "raw" / "training_setA").mkdir(parents=True)
     (tmp_path / "raw" / "training_setA" / "p000001.psv").write_bytes(payload)
     run_parser(lambda: physionet2019.preprocess(tmp_path / "raw", tmp_path / "out"), physionet2019.PhysioNet2019Error,

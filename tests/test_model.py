@@ -1,6 +1,5 @@
 import math
 
-import pytest
 import torch
 
 from garlic.config import Config

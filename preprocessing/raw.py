@@ -1,0 +1,83 @@
+"""Raw records of the one-file-per-stay releases (PhysioNet 2012 and 2019), shared by their parsers.
+
+Both parsers read every record of a set in one pyarrow CSV pass over ``prefixed_rows``: each data line is
+prefixed with its record's index, so the whole set is one table. Records the fast reader cannot take whole go to
+the parser's line-by-line reader, which reports each rejected line as a ``Skip`` naming its file and line.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+
+@dataclass
+class Record:
+    """One stay's raw text; ``origin`` names it in messages (``set-a.tar.gz:set-a/132539.txt``)."""
+
+    origin: str
+    stay_id: int
+    text: bytes
+
+
+@dataclass
+class Skip:
+    """A rejected line (or file, when ``line`` is 1 or None) and why."""
+
+    origin: str
+    line: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = self.origin if self.line is None else f"{self.origin} line {self.line}"
+        return f"{where}: {self.reason}"
+
+
+def member_stay_id(member_name: str, origin: str, pattern: re.Pattern, error: type[Exception]) -> int | None:
+    """The stay id in a record's file name (``pattern`` group 1), None for other files; refuses escaping paths."""
+    path = PurePosixPath(member_name)
+    if path.is_absolute() or ".." in path.parts:
+        raise error(f"{origin}: archive member {member_name!r} escapes its folder; refusing the archive")
+    match = pattern.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _is_utf8(text: bytes) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def prefixed_rows(records: list[Record], header: bytes, delimiter: bytes) -> tuple[bytes, set[int]]:
+    """All records' data lines as one CSV buffer, each line led by its record's index and ``delimiter``.
+
+    Returns the buffer and the indices of records left out of it for a line-by-line look: a header other than
+    ``header``, a lone CR (it would end a CSV row in mid-line) or bytes that are not UTF-8 (the CSV reader cannot
+    even report such a row).
+    """
+    suspicious: set[int] = set()
+    chunks = []
+    for index, record in enumerate(records):
+        first, _, body = record.text.replace(b"\r\n", b"\n").partition(b"\n")
+        if first.strip() != header or b"\r" in body or not _is_utf8(body):
+            suspicious.add(index)
+            continue
+        body = body.rstrip(b"\n")
+        if body:
+            prefix = b"%d%s" % (index, delimiter)
+            chunks.append(prefix + body.replace(b"\n", b"\n" + prefix) + b"\n")
+    return b"".join(chunks), suspicious
+
+
+def log_skips(skips: list[Skip], log: logging.Logger) -> None:
+    """One warning per kind of skip (numbers and quoted text set aside), with its first place and its count."""
+    by_reason: dict[str, list[Skip]] = {}
+    for skip in skips:
+        by_reason.setdefault(re.sub(r"'.*'|\d+", "…", skip.reason), []).append(skip)
+    for group in by_reason.values():
+        log.warning("skipped %d line(s) like %s (all listed in the manifest)", len(group), group[0])
