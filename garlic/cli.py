@@ -126,7 +126,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _dashboard(args: argparse.Namespace) -> None:
-    command = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+    command = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true", "--browser.gatherUsageStats", "false",
                "--server.port", str(args.port), "--", "--mlruns", str(args.mlruns), "--data-root", str(args.data_root)]  # fmt: skip
     if args.run:
         command += ["--run", args.run]

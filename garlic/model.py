@@ -28,14 +28,21 @@ from garlic.config import Config
 
 
 @dataclass
-class GarlicOutput:
-    logits: Tensor  # [B]
-    reconstruction: Tensor  # [B, T, D] predicted values, comparable where observed and a past exists
+class StepEncoding:
+    """What the model computes at every step, before pooling over time."""
+
     imputed: Tensor  # [B, T, D] the decay-imputed inputs
     features: Tensor  # [B, T, D, F] each variable's own encoded features
     messages: Tensor  # [B, T, D, F] what each variable receives over the graph from the previous steps
+    reconstruction: Tensor  # [B, T, D] predicted values, comparable where observed and a past exists
     lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t
     signal_attention: Tensor  # [B, T, D] weight of each variable at each step (sums to 1 over D)
+    states: Tensor  # [B, T, H] the GRU's state after each step
+
+
+@dataclass
+class GarlicOutput(StepEncoding):
+    logits: Tensor  # [B]
     temporal_attention: Tensor  # [B, T] weight of each step (sums to 1 over a stay's real steps)
     step_mask: Tensor  # [B, T] True for real (non-padding) steps
 
@@ -241,10 +248,11 @@ class Garlic(nn.Module):
         prediction = {id(p) for p in self.prediction_parameters()}
         return [p for p in self.parameters() if id(p) not in prediction]
 
-    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> GarlicOutput:
-        """values, mask [B, T, D], times [B, T], lengths [B], static [B, S] -> GarlicOutput"""
-        real = step_mask(lengths, values.shape[1])
+    def encode(self, values: Tensor, mask: Tensor, times: Tensor) -> StepEncoding:
+        """Every step up to and through the GRU; a step depends only on itself and earlier steps.
 
+        values, mask [B, T, D], times [B, T] -> StepEncoding
+        """
         imputed = self.decay(values, mask, times)
         features = self.encoder(imputed, mask)
 
@@ -254,23 +262,25 @@ class Garlic(nn.Module):
         fused = self.norm(features + messages)
 
         weighted, signal_weights = self.signal_attention(fused)
-        sequence_input = self.sequence_input(weighted)
-        states, _ = self.sequence(sequence_input)
+        states, _ = self.sequence(self.sequence_input(weighted))
+        return StepEncoding(imputed, features, messages, reconstruction, lag_weights, signal_weights, states)
+
+    def classify(self, states: Tensor, real: Tensor, static: Tensor) -> tuple[Tensor, Tensor]:
+        """Attention over the real steps, then the classifier.
+
+        states [B, T, H], real [B, T], static [B, S] -> logits [B], temporal weights [B, T]
+        """
         context, temporal_weights = self.temporal_attention(states, real)
         if self.use_static:
             context = torch.cat([context, static], dim=-1)
-        logits = self.classifier(context)[:, 0]
-        return GarlicOutput(
-            logits=logits,
-            reconstruction=reconstruction,
-            imputed=imputed,
-            features=features,
-            messages=messages,
-            lag_attention=lag_weights,
-            signal_attention=signal_weights,
-            temporal_attention=temporal_weights,
-            step_mask=real,
-        )
+        return self.classifier(context)[:, 0], temporal_weights
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> GarlicOutput:
+        """values, mask [B, T, D], times [B, T], lengths [B], static [B, S] -> GarlicOutput"""
+        real = step_mask(lengths, values.shape[1])
+        steps = self.encode(values, mask, times)
+        logits, temporal_weights = self.classify(steps.states, real, static)
+        return GarlicOutput(**vars(steps), logits=logits, temporal_attention=temporal_weights, step_mask=real)
 
 
 def reconstruction_loss(output: GarlicOutput, values: Tensor, mask: Tensor) -> Tensor:

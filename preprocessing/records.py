@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from preprocessing import physionet2012
+from preprocessing import physionet2012, physionet2019
 
-READERS = {".txt": physionet2012.read_record_files}
+READERS = {".txt": physionet2012.read_record_files, ".psv": physionet2019.read_record_files}
 
 
 def read_record_files(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """PhysioNet 2012 ``.txt`` records (and PhysioNet 2019 ``.psv`` where that reader is present) -> tables."""
+    """PhysioNet 2012 ``RECORDID.txt`` or PhysioNet 2019 ``pNNNNNN.psv`` records -> observation and static tables."""
     suffixes = {Path(p).suffix.lower() for p in paths}
     if len(suffixes) != 1 or next(iter(suffixes)) not in READERS:
         raise ValueError(

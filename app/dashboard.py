@@ -1,0 +1,324 @@
+"""The bedside dashboard: replay one ICU stay hour by hour with its risk, warnings and their explanations.
+
+Started by ``garlic dashboard [--run RUN_ID]``, which runs
+``streamlit run app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID]``. The page reads only the
+MLflow store, the data root and uploaded files. A stay comes from the run's test split (``?stay=ID`` in the URL
+picks one) or from an uploaded PhysioNet 2012 ``.txt`` / 2019 ``.psv`` record.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import streamlit as st
+import torch
+
+from app import charts, sources
+from app.replay import Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signals_at
+from app.summary import plain_summary, risk_trend
+from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
+from garlic.checkpoint import TrainedModel
+from garlic.data import IrregularDataset
+from garlic.datasets import DEFAULT_DATA_ROOT
+from garlic.tracking import DEFAULT_STORE, RunNotFoundError
+from preprocessing.tables import DatasetNotFoundError
+
+TEST_SPLIT, UPLOAD = "Test split of the run", "Upload a record"
+SPEEDS = {"1 h/s": 1.0, "2 h/s": 2.0, "4 h/s": 4.0, "8 h/s": 8.0}
+SHOWN_VARIABLES = 8
+MODEL_PLOTS = {
+    "plots/roc_pr.png": "ROC and precision-recall curves on the test split",
+    "plots/calibration.png": "Calibration on the test split",
+    "plots/graph.png": "The learned variable graph (row: source, column: target)",
+    "explanations/strongest_edges.png": "Its strongest edges",
+}
+
+
+def settings(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dashboard", description="GARLIC-ICU bedside dashboard")
+    parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE, help="the local MLflow store")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
+    parser.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
+    return parser.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cached loading: once per process for the model and the test split, once per stay for its replay
+
+
+@st.cache_resource(ttl=60, show_spinner=False)
+def cached_runs(store: str) -> list[sources.RunChoice]:
+    return sources.runs_with_models(Path(store))
+
+
+@st.cache_resource(show_spinner="Loading the model…")
+def cached_run(store: str, run_id: str) -> tuple[TrainedModel, mlflow.entities.Run]:
+    return sources.load_run(Path(store), run_id)
+
+
+@st.cache_resource(show_spinner="Loading the test split…")
+def cached_test_split(store: str, run_id: str, data_root: str) -> IrregularDataset:
+    trained, run = cached_run(store, run_id)
+    return sources.test_split(trained, run, Path(data_root))
+
+
+@st.cache_resource(show_spinner=False)
+def cached_predictions(store: str, run_id: str, part: str) -> pd.DataFrame:
+    return sources.predictions(Path(store), run_id, part)
+
+
+@st.cache_resource(show_spinner=False)
+def cached_artifact(store: str, run_id: str, path: str) -> bytes | None:
+    return sources.artifact_bytes(Path(store), run_id, path)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def cached_test_replay(store: str, run_id: str, data_root: str, stay_id: int) -> Replay:
+    trained, _ = cached_run(store, run_id)
+    dataset = cached_test_split(store, run_id, data_root)
+    return replay_stay(trained, dataset, int(np.searchsorted(dataset.stay_ids, stay_id)))
+
+
+@st.cache_resource(max_entries=8, show_spinner="Reading the record…")
+def cached_upload_replay(store: str, run_id: str, name: str, data: bytes) -> Replay:
+    trained, _ = cached_run(store, run_id)
+    return replay_stay(trained, sources.read_upload(name, data, trained), 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sidebar: run, stay, threshold, playback
+
+
+def choose_run(store: Path, given: str | None) -> str | None:
+    try:
+        choices = cached_runs(str(store))
+    except RunNotFoundError as exc:
+        choices = []
+        st.sidebar.error(str(exc))
+    labels = {choice.run_id: choice.label for choice in choices}
+    if given and given not in labels:  # still offered, so that the page can say what is wrong with it
+        labels = {given: f"{given} (given with --run)", **labels}
+    if not labels:
+        st.error(f"No run with a model in the MLflow store {store}. Train one first: `garlic train`.")
+        return None
+    ids = list(labels)
+    return st.sidebar.selectbox("Run", ids, index=ids.index(given) if given else 0, format_func=labels.get)
+
+
+def default_threshold(store: str, run_id: str) -> tuple[float, str]:
+    """The threshold at the default sensitivity on the run's validation split, and how it was chosen."""
+    try:
+        validation = cached_predictions(store, run_id, "validation")
+        threshold = threshold_at_sensitivity(validation["label"], validation["risk"], DEFAULT_SENSITIVITY)
+    except (RunNotFoundError, ValueError, KeyError) as exc:
+        return 0.5, f"0.5 by default: no validation predictions to set it on ({exc})"
+    return round(threshold, 3), f"Default {threshold:.3f}: {DEFAULT_SENSITIVITY:.0%} sensitivity on validation stays"
+
+
+def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, str] | None:
+    try:
+        dataset = cached_test_split(store, run_id, data_root)
+        test = cached_predictions(store, run_id, "test").set_index("stay_id")
+    except (DatasetNotFoundError, RunNotFoundError, ValueError, OSError) as exc:
+        st.error(f"Cannot read this run's test split from the data root {data_root}: {exc}")
+        return None
+    available = set(dataset.stay_ids.tolist())
+    ids = [int(s) for s in test["risk"].sort_values(ascending=False).index if s in available]
+
+    def describe(stay_id: int) -> str:
+        row = test.loc[stay_id]
+        return f"{stay_id} · outcome {int(row['label'])} · risk {row['risk']:.2f}"
+
+    asked = st.query_params.get("stay", "")  # a link to one stay: ?stay=ID
+    first = ids.index(int(asked)) if asked.isdigit() and int(asked) in ids else 0
+    stay_id = st.sidebar.selectbox("Stay (test split, highest risk first)", ids, index=first, format_func=describe,
+                                   key="stay")  # fmt: skip
+    outcome = "positive" if test.loc[stay_id, "label"] == 1 else "negative"
+    return cached_test_replay(store, run_id, data_root, stay_id), f"Stay {stay_id} · test split · outcome {outcome}"
+
+
+def choose_upload(store: str, run_id: str) -> tuple[Replay, str] | None:
+    uploaded = st.sidebar.file_uploader("Record file (RECORDID.txt or pNNNNNN.psv)", type=["txt", "psv"])
+    if uploaded is None:
+        st.info("Upload one stay as a PhysioNet 2012 `RECORDID.txt` or PhysioNet 2019 `pNNNNNN.psv` record.")
+        return None
+    try:
+        replay = cached_upload_replay(store, run_id, uploaded.name, uploaded.getvalue())
+    except ValueError as exc:
+        st.error(f"Cannot use the upload: {exc}")
+        return None
+    return replay, f"Stay {replay.stay_id} · uploaded {uploaded.name}"
+
+
+def follow_stay(replay: Replay, key: str) -> None:
+    """A newly chosen stay opens paused at its last hour."""
+    if st.session_state.get("stay_key") != key:
+        st.session_state.update(stay_key=key, hour=int(replay.hours[-1]), playing=False)
+
+
+def play_or_pause(last_hour: int) -> None:
+    if st.session_state.playing:
+        st.session_state.playing = False
+        return
+    if st.session_state.hour >= last_hour:  # at the end: play again from the start
+        st.session_state.hour = 0
+    st.session_state.playing = True
+
+
+def step(last_hour: int) -> None:
+    st.session_state.update(playing=False, hour=min(st.session_state.hour + 1, last_hour))
+
+
+def playback_controls(last_hour: int) -> float | None:
+    """Play/pause, step and speed; returns the seconds between replayed hours while playing."""
+    st.sidebar.subheader("Replay")
+    left, right = st.sidebar.columns(2)
+    # One button whose label changes, so that the page never shows a stale Play beside a Pause.
+    label = "⏸ Pause" if st.session_state.playing else "▶ Play"
+    left.button(label, on_click=play_or_pause, args=(last_hour,), key="play")
+    right.button("Step +1 h", on_click=step, args=(last_hour,), key="step")
+    speed = st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed")
+    return 1.0 / SPEEDS[speed] if st.session_state.playing else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The bedside view: redrawn alone (a fragment) at every replayed hour
+
+
+def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedModel) -> None:
+    last_hour = int(replay.hours[-1])
+    if st.session_state.playing:
+        if st.session_state.hour >= last_hour:
+            # The last hour is on screen since the previous tick (a rerun right after setting it would race the
+            # slider's old value back in): now a full run stops the timer and turns Pause back into Play.
+            st.session_state.playing = False
+            st.rerun()
+        st.session_state.hour += 1
+    st.subheader(title)
+    hour = st.slider("Hour since ICU admission (the model sees only the data up to it)", 1, last_hour, key="hour")
+    now = hour - 1
+    risk = replay.risk[now]
+    explained = explain_hour(trained, replay, now)
+    drivers = drivers_at(explained)
+    trend = risk_trend(replay.risk, now)
+
+    left, middle, right = st.columns(3)
+    earlier = replay.risk[max(now - 6, 0)]
+    change = risk - earlier if now > 0 and np.isfinite(risk) and np.isfinite(earlier) else None
+    left.metric(f"Risk at hour {hour}", "—" if not np.isfinite(risk) else f"{risk:.2f}",
+                delta=None if change is None else f"{change:+.2f} in 6 h", delta_color="inverse")  # fmt: skip
+    middle.metric("Alert threshold", f"{threshold:.2f}")
+    right.metric("Playback", "playing" if st.session_state.playing else "paused", f"hour {hour} of {last_hour}",
+                 delta_color="off", delta_arrow="off")  # fmt: skip
+
+    since = alert_since(replay.hours, replay.risk, threshold, now)
+    driven = ", ".join(f"{name} ({direction})" if direction else name for name, direction in drivers)
+    if since is not None:
+        st.error(f"**Warning: risk {risk:.2f} is above the alert threshold {threshold:.2f}** since hour {since:g}. "
+                 f"Driven by {driven or 'no single signal'}.", icon=":material/warning:")  # fmt: skip
+    elif np.isfinite(risk):
+        st.success(f"Risk {risk:.2f} is below the alert threshold {threshold:.2f}.", icon=":material/check_circle:")
+    else:
+        st.info("No observation yet at this hour.")
+    st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
+    st.altair_chart(charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
+
+    st.subheader("Why")
+    signals = signals_at(explained)
+    left, right = st.columns(2)
+    with left:
+        st.caption("Signal importance: each variable's share of the risk's attention, summed over time")
+        bars = signals.head(10).rename_axis("variable").reset_index()
+        st.altair_chart(charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
+    with right:
+        st.caption("Strongest edges of the learned variable graph, weighted for this stay (source → target)")
+        edges = edges_at(explained)
+        edges["edge"] = edges["source"] + " → " + edges["target"]
+        if edges.empty:
+            st.write("No messages yet: the graph carries a variable's past, and this hour has none.")
+        else:
+            st.altair_chart(charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
+    observed = observations_at(explained, trained)
+    top = [name for name in signals.index if name in set(observed["variable"])][:SHOWN_VARIABLES]
+    st.caption(f"The {len(top)} most important vital signs and labs up to this hour, each observation shaded by its "
+               "importance to the risk")  # fmt: skip
+    if top:
+        st.altair_chart(charts.observations_chart(observed, top, float(replay.hours[-1])))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model view: what the run logged
+
+
+def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
+    metrics = run.data.metrics
+    names = {"test_auroc": "AUROC", "test_auprc": "AUPRC", "test_brier": "Brier", "test_ece": "ECE"}
+    for column, (key, name) in zip(st.columns(len(names)), names.items()):
+        column.metric(f"Test {name}", f"{metrics[key]:.3f}" if key in metrics else "—")
+    try:
+        test = cached_predictions(store, run.info.run_id, "test")
+    except RunNotFoundError as exc:
+        st.warning(str(exc))
+    else:
+        flagged = test["risk"] >= threshold
+        positives = test["label"] == 1
+        sensitivity = (flagged & positives).sum() / max(positives.sum(), 1)
+        specificity = (~flagged & ~positives).sum() / max((~positives).sum(), 1)
+        st.markdown(f"At the alert threshold {threshold:.2f} on the test split: sensitivity {sensitivity:.2f}, "
+                    f"specificity {specificity:.2f}, {flagged.mean():.0%} of stays flagged.")  # fmt: skip
+    params = run.data.params
+    st.caption(f"Run {run.info.run_id} · dataset {params.get('dataset', '?')} · split {params.get('split', '?')}")
+    for column, (path, caption) in zip(st.columns(2) * 2, MODEL_PLOTS.items()):
+        image = cached_artifact(store, run.info.run_id, path)
+        if image is None:
+            column.warning(f"The run logged no {path}.")
+        else:
+            column.image(image, caption=caption, width="stretch")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    config = settings(sys.argv[1:])
+    # One thread per forward pass: the passes are small, and on a busy machine (or with several sessions) two
+    # threads that wait on each other were several times slower than one (experiments/benchmark_dashboard.py).
+    torch.set_num_threads(1)
+    st.set_page_config(page_title="GARLIC-ICU bedside", page_icon="🫀", layout="wide")
+    st.title("GARLIC-ICU · bedside risk")
+    st.session_state.setdefault("playing", False)
+    st.session_state.setdefault("hour", 1)
+    store, data_root = str(config.mlruns), str(config.data_root)
+
+    run_id = choose_run(config.mlruns, config.run)
+    if run_id is None:
+        return
+    try:
+        trained, run = cached_run(store, run_id)
+    except (RunNotFoundError, FileNotFoundError, ValueError) as exc:
+        st.error(f"Cannot use run {run_id}: {exc}")
+        return
+
+    source = st.sidebar.radio("Stay", [TEST_SPLIT, UPLOAD], key="source")
+    threshold_default, threshold_help = default_threshold(store, run_id)
+    threshold = st.sidebar.number_input("Alert threshold", 0.0, 1.0, threshold_default, step=0.01, format="%.3f",
+                                        key=f"threshold-{run_id}", help=threshold_help)  # fmt: skip
+    st.sidebar.caption(threshold_help)
+    bedside, model = st.tabs(["Bedside", "Model"])
+    with model:
+        model_view(store, run, threshold)
+    with bedside:
+        chosen = choose_test_stay(store, run_id, data_root) if source == TEST_SPLIT else choose_upload(store, run_id)
+        if chosen is None:
+            return
+        replay, title = chosen
+        follow_stay(replay, f"{run_id}:{title}")
+        interval = playback_controls(int(replay.hours[-1]))
+        st.fragment(bedside_view, run_every=interval)(replay, title, threshold, trained)
+
+
+main()

@@ -1,0 +1,139 @@
+"""Where the dashboard's data come from: the MLflow store, the data root, and uploaded record files. Nothing else.
+
+A run names its dataset and split; the stays are looked up under the configured data root (not at the folder the
+run was trained from, which may be anywhere), so the page never reads outside the folders it was given.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.exceptions import MlflowException
+
+from garlic.checkpoint import TrainedModel
+from garlic.data import IrregularDataset
+from garlic.datasets import processed_folder
+from garlic.inference import tensors_for_model
+from garlic.splits import Split
+from garlic.tracking import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
+from preprocessing.records import read_record_files
+from preprocessing.tables import DatasetNotFoundError
+from preprocessing.tensors import load_tensors
+
+STORE_DATABASE = "mlflow.db"
+UPLOAD_NAME = re.compile(r"^(\d+\.txt|p\d+\.psv)$")
+
+
+class UploadError(ValueError):
+    """An uploaded file that cannot be read as one stay for this model; the message says why."""
+
+
+@dataclass
+class RunChoice:
+    run_id: str
+    label: str
+
+
+def open_store(store: Path) -> None:
+    """Point MLflow at ``store``; an absent store is an error here rather than a new empty one."""
+    if not (Path(store) / STORE_DATABASE).is_file():
+        raise RunNotFoundError(f"no MLflow store at {store} (no {STORE_DATABASE}); train a model first")
+    use_store(store)
+
+
+def runs_with_models(store: Path) -> list[RunChoice]:
+    """Every run in the store that logged a model, newest first."""
+    open_store(store)
+    client = mlflow.MlflowClient()
+    runs = mlflow.search_runs(search_all_experiments=True, order_by=["attributes.start_time DESC"],
+                              output_format="list")  # fmt: skip
+    return [RunChoice(run.info.run_id, _run_label(run)) for run in runs
+            if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)]  # fmt: skip
+
+
+def _run_label(run: mlflow.entities.Run) -> str:
+    """'synthetic five-split/split_0 · 2026-01-31 14:05 UTC · test AUROC 0.844 · 588844e2'"""
+    params = run.data.params
+    started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [f"{params.get('dataset', '?')} {params.get('split', '')}".strip(), started]
+    if "test_auroc" in run.data.metrics:
+        parts.append(f"test AUROC {run.data.metrics['test_auroc']:.3f}")
+    return " · ".join([*parts, run.info.run_id[:8]])
+
+
+def load_run(store: Path, run_id: str) -> tuple[TrainedModel, mlflow.entities.Run]:
+    """The run's model and its record; RunNotFoundError (with the reason) when either is missing or unusable."""
+    open_store(store)
+    run = get_run(run_id)
+    try:
+        trained = load_run_model(run_id, store)
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:  # a model folder that is not a GARLIC model
+        raise RunNotFoundError(f"run {run_id} has a model artifact that cannot be loaded: {exc!r}") from exc
+    return trained, run
+
+
+def predictions(store: Path, run_id: str, part: str) -> pd.DataFrame:
+    """The run's logged predictions for ``part`` ('validation' or 'test'): stay_id, label, risk."""
+    open_store(store)
+    try:
+        text = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/{part}.csv")
+    except (MlflowException, OSError) as exc:
+        raise RunNotFoundError(f"run {run_id} has no predictions/{part}.csv") from exc
+    return pd.read_csv(io.StringIO(text))
+
+
+def artifact_bytes(store: Path, run_id: str, path: str) -> bytes | None:
+    """A file the run logged (a plot), or None when it has none at ``path``."""
+    open_store(store)
+    with tempfile.TemporaryDirectory(prefix="garlic-artifact-") as folder:
+        try:
+            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=folder)
+        except (MlflowException, OSError):
+            return None
+        return Path(local).read_bytes()
+
+
+def test_split(trained: TrainedModel, run: mlflow.entities.Run, data_root: Path) -> IrregularDataset:
+    """The run's test stays, from its dataset under ``data_root`` and its saved split, ready for the model."""
+    params = run.data.params
+    if "dataset" not in params or "split" not in params:
+        raise RunNotFoundError(f"run {run.info.run_id} does not name its dataset and split")
+    folder = processed_folder(params["dataset"], data_root)
+    protocol, _, index = params["split"].partition("/split_")
+    split_file = folder / "splits" / protocol / f"split_{index}.json"
+    if not split_file.is_file():
+        raise DatasetNotFoundError(f"the run's split {params['split']} is not saved under {folder}")
+    tensors = load_tensors(folder)
+    split = Split.from_json(json.loads(split_file.read_text()))
+    return trained.dataset(tensors.subset(split.positions(tensors, "test")))
+
+
+def read_upload(name: str, data: bytes, trained: TrainedModel) -> IrregularDataset:
+    """One uploaded record file (``RECORDID.txt`` or ``pNNNNNN.psv``) -> the stay, ready for the model.
+
+    The bytes are written under a fresh temporary folder with the checked base name, and only that file is read.
+    """
+    base = re.split(r"[/\\]", name)[-1]
+    if not UPLOAD_NAME.match(base):
+        raise UploadError(
+            f"{name!r} is not a record file name: expected a PhysioNet 2012 RECORDID.txt (e.g. 132539.txt) "
+            "or a PhysioNet 2019 pNNNNNN.psv (e.g. p000001.psv)"
+        )
+    with tempfile.TemporaryDirectory(prefix="garlic-upload-") as folder:
+        path = Path(folder) / base
+        path.write_bytes(data)
+        try:
+            observations, static = read_record_files([path])
+            tensors = tensors_for_model(trained, observations, static)
+        except ValueError as exc:  # the readers' errors name the file: name it as uploaded, not the temporary path
+            raise UploadError(str(exc).replace(str(path), base)) from exc
+    if tensors.lengths.max(initial=0) == 0:
+        raise UploadError(f"{base}: no observation of the model's variables in the first 48 hours")
+    return trained.dataset(tensors)

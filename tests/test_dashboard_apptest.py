@@ -1,0 +1,114 @@
+"""The dashboard page driven through Streamlit's testing API: choosing a stay, replaying it, and bad input."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import sources
+from app.threshold import threshold_at_sensitivity
+from preprocessing.physionet2012 import format_record
+from preprocessing.tables import read_processed
+from test_dashboard_logic import run_without_model, tiny_run
+
+PAGE = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_run(tmp_path_factory)
+
+
+@pytest.fixture
+def page(run, monkeypatch):
+    """The page for ``run`` (or another run id) as ``garlic dashboard`` would start it."""
+
+    def open_page(run_id: str | None = run.run_id, store: Path = run.store, address: str = "") -> AppTest:
+        arguments = ["--mlruns", str(store), "--data-root", str(run.data_root)] + (["--run", run_id] if run_id else [])
+        monkeypatch.setattr(sys, "argv", [str(PAGE), *arguments])
+        at = AppTest.from_file(str(PAGE), default_timeout=60)
+        at.query_params = dict(part.split("=") for part in address.split("&") if part)
+        return at.run()
+
+    return open_page
+
+
+def warnings(at: AppTest) -> list[str]:
+    return [e.value for e in at.error if e.value.startswith("**Warning")]
+
+
+def test_a_stay_opens_at_its_last_hour_with_its_risk_and_the_default_threshold(page, run):
+    at = page()
+    assert not at.exception
+    test = sources.predictions(run.store, run.run_id, "test")
+    highest = test.sort_values("risk").iloc[-1]
+    assert at.sidebar.selectbox(key="stay").value == highest["stay_id"]
+    last_hour = int(at.slider(key="hour").max)
+    assert at.slider(key="hour").value == last_hour
+    risk = next(m for m in at.metric if m.label == f"Risk at hour {last_hour}")
+    assert float(risk.value) == pytest.approx(highest["risk"], abs=0.005)
+    validation = sources.predictions(run.store, run.run_id, "validation")
+    default = threshold_at_sensitivity(validation["label"], validation["risk"])
+    assert at.sidebar.number_input(key=f"threshold-{run.run_id}").value == pytest.approx(default, abs=1e-3)
+    assert any(m.label == "Test AUROC" for m in at.metric)  # the model view
+
+
+def test_a_low_threshold_raises_a_warning_naming_its_drivers_and_a_high_one_clears_it(page, run):
+    at = page()
+    at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(0.0).run()
+    (warning,) = warnings(at)
+    assert "above the alert threshold 0.00" in warning and "Driven by" in warning
+    at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(1.0).run()
+    assert not warnings(at) and any("below the alert threshold" in s.value for s in at.success)
+
+
+def test_play_advances_hour_by_hour_and_step_and_pause_stop_it(page):
+    at = page()
+    at.sidebar.button(key="play").click().run()  # from the last hour, play starts again at hour 1
+    assert at.session_state.playing and at.slider(key="hour").value == 1
+    at.run()  # what the timer does while playing
+    assert at.slider(key="hour").value == 2
+    at.sidebar.button(key="play").click().run()  # now labelled Pause
+    assert not at.session_state.playing and at.slider(key="hour").value == 2
+    at.sidebar.button(key="step").click().run()
+    assert at.slider(key="hour").value == 3
+    at.slider(key="hour").set_value(10).run()
+    assert any(m.label == "Risk at hour 10" for m in at.metric)
+    assert not at.exception
+
+
+def test_a_stay_is_chosen_from_the_list_or_the_address(page, run):
+    test = sources.predictions(run.store, run.run_id, "test").sort_values("risk")
+    lowest, second = (int(s) for s in test["stay_id"].iloc[:2])
+    at = page()
+    at.sidebar.selectbox(key="stay").set_value(lowest).run()
+    assert at.subheader[0].value.startswith(f"Stay {lowest} ")
+    at = page(address=f"stay={second}")
+    assert at.subheader[0].value.startswith(f"Stay {second} ")
+
+
+def test_an_uploaded_record_is_replayed_and_a_malformed_one_refused(page, run):
+    at = page()
+    at.sidebar.radio(key="source").set_value("Upload a record").run()
+    assert not at.exception and at.info  # asks for a file
+    at.sidebar.file_uploader[0].set_value(("132539.txt", b"Time;Parameter;Value\n00:10;HR;80\n", "text/plain")).run()
+    assert any("Cannot use the upload" in e.value and "expected header" in e.value for e in at.error)
+    assert not at.exception
+
+    tables = read_processed(run.data_root / "processed" / "synthetic")
+    stay_id = int(tables.labels["stay_id"].iloc[0])
+    observations = tables.observations[tables.observations["stay_id"] == stay_id]
+    record = format_record(stay_id, observations, tables.static.set_index("stay_id").loc[stay_id].to_dict())
+    at.sidebar.file_uploader[0].set_value((f"{stay_id}.txt", record.encode(), "text/plain")).run()
+    assert not at.exception and not [e for e in at.error if "Cannot" in e.value]
+    assert at.subheader[0].value == f"Stay {stay_id} · uploaded {stay_id}.txt"
+
+
+def test_a_run_without_a_model_or_a_missing_store_is_reported_in_the_page(page, run, tmp_path):
+    at = page(run_id=run_without_model(run.store))
+    assert any("no model artifact" in e.value for e in at.error) and not at.exception
+    at = page(run_id=None, store=tmp_path / "nowhere")
+    assert any("no MLflow store" in e.value for e in at.sidebar.error) and not at.exception
+    assert not (tmp_path / "nowhere").exists()  # the page reads the store; it does not make one

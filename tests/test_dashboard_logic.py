@@ -1,0 +1,294 @@
+"""The dashboard's logic without a page: replay, threshold, summary, and where its data come from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from app import sources
+from app.replay import (
+    drivers_at,
+    edges_at,
+    explain_hour,
+    observations_at,
+    prefix_batch,
+    replay_hours,
+    replay_stay,
+    risk_curve,
+    signals_at,
+)
+from app.summary import FALLING, RISING, STEADY, plain_summary, risk_trend, value_direction
+from app.threshold import alert_since, threshold_at_sensitivity
+from garlic import runs
+from garlic.config import Config
+from garlic.data import collate
+from garlic.datasets import processed_folder
+from garlic.model import Garlic
+from garlic.tracking import RunNotFoundError, use_experiment, use_store
+from garlic.train import forward
+from preprocessing import physionet2019, synthetic
+from preprocessing.physionet2012 import format_record
+from preprocessing.records import READERS
+from preprocessing.tables import DatasetNotFoundError, read_processed
+
+
+@dataclass
+class TinyRun:
+    data_root: Path
+    store: Path
+    run_id: str
+
+
+def tiny_run(tmp_path_factory) -> TinyRun:
+    """A tiny synthetic run (300 stays, 2 epochs) in a temporary store, trained once per session and shared."""
+    folder = tmp_path_factory.getbasetemp() / "dashboard-run"
+    done = folder / "run_id"
+    if not done.is_file():
+        synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
+        config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "max_epochs": 2,
+                                                           "lr_cls": 5e-3, "lr_rec": 5e-3, "batch_size": 32,
+                                                           "device": "cpu"})  # fmt: skip
+        run_id, _ = runs.train(config, data_root=folder / "data", store=folder / "mlruns")
+        done.write_text(run_id)
+    return TinyRun(folder / "data", folder / "mlruns", done.read_text())
+
+
+def run_without_model(store: Path) -> str:
+    """A run that stopped before logging its model."""
+    use_store(store)
+    use_experiment("synthetic", store)
+    with mlflow.start_run(run_name="crashed") as run:
+        mlflow.log_params({"dataset": "synthetic"})
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> TinyRun:
+    return tiny_run(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """As the dashboard runs: one small pass took 3 ms on one thread and 220 ms on two on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def loaded(run):
+    trained, mlflow_run = sources.load_run(run.store, run.run_id)
+    return trained, sources.test_split(trained, mlflow_run, run.data_root)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replay: hour h sees only the data up to h, the whole curve in one pass
+
+
+def test_prefix_h_keeps_exactly_the_observations_up_to_h(loaded):
+    _, test = loaded
+    stay = test[0]
+    steps = int(stay["lengths"])
+    hours = replay_hours(float(stay["times"][steps - 1]))
+    batch = prefix_batch(stay, hours)
+    assert len(batch) == len(hours) and hours[0] == 1 and hours[-1] >= stay["times"][steps - 1]
+    for row, hour in enumerate(hours):
+        upto = stay["times"][:steps] <= hour
+        assert int(batch.lengths[row]) == int(upto.sum())
+        assert batch.mask[row].sum() == stay["mask"][:steps][upto].sum()
+        assert not batch.mask[row, int(upto.sum()):].any() and not batch.values[row, int(upto.sum()):].any()
+
+
+def risk_of_the_stay_cut_at(model: Garlic, stay: dict, hour: float) -> float:
+    """The model run the ordinary way on the stay with only its observations up to ``hour``."""
+    steps = int((stay["times"][: int(stay["lengths"])] <= hour).sum())
+    cut = {**stay, "values": stay["values"][:steps], "mask": stay["mask"][:steps], "times": stay["times"][:steps],
+           "lengths": torch.tensor(steps)}  # fmt: skip
+    with torch.no_grad():
+        return float(torch.sigmoid(forward(model.eval(), collate([cut])).logits))
+
+
+def test_each_hour_of_the_curve_is_the_risk_of_the_stay_cut_at_that_hour(loaded, run):
+    trained, test = loaded
+    position = int(np.argmax(test.lengths.numpy()))
+    replay = replay_stay(trained, test, position)
+    observed = np.isfinite(replay.risk)
+    expected = [risk_of_the_stay_cut_at(trained.model, replay.stay, hour) for hour in replay.hours[observed]]
+    np.testing.assert_allclose(replay.risk[observed], expected, atol=1e-5)
+    logged = sources.predictions(run.store, run.run_id, "test").set_index("stay_id")
+    assert replay.risk[-1] == pytest.approx(logged.loc[replay.stay_id, "risk"], abs=1e-5)
+
+
+@pytest.mark.parametrize("variant", [{"use_static": True}, {"use_gru": False, "use_decay": False, "window_size": 5}])
+def test_the_one_pass_curve_holds_for_model_variants(loaded, variant):
+    trained, test = loaded
+    torch.manual_seed(0)
+    model = Garlic(len(trained.variables), len(trained.static_features), Config().override(variant))
+    stay = test[0]
+    hours = replay_hours(float(stay["times"][int(stay["lengths"]) - 1]))
+    curve = risk_curve(model, stay, hours)
+    observed = np.isfinite(curve)
+    np.testing.assert_allclose(curve[observed], [risk_of_the_stay_cut_at(model, stay, h) for h in hours[observed]],
+                               atol=1e-5)  # fmt: skip
+
+
+def test_an_hour_is_explained_on_the_stay_cut_at_that_hour(loaded):
+    trained, test = loaded
+    replay = replay_stay(trained, test, 0)
+    observed = np.flatnonzero(np.isfinite(replay.risk))
+    assert np.isnan(replay.risk[: observed[0]]).all() and (np.diff(observed) == 1).all()
+    for index in (observed[0], len(replay.hours) - 1):
+        hour = explain_hour(trained, replay, index)
+        assert float(hour.explanation.risk[0]) == pytest.approx(replay.risk[index], abs=1e-5)
+        table = observations_at(hour, trained)
+        assert list(table.columns) == ["time", "variable", "value", "importance"]
+        assert (table["time"] <= replay.hours[index]).all()
+        assert table["importance"].sum() == pytest.approx(1.0, abs=1e-4)
+        assert signals_at(hour).sum() == pytest.approx(1.0, abs=1e-4)
+    assert list(signals_at(hour).index[:2]) == [name for name, _ in drivers_at(hour)]
+    edges = edges_at(hour, top=5)
+    assert len(edges) <= 5 and (edges["source"] != edges["target"]).all()
+    assert edges["importance"].is_monotonic_decreasing
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Threshold and summary
+
+
+def test_threshold_is_the_highest_that_meets_the_sensitivity():
+    labels = np.array([1, 1, 1, 1, 1, 0, 0, 0])
+    risk = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.65, 0.3, 0.1])
+    threshold = threshold_at_sensitivity(labels, risk, 0.8)
+    assert threshold == 0.6
+    assert (risk[labels == 1] >= threshold).mean() >= 0.8 > (risk[labels == 1] > threshold).mean()
+    assert threshold_at_sensitivity(labels, risk, 1.0) == 0.5
+    with pytest.raises(ValueError, match="no positive"):
+        threshold_at_sensitivity(np.zeros(3), np.ones(3))
+
+
+def test_alert_since_gives_the_start_of_the_current_alert():
+    hours = np.arange(1, 7, dtype=float)
+    risk = np.array([np.nan, 0.1, 0.5, 0.6, 0.2, 0.7])
+    assert alert_since(hours, risk, 0.5, 0) is None
+    assert alert_since(hours, risk, 0.5, 3) == 3.0
+    assert alert_since(hours, risk, 0.5, 4) is None
+    assert alert_since(hours, risk, 0.5, 5) == 6.0
+
+
+def test_plain_summary_reads_like_a_sentence():
+    assert plain_summary(0.72, RISING, [("GCS", FALLING), ("BUN", RISING)]) == (
+        "risk 0.72, rising; driven by falling GCS and rising BUN"
+    )
+    assert plain_summary(0.1, STEADY, [("HR", None), ("Temp", STEADY), ("WBC", RISING)]) == (
+        "risk 0.10, steady; driven by HR, steady Temp and rising WBC"
+    )
+    assert plain_summary(float("nan"), STEADY, []).startswith("no observation yet")
+
+
+def test_trends_of_risk_and_values():
+    risk = np.array([np.nan, 0.2, 0.21, 0.3, 0.5])
+    assert risk_trend(risk, 4) == RISING and risk_trend(risk, 2) == STEADY and risk_trend(risk, 0) == STEADY
+    assert risk_trend(risk[::-1].copy(), 3) == FALLING
+    times = np.array([1.0, 5.0, 30.0, 40.0])
+    assert value_direction(times, np.array([0.0, 3.0, 1.0, 0.2]), now=45) == FALLING  # only the last 24 h count
+    assert value_direction(times, np.array([0.0, 3.0, 1.0, 1.1]), now=45) == STEADY
+    assert value_direction(times, np.array([0.0, 3.0, 1.0, 1.1]), now=6) == RISING
+    assert value_direction(times, np.zeros(4), now=2) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources: the store, the data root, uploads
+
+
+def test_runs_with_models_lists_only_runs_that_logged_one(run):
+    crashed = run_without_model(run.store)
+    listed = [choice.run_id for choice in sources.runs_with_models(run.store)]
+    assert run.run_id in listed and crashed not in listed
+    with pytest.raises(RunNotFoundError, match="no model"):
+        sources.load_run(run.store, crashed)
+    with mlflow.start_run(run_name="not garlic") as other:
+        mlflow.log_dict({"something": "else"}, "model/model.json")
+    with pytest.raises(RunNotFoundError, match="cannot be loaded"):
+        sources.load_run(run.store, other.info.run_id)
+    with pytest.raises(RunNotFoundError, match="no MLflow store"):
+        sources.runs_with_models(run.store.parent / "elsewhere")
+
+
+def test_test_split_is_read_from_the_configured_data_root(loaded, run, tmp_path):
+    trained, test = loaded
+    logged = sources.predictions(run.store, run.run_id, "test")
+    np.testing.assert_array_equal(test.stay_ids, logged["stay_id"])
+    _, mlflow_run = sources.load_run(run.store, run.run_id)
+    with pytest.raises(DatasetNotFoundError):
+        sources.test_split(trained, mlflow_run, tmp_path)
+
+
+def test_an_uploaded_record_replays_like_the_same_stay_from_the_test_split(loaded, run):
+    trained, test = loaded
+    stay_id = int(test.stay_ids[0])
+    tables = read_processed(processed_folder("synthetic", run.data_root))
+    observations = tables.observations[tables.observations["stay_id"] == stay_id]
+    static = tables.static.set_index("stay_id").loc[stay_id].to_dict()
+    record = format_record(stay_id, observations, static).encode()
+    uploaded = replay_stay(trained, sources.read_upload(f"{stay_id}.txt", record, trained), 0)
+    np.testing.assert_allclose(uploaded.risk, replay_stay(trained, test, 0).risk, atol=1e-4)
+
+
+P12_HEADER = "Time,Parameter,Value\n00:00,RecordID,132539\n"
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("../../132539.txt", b"", "132539.txt line 1: expected header"),  # the folders are dropped
+        ("notes.txt", P12_HEADER.encode(), "not a record file name"),
+        ("132539.csv", P12_HEADER.encode(), "not a record file name"),
+        ("132539.txt", b"\x00\xff garbage", "expected header"),
+        ("132539.txt", (P12_HEADER + "00:10,HeartRate,80\n").encode(), "unknown parameter 'HeartRate'"),
+        ("132539.txt", (P12_HEADER + "00:10,HR,eighty\n").encode(), "unparseable value"),
+        ("132539.txt", (P12_HEADER + "00:10,ALP,80\n").encode(), "variables the model does not know: ['ALP']"),
+        ("132539.txt", (P12_HEADER + "49:00,HR,80\n").encode(), "no observation"),
+        ("p000001.psv", physionet2019.HEADER + b"\n", "no observation"),
+        ("p000001.psv", b"Time,Parameter,Value\n00:10,HR,80\n", "header"),
+    ],
+)
+def test_bad_uploads_are_refused_with_a_reason(loaded, name, data, message):
+    trained, _ = loaded
+    with pytest.raises(sources.UploadError) as refused:
+        sources.read_upload(name, data, trained)
+    assert message in str(refused.value)
+    assert "garlic-upload" not in str(refused.value)  # the message names the upload, not the temporary copy
+
+
+def psv_record(rows: list[dict[str, float]]) -> bytes:
+    lines = [physionet2019.HEADER.decode()]
+    for row in rows:
+        lines.append("|".join(f"{row[c]:g}" if c in row else "NaN" for c in physionet2019.COLUMNS))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_a_physionet2019_record_is_read_and_its_unknown_variables_named(loaded, tmp_path):
+    trained, _ = loaded
+    rows = [{"HR": 80, "O2Sat": 97, "Age": 60, "Gender": 1, "ICULOS": 1, "SepsisLabel": 0},
+            {"HR": 90, "Temp": 37.5, "Age": 60, "Gender": 1, "ICULOS": 2, "SepsisLabel": 0},
+            {"HR": 99, "Age": 60, "Gender": 1, "ICULOS": 49, "SepsisLabel": 1}]  # fmt: skip
+    path = tmp_path / "p000042.psv"
+    path.write_bytes(psv_record(rows))
+    assert READERS[".psv"] is physionet2019.read_record_files
+    observations, static = physionet2019.read_record_files([path])
+    assert observations[["stay_id", "time", "variable", "value"]].astype({"variable": str}).values.tolist() == [
+        [42, 1.0, "HR", 80.0], [42, 1.0, "O2Sat", 97.0], [42, 2.0, "HR", 90.0], [42, 2.0, "Temp", 37.5]
+    ]  # fmt: skip
+    static = static.set_index("stay_id").loc[42]
+    assert static[["Age", "Gender"]].tolist() == [60.0, 1.0] and static[["Unit1", "Unit2", "HospAdmTime"]].isna().all()
+    with pytest.raises(sources.UploadError, match=r"variables the model does not know: \['O2Sat'\]"):
+        sources.read_upload(path.name, path.read_bytes(), trained)
+    misnamed = tmp_path / "42.psv"
+    misnamed.write_bytes(path.read_bytes())
+    with pytest.raises(physionet2019.PhysioNet2019Error, match="pNNNNNN.psv"):
+        physionet2019.read_record_files([misnamed])
