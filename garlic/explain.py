@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -60,8 +59,10 @@ def normalised_graph(model: Garlic) -> Tensor:
 
 @torch.no_grad()
 def explain(model: Garlic, batch: Batch, variables: list[str]) -> Explanation:
-    """Observation-, signal- and edge-level importance for every stay in ``batch``."""
+    """Observation-, signal- and edge-level importance for every stay in ``batch`` (returned on the batch's device)."""
     model.eval()
+    home = batch.values.device
+    batch = batch.to(next(model.parameters()).device)  # a model trained on a GPU explains a batch read on the CPU
     output = model(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
     own_norm, message_norm = output.features.norm(dim=-1), output.messages.norm(dim=-1)
     own_share = own_norm / (own_norm + message_norm).clamp(min=1e-12)
@@ -88,10 +89,10 @@ def explain(model: Garlic, batch: Batch, variables: list[str]) -> Explanation:
     total = observation.sum(dim=(1, 2), keepdim=True)
     observation = torch.where(total > 0, observation / total.clamp(min=1e-12), observation)
     return Explanation(
-        observation=observation,
-        signal=observation.sum(1),
-        edges=edges,
-        graph=graph,
-        risk=torch.sigmoid(output.logits),
+        observation=observation.to(home),
+        signal=observation.sum(1).to(home),
+        edges=edges.to(home),
+        graph=graph.to(home),
+        risk=torch.sigmoid(output.logits).to(home),
         variables=list(variables),
     )

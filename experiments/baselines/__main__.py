@@ -1,0 +1,3 @@
+from experiments.baselines.run import main
+
+main()

@@ -1,0 +1,153 @@
+"""Recurrent baselines: GRU-D (Che et al., Sci. Rep. 2018) and decay imputation + GRU (GARLIC without the graph,
+the per-variable encoder and the attention), with one training loop for both.
+
+Inputs are GARLIC's batches: values normalised with training statistics (so each variable's training mean is 0),
+the mask and the times in hours. Both models read each stay's state at its last real step.
+
+GRU-D, for variable d at step t, with delta the time since d's last observation *before* t (counted from the
+stay's first step while d has not been observed yet):
+
+    gamma_x = exp(-max(0, w_d * delta + b_d))                 input decay, one rate per variable
+    x_hat   = m * x + (1 - m) * (gamma_x * x_last + (1 - gamma_x) * mean)
+    gamma_h = exp(-max(0, W delta + b))                       hidden decay, [D] -> [H]
+    h       = GRUCell([x_hat, m], gamma_h * h)
+
+The hidden decay depends on the step, so the recurrence steps through time in Python (a baseline, not GARLIC's
+vectorised path); everything else is vectorised over stays, steps and variables.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from garlic.data import IrregularDataset, loader
+from garlic.metrics import binary_metrics
+from garlic.model import DecayImputation, step_mask
+from garlic.train import ordered_by_length, resolve_device
+
+
+def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """For each cell, the step of the variable's last observation strictly before it, and whether there is one.
+
+    mask [B, T, D] -> step [B, T, D] (long, 0 where none), seen [B, T, D] (bool)
+    """
+    steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
+    including = torch.where(mask.bool(), steps, -1).cummax(dim=1).values
+    before = F.pad(including, (0, 0, 1, 0), value=-1)[:, :-1]
+    return before.clamp(min=0), before >= 0
+
+
+class GRUD(nn.Module):
+    """values, mask [B, T, D], times [B, T], lengths [B] -> logits [B]"""
+
+    def __init__(self, num_variables: int, hidden_dim: int = 64, dropout: float = 0.2):
+        super().__init__()
+        self.input_rate = nn.Parameter(torch.full((num_variables,), 0.1))
+        self.input_offset = nn.Parameter(torch.zeros(num_variables))
+        self.hidden_decay = nn.Linear(num_variables, hidden_dim)
+        self.cell = nn.GRUCell(2 * num_variables, hidden_dim)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_dim, 1))
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> Tensor:
+        last, seen = last_observed_before(mask)
+        start = times[:, :1, None]
+        since = torch.where(seen, times[:, :, None].expand_as(mask).gather(1, last), start)
+        delta = times[:, :, None] - since
+        gamma_x = torch.exp(-F.relu(self.input_rate * delta + self.input_offset))
+        x_last = values.gather(1, last) * seen  # the training mean (0) until a first observation
+        x_hat = mask * values + (1 - mask) * gamma_x * x_last
+        gamma_h = torch.exp(-F.relu(self.hidden_decay(delta)))  # [B, T, H]
+        inputs = torch.cat([x_hat, mask], dim=-1)
+        real = step_mask(lengths, values.shape[1])
+        hidden = values.new_zeros(len(values), self.cell.hidden_size)
+        for t in range(values.shape[1]):  # GRU-D's hidden decay depends on the step: the recurrence must step
+            updated = self.cell(inputs[:, t], gamma_h[:, t] * hidden)
+            hidden = torch.where(real[:, t, None], updated, hidden)  # padding steps leave the state as it is
+        return self.classifier(hidden)[:, 0]
+
+
+class DecayGRU(nn.Module):
+    """GARLIC's decay imputation, the mask beside it, a 2-layer GRU and a classifier on the last real state."""
+
+    def __init__(self, num_variables: int, hidden_dim: int = 64, dropout: float = 0.2):
+        super().__init__()
+        self.decay = DecayImputation(num_variables)
+        self.gru = nn.GRU(2 * num_variables, hidden_dim, num_layers=2, batch_first=True, dropout=dropout)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_dim, 1))
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> Tensor:
+        imputed = self.decay(values, mask, times)
+        states, _ = self.gru(torch.cat([imputed, mask], dim=-1))
+        last = (lengths - 1).clamp(min=0)
+        return self.classifier(states[torch.arange(len(states)), last])[:, 0]
+
+
+MODELS = {"grud": GRUD, "decay_gru": DecayGRU}
+
+
+@dataclass
+class RecurrentSettings:
+    hidden_dim: int = 64
+    dropout: float = 0.2
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 64
+    max_epochs: int = 30
+    early_stopping: int = 5
+    seed: int = 0
+    device: str = "auto"
+
+
+@torch.no_grad()
+def predict(model: nn.Module, dataset: IrregularDataset, batch_size: int = 256) -> np.ndarray:
+    """Risk per stay, in dataset order."""
+    model.eval()
+    device = next(model.parameters()).device
+    order = torch.argsort(dataset.lengths, stable=True)
+    risk, done = torch.empty(len(dataset)), 0
+    for batch in ordered_by_length(dataset, batch_size):
+        batch = batch.to(device)
+        risk[order[done : done + len(batch)]] = torch.sigmoid(
+            model(batch.values, batch.mask, batch.times, batch.lengths)
+        ).cpu()
+        done += len(batch)
+    return risk.numpy()
+
+
+def fit_recurrent(name: str, parts: dict[str, IrregularDataset], settings: RecurrentSettings) -> dict[str, np.ndarray]:
+    """Train ``name`` ('grud' or 'decay_gru') with BCE and Adam; keep the epoch of best validation AUROC.
+
+    Returns validation and test risks of the kept model (the test part is predicted once, at the end).
+    """
+    device = resolve_device(settings.device)
+    torch.manual_seed(settings.seed)
+    num_variables = parts["train"].values.shape[-1]
+    model = MODELS[name](num_variables, settings.hidden_dim, settings.dropout).to(device)
+    optimiser = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    batches = loader(parts["train"], settings.batch_size, shuffle=True, seed=settings.seed)
+    validation_labels = parts["validation"].labels.numpy()
+    best_score, best_state, stale = -np.inf, copy.deepcopy(model.state_dict()), 0
+    for _ in range(settings.max_epochs):
+        model.train()
+        for batch in batches:
+            batch = batch.to(device)
+            logits = model(batch.values, batch.mask, batch.times, batch.lengths)
+            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimiser.step()
+        score = binary_metrics(validation_labels, predict(model, parts["validation"]))["auroc"]
+        if score > best_score:
+            best_score, best_state, stale = score, copy.deepcopy(model.state_dict()), 0
+        else:
+            stale += 1
+            if stale >= settings.early_stopping:
+                break
+    model.load_state_dict(best_state)
+    return {part: predict(model, parts[part]) for part in ("validation", "test")}

@@ -1,0 +1,133 @@
+"""Every baseline (and GARLIC itself) on the same saved splits, in one table.
+
+Methods:
+- ``saps``, ``sofa``: the SAPS-I and SOFA scores of the outcomes file (PhysioNet 2012 only), mapped to a risk by a
+  logistic fit on the training part;
+- ``logreg``, ``gbm``: logistic regression and gradient boosting on per-stay summary features (first, last, min,
+  max, mean and count of each variable);
+- ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
+- ``garlic``: the full model with the dataset's preset, for reference.
+
+Each method on each split is one MLflow run in the experiment ``baselines-<dataset>`` (tags: study, method, split,
+settings), reused when already finished. The table holds mean +/- std over splits of test AUROC, AUPRC, Brier and
+ECE, ECE and Brier after temperature scaling fitted on validation, and the paper's published numbers where they
+exist (labelled "paper"; left blank otherwise rather than guessed).
+
+    python -m experiments.baselines --dataset synthetic --splits 0 1 --max-epochs 3
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import asdict
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from experiments import study
+from experiments.baselines.grud import RecurrentSettings, fit_recurrent
+from experiments.baselines.summary import gradient_boosting, logistic_regression, severity_score, summary_features
+from garlic.config import Config
+from garlic.datasets import processed_folder
+from garlic.splits import Split
+from preprocessing.tables import LABELS
+
+STUDY = "baseline"
+METHODS = ("saps", "sofa", "logreg", "gbm", "grud", "decay_gru", "garlic")
+SCORE_COLUMNS = {"saps": "SAPS-I", "sofa": "SOFA"}
+# Published numbers, as "mean ± std" in percent: the GARLIC paper (ICLR 2026), PhysioNet 2012 table.
+PAPER = {("physionet2012", "garlic"): {"paper_auroc": "86.40 ± 0.86", "paper_auprc": "56.89 ± 1.75"}}
+
+
+class Baselines:
+    def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, data_root):
+        self.config, self.cohort, self.experiment_id = config, cohort, experiment_id
+        self.scores = pq.read_table(processed_folder(config.dataset, data_root) / LABELS).to_pandas()
+        features, _ = summary_features(cohort.tensors)
+        self.features = features
+        self.recurrent = RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
+                                           seed=config.seed, device=config.device)  # fmt: skip
+
+    def available(self, methods: list[str]) -> list[str]:
+        """``methods`` less the severity scores the dataset does not have (only PhysioNet 2012 ships them)."""
+        missing = [m for m, column in SCORE_COLUMNS.items() if m in methods and column not in self.scores]
+        if missing:
+            logging.getLogger("experiments").warning("%s has no %s column; skipped", self.config.dataset, missing)
+        return [m for m in methods if m not in missing]
+
+    def settings(self, method: str) -> dict:
+        if method == "garlic":
+            return self.config.to_dict()
+        if method in ("grud", "decay_gru"):
+            return asdict(self.recurrent)
+        return {"method": method, "seed": self.config.seed}
+
+    def probabilities(self, method: str, split: Split) -> dict[str, np.ndarray]:
+        """Validation and test risks of ``method`` fitted on the split's training part."""
+        tensors = self.cohort.tensors
+        positions = {part: split.positions(tensors, part) for part in study.PARTS}
+        labels = {part: tensors.labels[index] for part, index in positions.items()}
+        if method in SCORE_COLUMNS:
+            column = self.scores.set_index("stay_id")[SCORE_COLUMNS[method]]
+            scores = {part: column.reindex(tensors.stay_ids[index]).to_numpy(float)
+                      for part, index in positions.items()}  # fmt: skip
+            fitted = severity_score(scores, labels)
+        elif method in ("logreg", "gbm"):
+            features = {part: self.features[index] for part, index in positions.items()}
+            fit = logistic_regression if method == "logreg" else gradient_boosting
+            fitted = fit(features, labels, self.config.seed)
+        else:
+            parts = study.split_datasets(tensors, split, split.normalisation)
+            if method == "garlic":
+                return study.garlic_probabilities(study.fit_garlic(self.config, parts), parts)
+            return fit_recurrent(method, parts, self.recurrent)
+        mlflow.log_params({f"chosen_{key}": value for key, value in fitted.chosen.items()})
+        return fitted.probabilities
+
+    def run(self, methods: list[str]) -> pd.DataFrame:
+        records = []
+        for method in self.available(methods):
+            for split in self.cohort.splits:
+                def work(method=method, split=split) -> dict[str, float]:
+                    mlflow.log_params(self.settings(method) | {"split_name": split.name})
+                    tensors = self.cohort.tensors
+                    labels = {part: tensors.labels[split.positions(tensors, part)] for part in ("validation", "test")}
+                    return study.evaluation(labels, self.probabilities(method, split))
+
+                tags = {"study": STUDY, "dataset": self.config.dataset, "method": method, "split": split.index,
+                        "settings": study.settings_digest(self.settings(method))}  # fmt: skip
+                metrics, run_id, _ = study.resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work)
+                records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
+        return pd.DataFrame(records)
+
+
+def with_paper_numbers(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    paper = pd.DataFrame([PAPER.get((dataset, method), {}) for method in table["method"]],
+                         columns=["paper_auroc", "paper_auprc"])  # fmt: skip
+    return pd.concat([table.reset_index(drop=True), paper], axis=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.baselines", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    study.add_common_arguments(parser)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    config = study.study_config(args)
+    cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
+    experiment_id = study.open_experiment(f"baselines-{args.dataset}", args.mlruns)
+    records = Baselines(config, cohort, experiment_id, args.data_root).run(args.methods)
+    table = with_paper_numbers(study.results_table(records, ["method"]), args.dataset)
+    tables = {"baseline_results": table}
+    summary = study.log_summary(experiment_id, "summary", tables, {},
+                                {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
+    study.write_tables(args.out, tables)
+    print(f"baseline_results (test metrics; paper numbers in %)\n{study.markdown(table)}\n\n"
+          f"summary run {summary} in experiment baselines-{args.dataset}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Feature-removal fidelity: are the values an explanation ranks highest the ones a model needs?
+
+Per split k, all on the saved split k:
+
+1. ``full``: GARLIC trained on all the data (train part), its checkpoint chosen on validation, tested once. Its model
+   is logged, so that a resumed study ranks with the very same model.
+2. Importance: that full-data model of split k explains every stay of the cohort (the split's train, validation
+   and test stays alike, since the reduced data set is a data set for all three parts). Methods: ``garlic`` (the
+   built-in observation importance, garlic.explain) and ``ig`` (Integrated Gradients, garlic.attribution).
+3. For each kept fraction f: per stay, keep the top f, the bottom f (per method) or a random f (once, shared by
+   the methods; seeded by config seed, split and fraction) of the observed values, the rest made missing
+   (experiments.removal). Normalisation is refitted on the reduced training part, a fresh GARLIC is trained and
+   selected exactly as in 1. and tested once on the reduced test part.
+
+The paper's claim: full > top 50% > random 50% > bottom 50% in test AUROC/AUPRC; checked with Page's L test across
+splits (experiments.stats). Every condition on every split is one MLflow run in the experiment
+``fidelity-<dataset>`` (tags: study, condition, split, fraction, method, settings), reused when already finished.
+
+    python -m experiments.fidelity --dataset synthetic --splits 0 1 --max-epochs 3 --fractions 0.5
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+import matplotlib.pyplot as plt
+import mlflow
+import numpy as np
+import pandas as pd
+
+from experiments import study
+from experiments.removal import keep_mask, reduce
+from experiments.stats import page_trend, paired_comparisons
+from garlic.attribution import DEFAULT_STEPS, ig_importance
+from garlic.checkpoint import TrainedModel
+from garlic.config import Config
+from garlic.data import IrregularDataset, collate
+from garlic.explain import explain
+from garlic.model import Garlic
+from garlic.splits import Normalisation, Split
+from garlic.tracking import load_run_model, log_model
+from garlic.train import resolve_device
+
+log = logging.getLogger("experiments.fidelity")
+
+STUDY = "fidelity"
+METHODS = ("garlic", "ig")
+CLAIMED_ORDER = ["full", "top", "random", "bottom"]
+
+
+def importance_map(model: Garlic, dataset: IrregularDataset, method: str, ig_steps: int = DEFAULT_STEPS,
+                   batch_size: int = 128) -> np.ndarray:  # fmt: skip
+    """[N, T, D] observation importance of every stay of ``dataset`` under ``method`` ('garlic' or 'ig')."""
+    tensors = dataset.tensors
+    importance = np.zeros(tensors.values.shape, dtype="float32")
+    order = np.argsort(tensors.lengths, kind="stable")  # similar lengths together: little padding per batch
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        batch = collate([dataset[int(i)] for i in rows])
+        if method == "garlic":
+            scores = explain(model, batch, tensors.variables).observation
+        elif method == "ig":
+            scores = ig_importance(model, batch, ig_steps)
+        else:
+            raise ValueError(f"unknown importance method {method!r}; choose one of {METHODS}")
+        importance[rows, : scores.shape[1]] = scores.cpu().numpy()
+    return importance
+
+
+def random_seed(config: Config, split: Split, fraction: float) -> list[int]:
+    """The random condition's seed: fixed by config seed, split and fraction, so a resumed study draws the same."""
+    return [config.seed, split.index, round(fraction * 1000)]
+
+
+class FidelityStudy:
+    """The conditions of one data set, run split by split; ``records`` collects one row per (condition, split)."""
+
+    def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, store, methods, fractions,
+                 ig_steps: int = DEFAULT_STEPS):  # fmt: skip
+        self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, store
+        self.methods, self.fractions, self.ig_steps = list(methods), sorted(fractions), ig_steps
+        self.records: list[dict] = []
+
+    def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
+        settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
+        return {"study": STUDY, "dataset": self.config.dataset, "condition": condition, "split": split.index,
+                "fraction": f"{fraction:g}", "method": method, "settings": study.settings_digest(settings)}  # fmt: skip
+
+    def _record(self, split: Split, condition: str, method: str, fraction: float, metrics: dict, run_id: str) -> None:
+        self.records.append({"split": split.index, "method": method, "condition": condition, "fraction": fraction,
+                             "run_id": run_id, **metrics})  # fmt: skip
+
+    def run_split(self, split: Split) -> None:
+        tensors, config = self.cohort.tensors, self.config
+        trained: dict[str, Garlic] = {}
+
+        def full() -> dict[str, float]:
+            mlflow.log_params(config.to_dict() | {"split_name": split.name})
+            planted = self.cohort.planted
+            metrics, trained["model"] = study.train_and_test(config, tensors, split, split.normalisation, planted)
+            log_model(TrainedModel(trained["model"], tensors.variables, tensors.static_features, split.normalisation))
+            return metrics
+
+        tags = self.tags(split, "full", "garlic", 1.0)
+        metrics, full_run, reused = study.resumable(self.experiment_id, tags, f"full/split_{split.index}", full)
+        self._record(split, "full", "garlic", 1.0, metrics, full_run)
+        importance: dict[str, np.ndarray] = {}
+
+        def ranking(method: str) -> np.ndarray:
+            """Importance from the full-data model of this split, computed once and only when a condition needs it."""
+            if method not in importance:
+                if "model" not in trained:  # the full run was found finished: rank with the model it logged
+                    trained["model"] = load_run_model(full_run, self.store).model.to(resolve_device(config.device))
+                cohort = IrregularDataset(tensors, split.normalisation)
+                log.info("split %d: %s importance of %d stays", split.index, method, len(tensors))
+                importance[method] = importance_map(trained["model"], cohort, method, self.ig_steps)
+            return importance[method]
+
+        for fraction in self.fractions:
+            plan = [("random", "random")] + [(condition, method) for method in self.methods
+                                             for condition in ("top", "bottom")]  # fmt: skip
+            for condition, method in plan:
+                def reduced(condition=condition, method=method, fraction=fraction) -> dict[str, float]:
+                    scores = None if condition == "random" else ranking(method)
+                    keep = keep_mask(tensors.mask, scores, fraction, condition, random_seed(config, split, fraction))
+                    smaller = reduce(tensors, keep)
+                    normalisation = Normalisation.fit(smaller.subset(split.positions(smaller, "train")))
+                    kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
+                    mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
+                                                          "kept_share_of_observed": kept_share})  # fmt: skip
+                    return study.train_and_test(config, smaller, split, normalisation)[0]
+
+                tags = self.tags(split, condition, method, fraction)
+                name = f"{condition}-{method}-{fraction:g}/split_{split.index}"
+                metrics, run_id, _ = study.resumable(self.experiment_id, tags, name, reduced)
+                self._record(split, condition, method, fraction, metrics, run_id)
+
+    def run(self) -> pd.DataFrame:
+        for split in self.cohort.splits:
+            self.run_split(split)
+        return pd.DataFrame(self.records)
+
+
+def condition_table(records: pd.DataFrame, method: str, fraction: float, metric: str) -> pd.DataFrame:
+    """Rows: splits; columns: full, top, random, bottom (the ranking method's top/bottom, the shared random)."""
+    wanted = (records["condition"] == "full") | (
+        (records["fraction"] == fraction) & ((records["method"] == method) | (records["condition"] == "random"))
+    )
+    return records[wanted].pivot_table(index="split", columns="condition", values=metric)[CLAIMED_ORDER]
+
+
+def ordering_tests(records: pd.DataFrame, methods, fractions) -> pd.DataFrame:
+    """Page's L test of full > top > random > bottom, and the neighbouring pairs, per method, fraction and metric."""
+    rows = []
+    for method in methods:
+        for fraction in fractions:
+            for metric in ("test_auroc", "test_auprc"):
+                table = condition_table(records, method, fraction, metric)
+                page = page_trend(table, CLAIMED_ORDER)
+                pairs = paired_comparisons(table, CLAIMED_ORDER)
+                agreeing = "; ".join(f"{r.better}>{r.worse} {r.splits_agreeing}/{r.splits}" for r in pairs.itertuples())
+                rows.append({"method": method, "fraction": fraction, "metric": metric.removeprefix("test_"),
+                             "splits": page.n_blocks, "page_L": page.statistic,
+                             "page_L_max": page.n_blocks * sum(j * j for j in range(1, len(CLAIMED_ORDER) + 1)),
+                             "p_value": float(f"{page.p_value:.4g}"), "pairs_agreeing": agreeing})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def results_table(records: pd.DataFrame) -> pd.DataFrame:
+    ordered = records.assign(order=records["condition"].map(CLAIMED_ORDER.index))
+    ordered = ordered.sort_values(["fraction", "order", "method"], ascending=[False, True, True], kind="stable")
+    return study.results_table(ordered, ["method", "condition", "fraction"])
+
+
+def fraction_figure(records: pd.DataFrame, methods) -> plt.Figure:
+    """Test AUROC and AUPRC against the kept fraction: top / bottom per method, random, and the full-data model."""
+    metrics = ("test_auroc", "test_auprc")
+    figure, axes = plt.subplots(len(metrics), len(methods), figsize=(4.5 * len(methods), 3.6 * len(metrics)),
+                                squeeze=False)  # fmt: skip
+    full = records[records["condition"] == "full"]
+    for row, metric in enumerate(metrics):
+        for column, method in enumerate(methods):
+            axis = axes[row, column]
+            for condition, colour in (("top", "tab:green"), ("random", "tab:grey"), ("bottom", "tab:red")):
+                chosen = records[(records["condition"] == condition)
+                                 & ((records["method"] == method) | (condition == "random"))]  # fmt: skip
+                summary = chosen.groupby("fraction")[metric].agg(["mean", "std"]).fillna(0.0)
+                axis.errorbar(summary.index, summary["mean"], yerr=summary["std"], marker="o", capsize=3,
+                              color=colour, label=condition)  # fmt: skip
+            mean, std = full[metric].mean(), full[metric].std(ddof=0)
+            axis.axhline(mean, color="tab:blue", label="full data")
+            axis.axhspan(mean - std, mean + std, color="tab:blue", alpha=0.12)
+            axis.set(xlabel="kept fraction of observed values", ylabel=metric.removeprefix("test_").upper(),
+                     title=f"ranked by {method}")  # fmt: skip
+            axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.fidelity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    study.add_common_arguments(parser)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--fractions", nargs="+", type=float, default=[0.5], help="kept fractions, e.g. 0.1 0.3 0.5")
+    parser.add_argument("--ig-steps", type=int, default=DEFAULT_STEPS, help="Integrated Gradients path steps")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    config = study.study_config(args)
+    cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
+    experiment_id = study.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
+    runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps)
+    records = runner.run()
+    tables = {"fidelity_results": results_table(records),
+              "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions)}  # fmt: skip
+    summary = study.log_summary(experiment_id, "summary", tables,
+                                {"fidelity_by_fraction.png": fraction_figure(records, args.methods)},
+                                {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
+    study.write_tables(args.out, tables)
+    for name, table in tables.items():
+        print(f"\n{name}\n{study.markdown(table)}")
+    print(f"\nsummary run {summary} in experiment {STUDY}-{args.dataset}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Tests of a claimed ordering of conditions measured on the same splits (each split is a block).
+
+- Page's L test: one test of "condition 1 > condition 2 > ... > condition k" across all splits. Within each split
+  the conditions are ranked 1 (worst) .. k (best, ties averaged); L = sum_j j * R_j, where R_j is the rank sum of
+  the condition predicted to be j-th worst. A perfect ordering in every split gives the largest L, n * sum_j j^2.
+- Paired comparisons of neighbours in the claimed order: mean difference, the number of splits where it holds and a
+  one-sided paired t-test. With five splits these are descriptive rather than conclusive; Page's L is the test.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+
+@dataclass
+class PageResult:
+    statistic: float  # Page's L
+    p_value: float  # one-sided, for the claimed ordering
+    method: str  # "exact" or "asymptotic" (scipy chooses exact for small designs)
+    n_blocks: int
+    n_conditions: int
+
+    def __str__(self) -> str:
+        return (f"Page's L = {self.statistic:g} over {self.n_blocks} splits x {self.n_conditions} conditions, "
+                f"one-sided p = {self.p_value:.4g} ({self.method})")  # fmt: skip
+
+
+def page_l(scores: np.ndarray) -> float:
+    """Page's L for ``scores`` [blocks, conditions] whose columns are in the predicted *increasing* order."""
+    ranks = stats.rankdata(np.asarray(scores, dtype=float), axis=1)
+    return float((np.arange(1, ranks.shape[1] + 1) * ranks.sum(axis=0)).sum())
+
+
+def page_trend(table: pd.DataFrame, best_to_worst: list[str]) -> PageResult:
+    """Page's test of ``best_to_worst[0] > best_to_worst[1] > ...`` on ``table`` (rows: splits, columns: conditions)."""
+    increasing = table[list(reversed(best_to_worst))].to_numpy(dtype=float)
+    result = stats.page_trend_test(increasing)
+    return PageResult(float(result.statistic), float(result.pvalue), result.method, *increasing.shape)
+
+
+def paired_comparisons(table: pd.DataFrame, best_to_worst: list[str]) -> pd.DataFrame:
+    """One row per neighbouring pair (better, worse): mean and std of the difference, splits agreeing, paired t p."""
+    rows = []
+    for better, worse in zip(best_to_worst, best_to_worst[1:]):
+        difference = table[better].to_numpy(dtype=float) - table[worse].to_numpy(dtype=float)
+        p_value = (
+            stats.ttest_rel(table[better], table[worse], alternative="greater").pvalue
+            if len(difference) > 1 and difference.std() > 0
+            else float("nan")
+        )
+        rows.append({"better": better, "worse": worse, "mean_difference": difference.mean(),
+                     "std_difference": difference.std(), "splits_agreeing": int((difference > 0).sum()),
+                     "splits": len(difference), "paired_t_p": float(p_value)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def mean_std(values) -> str:
+    """``mean +/- std`` (population std over splits, as the runs module logs it), or ``-`` without values."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return "-"
+    return f"{values.mean():.4f} ± {values.std():.4f}"

@@ -1,0 +1,228 @@
+"""What the studies (fidelity, ablations, baselines) share: resumable MLflow runs, GARLIC fitted on one split,
+evaluation with calibration, and mean +/- std tables.
+
+Resuming: every unit of work (one condition on one split) is an MLflow run tagged with what identifies it (study,
+condition, split, ... and a digest of its settings). Before a unit runs, the experiment is searched for a FINISHED
+run with the same tags; if there is one, its metrics are reused and nothing is retrained. A crashed or interrupted
+run is left FAILED/RUNNING and so is redone.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from garlic import plots  # noqa: E402
+from garlic.calibration import logits_from_probabilities, scale, temperature_report  # noqa: E402
+from garlic.config import Config  # noqa: E402
+from garlic.data import IrregularDataset  # noqa: E402
+from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
+from garlic.explain import normalised_graph  # noqa: E402
+from garlic.explanation_report import edge_recovery_auroc  # noqa: E402
+from garlic.metrics import binary_metrics  # noqa: E402
+from garlic.splits import Normalisation, Split, load_splits  # noqa: E402
+from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
+from garlic.model import Garlic  # noqa: E402
+from garlic.train import AlternatingTrainer, FitResult, evaluate  # noqa: E402
+from experiments.stats import mean_std  # noqa: E402
+from preprocessing.tables import read_manifest  # noqa: E402
+from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
+
+log = logging.getLogger("experiments")
+
+PARTS = ("train", "validation", "test")
+# Test metrics of every evaluated model; ``temperature`` is fitted on validation (see garlic.calibration).
+REPORTED = ("test_auroc", "test_auprc", "test_brier", "test_ece", "test_brier_scaled", "test_ece_scaled", "temperature")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", choices=DATASETS, default="synthetic")
+    parser.add_argument("--splits", type=int, nargs="+", metavar="K", help="split indices (default: all five)")
+    parser.add_argument("--max-epochs", type=int, help="cap on training epochs, for quick looks")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
+    parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE, help="the local MLflow store")
+    parser.add_argument("--out", type=Path, help="also write the final tables (CSV, Markdown) into this folder")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def study_config(args: argparse.Namespace) -> Config:
+    """The dataset's preset config with ``--set``, ``--max-epochs`` and ``--device`` applied."""
+    overrides = [f"dataset={args.dataset}", *args.set]
+    if args.max_epochs is not None:
+        overrides.append(f"max_epochs={args.max_epochs}")
+    if args.device:
+        overrides.append(f"device={args.device}")
+    return Config.for_dataset(args.dataset).override(overrides)
+
+
+@dataclass
+class Cohort:
+    tensors: IrregularTensors
+    splits: list[Split]  # the chosen ones, read from the saved split files
+    planted: list[dict] | None  # the synthetic cohort's planted graph
+
+
+def load_cohort(dataset: str, data_root: Path, protocol: str, indices: list[int] | None) -> Cohort:
+    folder = ensure_processed(dataset, data_root)
+    tensors = load_tensors(folder)
+    splits = load_splits(folder, tensors, protocol)
+    indices = list(range(len(splits))) if indices is None else indices
+    unknown = [k for k in indices if not 0 <= k < len(splits)]
+    if unknown:
+        raise ValueError(f"protocol {protocol!r} has splits 0..{len(splits) - 1}; got {unknown}")
+    return Cohort(tensors, [splits[k] for k in indices], read_manifest(folder).get("ground_truth_graph"))
+
+
+def open_experiment(name: str, store: Path) -> str:
+    use_store(store)
+    return use_experiment(name, store)
+
+
+def settings_digest(settings: dict) -> str:
+    """A short digest of the settings a result depends on, so that changed settings are never mistaken for done."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def finished_run(experiment_id: str, tags: dict[str, str]) -> mlflow.entities.Run | None:
+    """The newest FINISHED run of the experiment carrying all of ``tags``, or None."""
+    conditions = [f"tags.{key} = '{value}'" for key, value in tags.items()] + ["attributes.status = 'FINISHED'"]
+    found = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=" and ".join(conditions),
+                               order_by=["attributes.start_time DESC"], max_results=1,
+                               output_format="list")  # fmt: skip
+    return found[0] if found else None
+
+
+def resumable(
+    experiment_id: str, tags: dict, run_name: str, work: Callable[[], dict[str, float]]
+) -> tuple[dict[str, float], str, bool]:
+    """Run ``work`` inside a new MLflow run of the experiment, tagged ``tags``, unless a finished one exists.
+
+    Returns (metrics, run id, reused). ``work`` logs what it likes and returns the metrics to report.
+    """
+    tags = {key: str(value) for key, value in tags.items()}
+    found = finished_run(experiment_id, tags)
+    if found is not None:
+        log.info("reusing finished run %s (%s)", found.info.run_id, run_name)
+        return dict(found.data.metrics), found.info.run_id, True
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+        metrics = work()
+        mlflow.log_metrics(metrics)
+    return metrics, run.info.run_id, False
+
+
+def split_datasets(
+    tensors: IrregularTensors, split: Split, normalisation: Normalisation
+) -> dict[str, IrregularDataset]:
+    """The split's three parts of ``tensors``, normalised with ``normalisation`` (fitted on the training part)."""
+    return {part: IrregularDataset(tensors.subset(split.positions(tensors, part)), normalisation) for part in PARTS}
+
+
+def fit_garlic(config: Config, parts: dict[str, IrregularDataset]) -> FitResult:
+    """A fresh GARLIC fitted on the training part, its checkpoint chosen on the validation part."""
+    tensors = parts["train"].tensors
+    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    return trainer.fit(parts["train"], parts["validation"])
+
+
+def garlic_probabilities(fitted: FitResult, parts: dict[str, IrregularDataset]) -> dict[str, np.ndarray]:
+    """Validation and test risks of a fitted model (the one look at the test part)."""
+    return {part: evaluate(fitted.model, parts[part], fitted.model.config)["probabilities"]
+            for part in ("validation", "test")}  # fmt: skip
+
+
+def evaluation(labels: dict[str, np.ndarray], probabilities: dict[str, np.ndarray]) -> dict[str, float]:
+    """Test discrimination and calibration (``test_*``), before and after temperature scaling fitted on validation.
+
+    Logs the reliability diagram before and after scaling, and the test predictions, to the active run.
+    """
+    test = binary_metrics(labels["test"], probabilities["test"])
+    calibration = temperature_report(probabilities["validation"], labels["validation"],
+                                     probabilities["test"], labels["test"])  # fmt: skip
+    scaled = scale(logits_from_probabilities(probabilities["test"]), calibration["temperature"])
+    for name, risk in (("calibration.png", probabilities["test"]), ("calibration_scaled.png", scaled)):
+        figure = plots.reliability_figure(labels["test"], risk)
+        mlflow.log_figure(figure, f"plots/{name}")
+        plt.close(figure)
+    table = pd.DataFrame({"label": labels["test"], "risk": probabilities["test"]})
+    mlflow.log_text(table.to_csv(index=False), "predictions/test.csv")
+    return {**{f"test_{key}": value for key, value in test.items()}, "temperature": calibration["temperature"],
+            "test_brier_scaled": calibration["brier_scaled"], "test_ece_scaled": calibration["ece_scaled"]}  # fmt: skip
+
+
+def train_and_test(config: Config, tensors: IrregularTensors, split: Split, normalisation: Normalisation,
+                   planted: list[dict] | None = None) -> tuple[dict[str, float], Garlic]:  # fmt: skip
+    """Fit a fresh GARLIC on the split's training part of ``tensors``; evaluate on its test part (active run)."""
+    parts = split_datasets(tensors, split, normalisation)
+    fitted = fit_garlic(config, parts)
+    labels = {part: parts[part].labels.numpy() for part in ("validation", "test")}
+    metrics = evaluation(labels, garlic_probabilities(fitted, parts))
+    metrics |= edge_recovery(fitted, tensors.variables, planted) | {"best_epoch": fitted.best_epoch}
+    return metrics, fitted.model
+
+
+def edge_recovery(fitted: FitResult, variables: list[str], planted: list[dict] | None) -> dict[str, float]:
+    """The learned graph scored against a planted one (only where the data set has one and the graph is learned)."""
+    if not planted or not fitted.model.config.use_graph:
+        return {}
+    graph = normalised_graph(fitted.model).cpu().numpy()
+    return {"edge_recovery_auroc": edge_recovery_auroc(graph, variables, planted)}
+
+
+def results_table(records: pd.DataFrame, by: list[str], metrics=REPORTED) -> pd.DataFrame:
+    """Mean +/- std over splits of each metric, one row per ``by`` group (in first-seen order), with split counts."""
+    rows = []
+    for key, group in records.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(by, key)) | {"splits": len(group)}
+        row |= {metric.removeprefix("test_"): mean_std(group[metric]) for metric in metrics if metric in group}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """A pipe table (pandas' own ``to_markdown`` needs an extra package)."""
+    cells = table.astype(object).where(table.notna(), "").astype(str)
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells.to_numpy().tolist()]
+    return "\n".join(lines)
+
+
+def log_summary(
+    experiment_id: str, name: str, tables: dict[str, pd.DataFrame], figures: dict[str, plt.Figure], tags: dict
+) -> str:
+    """A summary run holding the final tables (CSV and Markdown) and figures; returns its run id."""
+    tags = {key: str(value) for key, value in tags.items()}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags) as run:
+        for table_name, table in tables.items():
+            mlflow.log_text(table.to_csv(index=False), f"{table_name}.csv")
+            mlflow.log_text(markdown(table), f"{table_name}.md")
+        for figure_name, figure in figures.items():
+            mlflow.log_figure(figure, figure_name)
+            plt.close(figure)
+    return run.info.run_id
+
+
+def write_tables(folder: Path | None, tables: dict[str, pd.DataFrame]) -> None:
+    """Also keep the tables as plain files (optional ``--out``)."""
+    if folder is None:
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for table_name, table in tables.items():
+        table.to_csv(folder / f"{table_name}.csv", index=False)
+        (folder / f"{table_name}.md").write_text(markdown(table) + "\n")

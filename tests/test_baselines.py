@@ -1,0 +1,98 @@
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from experiments import study
+from experiments.baselines.grud import GRUD, DecayGRU, last_observed_before
+from experiments.baselines.run import Baselines, main
+from experiments.baselines.summary import severity_score, summary_features
+from garlic.config import Config
+from preprocessing import synthetic
+from preprocessing.tables import write_processed
+from preprocessing.tensors import IrregularTensors
+
+TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
+
+
+def test_summary_features_against_hand_computed_values():
+    # One stay, 3 steps, 2 variables: v0 seen at steps 0 and 2 (5, 1); v1 never seen.
+    mask = np.array([[[True, False], [False, False], [True, False]]])
+    values = np.array([[[5.0, 0.0], [0.0, 0.0], [1.0, 0.0]]], dtype="float32")
+    tensors = IrregularTensors(np.array([1]), values, mask, np.array([[0.0, 1.0, 2.0]], dtype="float32"),
+                               np.array([3]), np.zeros((1, 0), "float32"), np.array([1.0], "float32"),
+                               ["v0", "v1"], [])  # fmt: skip
+    features, names = summary_features(tensors)
+    assert names[:2] == ["v0_first", "v1_first"] and names[-1] == "v1_count"
+    by_name = dict(zip(names, features[0]))
+    assert [by_name[f"v0_{s}"] for s in ("first", "last", "min", "max", "mean", "count")] == [5, 1, 1, 5, 3, 2]
+    assert all(np.isnan(by_name[f"v1_{s}"]) for s in ("first", "last", "min", "max", "mean"))
+    assert by_name["v1_count"] == 0
+
+
+def test_last_observation_before_each_step():
+    mask = torch.tensor([[[1.0], [0.0], [1.0], [0.0]]])
+    step, seen = last_observed_before(mask)
+    assert step[0, :, 0].tolist() == [0, 0, 0, 2] and seen[0, :, 0].tolist() == [False, True, True, True]
+
+
+@pytest.mark.parametrize("model_class", [GRUD, DecayGRU])
+def test_recurrent_baselines_ignore_padding(model_class):
+    torch.manual_seed(0)
+    model = model_class(3, hidden_dim=8).eval()
+    values, mask = torch.randn(1, 4, 3), (torch.rand(1, 4, 3) < 0.6).float()
+    times = torch.tensor([[0.0, 1.0, 2.5, 4.0]])
+    padded = [torch.cat([x, torch.zeros_like(x[:, :2])], dim=1) for x in (values * mask, mask, times)]
+    with torch.no_grad():
+        short = model(values * mask, mask, times, torch.tensor([4]))
+        long = model(*padded, torch.tensor([4]))
+    torch.testing.assert_close(short, long)
+
+
+def test_severity_score_maps_unknown_scores_to_the_training_median():
+    labels = {"train": np.array([0, 0, 1, 1, 1.0]), "validation": np.array([0, 1.0]), "test": np.array([0, 1.0])}
+    scores = {"train": np.array([5, 10, 20, 25, -1.0]), "validation": np.array([np.nan, 30.0]),
+              "test": np.array([-1, 30.0])}  # fmt: skip
+    fitted = severity_score(scores, labels)
+    assert fitted.chosen == {"train_median": 15.0, "test_unknown": 1}
+    assert fitted.probabilities["test"][0] < fitted.probabilities["test"][1]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """A small synthetic cohort whose labels table also carries SAPS-I and SOFA columns, as PhysioNet 2012's does."""
+    root = tmp_path_factory.mktemp("data")
+    observations, static, labels = synthetic.simulate(200, seed=5)
+    rng = np.random.default_rng(0)
+    labels["SAPS-I"] = (14 + 6 * labels["label"] + rng.normal(0, 4, len(labels))).round()
+    labels["SOFA"] = (6 + 3 * labels["label"] + rng.normal(0, 3, len(labels))).round()
+    labels.loc[:9, "SAPS-I"] = -1  # unknown, as the outcomes file writes it
+    write_processed(root / "processed" / "synthetic", observations, static, labels, synthetic.VARIABLES,
+                    {"dataset": "synthetic"})  # fmt: skip
+    return root
+
+
+@pytest.mark.slow
+def test_every_baseline_runs_end_to_end_on_the_synthetic_cohort(data_root, tmp_path):
+    config = Config().override(TINY)
+    loaded = study.load_cohort("synthetic", data_root, "five-split", [0])
+    experiment = study.open_experiment("baselines-test", tmp_path / "mlruns")
+    runner = Baselines(config, loaded, experiment, data_root)
+    methods = ["saps", "sofa", "logreg", "gbm", "grud", "decay_gru", "garlic"]
+    records = runner.run(methods)
+    assert list(records["method"]) == methods
+    for metric in study.REPORTED:
+        assert np.isfinite(records[metric]).all(), metric
+    # The scores were made to carry the label: their AUROC is well above chance.
+    assert (records.set_index("method").loc[["saps", "sofa", "logreg"], "test_auroc"] > 0.7).all()
+    again = runner.run(["logreg"])
+    assert again.loc[0, "run_id"] == records.loc[2, "run_id"]
+
+
+def test_command_prints_the_table_with_paper_columns(data_root, tmp_path, capsys):
+    main(["--data-root", str(data_root), "--mlruns", str(tmp_path / "mlruns"), "--splits", "0", "1",
+          "--methods", "saps", "logreg"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| method | splits | auroc | auprc | brier | ece |" in printed and "paper_auroc" in printed
+    assert "| saps | 2 |" in printed and "| logreg | 2 |" in printed
+    assert len(mlflow.search_runs(experiment_names=["baselines-synthetic"])) == 5  # 2 methods x 2 splits + summary

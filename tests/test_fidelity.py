@@ -1,0 +1,207 @@
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import study
+from experiments.baselines.summary import logistic_regression, summary_features
+from experiments.fidelity import CLAIMED_ORDER, FidelityStudy, importance_map, ordering_tests
+from experiments.removal import keep_count, keep_highest, keep_mask, reduce
+from experiments.stats import page_l, page_trend, paired_comparisons
+from garlic.config import Config
+from garlic.data import IrregularDataset
+from garlic.metrics import binary_metrics
+from garlic.model import Garlic
+from garlic.splits import draw_split
+from preprocessing import synthetic
+from preprocessing.tensors import IrregularTensors
+
+TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
+
+
+def cohort(n=6, steps=5, variables=3, seed=0) -> IrregularTensors:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, steps + 1, n)
+    real = np.arange(steps)[None, :] < lengths[:, None]
+    mask = (rng.random((n, steps, variables)) < 0.6) & real[:, :, None]
+    mask[np.arange(n), 0, 0] = True  # every stay observes something
+    return IrregularTensors(
+        stay_ids=np.arange(n, dtype="int64"),
+        values=np.where(mask, rng.normal(size=mask.shape), 0).astype("float32"),
+        mask=mask,
+        times=np.where(real, np.cumsum(rng.random((n, steps)), axis=1), 0).astype("float32"),
+        lengths=lengths.astype("int64"),
+        static=np.zeros((n, 0), dtype="float32"),
+        labels=(np.arange(n) % 2).astype("float32"),
+        variables=[f"v{i}" for i in range(variables)],
+        static_features=[],
+    )
+
+
+def test_keep_count_rounds_halves_up():
+    mask = np.zeros((5, 4, 3), dtype=bool)
+    for stay, observed in enumerate([0, 1, 3, 10, 12]):
+        mask[stay].flat[:observed] = True
+    np.testing.assert_array_equal(keep_count(mask, 0.5), [0, 1, 2, 5, 6])
+    np.testing.assert_array_equal(keep_count(mask, 0.25), [0, 0, 1, 3, 3])  # 0.25 -> 0, 0.75 -> 1, 2.5 -> 3
+    np.testing.assert_array_equal(keep_count(mask, 1.0), [0, 1, 3, 10, 12])
+    with pytest.raises(ValueError):
+        keep_count(mask, 1.5)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("condition", ["top", "random", "bottom"])
+def test_removal_keeps_exactly_the_requested_share_of_each_stays_observed_values(fraction, condition):
+    tensors = cohort(n=40, steps=8, variables=4)
+    importance = np.random.default_rng(1).random(tensors.mask.shape)
+    keep = keep_mask(tensors.mask, importance, fraction, condition, seed=3)
+    assert not (keep & ~tensors.mask).any()  # only observed cells are kept
+    np.testing.assert_array_equal(keep.sum(axis=(1, 2)), keep_count(tensors.mask, fraction))
+
+
+def test_top_keeps_the_most_important_and_bottom_the_least():
+    tensors = cohort(n=30, steps=8, variables=4)
+    importance = np.random.default_rng(2).random(tensors.mask.shape)
+    top, bottom = keep_highest(tensors.mask, importance, 0.5), keep_mask(tensors.mask, importance, 0.5, "bottom")
+    for stay in range(len(tensors)):
+        observed = tensors.mask[stay]
+        dropped_by_top = importance[stay][observed & ~top[stay]]
+        if top[stay].any() and len(dropped_by_top):
+            assert importance[stay][top[stay]].min() >= dropped_by_top.max()
+        dropped_by_bottom = importance[stay][observed & ~bottom[stay]]
+        if bottom[stay].any() and len(dropped_by_bottom):
+            assert importance[stay][bottom[stay]].max() <= dropped_by_bottom.min()
+
+
+def test_ties_are_broken_by_position_and_random_is_seeded():
+    mask = np.ones((1, 2, 2), dtype=bool)
+    keep = keep_highest(mask, np.zeros(mask.shape), 0.5)
+    np.testing.assert_array_equal(keep[0], [[True, True], [False, False]])  # the earlier step wins a tie
+    tensors = cohort(n=20, steps=8, variables=4)
+    first = keep_mask(tensors.mask, None, 0.5, "random", seed=[0, 1, 500])
+    np.testing.assert_array_equal(first, keep_mask(tensors.mask, None, 0.5, "random", seed=[0, 1, 500]))
+    assert (first != keep_mask(tensors.mask, None, 0.5, "random", seed=[0, 2, 500])).any()
+
+
+def test_reduce_makes_removed_values_missing_and_packs_the_remaining_steps():
+    tensors = cohort(n=12, steps=6, variables=3)
+    keep = keep_mask(tensors.mask, np.random.default_rng(4).random(tensors.mask.shape), 0.4, "top")
+    reduced = reduce(tensors, keep)
+    np.testing.assert_array_equal(reduced.mask.sum(axis=(1, 2)), keep.sum(axis=(1, 2)))
+    np.testing.assert_array_equal(reduced.stay_ids, tensors.stay_ids)
+    for stay in range(len(tensors)):
+        steps = reduced.lengths[stay]
+        assert reduced.mask[stay, :steps].any(axis=1).all()  # no empty step is left
+        assert not reduced.mask[stay, steps:].any() and (reduced.times[stay, steps:] == 0).all()
+        kept_steps = np.nonzero(keep[stay].any(axis=1))[0]
+        np.testing.assert_array_equal(reduced.times[stay, :steps], tensors.times[stay, kept_steps])
+        np.testing.assert_array_equal(reduced.mask[stay, :steps], keep[stay, kept_steps])
+        np.testing.assert_array_equal(reduced.values[stay, :steps], np.where(keep, tensors.values, 0)[stay, kept_steps])
+
+
+def test_page_l_against_a_hand_computation():
+    # Columns in predicted increasing order. Ranks per row: [1,2,3], [2,1,3], [3,2,1] -> rank sums 6, 5, 7.
+    scores = np.array([[0.1, 0.2, 0.3], [0.5, 0.4, 0.6], [0.9, 0.8, 0.7]])
+    assert page_l(scores) == 1 * 6 + 2 * 5 + 3 * 7
+    table = pd.DataFrame(scores, columns=["worst", "middle", "best"])
+    result = page_trend(table, ["best", "middle", "worst"])
+    assert result.statistic == 37
+
+
+def test_page_test_of_a_perfect_ordering_is_exact():
+    # Every one of 3 splits ranks 4 conditions as claimed: L = 3 * (1 + 4 + 9 + 16), p = (1 / 4!)^3.
+    table = pd.DataFrame([[0.9, 0.8, 0.7, 0.6], [0.85, 0.8, 0.75, 0.5], [0.95, 0.9, 0.6, 0.55]], columns=CLAIMED_ORDER)
+    result = page_trend(table, CLAIMED_ORDER)
+    assert result.statistic == 90 and result.p_value == pytest.approx((1 / 24) ** 3)
+    pairs = paired_comparisons(table, CLAIMED_ORDER)
+    assert pairs["splits_agreeing"].tolist() == [3, 3, 3]
+    assert pairs.loc[0, "mean_difference"] == pytest.approx(np.mean([0.1, 0.05, 0.05]))
+
+
+def planted_cohort(n=4000, steps=12, seed=0) -> IrregularTensors:
+    """Three of four variables read the outcome's latent z through heavy noise, the fourth is noise alone.
+
+    Every informative value is worth the same, so the model's evidence grows with how many it keeps: with an
+    oracle ranking (informative first), top 50% keeps 2/3 of them, random 50% keeps 1/2, bottom 50% keeps 1/3.
+    """
+    rng = np.random.default_rng(seed)
+    latent = rng.normal(size=n)
+    informative = np.array([1.0, 1.0, 1.0, 0.0])
+    values = latent[:, None, None] * informative + rng.normal(0, 4.0, (n, steps, 4))
+    mask = rng.random((n, steps, 4)) < 0.8
+    mask[:, 0, 3] = True
+    return IrregularTensors(
+        stay_ids=np.arange(n, dtype="int64"),
+        values=np.where(mask, values, 0).astype("float32"),
+        mask=mask,
+        times=np.tile(np.arange(steps, dtype="float32"), (n, 1)),
+        lengths=np.full(n, steps, dtype="int64"),
+        static=np.zeros((n, 0), dtype="float32"),
+        labels=(latent > 0).astype("float32"),
+        variables=["a", "b", "c", "noise"],
+        static_features=[],
+    )
+
+
+def test_ordering_test_detects_full_top_random_bottom_with_an_oracle_ranking():
+    tensors = planted_cohort()
+    oracle = np.broadcast_to(np.array([1.0, 1.0, 1.0, 0.0]), tensors.mask.shape)
+    rows = []
+    for index in range(5):
+        split = draw_split(tensors, "five-split", index)
+        for condition in CLAIMED_ORDER:
+            kept = tensors if condition == "full" else reduce(tensors, keep_mask(tensors.mask, oracle, 0.5, condition,
+                                                                                   seed=index))  # fmt: skip
+            features, _ = summary_features(kept)
+            parts = {part: split.positions(kept, part) for part in study.PARTS}
+            fitted = logistic_regression({p: features[i] for p, i in parts.items()},
+                                         {p: kept.labels[i] for p, i in parts.items()})  # fmt: skip
+            auroc = binary_metrics(kept.labels[parts["test"]], fitted.probabilities["test"])["auroc"]
+            rows.append({"split": index, "condition": condition, "method": "oracle", "fraction": 0.5,
+                         "test_auroc": auroc, "test_auprc": auroc})  # fmt: skip
+    records = pd.DataFrame(rows)
+    table = records.pivot_table(index="split", columns="condition", values="test_auroc")
+    means = table[CLAIMED_ORDER].mean()
+    assert list(means.sort_values(ascending=False).index) == CLAIMED_ORDER
+    result = page_trend(table, CLAIMED_ORDER)
+    assert result.p_value < 0.01
+    tests = ordering_tests(records, ["oracle"], [0.5])
+    assert tests.loc[0, "page_L"] == result.statistic
+
+
+@pytest.fixture(scope="module")
+def small_cohort(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    synthetic.generate(root / "processed" / "synthetic", n_stays=160, seed=2)
+    return root
+
+
+def test_importance_maps_cover_every_stay_and_only_observed_cells(small_cohort):
+    loaded = study.load_cohort("synthetic", small_cohort, "five-split", [0])
+    tensors, split = loaded.tensors, loaded.splits[0]
+    model = Garlic(len(tensors.variables), 0, Config().override(TINY))
+    dataset = IrregularDataset(tensors, split.normalisation)
+    for method in ("garlic", "ig"):
+        importance = importance_map(model, dataset, method, ig_steps=4, batch_size=50)
+        assert importance.shape == tensors.mask.shape
+        assert (importance[~tensors.mask] == 0).all()
+        np.testing.assert_allclose(importance.sum(axis=(1, 2)), 1.0, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_cohort, tmp_path):
+    loaded = study.load_cohort("synthetic", small_cohort, "five-split", [0])
+    config = Config().override(TINY)
+    store = tmp_path / "mlruns"
+    experiment = study.open_experiment("fidelity-test", store)
+    first = FidelityStudy(config, loaded, experiment, store, ["garlic"], [0.5]).run()
+    assert sorted(first["condition"]) == ["bottom", "full", "random", "top"]
+    assert np.isfinite(first["test_auroc"]).all() and "edge_recovery_auroc" in first
+    runs = mlflow.search_runs(experiment_ids=[experiment])
+    assert len(runs) == 4 and set(runs["tags.study"]) == {"fidelity"}
+    full = runs[runs["tags.condition"] == "full"].iloc[0]
+    assert full["tags.fraction"] == "1" and full["tags.split"] == "0"
+
+    again = FidelityStudy(config, loaded, experiment, store, ["garlic"], [0.5]).run()
+    assert len(mlflow.search_runs(experiment_ids=[experiment])) == 4  # nothing retrained
+    pd.testing.assert_series_equal(again["test_auroc"], first["test_auroc"])
