@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows
+from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows, records_from_files
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
@@ -229,14 +229,7 @@ def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.D
 
 def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables."""
-    records = []
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise PhysioNet2012Error(f"{path}: no such record file")
-        record_id = _record_id(path.name, str(path))
-        if record_id is None:
-            raise PhysioNet2012Error(f"{path}: expected a PhysioNet 2012 record named RECORDID.txt (e.g. 132539.txt)")
-        records.append(Record(str(path), record_id, path.read_bytes()))
+    records = records_from_files(paths, _RECORD_NAME, PhysioNet2012Error, "RECORDID.txt (e.g. 132539.txt)")
     observations, static, _ = records_to_tables(records, strict=strict)
     return observations, static
 

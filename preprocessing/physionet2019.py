@@ -44,7 +44,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows
+from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows, records_from_files
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
@@ -372,14 +372,7 @@ def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFr
 
     The input rows are those of the ``garlic`` and ``early`` cohorts: ICULOS <= 48, time = ICULOS hours.
     """
-    records = []
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise PhysioNet2019Error(f"{path}: no such record file")
-        stay_id = _member_stay_id(path.name, str(path))
-        if stay_id is None:
-            raise PhysioNet2019Error(f"{path}: expected a PhysioNet 2019 record named pNNNNNN.psv (e.g. p000001.psv)")
-        records.append(Record(str(path), stay_id, path.read_bytes()))
+    records = records_from_files(paths, _RECORD_NAME, PhysioNet2019Error, "pNNNNNN.psv (e.g. p000001.psv)")
     stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     if len(np.unique(stay_ids)) != len(stay_ids):
         raise PhysioNet2019Error(f"a stay appears in more than one file: {[r.origin for r in records]}")

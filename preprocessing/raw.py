@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 
 @dataclass
@@ -41,6 +41,20 @@ def member_stay_id(member_name: str, origin: str, pattern: re.Pattern, error: ty
         raise error(f"{origin}: archive member {member_name!r} escapes its folder; refusing the archive")
     match = pattern.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Exception], expected: str) -> list[Record]:
+    """Stand-alone record files (uploads, ``garlic predict``); a missing file or one not named like ``expected``
+    (e.g. ``RECORDID.txt``) is an ``error``."""
+    records = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise error(f"{path}: no such record file")
+        stay_id = member_stay_id(path.name, str(path), pattern, error)
+        if stay_id is None:
+            raise error(f"{path}: expected a record file named {expected}")
+        records.append(Record(str(path), stay_id, path.read_bytes()))
+    return records
 
 
 def _is_utf8(text: bytes) -> bool:
