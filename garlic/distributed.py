@@ -55,6 +55,8 @@ def process_group(device: str) -> Iterator[World]:
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
         yield current()
+        # Leave together: a rank that tears its group down while rank 0 still logs can be aborted by gloo.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
