@@ -24,7 +24,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows, records_from_files
+from preprocessing.raw import (
+    FLOAT32_MAX,
+    Record,
+    Skip,
+    log_skips,
+    member_stay_id,
+    parse_value,
+    prefixed_rows,
+    records_from_files,
+)
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
@@ -45,7 +54,6 @@ OUTCOME_COLUMNS = ["RecordID", "SAPS-I", "SOFA", "Length_of_stay", "Survival", L
 HEADER = b"Time,Parameter,Value"
 _TIME = re.compile(r"^(\d+):([0-5]\d)$")
 _RECORD_NAME = re.compile(r"^(\d+)\.txt$")
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # values are stored as float32: larger ones would become inf
 
 
 class PhysioNet2012Error(ValueError):
@@ -96,14 +104,9 @@ def _parse_line(line: bytes) -> tuple[float, str, float] | str:
         return f"unparseable time {time_text!r} (expected HH:MM)"
     if parameter not in KNOWN_PARAMETERS:
         return f"unknown parameter {parameter!r}"
-    try:
-        value = float(value_text)
-    except ValueError:
-        return f"unparseable value {value_text!r} for {parameter}"
-    if not np.isfinite(value):
-        return f"non-finite value {value_text!r} for {parameter}"
-    if abs(value) > FLOAT32_MAX:
-        return f"value {value_text!r} for {parameter} is beyond the float32 range"
+    value = parse_value(value_text, parameter)
+    if isinstance(value, str):
+        return value
     return int(match.group(1)) + int(match.group(2)) / 60.0, parameter, value
 
 

@@ -44,7 +44,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from preprocessing.raw import Record, Skip, log_skips, member_stay_id, prefixed_rows, records_from_files
+from preprocessing.raw import (
+    FLOAT32_MAX,
+    Record,
+    Skip,
+    log_skips,
+    member_stay_id,
+    parse_value,
+    prefixed_rows,
+    records_from_files,
+)
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
@@ -147,12 +156,9 @@ def _parse_line(line: bytes, previous_hour: float) -> list[float] | str:
         if text in MISSING:
             values.append(np.nan)
             continue
-        try:
-            value = float(text)
-        except ValueError:
-            return f"unparseable value {text!r} for {column}"
-        if not np.isfinite(value):
-            return f"non-finite value {text!r} for {column}"
+        value = parse_value(text, column)
+        if isinstance(value, str):
+            return value
         values.append(value)
     hour, label = values[-2], values[-1]
     if not np.isfinite(hour) or hour != int(hour) or hour < 0:
@@ -230,11 +236,11 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
 
 
 def _records_breaking_row_rules(rows: pd.DataFrame) -> set[int]:
-    """Records with a non-finite value, a bad ICULOS or SepsisLabel, or hours that do not increase."""
+    """Records with a non-finite or out-of-float32 value, a bad ICULOS or SepsisLabel, or hours that do not increase."""
     record = rows["record"].to_numpy()
     values = rows[COLUMNS].to_numpy()
     hour, label = rows[HOUR].to_numpy(), rows[LABEL].to_numpy()
-    bad = np.isinf(values).any(axis=1)
+    bad = (np.abs(values) > FLOAT32_MAX).any(axis=1)  # inf too; NaN (missing) compares false
     bad |= ~np.isfinite(hour) | (hour != np.floor(hour)) | (hour < 0)
     bad |= ~np.isin(label, [0.0, 1.0])
     same_record = np.zeros(len(rows), dtype=bool)

@@ -11,6 +11,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+import numpy as np
+
+# Tables store values as float32: anything larger in magnitude would silently become inf there.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 @dataclass
 class Record:
@@ -55,6 +60,19 @@ def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Excep
             raise error(f"{path}: expected a record file named {expected}")
         records.append(Record(str(path), stay_id, path.read_bytes()))
     return records
+
+
+def parse_value(text: str, name: str) -> float | str:
+    """One measurement's text -> its value, or the reason it is rejected (not a number, not finite, too large)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return f"unparseable value {text!r} for {name}"
+    if not np.isfinite(value):
+        return f"non-finite value {text!r} for {name}"
+    if abs(value) > FLOAT32_MAX:
+        return f"value {text!r} for {name} is beyond the float32 range"
+    return value
 
 
 def _is_utf8(text: bytes) -> bool:
