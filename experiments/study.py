@@ -36,7 +36,7 @@ from garlic.metrics import binary_metrics  # noqa: E402
 from garlic.splits import Normalisation, Split, load_splits  # noqa: E402
 from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
 from garlic.model import Garlic  # noqa: E402
-from garlic.train import AlternatingTrainer, FitResult, evaluate  # noqa: E402
+from garlic.train import AlternatingTrainer, FitResult, predict_proba  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
 from preprocessing.tables import read_manifest  # noqa: E402
 from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
@@ -141,8 +141,7 @@ def fit_garlic(config: Config, parts: dict[str, IrregularDataset]) -> FitResult:
 
 def garlic_probabilities(fitted: FitResult, parts: dict[str, IrregularDataset]) -> dict[str, np.ndarray]:
     """Validation and test risks of a fitted model (the one look at the test part)."""
-    return {part: evaluate(fitted.model, parts[part], fitted.model.config)["probabilities"]
-            for part in ("validation", "test")}  # fmt: skip
+    return {part: predict_proba(fitted.model, parts[part]) for part in ("validation", "test")}
 
 
 def evaluation(labels: dict[str, np.ndarray], probabilities: dict[str, np.ndarray]) -> dict[str, float]:

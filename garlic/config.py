@@ -39,6 +39,7 @@ class Config:
     lambda_cls: float = 0.1
     lambda_graph: float = 1e-2
     stage_patience: int = 3
+    stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
     early_stopping: int = 10
     max_epochs: int = 100
     seed: int = 0

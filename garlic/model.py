@@ -34,7 +34,6 @@ class StepEncoding:
     imputed: Tensor  # [B, T, D] the decay-imputed inputs
     features: Tensor  # [B, T, D, F] each variable's own encoded features
     messages: Tensor  # [B, T, D, F] what each variable receives over the graph from the previous steps
-    reconstruction: Tensor  # [B, T, D] predicted values, comparable where observed and a past exists
     lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t
     signal_attention: Tensor  # [B, T, D] weight of each variable at each step (sums to 1 over D)
     states: Tensor  # [B, T, H] the GRU's state after each step
@@ -42,6 +41,7 @@ class StepEncoding:
 
 @dataclass
 class GarlicOutput(StepEncoding):
+    reconstruction: Tensor  # [B, T, D] predicted values, comparable where observed and a past exists
     logits: Tensor  # [B]
     temporal_attention: Tensor  # [B, T] weight of each step (sums to 1 over a stay's real steps)
     step_mask: Tensor  # [B, T] True for real (non-padding) steps
@@ -102,8 +102,8 @@ class VariableEncoder(nn.Module):
         # Two inputs per variable: fused multiply-adds beat a batched matmul with an inner size of 2.
         features = torch.addcmul(self.bias, values[..., None], self.weight[:, 0])
         if self.use_mask:
-            features = torch.addcmul(features, mask[..., None], self.weight[:, 1])
-        return torch.tanh(features)
+            features.addcmul_(mask[..., None], self.weight[:, 1])
+        return features.tanh_()
 
 
 class LagAttention(nn.Module):
@@ -124,21 +124,23 @@ class LagAttention(nn.Module):
         # score(key(x), q) = x . (W_k^T q) + b_k . q: fold the key into the query instead of projecting every lag.
         query = self.query @ self.key.weight  # [D, F]
         lag_scores = self.lag_embedding @ query.T + self.query @ self.key.bias  # [W, D]
-        # Window t holds steps t-W .. t-1: pad W steps in front, then take every run of W (a view, no copy).
-        step_scores = F.pad((features * query).sum(-1), (0, 0, window, 0)).unfold(1, window, 1)[:, :steps]
-        scores = (step_scores + lag_scores.T) / math.sqrt(features.shape[-1])  # [B, T, D, W]
+        # Lag position w of step t is step t - W + w: pad W steps in front, then shift. W (not D) is innermost-but-one
+        # so that the softmax runs over a short middle axis, many times faster than over a last axis of length W.
+        padded = F.pad((features * query).sum(-1), (0, 0, window, 0))  # [B, W + T, D]
+        step_scores = torch.stack([padded[:, lag : lag + steps] for lag in range(window)], dim=2)  # [B, T, W, D]
+        scores = (step_scores + lag_scores) / math.sqrt(features.shape[-1])
         position = torch.arange(window, device=features.device)
         has_step = position[None, :] >= window - torch.arange(steps, device=features.device)[:, None]  # [T, W]
-        scores = scores.masked_fill(~has_step[None, :, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-        # A sum over the W lag positions (lag position w looks W - w steps back) of shifted slices, added in place:
-        # much faster than reducing a strided view, and no padded copy of the features.
-        summary = weights @ self.lag_embedding
+        scores = scores.masked_fill(~has_step[None, :, :, None], float("-inf"))
+        weights = torch.softmax(scores, dim=2).nan_to_num(0.0)
+        # A sum over the W lag positions of shifted slices, added in place: much faster than reducing a strided
+        # view, and no padded copy of the features.
+        summary = weights.transpose(2, 3) @ self.lag_embedding
         for lag in range(window):
             back = window - lag
             if back < steps:
-                summary[:, back:].addcmul_(weights[:, back:, :, lag, None], features[:, : steps - back])
-        return summary, weights.transpose(2, 3)
+                summary[:, back:].addcmul_(weights[:, back:, lag, :, None], features[:, : steps - back])
+        return summary, weights
 
 
 class GraphMessagePassing(nn.Module):
@@ -157,8 +159,8 @@ class GraphMessagePassing(nn.Module):
         self.message = nn.Linear(feature_dim, feature_dim, bias=False)  # linear, so it commutes with A
 
     def forward(self, summary: Tensor) -> Tensor:
-        mixed = (summary.transpose(-1, -2) @ self.adjacency).transpose(-1, -2)  # sum_i A_ij s_i
-        return self.message(mixed)
+        # out_j = sum_i A_ij s_i, as A^T @ s per step: no transposed copies of the [B, T, D, F] tensors.
+        return torch.matmul(self.adjacency.T, self.message(summary))
 
 
 class SignalAttention(nn.Module):
@@ -173,7 +175,7 @@ class SignalAttention(nn.Module):
         self.score = nn.Linear(feature_dim, 1, bias=False)
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax(self.score(torch.tanh(self.project(features)))[..., 0], dim=-1)
+        weights = torch.softmax(self.score(self.project(features).tanh_())[..., 0], dim=-1)
         # Scaled by D so that uniform attention leaves the features as they are.
         weighted = features * (weights * features.shape[2])[..., None]
         return weighted.flatten(2), weights
@@ -260,12 +262,15 @@ class Garlic(nn.Module):
 
         summary, lag_weights = self.lag_attention(features)
         messages = self.graph(summary)
-        reconstruction = (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias
         fused = self.norm(features + messages)
 
         weighted, signal_weights = self.signal_attention(fused)
         states, _ = self.sequence(self.sequence_input(weighted))
-        return StepEncoding(imputed, features, messages, reconstruction, lag_weights, signal_weights, states)
+        return StepEncoding(imputed, features, messages, lag_weights, signal_weights, states)
+
+    def reconstruct(self, messages: Tensor) -> Tensor:
+        """The auxiliary head: each variable's value from what it received. messages [B, T, D, F] -> [B, T, D]"""
+        return (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias
 
     def classify(self, states: Tensor, real: Tensor, static: Tensor) -> tuple[Tensor, Tensor]:
         """Attention over the real steps, then the classifier.
@@ -278,11 +283,25 @@ class Garlic(nn.Module):
         return self.classifier(context)[:, 0], temporal_weights
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> GarlicOutput:
-        """values, mask [B, T, D], times [B, T], lengths [B], static [B, S] -> GarlicOutput"""
+        """Everything, for training and explanations.
+
+        values, mask [B, T, D], times [B, T], lengths [B], static [B, S] -> GarlicOutput
+        """
         real = step_mask(lengths, values.shape[1])
         steps = self.encode(values, mask, times)
         logits, temporal_weights = self.classify(steps.states, real, static)
-        return GarlicOutput(**vars(steps), logits=logits, temporal_attention=temporal_weights, step_mask=real)
+        return GarlicOutput(
+            **vars(steps),
+            reconstruction=self.reconstruct(steps.messages),
+            logits=logits,
+            temporal_attention=temporal_weights,
+            step_mask=real,
+        )
+
+    def predict_logits(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> Tensor:
+        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``."""
+        logits, _ = self.classify(self.encode(values, mask, times).states, step_mask(lengths, values.shape[1]), static)
+        return logits
 
 
 def reconstruction_loss(output: GarlicOutput, values: Tensor, mask: Tensor) -> Tensor:

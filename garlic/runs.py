@@ -31,7 +31,7 @@ from garlic.train import (
     AlternatingTrainer,
     EpochRecord,
     FitResult,
-    evaluate,
+    predict_proba,
     load_training_state,
     save_training_state,
 )
@@ -110,8 +110,8 @@ def train_split(
             on_epoch(record)
 
     fitted = fit_split(config, tensors, parts, resume, checkpoint, log_epoch)
-    validation = evaluate(fitted.model, parts["validation"], config)["probabilities"]
-    test = evaluate(fitted.model, parts["test"], config)["probabilities"]  # the one look at the test split
+    validation = predict_proba(fitted.model, parts["validation"])
+    test = predict_proba(fitted.model, parts["test"])  # the one look at the test split
     labels = parts["test"].labels.numpy()
     scores = binary_metrics(labels, test)
     mlflow.log_metrics({f"test_{k}": v for k, v in scores.items()} | {"best_epoch": fitted.best_epoch})
@@ -280,6 +280,6 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE) -> dict:
     protocol, _, index = params["split"].partition("/split_")
     split = load_splits(folder, tensors, protocol)[int(index)]
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
-    probabilities = evaluate(trained.model, test, trained.config)["probabilities"]
+    probabilities = predict_proba(trained.model, test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),
             **binary_metrics(test.labels.numpy(), probabilities)}  # fmt: skip

@@ -46,6 +46,7 @@ def test_prediction_does_not_depend_on_the_batch():
     model = small_model(use_static=True)
     with torch.no_grad():
         together = model(values, mask, times, lengths, static).logits
+        torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static), together)
         for i in range(B):
             n = int(lengths[i])
             alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],

@@ -10,7 +10,8 @@ from garlic.data import IrregularDataset, loader
 from garlic.metrics import binary_metrics
 from garlic.splits import load_splits
 from garlic.tracking import load_run_model, use_store
-from garlic.train import PREDICTION, RECONSTRUCTION, AlternatingTrainer, predict_proba
+from garlic.model import graph_penalty
+from garlic.train import PREDICTION, RECONSTRUCTION, AlternatingTrainer, evaluate, predict_proba
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
 
@@ -64,6 +65,32 @@ def test_stage_switches_after_patience_and_early_stopping_ends_training(cohort):
     assert [r.stage for r in fitted.history] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION,
                                                  RECONSTRUCTION]  # fmt: skip
     assert fitted.best_epoch == 1
+
+
+def test_stage_switches_when_progress_falls_below_the_tolerance(cohort):
+    _, tensors, parts = cohort
+    # The losses do fall epoch after epoch here, but never by 90%: only the first epoch of a stage counts.
+    config = Config().override({**FAST, "stage_patience": 2, "stage_tolerance": 0.9, "max_epochs": 5})
+    fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
+        parts["train"], parts["validation"]
+    )
+    assert [r.stage for r in fitted.history] == [RECONSTRUCTION] * 3 + [PREDICTION] * 2
+    assert fitted.history[1].val_loss < fitted.history[0].val_loss
+
+
+def test_validation_losses_keep_the_reconstruction_error_apart_from_the_objective(cohort):
+    _, tensors, parts = cohort
+    config = Config().override(FAST)
+    model = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).model
+    checked = evaluate(model, parts["validation"], config)
+    losses = checked["losses"]
+    penalty = float(graph_penalty(model))
+    assert 0 < losses["mse"] < losses[RECONSTRUCTION]
+    assert losses[RECONSTRUCTION] == pytest.approx(
+        losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty
+    )
+    assert losses[PREDICTION] == losses["bce"]
+    np.testing.assert_allclose(checked["probabilities"], predict_proba(model, parts["validation"]), atol=1e-6)
 
 
 def test_training_is_deterministic_and_learns(cohort):
