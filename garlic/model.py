@@ -159,8 +159,14 @@ class GraphMessagePassing(nn.Module):
         self.message = nn.Linear(feature_dim, feature_dim, bias=False)  # linear, so it commutes with A
 
     def forward(self, summary: Tensor) -> Tensor:
-        # out_j = sum_i A_ij s_i, as A^T @ s per step: no transposed copies of the [B, T, D, F] tensors.
-        return torch.matmul(self.adjacency.T, self.message(summary))
+        batch, steps, variables, features = summary.shape
+        # Both maps as products without transposed copies of [B, T, D, F]: the message for all B*T steps at once
+        # (into [B*T, F, D]), then the mix over variables on that last axis. The result is a transposed view.
+        sent = torch.bmm(
+            self.message.weight.expand(batch * steps, -1, -1),
+            summary.reshape(batch * steps, variables, features).transpose(1, 2),
+        )
+        return (sent @ self.adjacency).view(batch, steps, features, variables).transpose(-1, -2)
 
 
 class SignalAttention(nn.Module):

@@ -6,8 +6,9 @@ Two stages take turns:
 Each parameter group has its own optimiser (learning rate, weight decay) and plateau schedule. The stage switches
 when its validation objective has not dropped by ``stage_tolerance`` (relative) for ``stage_patience`` epochs,
 restarting from the best checkpoint (the tolerance matters: on P12 the reconstruction error kept creeping down by
-0.1-0.5% an epoch for 40 epochs, and any drop at all held training in the first stage). Training stops when validation AUROC has not improved for ``early_stopping`` epochs. With ``alternating=False``
-the reconstruction-stage objective trains everything jointly (the ablation).
+0.1-0.5% an epoch for 40 epochs, and any drop at all held training in the first stage). Training stops when
+validation AUROC has not improved for ``early_stopping`` epochs. With ``alternating=False`` the
+reconstruction-stage objective trains everything jointly (the ablation).
 
 After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
 state and bookkeeping); a fit continued from that state ends exactly as an uninterrupted one. Under ``torchrun``
@@ -118,20 +119,23 @@ def ordered_by_length(dataset: IrregularDataset, batch_size: int) -> DataLoader:
 INFERENCE_BATCH = 128
 
 
+def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int):
+    """(positions in ``dataset``, batch on the model's device) for batches of stays sorted by length."""
+    device = next(model.parameters()).device
+    order = torch.argsort(dataset.lengths, stable=True)
+    for start, batch in zip(range(0, len(dataset), batch_size), ordered_by_length(dataset, batch_size)):
+        yield order[start : start + len(batch)], batch.to(device)
+
+
 @torch.no_grad()
 def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_size: int = INFERENCE_BATCH) -> dict:
     """Risk per stay (in dataset order) and the mean loss parts and stage objectives over ``dataset``."""
     model.eval()
-    device = next(model.parameters()).device
-    order = torch.argsort(dataset.lengths, stable=True)
     probabilities = torch.empty(len(dataset))
     totals = {"bce": 0.0, "mse": 0.0}
-    done = 0
-    for batch in ordered_by_length(dataset, batch_size):
-        batch = batch.to(device)
+    for positions, batch in in_length_order(model, dataset, batch_size):
         output = forward(model, batch)
-        probabilities[order[done : done + len(batch)]] = torch.sigmoid(output.logits).cpu()
-        done += len(batch)
+        probabilities[positions] = torch.sigmoid(output.logits).cpu()
         totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.labels, reduction="sum"))
         totals["mse"] += float(reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
     losses = {k: v / max(len(dataset), 1) for k, v in totals.items()}
@@ -145,15 +149,10 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
 def predict_proba(model: Garlic, dataset: IrregularDataset, batch_size: int = INFERENCE_BATCH) -> np.ndarray:
     """Risk per stay, in dataset order."""
     model.eval()
-    device = next(model.parameters()).device
-    order = torch.argsort(dataset.lengths, stable=True)
     probabilities = torch.empty(len(dataset))
-    done = 0
-    for batch in ordered_by_length(dataset, batch_size):
-        batch = batch.to(device)
+    for positions, batch in in_length_order(model, dataset, batch_size):
         logits = model.predict_logits(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
-        probabilities[order[done : done + len(batch)]] = torch.sigmoid(logits).cpu()
-        done += len(batch)
+        probabilities[positions] = torch.sigmoid(logits).cpu()
     return probabilities.numpy()
 
 

@@ -3,7 +3,7 @@ import math
 import torch
 
 from garlic.config import Config
-from garlic.model import DecayImputation, Garlic, LagAttention, graph_penalty, reconstruction_loss
+from garlic.model import DecayImputation, Garlic, GraphMessagePassing, LagAttention, graph_penalty, reconstruction_loss
 
 B, T, D, S = 5, 12, 4, 3
 
@@ -64,7 +64,7 @@ def test_decay_passes_observations_through_and_decays_to_the_mean():
     times = torch.tensor([[0.0, 1.0, 2.0, 500.0]])
     mask = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]])
     values = torch.tensor([[[2.0, 0.0], [0.0, 0.0], [3.0, 0.0], [0.0, 0.0]]])
-    imputed = decay(values, mask, times)
+    imputed = decay(values, mask, times).detach()
     assert imputed[0, 0, 0] == 2.0 and imputed[0, 2, 0] == 3.0  # observed values pass through
     rate = decay.rate[0].item()
     assert math.isclose(float(imputed[0, 1, 0]), 2.0 * math.exp(-rate * 1.0), rel_tol=1e-5)  # 1 h after a 2.0
@@ -92,6 +92,19 @@ def test_lag_attention_looks_only_at_earlier_steps():
     changed_summary, _ = layer(changed)
     torch.testing.assert_close(changed_summary[0, :7], summary[0, :7])  # steps up to 6 do not see step 6
     assert not torch.allclose(changed_summary[0, 7], summary[0, 7])
+
+
+def test_message_passing_sums_weighted_messages_from_every_variable():
+    torch.manual_seed(0)
+    layer = GraphMessagePassing(D, 4)
+    with torch.no_grad():
+        layer.adjacency.copy_(torch.randn(D, D))
+    summary = torch.randn(B, T, D, 4)
+    expected = torch.zeros(B, T, D, 4)
+    for j in range(D):  # out_j = sum_i A_ij W s_i, written out
+        for i in range(D):
+            expected[:, :, j] += layer.adjacency[i, j] * (summary[:, :, i] @ layer.message.weight.T)
+    torch.testing.assert_close(layer(summary), expected.detach(), atol=1e-5, rtol=1e-5)
 
 
 def test_reconstruction_loss_counts_only_observed_cells():

@@ -6,7 +6,7 @@ import torch
 
 from garlic import runs
 from garlic.config import Config
-from garlic.data import IrregularDataset, loader
+from garlic.data import IrregularDataset, collate, loader
 from garlic.metrics import binary_metrics
 from garlic.splits import load_splits
 from garlic.tracking import load_run_model, use_store
@@ -90,7 +90,13 @@ def test_validation_losses_keep_the_reconstruction_error_apart_from_the_objectiv
         losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty
     )
     assert losses[PREDICTION] == losses["bce"]
-    np.testing.assert_allclose(checked["probabilities"], predict_proba(model, parts["validation"]), atol=1e-6)
+    risk = predict_proba(model, parts["validation"])
+    np.testing.assert_allclose(checked["probabilities"], risk, atol=1e-6)
+    for i in (0, 7, len(risk) - 1):  # dataset order, whatever order the length-sorted batches ran in
+        stay = collate([parts["validation"][i]])
+        with torch.no_grad():
+            alone = torch.sigmoid(model.predict_logits(stay.values, stay.mask, stay.times, stay.lengths, stay.static))
+        assert float(alone) == pytest.approx(risk[i], abs=1e-5)
 
 
 def test_training_is_deterministic_and_learns(cohort):

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from garlic.data import IrregularDataset, loader
 from garlic.metrics import binary_metrics
 from garlic.model import DecayImputation, step_mask
-from garlic.train import ordered_by_length, resolve_device
+from garlic.train import in_length_order, resolve_device
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -107,15 +107,9 @@ class RecurrentSettings:
 def predict(model: nn.Module, dataset: IrregularDataset, batch_size: int = 256) -> np.ndarray:
     """Risk per stay, in dataset order."""
     model.eval()
-    device = next(model.parameters()).device
-    order = torch.argsort(dataset.lengths, stable=True)
-    risk, done = torch.empty(len(dataset)), 0
-    for batch in ordered_by_length(dataset, batch_size):
-        batch = batch.to(device)
-        risk[order[done : done + len(batch)]] = torch.sigmoid(
-            model(batch.values, batch.mask, batch.times, batch.lengths)
-        ).cpu()
-        done += len(batch)
+    risk = torch.empty(len(dataset))
+    for positions, batch in in_length_order(model, dataset, batch_size):
+        risk[positions] = torch.sigmoid(model(batch.values, batch.mask, batch.times, batch.lengths)).cpu()
     return risk.numpy()
 
 
