@@ -6,10 +6,9 @@ training split's normalisation statistics.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from garlic.config import Config
@@ -57,7 +56,7 @@ def save_model(folder: Path, trained: TrainedModel) -> Path:
             "num_static": trained.model.num_static,
             "variables": trained.variables,
             "static_features": trained.static_features,
-            "normalisation": {k: v.tolist() for k, v in asdict(trained.normalisation).items()},
+            "normalisation": trained.normalisation.to_json(),
         },
     )
     return folder
@@ -72,7 +71,5 @@ def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
     model = Garlic(description["num_variables"], description["num_static"], config)
     model.load_state_dict(torch.load(folder / WEIGHTS, map_location=device, weights_only=True))
     model.eval()
-    normalisation = Normalisation(
-        **{k: np.asarray(v, dtype="float32") for k, v in description["normalisation"].items()}
-    )
+    normalisation = Normalisation.from_json(description["normalisation"])
     return TrainedModel(model, description["variables"], description["static_features"], normalisation)

@@ -43,8 +43,7 @@ class IrregularDataset(Dataset):
     def __init__(self, tensors: IrregularTensors, normalisation: Normalisation):
         self.tensors = tensors
         self.stay_ids = tensors.stay_ids
-        mean, std = normalisation.value_mean, normalisation.value_std
-        self.values = torch.from_numpy(np.where(tensors.mask, (tensors.values - mean) / std, 0.0).astype("float32"))
+        self.values = torch.from_numpy(np.where(tensors.mask, normalisation.standardise(tensors.values), 0.0))
         self.mask = torch.from_numpy(tensors.mask.astype("float32"))
         self.times = torch.from_numpy(tensors.times)
         self.lengths = torch.from_numpy(tensors.lengths)

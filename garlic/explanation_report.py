@@ -31,7 +31,8 @@ def explain_dataset(trained: TrainedModel, dataset: IrregularDataset, batch_size
 
 
 def observation_table(explanation: Explanation, batch, stay_ids: np.ndarray, trained: TrainedModel) -> pd.DataFrame:
-    """One row per observed value: stay_id, time (h), variable, value (original units), importance."""
+    """One row per observed value: stay_id, time (h), variable, value (original units, clipped to the training
+    range as the model saw it), importance."""
     b, t, d = torch.nonzero(batch.mask > 0, as_tuple=True)
     mean, std = trained.normalisation.value_mean[d.numpy()], trained.normalisation.value_std[d.numpy()]
     return pd.DataFrame(

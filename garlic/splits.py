@@ -6,8 +6,8 @@ Protocols:
 - ``reference``: the reference implementation's single stratified split, ``random_state=0``.
 
 Each split is saved as ``splits/<protocol>/split_<k>.json`` next to the processed tables: the stay ids of each
-part and the per-variable mean and standard deviation of the training part's observed values. Once saved, a split
-is read back, never redrawn, so every experiment uses the same stays.
+part and the normalisation of the training part's observed values. Once saved, a split is read back, never redrawn,
+so every experiment uses the same stays.
 """
 from __future__ import annotations
 
@@ -26,29 +26,55 @@ PROTOCOLS = {"five-split": [0, 1, 2, 3, 4], "reference": [0]}
 
 @dataclass
 class Normalisation:
-    """Per-variable statistics of the training stays' observed values (and of their static features)."""
+    """Per-variable statistics of the training stays' observed values (and of their static features).
+
+    Values are first clipped to the training part's ``CLIP_PERCENTILES``, then standardised with the mean and
+    standard deviation of the clipped training values. Raw ICU records hold unit slips and typing errors (a pH of
+    735, a temperature of -17.8): unclipped, a single such value sets a variable's standard deviation, and pH's
+    whole physiological range then fits within 0.05 standard deviations of the mean. ``value_low`` and
+    ``value_high`` are None for statistics saved before clipping was introduced; those apply no clipping.
+    """
 
     value_mean: np.ndarray
     value_std: np.ndarray
     static_mean: np.ndarray
     static_std: np.ndarray
+    value_low: np.ndarray | None = None
+    value_high: np.ndarray | None = None
+
+    CLIP_PERCENTILES = (0.1, 99.9)
 
     @classmethod
     def fit(cls, train: IrregularTensors) -> "Normalisation":
-        observed = train.mask.sum(axis=(0, 1))
-        total = np.where(train.mask, train.values, 0.0).sum(axis=(0, 1), dtype="float64")
-        mean = np.divide(total, observed, out=np.zeros_like(total), where=observed > 0)
-        centred = np.where(train.mask, train.values - mean, 0.0)
-        variance = np.divide((centred**2).sum(axis=(0, 1), dtype="float64"), observed,
-                             out=np.ones_like(total), where=observed > 0)  # fmt: skip
+        # One variable at a time: each observed column is small, where a masked percentile over [N, T, D] is not.
+        columns = [train.values[..., d][train.mask[..., d]] for d in range(train.values.shape[-1])]
+        bounds = np.array([np.percentile(c, cls.CLIP_PERCENTILES) if len(c) else (0.0, 0.0) for c in columns])
+        clipped = [np.clip(c, low, high).astype("float64") for c, (low, high) in zip(columns, bounds)]
+        mean = np.array([c.mean() if len(c) else 0.0 for c in clipped])
+        std = np.array([c.std() if len(c) else 1.0 for c in clipped])
         static_mean = np.nan_to_num(np.nanmean(train.static, axis=0)) if len(train) else np.zeros(0)
         static_std = np.nan_to_num(np.nanstd(train.static, axis=0), nan=1.0)
         return cls(
             value_mean=mean.astype("float32"),
-            value_std=_positive(np.sqrt(variance)).astype("float32"),
+            value_std=_positive(std).astype("float32"),
             static_mean=static_mean.astype("float32"),
             static_std=_positive(static_std).astype("float32"),
+            value_low=bounds[:, 0].astype("float32"),
+            value_high=bounds[:, 1].astype("float32"),
         )
+
+    def standardise(self, values: np.ndarray) -> np.ndarray:
+        """[..., D] raw values -> clipped and standardised values (float32)."""
+        if self.value_low is not None:
+            values = np.clip(values, self.value_low, self.value_high)
+        return ((values - self.value_mean) / self.value_std).astype("float32")
+
+    def to_json(self) -> dict:
+        return {k: v.tolist() for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, payload: dict) -> "Normalisation":
+        return cls(**{k: np.asarray(v, dtype="float32") for k, v in payload.items()})
 
 
 def _positive(std: np.ndarray) -> np.ndarray:
@@ -82,7 +108,7 @@ class Split:
             "train": self.train.tolist(),
             "validation": self.validation.tolist(),
             "test": self.test.tolist(),
-            "normalisation": {k: v.tolist() for k, v in asdict(self.normalisation).items()},
+            "normalisation": self.normalisation.to_json(),
         }
 
     @classmethod
@@ -93,8 +119,7 @@ class Split:
             train=np.asarray(payload["train"], dtype="int64"),
             validation=np.asarray(payload["validation"], dtype="int64"),
             test=np.asarray(payload["test"], dtype="int64"),
-            normalisation=Normalisation(**{k: np.asarray(v, dtype="float32")
-                                           for k, v in payload["normalisation"].items()}),  # fmt: skip
+            normalisation=Normalisation.from_json(payload["normalisation"]),
         )
 
 
@@ -119,6 +144,9 @@ def load_splits(folder: Path, tensors: IrregularTensors, protocol: str = "five-s
         path = Path(folder) / "splits" / protocol / f"split_{index}.json"
         if path.is_file():
             split = Split.from_json(json.loads(path.read_text()))
+            if split.normalisation.value_low is None:  # saved before clipping: same stays, statistics refitted
+                split.normalisation = Normalisation.fit(tensors.subset(split.positions(tensors, "train")))
+                write_json_atomic(path, split.to_json())
         else:
             split = draw_split(tensors, protocol, index)
             write_json_atomic(path, split.to_json())

@@ -99,10 +99,14 @@ def test_split_naming_missing_stays_is_refused(synthetic):
 
 
 def independent_stats(dataset, stays):
-    """Per-variable mean and std (ddof 0) of the observed values of ``stays``, from the long table."""
+    """Per-variable mean and std (ddof 0) of the observed values of ``stays`` clipped to their own 0.1 and 99.9
+    percentiles, from the long table."""
     obs = dataset.observations
     obs = obs[obs["stay_id"].isin(stays)].drop_duplicates(["stay_id", "time", "variable"], keep="last")
-    grouped = obs.assign(value=obs["value"].astype("float64")).groupby("variable", observed=True)["value"]
+    value, variable = obs["value"].astype("float64"), obs["variable"].astype(str)
+    by_variable = value.groupby(variable)
+    low, high = variable.map(by_variable.quantile(0.001)), variable.map(by_variable.quantile(0.999))
+    grouped = value.clip(lower=low, upper=high).groupby(variable)
     return (grouped.mean().reindex(dataset.variables).to_numpy(),
             grouped.std(ddof=0).reindex(dataset.variables).to_numpy())  # fmt: skip
 
@@ -129,6 +133,41 @@ def test_normalisation_uses_the_training_part_only(p12_processed, p12_tensors, p
     # Saved and read back unchanged.
     (again,) = load_splits(p12_processed, p12_tensors, "reference")
     assert np.array_equal(again.normalisation.value_mean, norm.value_mean)
+
+
+@requires_p12
+def test_clipping_keeps_physiological_ranges_apart(p12_processed, p12_tensors):
+    """Without clipping, P12's few pH values of 735 set its standard deviation, and 7.0 and 7.6 fell 0.05 apart."""
+    (split,) = load_splits(p12_processed, p12_tensors, "reference")
+    norm = split.normalisation
+    ph = p12_tensors.variables.index("pH")
+    assert p12_tensors.values[..., ph].max() > 700  # the outliers are in the data
+    assert 7.5 < norm.value_high[ph] < 8.0 and 6.5 < norm.value_low[ph] < 7.2
+    values = np.zeros(len(p12_tensors.variables), "float32")
+    acidotic, alkalotic = values.copy(), values.copy()
+    acidotic[ph], alkalotic[ph] = 7.0, 7.6
+    assert norm.standardise(alkalotic)[ph] - norm.standardise(acidotic)[ph] > 3
+    assert norm.standardise(np.where(np.arange(len(values)) == ph, 735.0, values))[ph] < 5
+
+
+def test_splits_saved_before_clipping_are_refitted_on_the_same_stays(synthetic, tmp_path):
+    folder, tensors = synthetic
+    (fresh,) = load_splits(tmp_path, tensors, "reference")
+    path = tmp_path / "splits" / "reference" / "split_0.json"
+    old = json.loads(path.read_text())
+    del old["normalisation"]["value_low"], old["normalisation"]["value_high"]
+    old["normalisation"]["value_mean"] = [0.0] * len(tensors.variables)
+    path.write_text(json.dumps(old))
+    (loaded,) = load_splits(tmp_path, tensors, "reference")
+    assert np.array_equal(loaded.train, fresh.train) and np.array_equal(loaded.test, fresh.test)
+    assert np.array_equal(loaded.normalisation.value_mean, fresh.normalisation.value_mean)
+    assert "value_low" in json.loads(path.read_text())["normalisation"]  # rewritten
+
+
+def test_statistics_without_bounds_apply_no_clipping():
+    norm = Normalisation(np.zeros(2, "float32"), np.ones(2, "float32"), np.zeros(0, "float32"), np.ones(0, "float32"))
+    assert norm.standardise(np.array([735.0, -17.8])).tolist() == pytest.approx([735.0, -17.8])
+    assert Normalisation.from_json(norm.to_json()).value_low is None
 
 
 def test_normalisation_on_synthetic_train_part(synthetic):
@@ -164,7 +203,8 @@ def test_dataset_and_collate(synthetic):
         assert batch.values.dtype == torch.float32 and batch.mask.dtype == torch.float32
         mask = part.mask[rows, :longest]
         assert np.array_equal(batch.mask.numpy(), mask.astype("float32"))
-        expected = (part.values[rows, :longest] - norm.value_mean) / norm.value_std
+        clipped = np.clip(part.values[rows, :longest], norm.value_low, norm.value_high)
+        expected = (clipped - norm.value_mean) / norm.value_std
         np.testing.assert_allclose(batch.values.numpy()[mask], expected[mask], rtol=1e-5, atol=1e-5)
         assert (batch.values.numpy()[~mask] == 0).all()
         assert np.array_equal(batch.times.numpy(), part.times[rows, :longest])
