@@ -40,6 +40,7 @@ class Config:
     lambda_graph: float = 1e-2
     stage_patience: int = 3
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
+    lr_patience: int = 2  # epochs without a lower validation objective before a group's learning rate halves
     early_stopping: int = 10
     max_epochs: int = 100
     seed: int = 0

@@ -3,7 +3,9 @@
 Two stages take turns:
 - reconstruction: reconstruction loss + lambda_cls * BCE + lambda_graph * |A|_1, all parameters;
 - prediction: BCE, the prediction parameters only (signal attention, GRU, temporal attention, classifier).
-Each parameter group has its own optimiser (learning rate, weight decay) and plateau schedule. The stage switches
+Each parameter group has its own optimiser (learning rate, weight decay) and plateau schedule, which halves the
+group's learning rate after ``lr_patience`` epochs without progress on its objective, counting only the epochs that
+train the group. The stage switches
 when its validation objective has not dropped by ``stage_tolerance`` (relative) for ``stage_patience`` epochs,
 restarting from the best checkpoint (the tolerance matters: on P12 the reconstruction error kept creeping down by
 0.1-0.5% an epoch for 40 epochs, and any drop at all held training in the first stage). Training stops when
@@ -169,13 +171,18 @@ class AlternatingTrainer:
             ),
         }
         self.schedulers = {
-            name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=2)
+            name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=config.lr_patience)
             for name, opt in self.optimisers.items()
         }
         self.network = distributed.wrap(self.model)
         world = distributed.current()
         if world.size > 1:  # the ranks start from the same weights, but each draws its own dropout masks
             torch.manual_seed(config.seed + world.rank)
+
+    @staticmethod
+    def trained_groups(stage: str) -> list[str]:
+        """The parameter groups that ``stage`` trains: both in reconstruction, the prediction group alone else."""
+        return [RECONSTRUCTION, PREDICTION] if stage == RECONSTRUCTION else [PREDICTION]
 
     def _set_stage(self, stage: str) -> None:
         for parameter in self.model.reconstruction_parameters():
@@ -185,7 +192,7 @@ class AlternatingTrainer:
         """One pass over the training batches in ``stage``; returns mean losses."""
         self.model.train()
         self._set_stage(stage)
-        stepped = self.optimisers.values() if stage == RECONSTRUCTION else [self.optimisers[PREDICTION]]
+        stepped = [self.optimisers[name] for name in self.trained_groups(stage)]
         sums, count = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0
         for batch in batches:
             batch = batch.to(self.device)
@@ -256,8 +263,10 @@ class AlternatingTrainer:
             checked = evaluate(self.model, validation, config)
             scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
             losses = checked["losses"]
-            for name, scheduler in self.schedulers.items():
-                scheduler.step(losses[name])
+            # A group frozen this epoch cannot improve its objective: its schedule waits, or every prediction stage
+            # would halve the reconstruction learning rate for nothing.
+            for name in self.trained_groups(progress.stage):
+                self.schedulers[name].step(losses[name])
             record = EpochRecord(
                 epoch=progress.epoch,
                 stage=progress.stage,

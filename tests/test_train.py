@@ -78,6 +78,20 @@ def test_stage_switches_when_progress_falls_below_the_tolerance(cohort):
     assert fitted.history[1].val_loss < fitted.history[0].val_loss
 
 
+def test_a_frozen_group_keeps_its_learning_rate(cohort):
+    _, tensors, parts = cohort
+    # Two epochs a stage; lambda_cls 0 makes the reconstruction objective constant while its parameters are frozen,
+    # which (with lr_patience 0) halved lr_rec at every prediction epoch before its schedule learned to wait.
+    config = Config().override({**FAST, "stage_patience": 1, "stage_tolerance": 0.9, "lambda_cls": 0.0,
+                                "lr_patience": 0, "max_epochs": 4})  # fmt: skip
+    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    rates = []
+    trainer.fit(parts["train"], parts["validation"],
+                on_epoch=lambda r: rates.append((r.stage, trainer.optimisers[RECONSTRUCTION].param_groups[0]["lr"])))
+    assert [stage for stage, _ in rates] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION]
+    assert rates[2][1] == rates[3][1] == rates[1][1]
+
+
 def test_validation_losses_keep_the_reconstruction_error_apart_from_the_objective(cohort):
     _, tensors, parts = cohort
     config = Config().override(FAST)
