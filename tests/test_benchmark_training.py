@@ -1,0 +1,13 @@
+"""The speed benchmark on the synthetic cohort: one epoch, and inference throughput as a median of passes."""
+from experiments import benchmark_training
+from garlic.config import Config
+
+
+def test_speed_benchmark_reports_an_epoch_and_the_median_inference_rate(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 3)
+    config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "device": "cpu"})
+    speed = benchmark_training.measure_speed(config, tmp_path)
+    assert speed["training_stays"] == 1600 and speed["predicted_stays"] == 400  # 80/10/10 of 2,000 stays
+    assert speed["epoch_seconds"] > 0
+    slowest, fastest = speed["stays_per_second_range"]
+    assert 0 < slowest <= speed["stays_per_second"] <= fastest
