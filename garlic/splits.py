@@ -30,8 +30,8 @@ class Normalisation:
 
     Values are first clipped to the training part's ``CLIP_PERCENTILES``, then standardised with the mean and
     standard deviation of the clipped training values. Raw ICU records hold unit slips and typing errors (a pH of
-    735, a temperature of -17.8): unclipped, a single such value sets a variable's standard deviation, and pH's
-    whole physiological range then fits within 0.05 standard deviations of the mean. ``value_low`` and
+    735, a temperature of -17.8): unclipped, a few such values set a variable's standard deviation, and on P12
+    pH 7.0 and pH 7.6 then lie 0.1 standard deviations apart. ``value_low`` and
     ``value_high`` are None for statistics saved before clipping was introduced; those apply no clipping.
     """
 

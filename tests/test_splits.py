@@ -137,7 +137,7 @@ def test_normalisation_uses_the_training_part_only(p12_processed, p12_tensors, p
 
 @requires_p12
 def test_clipping_keeps_physiological_ranges_apart(p12_processed, p12_tensors):
-    """Without clipping, P12's few pH values of 735 set its standard deviation, and 7.0 and 7.6 fell 0.05 apart."""
+    """Without clipping, P12's few pH values of 735 set its standard deviation, and 7.0 and 7.6 lay 0.1 apart."""
     (split,) = load_splits(p12_processed, p12_tensors, "reference")
     norm = split.normalisation
     ph = p12_tensors.variables.index("pH")
