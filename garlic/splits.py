@@ -47,11 +47,8 @@ class Normalisation:
     @classmethod
     def fit(cls, train: IrregularTensors) -> "Normalisation":
         # One variable at a time: each observed column is small, where a masked percentile over [N, T, D] is not.
-        columns = [train.values[..., d][train.mask[..., d]] for d in range(train.values.shape[-1])]
-        bounds = np.array([np.percentile(c, cls.CLIP_PERCENTILES) if len(c) else (0.0, 0.0) for c in columns])
-        clipped = [np.clip(c, low, high).astype("float64") for c, (low, high) in zip(columns, bounds)]
-        mean = np.array([c.mean() if len(c) else 0.0 for c in clipped])
-        std = np.array([c.std() if len(c) else 1.0 for c in clipped])
+        columns = (train.values[..., d][train.mask[..., d]] for d in range(train.values.shape[-1]))
+        low, high, mean, std = np.array([_clipped_statistics(c, cls.CLIP_PERCENTILES) for c in columns]).T
         static_mean = np.nan_to_num(np.nanmean(train.static, axis=0)) if len(train) else np.zeros(0)
         static_std = np.nan_to_num(np.nanstd(train.static, axis=0), nan=1.0)
         return cls(
@@ -59,8 +56,8 @@ class Normalisation:
             value_std=_positive(std).astype("float32"),
             static_mean=static_mean.astype("float32"),
             static_std=_positive(static_std).astype("float32"),
-            value_low=bounds[:, 0].astype("float32"),
-            value_high=bounds[:, 1].astype("float32"),
+            value_low=low.astype("float32"),
+            value_high=high.astype("float32"),
         )
 
     def standardise(self, values: np.ndarray) -> np.ndarray:
@@ -75,6 +72,15 @@ class Normalisation:
     @classmethod
     def from_json(cls, payload: dict) -> "Normalisation":
         return cls(**{k: np.asarray(v, dtype="float32") for k, v in payload.items()})
+
+
+def _clipped_statistics(column: np.ndarray, percentiles: tuple[float, float]) -> tuple[float, float, float, float]:
+    """(low, high, mean, std) of one variable's observed values, clipped to their own percentiles."""
+    if len(column) == 0:
+        return 0.0, 0.0, 0.0, 1.0
+    low, high = np.percentile(column, percentiles)
+    clipped = np.clip(column, low, high).astype("float64")
+    return low, high, clipped.mean(), clipped.std()
 
 
 def _positive(std: np.ndarray) -> np.ndarray:
