@@ -26,6 +26,9 @@ from torch import Tensor, nn
 
 from garlic.config import Config
 
+# 4 MiB of float32 activations. Inference that ran the per-step layers on chunks of this many cells predicted 1.2x the
+# stays per second of whole batches of 128 on P12 (a 2-core EPYC: 2 MiB of L2 per core, 32 MiB of L3).
+CACHE_CELLS = 2**20
 
 @dataclass
 class StepEncoding:
@@ -45,6 +48,13 @@ class GarlicOutput(StepEncoding):
     logits: Tensor  # [B]
     temporal_attention: Tensor  # [B, T] weight of each step (sums to 1 over a stay's real steps)
     step_mask: Tensor  # [B, T] True for real (non-padding) steps
+
+
+def fast_tanh(x: Tensor) -> Tensor:
+    """tanh(x) as 2 sigmoid(2x) - 1, within 2e-7 of ``torch.tanh``. On CPU, PyTorch's tanh takes 4x the time of its
+    sigmoid, and tanh over [B, T, D, F] was the costliest elementwise pass of inference."""
+    sigmoid = torch.sigmoid(2 * x)
+    return 2 * sigmoid - 1 if sigmoid.requires_grad else sigmoid.mul_(2).sub_(1)
 
 
 def step_mask(lengths: Tensor, steps: int) -> Tensor:
@@ -103,7 +113,7 @@ class VariableEncoder(nn.Module):
         features = torch.addcmul(self.bias, values[..., None], self.weight[:, 0])
         if self.use_mask:
             features.addcmul_(mask[..., None], self.weight[:, 1])
-        return features.tanh_()
+        return fast_tanh(features)
 
 
 class LagAttention(nn.Module):
@@ -181,7 +191,7 @@ class SignalAttention(nn.Module):
         self.score = nn.Linear(feature_dim, 1, bias=False)
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax(self.score(self.project(features).tanh_())[..., 0], dim=-1)
+        weights = torch.softmax(self.score(fast_tanh(self.project(features)))[..., 0], dim=-1)
         # Scaled by D so that uniform attention leaves the features as they are.
         weighted = features * (weights * features.shape[2])[..., None]
         return weighted.flatten(2), weights
@@ -195,7 +205,7 @@ class StepwiseProjection(nn.Module):
         self.layer = nn.Linear(hidden_dim, hidden_dim)
 
     def forward(self, inputs: Tensor) -> tuple[Tensor, None]:
-        return torch.tanh(self.layer(inputs)), None
+        return fast_tanh(self.layer(inputs)), None
 
 
 class TemporalAttention(nn.Module):
@@ -210,7 +220,7 @@ class TemporalAttention(nn.Module):
         self.score = nn.Linear(hidden_dim, 1, bias=False)
 
     def forward(self, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        scores = self.score(torch.tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf"))
+        scores = self.score(fast_tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
         return torch.einsum("bt,bth->bh", weights, states), weights
 
@@ -263,6 +273,16 @@ class Garlic(nn.Module):
 
         values, mask [B, T, D], times [B, T] -> StepEncoding
         """
+        imputed, features, messages, lag_weights, signal_weights, inputs = self.per_step(values, mask, times)
+        states, _ = self.sequence(inputs)
+        return StepEncoding(imputed, features, messages, lag_weights, signal_weights, states)
+
+    def per_step(self, values: Tensor, mask: Tensor, times: Tensor) -> tuple[Tensor, ...]:
+        """Stages 1 and 2 and the signal attention: each step from itself and its past, before the GRU joins them.
+
+        values, mask [B, T, D], times [B, T] -> imputed [B, T, D], features and messages [B, T, D, F],
+        lag weights [B, T, W, D], signal weights [B, T, D], the GRU's inputs [B, T, H]
+        """
         imputed = self.decay(values, mask, times)
         features = self.encoder(imputed, mask)
 
@@ -271,8 +291,7 @@ class Garlic(nn.Module):
         fused = self.norm(features + messages)
 
         weighted, signal_weights = self.signal_attention(fused)
-        states, _ = self.sequence(self.sequence_input(weighted))
-        return StepEncoding(imputed, features, messages, lag_weights, signal_weights, states)
+        return imputed, features, messages, lag_weights, signal_weights, self.sequence_input(weighted)
 
     def reconstruct(self, messages: Tensor) -> Tensor:
         """The auxiliary head: each variable's value from what it received. messages [B, T, D, F] -> [B, T, D]"""
@@ -304,9 +323,19 @@ class Garlic(nn.Module):
             step_mask=real,
         )
 
-    def predict_logits(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> Tensor:
-        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``."""
-        logits, _ = self.classify(self.encode(values, mask, times).states, step_mask(lengths, values.shape[1]), static)
+    def predict_logits(
+        self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor, chunk_cells: int = CACHE_CELLS
+    ) -> Tensor:
+        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``.
+
+        The layers before the GRU run on a few stays at a time, about ``chunk_cells`` cells of [b, T, D, F] each, so
+        that their many elementwise passes stay in the CPU's cache; the GRU then runs over the whole batch.
+        """
+        steps, variables = values.shape[1:]
+        stays = max(1, chunk_cells // (steps * variables * self.config.feature_dim))
+        chunks = zip(values.split(stays), mask.split(stays), times.split(stays))
+        states, _ = self.sequence(torch.cat([self.per_step(*chunk)[-1] for chunk in chunks]))
+        logits, _ = self.classify(states, step_mask(lengths, steps), static)
         return logits
 
 

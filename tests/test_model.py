@@ -3,7 +3,15 @@ import math
 import torch
 
 from garlic.config import Config
-from garlic.model import DecayImputation, Garlic, GraphMessagePassing, LagAttention, graph_penalty, reconstruction_loss
+from garlic.model import (
+    DecayImputation,
+    Garlic,
+    GraphMessagePassing,
+    LagAttention,
+    fast_tanh,
+    graph_penalty,
+    reconstruction_loss,
+)
 
 B, T, D, S = 5, 12, 4, 3
 
@@ -47,6 +55,8 @@ def test_prediction_does_not_depend_on_the_batch():
     with torch.no_grad():
         together = model(values, mask, times, lengths, static).logits
         torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static), together)
+        # The inference path's chunks of stays (here one stay each) change nothing.
+        torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together)
         for i in range(B):
             n = int(lengths[i])
             alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
@@ -131,3 +141,13 @@ def test_parameter_groups_partition_the_model_and_ablations_build():
         ablated = small_model(**{switch: False})
         assert ablated(values, mask, times, lengths, static).logits.shape == (B,)
     assert float(graph_penalty(small_model(use_graph=False))) == 0.0
+
+
+def test_fast_tanh_matches_tanh_and_its_gradient():
+    x = torch.linspace(-30.0, 30.0, 20_001, dtype=torch.float64).float().requires_grad_()
+    y = fast_tanh(x)
+    torch.testing.assert_close(y, torch.tanh(x), atol=3e-7, rtol=0.0)
+    (gradient,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(gradient, 1 - torch.tanh(x.detach()) ** 2, atol=1e-6, rtol=0.0)
+    with torch.no_grad():  # the in-place path of inference
+        torch.testing.assert_close(fast_tanh(x), torch.tanh(x), atol=3e-7, rtol=0.0)
