@@ -328,11 +328,13 @@ class Garlic(nn.Module):
     ) -> Tensor:
         """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``.
 
-        The layers before the GRU run on a few stays at a time, about ``chunk_cells`` cells of [b, T, D, F] each, so
-        that their many elementwise passes stay in the CPU's cache; the GRU then runs over the whole batch.
+        On a CPU, the layers before the GRU run on a few stays at a time, about ``chunk_cells`` cells of [b, T, D, F]
+        each, so that their many elementwise passes stay in the cache; the GRU then runs over the whole batch. A GPU
+        takes the batch at once.
         """
         steps, variables = values.shape[1:]
-        stays = max(1, chunk_cells // (steps * variables * self.config.feature_dim))
+        cells_per_stay = steps * variables * self.config.feature_dim
+        stays = max(1, chunk_cells // cells_per_stay) if values.device.type == "cpu" else max(len(values), 1)
         chunks = zip(values.split(stays), mask.split(stays), times.split(stays))
         states, _ = self.sequence(torch.cat([self.per_step(*chunk)[-1] for chunk in chunks]))
         logits, _ = self.classify(states, step_mask(lengths, steps), static)
