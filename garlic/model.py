@@ -30,6 +30,7 @@ from garlic.config import Config
 # stays per second of whole batches of 128 on P12 (a 2-core EPYC: 2 MiB of L2 per core, 32 MiB of L3).
 CACHE_CELLS = 2**20
 
+
 @dataclass
 class StepEncoding:
     """What the model computes at every step, before pooling over time."""
