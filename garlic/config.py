@@ -42,6 +42,7 @@ class Config:
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
     lr_patience: int = 2  # epochs without a lower validation objective before a group's learning rate halves
     early_stopping: int = 10
+    early_stopping_tolerance: float = 1e-3  # validation AUROC gain that resets the early-stopping count
     max_epochs: int = 100
     seed: int = 0
     device: str = "auto"

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
+import garlic.train
 from garlic import runs
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate, loader
@@ -76,6 +77,20 @@ def test_stage_switches_when_progress_falls_below_the_tolerance(cohort):
     )
     assert [r.stage for r in fitted.history] == [RECONSTRUCTION] * 3 + [PREDICTION] * 2
     assert fitted.history[1].val_loss < fitted.history[0].val_loss
+
+
+@pytest.mark.parametrize("tolerance, epochs", [(1e-3, 4), (0.0, 6)])
+def test_early_stopping_counts_only_gains_of_the_tolerance(cohort, monkeypatch, tolerance, epochs):
+    _, tensors, parts = cohort
+    # Every epoch beats the last, by less than 1e-3 after the first: the best epoch is still the last one run.
+    scores = iter([0.70, 0.7004, 0.7008, 0.7009, 0.7010, 0.7011])
+    monkeypatch.setattr(garlic.train, "binary_metrics", lambda labels, risk: {"auroc": next(scores), "auprc": 0.5})
+    config = Config().override({**FAST, "early_stopping": 3, "early_stopping_tolerance": tolerance, "max_epochs": 6})
+    fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
+        parts["train"], parts["validation"]
+    )
+    assert len(fitted.history) == epochs
+    assert fitted.best_epoch == epochs
 
 
 def test_a_frozen_group_keeps_its_learning_rate(cohort):
