@@ -69,7 +69,9 @@ def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
     description = json.loads((folder / DESCRIPTION).read_text())
     config = Config().override(description["config"])
     model = Garlic(description["num_variables"], description["num_static"], config)
-    model.load_state_dict(torch.load(folder / WEIGHTS, map_location=device, weights_only=True))
+    weights = torch.load(folder / WEIGHTS, map_location=device, weights_only=True)
+    weights.setdefault("logit_offset", torch.zeros(()))  # saved before the offset existed: trained unweighted
+    model.load_state_dict(weights)
     model.eval()
     normalisation = Normalisation.from_json(description["normalisation"])
     return TrainedModel(model, description["variables"], description["static_features"], normalisation)

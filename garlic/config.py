@@ -38,6 +38,7 @@ class Config:
     wd_rec: float = 5e-4
     lambda_cls: float = 0.1
     lambda_graph: float = 1e-2
+    balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.train)
     stage_patience: int = 3
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
     lr_patience: int = 2  # epochs without a lower validation objective before a group's learning rate halves

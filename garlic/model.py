@@ -261,6 +261,9 @@ class Garlic(nn.Module):
             nn.Dropout(config.dropout),
             nn.Linear(h, 1),
         )
+        # The training split's log-odds log(n_pos / n_neg) where the loss weighted both outcomes equally
+        # (``balance_classes``), else 0: the classifier learns balanced odds, this brings back the real prevalence.
+        self.register_buffer("logit_offset", torch.zeros(()))
 
     def prediction_parameters(self) -> list[nn.Parameter]:
         return [p for name in self.PREDICTION_MODULES for p in getattr(self, name).parameters()]
@@ -306,7 +309,7 @@ class Garlic(nn.Module):
         context, temporal_weights = self.temporal_attention(states, real)
         if self.use_static:
             context = torch.cat([context, static], dim=-1)
-        return self.classifier(context)[:, 0], temporal_weights
+        return self.classifier(context)[:, 0] + self.logit_offset, temporal_weights
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> GarlicOutput:
         """Everything, for training and explanations.

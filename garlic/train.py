@@ -12,6 +12,9 @@ Training stops when validation AUROC has not risen by ``early_stopping_tolerance
 checkpoint is still the best AUROC of all epochs. With ``alternating=False`` the reconstruction-stage objective trains
 everything jointly (the ablation).
 
+With ``balance_classes`` the training BCE weights each stay by n / (2 n_class) of its outcome, and the model adds the
+training log-odds to its logits, so that its risks keep the real prevalence; validation uses the plain BCE.
+
 After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
 state and bookkeeping); a fit continued from that state ends exactly as an uninterrupted one. Under ``torchrun``
 the same code trains data-parallel (see ``garlic.distributed``).
@@ -97,11 +100,30 @@ def forward(model: Garlic, batch) -> GarlicOutput:
     return model(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
 
 
-def stage_losses(model: Garlic, batch, config: Config, network: nn.Module | None = None) -> dict[str, torch.Tensor]:
+def class_weights(labels: torch.Tensor) -> tuple[float, float]:
+    """(negative, positive) weights n / (2 n_class): each outcome carries half the loss, the mean weight stays 1."""
+    positives = float(labels.sum())
+    if not 0 < positives < len(labels):
+        raise ValueError("balance_classes needs both outcomes in the training split")
+    return len(labels) / (2 * (len(labels) - positives)), len(labels) / (2 * positives)
+
+
+def stage_losses(
+    model: Garlic,
+    batch,
+    config: Config,
+    network: nn.Module | None = None,
+    weights: tuple[float, float] | None = None,
+) -> dict[str, torch.Tensor]:
     """The loss parts (``bce``, ``mse``: the reconstruction error) and each stage's objective, keyed by stage name;
-    ``network`` runs the forward pass when it wraps ``model`` (DDP)."""
+    ``network`` runs the forward pass when it wraps ``model`` (DDP). With class ``weights`` the BCE is weighted, on
+    the logits before ``model.logit_offset``: the classifier learns the odds of a balanced cohort."""
     output = forward(network or model, batch)
-    bce = F.binary_cross_entropy_with_logits(output.logits, batch.labels)
+    if weights is None:
+        bce = F.binary_cross_entropy_with_logits(output.logits, batch.labels)
+    else:
+        per_stay = torch.where(batch.labels > 0.5, weights[1], weights[0])
+        bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, batch.labels, per_stay)
     mse = reconstruction_loss(output, batch.values, batch.mask)
     return {
         "bce": bce,
@@ -175,6 +197,7 @@ class AlternatingTrainer:
             name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=config.lr_patience)
             for name, opt in self.optimisers.items()
         }
+        self.class_weights: tuple[float, float] | None = None  # set by ``fit`` when ``balance_classes``
         self.network = distributed.wrap(self.model)
         world = distributed.current()
         if world.size > 1:  # the ranks start from the same weights, but each draws its own dropout masks
@@ -197,7 +220,7 @@ class AlternatingTrainer:
         sums, count = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0
         for batch in batches:
             batch = batch.to(self.device)
-            losses = stage_losses(self.model, batch, self.config, self.network)
+            losses = stage_losses(self.model, batch, self.config, self.network, self.class_weights)
             for optimiser in self.optimisers.values():
                 optimiser.zero_grad(set_to_none=True)
             (losses[stage] * distributed.batch_weight(len(batch))).backward()
@@ -253,6 +276,10 @@ class AlternatingTrainer:
         """Fit, selecting on ``validation``; ``on_checkpoint`` gets the state after each epoch, ``resume`` continues
         from such a state."""
         config = self.config
+        if config.balance_classes:
+            self.class_weights = class_weights(train.labels)
+            negative, positive = self.class_weights
+            self.model.logit_offset.fill_(math.log(negative / positive))  # the training odds, n_pos / n_neg
         batches = distributed.shard(loader(train, config.batch_size, shuffle=True, seed=config.seed))
         progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
         if resume is not None:

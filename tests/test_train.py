@@ -3,16 +3,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 import garlic.train
 from garlic import runs
+from garlic.checkpoint import WEIGHTS, TrainedModel, load_model, save_model
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate, loader
 from garlic.metrics import binary_metrics
 from garlic.splits import load_splits
 from garlic.tracking import load_run_model, use_store
 from garlic.model import graph_penalty
-from garlic.train import PREDICTION, RECONSTRUCTION, AlternatingTrainer, evaluate, predict_proba
+from garlic.train import (PREDICTION, RECONSTRUCTION, AlternatingTrainer, class_weights, evaluate, predict_proba,
+                          stage_losses)  # fmt: skip
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
 
@@ -91,6 +94,64 @@ def test_early_stopping_counts_only_gains_of_the_tolerance(cohort, monkeypatch, 
     )
     assert len(fitted.history) == epochs
     assert fitted.best_epoch == epochs
+
+
+def test_class_weights_give_each_outcome_half_of_the_loss():
+    labels = torch.tensor([0.0] * 7 + [1.0] * 3)
+    negative, positive = class_weights(labels)
+    assert negative * 7 == pytest.approx(5) and positive * 3 == pytest.approx(5)
+    with pytest.raises(ValueError, match="both outcomes"):
+        class_weights(torch.zeros(4))
+
+
+def test_balanced_loss_weights_each_stay_by_its_outcome_before_the_offset(cohort):
+    _, tensors, parts = cohort
+    config = Config().override(FAST)
+    model = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).model
+    model.eval()  # the same logits in both passes: no dropout
+    model.logit_offset.fill_(-1.5)
+    batch = collate([parts["train"][i] for i in range(32)])
+    with torch.no_grad():
+        losses = stage_losses(model, batch, config, weights=(0.6, 3.0))
+        raw = model(batch.values, batch.mask, batch.times, batch.lengths, batch.static).logits + 1.5
+    labels = batch.labels
+    expected = -(3.0 * labels * F.logsigmoid(raw) + 0.6 * (1 - labels) * F.logsigmoid(-raw)).mean()
+    assert float(losses["bce"]) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_balanced_training_keeps_risks_at_the_real_prevalence_and_reloads(cohort, tmp_path):
+    _, tensors, parts = cohort
+    config = Config().override({**FAST, "balance_classes": True, "max_epochs": 3})
+    fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
+        parts["train"], parts["validation"]
+    )
+    train_labels = parts["train"].labels
+    positives = float(train_labels.sum())
+    offset = float(fitted.model.logit_offset)
+    assert offset == pytest.approx(np.log(positives / (len(train_labels) - positives)), rel=1e-6)
+
+    risk = predict_proba(fitted.model, parts["validation"])
+    labels = parts["validation"].labels.numpy()
+    prevalence = labels.mean()
+    balanced_odds = 1 / (1 + np.exp(-(np.log(risk / (1 - risk)) - offset)))  # what the classifier itself learned
+    assert abs(risk.mean() - prevalence) < 0.05 < balanced_odds.mean() - prevalence
+    assert binary_metrics(labels, risk)["auroc"] > 0.75
+
+    folder = save_model(tmp_path / "model", TrainedModel(fitted.model, list(tensors.variables),
+                                                         list(tensors.static_features), split_normalisation(cohort)))
+    reloaded = load_model(folder)
+    assert float(reloaded.model.logit_offset) == offset
+    np.testing.assert_array_equal(predict_proba(reloaded.model, parts["validation"]), risk)
+    # Weights saved before the offset existed load as an unweighted model.
+    weights = torch.load(folder / WEIGHTS, weights_only=True)
+    del weights["logit_offset"]
+    torch.save(weights, folder / WEIGHTS)
+    assert float(load_model(folder).model.logit_offset) == 0.0
+
+
+def split_normalisation(cohort):
+    root, tensors, _ = cohort
+    return load_splits(root / "processed" / "synthetic", tensors)[0].normalisation
 
 
 def test_a_frozen_group_keeps_its_learning_rate(cohort):
