@@ -119,11 +119,8 @@ def stage_losses(
     ``network`` runs the forward pass when it wraps ``model`` (DDP). With class ``weights`` the BCE is weighted, on
     the logits before ``model.logit_offset``: the classifier learns the odds of a balanced cohort."""
     output = forward(network or model, batch)
-    if weights is None:
-        bce = F.binary_cross_entropy_with_logits(output.logits, batch.labels)
-    else:
-        per_stay = torch.where(batch.labels > 0.5, weights[1], weights[0])
-        bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, batch.labels, per_stay)
+    per_stay = None if weights is None else torch.where(batch.labels > 0.5, weights[1], weights[0])
+    bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, batch.labels, per_stay)
     mse = reconstruction_loss(output, batch.values, batch.mask)
     return {
         "bce": bce,
