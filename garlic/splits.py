@@ -1,9 +1,17 @@
-"""Fixed, saved train/validation/test splits and the normalisation statistics of their training part.
+"""Fixed, saved train/validation/test splits, the protocols that name them, and the normalisation of each
+training part.
 
-Protocols:
-- ``five-split``: five stratified 80/10/10 splits, split k drawn with ``random_state=k`` (the paper reports
-  mean +/- std over five splits).
-- ``reference``: the reference implementation's single stratified split, ``random_state=0``.
+Protocols (``PROTOCOLS``; each says which splits and which model seeds it runs):
+- ``five-split``: five stratified 80/10/10 splits, split k drawn with ``random_state=k``; one model seed (the
+  config's) per split.
+- ``raindrop``: the five published 80/10/10 splits of Raindrop (Zhang et al., ICLR 2022), the P12 protocol of
+  Raindrop, ViTST, ISTS-PLM and MTM; split k is the file's split k + 1. One model seed per split.
+- ``garlic-reference``: the GARLIC reference code's single stratified P12 split, trained with model seeds 0-4:
+  how the paper's mean +/- std was made. The reference code normalises over all stays; here, as for every
+  protocol, normalisation is fitted on the training part only.
+
+The published protocols ship as stay-id lists in ``garlic/protocols/<name>.json.gz`` (public protocol files, no
+patient data), so a fresh clone runs them without ``../shared``.
 
 Each split is saved as ``splits/<protocol>/split_<k>.json`` next to the processed tables: the stay ids of each
 part and the normalisation of the training part's observed values. Once saved, a split is read back, never redrawn,
@@ -11,8 +19,11 @@ so every experiment uses the same stays.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +32,52 @@ from sklearn.model_selection import train_test_split
 from preprocessing.tables import write_json_atomic
 from preprocessing.tensors import IrregularTensors
 
-PROTOCOLS = {"five-split": [0, 1, 2, 3, 4], "reference": [0]}
+PUBLISHED = Path(__file__).resolve().parent / "protocols"
+PARTS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A named evaluation protocol: its splits, and the model seeds each split is trained with.
+
+    ``seeds`` None means one run per split with the config's own seed. ``published`` names the shipped id file;
+    None means the splits are drawn (stratified, ``random_state`` = split index) from the processed dataset.
+    """
+
+    name: str
+    splits: tuple[int, ...]
+    seeds: tuple[int, ...] | None = None
+    published: str | None = None
+
+
+PROTOCOLS = {
+    protocol.name: protocol
+    for protocol in (
+        Protocol("five-split", (0, 1, 2, 3, 4)),
+        Protocol("raindrop", (0, 1, 2, 3, 4), published="raindrop"),
+        Protocol("garlic-reference", (0,), seeds=(0, 1, 2, 3, 4), published="garlic-reference"),
+    )
+}
+RENAMED = {"reference": "garlic-reference"}  # ``reference`` was our split 0 with validation and test swapped
+
+
+def protocol(name: str) -> Protocol:
+    """The protocol called ``name``, or a ValueError listing the known ones."""
+    if name in PROTOCOLS:
+        return PROTOCOLS[name]
+    hint = f" (`{name}` was replaced by `{RENAMED[name]}`, the reference code's own split)" if name in RENAMED else ""
+    raise ValueError(f"unknown split protocol {name!r}{hint}; choose one of {', '.join(PROTOCOLS)}")
+
+
+@cache
+def published_ids(name: str) -> dict[int, dict[str, np.ndarray]]:
+    """The shipped id lists of a published protocol: split index (from 0) -> part -> sorted stay ids."""
+    payload = json.loads(gzip.decompress((PUBLISHED / f"{name}.json.gz").read_bytes()))
+    ordered = sorted(payload["splits"].items(), key=lambda item: int(item[0]))
+    return {
+        index: {part: np.sort(np.asarray(ids[part], dtype="int64")) for part in PARTS}
+        for index, (_, ids) in enumerate(ordered)
+    }
 
 
 @dataclass
@@ -107,6 +163,10 @@ class Split:
             raise ValueError(f"split {self.name} names stays that the dataset does not hold; re-create the split")
         return np.searchsorted(tensors.stay_ids, wanted)
 
+    def digest(self) -> str:
+        """SHA-256 of the three parts' stay ids: what a run records to prove which stays it was trained on."""
+        return ids_digest({part: getattr(self, part) for part in PARTS})
+
     def to_json(self) -> dict:
         return {
             "protocol": self.protocol,
@@ -136,25 +196,68 @@ def draw_split(tensors: IrregularTensors, protocol: str, index: int) -> Split:
         stay_ids, labels, test_size=0.2, stratify=labels, random_state=index
     )
     validation, test = train_test_split(rest, test_size=0.5, stratify=rest_labels, random_state=index)
-    train, validation, test = np.sort(train), np.sort(validation), np.sort(test)
-    normalisation = Normalisation.fit(tensors.subset(np.searchsorted(stay_ids, train)))
+    return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
+
+
+def published_split(tensors: IrregularTensors, name: str, index: int) -> Split:
+    """Split ``index`` of the published protocol ``name``, refused when the dataset lacks a stay it names."""
+    ids = published_ids(name)[index]
+    for part in PARTS:
+        missing = np.setdiff1d(ids[part], tensors.stay_ids)
+        if len(missing):
+            shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(
+                f"protocol {name!r} split {index} names {len(missing)} {part} stays that the processed dataset "
+                f"does not hold ({shown}); it needs the full PhysioNet 2012 release (set-a, set-b and set-c)"
+            )
+    return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
+
+
+def fitted_split(tensors: IrregularTensors, protocol: str, index: int, *parts: np.ndarray) -> Split:
+    train, validation, test = parts
+    normalisation = Normalisation.fit(tensors.subset(np.searchsorted(tensors.stay_ids, train)))
     return Split(protocol, index, train, validation, test, normalisation)
 
 
-def load_splits(folder: Path, tensors: IrregularTensors, protocol: str = "five-split") -> list[Split]:
-    """The protocol's splits, read from ``folder/splits`` or drawn and saved there on first use."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown split protocol {protocol!r}; choose one of {sorted(PROTOCOLS)}")
+def split_path(folder: Path, protocol: str, index: int) -> Path:
+    return Path(folder) / "splits" / protocol / f"split_{index}.json"
+
+
+def read_split(folder: Path, protocol: str, index: int) -> Split | None:
+    """The saved split, or None when it has not been saved (this never draws one)."""
+    path = split_path(folder, protocol, index)
+    return Split.from_json(json.loads(path.read_text())) if path.is_file() else None
+
+
+def load_splits(folder: Path, tensors: IrregularTensors, protocol_name: str = "five-split") -> list[Split]:
+    """The protocol's splits, read from ``folder/splits`` or made and saved there on first use.
+
+    A published protocol's saved split must still hold the published stays; one that does not is refused.
+    """
+    chosen = protocol(protocol_name)
     splits = []
-    for index in PROTOCOLS[protocol]:
-        path = Path(folder) / "splits" / protocol / f"split_{index}.json"
-        if path.is_file():
-            split = Split.from_json(json.loads(path.read_text()))
-            if split.normalisation.value_low is None:  # saved before clipping: same stays, statistics refitted
-                split.normalisation = Normalisation.fit(tensors.subset(split.positions(tensors, "train")))
-                write_json_atomic(path, split.to_json())
-        else:
-            split = draw_split(tensors, protocol, index)
+    for index in chosen.splits:
+        path = split_path(folder, chosen.name, index)
+        split = read_split(folder, chosen.name, index)
+        if split is None:
+            split = published_split(tensors, chosen.published, index) if chosen.published else (
+                draw_split(tensors, chosen.name, index))  # fmt: skip
+            write_json_atomic(path, split.to_json())
+        elif chosen.published and split.digest() != published_split_digest(chosen.published, index):
+            raise ValueError(f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "
+                             "delete it to have it made again from the shipped id lists")  # fmt: skip
+        elif split.normalisation.value_low is None:  # saved before clipping: same stays, statistics refitted
+            split.normalisation = Normalisation.fit(tensors.subset(split.positions(tensors, "train")))
             write_json_atomic(path, split.to_json())
         splits.append(split)
     return splits
+
+
+def ids_digest(parts: dict[str, np.ndarray]) -> str:
+    """SHA-256 of the stay ids of the three parts (sorted within each part), as hex."""
+    text = json.dumps({part: np.sort(np.asarray(parts[part], dtype="int64")).tolist() for part in PARTS})
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def published_split_digest(name: str, index: int) -> str:
+    return ids_digest(published_ids(name)[index])

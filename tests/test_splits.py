@@ -1,15 +1,16 @@
 """Saved stratified splits, train-only normalisation, and the torch dataset + collate built on them."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import requires_p12
+from conftest import P12, requires_p12
 from garlic.data import IrregularDataset, collate, loader
-from garlic.splits import PROTOCOLS, Normalisation, Split, draw_split, load_splits
+from garlic.splits import PROTOCOLS, PUBLISHED, Normalisation, Split, draw_split, load_splits, published_ids
 from preprocessing.synthetic import generate
 from preprocessing.tensors import load_tensors
 
@@ -41,8 +42,8 @@ def check_split(split: Split, tensors) -> None:
 def test_five_splits_on_p12_sizes_stratification_disjointness(p12_tensors, monkeypatch):
     # Only the stays are checked here (the statistics have their own test), so skip fitting them: 2 s a split.
     monkeypatch.setattr(Normalisation, "fit", classmethod(lambda cls, train: None))
-    assert PROTOCOLS["five-split"] == [0, 1, 2, 3, 4]
-    splits = [draw_split(p12_tensors, "five-split", index) for index in PROTOCOLS["five-split"]]
+    assert PROTOCOLS["five-split"].splits == (0, 1, 2, 3, 4)
+    splits = [draw_split(p12_tensors, "five-split", index) for index in PROTOCOLS["five-split"].splits]
     for split in splits:
         check_split(split, p12_tensors)
     assert len(split.train) == 9_590 and len(split.validation) == len(split.test) == 1_199
@@ -65,29 +66,80 @@ def test_splits_on_synthetic_and_determinism(synthetic, tmp_path):
 
 def test_saved_splits_are_read_back_not_redrawn(synthetic, tmp_path):
     _, tensors = synthetic
-    load_splits(tmp_path, tensors, "reference")
-    path = tmp_path / "splits" / "reference" / "split_0.json"
+    load_splits(tmp_path, tensors, "five-split")
+    path = tmp_path / "splits" / "five-split" / "split_0.json"
     payload = json.loads(path.read_text())
     # Move one stay from test to train in the saved file: a redraw would undo this, a read keeps it.
     moved = payload["test"].pop(0)
     payload["train"] = sorted(payload["train"] + [moved])
     path.write_text(json.dumps(payload))
-    (split,) = load_splits(tmp_path, tensors, "reference")
+    split = load_splits(tmp_path, tensors, "five-split")[0]
     assert moved in split.train.tolist() and moved not in split.test.tolist()
     assert json.loads(path.read_text()) == payload
 
 
-def test_reference_protocol(synthetic, tmp_path):
+def test_protocols_name_their_splits_and_seeds(synthetic, tmp_path):
+    assert PROTOCOLS["raindrop"].splits == (0, 1, 2, 3, 4) and PROTOCOLS["raindrop"].seeds is None
+    assert PROTOCOLS["garlic-reference"].splits == (0,) and PROTOCOLS["garlic-reference"].seeds == (0, 1, 2, 3, 4)
     _, tensors = synthetic
-    (reference,) = load_splits(tmp_path, tensors, "reference")
-    assert reference.protocol == "reference" and reference.index == 0 and reference.name == "reference/split_0"
-    assert (tmp_path / "splits" / "reference" / "split_0.json").is_file()
-    assert not (tmp_path / "splits" / "five-split").exists()
-    check_split(reference, tensors)
-    first = draw_split(tensors, "five-split", 0)  # the same random_state=0 draw
-    assert np.array_equal(reference.train, first.train) and np.array_equal(reference.test, first.test)
-    with pytest.raises(ValueError, match="unknown split protocol"):
+    with pytest.raises(ValueError, match="unknown split protocol 'ten-split'"):
         load_splits(tmp_path, tensors, "ten-split")
+    with pytest.raises(ValueError, match="`reference` was replaced by `garlic-reference`"):
+        load_splits(tmp_path, tensors, "reference")
+
+
+@pytest.mark.parametrize("name", ["garlic-reference", "raindrop"])
+def test_shipped_protocol_files_equal_the_shared_ones(name):
+    shipped = json.loads(gzip.decompress((PUBLISHED / f"{name}.json.gz").read_bytes()))
+    shared = P12 / "splits" / f"{name}.json"
+    if not shared.is_file():
+        pytest.skip(f"the shared protocol file is not at {shared}")
+    assert shipped == json.loads(shared.read_text())
+    parts = published_ids(name)
+    assert len(parts) == (1 if name == "garlic-reference" else 5)
+    for index, ids in parts.items():
+        assert [len(ids[p]) for p in ("train", "validation", "test")] == [9_590, 1_199, 1_199]
+        everything = np.concatenate(list(ids.values()))
+        assert len(np.unique(everything)) == 11_988  # disjoint
+        source = shipped["splits"][str(index + 1)]
+        assert all(np.array_equal(ids[p], np.sort(source[p])) for p in ids)
+
+
+def test_a_published_protocol_names_the_stays_the_dataset_lacks(synthetic, tmp_path):
+    _, tensors = synthetic  # synthetic stay ids are not P12 RecordIDs
+    with pytest.raises(ValueError, match=r"protocol 'raindrop' split 0 names 9590 train stays .* does not hold"):
+        load_splits(tmp_path, tensors, "raindrop")
+    assert not (tmp_path / "splits" / "raindrop").exists()
+
+
+@requires_p12
+@pytest.mark.parametrize("name", ["garlic-reference", "raindrop"])
+def test_published_splits_on_p12_are_the_shared_ones(name, p12_tensors, tmp_path):
+    shared = json.loads((P12 / "splits" / f"{name}.json").read_text())["splits"]
+    splits = load_splits(tmp_path, p12_tensors, name)
+    assert [s.index for s in splits] == list(range(len(shared)))
+    for split, key in zip(splits, sorted(shared, key=int)):
+        assert split.name == f"{name}/split_{split.index}"
+        for part in ("train", "validation", "test"):
+            assert getattr(split, part).tolist() == sorted(shared[key][part])
+        check_normalised_on(split, p12_tensors)
+        assert (tmp_path / "splits" / name / f"split_{split.index}.json").is_file()
+    # Read back unchanged; a saved file that lost a published stay is refused, not used.
+    again = load_splits(tmp_path, p12_tensors, name)
+    assert [a.digest() for a in again] == [s.digest() for s in splits]
+    path = tmp_path / "splits" / name / "split_0.json"
+    payload = json.loads(path.read_text())
+    payload["test"] = payload["test"][1:]
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="does not hold the stays of the published"):
+        load_splits(tmp_path, p12_tensors, name)
+
+
+def check_normalised_on(split: Split, tensors) -> None:
+    """The statistics are the training part's (the reference code fits them on every stay; we do not)."""
+    expected = Normalisation.fit(tensors.subset(split.positions(tensors, "train")))
+    np.testing.assert_array_equal(split.normalisation.value_mean, expected.value_mean)
+    np.testing.assert_array_equal(split.normalisation.value_high, expected.value_high)
 
 
 def test_split_naming_missing_stays_is_refused(synthetic):
@@ -117,7 +169,7 @@ def dataset_variable(dataset, where):
 
 @requires_p12
 def test_normalisation_uses_the_training_part_only(p12_processed, p12_tensors, p12_dataset):
-    (split,) = load_splits(p12_processed, p12_tensors, "reference")
+    (split,) = load_splits(p12_processed, p12_tensors, "garlic-reference")
     norm = split.normalisation
     mean, std = independent_stats(p12_dataset, split.train)
     assert (std == 0).sum() == 1 and dataset_variable(p12_dataset, std == 0) == ["MechVent"]  # always 1 in P12
@@ -131,14 +183,14 @@ def test_normalisation_uses_the_training_part_only(p12_processed, p12_tensors, p
     np.testing.assert_allclose(norm.static_mean, np.nanmean(static, axis=0), rtol=1e-5)
     np.testing.assert_allclose(norm.static_std, np.nanstd(static, axis=0), rtol=1e-4)
     # Saved and read back unchanged.
-    (again,) = load_splits(p12_processed, p12_tensors, "reference")
+    (again,) = load_splits(p12_processed, p12_tensors, "garlic-reference")
     assert np.array_equal(again.normalisation.value_mean, norm.value_mean)
 
 
 @requires_p12
 def test_clipping_keeps_physiological_ranges_apart(p12_processed, p12_tensors):
     """Without clipping, P12's few pH values of 735 set its standard deviation, and 7.0 and 7.6 lay 0.1 apart."""
-    (split,) = load_splits(p12_processed, p12_tensors, "reference")
+    (split,) = load_splits(p12_processed, p12_tensors, "garlic-reference")
     norm = split.normalisation
     ph = p12_tensors.variables.index("pH")
     assert p12_tensors.values[..., ph].max() > 700  # the outliers are in the data
@@ -152,13 +204,13 @@ def test_clipping_keeps_physiological_ranges_apart(p12_processed, p12_tensors):
 
 def test_splits_saved_before_clipping_are_refitted_on_the_same_stays(synthetic, tmp_path):
     folder, tensors = synthetic
-    (fresh,) = load_splits(tmp_path, tensors, "reference")
-    path = tmp_path / "splits" / "reference" / "split_0.json"
+    fresh = load_splits(tmp_path, tensors, "five-split")[0]
+    path = tmp_path / "splits" / "five-split" / "split_0.json"
     old = json.loads(path.read_text())
     del old["normalisation"]["value_low"], old["normalisation"]["value_high"]
     old["normalisation"]["value_mean"] = [0.0] * len(tensors.variables)
     path.write_text(json.dumps(old))
-    (loaded,) = load_splits(tmp_path, tensors, "reference")
+    loaded = load_splits(tmp_path, tensors, "five-split")[0]
     assert np.array_equal(loaded.train, fresh.train) and np.array_equal(loaded.test, fresh.test)
     assert np.array_equal(loaded.normalisation.value_mean, fresh.normalisation.value_mean)
     assert "value_low" in json.loads(path.read_text())["normalisation"]  # rewritten
