@@ -6,7 +6,6 @@ run was trained from, which may be anywhere), so the page never reads outside th
 from __future__ import annotations
 
 import io
-import json
 import re
 import tempfile
 from dataclasses import dataclass
@@ -21,10 +20,10 @@ from garlic.checkpoint import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import processed_folder
 from garlic.inference import tensors_for_model
-from garlic.splits import Split
+from garlic import run_contract
 from garlic.tracking import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
 from preprocessing.records import read_record_files
-from preprocessing.tables import DatasetNotFoundError
+from preprocessing.tables import DatasetNotFoundError, read_manifest
 from preprocessing.tensors import load_tensors
 
 STORE_DATABASE = "mlflow.db"
@@ -101,17 +100,16 @@ def artifact_bytes(store: Path, run_id: str, path: str) -> bytes | None:
 
 
 def test_split(trained: TrainedModel, run: mlflow.entities.Run, data_root: Path) -> IrregularDataset:
-    """The run's test stays, from its dataset under ``data_root`` and its saved split, ready for the model."""
+    """The run's test stays, from its dataset under ``data_root`` and its saved split, ready for the model.
+
+    Refused (``StaleRunDataError``) when that split or dataset is not the one the run was trained on.
+    """
     params = run.data.params
-    if "dataset" not in params or "split" not in params:
+    if run_contract.DATASET not in params or run_contract.SPLIT not in params:
         raise RunNotFoundError(f"run {run.info.run_id} does not name its dataset and split")
-    folder = processed_folder(params["dataset"], data_root)
-    protocol, _, index = params["split"].partition("/split_")
-    split_file = folder / "splits" / protocol / f"split_{index}.json"
-    if not split_file.is_file():
-        raise DatasetNotFoundError(f"the run's split {params['split']} is not saved under {folder}")
+    folder = processed_folder(params[run_contract.DATASET], data_root)
+    split = run_contract.verify_split(run.info.run_id, params, folder, read_manifest(folder))
     tensors = load_tensors(folder)
-    split = Split.from_json(json.loads(split_file.read_text()))
     return trained.dataset(tensors.subset(split.positions(tensors, "test")))
 
 

@@ -54,15 +54,21 @@ def _preprocess(args: argparse.Namespace) -> None:
 def _config(args: argparse.Namespace) -> Config:
     config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
     overrides = [f"dataset={args.dataset}", *args.set]
+    if args.protocol:
+        overrides.append(f"split_protocol={args.protocol}")
     if args.device:
         overrides.append(f"device={args.device}")
     return config.override(overrides)
 
 
-def _split_indices(args: argparse.Namespace, config: Config) -> list[int]:
-    if args.all_splits:
-        return list(range(5 if config.split_protocol == "five-split" else 1))
-    return [0 if args.split is None else args.split]
+def _units(args: argparse.Namespace, config: Config) -> tuple[list[int], list[int] | None]:
+    """The split indices and model seeds to train: the whole protocol, or split K (default 0) with one seed."""
+    from garlic.splits import protocol
+
+    chosen = protocol(config.split_protocol)
+    if args.all_splits or (args.protocol and args.split is None):
+        return list(chosen.splits), None if chosen.seeds is None else list(chosen.seeds)
+    return [0 if args.split is None else args.split], None
 
 
 def _stop_on_sigterm(number, frame) -> None:
@@ -75,8 +81,10 @@ def _train(args: argparse.Namespace) -> None:
 
     from garlic import distributed, runs
 
-    if args.resume and (args.set or args.config or args.all_splits or args.split is not None):
-        raise ConfigError("--resume continues a run with its own config and splits; drop --set/--config/--split")
+    if args.resume and (args.set or args.config or args.all_splits or args.split is not None or args.protocol):
+        raise ConfigError(
+            "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
+        )
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     config = None if args.resume else _config(args)
     bars: dict[str, tqdm] = {}
@@ -94,7 +102,8 @@ def _train(args: argparse.Namespace) -> None:
         if args.resume:
             run_id, results = runs.resume(args.resume, args.data_root, args.mlruns, progress, args.device)
         else:
-            run_id, results = runs.train(config, _split_indices(args, config), args.data_root, args.mlruns, progress)
+            indices, seeds = _units(args, config)
+            run_id, results = runs.train(config, indices, args.data_root, args.mlruns, progress, seeds=seeds)
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     for bar in bars.values():
@@ -160,7 +169,10 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--dataset", choices=DATASETS, default="synthetic")
     which = train.add_mutually_exclusive_group()
     which.add_argument("--split", type=int, help="train on split K (default 0)")
-    which.add_argument("--all-splits", action="store_true", help="train on every split of the protocol")
+    which.add_argument("--all-splits", action="store_true",
+                       help="train on every split (and model seed) of the protocol")  # fmt: skip
+    train.add_argument("--protocol", metavar="NAME",
+                       help="five-split, raindrop or garlic-reference; alone, it runs the whole protocol")  # fmt: skip
     train.add_argument("--config", type=Path, help="a JSON config (default: experiments/configs/DATASET.json)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])

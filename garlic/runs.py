@@ -1,7 +1,8 @@
 """Tracked training runs: dataset -> fixed splits -> fit on train, select on validation, test once -> MLflow.
 
-One MLflow run per training; with several splits, a parent run holds one nested run per split and the
-mean +/- std of the test metrics.
+One MLflow run per training; with several splits or model seeds (a whole protocol, ``garlic.splits.PROTOCOLS``),
+a parent run holds one nested run per split and seed, and the mean +/- std of their test metrics. What a run
+records about its data is ``garlic.run_contract``'s.
 
 After every epoch the state of the fit is saved to ``STORE/checkpoints/SPLIT_RUN_ID/training.pt`` (atomically;
 deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends
@@ -18,7 +19,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from garlic import distributed, plots
+from garlic import distributed, plots, run_contract
 from garlic.checkpoint import TrainedModel
 from garlic.config import Config
 from garlic.data import IrregularDataset
@@ -45,7 +46,7 @@ CHECKPOINT = "training.pt"
 @dataclass
 class SplitResult:
     run_id: str
-    split: str
+    split: str  # the run's name: the split's, with ``/seed_<s>`` where a protocol trains several seeds
     best_epoch: int
     test: dict[str, float]
 
@@ -91,16 +92,18 @@ def train_split(
     on_epoch: Callable[[EpochRecord], None] | None = None,
     planted_graph: list[dict] | None = None,
     checkpoint: Path | None = None,
+    data_record: dict[str, str] | None = None,
 ) -> SplitResult:
     """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth).
 
     With ``checkpoint``, the fit's state is saved there after every epoch, and a state found there is continued.
+    ``data_record`` (``run_contract.split_params``) ties the run to the stays it used.
     """
     parts = _datasets(tensors, split)
     resume = load_training_state(checkpoint) if checkpoint is not None and checkpoint.is_file() else None
     distributed.broadcast_state({"resume": resume})
     if resume is None:
-        mlflow.log_params({"split": split.name, "n_train": len(parts["train"]),
+        mlflow.log_params({**(data_record or {run_contract.SPLIT: split.name}), "n_train": len(parts["train"]),
                            "n_validation": len(parts["validation"]), "n_test": len(parts["test"])})  # fmt: skip
 
     def log_epoch(record: EpochRecord) -> None:
@@ -133,7 +136,7 @@ def train_split(
     log_explanations(trained, parts["test"], planted=planted_graph)
     if checkpoint is not None:
         shutil.rmtree(checkpoint.parent, ignore_errors=True)
-    return SplitResult(mlflow.active_run().info.run_id, split.name, fitted.best_epoch, scores)
+    return SplitResult(mlflow.active_run().info.run_id, mlflow.active_run().info.run_name, fitted.best_epoch, scores)
 
 
 def train(
@@ -143,8 +146,10 @@ def train(
     store: Path = DEFAULT_STORE,
     on_epoch: Callable[[str, EpochRecord], None] | None = None,
     resume_run: str | None = None,
+    seeds: list[int] | None = None,
 ) -> tuple[str | None, list[SplitResult]]:
-    """Train on the chosen splits (default: the first) of the config's dataset; returns the run id and results.
+    """Train on the chosen splits (default: the first) of the config's dataset, each with every one of ``seeds``
+    (default: the config's seed); returns the run id and results.
 
     ``resume_run`` continues that run (see ``resume``). Inside ``distributed.process_group`` (``garlic train``
     under ``torchrun``), ranks other than 0 help fit and return ``(None, [])``.
@@ -157,11 +162,15 @@ def train(
     unknown = [k for k in indices if not 0 <= k < len(splits)]
     if unknown:
         raise ValueError(f"protocol {config.split_protocol!r} has splits 0..{len(splits) - 1}; got {unknown}")
+    seeds = seeds or [config.seed]
+    if len(seeds) == 1:
+        config = config.override({"seed": seeds[0]})
+    units = [(splits[k], config.override({"seed": seed})) for k in indices for seed in seeds]
     if not distributed.is_main():
-        for index in indices:
-            _help_fit(config, tensors, splits[index])
+        for split, unit_config in units:
+            _help_fit(unit_config, tensors, split)
         return None, []
-    return _tracked_train(config, tensors, [splits[k] for k in indices], folder, store, on_epoch, resume_run)
+    return _tracked_train(config, tensors, units, seeds, folder, store, on_epoch, resume_run)
 
 
 def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
@@ -174,7 +183,8 @@ def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
 def _tracked_train(
     config: Config,
     tensors: IrregularTensors,
-    splits: list[Split],
+    units: list[tuple[Split, Config]],
+    seeds: list[int],
     folder: Path,
     store: Path,
     on_epoch: Callable[[str, EpochRecord], None] | None,
@@ -190,30 +200,34 @@ def _tracked_train(
             mlflow.log_params(config.to_dict())
             mlflow.log_dict(config.to_dict(), "config.json")
             mlflow.log_dict(manifest, "data_manifest.json")
-            mlflow.log_params({"data_folder": str(folder), "n_stays": len(tensors),
-                               "n_variables": len(tensors.variables),
-                               "split_indices": ",".join(str(s.index) for s in splits)})  # fmt: skip
-        nested = len(splits) > 1
+            indices = list(dict.fromkeys(split.index for split, _ in units))
+            mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
+                               run_contract.DATA_FOLDER: str(folder),
+                               run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
+                               run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
+        nested = len(units) > 1
         earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
-        for split in splits:
-            report = (lambda record, name=split.name: on_epoch(name, record)) if on_epoch else None
-            previous = earlier.get(split.name)
+        for split, unit_config in units:
+            name = split.name if len(seeds) == 1 else f"{split.name}/seed_{unit_config.seed}"
+            report = (lambda record, name=name: on_epoch(name, record)) if on_epoch else None
+            record = run_contract.split_params(split, folder, manifest)
+            previous = earlier.get(name)
             if previous is not None and previous.info.status == "FINISHED":
                 distributed.broadcast_state({"finished": True})
                 results.append(_finished_result(previous))
                 continue
             if not nested:
                 checkpoint = checkpoint_path(store, parent.info.run_id)
-                results.append(train_split(config, tensors, split, report, manifest.get("ground_truth_graph"),
-                                           checkpoint))  # fmt: skip
+                results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
+                                           checkpoint, record))  # fmt: skip
                 continue
-            begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": split.name}
+            begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name}
             with mlflow.start_run(**begin, nested=True) as child:
                 if previous is None:
-                    mlflow.log_params(config.to_dict())
+                    mlflow.log_params(unit_config.to_dict())
                 checkpoint = checkpoint_path(store, child.info.run_id)
-                results.append(train_split(config, tensors, split, report, manifest.get("ground_truth_graph"),
-                                           checkpoint))  # fmt: skip
+                results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
+                                           checkpoint, record))  # fmt: skip
         if nested:
             for metric in TEST_METRICS:
                 values = np.array([r.test[metric] for r in results])
@@ -254,7 +268,7 @@ def resume(
     config = Config().override(plan["config"])
     if device is not None:
         config = config.override({"device": device})
-    return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id)
+    return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id, seeds=plan["seeds"])
 
 
 def _resume_plan(run_id: str, store: Path) -> dict:
@@ -268,17 +282,21 @@ def _resume_plan(run_id: str, store: Path) -> dict:
     if "split_indices" not in run.data.params:
         raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
     config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/config.json")
-    return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")]}
+    seeds = run.data.params.get(run_contract.SEEDS)
+    return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")],
+            "seeds": [int(s) for s in seeds.split(",")] if seeds else None}  # fmt: skip
 
 
 def evaluate_run(run_id: str, store: Path = DEFAULT_STORE) -> dict:
-    """Re-compute a finished split run's test metrics from its logged model and its saved split."""
+    """Re-compute a finished split run's test metrics from its logged model and its saved split.
+
+    Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
+    """
     trained = load_run_model(run_id, store)
     params = get_run(run_id).data.params
-    folder = Path(params["data_folder"])
+    folder = Path(params[run_contract.DATA_FOLDER])
+    split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
     tensors = load_tensors(folder)
-    protocol, _, index = params["split"].partition("/split_")
-    split = load_splits(folder, tensors, protocol)[int(index)]
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
     probabilities = predict_proba(trained.model, test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),

@@ -1,0 +1,88 @@
+"""What a training run records in MLflow to tie it to its data, and the check that the data are still those.
+
+Every split run (the run that holds a model) logs these parameters:
+
+- ``dataset``: the dataset's name (with the rest of the config);
+- ``split``: ``<protocol>/split_<k>``, the saved split file ``splits/<protocol>/split_<k>.json`` of the dataset;
+- ``seed``: the model seed it was trained with (with the rest of the config);
+- ``data_folder``: the processed dataset folder it was trained from;
+- ``split_digest``: SHA-256 of the split's train, validation and test stay ids (``Split.digest``);
+- ``data_digest``: SHA-256 of the dataset's ``manifest.json`` content (files read, their checksums, counts).
+
+A run that groups several splits (or seeds) also logs ``split_indices`` and ``seeds``, what ``--resume`` needs.
+
+Re-running ``garlic preprocess`` replaces a dataset's folder, splits included, and a redrawn or changed split
+would silently put training stays into a run's "test" part. So whatever re-reads a run's test stays
+(``garlic evaluate``, the dashboard) calls ``verify_split`` first, which refuses a split or a dataset that is not
+the one the run was trained on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from garlic.splits import Split, read_split
+
+DATASET = "dataset"
+SPLIT = "split"
+SEED = "seed"
+DATA_FOLDER = "data_folder"
+SPLIT_DIGEST = "split_digest"
+DATA_DIGEST = "data_digest"
+SPLIT_INDICES = "split_indices"
+SEEDS = "seeds"
+
+
+class StaleRunDataError(ValueError):
+    """The data or split under a run's name are not the ones it was trained on."""
+
+
+def manifest_digest(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def split_params(split: Split, folder: Path, manifest: dict) -> dict[str, str]:
+    """The parameters a split run logs about the stays it is trained and tested on."""
+    return {SPLIT: split.name, DATA_FOLDER: str(folder), SPLIT_DIGEST: split.digest(),
+            DATA_DIGEST: manifest_digest(manifest)}  # fmt: skip
+
+
+def parse_split_name(name: str) -> tuple[str, int]:
+    """``'<protocol>/split_<k>'`` -> (protocol, k); a ValueError for anything else (a path, ``..``)."""
+    protocol, separator, index = name.partition("/split_")
+    if not separator or not index.isdigit() or not protocol or "/" in protocol or protocol in {".", ".."}:
+        raise ValueError(f"{name!r} is not a split name of the form '<protocol>/split_<k>'")
+    return protocol, int(index)
+
+
+def verify_split(run_id: str, params: dict[str, str], folder: Path, manifest: dict) -> Split:
+    """The run's saved split in ``folder``, after checking that it and the dataset are the ones the run used.
+
+    Raises StaleRunDataError, saying what changed, when the split file is gone, holds other stays, or the dataset's
+    manifest differs; or when the run predates these records and so cannot be checked.
+    """
+    if SPLIT_DIGEST not in params or DATA_DIGEST not in params:
+        raise StaleRunDataError(
+            f"run {run_id} records no split or data digest (trained before runs recorded them), so its test stays "
+            "cannot be told apart from its training stays; train it again"
+        )
+    protocol, index = parse_split_name(params[SPLIT])
+    split = read_split(folder, protocol, index)
+    if split is None:
+        raise StaleRunDataError(
+            f"run {run_id} was trained on split {params[SPLIT]}, which is no longer saved under {folder} (was the "
+            "dataset preprocessed again?); a new split would mix its training and test stays"
+        )
+    if split.digest() != params[SPLIT_DIGEST]:
+        raise StaleRunDataError(
+            f"the saved split {params[SPLIT]} under {folder} holds other stays than run {run_id} was trained on "
+            "(the dataset was preprocessed again or the split redrawn); its test part would overlap the run's "
+            "training part"
+        )
+    if manifest_digest(manifest) != params[DATA_DIGEST]:
+        raise StaleRunDataError(
+            f"the dataset under {folder} is not the one run {run_id} was trained on (its manifest.json differs: "
+            "preprocessed again from other files or with other settings)"
+        )
+    return split
