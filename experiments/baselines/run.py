@@ -4,7 +4,8 @@ Methods:
 - ``saps``, ``sofa``: the SAPS-I and SOFA scores of the outcomes file (PhysioNet 2012 only), mapped to a risk by a
   logistic fit on the training part;
 - ``logreg``, ``gbm``: logistic regression and gradient boosting on per-stay summary features (first, last, min,
-  max, mean and count of each variable);
+  max, mean and count of each variable); ``logreg_static``, ``gbm_static``: the same with the dataset's static
+  features (P12: age, gender, height, ICU type, weight) beside them;
 - ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
 - ``garlic``: the full model with the dataset's preset, for reference.
 
@@ -35,7 +36,9 @@ from garlic.splits import Split
 from preprocessing.tables import LABELS
 
 STUDY = "baseline"
-METHODS = ("saps", "sofa", "logreg", "gbm", "grud", "decay_gru", "garlic")
+METHODS = ("saps", "sofa", "logreg", "logreg_static", "gbm", "gbm_static", "grud", "decay_gru", "garlic")
+SUMMARY_MODELS = {"logreg": logistic_regression, "logreg_static": logistic_regression, "gbm": gradient_boosting,
+                  "gbm_static": gradient_boosting}  # fmt: skip
 SCORE_COLUMNS = {"saps": "SAPS-I", "sofa": "SOFA"}
 # Published numbers, as "mean ± std" in percent: the GARLIC paper (ICLR 2026), PhysioNet 2012 table.
 PAPER = {("physionet2012", "garlic"): {"paper_auroc": "86.40 ± 0.86", "paper_auprc": "56.89 ± 1.75"}}
@@ -47,6 +50,7 @@ class Baselines:
         self.scores = pq.read_table(processed_folder(config.dataset, data_root) / LABELS).to_pandas()
         features, _ = summary_features(cohort.tensors)
         self.features = features
+        self.with_static = np.concatenate([features, cohort.tensors.static.astype("float64")], axis=1)
         self.recurrent = RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
                                            seed=config.seed, device=config.device)  # fmt: skip
 
@@ -74,10 +78,10 @@ class Baselines:
             scores = {part: column.reindex(tensors.stay_ids[index]).to_numpy(float)
                       for part, index in positions.items()}  # fmt: skip
             fitted = severity_score(scores, labels)
-        elif method in ("logreg", "gbm"):
-            features = {part: self.features[index] for part, index in positions.items()}
-            fit = logistic_regression if method == "logreg" else gradient_boosting
-            fitted = fit(features, labels, self.config.seed)
+        elif method in SUMMARY_MODELS:
+            table = self.with_static if method.endswith("_static") else self.features
+            features = {part: table[index] for part, index in positions.items()}
+            fitted = SUMMARY_MODELS[method](features, labels, self.config.seed)
         else:
             parts = study.split_datasets(tensors, split, split.normalisation)
             if method == "garlic":
@@ -96,7 +100,7 @@ class Baselines:
                     labels = {part: tensors.labels[split.positions(tensors, part)] for part in ("validation", "test")}
                     return study.evaluation(labels, self.probabilities(method, split))
 
-                tags = {"study": STUDY, "dataset": self.config.dataset, "method": method, "split": split.index,
+                tags = {"study": STUDY, "dataset": self.config.dataset, "method": method, "split": split.name,
                         "settings": study.settings_digest(self.settings(method))}  # fmt: skip
                 metrics, run_id, _ = study.resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work)
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
