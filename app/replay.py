@@ -80,11 +80,12 @@ def risk_curve(model: Garlic, stay: Stay, hours: np.ndarray) -> np.ndarray:
     model.eval()
     # Every step's state depends only on earlier steps, so one pass over the whole stay serves every prefix.
     steps = int(stay["lengths"])
-    states = model.encode(stay["values"][None, :steps], stay["mask"][None, :steps], stay["times"][None, :steps]).states
+    encoded = model.encode(stay["values"][None, :steps], stay["mask"][None, :steps], stay["times"][None, :steps])
     lengths = torch.searchsorted(stay["times"][:steps], torch.as_tensor(hours, dtype=torch.float32), right=True)
     prefixes = len(hours)
-    logits, _ = model.classify(states.expand(prefixes, -1, -1), step_mask(lengths, steps),
-                               stay["static"].expand(prefixes, -1))  # fmt: skip
+    summaries = None if encoded.summaries is None else encoded.summaries.expand(prefixes, -1, -1)
+    logits, _ = model.classify(encoded.states.expand(prefixes, -1, -1), step_mask(lengths, steps),
+                               stay["static"].expand(prefixes, -1), summaries)  # fmt: skip
     risk = torch.sigmoid(logits).numpy().astype(float)
     risk[lengths.numpy() == 0] = np.nan
     return risk

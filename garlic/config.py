@@ -30,6 +30,8 @@ class Config:
     use_graph: bool = True
     use_gru: bool = True
     alternating: bool = True
+    # a wide branch: running per-variable summaries (what the summary baselines see) into the classifier
+    summary_branch: bool = False
     # optimisation
     batch_size: int = 64
     lr_cls: float = 1e-4

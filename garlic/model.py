@@ -10,6 +10,9 @@ Read top to bottom: the layers in the order data meets them, then the model that
    predicts the observed values from the messages (the auxiliary loss that teaches the graph).
 3. Cross-dimensional sequential attention: ``SignalAttention`` weighs variables per step, a 2-layer GRU runs over
    the steps, ``TemporalAttention`` pools the steps, and a classifier gives the logit.
+4. Optionally (``summary_branch``), a wide branch into the classifier: ``RunningSummary`` gives each variable's
+   first, last, lowest, highest and mean value, count and time since its last observation up to every step, what
+   the summary-feature baselines see, and the classifier reads it at the stay's last step beside the pooled state.
 
 Shapes: B stays, T steps, D variables, F ``feature_dim``, W ``window_size``, H ``hidden_dim``, S static features.
 Everything is vectorised over B, T and D. Every step only sees itself and earlier steps, and padded steps are
@@ -41,6 +44,7 @@ class StepEncoding:
     lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t
     signal_attention: Tensor  # [B, T, D] weight of each variable at each step (sums to 1 over D)
     states: Tensor  # [B, T, H] the GRU's state after each step
+    summaries: Tensor | None  # [B, T, 8 D] the running summary (``RunningSummary``), None without the branch
 
 
 @dataclass
@@ -226,10 +230,39 @@ class TemporalAttention(nn.Module):
         return torch.einsum("bt,bth->bh", weights, states), weights
 
 
+class RunningSummary(nn.Module):
+    """Per variable, from the steps up to each step: first, last, lowest, highest and mean observed value,
+    log(1 + count), hours since the last observation / 24, and whether it has been observed (values 0 until then).
+
+    values, mask [B, T, D], times [B, T] -> summaries [B, T, 8 D] (variable-major: the 8 statistics of variable d
+    are columns 8 d .. 8 d + 7)
+    """
+
+    STATISTICS = ("first", "last", "min", "max", "mean", "log_count", "days_since_last", "observed")
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
+        observed = mask.bool()
+        count = mask.cumsum(1)
+        seen = count > 0
+        steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None].expand_as(mask)
+        last = torch.where(observed, steps, -1).cummax(1).values.clamp(min=0)
+        first = torch.where(observed, steps, mask.shape[1]).cummin(1).values.clamp(max=mask.shape[1] - 1)
+        infinity = torch.finfo(values.dtype).max
+        low = torch.where(observed, values, infinity).cummin(1).values
+        high = torch.where(observed, values, -infinity).cummax(1).values
+        mean = (values * mask).cumsum(1) / count.clamp(min=1)
+        since = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, last)
+        statistics = [values.gather(1, first), values.gather(1, last), low, high, mean]
+        statistics = [torch.where(seen, statistic, 0.0) for statistic in statistics]
+        statistics += [torch.log1p(count), since * seen / 24, seen.to(values.dtype)]
+        return torch.stack(statistics, dim=-1).flatten(2)
+
+
 class Garlic(nn.Module):
     """The full model. ``prediction_parameters()`` are the ones the prediction stage trains."""
 
-    PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "classifier")
+    PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "summary_branch",
+                          "classifier")  # fmt: skip
 
     def __init__(self, num_variables: int, num_static: int, config: Config):
         super().__init__()
@@ -255,8 +288,16 @@ class Garlic(nn.Module):
             else StepwiseProjection(h)
         )
         self.temporal_attention = TemporalAttention(h)
+        # 4. the optional wide branch
+        self.running_summary = RunningSummary()
+        self.summary_branch = (
+            nn.Sequential(nn.Linear(len(RunningSummary.STATISTICS) * d, h), nn.ReLU(), nn.Dropout(config.dropout))
+            if config.summary_branch
+            else nn.Identity()
+        )
+        wide = h if config.summary_branch else 0
         self.classifier = nn.Sequential(
-            nn.Linear(h + (num_static if config.use_static else 0), h),
+            nn.Linear(h + wide + (num_static if config.use_static else 0), h),
             nn.ReLU(),
             nn.Dropout(config.dropout),
             nn.Linear(h, 1),
@@ -279,7 +320,12 @@ class Garlic(nn.Module):
         """
         imputed, features, messages, lag_weights, signal_weights, inputs = self.per_step(values, mask, times)
         states, _ = self.sequence(inputs)
-        return StepEncoding(imputed, features, messages, lag_weights, signal_weights, states)
+        return StepEncoding(imputed, features, messages, lag_weights, signal_weights, states,
+                            self.summaries(values, mask, times))  # fmt: skip
+
+    def summaries(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor | None:
+        """The running summary when the model has the wide branch, else None. -> [B, T, 8 D] or None"""
+        return self.running_summary(values, mask, times) if self.config.summary_branch else None
 
     def per_step(self, values: Tensor, mask: Tensor, times: Tensor) -> tuple[Tensor, ...]:
         """Stages 1 and 2 and the signal attention: each step from itself and its past, before the GRU joins them.
@@ -301,12 +347,18 @@ class Garlic(nn.Module):
         """The auxiliary head: each variable's value from what it received. messages [B, T, D, F] -> [B, T, D]"""
         return (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias
 
-    def classify(self, states: Tensor, real: Tensor, static: Tensor) -> tuple[Tensor, Tensor]:
-        """Attention over the real steps, then the classifier.
+    def classify(
+        self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Attention over the real steps, then the classifier (with the running summary at the last real step).
 
-        states [B, T, H], real [B, T], static [B, S] -> logits [B], temporal weights [B, T]
+        states [B, T, H], real [B, T], static [B, S], summaries [B, T, 8 D] or None -> logits [B], weights [B, T]
         """
         context, temporal_weights = self.temporal_attention(states, real)
+        if summaries is not None:
+            last = (real.sum(1) - 1).clamp(min=0)
+            at_end = summaries[torch.arange(len(summaries), device=summaries.device), last]
+            context = torch.cat([context, self.summary_branch(at_end)], dim=-1)
         if self.use_static:
             context = torch.cat([context, static], dim=-1)
         return self.classifier(context)[:, 0] + self.logit_offset, temporal_weights
@@ -318,7 +370,7 @@ class Garlic(nn.Module):
         """
         real = step_mask(lengths, values.shape[1])
         steps = self.encode(values, mask, times)
-        logits, temporal_weights = self.classify(steps.states, real, static)
+        logits, temporal_weights = self.classify(steps.states, real, static, steps.summaries)
         return GarlicOutput(
             **vars(steps),
             reconstruction=self.reconstruct(steps.messages),
@@ -341,7 +393,7 @@ class Garlic(nn.Module):
         stays = max(1, chunk_cells // cells_per_stay) if values.device.type == "cpu" else max(len(values), 1)
         chunks = zip(values.split(stays), mask.split(stays), times.split(stays))
         states, _ = self.sequence(torch.cat([self.per_step(*chunk)[-1] for chunk in chunks]))
-        logits, _ = self.classify(states, step_mask(lengths, steps), static)
+        logits, _ = self.classify(states, step_mask(lengths, steps), static, self.summaries(values, mask, times))
         return logits
 
 

@@ -124,7 +124,8 @@ def test_each_hour_of_the_curve_is_the_risk_of_the_stay_cut_at_that_hour(loaded,
     assert replay.risk[-1] == pytest.approx(logged.loc[replay.stay_id, "risk"], abs=1e-5)
 
 
-@pytest.mark.parametrize("variant", [{"use_static": True}, {"use_gru": False, "use_decay": False, "window_size": 5}])
+@pytest.mark.parametrize("variant", [{"use_static": True}, {"use_gru": False, "use_decay": False, "window_size": 5},
+                                     {"summary_branch": True, "use_static": True}])
 def test_the_one_pass_curve_holds_for_model_variants(loaded, variant):
     trained, test = loaded
     torch.manual_seed(0)

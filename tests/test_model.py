@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from garlic.config import Config
@@ -8,6 +9,7 @@ from garlic.model import (
     Garlic,
     GraphMessagePassing,
     LagAttention,
+    RunningSummary,
     fast_tanh,
     graph_penalty,
     reconstruction_loss,
@@ -151,3 +153,47 @@ def test_fast_tanh_matches_tanh_and_its_gradient():
     torch.testing.assert_close(gradient, 1 - torch.tanh(x.detach()) ** 2, atol=1e-6, rtol=0.0)
     with torch.no_grad():  # the in-place path of inference
         torch.testing.assert_close(fast_tanh(x), torch.tanh(x), atol=3e-7, rtol=0.0)
+
+
+def test_running_summary_equals_a_plain_loop_over_stays_steps_and_variables():
+    values, mask, times, lengths, _ = random_batch(seed=4)
+    summaries = RunningSummary()(values, mask, times).view(B, T, D, 8)
+    for b in range(B):
+        for d in range(D):
+            for t in range(T):
+                seen = [k for k in range(t + 1) if mask[b, k, d]]
+                got = summaries[b, t, d].tolist()
+                if not seen:
+                    assert got == [0.0] * 8
+                    continue
+                observed = [float(values[b, k, d]) for k in seen]
+                since = float(times[b, t] - times[b, seen[-1]]) / 24
+                expected = [observed[0], observed[-1], min(observed), max(observed), sum(observed) / len(seen),
+                            math.log1p(len(seen)), since, 1.0]  # fmt: skip
+                assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (b, t, d)
+
+
+def test_summary_branch_reads_the_last_real_step_and_keeps_predictions_batch_independent():
+    values, mask, times, lengths, static = random_batch(seed=2)
+    model = small_model(summary_branch=True, use_static=True)
+    with torch.no_grad():
+        together = model(values, mask, times, lengths, static).logits
+        torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together)
+        for i in range(B):
+            n = int(lengths[i])
+            alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
+                          static[i : i + 1]).logits  # fmt: skip
+            torch.testing.assert_close(alone[0], together[i], atol=1e-5, rtol=1e-5)
+        # The branch is read: a value seen only in the summaries (a stay's last value changed) moves the logit.
+        changed = values.clone()
+        last = int(lengths[0]) - 1
+        mask_last = mask.clone()
+        mask_last[0, last, 0] = 1.0
+        changed[0, last, 0] = 5.0
+        plain = small_model(use_static=True)
+        wide = model(changed, mask_last, times, lengths, static).logits[0]
+        assert not torch.isclose(wide, together[0])
+    assert any("summary_branch" in name for name, _ in model.named_parameters())
+    assert not any("summary_branch" in name for name, _ in plain.named_parameters())
+    prediction = {id(p) for p in model.prediction_parameters()}
+    assert all(id(p) in prediction for p in model.summary_branch.parameters())
