@@ -144,10 +144,13 @@ def garlic_probabilities(fitted: FitResult, parts: dict[str, IrregularDataset]) 
     return {part: predict_proba(fitted.model, parts[part]) for part in ("validation", "test")}
 
 
-def evaluation(labels: dict[str, np.ndarray], probabilities: dict[str, np.ndarray]) -> dict[str, float]:
+def evaluation(
+    labels: dict[str, np.ndarray], probabilities: dict[str, np.ndarray], test_stays: np.ndarray | None = None
+) -> dict[str, float]:
     """Test discrimination and calibration (``test_*``), before and after temperature scaling fitted on validation.
 
-    Logs the reliability diagram before and after scaling, and the test predictions, to the active run.
+    Logs the reliability diagram before and after scaling, and the test predictions (with ``test_stays``, the stay
+    ids in the same order, as ``garlic.runs`` logs them), to the active run.
     """
     test = binary_metrics(labels["test"], probabilities["test"])
     calibration = temperature_report(probabilities["validation"], labels["validation"],
@@ -158,6 +161,8 @@ def evaluation(labels: dict[str, np.ndarray], probabilities: dict[str, np.ndarra
         mlflow.log_figure(figure, f"plots/{name}")
         plt.close(figure)
     table = pd.DataFrame({"label": labels["test"], "risk": probabilities["test"]})
+    if test_stays is not None:
+        table.insert(0, "stay_id", test_stays)
     mlflow.log_text(table.to_csv(index=False), "predictions/test.csv")
     return {**{f"test_{key}": value for key, value in test.items()}, "temperature": calibration["temperature"],
             "test_brier_scaled": calibration["brier_scaled"], "test_ece_scaled": calibration["ece_scaled"]}  # fmt: skip

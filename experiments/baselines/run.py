@@ -98,7 +98,7 @@ class Baselines:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
                     tensors = self.cohort.tensors
                     labels = {part: tensors.labels[split.positions(tensors, part)] for part in ("validation", "test")}
-                    return study.evaluation(labels, self.probabilities(method, split))
+                    return study.evaluation(labels, self.probabilities(method, split), split.test)
 
                 tags = {"study": STUDY, "dataset": self.config.dataset, "method": method, "split": split.name,
                         "settings": study.settings_digest(self.settings(method))}  # fmt: skip
