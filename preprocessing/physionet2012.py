@@ -52,6 +52,9 @@ KNOWN_PARAMETERS = frozenset(TIME_SERIES) | {"RecordID", *STATIC}
 LABEL = "In-hospital_death"
 OUTCOME_COLUMNS = ["RecordID", "SAPS-I", "SOFA", "Length_of_stay", "Survival", LABEL]
 HEADER = b"Time,Parameter,Value"
+# set-c holds 2,403 lines like ``10:45,,1.9``: a value whose parameter name the release lost. They are skipped
+# and counted like any bad line, but ``strict`` does not stop on them: they are the release's own, not damage.
+NAMELESS_PARAMETER = "unknown parameter ''"
 _TIME = re.compile(r"^(\d+):([0-5]\d)$")
 _RECORD_NAME = re.compile(r"^(\d+)\.txt$")
 
@@ -199,8 +202,9 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
             slow.append(_parse_record_slowly(index, record, skips))
         rows = pd.concat([rows[~rows["record"].isin(suspicious)], *slow], ignore_index=True)
         rows = rows.sort_values("record", kind="stable", ignore_index=True)
-    if skips and strict:
-        raise PhysioNet2012Error(str(skips[0]))
+    damage = [skip for skip in skips if skip.reason != NAMELESS_PARAMETER]
+    if damage and strict:
+        raise PhysioNet2012Error(str(damage[0]))
     log_skips(skips, log)
     return rows, skips
 

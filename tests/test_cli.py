@@ -85,6 +85,13 @@ def test_predict_on_record_files_matches_the_runs_own_test_predictions(trained, 
         (["train", "--dataset", "physionet2012"], "garlic preprocess physionet2012"),
         (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no run"),
         (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no run"),
+        (["preprocess", "synthetic", "--strict"], "--strict does not apply to synthetic"),
+        (["preprocess", "physionet2012", "--source", ".", "--cohort", "garlic"], "--cohort does not apply to physionet2012"),
+        (["preprocess", "physionet2012", "--source", ".", "--seed", "1"], "--seed does not apply to physionet2012"),
+        (["preprocess", "physionet2019", "--source", ".", "--cohort", "late"], "unknown cohort 'late' for physionet2019"),
+        (["preprocess", "mimic3", "--cohort", "garlic"], "--source is required for mimic3"),
+        (["train", "--dataset", "mimic3"], "invalid choice: 'mimic3'"),  # a cohort must be named
+        (["train", "--dataset", "mimic3-garlic"], "garlic preprocess mimic3 --source PATH_TO_RAW_DATA --cohort garlic"),
     ],
 )
 def test_bad_input_gives_a_clear_message_and_a_nonzero_exit(tmp_path, capsys, args, message):

@@ -229,6 +229,18 @@ def test_malformed_rows_are_counted_and_skipped(tmp_path):
     assert manifest["counts"]["observations_per_variable"]["Heart Rate"] == 4  # the good rows are all kept
 
 
+@pytest.mark.parametrize("bad, message", [("20,1,11,101,220045\n", "Expected 10 columns, got 5"),
+                                          (f"21,1,11,101,220045,not-a-time,99,99,bpm,0\n", "not-a-time")])
+def test_strict_stops_at_the_first_malformed_row_naming_the_table(tmp_path, bad, message):
+    folder = _write(tmp_path / "db", _tiny_tables())
+    with open(folder / "CHARTEVENTS.csv", "a") as chart:
+        chart.write(bad)
+    with pytest.raises(MimicError, match=rf"CHARTEVENTS\.csv: .*{message}"):
+        preprocess(folder, tmp_path / "out", strict=True)
+    assert not (tmp_path / "out").exists()
+    preprocess(_write(tmp_path / "clean", _tiny_tables()), tmp_path / "clean-out", strict=True)  # nothing to stop on
+
+
 def test_variable_tables_map_each_itemid_once():
     for variables in (BENCHMARK_VARIABLES, GARLIC_VARIABLES):
         for source in ("chart", "lab", "output", "input"):
