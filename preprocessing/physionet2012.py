@@ -28,11 +28,13 @@ from preprocessing.raw import (
     FLOAT32_MAX,
     Record,
     Skip,
+    line_too_long,
     log_skips,
     member_stay_id,
     parse_value,
     prefixed_rows,
     records_from_files,
+    refuse_records_without_observations,
 )
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
@@ -120,7 +122,7 @@ def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.Da
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        parsed = _parse_line(line)
+        parsed = line_too_long(line) or _parse_line(line)
         if isinstance(parsed, str):
             skips.append(Skip(record.origin, number, parsed))
         else:
@@ -197,7 +199,8 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
             record = records[index]
             header = record.text.replace(b"\r\n", b"\n").partition(b"\n")[0]
             if header.strip() != HEADER:
-                skips.append(Skip(record.origin, 1, f"expected header 'Time,Parameter,Value', got {header[:80]!r}"))
+                # Not quoted: the file may be anything (a link to a system file), and its text is not ours to show.
+                skips.append(Skip(record.origin, 1, "expected header 'Time,Parameter,Value'; the first line differs"))
                 continue
             slow.append(_parse_record_slowly(index, record, skips))
         rows = pd.concat([rows[~rows["record"].isin(suspicious)], *slow], ignore_index=True)
@@ -238,6 +241,8 @@ def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFr
     """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables."""
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2012Error, "RECORDID.txt (e.g. 132539.txt)")
     observations, static, _ = records_to_tables(records, strict=strict)
+    window = f"the first {WINDOW_HOURS:g} h"
+    refuse_records_without_observations(records, observations["stay_id"].unique(), window, PhysioNet2012Error)
     return observations, static
 
 
