@@ -65,7 +65,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.tables import read_manifest, sha256_of, write_processed
+from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
 log = logging.getLogger(__name__)
 
@@ -775,6 +775,7 @@ def preprocess(
     kept = cohort_stays[cohort_stays["icustay_id"].isin(observed)]
 
     variables = [v.name for v in definition.variables]
+    volumes = [v.name for v in definition.variables if "output" in v.items]  # two outputs at one time add up
     observations = pd.DataFrame(
         {
             "stay_id": observations["stay_id"].to_numpy(),
@@ -783,6 +784,7 @@ def preprocess(
             "value": observations["value"].to_numpy(),
         }
     )
+    observations = sum_simultaneous(observations, volumes)
     labels = pd.DataFrame(
         {
             "stay_id": kept["icustay_id"].to_numpy(),
@@ -801,6 +803,7 @@ def preprocess(
         "cohort": cohort,
         "cohort_rule": definition.rule,
         "window_hours": WINDOW_HOURS,
+        "summed_variables": volumes,
         "label": "in-hospital mortality",
         "source": {
             "tables": {name: path.name for name, path in paths.items()},

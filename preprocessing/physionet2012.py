@@ -36,7 +36,7 @@ from preprocessing.raw import (
     records_from_files,
     refuse_records_without_observations,
 )
-from preprocessing.tables import read_manifest, sha256_of, write_processed
+from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ TIME_SERIES = [
     "WBC", "pH",
 ]  # fmt: skip
 STATIC = ["Age", "Gender", "Height", "ICUType", "Weight"]
+VOLUMES = ["Urine"]  # mL since the last reading: two readings at one time are summed
 # Weight is both a descriptor and a series; the P12 benchmark keeps only the descriptor.
 KNOWN_PARAMETERS = frozenset(TIME_SERIES) | {"RecordID", *STATIC}
 LABEL = "In-hospital_death"
@@ -213,7 +214,8 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
 
 
 def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[Skip]]:
-    """Records -> observations (the 36 series, first 48 h), static descriptors (-1 -> null), skipped lines."""
+    """Records -> observations (the 36 series, first 48 h, simultaneous ``VOLUMES`` summed), static descriptors
+    (-1 -> null), skipped lines."""
     record_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     rows, skips = parse_records(records, strict=strict)
     rows["stay_id"] = record_ids[rows["record"].to_numpy()]
@@ -234,7 +236,7 @@ def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.D
 
     series = rows[rows["parameter"].isin(TIME_SERIES) & (rows["time"] <= WINDOW_HOURS)]
     observations = series.rename(columns={"parameter": "variable"})[["stay_id", "time", "variable", "value"]]
-    return observations, static, skips
+    return sum_simultaneous(observations, VOLUMES), static, skips
 
 
 def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -361,6 +363,7 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
         "dataset": "physionet2012",
         "source": {"sets": sorted(located), "files_sha256": files},
         "window_hours": WINDOW_HOURS,
+        "summed_variables": VOLUMES,
         "label": LABEL,
         "counts": {
             "records_read": len(records),
