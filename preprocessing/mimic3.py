@@ -21,7 +21,9 @@ by patient and time, as mimic3-benchmarks does. Input events of INPUTEVENTS_MV a
 only when their ENDTIME is inside the window too, because their AMOUNT is only known once they end; so no
 information from after the window reaches the input. Rows flagged ERROR/ISERROR = 1 and MetaVision input rows with
 STATUSDESCRIPTION "Rewritten" (superseded orders) are dropped. A value of 0 is an observation like any other
-(urine output of 0 mL, PEEP of 0 cmH2O): nothing is dropped for being zero.
+(urine output of 0 mL, PEEP of 0 cmH2O): nothing is dropped for being zero. Outputs (OUTPUTEVENTS) charted for a
+stay at the same time (a Foley and a void together) are summed into one observation; the tensors keep the later
+of any other variable's simultaneous values.
 
 Cohorts (``COHORTS``), both with label = death in hospital (DEATHTIME, or else DOD, between ADMITTIME and
 DISCHTIME, the mimic3-benchmarks rule), window = first 48 h of the ICU stay, static features Age (years at INTIME;
