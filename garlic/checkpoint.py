@@ -6,6 +6,7 @@ training split's normalisation statistics.
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from preprocessing.tensors import IrregularTensors
 
 WEIGHTS = "weights.pt"
 DESCRIPTION = "model.json"
+
+
+class ModelFileError(ValueError):
+    """A saved model whose files do not load (truncated, not a weights file, or not the model described)."""
 
 
 @dataclass
@@ -66,12 +71,33 @@ def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
     folder = Path(folder)
     if not (folder / DESCRIPTION).is_file() or not (folder / WEIGHTS).is_file():
         raise FileNotFoundError(f"{folder} holds no saved model (expected {WEIGHTS} and {DESCRIPTION})")
-    description = json.loads((folder / DESCRIPTION).read_text())
-    config = Config().override(description["config"])
-    model = Garlic(description["num_variables"], description["num_static"], config)
-    weights = torch.load(folder / WEIGHTS, map_location=device, weights_only=True)
+    try:
+        description = json.loads((folder / DESCRIPTION).read_text())
+        config = Config().override(description["config"])
+        model = Garlic(description["num_variables"], description["num_static"], config)
+        normalisation = Normalisation.from_json(description["normalisation"])
+        trained = TrainedModel(model, description["variables"], description["static_features"], normalisation)
+    except (ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
+        raise ModelFileError(f"{folder / DESCRIPTION}: not a readable model description ({exc!r:.200})") from None
+    weights = _load_weights(folder / WEIGHTS, device)
     weights.setdefault("logit_offset", torch.zeros(()))  # saved before the offset existed: trained unweighted
-    model.load_state_dict(weights)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError:
+        message = f"{folder / WEIGHTS}: the weights do not fit the model that {DESCRIPTION} describes"
+        raise ModelFileError(message) from None
     model.eval()
-    normalisation = Normalisation.from_json(description["normalisation"])
-    return TrainedModel(model, description["variables"], description["static_features"], normalisation)
+    return trained
+
+
+def _load_weights(path: Path, device: str) -> dict:
+    """The state dict in ``path``, loaded with ``weights_only=True``; any failure is one line naming the file."""
+    try:
+        weights = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused something that is not plain tensors: nothing was run
+        raise ModelFileError(f"{path}: holds objects other than tensors; refused, not loaded") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise ModelFileError(f"{path}: truncated or not a PyTorch weights file ({type(exc).__name__})") from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise ModelFileError(f"{path}: not a state dict of tensors")
+    return weights

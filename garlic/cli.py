@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, processed_folder
+from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES
 from garlic.tracking import DEFAULT_STORE, RunNotFoundError
 from preprocessing.download import DownloadError
 from preprocessing.tables import DatasetNotFoundError
@@ -30,25 +30,12 @@ def _download(args: argparse.Namespace) -> None:
 
 
 def _preprocess(args: argparse.Namespace) -> None:
-    destination = processed_folder(args.dataset, args.data_root)
-    if args.dataset == "synthetic":
-        from preprocessing import synthetic
+    from garlic.datasets import preprocess
 
-        manifest = synthetic.generate(destination, n_stays=args.stays, seed=args.seed)
-    elif args.dataset == "physionet2012":
-        from preprocessing import physionet2012
-
-        if args.source is None:
-            raise ConfigError("--source is required: the folder with set-a/b/c and Outcomes-a/b/c.txt")
-        manifest = physionet2012.preprocess(args.source, destination, strict=args.strict)
-    else:
-        module = __import__(f"preprocessing.{args.dataset}", fromlist=["preprocess"])
-        if args.source is None:
-            raise ConfigError(f"--source is required for {args.dataset}")
-        options = {"cohort": args.cohort} if args.cohort else {}
-        manifest = module.preprocess(args.source, destination, **options)
-    counts = manifest.get("counts", {})
-    print(f"{args.dataset}: wrote {destination} ({json.dumps(counts)})")
+    dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
+                                           strict=args.strict, stays=args.stays, seed=args.seed)  # fmt: skip
+    print(f"{dataset}: wrote {folder} ({json.dumps(manifest.get('counts', {}))})")
+    print(f"next: garlic train --dataset {dataset}")
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -157,12 +144,13 @@ def parser() -> argparse.ArgumentParser:
     fetch.set_defaults(handler=_download)
 
     prep = commands.add_parser("preprocess", help="raw records -> processed tables")
-    prep.add_argument("dataset", choices=DATASETS)
+    prep.add_argument("dataset", choices=SOURCES, help="the source; one with cohorts writes DATASET-COHORT")
     prep.add_argument("--source", type=Path, help="the raw release folder")
-    prep.add_argument("--cohort", help="named cohort (physionet2019, mimic3)")
+    cohorts = "; ".join(f"{s.name}: {'|'.join(s.cohorts)}, default {s.cohorts[0]}" for s in SOURCES.values() if s.cohorts)
+    prep.add_argument("--cohort", help=f"named cohort, its own dataset and folder ({cohorts})")
     prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
-    prep.add_argument("--stays", type=int, default=2000, help="synthetic: number of stays")
-    prep.add_argument("--seed", type=int, default=0, help="synthetic: generator seed")
+    prep.add_argument("--stays", type=int, help="synthetic: number of stays (default 2000)")
+    prep.add_argument("--seed", type=int, help="synthetic: generator seed (default 0)")
     prep.set_defaults(handler=_preprocess)
 
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")

@@ -77,9 +77,13 @@ class Config:
 
     @classmethod
     def for_dataset(cls, dataset: str) -> "Config":
-        """The shipped preset for ``dataset`` (the paper's hyper-parameters where it gives them)."""
-        preset = CONFIG_DIR / f"{dataset}.json"
-        return cls.load(preset) if preset.is_file() else cls(dataset=dataset)
+        """The shipped preset for ``dataset`` (the paper's hyper-parameters where it gives them); a cohort's dataset
+        (``physionet2019-early``) takes its source's preset (``physionet2019.json``)."""
+        for name in (dataset, dataset.partition("-")[0]):
+            preset = CONFIG_DIR / f"{name}.json"
+            if preset.is_file():
+                return cls.load(preset).override({"dataset": dataset})
+        return cls(dataset=dataset)
 
 
 def _split(assignment: str) -> tuple[str, str]:

@@ -1,20 +1,136 @@
-"""Where each named dataset's processed tables live, and the built-in synthetic cohort made on first use."""
+"""The datasets the project knows: how each is preprocessed, and where its processed tables live.
+
+``SOURCES`` is the registry, one entry per source of data, saying which options of ``garlic preprocess`` it takes
+(``--source``, ``--cohort`` and its choices, ``--strict``, the generator's ``--stays`` and ``--seed``). A source
+with cohorts gives one dataset per cohort, named ``SOURCE-COHORT`` (``physionet2019-early``), each in its own
+folder, so that preprocessing one cohort never replaces another; the plain source name (``physionet2019``) is
+not a dataset, and training must name the cohort. ``DATASETS`` lists every dataset name. A new dataset is one
+entry in ``SOURCES``.
+"""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from preprocessing import synthetic
-from preprocessing.tables import DatasetNotFoundError, MANIFEST
+from preprocessing import mimic3, physionet2012, physionet2019, synthetic
+from preprocessing.tables import MANIFEST, DatasetNotFoundError
 
-DATASETS = ("synthetic", "physionet2012", "physionet2019", "mimic3")
 DEFAULT_DATA_ROOT = Path(os.environ.get("GARLIC_DATA_ROOT", "data"))
+
+
+class PreprocessOptionError(ValueError):
+    """An option of ``garlic preprocess`` that the chosen source does not take, or a required one left out."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of data. ``write(destination, **options)`` builds its processed tables and returns the manifest;
+    ``options`` names the keyword options it takes besides ``cohort`` (``source``, ``strict``, ``stays``, ``seed``),
+    ``required`` those without which it cannot run, and ``cohorts`` its cohort names (the first is the default)."""
+
+    name: str
+    write: Callable[..., dict]
+    options: frozenset[str]
+    required: frozenset[str] = frozenset()
+    cohorts: tuple[str, ...] = ()
+    source_help: str = ""
+
+    def dataset(self, cohort: str | None) -> str:
+        """The dataset name of one of this source's cohorts (the default cohort when None)."""
+        if not self.cohorts:
+            return self.name
+        return f"{self.name}-{cohort or self.cohorts[0]}"
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        return tuple(self.dataset(c) for c in self.cohorts) if self.cohorts else (self.name,)
+
+
+SOURCES = {
+    source.name: source
+    for source in [
+        Source(
+            "synthetic",
+            lambda destination, stays=2000, seed=0: synthetic.generate(destination, n_stays=stays, seed=seed),
+            options=frozenset({"stays", "seed"}),
+        ),
+        Source(
+            "physionet2012",
+            lambda destination, source, strict=False: physionet2012.preprocess(source, destination, strict=strict),
+            options=frozenset({"source", "strict"}),
+            required=frozenset({"source"}),
+            source_help="the folder with set-a/b/c and Outcomes-a/b/c.txt",
+        ),
+        Source(
+            "physionet2019",
+            lambda destination, source, cohort, strict=False: physionet2019.preprocess(
+                source, destination, cohort=cohort, strict=strict
+            ),
+            options=frozenset({"source", "strict"}),
+            required=frozenset({"source"}),
+            cohorts=tuple(physionet2019.COHORTS),
+            source_help="the folder with training_setA and/or training_setB (folders, .zip or .tar.gz)",
+        ),
+        Source(
+            "mimic3",
+            lambda destination, source, cohort, strict=False: mimic3.preprocess(
+                source, destination, cohort=cohort, strict=strict
+            ),
+            options=frozenset({"source", "strict"}),
+            required=frozenset({"source"}),
+            cohorts=tuple(mimic3.COHORTS),
+            source_help="the folder with the MIMIC-III v1.4 tables (TABLE.csv or TABLE.csv.gz)",
+        ),
+    ]
+}
+DATASETS = tuple(name for source in SOURCES.values() for name in source.datasets)
 
 
 def processed_folder(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
     if dataset not in DATASETS:
+        source = SOURCES.get(dataset)
+        if source is not None:
+            raise DatasetNotFoundError(
+                f"{dataset} has one dataset per cohort; name one of {', '.join(source.datasets)}"
+            )
         raise DatasetNotFoundError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     return Path(data_root) / "processed" / dataset
+
+
+def preprocess(
+    name: str, data_root: Path = DEFAULT_DATA_ROOT, cohort: str | None = None, **options
+) -> tuple[str, Path, dict]:
+    """Build source ``name``'s processed tables (of ``cohort`` where it has cohorts) under ``data_root``.
+
+    ``options`` are those the user gave (``source``, ``strict``, ``stays``, ``seed``; None or False = not given);
+    one that the source does not take is refused, as is a missing required one. Returns the dataset name, its
+    folder and the manifest.
+    """
+    if name not in SOURCES:
+        raise PreprocessOptionError(f"unknown source {name!r}; choose one of {', '.join(SOURCES)}")
+    source = SOURCES[name]
+    given = {key: value for key, value in options.items() if value is not None and value is not False}
+    if cohort is not None:
+        if not source.cohorts:
+            raise PreprocessOptionError(f"--cohort does not apply to {name}: it has a single cohort")
+        if cohort not in source.cohorts:
+            choices = ", ".join(source.cohorts)
+            raise PreprocessOptionError(f"unknown cohort {cohort!r} for {name}; choose one of {choices}")
+    unknown = sorted(set(given) - source.options)
+    if unknown:
+        flags = ", ".join(f"--{key}" for key in unknown)
+        takes = ", ".join(f"--{key}" for key in sorted(source.options | ({"cohort"} if source.cohorts else set())))
+        raise PreprocessOptionError(f"{flags} does not apply to {name} (it takes {takes or 'no option'})")
+    missing = sorted(source.required - set(given))
+    if missing:
+        raise PreprocessOptionError(f"--{missing[0]} is required for {name}: {source.source_help}")
+    dataset = source.dataset(cohort)
+    folder = processed_folder(dataset, data_root)
+    if source.cohorts:
+        given["cohort"] = cohort or source.cohorts[0]
+    return dataset, folder, source.write(folder, **given)
 
 
 def ensure_processed(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
@@ -25,7 +141,6 @@ def ensure_processed(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
     if dataset == "synthetic":
         synthetic.generate(folder)
         return folder
-    raise DatasetNotFoundError(
-        f"dataset {dataset!r} has not been preprocessed into {folder}; "
-        f"run `garlic preprocess {dataset} --source PATH_TO_RAW_DATA` first"
-    )
+    source, _, cohort = dataset.partition("-")
+    command = f"garlic preprocess {source} --source PATH_TO_RAW_DATA" + (f" --cohort {cohort}" if cohort else "")
+    raise DatasetNotFoundError(f"dataset {dataset!r} has not been preprocessed into {folder}; run `{command}` first")

@@ -11,7 +11,8 @@ from preprocessing.tensors import IrregularTensors, tensorize
 
 
 def tensors_for_model(trained: TrainedModel, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
-    """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns)."""
+    """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns);
+    every stay must have an observation."""
     unknown = sorted(set(observations["variable"].astype(str)) - set(trained.variables))
     if unknown:
         raise ValueError(f"the records hold variables the model does not know: {unknown}")
@@ -23,7 +24,11 @@ def tensors_for_model(trained: TrainedModel, observations: pd.DataFrame, static:
         labels=pd.DataFrame({"stay_id": stay_ids, "label": np.nan}),
         variables=trained.variables,
     )
-    return tensorize(dataset)
+    tensors = tensorize(dataset)
+    empty = tensors.stay_ids[tensors.lengths == 0]
+    if len(empty):  # the model would make a risk out of nothing (or divide by zero when no stay has a step)
+        raise ValueError(f"stay(s) {', '.join(map(str, empty.tolist()))} have no observation: no risk can be computed")
+    return tensors
 
 
 def predict_tables(trained: TrainedModel, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:

@@ -21,7 +21,9 @@ by patient and time, as mimic3-benchmarks does. Input events of INPUTEVENTS_MV a
 only when their ENDTIME is inside the window too, because their AMOUNT is only known once they end; so no
 information from after the window reaches the input. Rows flagged ERROR/ISERROR = 1 and MetaVision input rows with
 STATUSDESCRIPTION "Rewritten" (superseded orders) are dropped. A value of 0 is an observation like any other
-(urine output of 0 mL, PEEP of 0 cmH2O): nothing is dropped for being zero.
+(urine output of 0 mL, PEEP of 0 cmH2O): nothing is dropped for being zero. Outputs (OUTPUTEVENTS) charted for a
+stay at the same time (a Foley and a void together) are summed into one observation; the tensors keep the later
+of any other variable's simultaneous values.
 
 Cohorts (``COHORTS``), both with label = death in hospital (DEATHTIME, or else DOD, between ADMITTIME and
 DISCHTIME, the mimic3-benchmarks rule), window = first 48 h of the ICU stay, static features Age (years at INTIME;
@@ -65,7 +67,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.tables import read_manifest, sha256_of, write_processed
+from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
 log = logging.getLogger(__name__)
 
@@ -548,14 +550,21 @@ class ItemLookup:
 
 @dataclass
 class TableReport:
-    """Counts for one streamed table: rows read, malformed rows (with examples), rows dropped and why."""
+    """Counts for one streamed table: rows read, malformed rows (with examples), rows dropped and why.
 
+    ``strict``: a malformed row is a ``MimicError`` naming ``origin`` (the table's file) instead of a count.
+    """
+
+    origin: str = ""
+    strict: bool = False
     rows_read: int = 0
     malformed: int = 0
     examples: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
 
     def add_malformed(self, count: int, example: str) -> None:
+        if self.strict and count:
+            raise MimicError(f"{self.origin}: malformed row, {example} (--strict stops at the first one)")
         self.malformed += count
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(example)
@@ -570,7 +579,8 @@ class TableReport:
 
 
 def iter_batches(path: Path, names: dict[str, str], block_size: int, report: TableReport) -> Iterator[pa.RecordBatch]:
-    """Stream the file's ``names`` columns as strings, batch by batch; unsplittable rows are counted and skipped."""
+    """Stream the file's ``names`` columns as strings, batch by batch; unsplittable rows are counted and skipped
+    (or, when ``report.strict``, stop the read: pyarrow then names the row)."""
 
     def on_invalid_row(row) -> str:
         report.add_malformed(1, f"line {row.number}: expected {row.expected_columns} fields, got "
@@ -582,7 +592,7 @@ def iter_batches(path: Path, names: dict[str, str], block_size: int, report: Tab
         reader = pacsv.open_csv(
             pa.input_stream(str(path), compression="detect"),
             read_options=pacsv.ReadOptions(block_size=block_size),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid_row),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=None if report.strict else on_invalid_row),
             convert_options=pacsv.ConvertOptions(
                 include_columns=list(names.values()),
                 column_types={n: pa.string() for n in names.values()},
@@ -697,10 +707,11 @@ def _harmonise_input_units(value: pd.Series, unit: pd.Series, code: np.ndarray, 
 
 
 def stream_table(
-    path: Path, table: EventTable, stays: pd.DataFrame, lookup: ItemLookup, block_size: int
+    path: Path, table: EventTable, stays: pd.DataFrame, lookup: ItemLookup, block_size: int, strict: bool = False
 ) -> tuple[pd.DataFrame, TableReport]:
-    """One event table -> the cohort's observations from it (stay_id, time, code, value) and its report."""
-    report = TableReport()
+    """One event table -> the cohort's observations from it (stay_id, time, code, value) and its report;
+    ``strict``: a malformed row is an error instead of a counted skip."""
+    report = TableReport(origin=str(path), strict=strict)
     names = column_names(path, table.name, table.columns)
     itemids = pa.array([str(i) for i in lookup.itemids], pa.string())
     subjects = pa.array([str(s) for s in np.unique(stays["subject_id"])], pa.string())
@@ -729,11 +740,13 @@ def preprocess(
     cohort: str = "benchmark",
     block_size: int = DEFAULT_BLOCK_SIZE,
     hash_sources: bool = True,
+    strict: bool = False,
 ) -> dict:
     """Read MIMIC-III from ``source``, build ``cohort`` and write the processed tables; return the manifest.
 
     ``hash_sources=False`` skips the SHA-256 of the source tables (reading 33 GB twice is slow); the manifest
-    then records sizes only.
+    then records sizes only. ``strict`` stops at the first malformed row (one the CSV parser cannot split into the
+    header's fields, or whose id or time cannot be read) instead of counting and skipping it.
     """
     if cohort not in COHORTS:
         raise MimicError(f"unknown cohort {cohort!r}; choose one of {sorted(COHORTS)}")
@@ -751,7 +764,7 @@ def preprocess(
     parts, reports = [], {}
     for table in event_tables:
         lookup = ItemLookup.build(definition.variables, table.source, definition.range_filter)
-        observations, report = stream_table(paths[table.name], table, cohort_stays, lookup, block_size)
+        observations, report = stream_table(paths[table.name], table, cohort_stays, lookup, block_size, strict)
         parts.append(observations)
         reports[table.name] = report.to_json()
         log.info("mimic3/%s: %s: %d rows read, %d kept, %d malformed", cohort, table.name, report.rows_read,
@@ -764,6 +777,7 @@ def preprocess(
     kept = cohort_stays[cohort_stays["icustay_id"].isin(observed)]
 
     variables = [v.name for v in definition.variables]
+    volumes = [v.name for v in definition.variables if "output" in v.items]  # two outputs at one time add up
     observations = pd.DataFrame(
         {
             "stay_id": observations["stay_id"].to_numpy(),
@@ -772,6 +786,7 @@ def preprocess(
             "value": observations["value"].to_numpy(),
         }
     )
+    observations = sum_simultaneous(observations, volumes)
     labels = pd.DataFrame(
         {
             "stay_id": kept["icustay_id"].to_numpy(),
@@ -790,6 +805,7 @@ def preprocess(
         "cohort": cohort,
         "cohort_rule": definition.rule,
         "window_hours": WINDOW_HOURS,
+        "summed_variables": volumes,
         "label": "in-hospital mortality",
         "source": {
             "tables": {name: path.name for name, path in paths.items()},

@@ -48,11 +48,13 @@ from preprocessing.raw import (
     FLOAT32_MAX,
     Record,
     Skip,
+    line_too_long,
     log_skips,
     member_stay_id,
     parse_value,
     prefixed_rows,
     records_from_files,
+    refuse_records_without_observations,
 )
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
@@ -174,13 +176,14 @@ def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.Da
     lines = record.text.replace(b"\r\n", b"\n").split(b"\n")
     header = lines[0].strip()
     if header != HEADER:
-        skips.append(Skip(record.origin, 1, f"unexpected header {header[:80]!r}; the whole file is skipped"))
+        # Not quoted: the file may be anything (a link to a system file), and its text is not ours to show.
+        skips.append(Skip(record.origin, 1, "unexpected header (not the 41 PSV columns); the whole file is skipped"))
         return pd.DataFrame(columns=["record", *COLUMNS])
     rows, previous_hour = [], -np.inf
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        parsed = _parse_line(line, previous_hour)
+        parsed = line_too_long(line) or _parse_line(line, previous_hour)
         if isinstance(parsed, str):
             skips.append(Skip(record.origin, number, parsed))
             continue
@@ -392,6 +395,8 @@ def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFr
     rows = pd.concat(frames, ignore_index=True).astype({"record": "int64", **{c: "float64" for c in COLUMNS}})
     rows.insert(0, "stay_id", stay_ids[rows["record"].to_numpy()])
     observations = long_observations(rows[_within_window(rows)])
+    window = f"the first {WINDOW_HOURS} ICU hours (ICULOS <= {WINDOW_HOURS})"
+    refuse_records_without_observations(records, observations["stay_id"].unique(), window, PhysioNet2019Error)
     return observations, static_table(rows, np.sort(stay_ids))
 
 

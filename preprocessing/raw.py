@@ -15,6 +15,9 @@ import numpy as np
 
 # Tables store values as float32: anything larger in magnitude would silently become inf there.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# A record line is tens of bytes. A longer one is damage, and one longer than pyarrow's 1 MiB block would stop
+# the one-pass reader with an error that names no file: such records go to the line-by-line reader instead.
+MAX_LINE_BYTES = 1 << 16
 
 
 @dataclass
@@ -62,6 +65,26 @@ def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Excep
     return records
 
 
+def refuse_records_without_observations(
+    records: list[Record], observed: np.ndarray, window: str, error: type[Exception]
+) -> None:
+    """Stand-alone records must each hold a time-series value inside the model's input ``window``: a risk computed
+    from no observation at all would be a number made of nothing. ``error`` names the file(s) otherwise."""
+    observed = set(np.asarray(observed).tolist())
+    empty = [record.origin for record in records if record.stay_id not in observed]
+    if empty:
+        more = f" (and {len(empty) - 1} more: {', '.join(empty[1:])})" if len(empty) > 1 else ""
+        raise error(f"{empty[0]}: no observation of a time-series variable in {window}; no risk can be "
+                    f"computed from it{more}")  # fmt: skip
+
+
+def line_too_long(line: bytes) -> str | None:
+    """The reason a line is rejected for its length alone, without quoting it."""
+    if len(line) > MAX_LINE_BYTES:
+        return f"line of {len(line):,} bytes, longer than the {MAX_LINE_BYTES:,} a record line may have"
+    return None
+
+
 def parse_value(text: str, name: str) -> float | str:
     """One measurement's text -> its value, or the reason it is rejected (not a number, not finite, too large)."""
     try:
@@ -89,14 +112,15 @@ def prefixed_rows(records: list[Record], header: bytes, delimiter: bytes) -> tup
     """All records' data lines as one CSV buffer, each line led by its record's index and ``delimiter``.
 
     Returns the buffer and the indices of records left out of it for a line-by-line look: a header other than
-    ``header``, a lone CR (it would end a CSV row in mid-line) or bytes that are not UTF-8 (the CSV reader cannot
-    even report such a row).
+    ``header``, a lone CR (it would end a CSV row in mid-line), bytes that are not UTF-8 (the CSV reader cannot
+    even report such a row) or a line longer than ``MAX_LINE_BYTES``.
     """
     suspicious: set[int] = set()
     chunks = []
     for index, record in enumerate(records):
         first, _, body = record.text.replace(b"\r\n", b"\n").partition(b"\n")
-        if first.strip() != header or b"\r" in body or not _is_utf8(body):
+        too_long = len(body) > MAX_LINE_BYTES and max(map(len, body.split(b"\n"))) > MAX_LINE_BYTES
+        if first.strip() != header or b"\r" in body or not _is_utf8(body) or too_long:
             suspicious.add(index)
             continue
         body = body.rstrip(b"\n")

@@ -8,6 +8,9 @@ A processed dataset is one folder holding:
 - ``static.parquet``: one row per stay, ``stay_id`` then one float32 column per static feature (null = unknown).
 - ``labels.parquet``: one row per stay, ``stay_id``, ``label`` (int8, the prediction target) and any
   reference columns the source provides (for example SAPS-I for baselines).
+  Volumes (``manifest["summed_variables"]``: P12 ``Urine``, MIMIC-III output events) recorded more than once at
+  one time are one row holding their sum (``sum_simultaneous``): two outputs charted together are both output.
+  Any other variable may repeat at one time; the tensors keep its later row (see ``tensors``).
 - ``manifest.json``: what was read (files and SHA-256), the preprocessing version, the variable list, counts and
   every dropped stay or skipped row with its reason. It is written last: a folder without it is incomplete.
 
@@ -196,3 +199,17 @@ def read_processed(folder: Path) -> ProcessedDataset:
         variables=manifest["variables"],
         manifest=manifest,
     )
+
+
+def sum_simultaneous(observations: pd.DataFrame, summed: list[str]) -> pd.DataFrame:
+    """Rows of a ``summed`` variable (a volume) that share stay, time and variable -> one row holding their sum.
+
+    Other rows are left as they are, in their order (so "the later row wins" still holds for them).
+    """
+    is_summed = observations["variable"].isin(summed).to_numpy()
+    key = ["stay_id", "time", "variable"]
+    volumes = observations[is_summed]
+    if not volumes.duplicated(key).any():
+        return observations
+    totals = volumes.groupby(key, observed=True, sort=False)["value"].sum().reset_index()
+    return pd.concat([observations[~is_summed], totals[observations.columns]], ignore_index=True)

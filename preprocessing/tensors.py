@@ -1,7 +1,8 @@
 """Processed tables -> padded irregular tensors, cached next to the tables as one uncompressed ``.npz``.
 
 Per stay the time axis is the sorted union of its observation times; a cell with no measurement has mask 0 and
-value 0. When a variable is recorded twice at the same time, the later row wins.
+value 0. When a variable is recorded twice at the same time, the later row wins; volumes, which add up, reach
+here already summed (``tables.sum_simultaneous``).
 """
 from __future__ import annotations
 

@@ -41,17 +41,20 @@ class RawRelease:
 
 
 def raw_series(text: str) -> list[tuple[float, str, float]]:
-    """A record's time-series rows within 48 h, parsed with plain string operations."""
-    rows = []
+    """A record's time-series rows within 48 h, parsed with plain string operations; Urine readings at one time
+    add up to one row (two outputs charted together are both output)."""
+    rows, urine = [], {}
     for line in text.splitlines()[1:]:
         fields = line.split(",")
         if len(fields) != 3 or fields[1] not in P12_TIME_SERIES:
             continue
         hours, minutes = fields[0].split(":")
         time = int(hours) + int(minutes) / 60
-        if time <= 48:
+        if time <= 48 and fields[1] == "Urine":
+            urine[time] = urine.get(time, 0.0) + float(fields[2])
+        elif time <= 48:
             rows.append((time, fields[1], float(fields[2])))
-    return rows
+    return rows + [(time, "Urine", total) for time, total in urine.items()]
 
 
 def assert_frames_equal(left, right) -> None:

@@ -177,6 +177,44 @@ def test_physionet2012_uploaded_record_files(data):
         assert len(static) == 1 and not np.isinf(static.drop(columns="stay_id").to_numpy("float32")).any()
 
 
+P12_RECORD = "Time,Parameter,Value\n00:00,RecordID,{id}\n00:00,Age,60\n{body}\n"
+
+
+def test_a_record_file_without_an_observation_in_48_h_is_refused_by_name(tmp_path):
+    late, sound = tmp_path / "1001.txt", tmp_path / "1002.txt"
+    late.write_text(P12_RECORD.format(id=1001, body="49:00,HR,80"))
+    sound.write_text(P12_RECORD.format(id=1002, body="00:10,HR,80"))
+    for paths in ([late], [sound, late]):  # alone, and hidden among sound files
+        with pytest.raises(physionet2012.PhysioNet2012Error, match=rf"^{late}: no observation .* first 48 h"):
+            records.read_record_files(paths)
+    assert records.read_record_files([sound])[0]["stay_id"].tolist() == [1002]
+
+
+def test_a_record_file_that_is_not_a_record_is_named_but_not_quoted(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("kept-private:x:0:0:/home/kept-private:/bin/bash\nsecond line\n")  # as /etc/passwd
+    link = tmp_path / "132539.txt"
+    link.symlink_to(secret)
+    with pytest.raises(physionet2012.PhysioNet2012Error) as refused:
+        records.read_record_files([link])
+    assert str(refused.value).startswith(f"{link} line 1: expected header")
+    assert "kept-private" not in str(refused.value) and "second" not in str(refused.value)
+
+
+def test_a_line_longer_than_a_csv_block_is_a_skip_naming_file_and_line(tmp_path):
+    # One 2 MiB line (pyarrow reads 1 MiB blocks): once an error naming no file ("straddling object").
+    members = {"set-a/1001.txt": P12_RECORD.format(id=1001, body=f"00:10,HR,80\n00:11,HR,{'9' * (2 << 20)}").encode(),
+               "set-a/1002.txt": P12_RECORD.format(id=1002, body="00:10,HR,81").encode()}  # fmt: skip
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "set-a.tar.gz").write_bytes(_tar_gz(members))
+    (tmp_path / "raw" / "Outcomes-a.txt").write_bytes(_outcomes_text([1001, 1002], None, hostile=False))
+    manifest = physionet2012.preprocess(tmp_path / "raw", tmp_path / "out")
+    assert manifest["skipped_lines"] == [
+        "set-a.tar.gz:set-a/1001.txt line 5: line of 2,097,161 bytes, longer than the 65,536 a record line may have"
+    ]
+    assert read_processed(tmp_path / "out").observations["value"].tolist() == [80, 81]
+
+
 @RELEASES
 @given(payload=st.binary(max_size=2000), truncate=st.booleans())
 def test_physionet2012_random_or_truncated_archive_is_a_clear_error(payload, truncate):
@@ -306,6 +344,24 @@ def test_physionet2019_empty_or_undecodable_files_end_in_a_clear_error_or_skip(t
     (tmp_path / "raw" / "training_setA" / "p000001.psv").write_bytes(payload)
     run_parser(lambda: physionet2019.preprocess(tmp_path / "raw", tmp_path / "out"), physionet2019.PhysioNet2019Error,
                tmp_path / "out")  # fmt: skip
+
+
+def test_physionet2019_a_line_longer_than_a_csv_block_is_a_skip_naming_file_and_line(tmp_path):
+    row = b"|".join([b"80"] * (len(physionet2019.COLUMNS) - 2) + [b"1", b"0"])
+    (tmp_path / "raw" / "training_setA").mkdir(parents=True)
+    long_row = b"9" * (2 << 20) + row[2:].replace(b"|1|0", b"|2|0")
+    (tmp_path / "raw" / "training_setA" / "p000001.psv").write_bytes(b"\n".join([physionet2019.HEADER, row, long_row]))
+    manifest = physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
+    assert len(manifest["skipped_lines"]) == 1
+    assert manifest["skipped_lines"][0].startswith("training_setA/p000001.psv line 3: line of 2,097,")
+
+
+def test_physionet2019_a_record_file_without_an_observation_in_the_window_is_refused_by_name(tmp_path):
+    late = tmp_path / "p000001.psv"  # one row, at ICU hour 49
+    row = b"|".join([b"80"] * (len(physionet2019.COLUMNS) - 2) + [b"49", b"0"])
+    late.write_bytes(physionet2019.HEADER + b"\n" + row)
+    with pytest.raises(physionet2019.PhysioNet2019Error, match=rf"^{late}: no observation .*\(ICULOS <= 48\)"):
+        records.read_record_files([late])
 
 
 @RELEASES

@@ -120,9 +120,13 @@ def test_zeros_are_observations(demo):
     output = _demo_table("OUTPUTEVENTS", ["icustay_id", "itemid", "charttime", "value"])
     urine_items = next(v for v in GARLIC_VARIABLES if v.name == "Urine output").items["output"]
     raw = _in_window(output[output["itemid"].isin(urine_items)], _stays_of(dataset))
-    assert (raw["value"] == 0).sum() > 0
-    assert (urine["value"] == 0).sum() == (raw["value"] == 0).sum()
-    assert len(urine) == raw["value"].notna().sum()
+    raw = raw[raw["value"].notna()]
+    totals = raw.groupby(["icustay_id", "charttime"])["value"].sum()  # outputs charted together are summed
+    assert len(totals) < len(raw)  # the demo has such outputs
+    assert (totals == 0).sum() > 0
+    assert (urine["value"] == 0).sum() == (totals == 0).sum()
+    assert len(urine) == len(totals)
+    assert urine["value"].sum() == pytest.approx(totals.sum(), rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,6 +231,40 @@ def test_malformed_rows_are_counted_and_skipped(tmp_path):
     assert any("expected 10 fields, got 5" in e for e in report["malformed_examples"])
     assert any("not-a-time" in e for e in report["malformed_examples"])
     assert manifest["counts"]["observations_per_variable"]["Heart Rate"] == 4  # the good rows are all kept
+
+
+@pytest.mark.parametrize("bad, message", [("20,1,11,101,220045\n", "Expected 10 columns, got 5"),
+                                          (f"21,1,11,101,220045,not-a-time,99,99,bpm,0\n", "not-a-time")])
+def test_strict_stops_at_the_first_malformed_row_naming_the_table(tmp_path, bad, message):
+    folder = _write(tmp_path / "db", _tiny_tables())
+    with open(folder / "CHARTEVENTS.csv", "a") as chart:
+        chart.write(bad)
+    with pytest.raises(MimicError, match=rf"CHARTEVENTS\.csv: .*{message}"):
+        preprocess(folder, tmp_path / "out", strict=True)
+    assert not (tmp_path / "out").exists()
+    preprocess(_write(tmp_path / "clean", _tiny_tables()), tmp_path / "clean-out", strict=True)  # nothing to stop on
+
+
+def test_outputs_charted_at_one_time_are_summed(tmp_path):
+    tables = _tiny_tables()
+    # Foley 400 mL and a void of 0 mL charted together, then 50 mL; the garlic cohort reads OUTPUTEVENTS.
+    tables["OUTPUTEVENTS"] = pd.DataFrame({
+        "ROW_ID": range(3), "SUBJECT_ID": [1] * 3, "HADM_ID": [11] * 3, "ICUSTAY_ID": [101] * 3,
+        "CHARTTIME": [_at(2), _at(2), _at(3)], "ITEMID": [40055, 226560, 40055], "VALUE": [400, 0, 50],
+        "VALUEUOM": ["mL"] * 3, "ISERROR": [None] * 3,
+    })  # fmt: skip
+    empty = {"ROW_ID": [], "SUBJECT_ID": [], "HADM_ID": [], "ICUSTAY_ID": [], "ITEMID": [], "AMOUNT": [],
+             "AMOUNTUOM": []}  # fmt: skip
+    tables["INPUTEVENTS_CV"] = pd.DataFrame({**empty, "CHARTTIME": []})
+    tables["INPUTEVENTS_MV"] = pd.DataFrame({**empty, "STARTTIME": [], "ENDTIME": [], "STATUSDESCRIPTION": []})
+    manifest = preprocess(_write(tmp_path / "db", tables), tmp_path / "out", cohort="garlic")
+    assert manifest["summed_variables"] == ["Urine output", "Stool output"]
+    urine = read_processed(tmp_path / "out").observations.query("variable == 'Urine output'").sort_values("time")
+    assert urine["value"].tolist() == [400, 50]
+    tensors = load_tensors(tmp_path / "out")
+    column = tensors.variables.index("Urine output")
+    observed = tensors.values[0][tensors.mask[0][:, column], column]
+    assert observed.tolist() == [400, 50]  # not the later 0
 
 
 def test_variable_tables_map_each_itemid_once():

@@ -241,6 +241,34 @@ def test_bad_line_is_a_counted_skip_naming_file_and_line(tmp_path, bad, reason):
     assert not (tmp_path / "strict").exists()
 
 
+def test_strict_lets_the_releases_nameless_parameter_lines_through(tmp_path):
+    # set-c's own quirk: ``HH:MM,,value`` lines whose parameter name is lost. Skipped and counted, strict or not.
+    records = {1001: record_text(1001, ["00:10,HR,80", "10:45,,1.9"]), 1002: record_text(1002)}
+    source = make_release(tmp_path / "source", records, letter="c")
+    manifest = preprocess(source, tmp_path / "strict", strict=True)
+    assert manifest["skipped_lines"] == ["set-c.tar.gz:set-c/1001.txt line 9: unknown parameter ''"]
+    assert read_processed(tmp_path / "strict").labels["stay_id"].tolist() == [1001, 1002]
+    records[1002] = record_text(1002, ["00:20,HR,abc"])
+    with pytest.raises(PhysioNet2012Error, match=r"set-c/1002\.txt line 8: unparseable value 'abc'"):
+        preprocess(make_release(tmp_path / "damaged", records, letter="c"), tmp_path / "damaged-out", strict=True)
+
+
+def test_urine_at_one_time_is_summed_and_other_repeats_keep_the_later_reading(tmp_path):
+    body = ["00:30,Urine,400", "00:30,HR,80", "00:30,Urine,0", "00:30,HR,90", "01:00,Urine,50"]
+    source = make_release(tmp_path / "source", {1001: record_text(1001, body), 1002: record_text(1002)})
+    manifest = preprocess(source, tmp_path / "out")
+    assert manifest["summed_variables"] == ["Urine"]
+    obs = read_processed(tmp_path / "out").observations.query("stay_id == 1001")
+    urine = obs[obs["variable"] == "Urine"].sort_values("time")
+    assert urine["value"].tolist() == [400, 50]  # 400 mL then 0 at one time: 400 mL, not the later 0
+    assert sorted(obs[obs["variable"] == "HR"]["value"]) == [80, 90]  # kept as read
+    tensors = load_tensors(tmp_path / "out")
+    stay = tensors.stay_ids.tolist().index(1001)
+    column = {name: i for i, name in enumerate(tensors.variables)}
+    assert tensors.values[stay, 0, column["Urine"]] == 400 and tensors.values[stay, 0, column["HR"]] == 90
+    assert tensors.values[stay, 1, column["Urine"]] == 50
+
+
 def test_bad_header_is_a_skip_and_the_stay_is_dropped(tmp_path):
     records = {1001: "Time;Parameter;Value\n00:10,HR,80\n", 1002: record_text(1002)}
     manifest = preprocess(make_release(tmp_path / "source", records), tmp_path / "out")

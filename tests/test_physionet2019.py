@@ -9,8 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from garlic.cli import main
+from garlic.config import Config
+from garlic.datasets import processed_folder
 from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
-from preprocessing.tables import read_processed
+from preprocessing.tables import DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -183,6 +186,40 @@ def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path):
     assert sorted(dataset.observations.query("stay_id == 1")["time"]) == [1.0, 2.0]
     with pytest.raises(PhysioNet2019Error, match=r"p000001.psv line 4"):
         preprocess(tmp_path / "source", tmp_path / "strict", strict=True)
+
+
+def test_each_cohort_is_its_own_dataset_and_folder(tmp_path, capsys):
+    source = _write_set(tmp_path / "source", "folder", STAYS)
+    root = tmp_path / "data"
+    for cohort in ("garlic", "early"):  # early after garlic used to replace it
+        main(["--data-root", str(root), "preprocess", "physionet2019", "--source", str(source), "--cohort", cohort])
+    assert "next: garlic train --dataset physionet2019-early" in capsys.readouterr().out
+    garlic = read_processed(processed_folder("physionet2019-garlic", root))
+    early = read_processed(processed_folder("physionet2019-early", root))
+    assert garlic.manifest["cohort"] == "garlic" and garlic.labels["stay_id"].tolist() == [1, 2, 3]
+    assert early.manifest["cohort"] == "early" and early.labels["stay_id"].tolist() == [2]
+    with pytest.raises(DatasetNotFoundError, match="physionet2019-garlic, physionet2019-raindrop, physionet2019-early"):
+        processed_folder("physionet2019", root)
+    with pytest.raises(SystemExit):  # training must name the cohort
+        main(["--data-root", str(root), "train", "--dataset", "physionet2019"])
+    assert "invalid choice: 'physionet2019'" in capsys.readouterr().err
+    preset = Config.for_dataset("physionet2019-early")  # the cohort's dataset takes the source's shipped preset
+    assert preset.dataset == "physionet2019-early" and preset == Config.for_dataset("physionet2019-garlic").override(
+        {"dataset": "physionet2019-early"}) and preset.window_size == 9  # fmt: skip
+
+
+def test_strict_reaches_the_preprocessor_from_the_command_line(tmp_path, capsys):
+    unreadable = "|".join(["abc", *["NaN"] * (len(COLUMNS) - 3), "3", "0"]).encode()
+    files = {"p000001.psv": HEADER + b"\n" + unreadable + b"\n", "p000002.psv": STAYS["p000001.psv"]}
+    source = _write_set(tmp_path / "source", "folder", files)
+    command = ["--data-root", str(tmp_path / "data"), "preprocess", "physionet2019", "--source", str(source)]
+    with pytest.raises(SystemExit) as stopped:
+        main([*command, "--strict"])
+    assert stopped.value.code == 2
+    assert "training_setA/p000001.psv line 2: unparseable value 'abc' for HR" in capsys.readouterr().err
+    assert not processed_folder("physionet2019-garlic", tmp_path / "data").exists()
+    main(command)  # without --strict the line is a counted skip
+    assert read_manifest(processed_folder("physionet2019-garlic", tmp_path / "data"))["counts"]["skipped_lines"] == 1
 
 
 def test_missing_source_and_repeated_stays_are_errors(tmp_path):
