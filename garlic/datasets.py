@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from preprocessing import mimic3, physionet2012, physionet2019, synthetic
-from preprocessing.tables import MANIFEST, DatasetNotFoundError
+from preprocessing.tables import MANIFEST, DatasetNotFoundError, recover
 
 DEFAULT_DATA_ROOT = Path(os.environ.get("GARLIC_DATA_ROOT", "data"))
 
@@ -134,8 +134,12 @@ def preprocess(
 
 
 def ensure_processed(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
-    """The dataset's processed folder; the synthetic cohort is generated when absent, real data must be prepared."""
+    """The dataset's processed folder; the synthetic cohort is generated when absent, real data must be prepared.
+
+    A folder that a killed ``garlic preprocess`` left retired is put back first, never replaced by a new cohort.
+    """
     folder = processed_folder(dataset, data_root)
+    recover(folder)
     if (folder / MANIFEST).is_file():
         return folder
     if dataset == "synthetic":

@@ -7,42 +7,118 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import mlflow
 from mlflow.exceptions import MlflowException
 
 from garlic.checkpoint import TrainedModel, load_model, save_model
+from preprocessing.locks import LockHeld, acquire, is_held, locked, release
 
 DEFAULT_STORE = Path(os.environ.get("GARLIC_MLRUNS", "mlruns"))
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # progress bars are noise for a local copy
 MODEL_ARTIFACT = "model"
+DATABASE = "mlflow.db"
 
 
 class RunNotFoundError(LookupError):
     """A run id that the store does not hold, or a run without a model."""
 
 
+def _store_lock(store: Path) -> Path:
+    return store / f".{DATABASE}.lock"
+
+
 def use_store(store: Path = DEFAULT_STORE) -> str:
-    """Point MLflow at the local store in ``store`` (created when absent); returns the tracking URI."""
+    """Point MLflow at the local store in ``store`` (created when absent); returns the tracking URI.
+
+    A new store's database is made under a lock, in a temporary file renamed into place once all of MLflow's tables
+    exist: processes starting together on a new folder wait for one another, and one killed half-way leaves no
+    database behind, only a temporary that the next one deletes.
+    """
     store = Path(store).resolve()
     store.mkdir(parents=True, exist_ok=True)
-    uri = f"sqlite:///{store / 'mlflow.db'}"
+    database = store / DATABASE
+    if not database.is_file():
+        with locked(_store_lock(store)):
+            if not database.is_file():
+                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # slow to import; rarely needed
+
+                for stale in store.glob(f".{DATABASE}.*.creating"):  # left by a killed process: under the lock
+                    stale.unlink()
+                handle, temporary = tempfile.mkstemp(prefix=f".{DATABASE}.", suffix=".creating", dir=store)
+                os.close(handle)  # SQLite takes an empty file for a new database
+                SqlAlchemyStore(f"sqlite:///{temporary}", (store / "artifacts").as_uri()).engine.dispose()
+                os.chmod(temporary, 0o644)
+                os.replace(temporary, database)
+    uri = f"sqlite:///{database}"
     mlflow.set_tracking_uri(uri)
     return uri
 
 
 def use_experiment(name: str, store: Path = DEFAULT_STORE) -> str:
-    """Make ``name`` the active experiment, its artifacts kept under ``store/artifacts/name``."""
+    """Make ``name`` the active experiment, its artifacts kept under ``store/artifacts/name``.
+
+    Runs of it that a killed ``garlic train`` left RUNNING are marked FAILED on the way (``mark_dead_runs_failed``).
+    """
+    store = Path(store).resolve()
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        location = (Path(store).resolve() / "artifacts" / name).as_uri()
-        experiment_id = client.create_experiment(name, artifact_location=location)
-    else:
-        experiment_id = experiment.experiment_id
-    mlflow.set_experiment(experiment_id=experiment_id)
-    return experiment_id
+        with locked(_store_lock(store)):  # two processes must not both create it
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                location = (store / "artifacts" / name).as_uri()
+                client.create_experiment(name, artifact_location=location)
+                experiment = client.get_experiment_by_name(name)
+    mlflow.set_experiment(experiment_id=experiment.experiment_id)
+    mark_dead_runs_failed(experiment.experiment_id, store)
+    return experiment.experiment_id
+
+
+class RunInUseError(ValueError):
+    """The run is being trained by a live process."""
+
+
+def _run_lock(store: Path, run_id: str) -> Path:
+    return Path(store).resolve() / "locks" / run_id
+
+
+@contextmanager
+def claim_run(store: Path, run_id: str) -> Iterator[None]:
+    """Hold run ``run_id`` for the ``with`` block: another claim (a second ``--resume``) is refused meanwhile.
+
+    The claim is a lock on ``STORE/locks/RUN_ID``, which the operating system releases when its process dies: a
+    killed run can be claimed again at once. The file stays, marking the run as one that ``garlic train`` holds while
+    it trains.
+    """
+    path = _run_lock(store, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        handle = acquire(path, wait=False)
+    except LockHeld:
+        raise RunInUseError(f"run {run_id} is being trained by another process right now; "
+                            "wait for it to end (or stop it) before resuming it") from None  # fmt: skip
+    try:
+        yield
+    finally:
+        release(handle)
+
+
+def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> list[str]:
+    """Mark FAILED the runs left RUNNING by a ``garlic train`` that died (no live process holds them); their ids.
+
+    Only runs with a claim file are judged: a run logged by other code has no claim and is left as it is.
+    """
+    client = mlflow.MlflowClient()
+    running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
+    dead = [r.info.run_id for r in running
+            if _run_lock(store, r.info.run_id).is_file() and not is_held(_run_lock(store, r.info.run_id))]  # fmt: skip
+    for run_id in dead:
+        client.set_terminated(run_id, status="FAILED")
+    return dead
 
 
 def log_model(trained: TrainedModel) -> None:

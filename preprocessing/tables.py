@@ -15,12 +15,15 @@ A processed dataset is one folder holding:
   every dropped stay or skipped row with its reason. It is written last: a folder without it is incomplete.
 
 Folders are written beside their destination and renamed into place, so a crash never leaves a half-written
-dataset where a reader would find it.
+dataset where a reader would find it; what a killed writer leaves beside it is cleaned up or put back by the next
+writer or reader (``recover``).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -30,6 +33,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from preprocessing.locks import acquire, is_held, locked, release
+
+log = logging.getLogger(__name__)
 
 PREPROCESSING_VERSION = "1"
 
@@ -96,8 +103,51 @@ def _observation_table(observations: pd.DataFrame, variables: list[str]) -> pa.T
 
 
 def atomic_directory(destination: Path) -> "_AtomicDirectory":
-    """Context manager yielding a temporary folder that replaces ``destination`` only on success."""
+    """Context manager yielding a temporary folder that replaces ``destination`` only on success.
+
+    The staging folder (``.NAME.XXXX`` beside ``destination``) stays locked while its process lives, and the
+    replacement (two renames: the old folder to ``.NAME.retired-PID``, the staging folder into place) happens under
+    the lock file ``.NAME.lock``. What a killed process left there is undone on the next use (``recover``).
+    """
     return _AtomicDirectory(Path(destination))
+
+
+def _publish_lock(destination: Path) -> Path:
+    return destination.with_name(f".{destination.name}.lock")
+
+
+def _leftovers(destination: Path) -> list[Path]:
+    """Staging and retired folders of ``destination``: ``.NAME.*`` folders beside it (not the lock file)."""
+    pattern = f".{glob.escape(destination.name)}.*"
+    return sorted(p for p in destination.parent.glob(pattern) if p.is_dir() and not p.is_symlink())
+
+
+def recover(destination: Path) -> None:
+    """Undo what a process killed while writing ``destination`` left beside it.
+
+    A retired folder is put back when ``destination`` is missing (the process died between the two renames: the
+    dataset that was there comes back) and deleted otherwise; a staging folder whose process is dead is deleted.
+    A live process's staging is left alone.
+    """
+    destination = Path(destination)
+    if not destination.parent.is_dir() or not _leftovers(destination):
+        return  # the usual case: nothing to lock (and the folder may be read-only)
+    with locked(_publish_lock(destination), remove=True):
+        _recover_locked(destination)
+
+
+def _recover_locked(destination: Path) -> None:
+    for folder in _leftovers(destination):
+        if ".retired-" in folder.name:
+            if not destination.exists() and (folder / MANIFEST).is_file():
+                os.replace(folder, destination)
+                log.warning("%s: restored from %s, left by a process killed while replacing it", destination,
+                            folder.name)  # fmt: skip
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+        elif not is_held(folder):
+            log.warning("%s: removing %s, left by a process killed while writing it", destination, folder.name)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class _AtomicDirectory:
@@ -106,21 +156,28 @@ class _AtomicDirectory:
 
     def __enter__(self) -> Path:
         self.destination.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent))
-        self.staging.chmod(0o755)  # mkdtemp's private 0700 would hide the dataset from other users
+        with locked(_publish_lock(self.destination), remove=True):
+            _recover_locked(self.destination)
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent))
+            self.staging.chmod(0o755)  # mkdtemp's private 0700 would hide the dataset from other users
+            self.held = acquire(self.staging)  # taken before the publish lock is let go: never seen unlocked
         return self.staging
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            return
-        retired = None
-        if self.destination.exists():
-            retired = self.destination.with_name(f".{self.destination.name}.retired-{os.getpid()}")
-            os.replace(self.destination, retired)
-        os.replace(self.staging, self.destination)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
+        try:
+            if exc_type is not None:
+                shutil.rmtree(self.staging, ignore_errors=True)
+                return
+            with locked(_publish_lock(self.destination), remove=True):
+                retired = None
+                if self.destination.exists():
+                    retired = self.destination.with_name(f".{self.destination.name}.retired-{os.getpid()}")
+                    os.replace(self.destination, retired)
+                os.replace(self.staging, self.destination)
+                if retired is not None:
+                    shutil.rmtree(retired, ignore_errors=True)
+        finally:
+            release(self.held)
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
