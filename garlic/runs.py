@@ -11,6 +11,7 @@ as the uninterrupted run would have. Under ``torchrun`` every rank fits; only ra
 from __future__ import annotations
 
 import shutil
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,7 +28,16 @@ from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.explanation_report import log_explanations
 from garlic.metrics import binary_metrics
 from garlic.splits import Split, load_splits
-from garlic.tracking import DEFAULT_STORE, get_run, load_run_model, log_model, use_experiment, use_store
+from garlic.tracking import (
+    DEFAULT_STORE,
+    claim_run,
+    get_run,
+    load_run_model,
+    log_model,
+    use_experiment,
+    use_store,
+    was_claimed,
+)
 from garlic.train import (
     AlternatingTrainer,
     EpochRecord,
@@ -195,16 +205,17 @@ def _tracked_train(
     manifest = read_manifest(folder)
     results = []
     begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}"}
-    with mlflow.start_run(**begin) as parent:
-        if resume_run is None:
-            mlflow.log_params(config.to_dict())
+    # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
+    with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
+        if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
             mlflow.log_dict(config.to_dict(), "config.json")
-            mlflow.log_dict(manifest, "data_manifest.json")
+            mlflow.log_params(config.to_dict())
             indices = list(dict.fromkeys(split.index for split, _ in units))
             mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
                                run_contract.DATA_FOLDER: str(folder),
                                run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
                                run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
+            mlflow.log_dict(manifest, "data_manifest.json")
         nested = len(units) > 1
         earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
         for split, unit_config in units:
@@ -261,17 +272,24 @@ def resume(
     was stopped in its first epoch), in the same MLflow run. Epochs done after the last checkpoint are done again,
     with the same result, and their metrics logged once more at the same steps. ``device`` may differ from the
     run's (resuming on another machine). Under ``torchrun`` only rank 0 reads the store and sends the others the
-    config.
+    config. A run that a live process is training is refused (``RunInUseError``); a dead one's claim is taken over.
     """
-    plan = _resume_plan(run_id, store) if distributed.is_main() else None
-    plan = distributed.broadcast_state(plan)
-    config = Config().override(plan["config"])
-    if device is not None:
-        config = config.override({"device": device})
-    return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id, seeds=plan["seeds"])
+    main = distributed.is_main()
+    if main:  # asked before the claim below makes a claim file for the run
+        use_store(store)
+        get_run(run_id)  # an unknown id fails here
+        started_by_train = was_claimed(store, run_id)
+    with claim_run(store, run_id) if main else nullcontext():
+        plan = _resume_plan(run_id, store, started_by_train) if main else None
+        plan = distributed.broadcast_state(plan)
+        config = Config().override(plan["config"])
+        if device is not None:
+            config = config.override({"device": device})
+        return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id,
+                     seeds=plan["seeds"])  # fmt: skip
 
 
-def _resume_plan(run_id: str, store: Path) -> dict:
+def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
     use_store(store)
     run = get_run(run_id)
     if run.info.status == "FINISHED":
@@ -280,7 +298,11 @@ def _resume_plan(run_id: str, store: Path) -> dict:
     if parent:
         raise ValueError(f"run {run_id} is one split of run {parent}; resume that one")
     if "split_indices" not in run.data.params:
-        raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+        if not started_by_train:
+            raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+        mlflow.MlflowClient().set_terminated(run_id, status="FAILED")
+        raise ValueError(f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
+                         "it is now marked FAILED: start a new run")  # fmt: skip
     config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/config.json")
     seeds = run.data.params.get(run_contract.SEEDS)
     return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")],

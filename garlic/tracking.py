@@ -107,6 +107,11 @@ def claim_run(store: Path, run_id: str) -> Iterator[None]:
         release(handle)
 
 
+def was_claimed(store: Path, run_id: str) -> bool:
+    """Whether ``garlic train`` ever claimed run ``run_id`` (it does before it logs anything)."""
+    return _run_lock(store, run_id).is_file()
+
+
 def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> list[str]:
     """Mark FAILED the runs left RUNNING by a ``garlic train`` that died (no live process holds them); their ids.
 
@@ -115,7 +120,7 @@ def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> li
     client = mlflow.MlflowClient()
     running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
     dead = [r.info.run_id for r in running
-            if _run_lock(store, r.info.run_id).is_file() and not is_held(_run_lock(store, r.info.run_id))]  # fmt: skip
+            if was_claimed(store, r.info.run_id) and not is_held(_run_lock(store, r.info.run_id))]  # fmt: skip
     for run_id in dead:
         client.set_terminated(run_id, status="FAILED")
     return dead

@@ -1,11 +1,14 @@
 """Resumable training: a fit continued from an epoch checkpoint ends exactly where an uninterrupted one does, and
-``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or SIGTERM) in the same MLflow run."""
+``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or SIGTERM) in the same MLflow run; a run still
+training cannot be resumed a second time, and a dead one is marked FAILED."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from garlic import runs
 from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.splits import load_splits
-from garlic.tracking import use_store
+from garlic.tracking import RunInUseError, use_experiment, use_store
 from garlic.train import AlternatingTrainer, load_training_state, predict_proba, save_training_state
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
@@ -158,3 +161,64 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     assert not (store / "checkpoints" / run_id).exists()  # a finished run keeps no checkpoint
     with pytest.raises(ValueError, match="has finished; there is nothing to resume"):
         runs.resume(run_id, root, store)
+
+
+def test_resuming_a_run_that_is_still_training_is_refused_and_its_history_stays_whole(cohort, tmp_path):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    refusals = []
+
+    def try_to_resume(split: str, record) -> None:  # while the run trains, as a second `--resume` would
+        with pytest.raises(RunInUseError, match="is being trained by another process") as caught:
+            runs.resume(mlflow.active_run().info.run_id, root, store)
+        refusals.append(str(caught.value))
+
+    config = Config.for_dataset("synthetic").override({**SMALL, "max_epochs": 2})
+    run_id, _ = runs.train(config, [0], data_root=root, store=store, on_epoch=try_to_resume)
+    assert len(refusals) == 2 and run_id in refusals[0]
+    logged = _logged(store, run_id)
+    assert logged["run"].info.status == "FINISHED" and sorted(logged["history"]) == [1, 2]
+    assert [m.step for m in mlflow.MlflowClient().get_metric_history(run_id, "val_auroc")] == [1, 2]
+
+
+DIE_AFTER_LOGGING = """
+    import json, os, signal, sys
+    from pathlib import Path
+    import mlflow
+    from garlic import runs
+    from garlic.config import Config
+    log_dict = mlflow.log_dict
+    def log_then_die(payload, name):
+        log_dict(payload, name)
+        if name == sys.argv[3]:
+            os.kill(os.getpid(), signal.SIGKILL)
+    mlflow.log_dict = log_then_die
+    config = Config.for_dataset("synthetic").override(json.loads(sys.argv[4]))
+    runs.train(config, [0], data_root=Path(sys.argv[1]), store=Path(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("last_logged", ["data_manifest.json", "config.json"])
+def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when_it_can(
+    cohort, uninterrupted, tmp_path, last_logged
+):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    command = [sys.executable, "-c", textwrap.dedent(DIE_AFTER_LOGGING), str(root), str(store), last_logged,
+               json.dumps(SMALL)]  # fmt: skip
+    died = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    use_store(store)
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.info.status == "RUNNING"
+    use_experiment("synthetic", store)  # what the next `garlic train` does first: a dead run is marked so
+    assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
+
+    if last_logged == "config.json":  # killed before its splits were logged: nothing to resume from
+        with pytest.raises(ValueError, match="killed before it logged its config and splits.*marked FAILED"):
+            runs.resume(run.info.run_id, root, store)
+        return
+    assert runs.resume(run.info.run_id, root, store)[0] == run.info.run_id
+    got, want = _logged(store, run.info.run_id), _logged(*uninterrupted)
+    assert got["run"].info.status == "FINISHED" and got["history"] == want["history"]
+    assert got["run"].data.metrics["test_auroc"] == want["run"].data.metrics["test_auroc"]
