@@ -2,12 +2,16 @@
 
 The server serves the shared PhysioNet 2012 release under ``/good/``, a corrupted and a truncated copy under
 ``/bad/``, a connection that breaks off half-way under ``/flaky/``, and a small PhysioNet 2019-style release (with
-its ``SHA256SUMS.txt``) under ``/p19/``. It honours HTTP Range requests and records every request it gets.
+its ``SHA256SUMS.txt``) under ``/p19/``. It honours HTTP Range requests and records every request it gets. Routes
+under ``/slow/`` send their bytes in ten pieces 50 ms apart, under ``/trickle/`` one byte every 50 ms, and under
+``/nolength/`` without a Content-Length header.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -61,14 +65,25 @@ class Server:
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.send_header("Content-Length", str(len(data) - start))
+                if not self.path.startswith("/nolength/"):
+                    self.send_header("Content-Length", str(len(data) - start))
                 self.end_headers()
                 if self.path.startswith("/flaky/"):
                     self.wfile.write(data[start : len(data) // 2])
                     self.wfile.flush()
                     self.connection.close()
                     return
-                self.wfile.write(data[start:])
+                piece = {"/slow/": -(-len(data) // 10), "/trickle/": 1}.get(self.path[: self.path.find("/", 1) + 1])
+                if piece is None:
+                    self.wfile.write(data[start:])
+                    return
+                for at in range(start, len(data), piece):
+                    try:
+                        self.wfile.write(data[at : at + piece])
+                        self.wfile.flush()
+                    except OSError:  # the client hung up
+                        return
+                    time.sleep(0.05)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -233,3 +248,99 @@ def test_the_cli_downloads_and_reports(server, tmp_path, capsys):
         cli.main(["download", "physionet2012", "--to", str(tmp_path / "b"), "--base-url", f"{server.url}/bad/",
                   "--only", "Outcomes-c.txt"])  # fmt: skip
     assert exit_code.value.code == 2 and "checksum mismatch" in capsys.readouterr().err
+
+
+def test_a_partial_file_that_is_a_link_is_refused_and_its_target_left_alone(server, tmp_path):
+    data = b"0123456789" * 100
+    server.routes["/f.bin"] = data
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    (tmp_path / ".f.bin.partial").symlink_to(victim)
+    with pytest.raises(DownloadError, match=r"\.f\.bin\.partial is a symbolic link; refusing to write through it"):
+        download_file(f"{server.url}/f.bin", tmp_path / "f.bin", sha256(data))
+    assert victim.read_bytes() == b"precious" and not (tmp_path / "f.bin").exists()
+
+    (tmp_path / ".f.bin.partial").unlink()  # a dangling link: following it would create its target
+    (tmp_path / ".f.bin.partial").symlink_to(tmp_path / "made-through-the-link")
+    with pytest.raises(DownloadError, match="symbolic link"):
+        download_file(f"{server.url}/f.bin", tmp_path / "f.bin", sha256(data))
+    assert not (tmp_path / "made-through-the-link").exists() and server.requests == []
+
+
+def test_two_downloads_of_one_file_at_once_leave_the_verified_bytes(server, tmp_path):
+    data = os.urandom(3 << 20)  # several reads of CHUNK bytes, 50 ms apart
+    server.routes["/slow/f.bin"] = data
+    destination = tmp_path / "f.bin"
+    outcomes, errors = [], []
+
+    def fetch() -> None:
+        try:
+            outcomes.append(download_file(f"{server.url}/slow/f.bin", destination, sha256(data)).status)
+        except Exception as exc:  # noqa: BLE001 - any failure of either thread is the finding
+            errors.append(repr(exc))
+
+    first = threading.Thread(target=fetch)
+    first.start()
+    partial = tmp_path / ".f.bin.partial"
+    while not (partial.exists() and partial.stat().st_size) and first.is_alive():
+        time.sleep(0.005)
+    second = threading.Thread(target=fetch)  # starts while the first is half-way
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert errors == [] and sorted(outcomes) == ["already verified", "downloaded"]
+    assert destination.read_bytes() == data and len(server.gets("/slow/")) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]  # no partial, no lock file
+
+
+def test_bytes_changed_after_the_check_are_caught_in_place(server, tmp_path, monkeypatch):
+    data = b"0123456789" * 100
+    server.routes["/f.bin"] = data
+    from preprocessing import download as module
+
+    replace = os.replace
+
+    def replace_then_append(source, target):  # a writer that ignores the lock keeps writing the file
+        replace(source, target)
+        with open(target, "ab") as late:
+            late.write(b"late bytes")
+
+    monkeypatch.setattr(module.os, "replace", replace_then_append)
+    with pytest.raises(DownloadError, match="f.bin: its bytes changed after they were verified"):
+        download_file(f"{server.url}/f.bin", tmp_path / "f.bin", sha256(data))
+    assert not (tmp_path / "f.bin").exists()
+
+
+@pytest.mark.parametrize("route", ["/f.bin", "/nolength/f.bin"])
+def test_a_file_larger_than_expected_is_cut_off_and_deleted(server, tmp_path, route):
+    data = b"x" * 300_000
+    server.routes[route] = data
+    with pytest.raises(DownloadError, match="sent more than the expected 1,000 bytes.*nothing was kept"):
+        download_file(f"{server.url}{route}", tmp_path / "f.bin", sha256(data), max_bytes=1_000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_physionet2012_files_are_capped_at_their_release_size(server, tmp_path):
+    server.routes["/big/Outcomes-a.txt"] = b"RecordID,In-hospital_death\n" * 20_000  # 540 kB for a 79 kB file
+    with pytest.raises(DownloadError, match="more than the expected 79,219 bytes"):
+        download_physionet2012(tmp_path, f"{server.url}/big/", names=["Outcomes-a.txt"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trickling_server_meets_the_deadline_and_the_part_is_kept_to_resume(server, tmp_path):
+    data = b"y" * 1_000
+    server.routes["/trickle/f.bin"] = server.routes["/f.bin"] = data
+    started = time.monotonic()
+    with pytest.raises(DownloadError, match=r"not done within its deadline of 0.3 s .*run the same command again"):
+        download_file(f"{server.url}/trickle/f.bin", tmp_path / "f.bin", sha256(data), deadline_s=0.3)
+    assert time.monotonic() - started < 3
+    kept = (tmp_path / ".f.bin.partial").stat().st_size
+    assert 0 < kept < len(data)
+    assert download_file(f"{server.url}/f.bin", tmp_path / "f.bin", sha256(data)).status == "resumed"
+    assert (tmp_path / "f.bin").read_bytes() == data
+
+
+def test_a_trickling_checksum_list_meets_the_deadline(server, tmp_path):
+    server.routes["/trickle/SHA256SUMS.txt"] = f"{'b' * 64}  training/training_setA/p000001.psv\n".encode()
+    with pytest.raises(DownloadError, match="SHA256SUMS.txt: not done within its deadline of 0.2 s"):
+        download_physionet2019(tmp_path, f"{server.url}/trickle/", deadline_s=0.2)
