@@ -115,12 +115,14 @@ def was_claimed(store: Path, run_id: str) -> bool:
 def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> list[str]:
     """Mark FAILED the runs left RUNNING by a ``garlic train`` that died (no live process holds them); their ids.
 
-    Only runs with a claim file are judged: a run logged by other code has no claim and is left as it is.
+    Only runs with a claim file are judged (with their split runs): a run logged by other code has no claim and is
+    left as it is.
     """
     client = mlflow.MlflowClient()
     running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
     dead = [r.info.run_id for r in running
             if was_claimed(store, r.info.run_id) and not is_held(_run_lock(store, r.info.run_id))]  # fmt: skip
+    dead += [r.info.run_id for r in running if r.data.tags.get("mlflow.parentRunId") in dead]
     for run_id in dead:
         client.set_terminated(run_id, status="FAILED")
     return dead

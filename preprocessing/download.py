@@ -198,10 +198,6 @@ def _fetch_and_hash(
     return resumed, _sha256_file(partial)
 
 
-def _is_plain_file(path: Path) -> bool:
-    return path.is_file() and not path.is_symlink()
-
-
 def download_file(
     url: str, destination: Path, sha256: str, max_bytes: int | None = None, deadline_s: float = DEADLINE_SECONDS
 ) -> Outcome:
@@ -217,7 +213,7 @@ def download_file(
 
 
 def _download_locked(url: str, destination: Path, sha256: str, max_bytes: int | None, seconds: float) -> Outcome:
-    if _is_plain_file(destination) and _sha256_file(destination) == sha256:
+    if destination.is_file() and not destination.is_symlink() and _sha256_file(destination) == sha256:
         return Outcome(destination.name, "already verified", sha256)
     deadline = time.monotonic() + seconds
     partial = destination.with_name(f".{destination.name}.partial")

@@ -18,7 +18,7 @@ import mlflow
 import pytest
 
 from garlic.datasets import ensure_processed
-from garlic.tracking import use_store
+from garlic.tracking import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
 from preprocessing import synthetic
 from preprocessing.locks import acquire, release
 from preprocessing.tables import MANIFEST, atomic_directory, recover
@@ -79,7 +79,7 @@ def test_a_store_whose_creation_was_killed_is_created_afresh(tmp_path):
     killed("""
         import os, signal, sys
         import mlflow.store.db.utils as db
-        from garlic.tracking import use_store
+        from garlic.tracking import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
         def die(engine):
             os.kill(os.getpid(), signal.SIGKILL)
         db._initialize_tables = die
@@ -168,3 +168,21 @@ def test_a_tensor_cache_write_killed_midway_leaves_a_temporary_that_the_next_loa
     finally:
         release(held)
     assert not stale.exists() and live.exists() and (folder / TENSORS).is_file()
+
+
+def test_only_claimed_runs_whose_process_is_gone_are_marked_failed_with_their_split_runs(tmp_path):
+    store = tmp_path / "mlruns"
+    use_store(store)
+    experiment = use_experiment("synthetic", store)
+    client = mlflow.MlflowClient()
+    dead, live, unclaimed = (client.create_run(experiment).info.run_id for _ in range(3))
+    split = client.create_run(experiment, tags={"mlflow.parentRunId": dead}).info.run_id
+    with claim_run(store, dead):  # claimed by a process that has gone: its lock is free, its claim file stays
+        pass
+    with claim_run(store, live):
+        assert sorted(mark_dead_runs_failed(experiment, store)) == sorted([dead, split])
+        with pytest.raises(RunInUseError, match=f"run {live} is being trained by another process"):
+            with claim_run(store, live):
+                pass
+    status = {run_id: client.get_run(run_id).info.status for run_id in (dead, split, live, unclaimed)}
+    assert status == {dead: "FAILED", split: "FAILED", live: "RUNNING", unclaimed: "RUNNING"}
