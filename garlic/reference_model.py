@@ -1,8 +1,8 @@
-"""GARLIC as the reference code computes it (github SCAI-Lab/GARLIC, ``model.py``), vectorised; ``architecture=reference``.
+"""GARLIC as the reference code computes it (github SCAI-Lab/GARLIC, ``model.py``), vectorised: architecture=reference.
 
 ``garlic.model.Garlic`` (``architecture=compact``) is a compact reading of the paper. This module computes what the
-authors' code computes, layer for layer, but over whole tensors: no loop over variables or time steps (one over the
-W window positions would be allowed; none is needed). Read top to bottom:
+authors' code computes, layer for layer, but over whole tensors: no loop over variables or time steps, only over
+the W positions of a window (a handful). Read top to bottom:
 
 1. ``ReferenceDecay``: x' = m x + (1 - m) (g x_last + (1 - g) mean), g = exp(-max(0, w_d gap / scale + b_d)), where
    ``gap`` runs, as in the reference, from the step *before* the variable's last observation (from the stay's first
@@ -31,11 +31,13 @@ W window positions would be allowed; none is needed). Read top to bottom:
 What made the reference's risk depend on the other stays of its batch, fixed here:
 - the decay gap was divided by the batch's largest gap: here by ``gap_scale``, the training split's longest stay in
   hours (what that largest gap is on a batch of any size), set by ``fit_scales`` and saved with the weights;
-- the decay's mean was each stay's mean over all steps of the padded batch, zeros at missing cells included: here
-  the mean of the stay's own observations of the variable up to the step (0, the training mean, before the first),
-  which also keeps every step causal;
-- padded steps went through the attention over time (the reference pads every stay to the data set's length): here
-  the temporal attention reads the real windows only, its keys and the query windows it sums over (``variables``).
+- the decay's mean was the stay's mean over all its padded steps, zeros at missing cells included, so it depends
+  on how far the stay is padded (in batches cut to their longest stay: on the batch): here the mean of the stay's
+  own observations of the variable up to the step (0, the training mean, before the first), which also keeps every
+  step causal;
+- padded steps went through the attention over time: here (``variables``) the temporal attention reads the real
+  windows only, as keys and as the queries it sums over. ``code`` keeps them, but pads to the fixed
+  ``padded_length``, so they are the same in every batch.
 Other departures, smaller: a stay shorter than W has no window, so its context is 0 (the reference would fill its
 window with padding); windows exist from step W - 1 on, as in the reference. The reconstruction target, the
 value at the window's last step, lies inside the window, in the reference too: the head can learn to copy.
@@ -152,20 +154,26 @@ class WindowAttention(nn.Module):
         self.value = PerVariableLinear(num_variables, feature_dim)
         self.register_buffer("position", sinusoid(window_size, feature_dim))  # [W, F]
 
-    def windows(self, projection: PerVariableLinear, features: Tensor) -> Tensor:
-        """projection(features + pe) for every window: [B, L, W, D, F]. The projection is affine, so each step is
-        projected once and the encoding's projection added per position, instead of projecting W copies."""
-        steps = projection(features).unfold(1, self.window_size, 1)  # [B, L, D, F, W], a view
-        position = torch.einsum("wf,dfg->wdg", self.position, projection.weight)  # [W, D, F]
-        return steps.permute(0, 1, 4, 2, 3) + position
-
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        query, key, value = (self.windows(p, features) for p in (self.query, self.key, self.value))
-        scores = torch.einsum("blwdf,bludf->bldwu", query, key) / math.sqrt(features.shape[-1])
-        weights = torch.softmax(scores, dim=-1)
-        # sum_w sum_u a[w, u] v[u] = sum_u (sum_w a[w, u]) v[u]: one product instead of W.
-        summary = torch.einsum("bldu,bludf->bldf", weights.sum(3), value)
-        return summary, weights
+        window, steps = self.window_size, features.shape[1]
+        windows = steps - window + 1
+        projections = (self.query, self.key, self.value)
+        # The projections are affine: project each step once, and the encoding once per position, then add them.
+        weight = torch.cat([p.weight for p in projections], dim=-1)  # [D, F, 3F]: one product for Q, K and V
+        bias = torch.cat([p.bias for p in projections], dim=-1)
+        step_query, step_key, step_value = (torch.einsum("btdf,dfg->btdg", features, weight) + bias).chunk(3, -1)
+        position_query, position_key, position_value = torch.einsum("wf,dfg->wdg", self.position, weight).chunk(3, -1)
+        queries = [step_query[:, w : w + windows] + position_query[w] for w in range(window)]
+        keys = [step_key[:, u : u + windows] + position_key[u] for u in range(window)]
+        # [B, L, key, query, D]: the softmax runs over a middle axis, many times faster than over a last one of W.
+        scores = torch.stack([torch.stack([(q * k).sum(-1) for q in queries], 2) for k in keys], 2)
+        weights = torch.softmax(scores / math.sqrt(features.shape[-1]), dim=2)
+        # sum_w sum_u a[w, u] v[u] = sum_u (sum_w a[w, u]) v[u]
+        column = weights.sum(3)  # [B, L, key, D]
+        summary = column[:, :, 0, :, None] * (step_value[:, :windows] + position_value[0])
+        for u in range(1, window):
+            summary = summary + column[:, :, u, :, None] * (step_value[:, u : u + windows] + position_value[u])
+        return summary, weights.permute(0, 1, 4, 3, 2)
 
 
 class ReferenceGraph(nn.Module):
@@ -206,9 +214,10 @@ class SignalAttention(nn.Module):
         return messages + self.position
 
     def forward(self, items: Tensor) -> tuple[Tensor, Tensor]:
-        scores = self.query(items) @ self.key(items).transpose(-1, -2) / math.sqrt(items.shape[-1])
-        weights = torch.softmax(scores, dim=-1)
-        return weights.sum(-2)[..., None, :].matmul(self.value(items))[..., 0, :], weights
+        # [G, key, query]: the softmax over the middle axis is much faster than over a last one of D.
+        scores = self.key(items) @ self.query(items).transpose(-1, -2) / math.sqrt(items.shape[-1])
+        weights = torch.softmax(scores, dim=1)
+        return (weights.sum(2)[..., None] * self.value(items)).sum(1), weights.transpose(1, 2)
 
 
 class TemporalAttention(nn.Module):
@@ -324,11 +333,12 @@ class ReferenceGarlic(nn.Module):
         return torch.cat([front, windowed], dim=1)[:, :steps]
 
     def encode(self, values: Tensor, mask: Tensor, times: Tensor):
-        """Per-step encoding (``signal_layout=variables`` only): ``states`` [B, T, H], a step from itself and its past."""
+        """Per-step encoding (``signal_layout=variables`` only): ``states`` [B, T, H], each from its step and before."""
         self.require_variables_layout("a per-step encoding")
         return self.run(values, mask, times)[1]
 
     def run(self, values: Tensor, mask: Tensor, times: Tensor) -> tuple[Tensor, "_Steps"]:
+        """All before the temporal attention (``signal_layout=variables``): messages [B, L, D, F] and the rest."""
         steps = values.shape[1]
         imputed, lag_weights, messages = self.windows(values, mask, times)
         batch, windows, variables, features = messages.shape
@@ -339,7 +349,8 @@ class ReferenceGarlic(nn.Module):
                                 self.by_step(states, steps))  # fmt: skip
 
     def classify(self, states: Tensor, real: Tensor, static: Tensor) -> tuple[Tensor, Tensor]:
-        """states [B, T, H] per step, real [B, T] -> logits [B], temporal weights [B, T, T] over windows' end steps."""
+        """states [B, T, H] per step, real [B, T] -> logits [B], temporal weights [B, L, L] (query, key) over the
+        windows, which end at the steps W - 1 .. T - 1."""
         first = self.window_size - 1
         context, weights = self.temporal_attention(states[:, first:], real[:, first:])
         return self.classifier(context)[:, 0] + self.logit_offset, weights
@@ -369,10 +380,11 @@ class ReferenceGarlic(nn.Module):
     def forward_code_layout(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> ReferenceOutput:
         """The reference's layout: every stay padded to ``padded_length``, chunks of D items of the variable-major
         sequence of windows into the signal attention, the GRU and the temporal attention over all chunks."""
-        steps = values.shape[1]
-        length = max(int(self.padded_length), steps)
-        if int(self.padded_length) and steps > int(self.padded_length):
-            raise ValueError(f"a stay of {steps} steps is longer than the model's padded length {int(self.padded_length)}")
+        steps, padded = values.shape[1], int(self.padded_length)
+        length = max(padded, steps)
+        if padded and steps > padded:
+            raise ValueError(f"a batch of {steps} steps is longer than the model's padded length {padded} (the "
+                             "training data's): signal_layout=code cannot take longer stays")  # fmt: skip
         real = step_mask(lengths, steps)
         values, mask = F.pad(values, (0, 0, 0, length - steps)), F.pad(mask, (0, 0, 0, length - steps))
         times = F.pad(times * real, (0, length - steps))  # padding at time 0, as the reference's data has it
@@ -397,8 +409,11 @@ class ReferenceGarlic(nn.Module):
         )
 
     def predict_logits(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> Tensor:
-        """The logits alone: the inference path. Same arguments as ``forward``."""
-        return self(values, mask, times, lengths, static).logits
+        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``."""
+        if self.config.signal_layout == "code":
+            return self.forward_code_layout(values, mask, times, lengths).logits
+        states = self.run(values, mask, times)[1].states
+        return self.classify(states, step_mask(lengths, values.shape[1]), static)[0]
 
     def reconstruction_loss(self, output: ReferenceOutput, values: Tensor, mask: Tensor) -> Tensor:
         """The reference's loss: the MSE over the observed cells at the windows' last steps, divided by the mean of

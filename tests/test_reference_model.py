@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import garlic.train
+from garlic.attribution import ig_importance
 from garlic.checkpoint import TrainedModel, load_model, save_model
 from garlic.config import Config, ConfigError
-from garlic.data import IrregularDataset
+from garlic.data import IrregularDataset, collate
 from garlic.explain import explain
-from garlic.data import collate
 from garlic.metrics import binary_metrics
 from garlic.reference_model import (
     PerVariableEncoder,
@@ -408,8 +408,11 @@ def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
     assert isinstance(reloaded.model, ReferenceGarlic)
     np.testing.assert_array_equal(predict_proba(reloaded.model, parts["test"]), risk)
 
+    stays = collate([parts["test"][i] for i in range(4)])
     with pytest.raises(NotImplementedError, match="architecture=reference"):
-        explain(reloaded.model, collate([parts["test"][0]]), list(tensors.variables))
+        explain(reloaded.model, stays, list(tensors.variables))
+    importance = ig_importance(reloaded.model, stays, steps=2)  # the post-hoc explanation needs only the logits
+    torch.testing.assert_close(importance.sum(dim=(1, 2)), torch.ones(4))
     with pytest.raises(ConfigError, match="make_trainer"):
         AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
     with pytest.raises(ConfigError, match="schedule"):
