@@ -60,7 +60,8 @@ from garlic.model import Garlic, step_mask
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
-COMPACT_ONLY = ("use_missing_indicator", "use_decay", "per_variable_encoder", "use_graph", "use_gru", "use_static")
+COMPACT_ONLY = ("use_missing_indicator", "use_decay", "per_variable_encoder", "use_graph", "use_gru", "use_static",
+                "summary_branch")  # fmt: skip
 EXPLANATION_UNSUPPORTED = (
     "the built-in explanation (garlic.explain) is not defined for architecture=reference: it splits each step's "
     "representation into the variable's own features and the graph messages, and the reference reads the messages "
@@ -308,7 +309,7 @@ class ReferenceGarlic(nn.Module):
         self.padded_length.fill_(times.shape[1])
 
     def windows(self, values: Tensor, mask: Tensor, times: Tensor) -> tuple[Tensor, ...]:
-        """Stages 1 and 2: imputed [B, T, D], summaries' weights [B, L, D, W, W], messages [B, L, D, F].
+        """Stages 1 and 2: imputed [B, T, D], window attention weights [B, L, D, W, W], messages [B, L, D, F].
 
         A batch shorter than W is padded with empty steps to one window (which ends on padding, so it is not real).
         """
@@ -348,9 +349,12 @@ class ReferenceGarlic(nn.Module):
         return messages, _Steps(imputed, lag_weights, signal_weights.view(batch, windows, variables, variables),
                                 self.by_step(states, steps))  # fmt: skip
 
-    def classify(self, states: Tensor, real: Tensor, static: Tensor) -> tuple[Tensor, Tensor]:
+    def classify(
+        self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """states [B, T, H] per step, real [B, T] -> logits [B], temporal weights [B, L, L] (query, key) over the
-        windows, which end at the steps W - 1 .. T - 1."""
+        windows, which end at the steps W - 1 .. T - 1. ``static`` and ``summaries`` (always None: the reference has
+        no wide branch) are there for ``Garlic.classify``'s callers."""
         first = self.window_size - 1
         context, weights = self.temporal_attention(states[:, first:], real[:, first:])
         return self.classifier(context)[:, 0] + self.logit_offset, weights
@@ -439,6 +443,7 @@ class _Steps:
     lag_weights: Tensor  # [B, L, D, W, W]
     signal_weights: Tensor  # [B, L, D, D]
     states: Tensor  # [B, T, H]
+    summaries: None = None  # as ``garlic.model.StepEncoding``'s without the wide branch
 
 
 ARCHITECTURES = {"compact": Garlic, "reference": ReferenceGarlic}

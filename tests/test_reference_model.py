@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import garlic.train
+from app.replay import risk_curve
 from garlic.attribution import ig_importance
 from garlic.checkpoint import TrainedModel, load_model, save_model
 from garlic.config import Config, ConfigError
@@ -407,6 +408,12 @@ def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
     reloaded = load_model(folder)
     assert isinstance(reloaded.model, ReferenceGarlic)
     np.testing.assert_array_equal(predict_proba(reloaded.model, parts["test"]), risk)
+
+    # The dashboard's risk curve: one pass over the stay, every prefix's risk; the whole stay's is the prediction's.
+    stay = parts["test"][0]
+    last_time = float(stay["times"][int(stay["lengths"]) - 1])
+    curve = risk_curve(reloaded.model, stay, np.array([last_time / 2, last_time]))
+    assert curve[1] == pytest.approx(risk[0], abs=1e-5) and np.isfinite(curve).all()
 
     stays = collate([parts["test"][i] for i in range(4)])
     with pytest.raises(NotImplementedError, match="architecture=reference"):
