@@ -102,6 +102,7 @@ class ReferenceDecay(nn.Module):
         last = torch.where(mask.bool(), steps, -1).cummax(dim=1).values  # -1 before the first observation
         start = (last - 1).clamp(min=0)  # the reference accumulates the gap from the step before the observation
         gap = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, start)
+        # The reference also clamps at 1000, where exp(-x) is already 0 in float32.
         decay = torch.exp(-F.relu(self.rate * gap / self.gap_scale + self.offset))
         carried = values.gather(1, last.clamp(min=0))  # 0 before the first observation: values are 0 where missing
         mean = (values * mask).cumsum(1) / mask.cumsum(1).clamp(min=1.0)
@@ -127,15 +128,13 @@ class PerVariableEncoder(nn.Module):
 
 
 class PerVariableLinear(nn.Module):
-    """y_d = x_d W_d + b_d, a Linear(F, F) of its own for each variable d. [..., D, F] -> [..., D, F]"""
+    """The weights of y_d = x_d W_d + b_d, a Linear(F, F) of its own for each variable d: weight [D, F, F], bias
+    [D, F]. ``WindowAttention`` applies its query, key and value ones together, in one product."""
 
     def __init__(self, num_variables: int, feature_dim: int):
         super().__init__()
         self.weight = uniform((num_variables, feature_dim, feature_dim), feature_dim)
         self.bias = uniform((num_variables, feature_dim), feature_dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.einsum("...df,dfg->...dg", x, self.weight) + self.bias
 
 
 class WindowAttention(nn.Module):

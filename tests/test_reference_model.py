@@ -1,5 +1,6 @@
 """architecture=reference and schedule=reference: each vectorised layer against a plain loop over variables and
 windows written here, batch independence, causality, and the reference training loop on scripted losses."""
+import copy
 import math
 
 import numpy as np
@@ -424,3 +425,16 @@ def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
         AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
     with pytest.raises(ConfigError, match="schedule"):
         make_trainer(config.override({"schedule": "fast"}), len(tensors.variables), len(tensors.static_features))
+
+
+def test_a_resumed_reference_fit_ends_as_an_uninterrupted_one(cohort):
+    tensors, _, parts = cohort
+    config = Config().override({**FAST, "max_epochs": 3, "stage_patience": 0})  # a switch after every stale epoch
+    sizes = len(tensors.variables), len(tensors.static_features)
+    states = []
+    save = lambda state: states.append(copy.deepcopy(state))  # noqa: E731 (the state shares the live tensors)
+    whole = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], on_checkpoint=save)
+    resumed = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], resume=states[0])
+    assert [r.stage for r in resumed.history] == [r.stage for r in whole.history]
+    assert [r.val_bce for r in resumed.history] == [r.val_bce for r in whole.history]
+    np.testing.assert_array_equal(predict_proba(resumed.model, parts["test"]), predict_proba(whole.model, parts["test"]))
