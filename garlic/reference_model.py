@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import Config, ConfigError
-from garlic.model import Garlic, step_mask
+from garlic.model import CACHE_CELLS, Garlic, step_mask
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
@@ -155,25 +155,32 @@ class WindowAttention(nn.Module):
         self.register_buffer("position", sinusoid(window_size, feature_dim))  # [W, F]
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        window, steps = self.window_size, features.shape[1]
+        batch, steps, variables, dim = features.shape
+        window = self.window_size
         windows = steps - window + 1
         projections = (self.query, self.key, self.value)
         # The projections are affine: project each step once, and the encoding once per position, then add them.
-        weight = torch.cat([p.weight for p in projections], dim=-1)  # [D, F, 3F]: one product for Q, K and V
-        bias = torch.cat([p.bias for p in projections], dim=-1)
-        step_query, step_key, step_value = (torch.einsum("btdf,dfg->btdg", features, weight) + bias).chunk(3, -1)
-        position_query, position_key, position_value = torch.einsum("wf,dfg->wdg", self.position, weight).chunk(3, -1)
+        # One product for Q, K and V, laid out [.., F, D]: the dot products over F below then reduce a middle axis,
+        # with the D variables innermost, many times faster than over a last axis of F.
+        weight = torch.cat([p.weight for p in projections], dim=-1)  # [D, F, 3F]
+        bias = torch.cat([p.bias for p in projections], dim=-1)  # [D, 3F]
+        flat = features.reshape(batch * steps, variables, dim).transpose(0, 1)  # [D, B T, F]
+        projected = (torch.bmm(flat, weight) + bias[:, None]).permute(1, 2, 0)  # [B T, 3F, D]
+        projected = projected.contiguous().view(batch, steps, 3 * dim, variables)
+        step_query, step_key, step_value = projected.split(dim, dim=2)  # [B, T, F, D] each
+        position = torch.einsum("wf,dfg->wgd", self.position, weight)  # [W, 3F, D]
+        position_query, position_key, position_value = position.split(dim, dim=1)
         queries = [step_query[:, w : w + windows] + position_query[w] for w in range(window)]
         keys = [step_key[:, u : u + windows] + position_key[u] for u in range(window)]
         # [B, L, key, query, D]: the softmax runs over a middle axis, many times faster than over a last one of W.
-        scores = torch.stack([torch.stack([(q * k).sum(-1) for q in queries], 2) for k in keys], 2)
-        weights = torch.softmax(scores / math.sqrt(features.shape[-1]), dim=2)
+        scores = torch.stack([torch.stack([(q * k).sum(2) for q in queries], 2) for k in keys], 2)
+        weights = torch.softmax(scores / math.sqrt(dim), dim=2)
         # sum_w sum_u a[w, u] v[u] = sum_u (sum_w a[w, u]) v[u]
         column = weights.sum(3)  # [B, L, key, D]
-        summary = column[:, :, 0, :, None] * (step_value[:, :windows] + position_value[0])
-        for u in range(1, window):
-            summary = summary + column[:, :, u, :, None] * (step_value[:, u : u + windows] + position_value[u])
-        return summary, weights.permute(0, 1, 4, 3, 2)
+        summary = (column[:, :, :, None] * position_value).sum(2)  # [B, L, F, D], the encoding's share
+        for u in range(window):  # added in place: no temporary [B, L, F, D] per position
+            summary.addcmul_(column[:, :, u, None], step_value[:, u : u + windows])
+        return summary.transpose(2, 3), weights.permute(0, 1, 4, 3, 2)
 
 
 class ReferenceGraph(nn.Module):
@@ -411,12 +418,23 @@ class ReferenceGarlic(nn.Module):
             step_mask=real,
         )
 
-    def predict_logits(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> Tensor:
-        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``."""
+    def predict_logits(
+        self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor, chunk_cells: int = CACHE_CELLS
+    ) -> Tensor:
+        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``.
+
+        On a CPU it runs a few stays at a time, about ``chunk_cells`` cells of [b, T, D, F] each, as
+        ``Garlic.predict_logits`` does, so that the many elementwise passes over windows stay in the cache.
+        """
+        steps, variables = values.shape[1:]
+        cells_per_stay = steps * variables * self.config.feature_dim
+        stays = max(1, chunk_cells // cells_per_stay) if values.device.type == "cpu" else max(len(values), 1)
         if self.config.signal_layout == "code":
-            return self.forward_code_layout(values, mask, times, lengths).logits
-        states = self.run(values, mask, times)[1].states
-        return self.classify(states, step_mask(lengths, values.shape[1]), static)[0]
+            chunks = zip(values.split(stays), mask.split(stays), times.split(stays), lengths.split(stays))
+            return torch.cat([self.forward_code_layout(*chunk).logits for chunk in chunks])
+        chunks = zip(values.split(stays), mask.split(stays), times.split(stays))
+        states = torch.cat([self.run(*chunk)[1].states for chunk in chunks])
+        return self.classify(states, step_mask(lengths, steps), static)[0]
 
     def reconstruction_loss(self, output: ReferenceOutput, values: Tensor, mask: Tensor) -> Tensor:
         """The reference's loss: the MSE over the observed cells at the windows' last steps, divided by the mean of

@@ -208,6 +208,9 @@ def test_prediction_does_not_depend_on_the_batch(layout):
     with torch.no_grad():
         together = model(values, mask, times, lengths, static).logits
         torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static), together)
+        # The inference path's chunks of stays (here one stay each) change nothing.
+        torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together,
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
         for i in range(B):
             n = int(lengths[i])
             alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
