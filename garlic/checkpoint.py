@@ -15,6 +15,7 @@ import torch
 from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.model import Garlic
+from garlic.reference_model import build_model
 from garlic.splits import Normalisation
 from preprocessing.tables import write_json_atomic
 from preprocessing.tensors import IrregularTensors
@@ -74,7 +75,7 @@ def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
     try:
         description = json.loads((folder / DESCRIPTION).read_text())
         config = Config().override(description["config"])
-        model = Garlic(description["num_variables"], description["num_static"], config)
+        model = build_model(description["num_variables"], description["num_static"], config)
         normalisation = Normalisation.from_json(description["normalisation"])
         trained = TrainedModel(model, description["variables"], description["static_features"], normalisation)
     except (ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike

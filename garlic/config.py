@@ -19,6 +19,8 @@ class Config:
     split_protocol: str = "five-split"
     use_static: bool = False
     # model
+    architecture: str = "compact"  # compact (garlic.model) | reference (garlic.reference_model, the authors' code)
+    signal_layout: str = "variables"  # reference only: variables (the paper) | code (the reference code's reshape)
     window_size: int = 3
     hidden_dim: int = 128
     feature_dim: int = 16
@@ -47,6 +49,7 @@ class Config:
     early_stopping: int = 10
     early_stopping_tolerance: float = 1e-3  # validation AUROC gain that resets the early-stopping count
     max_epochs: int = 100
+    schedule: str = "compact"  # compact (AlternatingTrainer) | reference (ReferenceTrainer, the authors' main.py)
     seed: int = 0
     device: str = "auto"
 

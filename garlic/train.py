@@ -38,10 +38,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from garlic import distributed
-from garlic.config import Config
+from garlic.config import Config, ConfigError
 from garlic.data import IrregularDataset, collate, loader
 from garlic.metrics import binary_metrics
 from garlic.model import Garlic, GarlicOutput, graph_penalty, reconstruction_loss
+from garlic.reference_model import ReferenceGarlic, build_model
 
 RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 GRADIENT_CLIP = 5.0
@@ -100,6 +101,13 @@ def forward(model: Garlic, batch) -> GarlicOutput:
     return model(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
 
 
+def reconstruction_error(model: nn.Module, output, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The reconstruction loss of ``model``'s architecture."""
+    if isinstance(model, ReferenceGarlic):
+        return model.reconstruction_loss(output, values, mask)
+    return reconstruction_loss(output, values, mask)
+
+
 def class_weights(labels: torch.Tensor) -> tuple[float, float]:
     """(negative, positive) weights n / (2 n_class): each outcome carries half the loss, the mean weight stays 1."""
     positives = float(labels.sum())
@@ -121,8 +129,9 @@ def stage_losses(
     output = forward(network or model, batch)
     per_stay = None if weights is None else torch.where(batch.labels > 0.5, weights[1], weights[0])
     bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, batch.labels, per_stay)
-    mse = reconstruction_loss(output, batch.values, batch.mask)
+    mse = reconstruction_error(model, output, batch.values, batch.mask)
     return {
+        "logits": output.logits.detach(),
         "bce": bce,
         "mse": mse,
         RECONSTRUCTION: mse + config.lambda_cls * bce + config.lambda_graph * graph_penalty(model),
@@ -155,7 +164,7 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
         output = forward(model, batch)
         probabilities[positions] = torch.sigmoid(output.logits).cpu()
         totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.labels, reduction="sum"))
-        totals["mse"] += float(reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
+        totals["mse"] += float(reconstruction_error(model, output, batch.values, batch.mask)) * len(batch)
     losses = {k: v / max(len(dataset), 1) for k, v in totals.items()}
     penalty = float(graph_penalty(model))
     losses[RECONSTRUCTION] = losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty
@@ -178,10 +187,12 @@ class AlternatingTrainer:
     """Fits a fresh GARLIC to a training split, selecting the checkpoint on the validation split."""
 
     def __init__(self, config: Config, num_variables: int, num_static: int):
+        if config.schedule != "compact":
+            raise ConfigError(f"AlternatingTrainer runs schedule=compact, not {config.schedule!r}: use make_trainer")
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        self.model = Garlic(num_variables, num_static, config).to(self.device)
+        self.model = build_model(num_variables, num_static, config).to(self.device)
         self.optimisers = {
             RECONSTRUCTION: torch.optim.Adam(
                 self.model.reconstruction_parameters(), lr=config.lr_rec, weight_decay=config.wd_rec
@@ -273,6 +284,8 @@ class AlternatingTrainer:
         """Fit, selecting on ``validation``; ``on_checkpoint`` gets the state after each epoch, ``resume`` continues
         from such a state."""
         config = self.config
+        if isinstance(self.model, ReferenceGarlic):
+            self.model.fit_scales(train.times, train.lengths)
         if config.balance_classes:
             self.class_weights = class_weights(train.labels)
             negative, positive = self.class_weights
@@ -333,6 +346,143 @@ class AlternatingTrainer:
                 on_checkpoint(self.state(progress, best_state, batches.batch_sampler))
         self.model.load_state_dict(best_state)
         return FitResult(self.model, progress.history, progress.best_epoch)
+
+
+# main.py's --warm_up: no early stop while its epoch index (counted from 0) is 40 or less.
+REFERENCE_WARM_UP = 40
+
+
+class ReferenceTrainer(AlternatingTrainer):
+    """The reference code's training loop (``main.py`` of SCAI-Lab/GARLIC), for ``schedule=reference``.
+
+    - One Adam over two groups: the reconstruction parameters (lr_rec, wd_rec) and the prediction parameters
+      (lr_cls, wd_cls); one ReduceLROnPlateau (factor 0.5, patience 3, threshold 1e-4 relative, min_lr 1e-5) on the
+      training epoch's AUROC, for both groups, every epoch. No gradient clipping.
+    - Reconstruction stage: reconstruction loss + lambda_cls * BCE + lambda_graph * |A|_1. The first trains every
+      parameter; later ones only the reconstruction parameters. Prediction stage: lambda_cls * BCE, the
+      prediction parameters only. A frozen parameter gets no gradient, so Adam leaves it (and its moments) alone.
+    - After each epoch: the checkpoint is the lowest validation BCE so far; when that best epoch is more than
+      ``stage_patience`` epochs old the stage switches and the best checkpoint is reloaded (weights only, not the
+      optimiser). The best epoch is not reset at a switch, so without a new best the stage switches every epoch.
+      Training stops when the best epoch is more than ``early_stopping`` epochs old, but not while the epoch index
+      (from 0) is ``REFERENCE_WARM_UP`` or less; the fit ends on the best checkpoint.
+    Departures: the validation BCE is the mean over stays (the reference sums batch means times lambda_cls and
+    divides by the stays: the same order of epochs but for the last batch's weight); training batches are shuffled
+    by length buckets as in the compact schedule (the reference keeps one fixed order); ``alternating=false`` never
+    switches. Runs in one process.
+    """
+
+    def __init__(self, config: Config, num_variables: int, num_static: int):
+        if distributed.current().size > 1:
+            raise ValueError("schedule=reference runs in a single process, not under torchrun")
+        if config.balance_classes:
+            raise ConfigError("schedule=reference has no balance_classes (the reference weights no class)")
+        self.config = config
+        self.device = resolve_device(config.device)
+        torch.manual_seed(config.seed)
+        self.model = build_model(num_variables, num_static, config).to(self.device)
+        optimiser = torch.optim.Adam([
+            {"params": self.model.reconstruction_parameters(), "lr": config.lr_rec, "weight_decay": config.wd_rec},
+            {"params": self.model.prediction_parameters(), "lr": config.lr_cls, "weight_decay": config.wd_cls},
+        ])  # fmt: skip
+        self.optimisers = {"both": optimiser}  # named like the compact trainer's, so ``state`` and ``restore`` serve
+        self.schedulers = {"both": torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimiser, mode="max", factor=0.5, patience=3, threshold=1e-4, min_lr=1e-5)}  # fmt: skip
+        self.class_weights = None
+        self.network = self.model
+
+    def train_epoch(self, batches, stage: str, first_stage: bool = True) -> dict[str, float]:
+        """One pass in ``stage``; mean losses and the AUROC of the risks the batches met on the way."""
+        self.model.train()
+        trains = {RECONSTRUCTION: stage == RECONSTRUCTION, PREDICTION: stage == PREDICTION or first_stage}
+        for name, parameters in ((RECONSTRUCTION, self.model.reconstruction_parameters()),
+                                 (PREDICTION, self.model.prediction_parameters())):  # fmt: skip
+            for parameter in parameters:
+                parameter.requires_grad_(trains[name])
+        optimiser = self.optimisers["both"]
+        sums, count, risks, labels = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0, [], []
+        for batch in batches:
+            batch = batch.to(self.device)
+            losses = stage_losses(self.model, batch, self.config)
+            objective = losses[RECONSTRUCTION] if stage == RECONSTRUCTION else self.config.lambda_cls * losses["bce"]
+            optimiser.zero_grad(set_to_none=True)
+            objective.backward()
+            optimiser.step()
+            for name, value in (("loss", objective), ("bce", losses["bce"]), ("mse", losses["mse"])):
+                sums[name] += value.item() * len(batch)
+            count += len(batch)
+            risks.append(torch.sigmoid(losses["logits"]).cpu())
+            labels.append(batch.labels.cpu())
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(True)
+        means = {name: total / max(count, 1) for name, total in sums.items()}
+        means["auroc"] = binary_metrics(torch.cat(labels).numpy(), torch.cat(risks).numpy())["auroc"]
+        return means
+
+    def fit(
+        self,
+        train: IrregularDataset,
+        validation: IrregularDataset,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_checkpoint: Callable[[dict], None] | None = None,
+        resume: dict | None = None,
+    ) -> FitResult:
+        """Fit with the reference schedule, selecting on ``validation``; the arguments as ``AlternatingTrainer.fit``."""
+        config = self.config
+        if isinstance(self.model, ReferenceGarlic):
+            self.model.fit_scales(train.times, train.lengths)
+        batches = loader(train, config.batch_size, shuffle=True, seed=config.seed)
+        progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
+        if resume is not None:
+            progress, best_state = self.restore(resume, batches.batch_sampler)
+        while not progress.stopped and progress.epoch < config.max_epochs:
+            progress.epoch += 1
+            start = time.perf_counter()
+            first_stage = all(record.stage == RECONSTRUCTION for record in progress.history)
+            trained = self.train_epoch(batches, progress.stage, first_stage)
+            self.schedulers["both"].step(trained["auroc"])
+            checked = evaluate(self.model, validation, config)
+            scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
+            losses = checked["losses"]
+            record = EpochRecord(
+                epoch=progress.epoch,
+                stage=progress.stage,
+                train_loss=trained["loss"],
+                train_bce=trained["bce"],
+                train_reconstruction=trained["mse"],
+                val_loss=losses["bce"],
+                val_bce=losses["bce"],
+                val_reconstruction=losses["mse"],
+                val_auroc=scores["auroc"],
+                val_auprc=scores["auprc"],
+                seconds=time.perf_counter() - start,
+            )
+            progress.history.append(record)
+            if -losses["bce"] > progress.best_score:
+                progress.best_score, progress.best_epoch = -losses["bce"], progress.epoch
+                best_state = copy.deepcopy(self.model.state_dict())
+            if on_epoch is not None:
+                on_epoch(record)
+            since_best = progress.epoch - progress.best_epoch
+            if config.alternating and since_best > config.stage_patience:
+                progress.stage = PREDICTION if progress.stage == RECONSTRUCTION else RECONSTRUCTION
+                self.model.load_state_dict(best_state)
+            if progress.epoch - 1 > REFERENCE_WARM_UP and since_best > config.early_stopping:
+                progress.stopped = True
+            if on_checkpoint is not None:
+                on_checkpoint(self.state(progress, best_state, batches.batch_sampler))
+        self.model.load_state_dict(best_state)
+        return FitResult(self.model, progress.history, progress.best_epoch)
+
+
+TRAINERS = {"compact": AlternatingTrainer, "reference": ReferenceTrainer}
+
+
+def make_trainer(config: Config, num_variables: int, num_static: int) -> AlternatingTrainer:
+    """The trainer of ``config.schedule``."""
+    if config.schedule not in TRAINERS:
+        raise ConfigError(f"schedule must be one of {', '.join(TRAINERS)}, got {config.schedule!r}")
+    return TRAINERS[config.schedule](config, num_variables, num_static)
 
 
 def save_training_state(path: Path, state: dict) -> None:
