@@ -14,7 +14,7 @@ A run that groups several splits (or seeds) also logs ``split_indices`` and ``se
 Re-running ``garlic preprocess`` replaces a dataset's folder, splits included, and a redrawn or changed split
 would silently put training stays into a run's "test" part. So whatever re-reads a run's test stays
 (``garlic evaluate``, the dashboard) calls ``verify_split`` first, which refuses a split or a dataset that is not
-the one the run was trained on.
+the one the run was trained on, and ``--resume`` calls ``verify_unchanged`` before it trains on.
 """
 from __future__ import annotations
 
@@ -86,3 +86,13 @@ def verify_split(run_id: str, params: dict[str, str], folder: Path, manifest: di
             "preprocessed again from other files or with other settings)"
         )
     return split
+
+
+def verify_unchanged(run_id: str, logged: dict[str, str], record: dict[str, str]) -> None:
+    """Refuse to go on training run ``run_id`` (resumed) when its split or dataset changed since it started."""
+    for key, what in ((SPLIT_DIGEST, f"stays of split {record[SPLIT]}"), (DATA_DIGEST, "dataset")):
+        if key in logged and logged[key] != record[key]:
+            raise StaleRunDataError(
+                f"run {run_id} cannot be resumed: the {what} in {record[DATA_FOLDER]} changed since it started "
+                "(preprocessed again?), and going on would mix the two; start a new run"
+            )

@@ -27,6 +27,7 @@ from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.explanation_report import log_explanations
 from garlic.metrics import binary_metrics
+from garlic.reference_model import EXPLANATION_UNSUPPORTED
 from garlic.splits import Split, load_splits
 from garlic.tracking import (
     DEFAULT_STORE,
@@ -39,11 +40,11 @@ from garlic.tracking import (
     was_claimed,
 )
 from garlic.train import (
-    AlternatingTrainer,
     EpochRecord,
     FitResult,
-    predict_proba,
     load_training_state,
+    make_trainer,
+    predict_proba,
     save_training_state,
 )
 from preprocessing.tables import read_manifest
@@ -86,7 +87,7 @@ def fit_split(
     on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> FitResult:
     """Fit on one split (every rank does), from the saved state ``resume`` or afresh, saving to ``checkpoint``."""
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
 
     def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
         if checkpoint is not None:
@@ -143,7 +144,10 @@ def train_split(
         plots.plt.close(figure)
     trained = TrainedModel(fitted.model, tensors.variables, tensors.static_features, split.normalisation)
     log_model(trained)
-    log_explanations(trained, parts["test"], planted=planted_graph)
+    if config.architecture == "compact":
+        log_explanations(trained, parts["test"], planted=planted_graph)
+    else:  # the run and its model are kept; what the explanation cannot say is said instead
+        mlflow.set_tag("explanations", EXPLANATION_UNSUPPORTED)
     if checkpoint is not None:
         shutil.rmtree(checkpoint.parent, ignore_errors=True)
     return SplitResult(mlflow.active_run().info.run_id, mlflow.active_run().info.run_name, fitted.best_epoch, scores)
@@ -227,6 +231,9 @@ def _tracked_train(
                 distributed.broadcast_state({"finished": True})
                 results.append(_finished_result(previous))
                 continue
+            resumed = parent.info.run_id if not nested else previous.info.run_id if previous is not None else None
+            if resume_run is not None and resumed is not None:
+                run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
             if not nested:
                 checkpoint = checkpoint_path(store, parent.info.run_id)
                 results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),

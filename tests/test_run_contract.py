@@ -99,3 +99,14 @@ def test_split_names_that_are_not_a_protocol_and_index_are_refused(name):
 
 def test_split_names_parse():
     assert parse_split_name("garlic-reference/split_0") == ("garlic-reference", 0)
+
+
+def test_a_run_is_not_resumed_on_a_split_that_changed(tmp_path):
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=1)
+    store = tmp_path / "mlruns"
+    run_id, _ = runs.train(Config().override(TINY), [0], data_root=tmp_path, store=store)
+    use_store(store)
+    mlflow.MlflowClient().set_terminated(run_id, "FAILED")  # as a killed run is left
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=250, seed=1)  # preprocessed again
+    with pytest.raises(StaleRunDataError, match="the stays of split five-split/split_0 in .* changed since it started"):
+        runs.resume(run_id, tmp_path, store)
