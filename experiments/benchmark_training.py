@@ -24,7 +24,7 @@ from garlic.data import IrregularDataset, loader
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.splits import load_splits
 from garlic.tracking import DEFAULT_STORE
-from garlic.train import RECONSTRUCTION, AlternatingTrainer, predict_proba
+from garlic.train import RECONSTRUCTION, make_trainer, predict_proba
 from preprocessing.tensors import load_tensors
 
 INFERENCE_PASSES = 5
@@ -40,7 +40,7 @@ def measure_speed(config: Config, data_root: Path) -> dict:
         return IrregularDataset(tensors.subset(split.positions(tensors, name)), split.normalisation)
 
     train, held_out = part("train"), part("validation")
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
     start = time.perf_counter()
     trainer.train_epoch(loader(train, config.batch_size, shuffle=True, seed=config.seed), RECONSTRUCTION)
     epoch_seconds = time.perf_counter() - start

@@ -36,7 +36,7 @@ from garlic.metrics import binary_metrics  # noqa: E402
 from garlic.splits import Normalisation, Split, load_splits  # noqa: E402
 from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
 from garlic.model import Garlic  # noqa: E402
-from garlic.train import AlternatingTrainer, FitResult, predict_proba  # noqa: E402
+from garlic.train import FitResult, make_trainer, predict_proba  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
 from preprocessing.tables import read_manifest  # noqa: E402
 from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
@@ -135,7 +135,7 @@ def split_datasets(
 def fit_garlic(config: Config, parts: dict[str, IrregularDataset]) -> FitResult:
     """A fresh GARLIC fitted on the training part, its checkpoint chosen on the validation part."""
     tensors = parts["train"].tensors
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
     return trainer.fit(parts["train"], parts["validation"])
 
 

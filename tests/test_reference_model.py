@@ -441,3 +441,20 @@ def test_a_resumed_reference_fit_ends_as_an_uninterrupted_one(cohort):
     assert [r.stage for r in resumed.history] == [r.stage for r in whole.history]
     assert [r.val_bce for r in resumed.history] == [r.val_bce for r in whole.history]
     np.testing.assert_array_equal(predict_proba(resumed.model, parts["test"]), predict_proba(whole.model, parts["test"]))
+
+
+def test_a_tracked_reference_run_logs_its_model_and_says_why_it_has_no_built_in_explanation(tmp_path):
+    import mlflow
+
+    from garlic import runs
+    from garlic.reference_model import EXPLANATION_UNSUPPORTED
+    from garlic.tracking import load_run_model, use_store
+
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=4)
+    config = Config().override({**FAST, "max_epochs": 2})
+    run_id, (result,) = runs.train(config, [0], data_root=tmp_path, store=tmp_path / "mlruns")
+    use_store(tmp_path / "mlruns")
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["explanations"] == EXPLANATION_UNSUPPORTED
+    assert run.data.params["architecture"] == "reference" and np.isfinite(result.test["auroc"])
+    assert isinstance(load_run_model(run_id, tmp_path / "mlruns").model, ReferenceGarlic)
