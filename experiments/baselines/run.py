@@ -32,8 +32,9 @@ from experiments.baselines.grud import RecurrentSettings, fit_recurrent
 from experiments.baselines.summary import gradient_boosting, logistic_regression, severity_score, summary_features
 from garlic.config import Config
 from garlic.datasets import processed_folder
+from garlic.run_contract import manifest_digest
 from garlic.splits import Split
-from preprocessing.tables import LABELS
+from preprocessing.tables import LABELS, read_manifest
 
 STUDY = "baseline"
 METHODS = ("saps", "sofa", "logreg", "logreg_static", "gbm", "gbm_static", "grud", "decay_gru", "garlic")
@@ -47,7 +48,9 @@ PAPER = {("physionet2012", "garlic"): {"paper_auroc": "86.40 ± 0.86", "paper_au
 class Baselines:
     def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, data_root):
         self.config, self.cohort, self.experiment_id = config, cohort, experiment_id
-        self.scores = pq.read_table(processed_folder(config.dataset, data_root) / LABELS).to_pandas()
+        folder = processed_folder(config.dataset, data_root)
+        self.scores = pq.read_table(folder / LABELS).to_pandas()
+        self.data_digest = manifest_digest(read_manifest(folder))  # a run on other data is never reused
         features, _ = summary_features(cohort.tensors)
         self.features = features
         self.with_static = np.concatenate([features, cohort.tensors.static.astype("float64")], axis=1)
@@ -100,7 +103,8 @@ class Baselines:
                     labels = {part: tensors.labels[split.positions(tensors, part)] for part in ("validation", "test")}
                     return study.evaluation(labels, self.probabilities(method, split), split.test)
 
-                tags = {"study": STUDY, "dataset": self.config.dataset, "method": method, "split": split.name,
+                tags = {"study": STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
+                        "method": method, "split": split.name,
                         "settings": study.settings_digest(self.settings(method))}  # fmt: skip
                 metrics, run_id, _ = study.resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work)
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
