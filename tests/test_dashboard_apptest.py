@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
 from app import sources
@@ -22,8 +24,19 @@ def run(tmp_path_factory):
 
 
 @pytest.fixture
-def page(run, monkeypatch):
-    """The page for ``run`` (or another run id) as ``garlic dashboard`` would start it."""
+def listening_on():
+    """Sets the address the page believes its server listens on (AppTest starts none; `garlic dashboard`
+    listens on 127.0.0.1); restored afterwards."""
+    before = streamlit_config.get_option("server.address")
+    yield lambda address: streamlit_config.set_option("server.address", address)
+    streamlit_config.set_option("server.address", before)
+
+
+@pytest.fixture
+def page(run, monkeypatch, listening_on):
+    """The page for ``run`` (or another run id) as ``garlic dashboard`` would start it: on 127.0.0.1, no token."""
+    monkeypatch.delenv("GARLIC_DASHBOARD_TOKEN", raising=False)
+    listening_on("127.0.0.1")
 
     def open_page(run_id: str | None = run.run_id, store: Path = run.store, address: str = "") -> AppTest:
         arguments = ["--mlruns", str(store), "--data-root", str(run.data_root)] + (["--run", run_id] if run_id else [])
@@ -64,16 +77,20 @@ def test_a_low_threshold_raises_a_warning_naming_its_drivers_and_a_high_one_clea
     assert not warnings(at) and any("below the alert threshold" in s.value for s in at.success)
 
 
-def test_play_advances_hour_by_hour_and_step_and_pause_stop_it(page):
+def test_play_follows_the_clock_at_the_speed_shown_and_step_and_pause_stop_it(page):
     at = page()
-    at.sidebar.button(key="play").click().run()  # from the last hour, play starts again at hour 1
-    assert at.session_state.playing and at.slider(key="hour").value == 1
-    at.run()  # what the timer does while playing
-    assert at.slider(key="hour").value == 2
-    at.sidebar.button(key="play").click().run()  # now labelled Pause
-    assert not at.session_state.playing and at.slider(key="hour").value == 2
-    at.sidebar.button(key="step").click().run()
-    assert at.slider(key="hour").value == 3
+    clicked = time.monotonic()
+    at.button(key="play").click().run()  # from the last hour, play starts again at hour 1
+    assert at.session_state.playing and at.slider(key="hour").value <= 1 + (time.monotonic() - clicked) * 4
+    time.sleep(1.0)
+    before = time.monotonic()
+    at.run()  # what the timer does while playing: the hour the clock has reached at 4 hours a second
+    hour = at.slider(key="hour").value
+    assert 1 + int((before - clicked) * 4) <= hour <= 1 + (time.monotonic() - clicked) * 4, hour
+    at.button(key="play").click().run()  # now labelled Pause
+    assert not at.session_state.playing and at.slider(key="hour").value == hour
+    at.button(key="step").click().run()
+    assert at.slider(key="hour").value == hour + 1
     at.slider(key="hour").set_value(10).run()
     assert any(m.label == "Risk at hour 10" for m in at.metric)
     assert not at.exception
