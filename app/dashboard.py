@@ -247,10 +247,6 @@ def step(last_hour: int) -> None:
     st.session_state.update(playing=False, hour=min(st.session_state.hour + 1, last_hour))
 
 
-def scrubbed() -> None:
-    st.session_state.playing = False  # the user took the hour in hand
-
-
 def replayed_hour(last_hour: int, speed: float) -> int:
     started, first = st.session_state.clock
     return min(first + int((time.monotonic() - started) * speed), last_hour)
@@ -281,8 +277,9 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
                 key="play", width="stretch")  # fmt: skip
     step_button.button("Step +1 h", on_click=step, args=(last_hour,), key="step", width="stretch")
     hint.caption(f"Replays at {speed:g} hours a second (speed in the sidebar).")
+    # Held still while playing: a slider the page moves and the user drags at once sent stale hours back.
     hour = st.slider("Hour since ICU admission (the model sees only the data up to it)", 1, last_hour, key="hour",
-                     on_change=scrubbed)  # fmt: skip
+                     disabled=st.session_state.playing)  # fmt: skip
     now = hour - 1
     risk = replay.risk[now]
     explained = explain_hour(trained, replay, now)
@@ -307,7 +304,7 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     else:
         st.info("No observation yet at this hour.")
     st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
-    st.altair_chart(charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
+    st.vega_lite_chart(spec=charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
 
     st.subheader("Why")
     signals = signals_at(explained)
@@ -318,7 +315,7 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
         if bars.empty:
             st.write("No signal yet: nothing has been observed by this hour.")
         else:
-            st.altair_chart(charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
+            st.vega_lite_chart(spec=charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
     with right:
         st.caption("Strongest edges of the learned variable graph, weighted for this stay (source → target)")
         edges = edges_at(explained)
@@ -326,13 +323,13 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
         if edges.empty:
             st.write("No messages yet: the graph carries a variable's past, and this hour has none.")
         else:
-            st.altair_chart(charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
+            st.vega_lite_chart(spec=charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
     observed = observations_at(explained, trained)
     top = [name for name in signals.index if name in set(observed["variable"])][:SHOWN_VARIABLES]
     st.caption(f"The {len(top)} most important vital signs and labs up to this hour, each observation shaded by its "
                "importance to the risk")  # fmt: skip
     if top:
-        st.altair_chart(charts.observations_chart(observed, top, float(replay.hours[-1])))
+        st.vega_lite_chart(spec=charts.observations_chart(observed, top, float(replay.hours[-1])), width="content")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,9 +384,6 @@ def page(config: argparse.Namespace) -> None:
     threshold = st.sidebar.number_input("Alert threshold", 0.0, 1.0, threshold_default, step=0.01, format="%.3f",
                                         key=f"threshold-{run_id}", help=threshold_help)  # fmt: skip
     st.sidebar.caption(threshold_help)
-    st.sidebar.subheader("Replay")
-    speed = SPEEDS[st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed",
-                                            on_change=restart_clock)]  # fmt: skip
     bedside, model = st.tabs(["Bedside", "Model"])
     with model:
         model_view(store, run, threshold)
@@ -399,6 +393,9 @@ def page(config: argparse.Namespace) -> None:
             return
         replay, title = chosen
         follow_stay(replay, f"{run_id}:{title}")
+        st.sidebar.subheader("Replay")
+        speed = SPEEDS[st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed",
+                                                on_change=restart_clock)]  # fmt: skip
         playing = st.session_state.playing
         st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(replay, title, threshold, trained,
                                                                               speed, playing)  # fmt: skip
