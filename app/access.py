@@ -42,9 +42,10 @@ def required_token(host: str | None, environment: dict[str, str] | None = None) 
         raise AccessError(f"{TOKEN_VARIABLE} is {len(token)} characters long; use at least {MIN_TOKEN_LENGTH} "
                           "(for example: export GARLIC_DASHBOARD_TOKEN=$(openssl rand -hex 16))")  # fmt: skip
     if not token and not is_loopback(host):
-        raise AccessError(f"listening on {host or 'every interface'} needs a login: set {TOKEN_VARIABLE} to a secret "
-                          f"of at least {MIN_TOKEN_LENGTH} characters (for example: export "
-                          "GARLIC_DASHBOARD_TOKEN=$(openssl rand -hex 16)), or keep the default --host 127.0.0.1")  # fmt: skip
+        raise AccessError(f"listening on {host or 'every interface'} needs a login: set {TOKEN_VARIABLE} to a "
+                          f"secret of at least {MIN_TOKEN_LENGTH} characters (for example: export "
+                          "GARLIC_DASHBOARD_TOKEN=$(openssl rand -hex 16)), or keep the default "
+                          "--host 127.0.0.1")  # fmt: skip
     return token or None
 
 

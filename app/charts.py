@@ -33,8 +33,8 @@ def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) 
     y = _quantitative("risk", "predicted risk", scale={"domain": [0, 1]})
     limit = {"values": [{"threshold": float(threshold), "text": f"alert threshold {threshold:.2f}"}]}
     points = {"values": _records(seen)}
-    colour = {"field": "alert", "type": "nominal", "legend": None,
-              "scale": {"domain": ["above threshold", "below threshold"], "range": [ALERT_COLOUR, RISK_COLOUR]}}  # fmt: skip
+    scale = {"domain": ["above threshold", "below threshold"], "range": [ALERT_COLOUR, RISK_COLOUR]}
+    colour = {"field": "alert", "type": "nominal", "legend": None, "scale": scale}
     tooltip = [{"field": "hour", "type": "quantitative"}, {"field": "risk", "type": "quantitative", "format": ".3f"}]
     return {
         "height": 260,

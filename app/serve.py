@@ -2,10 +2,11 @@
 
     python app/serve.py [--host 127.0.0.1] [--port 8501] [--mlruns STORE] [--data-root DATA] [--run RUN_ID]
 
-``garlic dashboard`` runs this. The heavy imports (torch, MLflow) and opening the MLflow store take most of a
-first visit's wait (about 10 s of 12 on a busy 2-core machine); done here, before the server listens, the first
-visitor finds them done. Streamlit then runs in this process with the settings the page needs: bound to ``--host``
-(loopback by default), uploads capped at 1 MB, no developer toolbar, no error details in the page, no file watcher.
+``garlic dashboard`` runs this. The heavy imports (torch, MLflow: 8.5 s) and opening the MLflow store (2-3 s) were
+most of a first visit's 16 s (measured in-process on a busy 2-core machine); done here, before the server listens,
+the first visitor finds them done. Streamlit then runs in this process with the settings the page needs: bound
+to ``--host`` (loopback by default), uploads capped at 1 MB, no developer toolbar, no error details in the page,
+no file watcher.
 """
 from __future__ import annotations
 

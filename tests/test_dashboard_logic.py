@@ -1,7 +1,6 @@
 """The dashboard's logic without a page: replay, threshold, summary, and where its data come from."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
