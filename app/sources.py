@@ -97,7 +97,7 @@ def runs_with_models(store: Path) -> list[RunChoice]:
 
 def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
     """The label for the sidebar's list, short enough not to be cut off, and the details shown under it:
-    ('synthetic · AUROC 0.844 · 588844e2', 'five-split/split_0 · started 2026-01-31 14:05 UTC · run 588844e2…')."""
+    ('synthetic · AUROC 0.844 · 588844e2', 'five-split/split_0 · started 2026-01-31 14:05 UTC · run 5888…')."""
     params = run.data.params
     started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     label = [params.get("dataset", "?")]
