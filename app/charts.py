@@ -1,9 +1,10 @@
-"""The dashboard's charts as Vega-Lite specifications (drawn by ``st.vega_lite_chart``): risk curve,
+"""The dashboard's charts as (data, Vega-Lite specification) pairs for ``st.vega_lite_chart``: risk curve,
 importance-shaded observations, importance bars.
 
 Written as plain dictionaries rather than built with Altair: the bedside view draws four charts at every replayed
 hour, and building them with Altair took about 90 ms of CPU per hour (validation and conversion), more than the
-model's forward pass and explanation together (experiments/benchmark_dashboard.py).
+model's forward pass and explanation together (experiments/benchmark_dashboard.py). The data travel apart from
+the specification, so that from one hour to the next the browser mostly gets new data for an unchanged chart.
 
 The time axis of every chart spans the whole stay, so that the charts do not rescale while a stay is replayed.
 """
@@ -17,26 +18,21 @@ RISK_COLOUR = "#1f77b4"
 Spec = dict
 
 
-def _records(table: pd.DataFrame) -> list[dict]:
-    return table.to_dict(orient="records")
-
-
 def _quantitative(field: str, title: str | None, **options) -> dict:
     return {"field": field, "type": "quantitative", "title": title, **options}
 
 
-def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) -> Spec:
+def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) -> tuple[pd.DataFrame, Spec]:
     """The risk up to position ``now``, the alert threshold as a dashed line, hours above it in red."""
     seen = pd.DataFrame({"hour": hours[: now + 1].astype(float), "risk": risk[: now + 1].astype(float)}).dropna()
     seen["alert"] = np.where(seen["risk"] >= threshold, "above threshold", "below threshold")
     x = _quantitative("hour", "hours since ICU admission", scale={"domain": [0, float(hours[-1])]})
     y = _quantitative("risk", "predicted risk", scale={"domain": [0, 1]})
     limit = {"values": [{"threshold": float(threshold), "text": f"alert threshold {threshold:.2f}"}]}
-    points = {"values": _records(seen)}
     scale = {"domain": ["above threshold", "below threshold"], "range": [ALERT_COLOUR, RISK_COLOUR]}
     colour = {"field": "alert", "type": "nominal", "legend": None, "scale": scale}
     tooltip = [{"field": "hour", "type": "quantitative"}, {"field": "risk", "type": "quantitative", "format": ".3f"}]
-    return {
+    return seen, {
         "height": 260,
         "layer": [
             {"data": limit, "mark": {"type": "rule", "color": ALERT_COLOUR, "strokeDash": [6, 4]},
@@ -44,14 +40,15 @@ def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) 
             {"data": limit, "mark": {"type": "text", "align": "left", "dx": 4, "dy": -7, "color": ALERT_COLOUR},
              "encoding": {"x": {"value": 0}, "y": _quantitative("threshold", None),
                           "text": {"field": "text", "type": "nominal"}}},
-            {"data": points, "mark": {"type": "line", "color": RISK_COLOUR}, "encoding": {"x": x, "y": y}},
-            {"data": points, "mark": {"type": "circle", "size": 45},
+            {"mark": {"type": "line", "color": RISK_COLOUR}, "encoding": {"x": x, "y": y}},
+            {"mark": {"type": "circle", "size": 45},
              "encoding": {"x": x, "y": y, "color": colour, "tooltip": tooltip}},
         ],
     }  # fmt: skip
 
 
-def observations_chart(observations: pd.DataFrame, variables: list[str], last_hour: float) -> Spec:
+def observations_chart(observations: pd.DataFrame, variables: list[str], last_hour: float
+                       ) -> tuple[pd.DataFrame, Spec]:  # fmt: skip
     """One strip per variable: its values over time, each observation shaded by its importance to the risk."""
     shown = observations[observations["variable"].isin(variables)].astype({"variable": str})
     x = _quantitative("time", "hours since ICU admission", scale={"domain": [0, float(last_hour)]})
@@ -59,8 +56,7 @@ def observations_chart(observations: pd.DataFrame, variables: list[str], last_ho
     tooltip = [{"field": "variable", "type": "nominal"}, {"field": "time", "type": "quantitative", "format": ".1f"},
                {"field": "value", "type": "quantitative", "format": ".4g"},
                {"field": "importance", "type": "quantitative", "format": ".4f"}]  # fmt: skip
-    return {
-        "data": {"values": _records(shown[["time", "variable", "value", "importance"]])},
+    return shown[["time", "variable", "value", "importance"]], {
         "facet": {"row": {"field": "variable", "type": "nominal", "sort": list(variables), "title": None,
                           "header": {"labelAngle": 0}}},
         "spec": {
@@ -76,10 +72,9 @@ def observations_chart(observations: pd.DataFrame, variables: list[str], last_ho
     }  # fmt: skip
 
 
-def bar_chart(table: pd.DataFrame, label: str, value: str, title: str) -> Spec:
+def bar_chart(table: pd.DataFrame, label: str, value: str, title: str) -> tuple[pd.DataFrame, Spec]:
     """Horizontal bars, largest on top."""
-    return {
-        "data": {"values": _records(table[[label, value]].astype({label: str}))},
+    return table[[label, value]].astype({label: str}), {
         "mark": {"type": "bar", "color": ALERT_COLOUR, "opacity": 0.8},
         "encoding": {
             "x": _quantitative(value, title),

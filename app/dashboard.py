@@ -304,7 +304,7 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     else:
         st.info("No observation yet at this hour.")
     st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
-    st.vega_lite_chart(spec=charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
+    st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
 
     st.subheader("Why")
     signals = signals_at(explained)
@@ -315,7 +315,7 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
         if bars.empty:
             st.write("No signal yet: nothing has been observed by this hour.")
         else:
-            st.vega_lite_chart(spec=charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
+            st.vega_lite_chart(*charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
     with right:
         st.caption("Strongest edges of the learned variable graph, weighted for this stay (source → target)")
         edges = edges_at(explained)
@@ -323,13 +323,13 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
         if edges.empty:
             st.write("No messages yet: the graph carries a variable's past, and this hour has none.")
         else:
-            st.vega_lite_chart(spec=charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
+            st.vega_lite_chart(*charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
     observed = observations_at(explained, trained)
     top = [name for name in signals.index if name in set(observed["variable"])][:SHOWN_VARIABLES]
     st.caption(f"The {len(top)} most important vital signs and labs up to this hour, each observation shaded by its "
                "importance to the risk")  # fmt: skip
     if top:
-        st.vega_lite_chart(spec=charts.observations_chart(observed, top, float(replay.hours[-1])), width="content")
+        st.vega_lite_chart(*charts.observations_chart(observed, top, float(replay.hours[-1])), width="content")
 
 
 # ---------------------------------------------------------------------------------------------------------------
