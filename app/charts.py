@@ -3,7 +3,7 @@ importance-shaded observations, importance bars.
 
 Written as plain dictionaries rather than built with Altair: the bedside view draws four charts at every replayed
 hour, and building them with Altair took about 90 ms of CPU per hour (validation and conversion), more than the
-model's forward pass and explanation together (experiments/benchmark_dashboard.py). The data travel apart from
+model's forward pass and explanation together (measured in-process on a busy 2-core machine). The data travel apart from
 the specification, so that from one hour to the next the browser mostly gets new data for an unchanged chart.
 
 The time axis of every chart spans the whole stay, so that the charts do not rescale while a stay is replayed.

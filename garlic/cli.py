@@ -141,7 +141,8 @@ def _dashboard(args: argparse.Namespace) -> None:
     server = subprocess.Popen(command)
     for number in pending:  # a signal that came while the server was being started
         server.send_signal(number)
-    raise SystemExit(server.wait())
+    status = server.wait()
+    raise SystemExit(128 - status if status < 0 else status)  # killed by signal N: 128 + N, as a shell reports it
 
 
 def parser() -> argparse.ArgumentParser:
