@@ -1,14 +1,19 @@
 """The bedside dashboard: replay one ICU stay hour by hour with its risk, warnings and their explanations.
 
-Started by ``garlic dashboard [--run RUN_ID]``, which runs
-``streamlit run app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID]``. The page reads only the
-MLflow store, the data root and uploaded files. A stay comes from the run's test split (``?stay=ID`` in the URL
-picks one) or from an uploaded PhysioNet 2012 ``.txt`` / 2019 ``.psv`` record.
+Started by ``garlic dashboard [--run RUN_ID]``, which runs app/serve.py: it serves
+``streamlit run app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID]`` on 127.0.0.1 unless told
+otherwise, and then only to visitors who give the token (app/access.py). The page reads only the MLflow store, the
+data root and uploaded files. A stay comes from the run's test split (``?stay=ID`` in the URL picks one) or from an
+uploaded PhysioNet 2012 ``.txt`` / 2019 ``.psv`` record. What goes wrong is said in the page without server paths
+or tracebacks; the details go to the server's log.
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import sys
+import time
 from pathlib import Path
 
 import mlflow
@@ -18,8 +23,10 @@ import streamlit as st
 import torch
 
 from app import charts, sources
-from app.replay import Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signals_at
-from app.summary import plain_summary, risk_trend
+from app.access import AccessError, required_token, token_matches
+from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
+                        signals_at)  # fmt: skip
+from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
 from garlic.checkpoint import TrainedModel
 from garlic.data import IrregularDataset
@@ -30,6 +37,9 @@ from preprocessing.tables import DatasetNotFoundError
 TEST_SPLIT, UPLOAD = "Test split of the run", "Upload a record"
 SPEEDS = {"1 h/s": 1.0, "2 h/s": 2.0, "4 h/s": 4.0, "8 h/s": 8.0}
 SHOWN_VARIABLES = 8
+FAILED = "Something went wrong on the server, so this part cannot be shown. The details are in the server's log."
+log = logging.getLogger("garlic.dashboard")
+folders: dict[str, Path] = {}  # label -> configured folder, for messages without server paths (set by main)
 MODEL_PLOTS = {
     "plots/roc_pr.png": "ROC and precision-recall curves on the test split",
     "plots/calibration.png": "Calibration on the test split",
@@ -90,7 +100,52 @@ def cached_upload_replay(store: str, run_id: str, name: str, data: bytes) -> Rep
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sidebar: run, stay, threshold, playback
+# What the page says when something fails: no server paths, no tracebacks
+
+
+def plain(error: Exception | str) -> str:
+    """An error's message for the page: the configured folders by name (STORE, DATA), other paths cut short."""
+    return sources.without_paths(str(error), folders)
+
+
+def shown_plainly(draw):
+    """Run ``draw``; an unexpected error is logged with its traceback and shown as one plain line."""
+
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        try:
+            return draw(*args, **kwargs)
+        except Exception:  # the last resort: st.rerun/st.stop are not Exceptions and pass through
+            log.exception("the dashboard failed drawing %s", draw.__name__)
+            st.error(FAILED)
+
+    return drawn
+
+
+def admitted() -> bool:
+    """Whether this visitor may see the page: always on a loopback-only server without a token, else with it."""
+    try:
+        token = required_token(st.get_option("server.address"))
+    except AccessError as exc:
+        log.error("refusing to serve: %s", exc)
+        st.error(f"This dashboard is not set up to be reached from other machines: {exc}.")
+        return False
+    if token is None or st.session_state.get("admitted"):
+        return True
+    with st.form("login"):
+        given = st.text_input("Access token", type="password", key="token")
+        submitted = st.form_submit_button("Open the dashboard")
+    if submitted and token_matches(given, token):
+        st.session_state.admitted = True
+        st.rerun()
+    if submitted:
+        time.sleep(1.0)  # a wrong guess costs a second
+        st.error("Wrong token.")
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sidebar: run, stay, threshold, speed
 
 
 def choose_run(store: Path, given: str | None) -> str | None:
@@ -98,15 +153,18 @@ def choose_run(store: Path, given: str | None) -> str | None:
         choices = cached_runs(str(store))
     except RunNotFoundError as exc:
         choices = []
-        st.sidebar.error(str(exc))
+        st.sidebar.error(plain(exc))
     labels = {choice.run_id: choice.label for choice in choices}
+    details = {choice.run_id: choice.details for choice in choices}
     if given and given not in labels:  # still offered, so that the page can say what is wrong with it
         labels = {given: f"{given} (given with --run)", **labels}
     if not labels:
-        st.error(f"No run with a model in the MLflow store {store}. Train one first: `garlic train`.")
+        st.error(f"No run with a model in the MLflow store {plain(store)}. Train one first: `garlic train`.")
         return None
     ids = list(labels)
-    return st.sidebar.selectbox("Run", ids, index=ids.index(given) if given else 0, format_func=labels.get)
+    run_id = st.sidebar.selectbox("Run", ids, index=ids.index(given) if given else 0, format_func=labels.get)
+    st.sidebar.caption(details.get(run_id, ""))
+    return run_id
 
 
 def default_threshold(store: str, run_id: str) -> tuple[float, str]:
@@ -115,7 +173,7 @@ def default_threshold(store: str, run_id: str) -> tuple[float, str]:
         validation = cached_predictions(store, run_id, "validation")
         threshold = threshold_at_sensitivity(validation["label"], validation["risk"], DEFAULT_SENSITIVITY)
     except (RunNotFoundError, ValueError, KeyError) as exc:
-        return 0.5, f"0.5 by default: no validation predictions to set it on ({exc})"
+        return 0.5, f"0.5 by default: no validation predictions to set it on ({plain(exc)})"
     return round(threshold, 3), f"Default {threshold:.3f}: {DEFAULT_SENSITIVITY:.0%} sensitivity on validation stays"
 
 
@@ -124,7 +182,8 @@ def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, s
         dataset = cached_test_split(store, run_id, data_root)
         test = cached_predictions(store, run_id, "test").set_index("stay_id")
     except (DatasetNotFoundError, RunNotFoundError, ValueError, OSError) as exc:
-        st.error(f"Cannot read this run's test split from the data root {data_root}: {exc}")
+        log.warning("run %s: cannot read its test split: %s", run_id, exc)
+        st.error(f"Cannot read this run's test split from the data root: {plain(exc)}")
         return None
     available = set(dataset.stay_ids.tolist())
     ids = [int(s) for s in test["risk"].sort_values(ascending=False).index if s in available]
@@ -142,16 +201,26 @@ def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, s
 
 
 def choose_upload(store: str, run_id: str) -> tuple[Replay, str] | None:
-    uploaded = st.sidebar.file_uploader("Record file (RECORDID.txt or pNNNNNN.psv)", type=["txt", "psv"])
+    uploaded = st.sidebar.file_uploader("Record file (RECORDID.txt or pNNNNNN.psv)", type=["txt", "psv"],
+                                        max_upload_size=sources.MAX_UPLOAD_BYTES // (1024 * 1024))  # fmt: skip
     if uploaded is None:
         st.info("Upload one stay as a PhysioNet 2012 `RECORDID.txt` or PhysioNet 2019 `pNNNNNN.psv` record.")
+        return None
+    if uploaded.size > sources.MAX_UPLOAD_BYTES:  # refused before its bytes are copied again
+        st.error(f"Cannot use the upload: {uploaded.name} is {uploaded.size / 1e6:.1f} MB; one stay's record is "
+                 f"under 0.1 MB (at most {sources.MAX_UPLOAD_BYTES // 1024} kB accepted).")  # fmt: skip
         return None
     try:
         replay = cached_upload_replay(store, run_id, uploaded.name, uploaded.getvalue())
     except ValueError as exc:
-        st.error(f"Cannot use the upload: {exc}")
+        st.error(f"Cannot use the upload: {plain(exc)}")
         return None
     return replay, f"Stay {replay.stay_id} · uploaded {uploaded.name}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Playback: the hour follows the clock (start hour + elapsed seconds x speed), so "4 h/s" is 4 hours a second
+# however long a redraw takes; a slow redraw skips hours instead of slowing the replay down.
 
 
 def follow_stay(replay: Replay, key: str) -> None:
@@ -160,46 +229,57 @@ def follow_stay(replay: Replay, key: str) -> None:
         st.session_state.update(stay_key=key, hour=int(replay.hours[-1]), playing=False)
 
 
+def restart_clock() -> None:
+    st.session_state.clock = (time.monotonic(), st.session_state.hour)
+
+
 def play_or_pause(last_hour: int) -> None:
     if st.session_state.playing:
         st.session_state.playing = False
         return
     if st.session_state.hour >= last_hour:  # at the end: play again from the start
-        st.session_state.hour = 0
+        st.session_state.hour = 1
     st.session_state.playing = True
+    restart_clock()
 
 
 def step(last_hour: int) -> None:
     st.session_state.update(playing=False, hour=min(st.session_state.hour + 1, last_hour))
 
 
-def playback_controls(last_hour: int) -> float | None:
-    """Play/pause, step and speed; returns the seconds between replayed hours while playing."""
-    st.sidebar.subheader("Replay")
-    left, right = st.sidebar.columns(2)
-    # One button whose label changes, so that the page never shows a stale Play beside a Pause.
-    label = "⏸ Pause" if st.session_state.playing else "▶ Play"
-    left.button(label, on_click=play_or_pause, args=(last_hour,), key="play")
-    right.button("Step +1 h", on_click=step, args=(last_hour,), key="step")
-    speed = st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed")
-    return 1.0 / SPEEDS[speed] if st.session_state.playing else None
+def replayed_hour(last_hour: int, speed: float) -> int:
+    started, first = st.session_state.clock
+    return min(first + int((time.monotonic() - started) * speed), last_hour)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The bedside view: redrawn alone (a fragment) at every replayed hour
+# The bedside view: a fragment, redrawn alone at every replayed hour and for Step or the slider; the rest of the
+# page (sidebar, model tab) is drawn again only when a sidebar setting changes or playback starts or stops.
 
 
-def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedModel) -> None:
+@shown_plainly
+def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedModel, speed: float,
+                 timed: bool) -> None:  # fmt: skip
     last_hour = int(replay.hours[-1])
+    if st.session_state.playing != timed:
+        st.rerun()  # Play, Pause or the end of the replay: the whole page, to start or stop the timer
     if st.session_state.playing:
         if st.session_state.hour >= last_hour:
             # The last hour is on screen since the previous tick (a rerun right after setting it would race the
             # slider's old value back in): now a full run stops the timer and turns Pause back into Play.
             st.session_state.playing = False
             st.rerun()
-        st.session_state.hour += 1
+        st.session_state.hour = replayed_hour(last_hour, speed)
     st.subheader(title)
-    hour = st.slider("Hour since ICU admission (the model sees only the data up to it)", 1, last_hour, key="hour")
+    play, step_button, hint = st.columns([1, 1, 4], vertical_alignment="center")
+    # One button whose label changes, so that the page never shows a stale Play beside a Pause.
+    play.button("⏸ Pause" if st.session_state.playing else "▶ Play", on_click=play_or_pause, args=(last_hour,),
+                key="play", width="stretch")  # fmt: skip
+    step_button.button("Step +1 h", on_click=step, args=(last_hour,), key="step", width="stretch")
+    hint.caption(f"Replays at {speed:g} hours a second (speed in the sidebar).")
+    # Held still while playing: a slider the page moves and the user drags at once sent stale hours back.
+    hour = st.slider("Hour since ICU admission (the model sees only the data up to it)", 1, last_hour, key="hour",
+                     disabled=st.session_state.playing)  # fmt: skip
     now = hour - 1
     risk = replay.risk[now]
     explained = explain_hour(trained, replay, now)
@@ -207,16 +287,15 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     trend = risk_trend(replay.risk, now)
 
     left, middle, right = st.columns(3)
-    earlier = replay.risk[max(now - 6, 0)]
-    change = risk - earlier if now > 0 and np.isfinite(risk) and np.isfinite(earlier) else None
-    left.metric(f"Risk at hour {hour}", "—" if not np.isfinite(risk) else f"{risk:.2f}",
-                delta=None if change is None else f"{change:+.2f} in 6 h", delta_color="inverse")  # fmt: skip
+    delta, moved = change_text(risk_change(replay.risk, now))
+    left.metric(f"Risk at hour {hour}", "—" if not np.isfinite(risk) else f"{risk:.2f}", delta=delta,
+                delta_color="inverse" if moved else "off", delta_arrow="auto" if moved else "off")  # fmt: skip
     middle.metric("Alert threshold", f"{threshold:.2f}")
     right.metric("Playback", "playing" if st.session_state.playing else "paused", f"hour {hour} of {last_hour}",
                  delta_color="off", delta_arrow="off")  # fmt: skip
 
     since = alert_since(replay.hours, replay.risk, threshold, now)
-    driven = ", ".join(f"{name} ({direction})" if direction else name for name, direction in drivers)
+    driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
         st.error(f"**Warning: risk {risk:.2f} is above the alert threshold {threshold:.2f}** since hour {since:g}. "
                  f"Driven by {driven or 'no single signal'}.", icon=":material/warning:")  # fmt: skip
@@ -225,15 +304,18 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     else:
         st.info("No observation yet at this hour.")
     st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
-    st.altair_chart(charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
+    st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
 
     st.subheader("Why")
     signals = signals_at(explained)
     left, right = st.columns(2)
     with left:
         st.caption("Signal importance: each variable's share of the risk's attention, summed over time")
-        bars = signals.head(10).rename_axis("variable").reset_index()
-        st.altair_chart(charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
+        bars = signal_bars(explained)
+        if bars.empty:
+            st.write("No signal yet: nothing has been observed by this hour.")
+        else:
+            st.vega_lite_chart(*charts.bar_chart(bars, "variable", "importance", "importance"), width="stretch")
     with right:
         st.caption("Strongest edges of the learned variable graph, weighted for this stay (source → target)")
         edges = edges_at(explained)
@@ -241,19 +323,20 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
         if edges.empty:
             st.write("No messages yet: the graph carries a variable's past, and this hour has none.")
         else:
-            st.altair_chart(charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
+            st.vega_lite_chart(*charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
     observed = observations_at(explained, trained)
     top = [name for name in signals.index if name in set(observed["variable"])][:SHOWN_VARIABLES]
     st.caption(f"The {len(top)} most important vital signs and labs up to this hour, each observation shaded by its "
                "importance to the risk")  # fmt: skip
     if top:
-        st.altair_chart(charts.observations_chart(observed, top, float(replay.hours[-1])))
+        st.vega_lite_chart(*charts.observations_chart(observed, top, float(replay.hours[-1])), width="content")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The model view: what the run logged
 
 
+@shown_plainly
 def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
     metrics = run.data.metrics
     names = {"test_auroc": "AUROC", "test_auprc": "AUPRC", "test_brier": "Brier", "test_ece": "ECE"}
@@ -262,7 +345,7 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
     try:
         test = cached_predictions(store, run.info.run_id, "test")
     except RunNotFoundError as exc:
-        st.warning(str(exc))
+        st.warning(plain(exc))
     else:
         flagged = test["risk"] >= threshold
         positives = test["label"] == 1
@@ -283,24 +366,17 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    config = settings(sys.argv[1:])
-    # One thread per forward pass: the passes are small, and on a busy machine (or with several sessions) two
-    # threads that wait on each other were several times slower than one (experiments/benchmark_dashboard.py).
-    torch.set_num_threads(1)
-    st.set_page_config(page_title="GARLIC-ICU bedside", page_icon="🫀", layout="wide")
-    st.title("GARLIC-ICU · bedside risk")
-    st.session_state.setdefault("playing", False)
-    st.session_state.setdefault("hour", 1)
+@shown_plainly
+def page(config: argparse.Namespace) -> None:
     store, data_root = str(config.mlruns), str(config.data_root)
-
     run_id = choose_run(config.mlruns, config.run)
     if run_id is None:
         return
     try:
         trained, run = cached_run(store, run_id)
     except (RunNotFoundError, FileNotFoundError, ValueError) as exc:
-        st.error(f"Cannot use run {run_id}: {exc}")
+        log.warning("run %s cannot be used: %s", run_id, exc)
+        st.error(f"Cannot use run {run_id}: {plain(exc)}")
         return
 
     source = st.sidebar.radio("Stay", [TEST_SPLIT, UPLOAD], key="source")
@@ -317,8 +393,28 @@ def main() -> None:
             return
         replay, title = chosen
         follow_stay(replay, f"{run_id}:{title}")
-        interval = playback_controls(int(replay.hours[-1]))
-        st.fragment(bedside_view, run_every=interval)(replay, title, threshold, trained)
+        st.sidebar.subheader("Replay")
+        speed = SPEEDS[st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed",
+                                                on_change=restart_clock)]  # fmt: skip
+        playing = st.session_state.playing
+        st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(replay, title, threshold, trained,
+                                                                              speed, playing)  # fmt: skip
+
+
+def main() -> None:
+    config = settings(sys.argv[1:])
+    # One thread per forward pass: the passes are small, and on a busy machine (or with several sessions) two
+    # threads that wait on each other were several times slower than one (experiments/benchmark_dashboard.py).
+    torch.set_num_threads(1)
+    st.set_page_config(page_title="GARLIC-ICU bedside", page_icon="🫀", layout="wide")
+    st.title("GARLIC-ICU · bedside risk")
+    if not admitted():
+        return
+    folders.update(STORE=config.mlruns, DATA=config.data_root)
+    st.session_state.setdefault("playing", False)
+    st.session_state.setdefault("hour", 1)
+    st.session_state.setdefault("clock", (time.monotonic(), 1))
+    page(config)
 
 
 main()

@@ -120,6 +120,13 @@ def signals_at(hour: Hour) -> pd.Series:
     return pd.Series(signal, index=hour.explanation.variables, name="importance").sort_values(ascending=False)
 
 
+def signal_bars(hour: Hour, top: int = 10) -> pd.DataFrame:
+    """The ``top`` most important variables at the hour with importance above zero (a zero would be an empty bar):
+    variable, importance."""
+    signals = signals_at(hour)
+    return signals[signals > 0].head(top).rename_axis("variable").reset_index()
+
+
 def edges_at(hour: Hour, top: int = 8) -> pd.DataFrame:
     """The ``top`` strongest edges between different variables for this stay at the hour.
 

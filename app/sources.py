@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import mlflow
 import pandas as pd
@@ -20,6 +21,7 @@ from garlic.checkpoint import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import processed_folder
 from garlic.inference import tensors_for_model
+from garlic.splits import split_path
 from garlic import run_contract
 from garlic.tracking import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
 from preprocessing.records import read_record_files
@@ -28,16 +30,52 @@ from preprocessing.tensors import load_tensors
 
 STORE_DATABASE = "mlflow.db"
 UPLOAD_NAME = re.compile(r"^(\d+\.txt|p\d+\.psv)$")
+MAX_UPLOAD_BYTES = 1024 * 1024  # a PhysioNet 2012 record is under 100 kB, a 2019 one under 50 kB
+ABSOLUTE_PATH = re.compile(r"(?:file://)?(?<![\w.])/[^\s'\",:;()]+")
 
 
 class UploadError(ValueError):
     """An uploaded file that cannot be read as one stay for this model; the message says why."""
 
 
+class OutsideFoldersError(RunNotFoundError):
+    """A run that points the page at a file outside the MLflow store or the data root; refused."""
+
+
+def inside(path: Path, folder: Path, what: str) -> Path:
+    """``path`` resolved (links and ``..`` followed), or OutsideFoldersError if that leaves ``folder``."""
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(Path(folder).resolve()):
+        raise OutsideFoldersError(f"{what} points outside the configured folders: refused")
+    return resolved
+
+
+def without_paths(message: str, folders: dict[str, Path]) -> str:
+    """``message`` with the server's absolute paths taken out, for the page.
+
+    Paths under a configured folder keep their place in it (``folders`` maps a label such as 'the data root' to
+    the folder); any other absolute path is cut to its last part.
+    """
+    for label, folder in sorted(folders.items(), key=lambda item: -len(str(Path(item[1]).resolve()))):
+        for form in {str(Path(folder).resolve()), str(folder)}:
+            if Path(form).is_absolute():
+                message = message.replace(f"file://{form}", label).replace(form, label)
+    return ABSOLUTE_PATH.sub(lambda match: "…/" + match.group(0).rstrip("/").rsplit("/", 1)[-1], message)
+
+
+def _artifacts_inside(store: Path, run: mlflow.entities.Run) -> None:
+    """The run's artifacts must live in the store's own folder (the page reads nothing else)."""
+    uri = urlparse(run.info.artifact_uri)
+    if uri.scheme not in ("", "file"):
+        raise OutsideFoldersError(f"run {run.info.run_id} keeps its artifacts outside the MLflow store: refused")
+    inside(Path(unquote(uri.path)), store, f"run {run.info.run_id}'s artifact location")
+
+
 @dataclass
 class RunChoice:
     run_id: str
-    label: str
+    label: str  # short enough for the sidebar's run list
+    details: str  # the rest, shown under it
 
 
 def open_store(store: Path) -> None:
@@ -53,24 +91,27 @@ def runs_with_models(store: Path) -> list[RunChoice]:
     client = mlflow.MlflowClient()
     runs = mlflow.search_runs(search_all_experiments=True, order_by=["attributes.start_time DESC"],
                               output_format="list")  # fmt: skip
-    return [RunChoice(run.info.run_id, _run_label(run)) for run in runs
+    return [RunChoice(run.info.run_id, *_run_label(run)) for run in runs
             if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)]  # fmt: skip
 
 
-def _run_label(run: mlflow.entities.Run) -> str:
-    """'synthetic five-split/split_0 · 2026-01-31 14:05 UTC · test AUROC 0.844 · 588844e2'"""
+def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
+    """The label for the sidebar's list, short enough not to be cut off, and the details shown under it:
+    ('synthetic · AUROC 0.844 · 588844e2', 'five-split/split_0 · started 2026-01-31 14:05 UTC · run 5888…')."""
     params = run.data.params
     started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [f"{params.get('dataset', '?')} {params.get('split', '')}".strip(), started]
+    label = [params.get("dataset", "?")]
     if "test_auroc" in run.data.metrics:
-        parts.append(f"test AUROC {run.data.metrics['test_auroc']:.3f}")
-    return " · ".join([*parts, run.info.run_id[:8]])
+        label.append(f"AUROC {run.data.metrics['test_auroc']:.3f}")
+    details = [params.get("split", "no split"), f"started {started}", f"run {run.info.run_id}"]
+    return " · ".join([*label, run.info.run_id[:8]]), " · ".join(details)
 
 
 def load_run(store: Path, run_id: str) -> tuple[TrainedModel, mlflow.entities.Run]:
     """The run's model and its record; RunNotFoundError (with the reason) when either is missing or unusable."""
     open_store(store)
     run = get_run(run_id)
+    _artifacts_inside(store, run)
     try:
         trained = load_run_model(run_id, store)
     except (OSError, KeyError, ValueError, RuntimeError) as exc:  # a model folder that is not a GARLIC model
@@ -81,6 +122,7 @@ def load_run(store: Path, run_id: str) -> tuple[TrainedModel, mlflow.entities.Ru
 def predictions(store: Path, run_id: str, part: str) -> pd.DataFrame:
     """The run's logged predictions for ``part`` ('validation' or 'test'): stay_id, label, risk."""
     open_store(store)
+    _artifacts_inside(store, get_run(run_id))
     try:
         text = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/{part}.csv")
     except (MlflowException, OSError) as exc:
@@ -91,6 +133,7 @@ def predictions(store: Path, run_id: str, part: str) -> pd.DataFrame:
 def artifact_bytes(store: Path, run_id: str, path: str) -> bytes | None:
     """A file the run logged (a plot), or None when it has none at ``path``."""
     open_store(store)
+    _artifacts_inside(store, get_run(run_id))
     with tempfile.TemporaryDirectory(prefix="garlic-artifact-") as folder:
         try:
             local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=folder)
@@ -107,8 +150,11 @@ def test_split(trained: TrainedModel, run: mlflow.entities.Run, data_root: Path)
     params = run.data.params
     if run_contract.DATASET not in params or run_contract.SPLIT not in params:
         raise RunNotFoundError(f"run {run.info.run_id} does not name its dataset and split")
-    folder = processed_folder(params[run_contract.DATASET], data_root)
-    split = run_contract.verify_split(run.info.run_id, params, folder, read_manifest(folder))
+    run_id, split_name = run.info.run_id, params[run_contract.SPLIT]
+    folder = inside(processed_folder(params[run_contract.DATASET], data_root), data_root, f"run {run_id}'s dataset")
+    inside(split_path(folder, *run_contract.parse_split_name(split_name)), folder / "splits",
+           f"run {run_id}'s split {split_name!r}")  # fmt: skip
+    split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
     tensors = load_tensors(folder)
     return trained.dataset(tensors.subset(split.positions(tensors, "test")))
 
@@ -124,6 +170,9 @@ def read_upload(name: str, data: bytes, trained: TrainedModel) -> IrregularDatas
             f"{name!r} is not a record file name: expected a PhysioNet 2012 RECORDID.txt (e.g. 132539.txt) "
             "or a PhysioNet 2019 pNNNNNN.psv (e.g. p000001.psv)"
         )
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise UploadError(f"{base} is {len(data) / 1e6:.1f} MB; one stay's record is under 0.1 MB "
+                          f"(at most {MAX_UPLOAD_BYTES // 1024} kB accepted)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="garlic-upload-") as folder:
         path = Path(folder) / base
         path.write_bytes(data)

@@ -16,7 +16,7 @@ from preprocessing.download import DownloadError
 from preprocessing.tables import DatasetNotFoundError
 
 log = logging.getLogger("garlic")
-APP = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+DASHBOARD_SERVER = Path(__file__).resolve().parents[1] / "app" / "serve.py"
 
 
 def _download(args: argparse.Namespace) -> None:
@@ -122,11 +122,27 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _dashboard(args: argparse.Namespace) -> None:
-    command = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-               "--server.port", str(args.port), "--", "--mlruns", str(args.mlruns), "--data-root", str(args.data_root)]  # fmt: skip
+    command = [sys.executable, str(DASHBOARD_SERVER), "--host", args.host, "--port", str(args.port),
+               "--mlruns", str(args.mlruns), "--data-root", str(args.data_root)]  # fmt: skip
     if args.run:
         command += ["--run", args.run]
-    raise SystemExit(subprocess.call(command))
+    server: subprocess.Popen | None = None
+    pending: list[int] = []
+
+    def forward(number, frame) -> None:
+        # Stopping `garlic dashboard` stops the server: without this the server outlived it, holding the port.
+        if server is None:
+            pending.append(number)
+        else:
+            server.send_signal(number)
+
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, forward)
+    server = subprocess.Popen(command)
+    for number in pending:  # a signal that came while the server was being started
+        server.send_signal(number)
+    status = server.wait()
+    raise SystemExit(128 - status if status < 0 else status)  # killed by signal N: 128 + N, as a shell reports it
 
 
 def parser() -> argparse.ArgumentParser:
@@ -179,6 +195,9 @@ def parser() -> argparse.ArgumentParser:
 
     dashboard = commands.add_parser("dashboard", help="the bedside dashboard (Streamlit)")
     dashboard.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
+    dashboard.add_argument("--host", default="127.0.0.1",
+                           help="address to listen on (default 127.0.0.1, this machine only); any other address "
+                                "needs a login token in GARLIC_DASHBOARD_TOKEN (docs/dashboard.md)")  # fmt: skip
     dashboard.add_argument("--port", type=int, default=8501)
     dashboard.set_defaults(handler=_dashboard)
     return main

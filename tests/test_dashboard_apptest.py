@@ -1,10 +1,13 @@
 """The dashboard page driven through Streamlit's testing API: choosing a stay, replaying it, and bad input."""
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
 from app import sources
@@ -22,8 +25,19 @@ def run(tmp_path_factory):
 
 
 @pytest.fixture
-def page(run, monkeypatch):
-    """The page for ``run`` (or another run id) as ``garlic dashboard`` would start it."""
+def listening_on():
+    """Sets the address the page believes its server listens on (AppTest starts none; `garlic dashboard`
+    listens on 127.0.0.1); restored afterwards."""
+    before = streamlit_config.get_option("server.address")
+    yield lambda address: streamlit_config.set_option("server.address", address)
+    streamlit_config.set_option("server.address", before)
+
+
+@pytest.fixture
+def page(run, monkeypatch, listening_on):
+    """The page for ``run`` (or another run id) as ``garlic dashboard`` would start it: on 127.0.0.1, no token."""
+    monkeypatch.delenv("GARLIC_DASHBOARD_TOKEN", raising=False)
+    listening_on("127.0.0.1")
 
     def open_page(run_id: str | None = run.run_id, store: Path = run.store, address: str = "") -> AppTest:
         arguments = ["--mlruns", str(store), "--data-root", str(run.data_root)] + (["--run", run_id] if run_id else [])
@@ -60,20 +74,26 @@ def test_a_low_threshold_raises_a_warning_naming_its_drivers_and_a_high_one_clea
     at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(0.0).run()
     (warning,) = warnings(at)
     assert "above the alert threshold 0.00" in warning and "Driven by" in warning
+    drivers = warning.split("Driven by ")[1].rstrip(".").split(", ")
+    assert drivers and all(re.fullmatch(r"\w+ \([\w ]+\)", driver) for driver in drivers), drivers  # each says how
     at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(1.0).run()
     assert not warnings(at) and any("below the alert threshold" in s.value for s in at.success)
 
 
-def test_play_advances_hour_by_hour_and_step_and_pause_stop_it(page):
+def test_play_follows_the_clock_at_the_speed_shown_and_step_and_pause_stop_it(page):
     at = page()
-    at.sidebar.button(key="play").click().run()  # from the last hour, play starts again at hour 1
-    assert at.session_state.playing and at.slider(key="hour").value == 1
-    at.run()  # what the timer does while playing
-    assert at.slider(key="hour").value == 2
-    at.sidebar.button(key="play").click().run()  # now labelled Pause
-    assert not at.session_state.playing and at.slider(key="hour").value == 2
-    at.sidebar.button(key="step").click().run()
-    assert at.slider(key="hour").value == 3
+    clicked = time.monotonic()
+    at.button(key="play").click().run()  # from the last hour, play starts again at hour 1
+    assert at.session_state.playing and at.slider(key="hour").value <= 1 + (time.monotonic() - clicked) * 4
+    time.sleep(1.0)
+    before = time.monotonic()
+    at.run()  # what the timer does while playing: the hour the clock has reached at 4 hours a second
+    hour = at.slider(key="hour").value
+    assert 1 + int((before - clicked) * 4) <= hour <= 1 + (time.monotonic() - clicked) * 4, hour
+    at.button(key="play").click().run()  # now labelled Pause
+    assert not at.session_state.playing and at.slider(key="hour").value == hour
+    at.button(key="step").click().run()
+    assert at.slider(key="hour").value == hour + 1
     at.slider(key="hour").set_value(10).run()
     assert any(m.label == "Risk at hour 10" for m in at.metric)
     assert not at.exception
@@ -110,5 +130,50 @@ def test_a_run_without_a_model_or_a_missing_store_is_reported_in_the_page(page, 
     at = page(run_id=run_without_model(run.store))
     assert any("no model artifact" in e.value for e in at.error) and not at.exception
     at = page(run_id=None, store=tmp_path / "nowhere")
-    assert any("no MLflow store" in e.value for e in at.sidebar.error) and not at.exception
+    assert any("no MLflow store at STORE" in e.value for e in at.sidebar.error) and not at.exception
+    assert not [e for e in [*at.error, *at.sidebar.error] if str(tmp_path) in e.value]  # no server paths shown
     assert not (tmp_path / "nowhere").exists()  # the page reads the store; it does not make one
+
+
+def test_a_wider_address_shows_nothing_without_a_token_set(page, listening_on):
+    listening_on("0.0.0.0")
+    at = page()
+    assert any("not set up to be reached from other machines" in e.value for e in at.error)
+    assert not at.metric and not at.sidebar.selectbox and not at.exception
+
+
+def test_with_a_token_set_the_page_asks_for_it_and_opens_only_for_the_right_one(page, listening_on, monkeypatch):
+    token = "a-long-enough-secret-token"
+    monkeypatch.setenv("GARLIC_DASHBOARD_TOKEN", token)
+    listening_on("0.0.0.0")
+    at = page()
+    assert not at.metric and not at.sidebar.selectbox  # nothing of the run before the token
+    at.text_input(key="token").input("wrong-guess-of-some-length")
+    at.button[0].click().run()
+    assert any(e.value == "Wrong token." for e in at.error) and not at.metric
+    at.text_input(key="token").input(token)
+    at.button[0].click().run()
+    assert any(m.label.startswith("Risk at hour") for m in at.metric) and not at.exception
+
+
+def test_an_unexpected_error_is_a_plain_line_in_the_page_and_its_trace_goes_to_the_log(page, monkeypatch, caplog):
+    import app.replay
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom in /srv/secret/garlic/app/replay.py")
+
+    monkeypatch.setattr(app.replay, "explain_hour", broken)
+    at = page()
+    assert not at.exception  # no traceback in the page
+    assert any("Something went wrong on the server" in e.value for e in at.error)
+    shown = " ".join(str(e.value) for e in [*at.error, *at.markdown, *at.caption])
+    assert "/srv/secret" not in shown and "boom" not in shown
+    assert "boom in /srv/secret" in caplog.text  # the details are in the server's log
+
+
+def test_an_upload_over_the_size_limit_is_refused(page):
+    at = page()
+    at.sidebar.radio(key="source").set_value("Upload a record").run()
+    record = b"Time,Parameter,Value\n00:00,RecordID,132539\n" + b"00:10,HR,80\n" * 100_000  # 1.2 MB
+    at.sidebar.file_uploader[0].set_value(("132539.txt", record, "text/plain")).run()
+    assert any("at most 1024 kB accepted" in e.value for e in at.error) and not at.exception

@@ -63,12 +63,10 @@ def healthy(url: str) -> bool:
 
 
 def start_dashboard(run, port: int, log: Path) -> subprocess.Popen:
-    """The server as ``garlic dashboard`` starts it, bound to the loopback address only."""
-    command = [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "dashboard.py"),
-               "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
-               "--browser.gatherUsageStats", "false",
-               "--", "--mlruns", str(run.store), "--data-root", str(run.data_root), "--run", run.run_id]  # fmt: skip
-    return subprocess.Popen(command, cwd=log.parent, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    """The server started by ``garlic dashboard`` (on the loopback address, its default)."""
+    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "--data-root", str(run.data_root),
+               "dashboard", "--run", run.run_id, "--port", str(port)]  # fmt: skip
+    return subprocess.Popen(command, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +128,9 @@ def test_playing_a_high_risk_stay_shows_the_risk_chart_and_a_warning(run, dashbo
     headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h3")]
     assert any(h.startswith(f"Stay {int(positive['stay_id'])} ") for h in headings), headings
 
+    buttons = [b.text for b in browser.find_elements(By.TAG_NAME, "button")]
+    assert not [b for b in buttons if "Deploy" in b] and not browser.find_elements(
+        By.CSS_SELECTOR, '[data-testid="stAppDeployButton"], [data-testid="stMainMenu"]')  # no developer toolbar
     play = wait_for(lambda: [b for b in browser.find_elements(By.TAG_NAME, "button") if "Play" in b.text], 30, "Play")
     play[0].click()
     wait_for(lambda: "playing" in playback(browser), 30, "the replay to start")

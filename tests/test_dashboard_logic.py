@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import numpy as np
@@ -19,9 +20,22 @@ from app.replay import (
     replay_hours,
     replay_stay,
     risk_curve,
+    signal_bars,
     signals_at,
 )
-from app.summary import FALLING, RISING, STEADY, plain_summary, risk_trend, value_direction
+from app.summary import (
+    FALLING,
+    NO_RECENT_READING,
+    ONE_READING,
+    RISING,
+    STEADY,
+    TRENDS,
+    change_text,
+    plain_summary,
+    risk_change,
+    risk_trend,
+    value_direction,
+)
 from app.threshold import alert_since, threshold_at_sensitivity
 from garlic import runs
 from garlic.config import Config
@@ -152,6 +166,7 @@ def test_an_hour_is_explained_on_the_stay_cut_at_that_hour(loaded):
         assert table["importance"].sum() == pytest.approx(1.0, abs=1e-4)
         assert signals_at(hour).sum() == pytest.approx(1.0, abs=1e-4)
     assert list(signals_at(hour).index[:2]) == [name for name, _ in drivers_at(hour)]
+    assert all(direction in (*TRENDS, ONE_READING, NO_RECENT_READING) for _, direction in drivers_at(hour))
     edges = edges_at(hour, top=5)
     assert len(edges) <= 5 and (edges["source"] != edges["target"]).all()
     assert edges["importance"].is_monotonic_decreasing
@@ -185,8 +200,8 @@ def test_plain_summary_reads_like_a_sentence():
     assert plain_summary(0.72, RISING, [("GCS", FALLING), ("BUN", RISING)]) == (
         "risk 0.72, rising; driven by falling GCS and rising BUN"
     )
-    assert plain_summary(0.1, STEADY, [("HR", None), ("Temp", STEADY), ("WBC", RISING)]) == (
-        "risk 0.10, steady; driven by HR, steady Temp and rising WBC"
+    assert plain_summary(0.1, STEADY, [("HR", ONE_READING), ("Temp", STEADY), ("WBC", RISING)]) == (
+        "risk 0.10, steady; driven by HR (one reading), steady Temp and rising WBC"
     )
     assert plain_summary(float("nan"), STEADY, []).startswith("no observation yet")
 
@@ -199,7 +214,29 @@ def test_trends_of_risk_and_values():
     assert value_direction(times, np.array([0.0, 3.0, 1.0, 0.2]), now=45) == FALLING  # only the last 24 h count
     assert value_direction(times, np.array([0.0, 3.0, 1.0, 1.1]), now=45) == STEADY
     assert value_direction(times, np.array([0.0, 3.0, 1.0, 1.1]), now=6) == RISING
-    assert value_direction(times, np.zeros(4), now=2) is None
+    assert value_direction(times, np.zeros(4), now=2) == ONE_READING  # said, not left out ("Driven by HR, BUN.")
+    assert value_direction(times, np.zeros(4), now=80) == NO_RECENT_READING
+
+
+def test_the_risk_change_names_its_span_and_shows_no_arrow_for_nothing():
+    risk = np.array([np.nan, np.nan, 0.2, 0.2, 0.201, 0.3, 0.3, 0.3, 0.3, 0.3, 0.25])
+    assert risk_change(risk, 2) is None  # nothing earlier to compare with
+    assert risk_change(risk, 4) == (pytest.approx(0.001), 2)  # from hour 3, the first with a risk
+    assert risk_change(risk, 10) == (pytest.approx(0.049), 6)  # hour 11 against hour 5
+    assert change_text(risk_change(risk, 4)) == ("no change in 2 h", False)  # not "↑ +0.00 in 6 h"
+    assert change_text((0.01, 6)) == ("+0.01 in 6 h", False)  # steady, as the summary says
+    assert change_text((-0.05, 6)) == ("-0.05 in 6 h", True)
+    assert change_text(None) == (None, False)
+
+
+def test_signal_bars_leave_out_variables_of_no_importance(loaded):
+    trained, test = loaded
+    replay = replay_stay(trained, test, 0)
+    first = int(np.flatnonzero(np.isfinite(replay.risk))[0])
+    hour = explain_hour(trained, replay, first)  # few variables observed yet: most have no importance
+    assert (signals_at(hour) == 0).any()
+    bars = signal_bars(hour)
+    assert list(bars.columns) == ["variable", "importance"] and len(bars) > 0 and (bars["importance"] > 0).all()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -218,6 +255,58 @@ def test_runs_with_models_lists_only_runs_that_logged_one(run):
         sources.load_run(run.store, other.info.run_id)
     with pytest.raises(RunNotFoundError, match="no MLflow store"):
         sources.runs_with_models(run.store.parent / "elsewhere")
+
+
+def test_run_labels_fit_the_sidebar_and_the_details_name_split_and_run(run):
+    (choice,) = [c for c in sources.runs_with_models(run.store) if c.run_id == run.run_id]
+    assert len(choice.label) <= 36 and choice.label.startswith("synthetic · AUROC ")  # was cut off at 60+
+    assert "five-split/split_0" in choice.details and run.run_id in choice.details
+
+
+def test_a_split_that_leaves_the_data_root_is_refused(loaded, run, tmp_path):
+    trained, _ = loaded
+    folder = processed_folder("synthetic", run.data_root)
+    outside = run.data_root.parent / "outside"  # a split file the page must not read, though it is a good one
+    outside.mkdir(exist_ok=True)
+    (outside / "split_0.json").write_text((folder / "splits" / "five-split" / "split_0.json").read_text())
+    climbing = "/".join([".."] * 4) + "/outside/split_0"
+    assert (folder / "splits" / f"{climbing}.json").resolve() == (outside / "split_0.json").resolve()
+    forged = SimpleNamespace(info=SimpleNamespace(run_id="forged"), data=SimpleNamespace(
+        params={"dataset": "synthetic", "split": climbing}))  # fmt: skip
+    with pytest.raises((ValueError, sources.OutsideFoldersError)) as refused:  # not a split name, or outside
+        sources.test_split(trained, forged, run.data_root)
+    assert str(run.data_root) not in str(refused.value)
+    linked = folder / "splits" / "linked"  # a link out of the folder is refused too
+    linked.symlink_to(outside, target_is_directory=True)
+    try:
+        forged.data.params["split"] = "linked/split_0"  # a well-formed name, whose file lies outside
+        with pytest.raises(sources.OutsideFoldersError, match="outside the configured folders"):
+            sources.test_split(trained, forged, run.data_root)
+    finally:
+        linked.unlink()
+
+
+def test_a_run_whose_artifacts_live_outside_the_store_is_refused(run, tmp_path):
+    use_store(run.store)
+    elsewhere = mlflow.MlflowClient().create_experiment("elsewhere", artifact_location=(tmp_path / "x").as_uri())
+    with mlflow.start_run(experiment_id=elsewhere) as foreign:
+        mlflow.log_text("stay_id,label,risk\n1,0,0.5\n", "predictions/test.csv")
+    assert (tmp_path / "x").is_dir()  # MLflow itself would read it from there
+    for read in (lambda: sources.load_run(run.store, foreign.info.run_id),
+                 lambda: sources.predictions(run.store, foreign.info.run_id, "test"),
+                 lambda: sources.artifact_bytes(run.store, foreign.info.run_id, "predictions/test.csv")):  # fmt: skip
+        with pytest.raises(sources.OutsideFoldersError):
+            read()
+
+
+def test_messages_for_the_page_hold_no_server_paths(tmp_path):
+    store, data = tmp_path / "mlruns", tmp_path / "data"
+    message = (f"no MLflow store at {store} (no mlflow.db); split missing under {data}/processed/synthetic; "
+               f"see {tmp_path}/other/file.json or file://{store}/artifacts/x")  # fmt: skip
+    plain = sources.without_paths(message, {"STORE": store, "DATA": data})
+    assert str(tmp_path) not in plain and "/tmp" not in plain
+    assert "no MLflow store at STORE" in plain and "under DATA/processed/synthetic" in plain
+    assert "…/file.json" in plain and "STORE/artifacts/x" in plain
 
 
 def test_test_split_is_read_from_the_configured_data_root(loaded, run, tmp_path):
@@ -256,6 +345,7 @@ P12_HEADER = "Time,Parameter,Value\n00:00,RecordID,132539\n"
         ("132539.txt", (P12_HEADER + "49:00,HR,80\n").encode(), "no observation"),
         ("p000001.psv", physionet2019.HEADER + b"\n", "no observation"),
         ("p000001.psv", b"Time,Parameter,Value\n00:10,HR,80\n", "header"),
+        ("132539.txt", P12_HEADER.encode() + b"00:10,HR,80\n" * 100_000, "at most 1024 kB accepted"),  # 1.2 MB
     ],
 )
 def test_bad_uploads_are_refused_with_a_reason(loaded, name, data, message):

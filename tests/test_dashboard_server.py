@@ -1,0 +1,102 @@
+"""`garlic dashboard` as a process: where it listens, who it lets in, and that stopping it stops its server."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.access import AccessError, is_loopback, required_token
+
+REPO = Path(__file__).resolve().parents[1]
+PORTS = range(8615, 8620)
+
+
+def free_port() -> int:
+    for port in PORTS:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                return port
+    pytest.skip(f"no free port in {PORTS}")
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of every socket listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as response:
+            return response.read() == b"ok"
+    except OSError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def garlic(*arguments: str, **options) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    environment.pop("GARLIC_DASHBOARD_TOKEN", None)
+    return subprocess.Popen([sys.executable, "-m", "garlic.cli", *arguments], cwd=REPO, env=environment, **options)
+
+
+def test_only_loopback_addresses_go_without_a_token():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("example.org")
+    assert required_token("127.0.0.1", {}) is None
+    with pytest.raises(AccessError, match="GARLIC_DASHBOARD_TOKEN"):
+        required_token("0.0.0.0", {})
+    with pytest.raises(AccessError, match="at least 16"):
+        required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": "short"})
+    assert required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": "x" * 16}) == "x" * 16
+
+
+def test_a_wider_address_without_a_token_is_refused_before_anything_starts(tmp_path):
+    port = free_port()
+    refused = garlic("--mlruns", str(tmp_path / "mlruns"), "dashboard", "--host", "0.0.0.0", "--port", str(port),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2, (out, err)
+    (line,) = err.strip().splitlines()
+    assert line.startswith("garlic dashboard: error:") and "GARLIC_DASHBOARD_TOKEN" in line
+    assert not listening_addresses(port)
+
+
+@pytest.mark.slow
+def test_the_dashboard_listens_on_loopback_only_and_sigterm_stops_its_server(tmp_path):
+    port = free_port()
+    log = tmp_path / "server.log"
+    dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
+                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not healthy(port):
+            assert dashboard.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
+        assert listening_addresses(port) and listening_addresses(port) <= loopback, listening_addresses(port)
+        (server,) = children(dashboard.pid)
+        dashboard.send_signal(signal.SIGTERM)  # as a service manager stops it
+        assert dashboard.wait(timeout=30) == 0
+    finally:
+        if dashboard.poll() is None:
+            dashboard.kill()
+    assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived `garlic dashboard`"
+    assert not listening_addresses(port) and not healthy(port)
+    assert not (tmp_path / "mlruns").exists()  # the dashboard reads the store; it does not make one
