@@ -1,0 +1,311 @@
+"""One table: every method on every protocol, with paired differences against the best simple baseline.
+
+    python -m experiments.compare --dataset physionet2012 --protocols five-split raindrop garlic-reference
+
+Methods:
+- the simple baselines of ``experiments.baselines`` (SAPS-I, SOFA; logistic regression and gradient boosting on
+  per-stay summaries, each with and without the static features), and GRU-D and decay + GRU when asked
+  (``--methods``);
+- GARLIC presets (``--presets``, files of ``experiments/configs/``; a row is named by the file's stem, e.g.
+  ``physionet2012`` for the paper config), trained through ``garlic.runs.train``, the one train-select-test-log
+  path: one run per split and model seed of the protocol.
+
+Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
+FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained in parallel into separate stores are
+gathered by listing every store; new work goes into the first. Baselines reuse their finished runs the same way
+(``experiments.study.resumable``). ``--no-train`` only gathers, and names what is missing.
+
+The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
+with ``--out``, written as ``<dataset>.md`` and ``<dataset>.csv``. Published numbers sit beside ours, marked as
+published. Every GARLIC preset is compared, paired on the same test stays, with the protocol's best simple
+baseline (highest mean, per metric): the mean difference over the protocol's runs and a 95% bootstrap interval
+over test stays (each resample redraws every split's test stays; a difference whose interval holds 0 is a tie).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+
+from experiments import study
+from experiments.baselines.run import Baselines
+from experiments.stats import weighted_auroc, weighted_average_precision
+from garlic import run_contract, runs
+from garlic.config import CONFIG_DIR, Config
+from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.splits import PROTOCOLS, protocol
+from garlic.tracking import DEFAULT_STORE, use_store
+from preprocessing.tables import read_manifest
+
+log = logging.getLogger("experiments")
+
+SIMPLE = ("logreg", "logreg_static", "gbm", "gbm_static")
+BASELINES = ("saps", "sofa", *SIMPLE)
+RECURRENT = ("grud", "decay_gru")
+COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean",
+           "ece_mean"]  # fmt: skip
+# Published P12 numbers (mean, std; fractions), each with where it was reported.
+PUBLISHED = [
+    ("published: GARLIC", "garlic-reference", (0.8640, 0.0086), (0.5689, 0.0175), "GARLIC paper (ICLR 2026)"),
+    ("published: Raindrop", "raindrop", (0.828, 0.017), (0.440, 0.030), "ViTST repository"),
+    ("published: mTAND", "raindrop", (0.842, 0.008), (0.482, 0.034), "ViTST repository"),
+    ("published: ViTST", "raindrop", (0.851, 0.008), (0.511, 0.041), "ViTST repository"),
+]
+IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
+BOOTSTRAP = 1000
+
+
+@dataclass
+class Unit:
+    """One test look: a method on one split (and model seed), with its test predictions."""
+
+    method: str
+    protocol: str
+    split: int
+    seed: int | None
+    run_id: str
+    metrics: dict[str, float]
+    predictions: pd.DataFrame  # stay_id, label, risk
+
+
+def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+        raise ValueError(f"no preset {name!r} in {CONFIG_DIR}; known: {known}")
+    config = Config.load(path).override(overrides)
+    if config.dataset != dataset:
+        raise ValueError(f"preset {name!r} is for dataset {config.dataset!r}, not {dataset!r}")
+    return config
+
+
+def matches(params: dict[str, str], config: Config) -> bool:
+    """Whether a run's logged params are ``config`` (keys the run predates must be at their default)."""
+    defaults = Config().to_dict()
+    for key, value in config.to_dict().items():
+        if key in IGNORED_PARAMS:
+            continue
+        if key not in params:
+            if value != defaults[key]:
+                return False
+        elif params[key] != str(value):
+            return False
+    return True
+
+
+def finished_unit(
+    stores: list[Path], config: Config, split_name: str, data_digest: str
+) -> tuple[Path, mlflow.entities.Run] | None:
+    """A FINISHED split run of ``config`` on ``split_name`` of the data ``data_digest`` in any of ``stores`` (the
+    newest), or None."""
+    for store in stores:
+        if not (Path(store) / "mlflow.db").is_file():
+            continue
+        use_store(store)
+        query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
+                 f"and params.seed = '{config.seed}' and attributes.status = 'FINISHED'")  # fmt: skip
+        found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
+                                   order_by=["attributes.start_time DESC"])  # fmt: skip
+        for run in found:
+            if "test_auroc" in run.data.metrics and matches(run.data.params, config):
+                return Path(store), run
+    return None
+
+
+def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
+    use_store(store)
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv")
+    return pd.read_csv(local)
+
+
+def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
+                 train: bool) -> tuple[list[Unit], list[str]]:  # fmt: skip
+    """The preset's units on the protocol, trained where missing (unless not ``train``); and what is missing."""
+    chosen = protocol(protocol_name)
+    digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
+    units, missing = [], []
+    for index in chosen.splits:
+        for seed in chosen.seeds or (config.seed,):
+            unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
+            split_name = f"{protocol_name}/split_{index}"
+            found = finished_unit(stores, unit_config, split_name, digest)
+            if found is None and train:
+                log.info("training %s on %s, seed %d", name, split_name, seed)
+                runs.train(unit_config, [index], data_root, stores[0])
+                found = finished_unit(stores[:1], unit_config, split_name, digest)
+            if found is None:
+                missing.append(f"{name} {split_name} seed {seed}")
+                continue
+            store, run = found
+            metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
+            units.append(Unit(name, protocol_name, index, seed, run.info.run_id, metrics,
+                              test_predictions(store, run.info.run_id)))  # fmt: skip
+    return units, missing
+
+
+def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,
+                   overrides: list[str]) -> list[Unit]:  # fmt: skip
+    """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds)."""
+    if not methods:
+        return []
+    config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
+    cohort = study.load_cohort(dataset, data_root, protocol_name, None)
+    experiment_id = study.open_experiment(f"baselines-{dataset}", store)
+    runner = Baselines(config, cohort, experiment_id, data_root)
+    records = runner.run(runner.available(methods))
+    units = []
+    for record in records.to_dict("records"):
+        split = cohort.splits[[s.index for s in cohort.splits].index(record["split"])]
+        predictions = test_predictions(store, record["run_id"])
+        if "stay_id" not in predictions:  # written in the split's (sorted) test order
+            predictions.insert(0, "stay_id", split.test)
+        metrics = {k.removeprefix("test_"): record[k] for k in ("test_auroc", "test_auprc", "test_brier", "test_ece")}
+        units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], metrics,
+                          predictions))  # fmt: skip
+    return units
+
+
+def table(units: list[Unit], protocols: list[str]) -> pd.DataFrame:
+    """One row per method and protocol (in first-seen order), then the published rows of those protocols."""
+    rows = []
+    frame = pd.DataFrame([{"method": u.method, "protocol": u.protocol, **u.metrics} for u in units])
+    if len(frame):
+        for (method, protocol_name), group in frame.groupby(["method", "protocol"], sort=False):
+            rows.append({"method": method, "protocol": protocol_name, "runs": len(group),
+                         "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
+                         "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
+                         "brier_mean": group["brier"].mean(), "ece_mean": group["ece"].mean()})  # fmt: skip
+    for method, protocol_name, auroc, auprc, _ in PUBLISHED:
+        if protocol_name in protocols:
+            rows.append({"method": method, "protocol": protocol_name, "runs": None, "auroc_mean": auroc[0],
+                         "auroc_std": auroc[1], "auprc_mean": auprc[0], "auprc_std": auprc[1]})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0) -> dict[str, float]:
+    """Mean over ``ours`` of (ours - the baseline on the same split), with a 95% bootstrap interval over test stays.
+
+    Each resample draws every split's test stays with replacement once (as counts) and scores both models on the
+    same draw; a unit trained with several seeds on one split shares that split's draws.
+    """
+    score = weighted_auroc if metric == "auroc" else weighted_average_precision
+    by_split = {u.split: u for u in theirs}
+    generator = np.random.default_rng(seed)
+    draws = {split: generator.multinomial(len(unit.predictions), np.full(len(unit.predictions), 1 / len(unit.predictions)),
+                                          size=BOOTSTRAP) for split, unit in sorted(by_split.items())}  # fmt: skip
+    observed, resampled = [], np.zeros(BOOTSTRAP)
+    for unit in ours:
+        baseline = by_split[unit.split].predictions
+        joined = unit.predictions.merge(baseline, on="stay_id", suffixes=("", "_baseline"))
+        same_stays = len(joined) == len(unit.predictions) == len(baseline)
+        if not same_stays or not (joined["label"] == joined["label_baseline"]).all():
+            raise ValueError(f"{unit.method} and the baseline do not share the test stays of split {unit.split}")
+        joined = joined.set_index("stay_id").loc[baseline["stay_id"]]  # the order the draws count in
+        labels, risk, other = (joined[c].to_numpy() for c in ("label", "risk", "risk_baseline"))
+        everyone = np.ones((1, len(labels)))
+        observed.append(float(score(risk, labels, everyone)[0] - score(other, labels, everyone)[0]))
+        resampled += score(risk, labels, draws[unit.split]) - score(other, labels, draws[unit.split])
+    resampled /= len(ours)
+    low, high = np.percentile(resampled[np.isfinite(resampled)], [2.5, 97.5])  # a one-class draw scores nothing
+    verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
+    return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
+
+
+def comparisons(units: list[Unit], presets: list[str], protocols: list[str]) -> pd.DataFrame:
+    rows = []
+    summary = table(units, protocols)
+    for protocol_name in protocols:
+        simple = summary[(summary["protocol"] == protocol_name) & summary["method"].isin(SIMPLE)]
+        for name in presets:
+            ours = [u for u in units if u.method == name and u.protocol == protocol_name]
+            if not ours or simple.empty:
+                continue
+            for metric in ("auroc", "auprc"):
+                best = simple.loc[simple[f"{metric}_mean"].idxmax(), "method"]
+                theirs = [u for u in units if u.method == best and u.protocol == protocol_name]
+                rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": best,
+                             "runs": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def formatted(summary: pd.DataFrame) -> pd.DataFrame:
+    shown = summary.copy()
+    for metric in ("auroc", "auprc"):
+        shown[metric] = [f"{m:.4f} ± {s:.4f}" for m, s in zip(shown.pop(f"{metric}_mean"), shown.pop(f"{metric}_std"))]
+    for column in ("brier_mean", "ece_mean"):
+        shown[column] = [f"{v:.4f}" if pd.notna(v) else "" for v in shown[column]]
+    shown["runs"] = [str(int(r)) if pd.notna(r) else "published" for r in shown["runs"]]
+    return shown[["method", "protocol", "runs", "auroc", "auprc", "brier_mean", "ece_mean"]]
+
+
+def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], command: str, dataset: str) -> str:
+    lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
+             "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
+             "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
+             "training part for every protocol (the GARLIC reference code fits it on all stays). Rows marked "
+             "`published` are numbers reported elsewhere, not measured here.", "",
+             study.markdown(formatted(summary)), ""]  # fmt: skip
+    if len(paired):
+        shown = paired.copy()
+        for column in ("difference", "ci_low", "ci_high"):
+            shown[column] = shown[column].map(lambda v: f"{v:+.4f}")
+        lines += ["## Paired differences against the best simple baseline", "",
+                  f"Mean over the protocol's runs of (preset - baseline) on the same test stays, with a 95% interval "
+                  f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie.", "",
+                  study.markdown(shown), ""]  # fmt: skip
+    if missing:
+        lines += ["## Not yet run", "", *[f"- {m}" for m in missing], ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--dataset", choices=DATASETS, default="physionet2012")
+    parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS), default=list(PROTOCOLS))
+    parser.add_argument("--methods", nargs="*", choices=[*BASELINES, *RECURRENT], default=list(BASELINES))
+    parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
+                        help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
+    parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
+    parser.add_argument("--out", type=Path, help="folder for <dataset>.md and <dataset>.csv (e.g. docs/results)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    overrides = [*args.set, *([f"device={args.device}"] if args.device else [])]
+    presets = [args.dataset] if args.presets is None else args.presets
+    configs = {name: preset_config(name, args.dataset, overrides) for name in presets}
+
+    units, missing = [], []
+    for protocol_name in args.protocols:
+        units += baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root, overrides)
+        for name, config in configs.items():
+            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, not args.no_train)
+            units += found
+            missing += lacking
+    summary = table(units, args.protocols)
+    paired = comparisons(units, presets, args.protocols)
+    command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
+    text = report(summary, paired, missing, command, args.dataset)
+    experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
+    tables = {args.dataset: summary, f"{args.dataset}-paired": paired}
+    study.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.dataset}.md").write_text(text)
+        summary.to_csv(args.out / f"{args.dataset}.csv", index=False, float_format="%.4f")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

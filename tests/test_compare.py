@@ -1,0 +1,109 @@
+"""The comparison table: every method on a protocol's runs, resumable from MLflow, with paired differences."""
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import compare
+from garlic.splits import PROTOCOLS, Protocol
+from garlic.tracking import use_store
+from preprocessing import synthetic
+
+TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """One drawn split trained with two model seeds, beside two baselines; then the same command again."""
+    root = tmp_path_factory.mktemp("compare")
+    synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=2)
+    store, out = root / "mlruns", root / "results"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
+        arguments = ["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
+                     "gbm", *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out)]  # fmt: skip
+        compare.main(arguments)
+        first = (out / "synthetic.md").read_text(), (out / "synthetic.csv").read_text()
+        trained = split_runs(store)
+        compare.main([*arguments, "--no-train"])
+    return root, store, out, first, trained
+
+
+def split_runs(store) -> list:
+    use_store(store)
+    return mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'",
+                              output_format="list")  # fmt: skip
+
+
+def test_the_table_has_one_row_per_method_and_protocol_from_the_runs_it_made(compared):
+    root, store, out, _, _ = compared
+    table = pd.read_csv(out / "synthetic.csv")
+    assert list(table.columns) == ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std",
+                                   "brier_mean", "ece_mean"]  # fmt: skip
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "tiny", 1], ["gbm", "tiny", 1],
+                                                                     ["synthetic", "tiny", 2]]  # fmt: skip
+    use_store(store)
+    garlic = mlflow.search_runs(search_all_experiments=True, filter_string="params.split = 'tiny/split_0'",
+                                output_format="list")  # fmt: skip
+    garlic = [run for run in garlic if "lr_cls" in run.data.params]
+    assert sorted(run.data.params["seed"] for run in garlic) == ["0", "1"]
+    aurocs = [run.data.metrics["test_auroc"] for run in garlic]
+    row = table.set_index("method").loc["synthetic"]
+    assert row["auroc_mean"] == pytest.approx(np.mean(aurocs), abs=1e-4)
+    assert row["auroc_std"] == pytest.approx(np.std(aurocs), abs=1e-4)
+
+
+def test_a_second_run_reuses_every_finished_run_and_reports_the_same_table(compared):
+    root, store, out, first, trained = compared
+    again = split_runs(store)
+    made = {run.info.run_id for run in again} - {run.info.run_id for run in trained}
+    assert all(run.info.run_name == "comparison" for run in again if run.info.run_id in made)  # only the summary
+    report, table = first
+    assert (out / "synthetic.csv").read_text() == table
+    assert "## Paired differences against the best simple baseline" in report and "Not yet run" not in report
+
+
+def test_runs_on_other_data_are_not_reused(compared, tmp_path):
+    root, store, _, _, _ = compared
+    other = tmp_path / "other"
+    synthetic.generate(other / "processed" / "synthetic", n_stays=300, seed=9)
+    config = compare.preset_config("synthetic", "synthetic", TINY[1::2])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
+        units, missing = compare.garlic_units("synthetic", config, "tiny", [store], other, train=False)
+    assert units == [] and missing == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
+
+
+def unit(method, split, risk, labels):
+    predictions = pd.DataFrame({"stay_id": np.arange(len(labels)), "label": labels, "risk": risk})
+    return compare.Unit(method, "p", split, None, "run", {}, predictions)
+
+
+def test_paired_difference_calls_a_clear_gain_a_win_and_no_change_a_tie():
+    generator = np.random.default_rng(7)
+    labels = (generator.random(400) < 0.2).astype(int)
+    noise = generator.random(400)
+    baseline = [unit("base", 0, noise + 0.3 * labels, labels)]
+    better = [unit("ours", 0, noise + 2.0 * labels, labels)]
+    same = [unit("ours", 0, noise + 0.3 * labels, labels)]
+    win = compare.paired_difference(better, baseline, "auroc")
+    assert win["verdict"] == "win" and 0 < win["ci_low"] <= win["difference"] <= win["ci_high"]
+    tie = compare.paired_difference(same, baseline, "auprc")
+    assert tie == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "verdict": "tie"}
+    with pytest.raises(ValueError, match="do not share the test stays"):
+        compare.paired_difference([unit("ours", 0, noise[:300], labels[:300])], baseline, "auroc")
+
+
+def test_weighted_scores_equal_sklearns_with_sample_weights_ties_included():
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    from experiments.stats import weighted_auroc, weighted_average_precision
+
+    generator = np.random.default_rng(1)
+    labels = (generator.random(300) < 0.25).astype(int)
+    scores = np.round(generator.random(300) + 0.5 * labels, 1)  # rounded: many ties
+    weights = generator.multinomial(300, np.full(300, 1 / 300), size=4).astype(float)
+    for row, auroc, ap in zip(weights, weighted_auroc(scores, labels, weights),
+                              weighted_average_precision(scores, labels, weights)):  # fmt: skip
+        assert auroc == pytest.approx(roc_auc_score(labels, scores, sample_weight=row), abs=1e-12)
+        assert ap == pytest.approx(average_precision_score(labels, scores, sample_weight=row), abs=1e-12)
