@@ -27,7 +27,6 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from preprocessing.tables import write_json_atomic
 from preprocessing.tensors import IrregularTensors
@@ -191,6 +190,8 @@ class Split:
 
 def draw_split(tensors: IrregularTensors, protocol: str, index: int) -> Split:
     """Stratified 80/10/10 split of the stays, drawn with ``random_state=index``."""
+    from sklearn.model_selection import train_test_split  # 2.5 s to import: only where a split is drawn
+
     stay_ids, labels = tensors.stay_ids, tensors.labels
     train, rest, _, rest_labels = train_test_split(
         stay_ids, labels, test_size=0.2, stratify=labels, random_state=index
