@@ -195,7 +195,8 @@ class _Progress:
         with self.lock:
             bar = self.bars.get(split)
             if bar is None:
-                bar, self.waiting = self.waiting or self._bar(split, record.epoch - 1), None
+                bar = self.waiting if self.waiting is not None else self._bar(split, record.epoch - 1)
+                self.waiting = None
                 bar.set_description_str(split)
                 bar.n = record.epoch - 1  # a resumed split starts where it stopped
                 self.bars[split] = bar

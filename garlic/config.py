@@ -154,10 +154,6 @@ def _at_least(low: float) -> Callable[[float], str | None]:
     return lambda value: None if value >= low else f"at least {low:g}"
 
 
-def _positive(value: float) -> str | None:
-    return None if value > 0 else "above 0"
-
-
 def _fraction(value: float) -> str | None:
     return None if 0 <= value < 1 else "at least 0 and below 1"
 
@@ -191,13 +187,16 @@ def _device(value: str) -> str | None:
 CHECKS: dict[str, Callable] = {
     "dataset": _one_of(_datasets),
     "split_protocol": _one_of(_protocols),
+    "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.reference_model.ARCHITECTURES (torch)
+    "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.reference_model.SIGNAL_LAYOUTS
+    "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.train.TRAINERS
     "window_size": _at_least(1),
     "hidden_dim": _at_least(1),
     "feature_dim": _at_least(1),
     "dropout": _fraction,
     "batch_size": _at_least(1),
-    "lr_cls": _positive,
-    "lr_rec": _positive,
+    "lr_cls": _at_least(0),  # 0 freezes the group (tests do)
+    "lr_rec": _at_least(0),
     "wd_cls": _at_least(0),
     "wd_rec": _at_least(0),
     "lambda_cls": _at_least(0),

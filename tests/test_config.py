@@ -14,7 +14,7 @@ from garlic.splits import PROTOCOLS
         ("dropout=2", "config key 'dropout' must be at least 0 and below 1, got 2.0"),
         ("window_size=-1", "config key 'window_size' must be at least 1, got -1"),
         ("split_protocol=ten-split", "config key 'split_protocol' must be one of"),
-        ("lr_cls=0", "config key 'lr_cls' must be above 0"),
+        ("lr_cls=-1e-3", "config key 'lr_cls' must be at least 0, got -0.001"),
         ("max_epochs=0", "config key 'max_epochs' must be at least 1"),
         ("batch_size=0", "config key 'batch_size' must be at least 1"),
         ("stage_tolerance=1.5", "config key 'stage_tolerance' must be at least 0 and below 1"),
@@ -56,3 +56,14 @@ def test_valid_values_and_every_shipped_preset_pass():
 
 def test_every_check_belongs_to_a_config_key():
     assert set(CHECKS) <= set(Config().to_dict())
+
+
+def test_the_model_and_schedule_choices_are_those_the_factories_know():
+    from garlic.reference_model import ARCHITECTURES, SIGNAL_LAYOUTS
+    from garlic.train import TRAINERS
+
+    for key, known in (("architecture", ARCHITECTURES), ("signal_layout", SIGNAL_LAYOUTS), ("schedule", TRAINERS)):
+        for choice in known:
+            assert Config().override({key: choice}).to_dict()[key] == choice
+        with pytest.raises(ConfigError, match=f"config key '{key}' must be one of {', '.join(sorted(known))}"):
+            Config().override({key: "other"})
