@@ -1,4 +1,8 @@
-"""The ``garlic`` command: download, preprocess, train, evaluate, predict, dashboard."""
+"""The ``garlic`` command: download, preprocess, train, evaluate, predict, dashboard.
+
+Parsing the command line imports nothing heavy (no torch, MLflow, pandas or Streamlit): ``--help`` and a mistyped
+option answer at once, and each command imports what it uses.
+"""
 from __future__ import annotations
 
 import argparse
@@ -7,16 +11,57 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES
-from garlic.tracking import DEFAULT_STORE, RunNotFoundError
-from preprocessing.download import DownloadError
-from preprocessing.tables import DatasetNotFoundError
+from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
 
 log = logging.getLogger("garlic")
 DASHBOARD_SERVER = Path(__file__).resolve().parents[1] / "app" / "serve.py"
+DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
+STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.use_store)
+# Errors that bad input causes, reported in one line: (module, class), looked up only once the module is loaded.
+USER_ERRORS = (("garlic.tracking", "RunNotFoundError"), ("preprocessing.download", "DownloadError"))
+
+
+def _say(message: str) -> None:
+    print(f"garlic: {message}", file=sys.stderr, flush=True)
+
+
+def _store(args: argparse.Namespace) -> Path:
+    """The MLflow store folder: ``--mlruns``, else ``GARLIC_MLRUNS``, else ``mlruns`` (``garlic.tracking``)."""
+    if args.mlruns is None:
+        from garlic.tracking import DEFAULT_STORE
+
+        args.mlruns = DEFAULT_STORE
+    return Path(args.mlruns)
+
+
+def _existing_store(args: argparse.Namespace) -> Path:
+    """The store, refusing one that does not exist: reading runs must not leave an empty store behind."""
+    store = _store(args)
+    if not (store / STORE_FILE).is_file():
+        raise ConfigError(f"no MLflow store in {store.resolve()} (no {STORE_FILE}); run `garlic train` first, or "
+                          f"point --mlruns or GARLIC_MLRUNS at the store that holds the run")  # fmt: skip
+    return store
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a user here would type it: relative when below the current folder."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _program(name: str) -> str:
+    """How to call the venv's ``name`` from here (its file next to this Python): not every shell has it on PATH."""
+    path = Path(sys.executable).parent / name
+    if not path.is_file():
+        return f"{_shown(Path(sys.executable))} -m {'garlic.cli' if name == 'garlic' else name}"
+    return _shown(path)
 
 
 def _download(args: argparse.Namespace) -> None:
@@ -39,8 +84,10 @@ def _preprocess(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
-    overrides = [f"dataset={args.dataset}", *args.set]
+    """The run's config: ``--set`` and an explicit ``--dataset`` beat ``--config FILE``, which beats the preset."""
+    given = {"dataset": args.dataset} if args.dataset else {}
+    config = Config.load(args.config, **given) if args.config else Config.for_dataset(args.dataset or "synthetic")
+    overrides = list(args.set)
     if args.protocol:
         overrides.append(f"split_protocol={args.protocol}")
     if args.device:
@@ -63,48 +110,168 @@ def _stop_on_sigterm(number, frame) -> None:
     raise SystemExit(128 + number)
 
 
+def _stage_spans(run_id: str) -> str:
+    """The stages of a split run, from its logged ``stage_is_prediction`` metric: 'reconstruction 1-9, ...'."""
+    import mlflow
+
+    history = sorted(mlflow.MlflowClient().get_metric_history(run_id, "stage_is_prediction"), key=lambda m: m.step)
+    spans: list[list] = []
+    for metric in history:
+        stage = "prediction" if metric.value else "reconstruction"
+        if spans and spans[-1][0] == stage:
+            spans[-1][2] = metric.step
+        else:
+            spans.append([stage, metric.step, metric.step])
+    return ", ".join(f"{stage} {first}-{last}" if first != last else f"{stage} {first}" for stage, first, last in spans)
+
+
+def _prepare(config: Config, data_root: Path) -> None:
+    """Say what the first run of a dataset makes (the synthetic cohort, the tensor cache, the splits) as it starts."""
+    from garlic.datasets import ensure_processed
+    from preprocessing.synthetic import EXAMPLE_RECORDS
+    from preprocessing.tables import MANIFEST
+    from preprocessing.tensors import TENSORS
+
+    folder = processed_folder(config.dataset, data_root)
+    if config.dataset == "synthetic" and not (folder / MANIFEST).is_file():
+        start = time.perf_counter()
+        _say(f"generating the synthetic cohort in {folder} (first run only) ...")
+        ensure_processed(config.dataset, data_root)
+        _say(f"generated it in {time.perf_counter() - start:.1f} s, and new stays to try `garlic predict` and the "
+             f"dashboard's upload on: {folder / EXAMPLE_RECORDS}")  # fmt: skip
+    making = [f"the tensor cache {folder / TENSORS}"] if not (folder / TENSORS).is_file() else []
+    if not (folder / "splits" / config.split_protocol).is_dir():
+        making.append(f"the saved {config.split_protocol} splits in {folder / 'splits'}")
+    if making and (folder / MANIFEST).is_file():
+        _say(f"making {' and '.join(making)} (first run only) ...")
+
+
+class _Progress:
+    """Training as the console shows it: a bar per split with the epoch, the stage, validation AUROC and AUPRC and
+    the measured seconds per epoch, redrawn every few seconds so that the elapsed time moves inside a long epoch too
+    (the first one included: the bar exists from the start). Called as ``on_epoch(split, record)``."""
+
+    REDRAW_SECONDS = 5.0
+    FORMAT = "{desc}: epoch {n_fmt}/{total_fmt} |{bar:12}| {elapsed} elapsed{postfix}"
+
+    def __init__(self, max_epochs: int | None, enabled: bool = True):
+        self.max_epochs, self.enabled = max_epochs, enabled
+        self.bars: dict = {}
+        self.seconds: dict[str, list[float]] = {}
+        self.stages: dict[str, str] = {}
+        self.waiting = None
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            self.waiting = self._bar("training", 0)  # the first split's, named when its first epoch ends
+            threading.Thread(target=self._redraw, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        with self.lock:
+            for bar in self._open():
+                bar.close()
+
+    def _bar(self, name: str, done: int):
+        from tqdm import tqdm
+
+        return tqdm(total=self.max_epochs, initial=done, desc=name, bar_format=self.FORMAT, file=sys.stderr)
+
+    def _open(self) -> list:
+        return [*self.bars.values(), *([self.waiting] if self.waiting is not None else [])]
+
+    def _redraw(self) -> None:
+        while not self.stopped.wait(self.REDRAW_SECONDS):
+            with self.lock:
+                for bar in self._open():
+                    bar.refresh()
+
+    def __call__(self, split: str, record) -> None:
+        if not self.enabled:
+            return
+        with self.lock:
+            bar = self.bars.get(split)
+            if bar is None:
+                bar = self.waiting if self.waiting is not None else self._bar(split, record.epoch - 1)
+                self.waiting = None
+                bar.set_description_str(split)
+                bar.n = record.epoch - 1  # a resumed split starts where it stopped
+                self.bars[split] = bar
+            if self.stages.get(split, record.stage) != record.stage:
+                bar.write(f"{split}: epoch {record.epoch} switches to the {record.stage} stage", file=sys.stderr)
+            self.stages[split] = record.stage
+            seconds = self.seconds.setdefault(split, [])
+            seconds.append(record.seconds)
+            pace = sum(seconds) / len(seconds)
+            left = f", at most {pace * (bar.total - record.epoch):.0f} s left" if bar.total else ""
+            bar.set_postfix_str(f"{record.stage}, val AUROC {record.val_auroc:.3f} AUPRC {record.val_auprc:.3f}, "
+                                f"{pace:.1f} s/epoch{left}", refresh=False)  # fmt: skip
+            bar.update(1)
+            if bar.total is not None and bar.n >= bar.total:
+                bar.write(f"{split}: testing the selected epoch, writing plots, explanations and the model ...",
+                          file=sys.stderr)  # fmt: skip
+
+
 def _train(args: argparse.Namespace) -> None:
-    from tqdm import tqdm
-
-    from garlic import distributed, runs
-
     if args.resume and (args.set or args.config or args.all_splits or args.split is not None or args.protocol):
         raise ConfigError(
             "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
         )
+    where = [f"--data-root {args.data_root}"] if args.data_root != DEFAULT_DATA_ROOT else []
+    where += [f"--mlruns {args.mlruns}"] if args.mlruns is not None else []
+    if args.resume:
+        _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
+        config = None
+    else:
+        _say("training GARLIC; loading torch, scikit-learn and MLflow ...")  # before the imports: a few seconds
+        config = _config(args)
+        indices, seeds = _units(args, config)
+        which = f"split {indices[0]}" if len(indices) == 1 else f"splits {', '.join(map(str, indices))}"
+        preset = Config.preset_path(config.dataset)
+        source = args.config or (_shown(preset) if preset else "built-in defaults")
+        _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
+             f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
+    store = _store(args)
+    if not (store / STORE_FILE).is_file():
+        _say(f"creating a new MLflow store in {store.resolve()}")
+
+    from garlic import distributed, runs
+
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    config = None if args.resume else _config(args)
-    bars: dict[str, tqdm] = {}
-
-    def progress(split: str, record) -> None:
-        if split not in bars:
-            total = config.max_epochs if config else None  # resumed: the run's config is read later
-            bars[split] = tqdm(total=total, initial=record.epoch - 1, desc=split, unit="epoch", file=sys.stderr)
-        bar = bars[split]
-        bar.update(1)
-        bar.set_postfix(stage=record.stage[:3], val_auroc=f"{record.val_auroc:.3f}",
-                        val_auprc=f"{record.val_auprc:.3f}", s=f"{record.seconds:.1f}")  # fmt: skip
-
     with distributed.process_group(config.device if config else args.device or "auto"):
         if args.resume:
-            run_id, results = runs.resume(args.resume, args.data_root, args.mlruns, progress, args.device)
+            with _Progress(None, enabled=distributed.is_main()) as progress:  # the run's config is read later
+                run_id, results = runs.resume(args.resume, args.data_root, store, progress, args.device)
         else:
-            indices, seeds = _units(args, config)
-            run_id, results = runs.train(config, indices, args.data_root, args.mlruns, progress, seeds=seeds)
+            with distributed.main_first():
+                if distributed.is_main():
+                    _prepare(config, args.data_root)
+            with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
+                run_id, results = runs.train(config, indices, args.data_root, store, progress, seeds=seeds)
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
-    for bar in bars.values():
-        bar.close()
+    import mlflow
+
     for result in results:
         scores = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items())
+        spans = _stage_spans(result.run_id)
+        mlflow.MlflowClient().set_tag(result.run_id, "stages", spans)
         print(f"{result.split} (run {result.run_id}, best epoch {result.best_epoch}): test {scores}")
-    print(f"run {run_id}; browse with: mlflow ui --backend-store-uri sqlite:///{Path(args.mlruns).resolve()}/mlflow.db")
+        print(f"{result.split} stages by epoch: {spans}")
+    garlic = " ".join([_program("garlic"), *where])
+    print(f"run {run_id}")
+    print(f"next: the bedside dashboard on this run: {garlic} dashboard --run {run_id}   (http://localhost:8501)")
+    print(f"      every metric and plot in MLflow: {_program('python')} -m mlflow ui --backend-store-uri "
+          f"sqlite:///{store.resolve() / STORE_FILE}")  # fmt: skip
 
 
 def _evaluate(args: argparse.Namespace) -> None:
     from garlic.runs import evaluate_run
 
-    print(json.dumps(evaluate_run(args.run, args.mlruns), indent=2))
+    print(json.dumps(evaluate_run(args.run, _existing_store(args)), indent=2))
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -112,7 +279,7 @@ def _predict(args: argparse.Namespace) -> None:
     from garlic.tracking import load_run_model
     from preprocessing.records import read_record_files
 
-    trained = load_run_model(args.run, args.mlruns)
+    trained = load_run_model(args.run, _existing_store(args))
     observations, static = read_record_files(args.input)
     risks = predict_tables(trained, observations, static)
     if args.output:
@@ -123,7 +290,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 def _dashboard(args: argparse.Namespace) -> None:
     command = [sys.executable, str(DASHBOARD_SERVER), "--host", args.host, "--port", str(args.port),
-               "--mlruns", str(args.mlruns), "--data-root", str(args.data_root)]  # fmt: skip
+               "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
     if args.run:
         command += ["--run", args.run]
     server: subprocess.Popen | None = None
@@ -146,10 +313,11 @@ def _dashboard(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="garlic", description=__doc__)
-    main.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
-    main.add_argument("--mlruns", type=Path, default=DEFAULT_STORE, help="the local MLflow store")
-    main.add_argument("-v", "--verbose", action="store_true")
+    main = argparse.ArgumentParser(prog="garlic", description=DESCRIPTION)
+    main.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT,
+                      help="where processed datasets live (default: $GARLIC_DATA_ROOT, else data)")
+    main.add_argument("--mlruns", type=Path, help="the local MLflow store (default: $GARLIC_MLRUNS, else mlruns)")
+    main.add_argument("-v", "--verbose", action="store_true", help="log each step")
     commands = main.add_subparsers(dest="command", required=True)
 
     fetch = commands.add_parser("download", help="fetch an open-access release from PhysioNet, verified")
@@ -170,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
     prep.set_defaults(handler=_preprocess)
 
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
-    train.add_argument("--dataset", choices=DATASETS, default="synthetic")
+    train.add_argument("--dataset", choices=DATASETS, help="default: the --config file's, else synthetic")
     which = train.add_mutually_exclusive_group()
     which.add_argument("--split", type=int, help="train on split K (default 0)")
     which.add_argument("--all-splits", action="store_true",
@@ -208,9 +376,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         args.handler(args)
-    except (ConfigError, DatasetNotFoundError, DownloadError, RunNotFoundError, FileNotFoundError, ValueError) as exc:
+    except Exception as exc:
+        if not _user_error(exc):
+            raise
         print(f"garlic: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _user_error(exc: Exception) -> bool:
+    """Whether ``exc`` is bad input (reported in one line) rather than a bug (reported with its traceback)."""
+    loaded = [getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules]
+    return isinstance(exc, (ConfigError, FileNotFoundError, ValueError, *loaded))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
-"""One flat, typed configuration for a training run; shipped presets live in ``experiments/configs/``."""
+"""One flat, typed configuration for a training run; shipped presets live in ``experiments/configs/``.
+
+Every value is checked when a config is built, for its type and against ``CHECKS`` (ranges, choices): a bad value
+fails before any data is read, naming its key. A new key adds one line to ``CHECKS``.
+"""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -53,6 +59,15 @@ class Config:
     seed: int = 0
     device: str = "auto"
 
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = _typed(item.name, getattr(self, item.name), item.type)
+            setattr(self, item.name, value)
+            check = CHECKS.get(item.name)
+            expected = check(value) if check is not None else None
+            if expected is not None:
+                raise ConfigError(f"config key {item.name!r} must be {expected}, got {value!r}")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -68,7 +83,8 @@ class Config:
         return Config(**values)
 
     @classmethod
-    def load(cls, path: Path | str) -> "Config":
+    def load(cls, path: Path | str, **overrides) -> "Config":
+        """The config in the JSON file ``path``, with ``overrides`` applied before the values are checked."""
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
@@ -76,17 +92,28 @@ class Config:
             payload = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-        return cls().override(payload)
+        if not isinstance(payload, dict):
+            raise ConfigError(f"{path}: expected a JSON object of config keys, got {type(payload).__name__}")
+        try:
+            return cls().override({**payload, **overrides})
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
     @classmethod
     def for_dataset(cls, dataset: str) -> "Config":
         """The shipped preset for ``dataset`` (the paper's hyper-parameters where it gives them); a cohort's dataset
         (``physionet2019-early``) takes its source's preset (``physionet2019.json``)."""
+        preset = cls.preset_path(dataset)
+        return cls.load(preset, dataset=dataset) if preset is not None else cls(dataset=dataset)
+
+    @staticmethod
+    def preset_path(dataset: str) -> Path | None:
+        """The shipped preset file for ``dataset`` (or for its source), None when there is none."""
         for name in (dataset, dataset.partition("-")[0]):
             preset = CONFIG_DIR / f"{name}.json"
             if preset.is_file():
-                return cls.load(preset).override({"dataset": dataset})
-        return cls(dataset=dataset)
+                return preset
+        return None
 
 
 def _split(assignment: str) -> tuple[str, str]:
@@ -94,6 +121,9 @@ def _split(assignment: str) -> tuple[str, str]:
     if not sep:
         raise ConfigError(f"expected key=value, got {assignment!r}")
     return key.strip(), value.strip()
+
+
+KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
 def _parse(key: str, raw, kind: str):
@@ -106,4 +136,77 @@ def _parse(key: str, raw, kind: str):
             return raw.lower() in {"true", "1", "yes"}
         return {"int": int, "float": float, "str": str}[kind](raw)
     except ValueError as exc:
-        raise ConfigError(f"config key {key!r} expects a {kind}, got {raw!r}") from exc
+        raise ConfigError(f"config key {key!r} expects {KINDS[kind]}, got {raw!r}") from exc
+
+
+def _typed(key: str, value, kind: str):
+    """``value`` as a ``kind`` (an int is a float too), or a ConfigError: JSON files bypass ``_parse``."""
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    python = {"int": int, "float": float, "bool": bool, "str": str}[kind]
+    if not isinstance(value, python) or (kind == "int" and isinstance(value, bool)):
+        raise ConfigError(f"config key {key!r} expects {KINDS[kind]}, got {value!r}")
+    return value
+
+
+# Value checks: each returns None for a valid value, else what was expected ("at least 1").
+def _at_least(low: float) -> Callable[[float], str | None]:
+    return lambda value: None if value >= low else f"at least {low:g}"
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0 <= value < 1 else "at least 0 and below 1"
+
+
+def _one_of(options: Callable[[], object]) -> Callable[[str], str | None]:
+    """A choice among ``options()`` (called at check time, so that the list is read from where it is owned)."""
+
+    def check(value: str) -> str | None:
+        choices = sorted(options())
+        return None if value in choices else f"one of {', '.join(choices)}"
+
+    return check
+
+
+def _datasets():
+    from garlic.datasets import DATASETS
+
+    return DATASETS
+
+
+def _protocols():
+    from garlic.splits import PROTOCOLS  # imported here: it pulls in scikit-learn, and most configs need not
+
+    return PROTOCOLS
+
+
+def _device(value: str) -> str | None:
+    return None if value in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", value) else "auto, cpu, cuda or cuda:N"
+
+
+CHECKS: dict[str, Callable] = {
+    "dataset": _one_of(_datasets),
+    "split_protocol": _one_of(_protocols),
+    "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.reference_model.ARCHITECTURES (torch)
+    "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.reference_model.SIGNAL_LAYOUTS
+    "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.train.TRAINERS
+    "window_size": _at_least(1),
+    "hidden_dim": _at_least(1),
+    "feature_dim": _at_least(1),
+    "dropout": _fraction,
+    "batch_size": _at_least(1),
+    "lr_cls": _at_least(0),  # 0 freezes the group (tests do)
+    "lr_rec": _at_least(0),
+    "wd_cls": _at_least(0),
+    "wd_rec": _at_least(0),
+    "lambda_cls": _at_least(0),
+    "lambda_graph": _at_least(0),
+    "stage_patience": _at_least(1),
+    "stage_tolerance": _fraction,
+    "lr_patience": _at_least(0),
+    "early_stopping": _at_least(1),
+    "early_stopping_tolerance": _at_least(0),
+    "max_epochs": _at_least(1),
+    "seed": _at_least(0),
+    "device": _device,
+}

@@ -15,7 +15,11 @@ def tensors_for_model(trained: TrainedModel, observations: pd.DataFrame, static:
     every stay must have an observation."""
     unknown = sorted(set(observations["variable"].astype(str)) - set(trained.variables))
     if unknown:
-        raise ValueError(f"the records hold variables the model does not know: {unknown}")
+        raise ValueError(
+            f"the records hold variables the model does not know: {unknown}; the model was trained on the "
+            f"{trained.config.dataset} dataset and reads {', '.join(trained.variables)}. Records of another dataset "
+            f"need a model trained on it, e.g. `garlic train --dataset physionet2012` for PhysioNet 2012 records"
+        )
     stay_ids = np.sort(static["stay_id"].unique())
     static = static.set_index("stay_id").reindex(index=stay_ids, columns=trained.static_features)
     dataset = ProcessedDataset(

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -587,7 +588,19 @@ def iter_batches(path: Path, names: dict[str, str], block_size: int, report: Tab
                                 f"{row.actual_columns}: {row.text[:120]!r}")  # fmt: skip
         return "skip"
 
+    # pyarrow decodes a malformed row before the handler sees it; a row that is not UTF-8 fails there, and pyarrow
+    # reports that failure as 'ignored' (sys.unraisablehook) before it stops with ArrowInvalid: keep it as the cause.
+    undecodable: list[BaseException] = []
+    previous_hook = sys.unraisablehook
+
+    def keep_undecodable(unraisable) -> None:
+        if unraisable.object is on_invalid_row and isinstance(unraisable.exc_value, UnicodeDecodeError):
+            undecodable.append(unraisable.exc_value)
+        else:
+            previous_hook(unraisable)
+
     rename = {actual: lower for lower, actual in names.items()}
+    sys.unraisablehook = keep_undecodable
     try:
         reader = pacsv.open_csv(
             pa.input_stream(str(path), compression="detect"),
@@ -604,7 +617,10 @@ def iter_batches(path: Path, names: dict[str, str], block_size: int, report: Tab
             yield batch.rename_columns([rename[c] for c in batch.schema.names])
     except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
         # What pyarrow cannot even hand to the row handler (bytes that are not UTF-8, a broken gzip stream).
-        raise MimicError(f"{path}: unreadable CSV after {report.rows_read} rows ({exc})") from exc
+        cause = f"a malformed row that is not UTF-8: {undecodable[0]}" if undecodable else str(exc)
+        raise MimicError(f"{path}: unreadable CSV after {report.rows_read} rows ({cause})") from exc
+    finally:
+        sys.unraisablehook = previous_hook
 
 
 def _prefilter(batch: pa.RecordBatch, table: EventTable, itemids: pa.Array, subjects: pa.Array, report) -> pa.Table:

@@ -6,7 +6,9 @@ directly; the rest only feel it through a planted, time-lagged dependency graph 
 with some tests left out; the outcome depends on the deterioration at 48 hours. The tables are the same as the
 real preprocessors write; the planted graph is in the manifest so that learned graphs and explanations can be
 scored against the truth. Variables carry PhysioNet 2012 parameter names, so a synthetic stay can be written as a
-PhysioNet 2012 record file and read back (``physionet2012.format_record``), as uploads and ``garlic predict`` do.
+PhysioNet 2012 record file and read back (``physionet2012.format_record``), as uploads and ``garlic predict`` do:
+``generate`` writes a few new stays, simulated apart from the cohort, as such files into ``example-records/``, ready
+for ``garlic predict`` and the dashboard's upload right after the first training.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from preprocessing.tables import read_manifest, write_processed
+from preprocessing.physionet2012 import format_record
+from preprocessing.tables import atomic_directory, read_manifest, write_processed
 
 HOURS = 48
 VITALS = ["HR", "SysABP", "RespRate", "Temp", "SaO2"]
@@ -27,6 +30,8 @@ SCALE = {  # (mean, standard deviation) in clinical units
     "Lactate": (1.8, 1.0), "Creatinine": (1.2, 0.6), "BUN": (20, 10), "WBC": (10, 4), "Platelets": (220, 80),
     "GCS": (13, 2.5), "Glucose": (130, 40),
 }  # fmt: skip
+EXAMPLE_RECORDS = "example-records"
+EXAMPLE_IDS = [900_001, 900_002, 900_003]  # outside the cohort's 100000.. range: stays no split has seen
 # How strongly each variable reads the latent deterioration directly.
 LOADING = {"Lactate": 1.0, "Creatinine": 0.8, "Temp": 0.6, "SysABP": -0.7}
 
@@ -144,4 +149,21 @@ def generate(destination: Path, n_stays: int = 2000, seed: int = 0) -> dict:
         "direct_loadings": LOADING,
     }
     write_processed(Path(destination), observations, static, labels, VARIABLES, manifest)
+    write_example_records(Path(destination) / EXAMPLE_RECORDS, seed)
     return read_manifest(Path(destination))  # as written, with the counts that write_processed adds
+
+
+def write_example_records(folder: Path, seed: int = 0) -> list[Path]:
+    """New stays as PhysioNet 2012 record files ``EXAMPLE_IDS[i].txt`` in ``folder`` (replaced atomically).
+
+    They come from another run of the generator (200 stays, so that its rescaling matches the cohort's), not from the
+    cohort: no model trained on the cohort has seen them.
+    """
+    observations, static, _ = simulate(200, seed + 1)
+    first = static["stay_id"].iloc[: len(EXAMPLE_IDS)].tolist()
+    with atomic_directory(folder) as staging:
+        for stay, new_id in zip(first, EXAMPLE_IDS):
+            values = static.set_index("stay_id").loc[stay].to_dict()
+            record = format_record(new_id, observations[observations["stay_id"] == stay], values)
+            (staging / f"{new_id}.txt").write_text(record)
+    return [folder / f"{new_id}.txt" for new_id in EXAMPLE_IDS]

@@ -12,11 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from garlic.cli import main
+from garlic.cli import _config, main, parser
 from garlic.tracking import use_store
 from preprocessing import physionet2012
 from preprocessing.tables import read_processed
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "max_epochs=2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
 
 
@@ -125,10 +126,11 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
     "args, message",
     [
         (["train", "--set", "no_such_key=1"], "unknown config key 'no_such_key'"),
-        (["train", "--set", "hidden_dim=lots"], "expects a int"),
+        (["train", "--set", "hidden_dim=lots"], "config key 'hidden_dim' expects an integer, got 'lots'"),
+        (["train", "--set", "dropout=2"], "config key 'dropout' must be at least 0 and below 1, got 2.0"),
         (["train", "--dataset", "physionet2012"], "garlic preprocess physionet2012"),
-        (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no run"),
-        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no run"),
+        (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no MLflow store in"),
+        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no MLflow store in"),
         (["preprocess", "synthetic", "--strict"], "--strict does not apply to synthetic"),
         (["preprocess", "physionet2012", "--source", ".", "--cohort", "garlic"], "--cohort does not apply to"),
         (["preprocess", "physionet2012", "--source", ".", "--seed", "1"], "--seed does not apply to physionet2012"),
@@ -143,3 +145,92 @@ def test_bad_input_gives_a_clear_message_and_a_nonzero_exit(tmp_path, capsys, ar
         main(["--data-root", str(tmp_path / "data"), "--mlruns", str(tmp_path / "mlruns"), *args])
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "mlruns").exists()  # reading runs leaves no empty store behind
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict"])
+def test_an_unknown_run_in_an_existing_store_is_named(trained, capsys, command):
+    root, _, _ = trained
+    args = ["--mlruns", str(root / "mlruns"), command, "--run", "0123456789abcdef0123456789abcdef"]
+    with pytest.raises(SystemExit) as stopped:
+        main(args + (["--input", "x.txt"] if command == "predict" else []))
+    assert stopped.value.code == 2
+    assert "no run '0123456789abcdef0123456789abcdef'" in capsys.readouterr().err
+
+
+HEAVY = ("torch", "mlflow", "streamlit", "sklearn")  # pandas and pyarrow come with the dataset registry
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["train", "--no-such-option"], ["train", "--dataset", "nope"], ["predict", "--run", "x"]]
+)
+def test_help_and_argument_errors_import_nothing_heavy(argv):
+    # sys.modules after the parser has answered, in a fresh interpreter: what a user waits for before the answer
+    probe = (
+        "import sys\nfrom garlic.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"print('heavy:', sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
+    assert "heavy: []" in result.stdout, result.stdout + result.stderr
+
+
+def test_parsing_a_training_command_imports_nothing_heavy():
+    probe = (
+        "import sys\nfrom garlic.cli import _config, parser\n"
+        "_config(parser().parse_args(['train', '--config', 'experiments/configs/synthetic.json', '--set', 'dropout=0']))"
+        "\n"
+        "print('heavy:', sorted(m for m in ('torch', 'mlflow', 'streamlit') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert "heavy: []" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, dataset",
+    [
+        (["train", "--config", "experiments/configs/physionet2012.json"], "physionet2012"),  # the file beats default
+        (["train", "--config", "experiments/configs/physionet2012.json", "--dataset", "synthetic"], "synthetic"),
+        (["train"], "synthetic"),
+        (["train", "--dataset", "physionet2019-early"], "physionet2019-early"),
+        (["train", "--config", "experiments/configs/physionet2019.json", "--dataset", "physionet2019-early"],
+         "physionet2019-early"),  # fmt: skip
+    ],
+)
+def test_an_explicit_flag_beats_the_config_file_which_beats_the_default(argv, dataset, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = _config(parser().parse_args(argv))
+    assert config.dataset == dataset
+    if "experiments/configs/physionet2012.json" in argv:  # the file's hyper-parameters are kept either way
+        assert config.window_size == 3 and config.lr_cls == pytest.approx(1e-4)
+
+
+def test_a_record_of_another_dataset_is_refused_naming_the_models_dataset(trained, tmp_path):
+    root, run_id, _ = trained
+    record = tmp_path / "132539.txt"
+    record.write_text("Time,Parameter,Value\n00:00,RecordID,132539\n00:00,Age,54\n00:07,HR,80\n00:07,HCO3,24\n")
+    result = garlic("predict", "--run", run_id, "--input", str(record), root=root)
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert "variables the model does not know: ['HCO3']" in message
+    assert "trained on the synthetic dataset" in message and "garlic train --dataset physionet2012" in message
+
+
+def test_predict_reads_the_example_records_written_beside_the_cohort(trained):
+    root, run_id, _ = trained
+    folder = root / "data" / "processed" / "synthetic" / "example-records"
+    result = garlic("predict", "--run", run_id, "--input", str(folder), root=root)
+    assert result.returncode == 0, result.stderr
+    predicted = pd.read_csv(io.StringIO(result.stdout))
+    assert predicted["stay_id"].tolist() == [900001, 900002, 900003]
+    assert predicted["risk"].between(0, 1).all()
+
+
+def test_train_says_what_it_does_and_names_the_next_steps(trained):
+    _, run_id, result = trained
+    assert result.stderr.startswith("garlic: training GARLIC")  # printed before torch is imported
+    assert "making the tensor cache" in result.stderr
+    assert re.search(r"stages by epoch: reconstruction 1", result.stdout)
+    assert f"dashboard --run {run_id}" in result.stdout
+    assert f"{sys.executable} -m mlflow ui" in result.stdout or "bin/python -m mlflow ui" in result.stdout
+    use_store(trained[0] / "mlruns")
+    assert mlflow.MlflowClient().get_run(run_id).data.tags["stages"].startswith("reconstruction 1")

@@ -174,7 +174,7 @@ def test_validation_losses_keep_the_reconstruction_error_apart_from_the_objectiv
     model = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).model
     checked = evaluate(model, parts["validation"], config)
     losses = checked["losses"]
-    penalty = float(graph_penalty(model))
+    penalty = float(graph_penalty(model).detach())  # a parameter sum: detached, it is a plain number
     assert 0 < losses["mse"] < losses[RECONSTRUCTION]
     assert losses[RECONSTRUCTION] == pytest.approx(
         losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty

@@ -1,0 +1,154 @@
+"""Run the README's command lines top to bottom, as a new user would, in an empty folder.
+
+Every line of the README's ``bash`` blocks is run in order (the ``text`` block of the command-line reference is
+syntax, not run). ``RUN_ID`` and ``P12_RUN_ID`` are the run ids that the trainings before them printed. The lines
+run as written except that:
+
+- ``bin/setup && ...`` runs what follows: the Python running this walk is the set-up venv (the set-up itself is
+  timed by ``experiments/benchmark_first_run.py --setup``); the test-suite line is skipped (CI runs it);
+- ``.venv/bin/garlic`` and ``.venv/bin/python`` are this checkout's command line and Python;
+- servers (the dashboard, ``mlflow ui``) get a free port, must answer on it, and are then stopped;
+- lines that read ``../shared/data`` are skipped, saying so, when that folder is absent;
+- with ``--quick`` (the test suite's walk) the trainings run one epoch of a small model (``--set`` appended: the
+  line's command and options are the README's), and the PhysioNet 2012 lines are skipped: a P12 preprocessing and
+  training are too long for the suite.
+
+    .venv/bin/python experiments/readme_walk.py [--quick] [--work DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SHARED = ROOT.parent / "shared" / "data"
+QUICK_TRAINING = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
+SERVERS = {"dashboard": "/_stcore/health", "mlflow ui": "/health"}  # a command's words -> the path that answers
+
+
+@dataclass
+class Step:
+    line: str  # as the README has it
+    command: str  # as run ("" when skipped)
+    skipped: str  # why, when skipped
+    seconds: float = 0.0
+    output: str = ""  # standard output (a server: where it answered)
+
+
+def readme_lines(readme: Path = README) -> list[str]:
+    """The command lines of the README's ``bash`` blocks, in order, without their trailing comments."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", readme.read_text(), flags=re.MULTILINE | re.DOTALL)
+    lines = []
+    for block in blocks:
+        for line in block.splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip()
+            if command and not command.startswith("#"):
+                lines.append(command)
+    return lines
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _serve(command: list[str], path: str, env: dict, work: Path, timeout: float = 180.0) -> str:
+    """Start a server, wait until ``path`` answers 200 on its port, stop it; returns what it printed."""
+    port = _free_port()
+    process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{shlex.join(command)} stopped with exit code {process.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                    if answer.status == 200:
+                        return f"answered on port {port}"
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"{shlex.join(command)} did not answer on port {port} within {timeout:.0f} s")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = SHARED, say=print) -> list[Step]:
+    """Run the README's lines in ``work`` (an empty folder); raises RuntimeError at the first line that fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GARLIC_DATA_ROOT", "GARLIC_MLRUNS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    run_ids: dict[str, str] = {}
+    steps = []
+    for line in readme_lines(readme):
+        command, skipped = line.removeprefix("bin/setup && "), ""
+        if "-m pytest" in command:
+            skipped = "the test suite: CI runs it (.ci/run)"
+        elif "../shared/data" in command or "P12_RUN_ID" in command or "physionet2012" in command:
+            if quick:
+                skipped = "PhysioNet 2012: too long for the test suite (run this walk without --quick)"
+            elif not shared.is_dir():
+                skipped = f"PhysioNet 2012: {shared} is absent"
+        for name, value in run_ids.items():
+            command = re.sub(rf"\b{name}\b", value, command)
+        if not skipped and re.search(r"\b(P12_)?RUN_ID\b", command):
+            skipped = "no training before it printed its run id"
+        if skipped:
+            steps.append(Step(line, "", skipped))
+            say(f"skip  {line}  ({skipped})")
+            continue
+        words = shlex.split(command.replace("../shared/data", str(shared)))
+        program = {".venv/bin/garlic": [sys.executable, "-m", "garlic.cli"], ".venv/bin/python": [sys.executable]}
+        words = program.get(words[0], [words[0]]) + words[1:]
+        if quick and words[3:4] == ["train"]:
+            words += QUICK_TRAINING
+        say(f"run   {shlex.join(words)}")
+        start = time.perf_counter()
+        server = next((path for key, path in SERVERS.items() if f" {key}" in command), None)
+        if server is not None:
+            output = _serve(words, server, env, work)
+        else:
+            result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+            output = result.stdout
+            if result.returncode != 0:
+                raise RuntimeError(f"README line {line!r} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+            if words[3:4] == ["train"]:
+                found = re.search(r"^run ([0-9a-f]{32})$", result.stdout, flags=re.MULTILINE)
+                if found is None:
+                    raise RuntimeError(f"README line {line!r} printed no run id:\n{result.stdout[-2000:]}")
+                run_ids["P12_RUN_ID" if "physionet2012" in words else "RUN_ID"] = found.group(1)
+        steps.append(Step(line, shlex.join(words), "", time.perf_counter() - start, output))
+        say(f"      done in {steps[-1].seconds:.1f} s")
+    return steps
+
+
+def main() -> None:
+    options = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_argument("--quick", action="store_true", help="one-epoch trainings, no PhysioNet 2012 lines")
+    options.add_argument("--work", type=Path, help="an empty folder to run in (default: a temporary one)")
+    args = options.parse_args()
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
+        walk(args.work, args.quick)
+        return
+    with tempfile.TemporaryDirectory(prefix="garlic-readme-") as work:
+        walk(Path(work), args.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Config values are checked when a config is built: type, range and choice, with the key in the message."""
+import json
+
+import pytest
+
+from garlic.config import CHECKS, Config, ConfigError
+from garlic.datasets import DATASETS
+from garlic.splits import PROTOCOLS
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("dropout=2", "config key 'dropout' must be at least 0 and below 1, got 2.0"),
+        ("window_size=-1", "config key 'window_size' must be at least 1, got -1"),
+        ("split_protocol=ten-split", "config key 'split_protocol' must be one of"),
+        ("lr_cls=-1e-3", "config key 'lr_cls' must be at least 0, got -0.001"),
+        ("max_epochs=0", "config key 'max_epochs' must be at least 1"),
+        ("batch_size=0", "config key 'batch_size' must be at least 1"),
+        ("stage_tolerance=1.5", "config key 'stage_tolerance' must be at least 0 and below 1"),
+        ("device=gpu", "config key 'device' must be auto, cpu, cuda or cuda:N"),
+        ("dataset=physionet2020", "config key 'dataset' must be one of mimic3-benchmark, mimic3-garlic, physionet2012"),
+        ("hidden_dim=lots", "config key 'hidden_dim' expects an integer, got 'lots'"),
+        ("use_graph=maybe", "config key 'use_graph' expects true or false, got 'maybe'"),
+    ],
+)
+def test_a_bad_value_is_refused_when_the_config_is_built_naming_its_key(assignment, message):
+    with pytest.raises(ConfigError) as refused:
+        Config().override([assignment])
+    assert message in str(refused.value)
+
+
+def test_the_protocol_choice_is_read_from_the_splits_module():
+    for protocol in PROTOCOLS:
+        assert Config().override({"split_protocol": protocol}).split_protocol == protocol
+    with pytest.raises(ConfigError) as refused:
+        Config(split_protocol="ten-split")
+    assert all(protocol in str(refused.value) for protocol in PROTOCOLS)
+
+
+def test_a_config_file_with_a_bad_value_is_named_in_the_message(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"dataset": "synthetic", "window_size": 2.5}))
+    with pytest.raises(ConfigError, match=r"mine\.json: config key 'window_size' expects an integer, got 2\.5"):
+        Config.load(path)
+    path.write_text(json.dumps([1, 2]))
+    with pytest.raises(ConfigError, match=r"mine\.json: expected a JSON object"):
+        Config.load(path)
+
+
+def test_valid_values_and_every_shipped_preset_pass():
+    assert Config().override({"lr_cls": 1, "device": "cuda:1", "dropout": 0}).lr_cls == 1.0
+    for dataset in DATASETS:
+        assert Config.for_dataset(dataset).dataset == dataset
+
+
+def test_every_check_belongs_to_a_config_key():
+    assert set(CHECKS) <= set(Config().to_dict())
+
+
+def test_the_model_and_schedule_choices_are_those_the_factories_know():
+    from garlic.reference_model import ARCHITECTURES, SIGNAL_LAYOUTS
+    from garlic.train import TRAINERS
+
+    for key, known in (("architecture", ARCHITECTURES), ("signal_layout", SIGNAL_LAYOUTS), ("schedule", TRAINERS)):
+        for choice in known:
+            assert Config().override({key: choice}).to_dict()[key] == choice
+        with pytest.raises(ConfigError, match=f"config key '{key}' must be one of {', '.join(sorted(known))}"):
+            Config().override({key: "other"})
