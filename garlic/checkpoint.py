@@ -17,7 +17,7 @@ from garlic.data import IrregularDataset
 from garlic.model import Garlic
 from garlic.reference_model import build_model
 from garlic.splits import Normalisation
-from preprocessing.tables import write_json_atomic
+from preprocessing.atomic import atomic_file, write_json_atomic
 from preprocessing.tensors import IrregularTensors
 
 WEIGHTS = "weights.pt"
@@ -51,9 +51,8 @@ class TrainedModel:
 def save_model(folder: Path, trained: TrainedModel) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f".{WEIGHTS}.partial"
-    torch.save(trained.model.state_dict(), temporary)
-    temporary.replace(folder / WEIGHTS)
+    with atomic_file(folder / WEIGHTS) as out:
+        torch.save(trained.model.state_dict(), out)
     write_json_atomic(
         folder / DESCRIPTION,
         {

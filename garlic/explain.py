@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from garlic.data import Batch
-from garlic.model import Garlic
+from garlic.model import Garlic, lag_offsets
 
 
 @dataclass
@@ -74,12 +74,8 @@ def explain(model: Garlic, batch: Batch, variables: list[str]) -> Explanation:
     edges = torch.einsum("btj,ij,bti->bij", message_weight, graph, output.lag_attention.sum(2))
 
     cell = weight * own_share
-    window = output.lag_attention.shape[2]
-    steps = cell.shape[1]
-    for lag in range(window):  # lag position k looks back W - k steps; W is a handful
-        back = window - lag
-        if back < steps:
-            cell[:, :-back] += (from_source * output.lag_attention[:, :, lag])[:, back:]
+    for lag, back in lag_offsets(output.lag_attention.shape[2], cell.shape[1]):  # W is a handful
+        cell[:, :-back] += (from_source * output.lag_attention[:, :, lag])[:, back:]
 
     last, carried = model.decay.carry(batch.mask, batch.times)
     unobserved = 1 - batch.mask

@@ -17,6 +17,15 @@ Read top to bottom: the layers in the order data meets them, then the model that
 Shapes: B stays, T steps, D variables, F ``feature_dim``, W ``window_size``, H ``hidden_dim``, S static features.
 Everything is vectorised over B, T and D. Every step only sees itself and earlier steps, and padded steps are
 masked out of the attention over time, so a stay's prediction does not depend on the other stays in its batch.
+
+One path leads to a logit: ``per_step`` (stages 1, 2 and the signal attention, step by step), the GRU, then
+``classify``. ``forward`` runs it whole and adds the reconstruction head; ``predict_logits`` runs ``per_step`` on
+cache-sized chunks of stays and keeps only the logits; ``encode`` stops before ``classify``, so that the dashboard
+can classify every prefix of a stay from one pass.
+
+Some layers compute their formula in a rearranged but equal form that runs faster on a CPU (``fast_tanh``, the
+folded key of ``LagAttention``, the transposed products of ``GraphMessagePassing``); tests/test_model.py checks each
+against a plain implementation of the formula in its docstring.
 """
 from __future__ import annotations
 
@@ -35,14 +44,20 @@ CACHE_CELLS = 2**20
 
 
 @dataclass
-class StepEncoding:
-    """What the model computes at every step, before pooling over time."""
+class PerStep:
+    """``Garlic.per_step``: every step from itself and its past, before the GRU joins the steps."""
 
-    imputed: Tensor  # [B, T, D] the decay-imputed inputs
     features: Tensor  # [B, T, D, F] each variable's own encoded features
     messages: Tensor  # [B, T, D, F] what each variable receives over the graph from the previous steps
-    lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t
+    lag_attention: Tensor  # [B, T, W, D] weight of the step ``t - W + w`` for variable d at step t (``lag_offsets``)
     signal_attention: Tensor  # [B, T, D] weight of each variable at each step (sums to 1 over D)
+    sequence_input: Tensor  # [B, T, H] the GRU's input at each step
+
+
+@dataclass
+class StepEncoding(PerStep):
+    """What the model computes at every step, before pooling over time (``Garlic.encode``)."""
+
     states: Tensor  # [B, T, H] the GRU's state after each step
     summaries: Tensor | None  # [B, T, 8 D] the running summary (``RunningSummary``), None without the branch
 
@@ -67,8 +82,16 @@ def step_mask(lengths: Tensor, steps: int) -> Tensor:
     return torch.arange(steps, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def lag_offsets(window: int, steps: int) -> list[tuple[int, int]]:
+    """The lag convention: lag position w (0 .. W - 1) of step t is step t - (W - w), so position W - 1 is the step
+    just before and position 0 the earliest of the window. Returns (w, W - w) for each position that reaches a step
+    of a T-step stay (W - w < T): at position w, steps t >= W - w look back W - w steps, to step t - (W - w)."""
+    return [(lag, window - lag) for lag in range(window) if window - lag < steps]
+
+
 class DecayImputation(nn.Module):
-    """x' = m * x + (1 - m) * (g * x_last + (1 - g) * mean), g = exp(-max(0, w_d * dt + b_d)).
+    """x'_{t,d} = m_{t,d} x_{t,d} + (1 - m_{t,d}) (g_{t,d} x_last + (1 - g_{t,d}) mean_d),
+    g_{t,d} = exp(-max(0, w_d dt_{t,d} + b_d)).
 
     Values arrive normalised with training statistics, so each variable's training mean is 0 here. ``dt`` is the
     time in hours since the variable was last observed in this stay; a variable never observed yet takes its mean.
@@ -101,7 +124,9 @@ class DecayImputation(nn.Module):
 
 
 class VariableEncoder(nn.Module):
-    """(value, observed) -> F features, with weights of its own for each variable (or shared when not per-variable).
+    """h_{t,d} = tanh(x'_{t,d} u_d + m_{t,d} v_d + c_d) in R^F: (value, observed) -> F features, with weights u_d,
+    v_d, c_d of its own for each variable (one set shared by all when not ``per_variable``). Without ``use_mask``
+    the term m v is left out, so that the features see the (imputed) value alone.
 
     values, mask [B, T, D] -> features [B, T, D, F]
     """
@@ -122,7 +147,14 @@ class VariableEncoder(nn.Module):
 
 
 class LagAttention(nn.Module):
-    """Each variable attends over its own features at the previous W steps (with a learned lag embedding).
+    """Each variable attends over its own features at the previous W steps, each with a learned lag embedding e_w:
+
+        k_{t,w,d} = W_k (h_{t-W+w,d} + e_w) + b_k
+        a_{t,w,d} = softmax over the w with t - W + w >= 0 of  q_d . k_{t,w,d} / sqrt(F)
+        s_{t,d}   = sum_w a_{t,w,d} (h_{t-W+w,d} + e_w)
+
+    with a query q_d per variable (lag positions as in ``lag_offsets``). Computed with the key folded into the
+    query: q_d . k = h . (W_k^T q_d) + e_w . (W_k^T q_d) + b_k . q_d, so that no lag is ever projected.
 
     features [B, T, D, F] -> summary [B, T, D, F], weights [B, T, W, D] (all zero at step 0, which has no past)
     """
@@ -139,36 +171,38 @@ class LagAttention(nn.Module):
         # score(key(x), q) = x . (W_k^T q) + b_k . q: fold the key into the query instead of projecting every lag.
         query = self.query @ self.key.weight  # [D, F]
         lag_scores = self.lag_embedding @ query.T + self.query @ self.key.bias  # [W, D]
-        # Lag position w of step t is step t - W + w: pad W steps in front, then shift. W (not D) is innermost-but-one
-        # so that the softmax runs over a short middle axis, many times faster than over a last axis of length W.
-        padded = F.pad((features * query).sum(-1), (0, 0, window, 0))  # [B, W + T, D]
-        step_scores = torch.stack([padded[:, lag : lag + steps] for lag in range(window)], dim=2)  # [B, T, W, D]
+        own_scores = (features * query).sum(-1)  # [B, T, D]
+        # W (not D) is innermost-but-one so that the softmax runs over a short middle axis, many times faster than
+        # over a last axis of length W.
+        step_scores = own_scores.new_zeros(len(features), steps, window, features.shape[2])  # [B, T, W, D]
+        has_step = torch.zeros(steps, window, dtype=torch.bool, device=features.device)  # [T, W]
+        for lag, back in lag_offsets(window, steps):
+            step_scores[:, back:, lag] = own_scores[:, :-back]
+            has_step[back:, lag] = True
         scores = (step_scores + lag_scores) / math.sqrt(features.shape[-1])
-        position = torch.arange(window, device=features.device)
-        has_step = position[None, :] >= window - torch.arange(steps, device=features.device)[:, None]  # [T, W]
+        # Filled after the sum, not before: masked_fill stops the NaN gradient of step 0's empty softmax here.
         scores = scores.masked_fill(~has_step[None, :, :, None], float("-inf"))
         weights = torch.softmax(scores, dim=2).nan_to_num(0.0)
         # A sum over the W lag positions of shifted slices, added in place: much faster than reducing a strided
         # view, and no padded copy of the features.
         summary = weights.transpose(2, 3) @ self.lag_embedding
-        for lag in range(window):
-            back = window - lag
-            if back < steps:
-                summary[:, back:].addcmul_(weights[:, back:, lag, :, None], features[:, : steps - back])
+        for lag, back in lag_offsets(window, steps):
+            summary[:, back:].addcmul_(weights[:, back:, lag, :, None], features[:, :-back])
         return summary, weights
 
 
 class GraphMessagePassing(nn.Module):
-    """out_j = sum_i A_ij * W s_i over a learned dense graph A, initialised as I + 0.2 (fixed I when disabled).
+    """m_{t,j} = sum_i A_ij W s_{t,i}: every variable j receives the linear message W s_{t,i} (no bias) of each
+    variable i, weighted by a learned dense graph A initialised as I + 0.2 (fixed at I when not ``learn_graph``: each
+    variable receives only its own message). Computed as (W S_t^T) A, with S_t the [D, F] summaries of step t.
 
     summary [B, T, D, F] -> messages [B, T, D, F]
     """
 
     def __init__(self, num_variables: int, feature_dim: int, learn_graph: bool = True):
         super().__init__()
-        initial = torch.eye(num_variables) + (0.2 if learn_graph else 0.0)
         if learn_graph:
-            self.adjacency = nn.Parameter(initial)
+            self.adjacency = nn.Parameter(torch.eye(num_variables) + 0.2)
         else:
             self.register_buffer("adjacency", torch.eye(num_variables))
         self.message = nn.Linear(feature_dim, feature_dim, bias=False)  # linear, so it commutes with A
@@ -185,7 +219,12 @@ class GraphMessagePassing(nn.Module):
 
 
 class SignalAttention(nn.Module):
-    """Attention across variables at each step; keeps each variable's features, reweighted.
+    """Attention across the variables of each step, which keeps each variable's features, reweighted:
+
+        b_{t,d} = softmax over d of  u . tanh(P z_{t,d} + p)
+        out_t   = concat over d of  D b_{t,d} z_{t,d}
+
+    (scaled by D so that uniform attention leaves the features as they are).
 
     features [B, T, D, F] -> weighted [B, T, D * F], weights [B, T, D]
     """
@@ -197,13 +236,15 @@ class SignalAttention(nn.Module):
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
         weights = torch.softmax(self.score(fast_tanh(self.project(features)))[..., 0], dim=-1)
-        # Scaled by D so that uniform attention leaves the features as they are.
         weighted = features * (weights * features.shape[2])[..., None]
         return weighted.flatten(2), weights
 
 
 class StepwiseProjection(nn.Module):
-    """The no-GRU ablation: each step on its own, returned like ``nn.GRU`` does. [B, T, H] -> ([B, T, H], None)"""
+    """The no-GRU ablation, each step on its own: h_t = tanh(W x_t + b), returned as ``nn.GRU`` returns.
+
+    inputs [B, T, H] -> (states [B, T, H], None)
+    """
 
     def __init__(self, hidden_dim: int):
         super().__init__()
@@ -214,9 +255,11 @@ class StepwiseProjection(nn.Module):
 
 
 class TemporalAttention(nn.Module):
-    """Attention pooling over a stay's real steps.
+    """Attention pooling over a stay's real steps:
 
-    states [B, T, H], step_mask [B, T] -> context [B, H], weights [B, T]
+        c_t = softmax over the real t of  v . tanh(Q h_t + r),   context = sum_t c_t h_t
+
+    states [B, T, H], step_mask [B, T] -> context [B, H], weights [B, T] (0 on padding)
     """
 
     def __init__(self, hidden_dim: int):
@@ -259,7 +302,18 @@ class RunningSummary(nn.Module):
 
 
 class Garlic(nn.Module):
-    """The full model. ``prediction_parameters()`` are the ones the prediction stage trains."""
+    """The full model; per stay, with the layers above:
+
+        x' = DecayImputation(x, m, t);  h = VariableEncoder(x', m)                           [T, D, F]
+        s, a = LagAttention(h);  g = GraphMessagePassing(s);  z = LayerNorm(h + g)          [T, D, F]
+        u, b = SignalAttention(z);  states = GRU(Linear(u))   (2 layers; StepwiseProjection without use_gru)
+        context, c = TemporalAttention(states)                                               [H]
+        logit = MLP([context, SummaryBranch(RunningSummary(x, m, t) at the last step), static]) + logit_offset
+        reconstruction_{t,d} = sum_f gelu(g_{t,d,f}) r_{d,f} + r0_d   (the auxiliary head, read where observed)
+
+    with the summary branch only under ``summary_branch`` and the static features only under ``use_static``.
+    ``prediction_parameters()`` are the ones the prediction stage trains.
+    """
 
     PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "summary_branch",
                           "classifier")  # fmt: skip
@@ -269,7 +323,6 @@ class Garlic(nn.Module):
         d, f, h = num_variables, config.feature_dim, config.hidden_dim
         self.config = config
         self.num_variables, self.num_static = num_variables, num_static
-        self.use_static = config.use_static
         # 1. latent feature modelling
         self.decay = DecayImputation(d, enabled=config.use_decay)
         self.encoder = VariableEncoder(d, f, config.per_variable_encoder, config.use_missing_indicator)
@@ -318,30 +371,27 @@ class Garlic(nn.Module):
 
         values, mask [B, T, D], times [B, T] -> StepEncoding
         """
-        imputed, features, messages, lag_weights, signal_weights, inputs = self.per_step(values, mask, times)
-        states, _ = self.sequence(inputs)
-        return StepEncoding(imputed, features, messages, lag_weights, signal_weights, states,
-                            self.summaries(values, mask, times))  # fmt: skip
+        steps = self.per_step(values, mask, times)
+        states, _ = self.sequence(steps.sequence_input)
+        return StepEncoding(**vars(steps), states=states, summaries=self.summaries(values, mask, times))
 
     def summaries(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor | None:
         """The running summary when the model has the wide branch, else None. -> [B, T, 8 D] or None"""
         return self.running_summary(values, mask, times) if self.config.summary_branch else None
 
-    def per_step(self, values: Tensor, mask: Tensor, times: Tensor) -> tuple[Tensor, ...]:
+    def per_step(self, values: Tensor, mask: Tensor, times: Tensor) -> PerStep:
         """Stages 1 and 2 and the signal attention: each step from itself and its past, before the GRU joins them.
 
-        values, mask [B, T, D], times [B, T] -> imputed [B, T, D], features and messages [B, T, D, F],
-        lag weights [B, T, W, D], signal weights [B, T, D], the GRU's inputs [B, T, H]
+        values, mask [B, T, D], times [B, T] -> PerStep
         """
-        imputed = self.decay(values, mask, times)
-        features = self.encoder(imputed, mask)
+        features = self.encoder(self.decay(values, mask, times), mask)
 
         summary, lag_weights = self.lag_attention(features)
         messages = self.graph(summary)
         fused = self.norm(features + messages)
 
         weighted, signal_weights = self.signal_attention(fused)
-        return imputed, features, messages, lag_weights, signal_weights, self.sequence_input(weighted)
+        return PerStep(features, messages, lag_weights, signal_weights, self.sequence_input(weighted))
 
     def reconstruct(self, messages: Tensor) -> Tensor:
         """The auxiliary head: each variable's value from what it received. messages [B, T, D, F] -> [B, T, D]"""
@@ -359,7 +409,7 @@ class Garlic(nn.Module):
             last = (real.sum(1) - 1).clamp(min=0)
             at_end = summaries[torch.arange(len(summaries), device=summaries.device), last]
             context = torch.cat([context, self.summary_branch(at_end)], dim=-1)
-        if self.use_static:
+        if self.config.use_static:
             context = torch.cat([context, static], dim=-1)
         return self.classifier(context)[:, 0] + self.logit_offset, temporal_weights
 
@@ -382,17 +432,17 @@ class Garlic(nn.Module):
     def predict_logits(
         self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor, chunk_cells: int = CACHE_CELLS
     ) -> Tensor:
-        """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``.
+        """``forward(...).logits`` without the reconstruction head and the attention: the inference path.
 
-        On a CPU, the layers before the GRU run on a few stays at a time, about ``chunk_cells`` cells of [b, T, D, F]
-        each, so that their many elementwise passes stay in the cache; the GRU then runs over the whole batch. A GPU
-        takes the batch at once.
+        ``encode`` then ``classify``, as in ``forward``, except that on a CPU ``per_step`` runs on a few stays at a time,
+        about ``chunk_cells`` cells of [b, T, D, F] each, so that its many elementwise passes stay in the cache; the
+        GRU then runs over the whole batch. A GPU takes the batch at once.
         """
         steps, variables = values.shape[1:]
         cells_per_stay = steps * variables * self.config.feature_dim
         stays = max(1, chunk_cells // cells_per_stay) if values.device.type == "cpu" else max(len(values), 1)
         chunks = zip(values.split(stays), mask.split(stays), times.split(stays))
-        states, _ = self.sequence(torch.cat([self.per_step(*chunk)[-1] for chunk in chunks]))
+        states, _ = self.sequence(torch.cat([self.per_step(*chunk).sequence_input for chunk in chunks]))
         logits, _ = self.classify(states, step_mask(lengths, steps), static, self.summaries(values, mask, times))
         return logits
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import pickle  # for its exception type only: torch.load(weights_only=True) refuses content with UnpicklingError
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from garlic.data import IrregularDataset, collate, loader
 from garlic.metrics import binary_metrics
 from garlic.model import Garlic, GarlicOutput, graph_penalty, reconstruction_loss
 from garlic.reference_model import ReferenceGarlic, build_model
+from preprocessing.atomic import atomic_file
 
 RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 GRADIENT_CLIP = 5.0
@@ -487,16 +486,8 @@ def make_trainer(config: Config, num_variables: int, num_static: int) -> Alterna
 
 def save_training_state(path: Path, state: dict) -> None:
     """Write ``state`` to ``path`` atomically: a reader (or a resumed run) sees the previous state or this one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            torch.save(state, out)
-        os.replace(temporary, path)
-    except BaseException:  # SIGTERM arrives as SystemExit, maybe mid-write: leave no stray temporary file
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as out:
+        torch.save(state, out)
 
 
 def load_training_state(path: Path) -> dict:

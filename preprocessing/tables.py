@@ -34,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from preprocessing.atomic import write_json_atomic
 from preprocessing.locks import acquire, is_held, locked, release
 
 log = logging.getLogger(__name__)
@@ -178,16 +179,6 @@ class _AtomicDirectory:
                     shutil.rmtree(retired, ignore_errors=True)
         finally:
             release(self.held)
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as out:
-        json.dump(payload, out, indent=2, sort_keys=True)
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
 
 
 def write_processed(

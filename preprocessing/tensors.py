@@ -6,17 +6,14 @@ here already summed (``tables.sum_simultaneous``).
 """
 from __future__ import annotations
 
-import glob
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from preprocessing.locks import acquire, is_held, locked, release
+from preprocessing.atomic import atomic_file, remove_stale_temporaries
 from preprocessing.tables import LABELS, MANIFEST, OBSERVATIONS, STATIC, ProcessedDataset, read_manifest, read_processed
 
 TENSORS = "tensors.npz"
@@ -120,48 +117,22 @@ def _fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _temporary_pattern(path: Path) -> str:
-    return f".{glob.escape(path.name)}.*.npz"
-
-
-def _remove_stale_temporaries(path: Path) -> None:
-    """Delete the temporaries of ``path`` left by killed writers (a live writer keeps its temporary locked)."""
-    if not list(path.parent.glob(_temporary_pattern(path))):
-        return  # the usual case: nothing to lock (and the folder may be read-only)
-    with locked(path.parent):
-        for temporary in path.parent.glob(_temporary_pattern(path)):
-            if not is_held(temporary):
-                temporary.unlink(missing_ok=True)
-
-
 def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> None:
     """Write the cache atomically: into a locked temporary beside ``path``, then renamed into place."""
-    path = Path(path)
-    with locked(path.parent):  # the temporary is locked before any sweep can see it
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-        held = acquire(Path(temporary))
-    try:
-        with os.fdopen(handle, "wb") as out:
-            np.savez(
-                out,
-                stay_ids=tensors.stay_ids,
-                values=tensors.values,
-                mask=tensors.mask,
-                times=tensors.times,
-                lengths=tensors.lengths,
-                static=tensors.static,
-                labels=tensors.labels,
-                variables=np.array(tensors.variables, dtype=str),
-                static_features=np.array(tensors.static_features, dtype=str),
-                fingerprint=np.array(fingerprint),
-            )
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    finally:
-        release(held)
+    with atomic_file(path, suffix=".npz", lock=True) as out:
+        np.savez(
+            out,
+            stay_ids=tensors.stay_ids,
+            values=tensors.values,
+            mask=tensors.mask,
+            times=tensors.times,
+            lengths=tensors.lengths,
+            static=tensors.static,
+            labels=tensors.labels,
+            variables=np.array(tensors.variables, dtype=str),
+            static_features=np.array(tensors.static_features, dtype=str),
+            fingerprint=np.array(fingerprint),
+        )
 
 
 def load_tensors(folder: Path) -> IrregularTensors:
@@ -173,7 +144,7 @@ def load_tensors(folder: Path) -> IrregularTensors:
     read_manifest(folder)  # a clear error when the folder is not a processed dataset
     fingerprint = _fingerprint(folder)
     cache = folder / TENSORS
-    _remove_stale_temporaries(cache)
+    remove_stale_temporaries(cache, suffix=".npz")
     if cache.is_file():
         with np.load(cache, allow_pickle=False) as stored:
             if str(stored["fingerprint"]) == fingerprint:

@@ -1,7 +1,11 @@
-"""Shared fixtures: the real PhysioNet 2012 release, preprocessed once per test session, and an independent raw reader.
+"""Shared fixtures: where the real data are, the synthetic cohort, the dashboard's tiny tracked run, and the real
+PhysioNet 2012 release, preprocessed once per test session, with an independent raw reader.
 
 The raw reader below parses the archives with ``tarfile`` and plain string splitting, without any code from
 ``preprocessing``, so that tests can check the preprocessor against the release itself.
+
+Test modules import the plain helpers from here (``from conftest import ...``), never from one another. The project's
+modules are imported inside the helpers, so that collecting a test that needs none of them stays quick.
 """
 from __future__ import annotations
 
@@ -14,12 +18,87 @@ import numpy as np
 import pandas as pd
 import pytest
 
+# The real data, beside the checkout (``../shared/data``); tests that need it skip when it is absent.
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 P12 = SHARED / "physionet2012"
 HAVE_P12 = all((P12 / f"set-{s}.tar.gz").is_file() and (P12 / f"Outcomes-{s}.txt").is_file() for s in "abc")
 requires_p12 = pytest.mark.skipif(
     not HAVE_P12, reason=f"the PhysioNet 2012 release is not at {P12} (set-{{a,b,c}}.tar.gz + Outcomes-{{a,b,c}}.txt)"
 )
+
+
+
+def synthetic_root(tmp_path_factory, n_stays: int, seed: int) -> Path:
+    """A fresh data root whose ``processed/synthetic`` holds the synthetic cohort of ``n_stays`` stays from ``seed``."""
+    from preprocessing import synthetic
+
+    root = tmp_path_factory.mktemp("data")
+    synthetic.generate(root / "processed" / "synthetic", n_stays=n_stays, seed=seed)
+    return root
+
+
+@dataclass
+class SyntheticCohort:
+    """The synthetic cohort as the trainers take it: split 0 of the five-split protocol, normalised with its
+    training statistics."""
+
+    root: Path  # the data root (``synthetic_root``)
+    tensors: object  # preprocessing.tensors.IrregularTensors
+    split: object  # garlic.splits.Split
+    parts: dict  # "train", "validation", "test" -> garlic.data.IrregularDataset
+
+
+def synthetic_cohort(tmp_path_factory, n_stays: int, seed: int) -> SyntheticCohort:
+    from garlic.data import IrregularDataset
+    from garlic.splits import load_splits
+    from preprocessing.tensors import load_tensors
+
+    root = synthetic_root(tmp_path_factory, n_stays, seed)
+    tensors = load_tensors(root / "processed" / "synthetic")
+    split = load_splits(root / "processed" / "synthetic", tensors)[0]
+    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
+             for p in ("train", "validation", "test")}  # fmt: skip
+    return SyntheticCohort(root, tensors, split, parts)
+
+
+@dataclass
+class TinyRun:
+    data_root: Path
+    store: Path
+    run_id: str
+
+
+def tiny_run(tmp_path_factory) -> TinyRun:
+    """A tiny synthetic run (300 stays, 2 epochs) in a temporary store, trained once per session and shared."""
+    from garlic import runs
+    from garlic.config import Config
+    from garlic.datasets import processed_folder
+    from preprocessing import synthetic
+
+    folder = tmp_path_factory.getbasetemp() / "dashboard-run"
+    done = folder / "run_id"
+    if not done.is_file():
+        synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
+        config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "max_epochs": 2,
+                                                           "lr_cls": 5e-3, "lr_rec": 5e-3, "batch_size": 32,
+                                                           "device": "cpu"})  # fmt: skip
+        run_id, _ = runs.train(config, data_root=folder / "data", store=folder / "mlruns")
+        done.write_text(run_id)
+    return TinyRun(folder / "data", folder / "mlruns", done.read_text())
+
+
+def run_without_model(store: Path) -> str:
+    """A run that stopped before logging its model."""
+    import mlflow
+
+    from garlic.tracking import use_experiment, use_store
+
+    use_store(store)
+    use_experiment("synthetic", store)
+    with mlflow.start_run(run_name="crashed") as run:
+        mlflow.log_params({"dataset": "synthetic"})
+    return run.info.run_id
+
 
 # Written out here rather than imported, so that a change to the parser's list shows up as a failing test.
 P12_TIME_SERIES = {

@@ -8,16 +8,15 @@ from experiments.ablations import VARIANTS, main, run_variants
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
 from garlic.model import Garlic, StepwiseProjection
-from preprocessing import synthetic
+from garlic.train import PREDICTION, RECONSTRUCTION, make_trainer
+from conftest import synthetic_cohort, synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
 
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    synthetic.generate(root / "processed" / "synthetic", n_stays=160, seed=4)
-    return root
+    return synthetic_root(tmp_path_factory, n_stays=160, seed=4)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +46,26 @@ def test_every_variant_switches_off_exactly_its_part(data_root):
     assert isinstance(Garlic(12, 0, base.override(VARIANTS["no_gru"])).sequence, StepwiseProjection)
     no_graph = Garlic(12, 0, base.override(VARIANTS["no_graph"])).graph
     assert not isinstance(no_graph.adjacency, torch.nn.Parameter)
+
+
+@pytest.mark.parametrize("alternating", [True, False])
+def test_joint_training_stays_in_the_reconstruction_stage_and_trains_the_graph_every_epoch(tmp_path_factory,
+                                                                                          alternating):
+    """The switches of the model are tested in test_model.py; this is the schedule's (``joint_training``)."""
+    cohort = synthetic_cohort(tmp_path_factory, n_stays=120, seed=6)
+    # A stage needs a 99% drop of its objective in an epoch to continue: the alternating schedule switches early.
+    config = Config().override({**TINY, "max_epochs": 3, "stage_patience": 1, "stage_tolerance": 0.99,
+                                "alternating": alternating})  # fmt: skip
+    trainer = make_trainer(config, len(cohort.tensors.variables), len(cohort.tensors.static_features))
+    graphs = []
+    result = trainer.fit(cohort.parts["train"], cohort.parts["validation"],
+                         on_epoch=lambda record: graphs.append(trainer.model.graph.adjacency.detach().clone()))
+    stages = [record.stage for record in result.history]
+    if alternating:
+        assert stages[0] == RECONSTRUCTION and PREDICTION in stages, stages
+    else:
+        assert stages == [RECONSTRUCTION] * 3
+        assert all(not torch.equal(before, after) for before, after in zip(graphs, graphs[1:]))
 
 
 @pytest.mark.slow

@@ -1,8 +1,6 @@
 """The dashboard's logic without a page: replay, threshold, summary, and where its data come from."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import mlflow
@@ -37,47 +35,17 @@ from app.summary import (
     value_direction,
 )
 from app.threshold import alert_since, threshold_at_sensitivity
-from garlic import runs
 from garlic.config import Config
 from garlic.data import collate
 from garlic.datasets import processed_folder
 from garlic.model import Garlic
-from garlic.tracking import RunNotFoundError, use_experiment, use_store
+from garlic.tracking import RunNotFoundError, use_store
 from garlic.train import forward
-from preprocessing import physionet2019, synthetic
+from preprocessing import physionet2019
 from preprocessing.physionet2012 import format_record
 from preprocessing.records import READERS
 from preprocessing.tables import DatasetNotFoundError, read_processed
-
-
-@dataclass
-class TinyRun:
-    data_root: Path
-    store: Path
-    run_id: str
-
-
-def tiny_run(tmp_path_factory) -> TinyRun:
-    """A tiny synthetic run (300 stays, 2 epochs) in a temporary store, trained once per session and shared."""
-    folder = tmp_path_factory.getbasetemp() / "dashboard-run"
-    done = folder / "run_id"
-    if not done.is_file():
-        synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
-        config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "max_epochs": 2,
-                                                           "lr_cls": 5e-3, "lr_rec": 5e-3, "batch_size": 32,
-                                                           "device": "cpu"})  # fmt: skip
-        run_id, _ = runs.train(config, data_root=folder / "data", store=folder / "mlruns")
-        done.write_text(run_id)
-    return TinyRun(folder / "data", folder / "mlruns", done.read_text())
-
-
-def run_without_model(store: Path) -> str:
-    """A run that stopped before logging its model."""
-    use_store(store)
-    use_experiment("synthetic", store)
-    with mlflow.start_run(run_name="crashed") as run:
-        mlflow.log_params({"dataset": "synthetic"})
-    return run.info.run_id
+from conftest import TinyRun, run_without_model, tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ from preprocessing.download import (
     download_physionet2012,
     download_physionet2019,
 )
+from conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 P12 = SHARED / "physionet2012"
 P19_ZIP = SHARED / "physionet2019" / "training_setA.zip"
 requires_p12 = pytest.mark.skipif(

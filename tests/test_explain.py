@@ -14,6 +14,7 @@ from garlic.splits import load_splits
 from garlic.tracking import use_experiment, use_store
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
+from conftest import synthetic_root
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "dropout": 0.0}
 
@@ -21,8 +22,7 @@ SMALL = {"hidden_dim": 16, "feature_dim": 4, "dropout": 0.0}
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """An untrained (seeded) model and a batch of 24 synthetic stays: the properties below hold for any weights."""
-    folder = tmp_path_factory.mktemp("data") / "processed" / "synthetic"
-    synthetic.generate(folder, n_stays=60, seed=3)
+    folder = synthetic_root(tmp_path_factory, n_stays=60, seed=3) / "processed" / "synthetic"
     tensors = load_tensors(folder)
     split = load_splits(folder, tensors)[0]
     dataset = IrregularDataset(tensors, split.normalisation)

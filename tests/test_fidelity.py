@@ -13,8 +13,8 @@ from garlic.data import IrregularDataset
 from garlic.metrics import binary_metrics
 from garlic.model import Garlic
 from garlic.splits import draw_split
-from preprocessing import synthetic
 from preprocessing.tensors import IrregularTensors
+from conftest import synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
 
@@ -171,9 +171,7 @@ def test_ordering_test_detects_full_top_random_bottom_with_an_oracle_ranking():
 
 @pytest.fixture(scope="module")
 def small_cohort(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    synthetic.generate(root / "processed" / "synthetic", n_stays=160, seed=2)
-    return root
+    return synthetic_root(tmp_path_factory, n_stays=160, seed=2)
 
 
 def test_importance_maps_cover_every_stay_and_only_observed_cells(small_cohort):

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preprocessing import physionet2012, records
+from preprocessing import mimic3, physionet2012, physionet2019, records
 from preprocessing.download import DownloadError, parse_checksums
 from preprocessing.tables import MANIFEST, read_processed
 from preprocessing.tensors import load_tensors
@@ -276,8 +276,6 @@ def test_checksum_lists_parse_or_are_refused_by_line(text):
 # PhysioNet 2019
 # --------------------------------------------------------------------------------------------------------------
 
-physionet2019 = pytest.importorskip("preprocessing.physionet2019")
-
 
 @st.composite
 def p19_record(draw) -> bytes:
@@ -378,8 +376,6 @@ def test_physionet2019_random_archive_is_a_clear_error(payload, packing):
 # --------------------------------------------------------------------------------------------------------------
 # MIMIC-III tables
 # --------------------------------------------------------------------------------------------------------------
-
-mimic3 = pytest.importorskip("preprocessing.mimic3")
 
 STAYS = ("ROW_ID,SUBJECT_ID,HADM_ID,ICUSTAY_ID,FIRST_CAREUNIT,LAST_CAREUNIT,FIRST_WARDID,LAST_WARDID,INTIME,OUTTIME,LOS\n"
          "1,1,11,101,MICU,MICU,1,1,2150-01-01 10:00:00,2150-01-04 10:00:00,3.0\n")  # fmt: skip

@@ -12,8 +12,8 @@ from experiments.benchmark_mimic_streaming import measure_in_child, write_synthe
 from preprocessing.mimic3 import BENCHMARK_VARIABLES, GARLIC_VARIABLES, MimicError, preprocess
 from preprocessing.tables import read_processed
 from preprocessing.tensors import load_tensors
+from conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DEMO = SHARED / "mimic3-demo"
 needs_demo = pytest.mark.skipif(
     not (DEMO / "CHARTEVENTS.csv.gz").is_file(), reason=f"shared MIMIC-III demo not found at {DEMO}"

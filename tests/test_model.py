@@ -10,8 +10,13 @@ from garlic.model import (
     GraphMessagePassing,
     LagAttention,
     RunningSummary,
+    SignalAttention,
+    StepwiseProjection,
+    TemporalAttention,
+    VariableEncoder,
     fast_tanh,
     graph_penalty,
+    lag_offsets,
     reconstruction_loss,
 )
 
@@ -143,6 +148,7 @@ def test_parameter_groups_partition_the_model_and_ablations_build():
         ablated = small_model(**{switch: False})
         assert ablated(values, mask, times, lengths, static).logits.shape == (B,)
     assert float(graph_penalty(small_model(use_graph=False))) == 0.0
+    assert not hasattr(model, "use_static")  # the config says it, once
 
 
 def test_fast_tanh_matches_tanh_and_its_gradient():
@@ -197,3 +203,180 @@ def test_summary_branch_reads_the_last_real_step_and_keeps_predictions_batch_ind
     assert not any("summary_branch" in name for name, _ in plain.named_parameters())
     prediction = {id(p) for p in model.prediction_parameters()}
     assert all(id(p) in prediction for p in model.summary_branch.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Each layer against its docstring's formula, written plainly (torch.tanh, explicit loops, no folded key)
+
+
+def plain_encoder(layer: VariableEncoder, values, mask):
+    weight, bias = layer.weight.expand(D, -1, -1), layer.bias.expand(D, -1)
+    features = values[..., None] * weight[:, 0] + bias
+    if layer.use_mask:
+        features = features + mask[..., None] * weight[:, 1]
+    return torch.tanh(features)
+
+
+def plain_lag_attention(layer: LagAttention, features):
+    """s_{t,d} = sum_w a_{t,w,d} (h_{t-W+w,d} + e_w), a = softmax_w q_d . (W_k (h_{t-W+w,d} + e_w) + b_k) / sqrt(F)."""
+    batch, steps, variables, size = features.shape
+    window = layer.window_size
+    summary = torch.zeros_like(features)
+    weights = torch.zeros(batch, steps, window, variables)
+    for t in range(steps):
+        lags = [w for w in range(window) if t - window + w >= 0]
+        if not lags:
+            continue
+        for d in range(variables):
+            inputs = torch.stack([features[:, t - window + w, d] + layer.lag_embedding[w] for w in lags], dim=1)
+            scores = layer.key(inputs) @ layer.query[d] / math.sqrt(size)  # [B, lags]
+            attention = torch.softmax(scores, dim=1)
+            summary[:, t, d] = (attention[..., None] * inputs).sum(1)
+            weights[:, t, lags, d] = attention
+    return summary, weights
+
+
+def plain_signal_attention(layer: SignalAttention, features):
+    scores = layer.score(torch.tanh(layer.project(features)))[..., 0]
+    weights = torch.softmax(scores, dim=-1)
+    return (features * weights[..., None] * features.shape[2]).flatten(2), weights
+
+
+def plain_temporal_attention(layer: TemporalAttention, states, real):
+    context = torch.zeros(states.shape[0], states.shape[2])
+    weights = torch.zeros(states.shape[:2])
+    for b in range(len(states)):
+        n = int(real[b].sum())
+        if n:
+            attention = torch.softmax(layer.score(torch.tanh(layer.project(states[b, :n])))[:, 0], dim=0)
+            context[b], weights[b, :n] = attention @ states[b, :n], attention
+    return context, weights
+
+
+def test_lag_offsets_name_the_step_each_lag_position_reads():
+    assert lag_offsets(3, 12) == [(0, 3), (1, 2), (2, 1)]  # position 2 is the step before, position 0 three back
+    assert lag_offsets(3, 2) == [(2, 1)]  # a 2-step stay: only one step back exists
+    assert lag_offsets(3, 1) == []
+
+
+@pytest.mark.parametrize("window", [1, 3, 15])  # 15 > T: windows reaching before every stay's start
+def test_lag_attention_equals_the_plain_formula_with_its_gradients(window):
+    torch.manual_seed(1)
+    layer = LagAttention(D, 4, window_size=window)
+    features = torch.randn(B, T, D, 4, requires_grad=True)
+    summary, weights = layer(features)
+    expected_summary, expected_weights = plain_lag_attention(layer, features)
+    torch.testing.assert_close(summary, expected_summary, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+    probe = torch.randn_like(summary)
+    got = torch.autograd.grad((summary * probe).sum(), [features, *layer.parameters()])
+    expected = torch.autograd.grad((expected_summary * probe).sum(), [features, *layer.parameters()])
+    for a, b in zip(got, expected):
+        assert torch.isfinite(a).all()  # step 0's empty softmax sends no NaN back
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("per_variable, use_mask", [(True, True), (False, True), (True, False)])
+def test_variable_encoder_equals_the_plain_formula(per_variable, use_mask):
+    values, mask, *_ = random_batch(seed=3)
+    torch.manual_seed(2)
+    layer = VariableEncoder(D, 4, per_variable=per_variable, use_mask=use_mask)
+    with torch.no_grad():
+        layer.bias.normal_()
+        torch.testing.assert_close(layer(values, mask), plain_encoder(layer, values, mask), atol=1e-6, rtol=0.0)
+
+
+def test_signal_and_temporal_attention_and_the_stepwise_projection_equal_the_plain_formulas():
+    torch.manual_seed(3)
+    features, states = torch.randn(B, T, D, 4), torch.randn(B, T, 16)
+    real = torch.arange(T)[None, :] < torch.tensor([12, 7, 3, 0, 9])[:, None]  # one stay with no real step
+    signal, temporal, stepwise = SignalAttention(4), TemporalAttention(16), StepwiseProjection(16)
+    with torch.no_grad():
+        for got, expected in zip(signal(features), plain_signal_attention(signal, features)):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+        for got, expected in zip(temporal(states, real), plain_temporal_attention(temporal, states, real)):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+        states_alone, nothing = stepwise(states)
+        torch.testing.assert_close(states_alone, torch.tanh(stepwise.layer(states)), atol=1e-6, rtol=0.0)
+        assert nothing is None
+
+
+def test_the_three_routes_to_a_logit_agree():
+    values, mask, times, lengths, static = random_batch(seed=5)
+    for overrides in ({"use_static": True}, {"summary_branch": True}):
+        model = small_model(**overrides)
+        with torch.no_grad():
+            output = model(values, mask, times, lengths, static)
+            encoded = model.encode(values, mask, times)
+            real = torch.arange(T)[None, :] < lengths[:, None]
+            logits, weights = model.classify(encoded.states, real, static, encoded.summaries)
+            torch.testing.assert_close(logits, output.logits)
+            torch.testing.assert_close(weights, output.temporal_attention)
+            torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1),
+                                       output.logits)  # fmt: skip
+            per_step = model.per_step(values, mask, times)
+            torch.testing.assert_close(per_step.sequence_input, encoded.sequence_input)
+            torch.testing.assert_close(per_step.messages, output.messages)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Each ablation switch changes what it says it changes
+
+
+def test_without_decay_nothing_is_carried_forward():
+    values, mask, times, *_ = random_batch()
+    decayed, plain = DecayImputation(D), DecayImputation(D, enabled=False)
+    _, carried = plain.carry(mask, times)
+    assert (carried == 0).all()
+    torch.testing.assert_close(plain(values, mask, times), mask * values)  # unobserved cells take the mean, 0
+    assert not torch.allclose(decayed(values, mask, times), mask * values)  # the switch is not a no-op
+
+
+def test_without_the_missing_indicator_the_model_does_not_see_the_mask_where_values_agree():
+    values, mask, times, lengths, static = random_batch()
+    # Mark cells observed that hold the value 0 (the mean); without decay their imputed value is 0 either way.
+    more_observed = mask.clone()
+    more_observed[:, ::2] = 1.0
+    with torch.no_grad():
+        for indicator in (False, True):
+            model = small_model(use_missing_indicator=indicator, use_decay=False)
+            one = model(values, mask, times, lengths, static).logits
+            other = model(values, more_observed, times, lengths, static).logits
+            assert torch.allclose(one, other) != indicator, indicator
+
+
+def test_a_shared_encoder_encodes_every_variable_alike():
+    values = torch.randn(B, T, 1).expand(-1, -1, D)
+    mask = torch.ones(B, T, D)
+    with torch.no_grad():
+        shared = small_model(per_variable_encoder=False).encoder(values, mask)
+        own = small_model().encoder(values, mask)
+    torch.testing.assert_close(shared, shared[:, :, :1].expand_as(shared))
+    assert not torch.allclose(own, own[:, :, :1].expand_as(own))
+
+
+def test_without_the_graph_each_variable_receives_only_its_own_message():
+    model = small_model(use_graph=False)
+    assert torch.equal(model.graph.adjacency, torch.eye(D))
+    assert all(parameter is not model.graph.adjacency for parameter in model.parameters())  # fixed, never trained
+    summary = torch.randn(B, T, D, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model.graph(summary), summary @ model.graph.message.weight.T)
+        changed = summary.clone()
+        changed[:, :, 1:] += 5.0  # every other variable changes
+        torch.testing.assert_close(model.graph(changed)[:, :, 0], model.graph(summary)[:, :, 0])
+        learned = small_model().graph
+        assert not torch.allclose(learned(changed)[:, :, 0], learned(summary)[:, :, 0])
+
+
+@pytest.mark.parametrize("use_gru", [False, True])
+def test_without_the_gru_a_state_depends_on_its_own_step_alone(use_gru):
+    model = small_model(use_gru=use_gru)
+    inputs = torch.randn(B, T, 16)
+    changed = inputs.clone()
+    changed[:, 4] += 3.0
+    with torch.no_grad():
+        states, changed_states = model.sequence(inputs)[0], model.sequence(changed)[0]
+    torch.testing.assert_close(changed_states[:, :4], states[:, :4])
+    assert not torch.allclose(changed_states[:, 4], states[:, 4])
+    assert torch.allclose(changed_states[:, 5:], states[:, 5:]) != use_gru

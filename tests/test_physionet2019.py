@@ -15,8 +15,8 @@ from garlic.datasets import processed_folder
 from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
 from preprocessing.tables import DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors
+from conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 P19 = SHARED / "physionet2019"
 needs_p19 = pytest.mark.skipif(
     not (P19 / "training_setA.zip").is_file(), reason=f"shared PhysioNet 2019 data not found at {P19}"

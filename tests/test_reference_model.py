@@ -14,7 +14,7 @@ from app.replay import risk_curve
 from garlic.attribution import ig_importance
 from garlic.checkpoint import TrainedModel, load_model, save_model
 from garlic.config import Config, ConfigError
-from garlic.data import IrregularDataset, collate
+from garlic.data import collate
 from garlic.explain import explain
 from garlic.metrics import binary_metrics
 from garlic.reference_model import (
@@ -28,11 +28,10 @@ from garlic.reference_model import (
     build_model,
     sinusoid,
 )
-from garlic.splits import load_splits
 from garlic.train import (PREDICTION, RECONSTRUCTION, AlternatingTrainer, ReferenceTrainer, make_trainer,
                           predict_proba)  # fmt: skip
 from preprocessing import synthetic
-from preprocessing.tensors import load_tensors
+from conftest import synthetic_cohort
 
 B, T, D, S, W, FEATURES = 5, 12, 4, 3, 3, 4
 
@@ -297,13 +296,8 @@ FAST = {"architecture": "reference", "schedule": "reference", "hidden_dim": 16, 
 
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data") / "processed" / "synthetic"
-    synthetic.generate(folder, n_stays=240, seed=2)
-    tensors = load_tensors(folder)
-    split = load_splits(folder, tensors)[0]
-    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
-             for p in ("train", "validation", "test")}  # fmt: skip
-    return tensors, split, parts
+    cohort = synthetic_cohort(tmp_path_factory, n_stays=240, seed=2)
+    return cohort.tensors, cohort.split, cohort.parts
 
 
 def scripted_fit(cohort, monkeypatch, bces, train_aurocs, **overrides):

@@ -20,12 +20,9 @@ import torch
 
 from garlic import runs
 from garlic.config import Config
-from garlic.data import IrregularDataset
-from garlic.splits import load_splits
 from garlic.tracking import RunInUseError, use_experiment, use_store
 from garlic.train import AlternatingTrainer, load_training_state, predict_proba, save_training_state
-from preprocessing import synthetic
-from preprocessing.tensors import load_tensors
+from conftest import synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
 GARLIC = [sys.executable, "-m", "garlic.cli"]
@@ -43,14 +40,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    folder = root / "processed" / "synthetic"
-    synthetic.generate(folder, n_stays=240, seed=3)
-    tensors = load_tensors(folder)
-    split = load_splits(folder, tensors)[0]
-    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
-             for p in ("train", "validation")}  # fmt: skip
-    return root, tensors, parts
+    cohort = synthetic_cohort(tmp_path_factory, n_stays=240, seed=3)
+    return cohort.root, cohort.tensors, cohort.parts
 
 
 def test_a_fit_continued_from_any_epoch_checkpoint_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path):

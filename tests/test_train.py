@@ -9,29 +9,22 @@ import garlic.train
 from garlic import runs
 from garlic.checkpoint import WEIGHTS, TrainedModel, load_model, save_model
 from garlic.config import Config
-from garlic.data import IrregularDataset, collate, loader
+from garlic.data import collate, loader
 from garlic.metrics import binary_metrics
 from garlic.splits import load_splits
 from garlic.tracking import load_run_model, use_store
 from garlic.model import graph_penalty
 from garlic.train import (PREDICTION, RECONSTRUCTION, AlternatingTrainer, class_weights, evaluate, predict_proba,
                           stage_losses)  # fmt: skip
-from preprocessing import synthetic
-from preprocessing.tensors import load_tensors
+from conftest import synthetic_cohort
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}
 
 
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    folder = root / "processed" / "synthetic"
-    synthetic.generate(folder, n_stays=600, seed=1)
-    tensors = load_tensors(folder)
-    split = load_splits(folder, tensors)[0]
-    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
-             for p in ("train", "validation", "test")}  # fmt: skip
-    return root, tensors, parts
+    cohort = synthetic_cohort(tmp_path_factory, n_stays=600, seed=1)
+    return cohort.root, cohort.tensors, cohort.parts
 
 
 def snapshot(parameters):

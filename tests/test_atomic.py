@@ -1,0 +1,58 @@
+"""The one way files are written atomically (preprocessing.atomic), and the writers that use it."""
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from garlic import checkpoint, train
+from preprocessing import atomic
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "result.json"
+    atomic.write_json_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        atomic.write_json_atomic(path, {"a": object()})  # fails half-way through json.dump
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert leftovers(tmp_path) == []
+    assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, monkeypatch):
+    state = {"weights": torch.ones(3)}
+    train.save_training_state(tmp_path / "state.pt", state)
+    assert os.stat(tmp_path / "state.pt").st_mode & 0o777 == 0o644  # readable like every other artifact
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / checkpoint.WEIGHTS).write_bytes(b"the previous weights")
+
+    def save_some_then_fail(obj, out):
+        out.write(b"half a file")
+        raise SystemExit("killed")  # SIGTERM arrives as SystemExit
+
+    monkeypatch.setattr(torch, "save", save_some_then_fail)
+    with pytest.raises(SystemExit):
+        train.save_training_state(tmp_path / "state.pt", {"weights": torch.zeros(3)})
+    with pytest.raises(SystemExit):
+        checkpoint.save_model(tmp_path / "model", SimpleNamespace(model=torch.nn.Linear(2, 1)))
+    monkeypatch.undo()
+    torch.testing.assert_close(train.load_training_state(tmp_path / "state.pt")["weights"], torch.ones(3))
+    assert (tmp_path / "model" / checkpoint.WEIGHTS).read_bytes() == b"the previous weights"
+    assert leftovers(tmp_path) == [] and leftovers(tmp_path / "model") == []
+
+
+def test_the_sweep_removes_dead_writers_temporaries_only(tmp_path):
+    path = tmp_path / "cache.npz"
+    dead = tmp_path / ".cache.npz.dead1234.npz"
+    dead.write_bytes(b"left by a killed writer")
+    with atomic.atomic_file(path, suffix=".npz", lock=True) as out:
+        (live,) = [p for p in tmp_path.iterdir() if p != dead]
+        out.write(b"written")
+        atomic.remove_stale_temporaries(path, suffix=".npz")
+        assert not dead.exists() and live.exists()  # the live writer's temporary is locked
+    assert path.read_bytes() == b"written" and not live.exists()
