@@ -201,7 +201,7 @@ CHECKS: dict[str, Callable] = {
     "wd_rec": _at_least(0),
     "lambda_cls": _at_least(0),
     "lambda_graph": _at_least(0),
-    "stage_patience": _at_least(1),
+    "stage_patience": _at_least(0),  # 0: a stage ends at its first epoch without progress
     "stage_tolerance": _fraction,
     "lr_patience": _at_least(0),
     "early_stopping": _at_least(1),

@@ -110,7 +110,7 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
 
     try:
         for payload, reason in [(original[: len(original) // 2], "truncated or not a PyTorch weights file"),
-                                (pickle.dumps({"weight": Planted()}), "holds objects other than tensors")]:  # fmt: skip
+                                (pickle.dumps({"weight": Planted()}, protocol=2), "holds objects other than tensors")]:  # fmt: skip
             weights.write_bytes(payload)
             with pytest.raises(SystemExit) as stopped:
                 main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "evaluate", "--run", run_id])

@@ -89,9 +89,10 @@ def test_a_store_whose_creation_was_killed_is_created_afresh(tmp_path):
     assert list(store.glob(".mlflow.db.*.creating"))
 
     use_store(store)
-    with mlflow.start_run():
+    experiment = use_experiment("after-a-killed-creation", store)  # not an earlier test's active experiment
+    with mlflow.start_run(experiment_id=experiment):
         mlflow.log_param("works", 1)
-    assert mlflow.search_runs(output_format="list")[0].data.params == {"works": "1"}
+    assert mlflow.search_runs([experiment], output_format="list")[0].data.params == {"works": "1"}
     assert not list(store.glob("*.creating"))  # the killed process's temporary is gone
 
 
