@@ -186,7 +186,7 @@ def table(units: list[Unit], protocols: list[str]) -> pd.DataFrame:
         if protocol_name in protocols:
             rows.append({"method": method, "protocol": protocol_name, "runs": None, "auroc_mean": auroc[0],
                          "auroc_std": auroc[1], "auprc_mean": auprc[0], "auprc_std": auprc[1]})  # fmt: skip
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"runs": "Int64"})  # published rows have none
 
 
 def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0) -> dict[str, float]:
@@ -250,7 +250,9 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], comm
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
              "training part for every protocol (the GARLIC reference code fits it on all stays). Rows marked "
-             "`published` are numbers reported elsewhere, not measured here.", "",
+             "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
+             "protocol names (5 on each) is partial; what it lacks is listed at the end, and its paired "
+             "differences cover only the runs it has.", "",
              study.markdown(formatted(summary)), ""]  # fmt: skip
     if len(paired):
         shown = paired.copy()
