@@ -28,6 +28,7 @@ from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations
                         signals_at)  # fmt: skip
 from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
+from garlic import run_contract
 from garlic.checkpoint import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT
@@ -41,10 +42,10 @@ FAILED = "Something went wrong on the server, so this part cannot be shown. The 
 log = logging.getLogger("garlic.dashboard")
 folders: dict[str, Path] = {}  # label -> configured folder, for messages without server paths (set by main)
 MODEL_PLOTS = {
-    "plots/roc_pr.png": "ROC and precision-recall curves on the test split",
-    "plots/calibration.png": "Calibration on the test split",
-    "plots/graph.png": "The learned variable graph (row: source, column: target)",
-    "explanations/strongest_edges.png": "Its strongest edges",
+    run_contract.plot("roc_pr.png"): "ROC and precision-recall curves on the test split",
+    run_contract.plot("calibration.png"): "Calibration on the test split",
+    run_contract.plot("graph.png"): "The learned variable graph (row: source, column: target)",
+    run_contract.explanation("strongest_edges.png"): "Its strongest edges",
 }
 
 

@@ -124,9 +124,9 @@ def predictions(store: Path, run_id: str, part: str) -> pd.DataFrame:
     open_store(store)
     _artifacts_inside(store, get_run(run_id))
     try:
-        text = mlflow.artifacts.load_text(f"runs:/{run_id}/predictions/{part}.csv")
+        text = mlflow.artifacts.load_text(f"runs:/{run_id}/{run_contract.predictions(part)}")
     except (MlflowException, OSError) as exc:
-        raise RunNotFoundError(f"run {run_id} has no predictions/{part}.csv") from exc
+        raise RunNotFoundError(f"run {run_id} has no {run_contract.predictions(part)}") from exc
     return pd.read_csv(io.StringIO(text))
 
 

@@ -121,7 +121,7 @@ def finished_unit(
 
 def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
     use_store(store)
-    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv")
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
     return pd.read_csv(local)
 
 

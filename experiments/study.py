@@ -25,7 +25,7 @@ import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from garlic import plots  # noqa: E402
+from garlic import plots, run_contract  # noqa: E402
 from garlic.calibration import logits_from_probabilities, scale, temperature_report  # noqa: E402
 from garlic.config import Config  # noqa: E402
 from garlic.data import IrregularDataset  # noqa: E402
@@ -158,12 +158,12 @@ def evaluation(
     scaled = scale(logits_from_probabilities(probabilities["test"]), calibration["temperature"])
     for name, risk in (("calibration.png", probabilities["test"]), ("calibration_scaled.png", scaled)):
         figure = plots.reliability_figure(labels["test"], risk)
-        mlflow.log_figure(figure, f"plots/{name}")
+        mlflow.log_figure(figure, run_contract.plot(name))
         plt.close(figure)
     table = pd.DataFrame({"label": labels["test"], "risk": probabilities["test"]})
     if test_stays is not None:
         table.insert(0, "stay_id", test_stays)
-    mlflow.log_text(table.to_csv(index=False), "predictions/test.csv")
+    mlflow.log_text(table.to_csv(index=False), run_contract.predictions("test"))
     return {**{f"test_{key}": value for key, value in test.items()}, "temperature": calibration["temperature"],
             "test_brier_scaled": calibration["brier_scaled"], "test_ece_scaled": calibration["ece_scaled"]}  # fmt: skip
 

@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
+from garlic import run_contract  # noqa: E402
 from garlic.checkpoint import TrainedModel  # noqa: E402
 from garlic.data import IrregularDataset, collate  # noqa: E402
 from garlic.explain import Explanation, explain  # noqa: E402
@@ -157,7 +158,7 @@ def log_explanations(trained: TrainedModel, dataset: IrregularDataset, planted: 
         edges.to_parquet(folder / "edge_importance.parquet", index=False)
         graph_table(graph, trained.variables).to_csv(folder / "summary_graph.csv", index=False)
         cohort.rename("importance").to_csv(folder / "cohort_signal_importance.csv")
-        mlflow.log_artifacts(str(folder), "explanations")
+        mlflow.log_artifacts(str(folder), run_contract.EXPLANATIONS)
     positions, batch, explanation = parts[0]
     figures = {
         "heatmap_first_test_stay.png": heatmap_figure(explanation, batch, 0, f"Stay {stay_ids[positions[0]]}"),
@@ -165,7 +166,7 @@ def log_explanations(trained: TrainedModel, dataset: IrregularDataset, planted: 
         "strongest_edges.png": strongest_edges_figure(graph, trained.variables),
     }
     for name, figure in figures.items():
-        mlflow.log_figure(figure, f"explanations/{name}")
+        mlflow.log_figure(figure, run_contract.explanation(name))
         plt.close(figure)
     if planted:
         summary["edge_recovery_auroc"] = edge_recovery_auroc(graph, trained.variables, planted)

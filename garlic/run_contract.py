@@ -11,6 +11,15 @@ Every split run (the run that holds a model) logs these parameters:
 
 A run that groups several splits (or seeds) also logs ``split_indices`` and ``seeds``, what ``--resume`` needs.
 
+Artifacts (paths inside a run; the names below own them):
+
+- ``config.json`` (``CONFIG``), ``data_manifest.json`` (``DATA_MANIFEST``): on the run that ``garlic train`` started;
+- ``model/`` (``MODEL``): the saved model (``garlic.checkpoint``), on every split run;
+- ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
+- ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
+- ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;
+- ``explanations/`` (``EXPLANATIONS``, ``explanation(name)``): importance tables and figures.
+
 Re-running ``garlic preprocess`` replaces a dataset's folder, splits included, and a redrawn or changed split
 would silently put training stays into a run's "test" part. So whatever re-reads a run's test stays
 (``garlic evaluate``, the dashboard) calls ``verify_split`` first, which refuses a split or a dataset that is not
@@ -32,6 +41,24 @@ SPLIT_DIGEST = "split_digest"
 DATA_DIGEST = "data_digest"
 SPLIT_INDICES = "split_indices"
 SEEDS = "seeds"
+
+CONFIG = "config.json"
+DATA_MANIFEST = "data_manifest.json"
+MODEL = "model"
+GRAPH = "graph/adjacency.csv"
+EXPLANATIONS = "explanations"
+
+
+def predictions(part: str) -> str:
+    return f"predictions/{part}.csv"
+
+
+def plot(name: str) -> str:
+    return f"plots/{name}"
+
+
+def explanation(name: str) -> str:
+    return f"{EXPLANATIONS}/{name}"
 
 
 class StaleRunDataError(ValueError):

@@ -71,7 +71,7 @@ def _datasets(tensors: IrregularTensors, split: Split) -> dict[str, IrregularDat
 
 def _log_predictions(name: str, dataset: IrregularDataset, probabilities: np.ndarray) -> None:
     table = pd.DataFrame({"stay_id": dataset.stay_ids, "label": dataset.labels.numpy(), "risk": probabilities})
-    mlflow.log_text(table.to_csv(index=False), f"predictions/{name}.csv")
+    mlflow.log_text(table.to_csv(index=False), run_contract.predictions(name))
 
 
 def checkpoint_path(store: Path, run_id: str) -> Path:
@@ -134,13 +134,13 @@ def train_split(
 
     adjacency = fitted.model.graph.adjacency.detach().cpu().numpy()
     graph = pd.DataFrame(adjacency, index=tensors.variables, columns=tensors.variables)
-    mlflow.log_text(graph.to_csv(), "graph/adjacency.csv")
+    mlflow.log_text(graph.to_csv(), run_contract.GRAPH)
     for name, figure in (
         ("roc_pr.png", plots.roc_pr_figure(labels, test)),
         ("calibration.png", plots.reliability_figure(labels, test)),
         ("graph.png", plots.graph_figure(adjacency, tensors.variables)),
     ):
-        mlflow.log_figure(figure, f"plots/{name}")
+        mlflow.log_figure(figure, run_contract.plot(name))
         plots.plt.close(figure)
     trained = TrainedModel(fitted.model, tensors.variables, tensors.static_features, split.normalisation)
     log_model(trained)
@@ -212,14 +212,14 @@ def _tracked_train(
     # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
     with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
         if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
-            mlflow.log_dict(config.to_dict(), "config.json")
+            mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
             mlflow.log_params(config.to_dict())
             indices = list(dict.fromkeys(split.index for split, _ in units))
             mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
                                run_contract.DATA_FOLDER: str(folder),
                                run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
                                run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
-            mlflow.log_dict(manifest, "data_manifest.json")
+            mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
         nested = len(units) > 1
         earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
         for split, unit_config in units:
@@ -310,7 +310,7 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
         mlflow.MlflowClient().set_terminated(run_id, status="FAILED")
         raise ValueError(f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
                          "it is now marked FAILED: start a new run")  # fmt: skip
-    config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/config.json")
+    config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{run_contract.CONFIG}")
     seeds = run.data.params.get(run_contract.SEEDS)
     return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")],
             "seeds": [int(s) for s in seeds.split(",")] if seeds else None}  # fmt: skip

@@ -14,12 +14,13 @@ from typing import Iterator
 import mlflow
 from mlflow.exceptions import MlflowException
 
+from garlic import run_contract
 from garlic.checkpoint import TrainedModel, load_model, save_model
 from preprocessing.locks import LockHeld, acquire, is_held, locked, release
 
 DEFAULT_STORE = Path(os.environ.get("GARLIC_MLRUNS", "mlruns"))
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # progress bars are noise for a local copy
-MODEL_ARTIFACT = "model"
+MODEL_ARTIFACT = run_contract.MODEL
 DATABASE = "mlflow.db"
 
 
