@@ -201,3 +201,21 @@ def p12_tensors(p12_processed):
     from preprocessing.tensors import load_tensors
 
     return load_tensors(p12_processed)
+
+
+def random_batch(seed: int = 0, lengths=(12, 7, 3, 1, 9), variables: int = 4, static_features: int = 3):
+    """A batch of len(lengths) random stays for the model tests: values, mask, times [B, T(, D)], lengths, static.
+
+    T is the longest length; padded steps have no observation and time 0.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    batch, steps = len(lengths), int(lengths.max())
+    real = torch.arange(steps)[None, :] < lengths[:, None]
+    mask = (torch.rand(batch, steps, variables, generator=generator) < 0.4).float() * real[:, :, None]
+    values = torch.randn(batch, steps, variables, generator=generator) * mask
+    times = torch.cumsum(torch.rand(batch, steps, generator=generator) * 2, dim=1) * real
+    static = torch.randn(batch, static_features, generator=generator)
+    return values, mask, times, lengths, static

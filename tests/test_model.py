@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from conftest import random_batch
 from garlic.config import Config
 from garlic.model import (
     DecayImputation,
@@ -21,17 +22,6 @@ from garlic.model import (
 )
 
 B, T, D, S = 5, 12, 4, 3
-
-
-def random_batch(seed: int = 0, lengths=(12, 7, 3, 1, 9)):
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor(lengths)
-    real = torch.arange(T)[None, :] < lengths[:, None]
-    mask = (torch.rand(B, T, D, generator=generator) < 0.4).float() * real[:, :, None]
-    values = torch.randn(B, T, D, generator=generator) * mask
-    times = torch.cumsum(torch.rand(B, T, generator=generator) * 2, dim=1) * real
-    static = torch.randn(B, S, generator=generator)
-    return values, mask, times, lengths, static
 
 
 def small_model(**overrides) -> Garlic:

@@ -31,20 +31,9 @@ from garlic.reference_model import (
 from garlic.train import (PREDICTION, RECONSTRUCTION, AlternatingTrainer, ReferenceTrainer, make_trainer,
                           predict_proba)  # fmt: skip
 from preprocessing import synthetic
-from conftest import synthetic_cohort
+from conftest import random_batch, synthetic_cohort
 
 B, T, D, S, W, FEATURES = 5, 12, 4, 3, 3, 4
-
-
-def random_batch(seed: int = 0, lengths=(12, 7, 3, 1, 9)):
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor(lengths)
-    real = torch.arange(T)[None, :] < lengths[:, None]
-    mask = (torch.rand(B, T, D, generator=generator) < 0.4).float() * real[:, :, None]
-    values = torch.randn(B, T, D, generator=generator) * mask
-    times = torch.cumsum(torch.rand(B, T, generator=generator) * 2, dim=1) * real
-    static = torch.randn(B, S, generator=generator)
-    return values, mask, times, lengths, static
 
 
 def reference_model(**overrides) -> ReferenceGarlic:
