@@ -25,7 +25,7 @@ from garlic.splits import split_path
 from garlic import run_contract
 from garlic.tracking import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
 from preprocessing.records import read_record_files
-from preprocessing.tables import DatasetNotFoundError, read_manifest
+from preprocessing.tables import read_manifest
 from preprocessing.tensors import load_tensors
 
 STORE_DATABASE = "mlflow.db"

@@ -198,8 +198,10 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     score = weighted_auroc if metric == "auroc" else weighted_average_precision
     by_split = {u.split: u for u in theirs}
     generator = np.random.default_rng(seed)
-    draws = {split: generator.multinomial(len(unit.predictions), np.full(len(unit.predictions), 1 / len(unit.predictions)),
-                                          size=BOOTSTRAP) for split, unit in sorted(by_split.items())}  # fmt: skip
+    draws = {}
+    for split, unit in by_split.items():
+        stays = len(unit.predictions)
+        draws[split] = generator.multinomial(stays, np.full(stays, 1 / stays), size=BOOTSTRAP)
     observed, resampled = [], np.zeros(BOOTSTRAP)
     for unit in ours:
         baseline = by_split[unit.split].predictions
