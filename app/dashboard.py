@@ -29,7 +29,7 @@ from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations
 from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
 from garlic import run_contract
-from garlic.checkpoint import TrainedModel
+from garlic.saved_model import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT
 from garlic.tracking import DEFAULT_STORE, RunNotFoundError

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from app.summary import value_direction
-from garlic.checkpoint import TrainedModel
+from garlic.saved_model import TrainedModel
 from garlic.data import Batch, IrregularDataset
 from garlic.explain import Explanation, explain
 from garlic.explanation_report import observation_table

@@ -17,7 +17,7 @@ import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 
-from garlic.checkpoint import TrainedModel
+from garlic.saved_model import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import processed_folder
 from garlic.inference import tensors_for_model

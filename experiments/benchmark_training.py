@@ -24,7 +24,9 @@ from garlic.data import IrregularDataset, loader
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.splits import load_splits
 from garlic.tracking import DEFAULT_STORE
-from garlic.train import RECONSTRUCTION, make_trainer, predict_proba
+from garlic.losses import RECONSTRUCTION
+from garlic.predict import predict_proba
+from garlic.train import make_trainer
 from preprocessing.tensors import load_tensors
 
 INFERENCE_PASSES = 5

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import study
-from experiments.baselines.run import Baselines
+from experiments.baselines.run import RECURRENT, Baselines
 from experiments.stats import weighted_auroc, weighted_average_precision
 from garlic import run_contract, runs
 from garlic.config import CONFIG_DIR, Config
@@ -48,7 +48,6 @@ log = logging.getLogger("experiments")
 
 SIMPLE = ("logreg", "logreg_static", "gbm", "gbm_static")
 BASELINES = ("saps", "sofa", *SIMPLE)
-RECURRENT = ("grud", "decay_gru")
 COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean",
            "ece_mean"]  # fmt: skip
 # Published P12 numbers (mean, std; fractions), each with where it was reported.
@@ -162,10 +161,7 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
     records = runner.run(runner.available(methods))
     units = []
     for record in records.to_dict("records"):
-        split = cohort.splits[[s.index for s in cohort.splits].index(record["split"])]
         predictions = test_predictions(store, record["run_id"])
-        if "stay_id" not in predictions:  # written in the split's (sorted) test order
-            predictions.insert(0, "stay_id", split.test)
         metrics = {k.removeprefix("test_"): record[k] for k in ("test_auroc", "test_auprc", "test_brier", "test_ece")}
         units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], metrics,
                           predictions))  # fmt: skip

@@ -2,7 +2,7 @@
 
 Per split k, all on the saved split k:
 
-1. ``full``: GARLIC trained on all the data (train part), its checkpoint chosen on validation, tested once. Its model
+1. ``full``: GARLIC trained on all the data (train part), its best epoch chosen on validation, tested once. Its model
    is logged, so that a resumed study ranks with the very same model.
 2. Importance: that full-data model of split k explains every stay of the cohort (the split's train, validation
    and test stays alike, since the reduced data set is a data set for all three parts). Methods: ``garlic`` (the
@@ -32,14 +32,15 @@ from experiments import study
 from experiments.removal import keep_mask, reduce
 from experiments.stats import page_trend, paired_comparisons
 from garlic.attribution import DEFAULT_STEPS, ig_importance
-from garlic.checkpoint import TrainedModel
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
+from garlic.device import resolve_device
+from garlic.estimator import GarlicEstimator
 from garlic.explain import explain
 from garlic.model import Garlic
+from garlic.pipeline import fit_and_test, split_parts
 from garlic.splits import Normalisation, Split
-from garlic.tracking import load_run_model, log_model
-from garlic.train import resolve_device
+from garlic.tracking import load_run_model
 
 log = logging.getLogger("experiments.fidelity")
 
@@ -96,9 +97,9 @@ class FidelityStudy:
 
         def full() -> dict[str, float]:
             mlflow.log_params(config.to_dict() | {"split_name": split.name})
-            planted = self.cohort.planted
-            metrics, trained["model"] = study.train_and_test(config, tensors, split, split.normalisation, planted)
-            log_model(TrainedModel(trained["model"], tensors.variables, tensors.static_features, split.normalisation))
+            estimator = GarlicEstimator(config, self.cohort.planted, explain=False)  # its model is logged
+            metrics = fit_and_test(estimator, split_parts(tensors, split))
+            trained["model"] = estimator.model
             return metrics
 
         tags = self.tags(split, "full", "garlic", 1.0)
@@ -128,7 +129,8 @@ class FidelityStudy:
                     kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
                     mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
                                                           "kept_share_of_observed": kept_share})  # fmt: skip
-                    return study.train_and_test(config, smaller, split, normalisation)[0]
+                    estimator = GarlicEstimator(config, explain=False, keep_model=False)
+                    return fit_and_test(estimator, split_parts(smaller, split, normalisation))
 
                 tags = self.tags(split, condition, method, fraction)
                 name = f"{condition}-{method}-{fraction:g}/split_{split.index}"

@@ -1,5 +1,6 @@
-"""What the studies (fidelity, ablations, baselines) share: resumable MLflow runs, GARLIC fitted on one split,
-evaluation with calibration, and mean +/- std tables.
+"""What the studies (fidelity, ablations, baselines, the comparison table) share around ``garlic.pipeline`` (the
+one path that fits, selects, tests and logs a method on a split): the common arguments, the cohort and its splits,
+resumable MLflow runs, and mean +/- std tables.
 
 Resuming: every unit of work (one condition on one split) is an MLflow run tagged with what identifies it (study,
 condition, split, ... and a digest of its settings). Before a unit runs, the experiment is searched for a FINISHED
@@ -22,30 +23,18 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from garlic import plots, run_contract  # noqa: E402
-from garlic.calibration import logits_from_probabilities, scale, temperature_report  # noqa: E402
 from garlic.config import Config  # noqa: E402
-from garlic.data import IrregularDataset  # noqa: E402
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
-from garlic.explain import normalised_graph  # noqa: E402
-from garlic.explanation_report import edge_recovery_auroc  # noqa: E402
-from garlic.metrics import binary_metrics  # noqa: E402
-from garlic.splits import Normalisation, Split, load_splits  # noqa: E402
+from garlic.pipeline import TEST_METRICS  # noqa: E402
+from garlic.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
-from garlic.model import Garlic  # noqa: E402
-from garlic.train import FitResult, make_trainer, predict_proba  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
 from preprocessing.tables import read_manifest  # noqa: E402
 from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
 
 log = logging.getLogger("experiments")
-
-PARTS = ("train", "validation", "test")
-# Test metrics of every evaluated model; ``temperature`` is fitted on validation (see garlic.calibration).
-REPORTED = ("test_auroc", "test_auprc", "test_brier", "test_ece", "test_brier_scaled", "test_ece_scaled", "temperature")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,10 +71,7 @@ def load_cohort(dataset: str, data_root: Path, protocol: str, indices: list[int]
     tensors = load_tensors(folder)
     splits = load_splits(folder, tensors, protocol)
     indices = list(range(len(splits))) if indices is None else indices
-    unknown = [k for k in indices if not 0 <= k < len(splits)]
-    if unknown:
-        raise ValueError(f"protocol {protocol!r} has splits 0..{len(splits) - 1}; got {unknown}")
-    return Cohort(tensors, [splits[k] for k in indices], read_manifest(folder).get("ground_truth_graph"))
+    return Cohort(tensors, chosen_splits(splits, indices, protocol), read_manifest(folder).get("ground_truth_graph"))
 
 
 def open_experiment(name: str, store: Path) -> str:
@@ -112,7 +98,8 @@ def resumable(
 ) -> tuple[dict[str, float], str, bool]:
     """Run ``work`` inside a new MLflow run of the experiment, tagged ``tags``, unless a finished one exists.
 
-    Returns (metrics, run id, reused). ``work`` logs what it likes and returns the metrics to report.
+    Returns (metrics, run id, reused). ``work`` logs what it likes, its metrics included (as
+    ``garlic.pipeline.fit_and_test`` does), and returns the metrics to report.
     """
     tags = {key: str(value) for key, value in tags.items()}
     found = finished_run(experiment_id, tags)
@@ -121,73 +108,10 @@ def resumable(
         return dict(found.data.metrics), found.info.run_id, True
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         metrics = work()
-        mlflow.log_metrics(metrics)
     return metrics, run.info.run_id, False
 
 
-def split_datasets(
-    tensors: IrregularTensors, split: Split, normalisation: Normalisation
-) -> dict[str, IrregularDataset]:
-    """The split's three parts of ``tensors``, normalised with ``normalisation`` (fitted on the training part)."""
-    return {part: IrregularDataset(tensors.subset(split.positions(tensors, part)), normalisation) for part in PARTS}
-
-
-def fit_garlic(config: Config, parts: dict[str, IrregularDataset]) -> FitResult:
-    """A fresh GARLIC fitted on the training part, its checkpoint chosen on the validation part."""
-    tensors = parts["train"].tensors
-    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
-    return trainer.fit(parts["train"], parts["validation"])
-
-
-def garlic_probabilities(fitted: FitResult, parts: dict[str, IrregularDataset]) -> dict[str, np.ndarray]:
-    """Validation and test risks of a fitted model (the one look at the test part)."""
-    return {part: predict_proba(fitted.model, parts[part]) for part in ("validation", "test")}
-
-
-def evaluation(
-    labels: dict[str, np.ndarray], probabilities: dict[str, np.ndarray], test_stays: np.ndarray | None = None
-) -> dict[str, float]:
-    """Test discrimination and calibration (``test_*``), before and after temperature scaling fitted on validation.
-
-    Logs the reliability diagram before and after scaling, and the test predictions (with ``test_stays``, the stay
-    ids in the same order, as ``garlic.runs`` logs them), to the active run.
-    """
-    test = binary_metrics(labels["test"], probabilities["test"])
-    calibration = temperature_report(probabilities["validation"], labels["validation"],
-                                     probabilities["test"], labels["test"])  # fmt: skip
-    scaled = scale(logits_from_probabilities(probabilities["test"]), calibration["temperature"])
-    for name, risk in (("calibration.png", probabilities["test"]), ("calibration_scaled.png", scaled)):
-        figure = plots.reliability_figure(labels["test"], risk)
-        mlflow.log_figure(figure, run_contract.plot(name))
-        plt.close(figure)
-    table = pd.DataFrame({"label": labels["test"], "risk": probabilities["test"]})
-    if test_stays is not None:
-        table.insert(0, "stay_id", test_stays)
-    mlflow.log_text(table.to_csv(index=False), run_contract.predictions("test"))
-    return {**{f"test_{key}": value for key, value in test.items()}, "temperature": calibration["temperature"],
-            "test_brier_scaled": calibration["brier_scaled"], "test_ece_scaled": calibration["ece_scaled"]}  # fmt: skip
-
-
-def train_and_test(config: Config, tensors: IrregularTensors, split: Split, normalisation: Normalisation,
-                   planted: list[dict] | None = None) -> tuple[dict[str, float], Garlic]:  # fmt: skip
-    """Fit a fresh GARLIC on the split's training part of ``tensors``; evaluate on its test part (active run)."""
-    parts = split_datasets(tensors, split, normalisation)
-    fitted = fit_garlic(config, parts)
-    labels = {part: parts[part].labels.numpy() for part in ("validation", "test")}
-    metrics = evaluation(labels, garlic_probabilities(fitted, parts))
-    metrics |= edge_recovery(fitted, tensors.variables, planted) | {"best_epoch": fitted.best_epoch}
-    return metrics, fitted.model
-
-
-def edge_recovery(fitted: FitResult, variables: list[str], planted: list[dict] | None) -> dict[str, float]:
-    """The learned graph scored against a planted one (only where the data set has one and the graph is learned)."""
-    if not planted or not fitted.model.config.use_graph:
-        return {}
-    graph = normalised_graph(fitted.model).cpu().numpy()
-    return {"edge_recovery_auroc": edge_recovery_auroc(graph, variables, planted)}
-
-
-def results_table(records: pd.DataFrame, by: list[str], metrics=REPORTED) -> pd.DataFrame:
+def results_table(records: pd.DataFrame, by: list[str], metrics=TEST_METRICS) -> pd.DataFrame:
     """Mean +/- std over splits of each metric, one row per ``by`` group (in first-seen order), with split counts."""
     rows = []
     for key, group in records.groupby(by, sort=False):

@@ -348,7 +348,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--config", type=Path, help="a JSON config (default: experiments/configs/DATASET.json)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    train.add_argument("--resume", metavar="RUN_ID", help="continue this killed run from its last epoch checkpoint")
+    train.add_argument("--resume", metavar="RUN_ID",
+                       help="continue this killed run from its last epoch's training state")
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="re-evaluate a finished run on its test split")

@@ -41,7 +41,7 @@ class IrregularDataset(Dataset):
     """The stays of one split, normalised up front with statistics from the training split."""
 
     def __init__(self, tensors: IrregularTensors, normalisation: Normalisation):
-        self.tensors = tensors
+        self.tensors, self.normalisation = tensors, normalisation
         self.stay_ids = tensors.stay_ids
         self.values = torch.from_numpy(np.where(tensors.mask, normalisation.standardise(tensors.values), 0.0))
         self.mask = torch.from_numpy(tensors.mask.astype("float32"))

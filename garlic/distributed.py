@@ -6,7 +6,7 @@ trains exactly as before. All ranks draw the same length-bucketed batches and ea
 batch (``ShardedBatchSampler``): the training stays are disjoint across ranks and, together, the ranks take the
 same optimisation steps as one process would, with DistributedDataParallel averaging the gradients. Validation and
 test are small; every rank evaluates them whole, so that all ranks take the same model-selection decisions without
-talking to each other. Only rank 0 logs to MLflow and writes checkpoints.
+talking to each other. Only rank 0 logs to MLflow and writes the training state.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from garlic import run_contract  # noqa: E402
-from garlic.checkpoint import TrainedModel  # noqa: E402
+from garlic.saved_model import TrainedModel  # noqa: E402
 from garlic.data import IrregularDataset, collate  # noqa: E402
 from garlic.explain import Explanation, explain  # noqa: E402
 

@@ -393,6 +393,10 @@ class Garlic(nn.Module):
         weighted, signal_weights = self.signal_attention(fused)
         return PerStep(features, messages, lag_weights, signal_weights, self.sequence_input(weighted))
 
+    def reconstruction_loss(self, output: GarlicOutput, values: Tensor, mask: Tensor) -> Tensor:
+        """This architecture's reconstruction error (the function ``reconstruction_loss`` below)."""
+        return reconstruction_loss(output, values, mask)
+
     def reconstruct(self, messages: Tensor) -> Tensor:
         """The auxiliary head: each variable's value from what it received. messages [B, T, D, F] -> [B, T, D]"""
         return (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias

@@ -14,11 +14,14 @@ A run that groups several splits (or seeds) also logs ``split_indices`` and ``se
 Artifacts (paths inside a run; the names below own them):
 
 - ``config.json`` (``CONFIG``), ``data_manifest.json`` (``DATA_MANIFEST``): on the run that ``garlic train`` started;
-- ``model/`` (``MODEL``): the saved model (``garlic.checkpoint``), on every split run;
+- ``model/`` (``MODEL``): the saved model (``garlic.saved_model``), on every split run;
 - ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
 - ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
 - ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;
 - ``explanations/`` (``EXPLANATIONS``, ``explanation(name)``): importance tables and figures.
+
+Outside the MLflow artifacts, a split run that is training keeps its training state (for ``--resume``) at
+``training_state_path(store, run_id)``: ``STORE/training-states/<run id>/training.pt``.
 
 Re-running ``garlic preprocess`` replaces a dataset's folder, splits included, and a redrawn or changed split
 would silently put training stays into a run's "test" part. So whatever re-reads a run's test stays
@@ -47,6 +50,12 @@ DATA_MANIFEST = "data_manifest.json"
 MODEL = "model"
 GRAPH = "graph/adjacency.csv"
 EXPLANATIONS = "explanations"
+TRAINING_STATE = "training.pt"
+
+
+def training_state_path(store: Path, run_id: str) -> Path:
+    """Where a split run's training state lives while it trains (``garlic.training_state``), outside MLflow."""
+    return Path(store) / "training-states" / run_id / TRAINING_STATE
 
 
 def predictions(part: str) -> str:

@@ -4,9 +4,10 @@ One MLflow run per training; with several splits or model seeds (a whole protoco
 a parent run holds one nested run per split and seed, and the mean +/- std of their test metrics. What a run
 records about its data is ``garlic.run_contract``'s.
 
-After every epoch the state of the fit is saved to ``STORE/checkpoints/SPLIT_RUN_ID/training.pt`` (atomically;
-deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends
-as the uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes checkpoints.
+Each split run is ``garlic.pipeline.fit_and_test`` of a ``garlic.estimator.GarlicEstimator``. After every epoch the
+state of the fit (``garlic.training_state``) is saved to ``run_contract.training_state_path`` (atomically; deleted
+once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends as the
+uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
 """
 from __future__ import annotations
 
@@ -18,40 +19,22 @@ from typing import Callable
 
 import mlflow
 import numpy as np
-import pandas as pd
 
-from garlic import distributed, plots, run_contract
-from garlic.checkpoint import TrainedModel
+from garlic import distributed, run_contract
 from garlic.config import Config
-from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
-from garlic.explanation_report import log_explanations
+from garlic.estimator import GarlicEstimator
 from garlic.metrics import binary_metrics
-from garlic.reference_model import EXPLANATION_UNSUPPORTED
-from garlic.splits import Split, load_splits
-from garlic.tracking import (
-    DEFAULT_STORE,
-    claim_run,
-    get_run,
-    load_run_model,
-    log_model,
-    use_experiment,
-    use_store,
-    was_claimed,
-)
-from garlic.train import (
-    EpochRecord,
-    FitResult,
-    load_training_state,
-    make_trainer,
-    predict_proba,
-    save_training_state,
-)
+from garlic.pipeline import fit_and_test, split_parts
+from garlic.predict import predict_proba
+from garlic.splits import Split, chosen_splits, load_splits
+from garlic.tracking import DEFAULT_STORE, claim_run, get_run, load_run_model, use_experiment, use_store, was_claimed
+from garlic.train import EpochRecord
+from garlic.training_state import load_training_state, save_training_state
 from preprocessing.tables import read_manifest
 from preprocessing.tensors import IrregularTensors, load_tensors
 
 TEST_METRICS = ("auroc", "auprc", "brier", "ece")
-CHECKPOINT = "training.pt"
 
 
 @dataclass
@@ -62,95 +45,37 @@ class SplitResult:
     test: dict[str, float]
 
 
-def _datasets(tensors: IrregularTensors, split: Split) -> dict[str, IrregularDataset]:
-    return {
-        part: IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
-        for part in ("train", "validation", "test")
-    }
-
-
-def _log_predictions(name: str, dataset: IrregularDataset, probabilities: np.ndarray) -> None:
-    table = pd.DataFrame({"stay_id": dataset.stay_ids, "label": dataset.labels.numpy(), "risk": probabilities})
-    mlflow.log_text(table.to_csv(index=False), run_contract.predictions(name))
-
-
-def checkpoint_path(store: Path, run_id: str) -> Path:
-    return Path(store) / "checkpoints" / run_id / CHECKPOINT
-
-
-def fit_split(
-    config: Config,
-    tensors: IrregularTensors,
-    parts: dict[str, IrregularDataset],
-    resume: dict | None,
-    checkpoint: Path | None = None,
-    on_epoch: Callable[[EpochRecord], None] | None = None,
-) -> FitResult:
-    """Fit on one split (every rank does), from the saved state ``resume`` or afresh, saving to ``checkpoint``."""
-    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
-
-    def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
-        if checkpoint is not None:
-            save_training_state(checkpoint, state)
-
-    return trainer.fit(parts["train"], parts["validation"], on_epoch=on_epoch, on_checkpoint=save, resume=resume)
-
-
 def train_split(
     config: Config,
     tensors: IrregularTensors,
     split: Split,
     on_epoch: Callable[[EpochRecord], None] | None = None,
     planted_graph: list[dict] | None = None,
-    checkpoint: Path | None = None,
+    state_path: Path | None = None,
     data_record: dict[str, str] | None = None,
 ) -> SplitResult:
-    """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth).
+    """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth), through
+    ``garlic.pipeline.fit_and_test``.
 
-    With ``checkpoint``, the fit's state is saved there after every epoch, and a state found there is continued.
+    With ``state_path``, the fit's state is saved there after every epoch, and a state found there is continued.
     ``data_record`` (``run_contract.split_params``) ties the run to the stays it used.
     """
-    parts = _datasets(tensors, split)
-    resume = load_training_state(checkpoint) if checkpoint is not None and checkpoint.is_file() else None
+    resume = load_training_state(state_path) if state_path is not None and state_path.is_file() else None
     distributed.broadcast_state({"resume": resume})
     if resume is None:
-        mlflow.log_params({**(data_record or {run_contract.SPLIT: split.name}), "n_train": len(parts["train"]),
-                           "n_validation": len(parts["validation"]), "n_test": len(parts["test"])})  # fmt: skip
+        mlflow.log_params(data_record or {run_contract.SPLIT: split.name})
 
-    def log_epoch(record: EpochRecord) -> None:
-        mlflow.log_metrics({**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")},
-                           step=record.epoch)  # fmt: skip
-        if on_epoch is not None:
-            on_epoch(record)
+    def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
+        if state_path is not None:
+            save_training_state(state_path, state)
 
-    fitted = fit_split(config, tensors, parts, resume, checkpoint, log_epoch)
-    validation = predict_proba(fitted.model, parts["validation"])
-    test = predict_proba(fitted.model, parts["test"])  # the one look at the test split
-    labels = parts["test"].labels.numpy()
-    scores = binary_metrics(labels, test)
-    mlflow.log_metrics({f"test_{k}": v for k, v in scores.items()} | {"best_epoch": fitted.best_epoch})
-    _log_predictions("validation", parts["validation"], validation)
-    _log_predictions("test", parts["test"], test)
-
-    adjacency = fitted.model.graph.adjacency.detach().cpu().numpy()
-    graph = pd.DataFrame(adjacency, index=tensors.variables, columns=tensors.variables)
-    mlflow.log_text(graph.to_csv(), run_contract.GRAPH)
-    for name, figure in (
-        ("roc_pr.png", plots.roc_pr_figure(labels, test)),
-        ("calibration.png", plots.reliability_figure(labels, test)),
-        ("graph.png", plots.graph_figure(adjacency, tensors.variables)),
-    ):
-        mlflow.log_figure(figure, run_contract.plot(name))
-        plots.plt.close(figure)
-    trained = TrainedModel(fitted.model, tensors.variables, tensors.static_features, split.normalisation)
-    log_model(trained)
-    if config.architecture == "compact":
-        log_explanations(trained, parts["test"], planted=planted_graph)
-    else:  # the run and its model are kept; what the explanation cannot say is said instead
-        mlflow.set_tag("explanations", EXPLANATION_UNSUPPORTED)
-    if checkpoint is not None:
-        shutil.rmtree(checkpoint.parent, ignore_errors=True)
-    return SplitResult(mlflow.active_run().info.run_id, mlflow.active_run().info.run_name, fitted.best_epoch, scores)
+    estimator = GarlicEstimator(config, planted_graph, on_epoch=on_epoch, on_state=save, resume=resume)
+    metrics = fit_and_test(estimator, split_parts(tensors, split))
+    if state_path is not None:
+        shutil.rmtree(state_path.parent, ignore_errors=True)
+    run = mlflow.active_run().info
+    return SplitResult(run.run_id, run.run_name, estimator.fitted.best_epoch,
+                       {metric: metrics[f"test_{metric}"] for metric in TEST_METRICS})  # fmt: skip
 
 
 def train(
@@ -172,14 +97,11 @@ def train(
         folder = ensure_processed(config.dataset, data_root)
         tensors = load_tensors(folder)
         splits = load_splits(folder, tensors, config.split_protocol)
-    indices = [0] if split_indices is None else split_indices
-    unknown = [k for k in indices if not 0 <= k < len(splits)]
-    if unknown:
-        raise ValueError(f"protocol {config.split_protocol!r} has splits 0..{len(splits) - 1}; got {unknown}")
+    chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
     seeds = seeds or [config.seed]
     if len(seeds) == 1:
         config = config.override({"seed": seeds[0]})
-    units = [(splits[k], config.override({"seed": seed})) for k in indices for seed in seeds]
+    units = [(split, config.override({"seed": seed})) for split in chosen for seed in seeds]
     if not distributed.is_main():
         for split, unit_config in units:
             _help_fit(unit_config, tensors, split)
@@ -191,7 +113,9 @@ def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
     """A rank other than 0: fit beside rank 0, from the state it sends, unless it says the split is done."""
     plan = distributed.broadcast_state(None)
     if not plan.get("finished"):
-        fit_split(config, tensors, _datasets(tensors, split), plan["resume"])
+        parts = split_parts(tensors, split)
+        GarlicEstimator(config, resume=plan["resume"], on_state=lambda state: None).fit(parts["train"],
+                                                                                        parts["validation"])
 
 
 def _tracked_train(
@@ -235,17 +159,17 @@ def _tracked_train(
             if resume_run is not None and resumed is not None:
                 run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
             if not nested:
-                checkpoint = checkpoint_path(store, parent.info.run_id)
+                state_path = run_contract.training_state_path(store, parent.info.run_id)
                 results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
-                                           checkpoint, record))  # fmt: skip
+                                           state_path, record))  # fmt: skip
                 continue
             begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name}
             with mlflow.start_run(**begin, nested=True) as child:
                 if previous is None:
                     mlflow.log_params(unit_config.to_dict())
-                checkpoint = checkpoint_path(store, child.info.run_id)
+                state_path = run_contract.training_state_path(store, child.info.run_id)
                 results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
-                                           checkpoint, record))  # fmt: skip
+                                           state_path, record))  # fmt: skip
         if nested:
             for metric in TEST_METRICS:
                 values = np.array([r.test[metric] for r in results])
@@ -275,8 +199,8 @@ def resume(
 ) -> tuple[str | None, list[SplitResult]]:
     """Continue the unfinished run ``run_id``, with its own config and splits; returns what ``train`` returns.
 
-    Finished split runs are kept; an unfinished one goes on from its last epoch checkpoint (from its start when it
-    was stopped in its first epoch), in the same MLflow run. Epochs done after the last checkpoint are done again,
+    Finished split runs are kept; an unfinished one goes on from its last epoch's training state (from its start when it
+    was stopped in its first epoch), in the same MLflow run. Epochs done after the last saved state are done again,
     with the same result, and their metrics logged once more at the same steps. ``device`` may differ from the
     run's (resuming on another machine). Under ``torchrun`` only rank 0 reads the store and sends the others the
     config. A run that a live process is training is refused (``RunInUseError``); a dead one's claim is taken over.

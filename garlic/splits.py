@@ -254,6 +254,14 @@ def load_splits(folder: Path, tensors: IrregularTensors, protocol_name: str = "f
     return splits
 
 
+def chosen_splits(splits: list[Split], indices: list[int], protocol_name: str) -> list[Split]:
+    """``splits[k]`` for every k of ``indices``, refusing indices the protocol does not have."""
+    unknown = [k for k in indices if not 0 <= k < len(splits)]
+    if unknown:
+        raise ValueError(f"protocol {protocol_name!r} has splits 0..{len(splits) - 1}; got {unknown}")
+    return [splits[k] for k in indices]
+
+
 def ids_digest(parts: dict[str, np.ndarray]) -> str:
     """SHA-256 of the stay ids of the three parts (sorted within each part), as hex."""
     text = json.dumps({part: np.sort(np.asarray(parts[part], dtype="int64")).tolist() for part in PARTS})

@@ -15,7 +15,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from garlic import run_contract
-from garlic.checkpoint import TrainedModel, load_model, save_model
+from garlic.saved_model import TrainedModel, load_model, save_model
 from preprocessing.locks import LockHeld, acquire, is_held, locked, release
 
 DEFAULT_STORE = Path(os.environ.get("GARLIC_MLRUNS", "mlruns"))

@@ -6,11 +6,11 @@ Two stages take turns:
 Each parameter group has its own optimiser (learning rate, weight decay) and plateau schedule, which halves the
 group's learning rate after ``lr_patience`` epochs without progress on its objective, counting only the epochs that
 train the group. The stage switches when its validation objective has not dropped by ``stage_tolerance`` (relative)
-for ``stage_patience`` epochs, restarting from the best checkpoint (the tolerance matters: on P12 the reconstruction
-error kept creeping down by 0.1-0.5% an epoch for 40 epochs, and any drop at all held training in the first stage).
-Training stops when validation AUROC has not risen by ``early_stopping_tolerance`` for ``early_stopping`` epochs; the
-checkpoint is still the best AUROC of all epochs. With ``alternating=False`` the reconstruction-stage objective trains
-everything jointly (the ablation).
+for ``stage_patience`` epochs, restarting from the best epoch's weights (the tolerance matters: on P12 the
+reconstruction error kept creeping down by 0.1-0.5% an epoch for 40 epochs, and any drop at all held training in the
+first stage). Training stops when validation AUROC has not risen by ``early_stopping_tolerance`` for
+``early_stopping`` epochs; the kept weights are still those of the best AUROC of all epochs. With
+``alternating=False`` the reconstruction-stage objective trains everything jointly (the ablation).
 
 With ``balance_classes`` the training BCE weights each stay by n / (2 n_class) of its outcome, and the model adds the
 training log-odds to its logits, so that its risks keep the real prevalence; validation uses the plain BCE.
@@ -23,36 +23,25 @@ from __future__ import annotations
 
 import copy
 import math
-import pickle  # for its exception type only: torch.load(weights_only=True) refuses content with UnpicklingError
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader
 
 from garlic import distributed
 from garlic.config import Config, ConfigError
-from garlic.data import IrregularDataset, collate, loader
+from garlic.data import IrregularDataset, loader
+from garlic.device import resolve_device
+from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, forward, stage_losses
 from garlic.metrics import binary_metrics
-from garlic.model import Garlic, GarlicOutput, graph_penalty, reconstruction_loss
+from garlic.model import Garlic, graph_penalty
+from garlic.predict import INFERENCE_BATCH, in_length_order
 from garlic.reference_model import ReferenceGarlic, build_model
-from preprocessing.atomic import atomic_file
 
-RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 GRADIENT_CLIP = 5.0
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device; use --device cpu or auto")
-    return torch.device(name)
 
 
 @dataclass
@@ -96,63 +85,6 @@ class FitResult:
     best_epoch: int
 
 
-def forward(model: Garlic, batch) -> GarlicOutput:
-    return model(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
-
-
-def reconstruction_error(model: nn.Module, output, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The reconstruction loss of ``model``'s architecture."""
-    if isinstance(model, ReferenceGarlic):
-        return model.reconstruction_loss(output, values, mask)
-    return reconstruction_loss(output, values, mask)
-
-
-def class_weights(labels: torch.Tensor) -> tuple[float, float]:
-    """(negative, positive) weights n / (2 n_class): each outcome carries half the loss, the mean weight stays 1."""
-    positives = float(labels.sum())
-    if not 0 < positives < len(labels):
-        raise ValueError("balance_classes needs both outcomes in the training split")
-    return len(labels) / (2 * (len(labels) - positives)), len(labels) / (2 * positives)
-
-
-def stage_losses(
-    model: Garlic,
-    batch,
-    config: Config,
-    network: nn.Module | None = None,
-    weights: tuple[float, float] | None = None,
-) -> dict[str, torch.Tensor]:
-    """The loss parts (``bce``, ``mse``: the reconstruction error) and each stage's objective, keyed by stage name;
-    ``network`` runs the forward pass when it wraps ``model`` (DDP). With class ``weights`` the BCE is weighted, on
-    the logits before ``model.logit_offset``: the classifier learns the odds of a balanced cohort."""
-    output = forward(network or model, batch)
-    per_stay = None if weights is None else torch.where(batch.labels > 0.5, weights[1], weights[0])
-    bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, batch.labels, per_stay)
-    mse = reconstruction_error(model, output, batch.values, batch.mask)
-    return {
-        "logits": output.logits.detach(),
-        "bce": bce,
-        "mse": mse,
-        RECONSTRUCTION: mse + config.lambda_cls * bce + config.lambda_graph * graph_penalty(model),
-        PREDICTION: bce,
-    }
-
-
-# The GRU runs over whole batches of 128 (the layers before it take a few stays at a time, ``Garlic.predict_logits``);
-# batches of 256 or 512 were no faster on P12 here.
-INFERENCE_BATCH = 128
-
-
-def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int):
-    """(positions in ``dataset``, batch on the model's device) for batches of stays sorted by length: little
-    padding, and the predictions do not depend on the batch."""
-    device = next(model.parameters()).device
-    order = torch.argsort(dataset.lengths, stable=True)
-    batches = DataLoader(dataset, batch_size=batch_size, sampler=order.tolist(), collate_fn=collate)
-    for start, batch in zip(range(0, len(dataset), batch_size), batches):
-        yield order[start : start + len(batch)], batch.to(device)
-
-
 @torch.no_grad()
 def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_size: int = INFERENCE_BATCH) -> dict:
     """Risk per stay (in dataset order) and the mean loss parts and stage objectives over ``dataset``."""
@@ -163,7 +95,7 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
         output = forward(model, batch)
         probabilities[positions] = torch.sigmoid(output.logits).cpu()
         totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.labels, reduction="sum"))
-        totals["mse"] += float(reconstruction_error(model, output, batch.values, batch.mask)) * len(batch)
+        totals["mse"] += float(model.reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
     losses = {k: v / max(len(dataset), 1) for k, v in totals.items()}
     penalty = float(graph_penalty(model))
     losses[RECONSTRUCTION] = losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty
@@ -171,19 +103,8 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
     return {"probabilities": probabilities.numpy(), "losses": losses}
 
 
-@torch.no_grad()
-def predict_proba(model: Garlic, dataset: IrregularDataset, batch_size: int = INFERENCE_BATCH) -> np.ndarray:
-    """Risk per stay, in dataset order."""
-    model.eval()
-    probabilities = torch.empty(len(dataset))
-    for positions, batch in in_length_order(model, dataset, batch_size):
-        logits = model.predict_logits(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
-        probabilities[positions] = torch.sigmoid(logits).cpu()
-    return probabilities.numpy()
-
-
 class AlternatingTrainer:
-    """Fits a fresh GARLIC to a training split, selecting the checkpoint on the validation split."""
+    """Fits a fresh GARLIC to a training split, selecting the best epoch on the validation split."""
 
     def __init__(self, config: Config, num_variables: int, num_static: int):
         if config.schedule != "compact":
@@ -277,10 +198,10 @@ class AlternatingTrainer:
         train: IrregularDataset,
         validation: IrregularDataset,
         on_epoch: Callable[[EpochRecord], None] | None = None,
-        on_checkpoint: Callable[[dict], None] | None = None,
+        on_state: Callable[[dict], None] | None = None,
         resume: dict | None = None,
     ) -> FitResult:
-        """Fit, selecting on ``validation``; ``on_checkpoint`` gets the state after each epoch, ``resume`` continues
+        """Fit, selecting on ``validation``; ``on_state`` gets the state after each epoch, ``resume`` continues
         from such a state."""
         config = self.config
         if isinstance(self.model, ReferenceGarlic):
@@ -318,12 +239,12 @@ class AlternatingTrainer:
                 seconds=time.perf_counter() - start,
             )
             progress.history.append(record)
-            # AUROC picks the checkpoint; it is NaN only with one class, when the loss has to decide.
+            # AUROC picks the best epoch; it is NaN only with one class, when the loss has to decide.
             score = scores["auroc"] if np.isfinite(scores["auroc"]) else -losses["bce"]
             if score > progress.best_score:
                 progress.best_score, progress.best_epoch = score, progress.epoch
                 best_state = copy.deepcopy(self.model.state_dict())
-            # Any gain picks the checkpoint, but only a gain of the tolerance keeps training going: on P12 runs went
+            # Any gain picks the best epoch, but only a gain of the tolerance keeps training going: on P12 runs went
             # on for 10 epochs after gains in the fourth decimal.
             if score > progress.improved_score + config.early_stopping_tolerance:
                 progress.improved_score, progress.stale = score, 0
@@ -341,8 +262,8 @@ class AlternatingTrainer:
                 progress.stage = PREDICTION if progress.stage == RECONSTRUCTION else RECONSTRUCTION
                 self.model.load_state_dict(best_state)
                 progress.stage_best, progress.stage_stale = np.inf, 0
-            if on_checkpoint is not None:
-                on_checkpoint(self.state(progress, best_state, batches.batch_sampler))
+            if on_state is not None:
+                on_state(self.state(progress, best_state, batches.batch_sampler))
         self.model.load_state_dict(best_state)
         return FitResult(self.model, progress.history, progress.best_epoch)
 
@@ -360,11 +281,11 @@ class ReferenceTrainer(AlternatingTrainer):
     - Reconstruction stage: reconstruction loss + lambda_cls * BCE + lambda_graph * |A|_1. The first trains every
       parameter; later ones only the reconstruction parameters. Prediction stage: lambda_cls * BCE, the
       prediction parameters only. A frozen parameter gets no gradient, so Adam leaves it (and its moments) alone.
-    - After each epoch: the checkpoint is the lowest validation BCE so far; when that best epoch is more than
-      ``stage_patience`` epochs old the stage switches and the best checkpoint is reloaded (weights only, not the
+    - After each epoch: the best epoch is that of the lowest validation BCE so far; when that best epoch is more than
+      ``stage_patience`` epochs old the stage switches and the best epoch's weights are reloaded (weights only, not the
       optimiser). The best epoch is not reset at a switch, so without a new best the stage switches every epoch.
       Training stops when the best epoch is more than ``early_stopping`` epochs old, but not while the epoch index
-      (from 0) is ``REFERENCE_WARM_UP`` or less; the fit ends on the best checkpoint.
+      (from 0) is ``REFERENCE_WARM_UP`` or less; the fit ends on the best epoch's weights.
     Departures: the validation BCE is the mean over stays (the reference sums batch means times lambda_cls and
     divides by the stays: the same order of epochs but for the last batch's weight); training batches are shuffled
     by length buckets as in the compact schedule (the reference keeps one fixed order); ``alternating=false`` never
@@ -423,7 +344,7 @@ class ReferenceTrainer(AlternatingTrainer):
         train: IrregularDataset,
         validation: IrregularDataset,
         on_epoch: Callable[[EpochRecord], None] | None = None,
-        on_checkpoint: Callable[[dict], None] | None = None,
+        on_state: Callable[[dict], None] | None = None,
         resume: dict | None = None,
     ) -> FitResult:
         """Fit with the reference schedule, selecting on ``validation``; the arguments as ``AlternatingTrainer.fit``."""
@@ -468,8 +389,8 @@ class ReferenceTrainer(AlternatingTrainer):
                 self.model.load_state_dict(best_state)
             if progress.epoch - 1 > REFERENCE_WARM_UP and since_best > config.early_stopping:
                 progress.stopped = True
-            if on_checkpoint is not None:
-                on_checkpoint(self.state(progress, best_state, batches.batch_sampler))
+            if on_state is not None:
+                on_state(self.state(progress, best_state, batches.batch_sampler))
         self.model.load_state_dict(best_state)
         return FitResult(self.model, progress.history, progress.best_epoch)
 
@@ -482,16 +403,3 @@ def make_trainer(config: Config, num_variables: int, num_static: int) -> Alterna
     if config.schedule not in TRAINERS:
         raise ConfigError(f"schedule must be one of {', '.join(TRAINERS)}, got {config.schedule!r}")
     return TRAINERS[config.schedule](config, num_variables, num_static)
-
-
-def save_training_state(path: Path, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically: a reader (or a resumed run) sees the previous state or this one."""
-    with atomic_file(path) as out:
-        torch.save(state, out)
-
-
-def load_training_state(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise ValueError(f"{path}: not a readable training checkpoint ({exc})") from exc

@@ -8,7 +8,8 @@ from experiments.ablations import VARIANTS, main, run_variants
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
 from garlic.model import Garlic, StepwiseProjection
-from garlic.train import PREDICTION, RECONSTRUCTION, make_trainer
+from garlic.losses import PREDICTION, RECONSTRUCTION
+from garlic.train import make_trainer
 from conftest import synthetic_cohort, synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}

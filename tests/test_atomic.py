@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from garlic import checkpoint, train
+from garlic import saved_model, training_state
 from preprocessing import atomic
 
 
@@ -26,10 +26,10 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
 
 def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, monkeypatch):
     state = {"weights": torch.ones(3)}
-    train.save_training_state(tmp_path / "state.pt", state)
+    training_state.save_training_state(tmp_path / "state.pt", state)
     assert os.stat(tmp_path / "state.pt").st_mode & 0o777 == 0o644  # readable like every other artifact
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / checkpoint.WEIGHTS).write_bytes(b"the previous weights")
+    (tmp_path / "model" / saved_model.WEIGHTS).write_bytes(b"the previous weights")
 
     def save_some_then_fail(obj, out):
         out.write(b"half a file")
@@ -37,12 +37,12 @@ def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, mo
 
     monkeypatch.setattr(torch, "save", save_some_then_fail)
     with pytest.raises(SystemExit):
-        train.save_training_state(tmp_path / "state.pt", {"weights": torch.zeros(3)})
+        training_state.save_training_state(tmp_path / "state.pt", {"weights": torch.zeros(3)})
     with pytest.raises(SystemExit):
-        checkpoint.save_model(tmp_path / "model", SimpleNamespace(model=torch.nn.Linear(2, 1)))
+        saved_model.save_model(tmp_path / "model", SimpleNamespace(model=torch.nn.Linear(2, 1)))
     monkeypatch.undo()
-    torch.testing.assert_close(train.load_training_state(tmp_path / "state.pt")["weights"], torch.ones(3))
-    assert (tmp_path / "model" / checkpoint.WEIGHTS).read_bytes() == b"the previous weights"
+    torch.testing.assert_close(training_state.load_training_state(tmp_path / "state.pt")["weights"], torch.ones(3))
+    assert (tmp_path / "model" / saved_model.WEIGHTS).read_bytes() == b"the previous weights"
     assert leftovers(tmp_path) == [] and leftovers(tmp_path / "model") == []
 
 

@@ -1,13 +1,18 @@
+from types import SimpleNamespace
+
 import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from experiments import study
 from experiments.baselines.grud import GRUD, DecayGRU, last_observed_before
 from experiments.baselines.run import Baselines, main
-from experiments.baselines.summary import severity_score, summary_features
+from experiments.baselines.summary import SeverityScore, summary_features
+from garlic import run_contract
 from garlic.config import Config
+from garlic.pipeline import TEST_METRICS
 from preprocessing import synthetic
 from preprocessing.tables import write_processed
 from preprocessing.tensors import IrregularTensors
@@ -50,12 +55,17 @@ def test_recurrent_baselines_ignore_padding(model_class):
 
 
 def test_severity_score_maps_unknown_scores_to_the_training_median():
-    labels = {"train": np.array([0, 0, 1, 1, 1.0]), "validation": np.array([0, 1.0]), "test": np.array([0, 1.0])}
-    scores = {"train": np.array([5, 10, 20, 25, -1.0]), "validation": np.array([np.nan, 30.0]),
-              "test": np.array([-1, 30.0])}  # fmt: skip
-    fitted = severity_score(scores, labels)
-    assert fitted.chosen == {"train_median": 15.0, "test_unknown": 1}
-    assert fitted.probabilities["test"][0] < fitted.probabilities["test"][1]
+    def part(stays, labels):
+        return SimpleNamespace(stay_ids=np.array(stays), labels=torch.tensor(labels))
+
+    # Stays 1-5 train (5 has no score: -1), 6-7 validate, 8-10 test; stay 8's score is unknown, stay 10's is 15.
+    scores = pd.Series([5, 10, 20, 25, -1, np.nan, 30, -1, 30, 15], index=range(1, 11), dtype=float)
+    train, validation = part([1, 2, 3, 4, 5], [0, 0, 1, 1, 1.0]), part([6, 7], [0, 1.0])
+    test = part([8, 9, 10], [0, 1, 0.0])
+    fitted = SeverityScore(scores).fit(train, validation)
+    assert fitted.median == 15.0 and np.isnan(fitted.known(test)).sum() == 1
+    risk = fitted.predict_proba(test)
+    assert risk[0] == risk[2] < risk[1]  # the unknown score is read as the training median
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +91,15 @@ def test_every_baseline_runs_end_to_end_on_the_synthetic_cohort(data_root, tmp_p
     methods = ["saps", "sofa", "logreg", "gbm", "grud", "decay_gru", "garlic"]
     records = runner.run(methods)
     assert list(records["method"]) == methods
-    for metric in study.REPORTED:
+    for metric in TEST_METRICS:
         assert np.isfinite(records[metric]).all(), metric
+    # Every method's predictions come out of the one pipeline: stay ids beside label and risk, in the test part.
+    split = loaded.splits[0]
+    for run_id in records["run_id"]:
+        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
+        predictions = pd.read_csv(local)
+        assert list(predictions.columns) == ["stay_id", "label", "risk"]
+        assert sorted(predictions["stay_id"]) == sorted(split.test)
     # The scores were made to carry the label: their AUROC is well above chance.
     assert (records.set_index("method").loc[["saps", "sofa", "logreg"], "test_auroc"] > 0.7).all()
     again = runner.run(["logreg"])

@@ -40,7 +40,7 @@ from garlic.data import collate
 from garlic.datasets import processed_folder
 from garlic.model import Garlic
 from garlic.tracking import RunNotFoundError, use_store
-from garlic.train import forward
+from garlic.losses import forward
 from preprocessing import physionet2019
 from preprocessing.physionet2012 import format_record
 from preprocessing.records import READERS

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from garlic.attribution import ig_importance, integrated_gradients
-from garlic.checkpoint import TrainedModel
+from garlic.saved_model import TrainedModel
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
 from garlic.explain import explain, normalised_graph

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from experiments import study
-from experiments.baselines.summary import logistic_regression, summary_features
+from experiments.baselines.summary import SummaryModel
 from experiments.fidelity import CLAIMED_ORDER, FidelityStudy, importance_map, ordering_tests
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
@@ -12,6 +12,7 @@ from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.metrics import binary_metrics
 from garlic.model import Garlic
+from garlic.pipeline import split_parts
 from garlic.splits import draw_split
 from preprocessing.tensors import IrregularTensors
 from conftest import synthetic_root
@@ -152,11 +153,9 @@ def test_ordering_test_detects_full_top_random_bottom_with_an_oracle_ranking():
         for condition in CLAIMED_ORDER:
             kept = tensors if condition == "full" else reduce(tensors, keep_mask(tensors.mask, oracle, 0.5, condition,
                                                                                    seed=index))  # fmt: skip
-            features, _ = summary_features(kept)
-            parts = {part: split.positions(kept, part) for part in study.PARTS}
-            fitted = logistic_regression({p: features[i] for p, i in parts.items()},
-                                         {p: kept.labels[i] for p, i in parts.items()})  # fmt: skip
-            auroc = binary_metrics(kept.labels[parts["test"]], fitted.probabilities["test"])["auroc"]
+            parts = split_parts(kept, split)
+            fitted = SummaryModel("logreg").fit(parts["train"], parts["validation"])
+            auroc = binary_metrics(parts["test"].labels.numpy(), fitted.predict_proba(parts["test"]))["auroc"]
             rows.append({"split": index, "condition": condition, "method": "oracle", "fraction": 0.5,
                          "test_auroc": auroc, "test_auprc": auroc})  # fmt: skip
     records = pd.DataFrame(rows)

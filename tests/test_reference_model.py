@@ -12,7 +12,7 @@ from torch import nn
 import garlic.train
 from app.replay import risk_curve
 from garlic.attribution import ig_importance
-from garlic.checkpoint import TrainedModel, load_model, save_model
+from garlic.saved_model import TrainedModel, load_model, save_model
 from garlic.config import Config, ConfigError
 from garlic.data import collate
 from garlic.explain import explain
@@ -28,8 +28,9 @@ from garlic.reference_model import (
     build_model,
     sinusoid,
 )
-from garlic.train import (PREDICTION, RECONSTRUCTION, AlternatingTrainer, ReferenceTrainer, make_trainer,
-                          predict_proba)  # fmt: skip
+from garlic.losses import PREDICTION, RECONSTRUCTION
+from garlic.predict import predict_proba
+from garlic.train import AlternatingTrainer, ReferenceTrainer, make_trainer
 from preprocessing import synthetic
 from conftest import random_batch, synthetic_cohort
 
@@ -332,11 +333,11 @@ def test_reference_schedule_switches_and_stops_on_validation_bce(cohort, monkeyp
                 + alternating(RECONSTRUCTION, 25, 42))  # fmt: skip
     assert [r.stage for r in fitted.history] == expected
     assert fitted.best_epoch == 20 and len(fitted.history) == 42
-    # Each switch reloads the best checkpoint: epoch 10 starts from the end of epoch 5, 25 from the end of 20.
+    # Each switch reloads the best epoch's weights: epoch 10 starts from the end of epoch 5, 25 from the end of 20.
     start = at_start[0]
     assert at_start[9] - start == 5 and at_start[10] - start == 5
     assert at_start[24] - start == at_start[19] - start + 1
-    assert final == at_start[19] - start + 1  # the fit ends on the best checkpoint
+    assert final == at_start[19] - start + 1  # the fit ends on the best epoch's weights
     # The plateau schedule halves both groups after 4 epochs without a gain in training AUROC, down to 1e-5.
     assert rates[3] == [3e-3, 3e-3] and rates[4] == [1.5e-3, 1.5e-3]
     assert rates[-1] == [1e-5, 1e-5]
@@ -419,7 +420,7 @@ def test_a_resumed_reference_fit_ends_as_an_uninterrupted_one(cohort):
     sizes = len(tensors.variables), len(tensors.static_features)
     states = []
     save = lambda state: states.append(copy.deepcopy(state))  # noqa: E731 (the state shares the live tensors)
-    whole = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], on_checkpoint=save)
+    whole = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], on_state=save)
     resumed = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], resume=states[0])
     assert [r.stage for r in resumed.history] == [r.stage for r in whole.history]
     assert [r.val_bce for r in resumed.history] == [r.val_bce for r in whole.history]

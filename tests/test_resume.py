@@ -1,4 +1,4 @@
-"""Resumable training: a fit continued from an epoch checkpoint ends exactly where an uninterrupted one does, and
+"""Resumable training: a fit continued from any epoch's training state ends exactly where an uninterrupted one does, and
 ``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or SIGTERM) in the same MLflow run; a run still
 training cannot be resumed a second time, and a dead one is marked FAILED."""
 from __future__ import annotations
@@ -18,10 +18,12 @@ import pandas as pd
 import pytest
 import torch
 
-from garlic import runs
+from garlic import run_contract, runs
 from garlic.config import Config
 from garlic.tracking import RunInUseError, use_experiment, use_store
-from garlic.train import AlternatingTrainer, load_training_state, predict_proba, save_training_state
+from garlic.predict import predict_proba
+from garlic.train import AlternatingTrainer
+from garlic.training_state import load_training_state, save_training_state
 from conftest import synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
@@ -44,17 +46,17 @@ def cohort(tmp_path_factory):
     return cohort.root, cohort.tensors, cohort.parts
 
 
-def test_a_fit_continued_from_any_epoch_checkpoint_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path):
+def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path):
     _, tensors, parts = cohort
     # The reconstruction-stage loss cannot improve (lr_rec and lambda_cls 0), so with patience 1 the stage switches
-    # (and the best weights reload) after epoch 2: the checkpoints fall before, at and after a switch. Dropout is on.
+    # (and the best weights reload) after epoch 2: the saved states fall before, at and after a switch. Dropout is on.
     config = Config().override({**SMALL, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0})
     sizes = len(tensors.variables), len(tensors.static_features)
 
     def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do
         save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state)
 
-    whole = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"], on_checkpoint=save)
+    whole = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"], on_state=save)
     expected = predict_proba(whole.model, parts["validation"])
     assert [r.stage for r in whole.history] == ["reconstruction"] * 2 + ["prediction"] * 2
 
@@ -67,42 +69,42 @@ def test_a_fit_continued_from_any_epoch_checkpoint_ends_exactly_as_the_uninterru
         assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
 
 
-def test_an_unreadable_checkpoint_is_refused_with_its_name(tmp_path):
+def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     path = tmp_path / "training.pt"
-    path.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match=f"{path}: not a readable training checkpoint"):
+    path.write_bytes(b"not a training state")
+    with pytest.raises(ValueError, match=f"{path}: not a readable training state"):
         load_training_state(path)
     # Arbitrary objects never load: weights_only=True refuses them.
     torch.save({"payload": Path("x")}, path)
-    with pytest.raises(ValueError, match="not a readable training checkpoint"):
+    with pytest.raises(ValueError, match="not a readable training state"):
         load_training_state(path)
 
 
-def _epoch_of(checkpoint: Path) -> int:
+def _epoch_of(state: Path) -> int:
     try:
-        return load_training_state(checkpoint)["progress"]["epoch"]
+        return load_training_state(state)["progress"]["epoch"]
     except ValueError:
         return 0
 
 
 def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> str:
-    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 checkpoint exists; return the run id."""
+    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 training state exists; return the run id."""
     settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
     command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", *settings]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
     deadline = time.monotonic() + 240
-    checkpoints = store / "checkpoints"
+    states = store / "training-states"
     while time.monotonic() < deadline and process.poll() is None:
-        found = list(checkpoints.glob(f"*/{runs.CHECKPOINT}")) if checkpoints.is_dir() else []
+        found = list(states.glob(f"*/{run_contract.TRAINING_STATE}")) if states.is_dir() else []
         if found and _epoch_of(found[0]) >= 2:
             os.kill(process.pid, sent)
             break
         time.sleep(0.05)
     _, errors = process.communicate(timeout=60)
     assert process.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM), errors.decode()[-2000:]
-    (checkpoint,) = checkpoints.glob(f"*/{runs.CHECKPOINT}")
-    assert 2 <= _epoch_of(checkpoint) < SMALL["max_epochs"]
-    return checkpoint.parent.name
+    (state,) = states.glob(f"*/{run_contract.TRAINING_STATE}")
+    assert 2 <= _epoch_of(state) < SMALL["max_epochs"]
+    return state.parent.name
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +151,7 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     assert got["history"] == want["history"] and sorted(got["history"]) == [1, 2, 3, 4]
     for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
         assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
-    assert not (store / "checkpoints" / run_id).exists()  # a finished run keeps no checkpoint
+    assert not run_contract.training_state_path(store, run_id).parent.exists()  # a finished run keeps no state
     with pytest.raises(ValueError, match="has finished; there is nothing to resume"):
         runs.resume(run_id, root, store)
 
@@ -176,7 +178,7 @@ DIE_AFTER_LOGGING = """
     import json, os, signal, sys
     from pathlib import Path
     import mlflow
-    from garlic import runs
+    from garlic import run_contract, runs
     from garlic.config import Config
     log_dict = mlflow.log_dict
     def log_then_die(payload, name):

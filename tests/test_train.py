@@ -7,15 +7,16 @@ import torch.nn.functional as F
 
 import garlic.train
 from garlic import runs
-from garlic.checkpoint import WEIGHTS, TrainedModel, load_model, save_model
+from garlic.saved_model import WEIGHTS, TrainedModel, load_model, save_model
 from garlic.config import Config
 from garlic.data import collate, loader
 from garlic.metrics import binary_metrics
 from garlic.splits import load_splits
 from garlic.tracking import load_run_model, use_store
 from garlic.model import graph_penalty
-from garlic.train import (PREDICTION, RECONSTRUCTION, AlternatingTrainer, class_weights, evaluate, predict_proba,
-                          stage_losses)  # fmt: skip
+from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
+from garlic.predict import predict_proba
+from garlic.train import AlternatingTrainer, evaluate
 from conftest import synthetic_cohort
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}

@@ -1,5 +1,6 @@
 """Recurrent baselines: GRU-D (Che et al., Sci. Rep. 2018) and decay imputation + GRU (GARLIC without the graph,
-the per-variable encoder and the attention), with one training loop for both.
+the per-variable encoder and the attention), with one training loop for both (``RecurrentModel``, a method of
+``garlic.pipeline``).
 
 Inputs are GARLIC's batches: values normalised with training statistics (so each variable's training mean is 0),
 the mask and the times in hours. Both models read each stay's state at its last real step.
@@ -28,7 +29,8 @@ from torch import Tensor, nn
 from garlic.data import IrregularDataset, loader
 from garlic.metrics import binary_metrics
 from garlic.model import DecayImputation, step_mask
-from garlic.train import in_length_order, resolve_device
+from garlic.device import resolve_device
+from garlic.predict import in_length_order
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -113,35 +115,44 @@ def predict(model: nn.Module, dataset: IrregularDataset, batch_size: int = 256) 
     return risk.numpy()
 
 
-def fit_recurrent(name: str, parts: dict[str, IrregularDataset], settings: RecurrentSettings) -> dict[str, np.ndarray]:
-    """Train ``name`` ('grud' or 'decay_gru') with BCE and Adam; keep the epoch of best validation AUROC.
+class RecurrentModel:
+    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.pipeline``: trained with BCE and Adam, the epoch of best
+    validation AUROC kept, early stopping after ``settings.early_stopping`` epochs without a better one."""
 
-    Returns validation and test risks of the kept model (the test part is predicted once, at the end).
-    """
-    device = resolve_device(settings.device)
-    torch.manual_seed(settings.seed)
-    num_variables = parts["train"].values.shape[-1]
-    model = MODELS[name](num_variables, settings.hidden_dim, settings.dropout).to(device)
-    optimiser = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    batches = loader(parts["train"], settings.batch_size, shuffle=True, seed=settings.seed)
-    validation_labels = parts["validation"].labels.numpy()
-    best_score, best_state, stale = -np.inf, copy.deepcopy(model.state_dict()), 0
-    for _ in range(settings.max_epochs):
-        model.train()
-        for batch in batches:
-            batch = batch.to(device)
-            logits = model(batch.values, batch.mask, batch.times, batch.lengths)
-            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            optimiser.step()
-        score = binary_metrics(validation_labels, predict(model, parts["validation"]))["auroc"]
-        if score > best_score:
-            best_score, best_state, stale = score, copy.deepcopy(model.state_dict()), 0
-        else:
-            stale += 1
-            if stale >= settings.early_stopping:
-                break
-    model.load_state_dict(best_state)
-    return {part: predict(model, parts[part]) for part in ("validation", "test")}
+    def __init__(self, name: str, settings: RecurrentSettings):
+        if name not in MODELS:
+            raise ValueError(f"name must be one of {', '.join(MODELS)}, got {name!r}")
+        self.name, self.settings = name, settings
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "RecurrentModel":
+        settings = self.settings
+        device = resolve_device(settings.device)
+        torch.manual_seed(settings.seed)
+        model = MODELS[self.name](train.values.shape[-1], settings.hidden_dim, settings.dropout).to(device)
+        optimiser = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        batches = loader(train, settings.batch_size, shuffle=True, seed=settings.seed)
+        validation_labels = validation.labels.numpy()
+        best_score, best_state, stale = -np.inf, copy.deepcopy(model.state_dict()), 0
+        for _ in range(settings.max_epochs):
+            model.train()
+            for batch in batches:
+                batch = batch.to(device)
+                logits = model(batch.values, batch.mask, batch.times, batch.lengths)
+                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+                optimiser.step()
+            score = binary_metrics(validation_labels, predict(model, validation))["auroc"]
+            if score > best_score:
+                best_score, best_state, stale = score, copy.deepcopy(model.state_dict()), 0
+            else:
+                stale += 1
+                if stale >= settings.early_stopping:
+                    break
+        model.load_state_dict(best_state)
+        self.model = model
+        return self
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        return predict(self.model, dataset)

@@ -23,23 +23,23 @@ import logging
 from dataclasses import asdict
 
 import mlflow
-import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from experiments import study
-from experiments.baselines.grud import RecurrentSettings, fit_recurrent
-from experiments.baselines.summary import gradient_boosting, logistic_regression, severity_score, summary_features
+from experiments.baselines.grud import RecurrentModel, RecurrentSettings
+from experiments.baselines.summary import SeverityScore, SummaryModel
 from garlic.config import Config
 from garlic.datasets import processed_folder
+from garlic.estimator import GarlicEstimator
+from garlic.pipeline import Method, fit_and_test, split_parts
 from garlic.run_contract import manifest_digest
-from garlic.splits import Split
 from preprocessing.tables import LABELS, read_manifest
 
 STUDY = "baseline"
 METHODS = ("saps", "sofa", "logreg", "logreg_static", "gbm", "gbm_static", "grud", "decay_gru", "garlic")
-SUMMARY_MODELS = {"logreg": logistic_regression, "logreg_static": logistic_regression, "gbm": gradient_boosting,
-                  "gbm_static": gradient_boosting}  # fmt: skip
+SUMMARY_MODELS = ("logreg", "logreg_static", "gbm", "gbm_static")  # a kind of SummaryModel, with or without static
+RECURRENT = ("grud", "decay_gru")
 SCORE_COLUMNS = {"saps": "SAPS-I", "sofa": "SOFA"}
 # Published numbers, as "mean ± std" in percent: the GARLIC paper (ICLR 2026), PhysioNet 2012 table.
 PAPER = {("physionet2012", "garlic"): {"paper_auroc": "86.40 ± 0.86", "paper_auprc": "56.89 ± 1.75"}}
@@ -51,9 +51,6 @@ class Baselines:
         folder = processed_folder(config.dataset, data_root)
         self.scores = pq.read_table(folder / LABELS).to_pandas()
         self.data_digest = manifest_digest(read_manifest(folder))  # a run on other data is never reused
-        features, _ = summary_features(cohort.tensors)
-        self.features = features
-        self.with_static = np.concatenate([features, cohort.tensors.static.astype("float64")], axis=1)
         self.recurrent = RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
                                            seed=config.seed, device=config.device)  # fmt: skip
 
@@ -67,31 +64,19 @@ class Baselines:
     def settings(self, method: str) -> dict:
         if method == "garlic":
             return self.config.to_dict()
-        if method in ("grud", "decay_gru"):
+        if method in RECURRENT:
             return asdict(self.recurrent)
         return {"method": method, "seed": self.config.seed}
 
-    def probabilities(self, method: str, split: Split) -> dict[str, np.ndarray]:
-        """Validation and test risks of ``method`` fitted on the split's training part."""
-        tensors = self.cohort.tensors
-        positions = {part: split.positions(tensors, part) for part in study.PARTS}
-        labels = {part: tensors.labels[index] for part, index in positions.items()}
-        if method in SCORE_COLUMNS:
-            column = self.scores.set_index("stay_id")[SCORE_COLUMNS[method]]
-            scores = {part: column.reindex(tensors.stay_ids[index]).to_numpy(float)
-                      for part, index in positions.items()}  # fmt: skip
-            fitted = severity_score(scores, labels)
-        elif method in SUMMARY_MODELS:
-            table = self.with_static if method.endswith("_static") else self.features
-            features = {part: table[index] for part, index in positions.items()}
-            fitted = SUMMARY_MODELS[method](features, labels, self.config.seed)
-        else:
-            parts = study.split_datasets(tensors, split, split.normalisation)
-            if method == "garlic":
-                return study.garlic_probabilities(study.fit_garlic(self.config, parts), parts)
-            return fit_recurrent(method, parts, self.recurrent)
-        mlflow.log_params({f"chosen_{key}": value for key, value in fitted.chosen.items()})
-        return fitted.probabilities
+    def method(self, name: str) -> Method:
+        """A fresh, unfitted ``name`` (a method of ``garlic.pipeline``)."""
+        if name in SCORE_COLUMNS:
+            return SeverityScore(self.scores.set_index("stay_id")[SCORE_COLUMNS[name]])
+        if name in SUMMARY_MODELS:
+            return SummaryModel(name.removesuffix("_static"), name.endswith("_static"), self.config.seed)
+        if name in RECURRENT:
+            return RecurrentModel(name, self.recurrent)
+        return GarlicEstimator(self.config, explain=False, keep_model=False)
 
     def run(self, methods: list[str]) -> pd.DataFrame:
         records = []
@@ -99,9 +84,7 @@ class Baselines:
             for split in self.cohort.splits:
                 def work(method=method, split=split) -> dict[str, float]:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
-                    tensors = self.cohort.tensors
-                    labels = {part: tensors.labels[split.positions(tensors, part)] for part in ("validation", "test")}
-                    return study.evaluation(labels, self.probabilities(method, split), split.test)
+                    return fit_and_test(self.method(method), split_parts(self.cohort.tensors, split))
 
                 tags = {"study": STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
                         "method": method, "split": split.name,

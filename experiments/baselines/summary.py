@@ -1,13 +1,13 @@
-"""Classical baselines: per-stay summary features with logistic regression and gradient boosting, and the
-admission severity scores of the outcomes file (SAPS-I, SOFA).
+"""Classical baselines, as methods of ``garlic.pipeline`` (fit / predict_proba): per-stay summary features with
+logistic regression and gradient boosting, and the admission severity scores of the outcomes file (SAPS-I, SOFA).
 
 Every model is fitted on the training part, its few settings chosen by validation AUROC, and tested once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import mlflow
 import numpy as np
+import pandas as pd
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
@@ -15,6 +15,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from garlic.data import IrregularDataset
 from preprocessing.tensors import IrregularTensors
 
 STATISTICS = ("first", "last", "min", "max", "mean", "count")
@@ -44,54 +45,85 @@ def summary_features(tensors: IrregularTensors) -> tuple[np.ndarray, list[str]]:
     return features, names
 
 
-@dataclass
-class Fitted:
-    """A fitted classifier's validation and test risks and the setting validation chose."""
-
-    probabilities: dict[str, np.ndarray]
-    chosen: dict
-
-
-def _select(candidates, features: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> Fitted:
-    """Fit every (setting, model) candidate on train; keep the best validation AUROC (first one on ties)."""
-    best, best_score = None, -np.inf
-    for setting, model in candidates:
-        model.fit(features["train"], labels["train"])
-        score = roc_auc_score(labels["validation"], model.predict_proba(features["validation"])[:, 1])
-        if score > best_score:
-            best, best_score = (setting, model), score
-    setting, model = best
-    return Fitted({part: model.predict_proba(features[part])[:, 1] for part in ("validation", "test")},
-                  setting | {"validation_auroc": best_score})  # fmt: skip
-
-
-def logistic_regression(features: dict[str, np.ndarray], labels: dict[str, np.ndarray], seed: int = 0) -> Fitted:
-    """Median imputation (with missingness indicators), standardisation, L2 logistic regression; C by validation."""
+def _logistic_candidates(seed: int) -> list[tuple[dict, object]]:
+    """Median imputation (with missingness indicators), standardisation, L2 logistic regression, one per C."""
     def pipeline(c: float):
         imputer = SimpleImputer(strategy="median", add_indicator=True, keep_empty_features=True)
         return make_pipeline(imputer, StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed))
 
-    candidates = [({"C": c}, pipeline(c)) for c in LOGISTIC_C]
-    return _select(candidates, features, labels)
+    return [({"C": c}, pipeline(c)) for c in LOGISTIC_C]
 
 
-def gradient_boosting(features: dict[str, np.ndarray], labels: dict[str, np.ndarray], seed: int = 0) -> Fitted:
-    """Histogram gradient boosting (missing values handled natively); the setting by validation."""
-    candidates = [(dict(setting), HistGradientBoostingClassifier(**setting, early_stopping=False, random_state=seed))
-                  for setting in BOOSTING_SETTINGS]  # fmt: skip
-    return _select(candidates, features, labels)
+def _boosting_candidates(seed: int) -> list[tuple[dict, object]]:
+    """Histogram gradient boosting (missing values handled natively), one per setting."""
+    return [(dict(setting), HistGradientBoostingClassifier(**setting, early_stopping=False, random_state=seed))
+            for setting in BOOSTING_SETTINGS]  # fmt: skip
 
 
-def severity_score(scores: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> Fitted:
-    """A severity score turned into a risk by a one-variable logistic regression fitted on the training part.
+CANDIDATES = {"logreg": _logistic_candidates, "gbm": _boosting_candidates}
+
+
+class SummaryModel:
+    """A classifier on per-stay summaries (``summary_features``; with ``with_static``, the static features beside
+    them): ``kind`` 'logreg' (logistic regression) or 'gbm' (gradient boosting). ``fit`` fits every candidate
+    setting on the training part and keeps the best validation AUROC (the first one on ties)."""
+
+    def __init__(self, kind: str, with_static: bool = False, seed: int = 0):
+        if kind not in CANDIDATES:
+            raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
+        self.kind, self.with_static, self.seed = kind, with_static, seed
+
+    def features(self, dataset: IrregularDataset) -> np.ndarray:
+        tensors = dataset.tensors
+        features, _ = summary_features(tensors)
+        return np.concatenate([features, tensors.static.astype("float64")], axis=1) if self.with_static else features
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SummaryModel":
+        features, held_out = self.features(train), self.features(validation)
+        best_score = -np.inf
+        for setting, model in CANDIDATES[self.kind](self.seed):
+            model.fit(features, train.labels.numpy())
+            score = roc_auc_score(validation.labels.numpy(), model.predict_proba(held_out)[:, 1])
+            if score > best_score:
+                self.model, self.chosen, best_score = model, setting | {"validation_auroc": score}, score
+        return self
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        return self.model.predict_proba(self.features(dataset))[:, 1]
+
+    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen.items()})
+        return {}
+
+
+class SeverityScore:
+    """A severity score (``scores``: by stay id) turned into a risk by a one-variable logistic regression fitted on
+    the training part.
 
     The mapping is monotone, so AUROC and AUPRC are the raw score's; it only makes Brier and ECE meaningful.
     Unknown scores (NaN, or negative: the outcomes file writes -1) take the training median.
     """
-    known = {part: np.where(np.isfinite(s) & (s >= 0), s, np.nan) for part, s in scores.items()}
-    median = float(np.nanmedian(known["train"]))
-    filled = {part: np.where(np.isnan(s), median, s)[:, None] for part, s in known.items()}
-    model = LogisticRegression(C=1e6, max_iter=1000).fit(filled["train"], labels["train"])
-    unknown = int(np.isnan(known["test"]).sum())
-    return Fitted({part: model.predict_proba(filled[part])[:, 1] for part in ("validation", "test")},
-                  {"train_median": median, "test_unknown": unknown})  # fmt: skip
+
+    def __init__(self, scores: pd.Series):
+        self.scores = scores
+
+    def known(self, dataset: IrregularDataset) -> np.ndarray:
+        score = self.scores.reindex(dataset.stay_ids).to_numpy(float)
+        return np.where(np.isfinite(score) & (score >= 0), score, np.nan)
+
+    def _filled(self, dataset: IrregularDataset) -> np.ndarray:
+        score = self.known(dataset)
+        return np.where(np.isnan(score), self.median, score)[:, None]
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SeverityScore":
+        self.median = float(np.nanmedian(self.known(train)))
+        self.model = LogisticRegression(C=1e6, max_iter=1000).fit(self._filled(train), train.labels.numpy())
+        return self
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        return self.model.predict_proba(self._filled(dataset))[:, 1]
+
+    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        unknown = int(np.isnan(self.known(parts["test"])).sum())
+        mlflow.log_params({"chosen_train_median": self.median, "chosen_test_unknown": unknown})
+        return {}

@@ -1,0 +1,94 @@
+"""GARLIC as a method of ``garlic.pipeline``: ``fit`` / ``predict_proba``, and what a fitted GARLIC logs beside its
+risks (the learned graph, the saved model, the explanations, the best epoch).
+
+    estimator = GarlicEstimator(config)                 # config: garlic.config.Config
+    estimator.fit(train, validation)                    # the config's trainer (garlic.train.make_trainer)
+    risk = estimator.predict_proba(test)                # [N], in dataset order
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import mlflow
+import numpy as np
+import pandas as pd
+
+from garlic import plots, run_contract
+from garlic.config import Config
+from garlic.data import IrregularDataset
+from garlic.explain import normalised_graph
+from garlic.explanation_report import edge_recovery_auroc, log_explanations
+from garlic.predict import predict_proba
+from garlic.reference_model import EXPLANATION_UNSUPPORTED
+from garlic.saved_model import TrainedModel
+from garlic.tracking import log_model
+from garlic.train import EpochRecord, FitResult, make_trainer
+
+
+class GarlicEstimator:
+    """GARLIC of ``config``, fitted on a training part, its best epoch chosen on a validation part.
+
+    - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;
+    - ``explain``, ``keep_model``: whether ``log_fitted`` logs the explanations of the test part and the model;
+    - ``on_epoch``: called after every epoch (per-epoch metrics go to the active MLflow run in any case);
+    - ``on_state``, ``resume``: the fit's state after every epoch, and a state to continue from
+      (``garlic.training_state``).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        planted: list[dict] | None = None,
+        explain: bool = True,
+        keep_model: bool = True,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_state: Callable[[dict], None] | None = None,
+        resume: dict | None = None,
+    ):
+        self.config, self.planted, self.explain, self.keep_model = config, planted, explain, keep_model
+        self.on_epoch, self.on_state, self.resume = on_epoch, on_state, resume
+        self.fitted: FitResult | None = None
+        self.trained: TrainedModel | None = None
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "GarlicEstimator":
+        tensors = train.tensors
+        trainer = make_trainer(self.config, len(tensors.variables), len(tensors.static_features))
+        log_epoch = self._log_epoch if mlflow.active_run() is not None else self.on_epoch
+        self.fitted = trainer.fit(train, validation, on_epoch=log_epoch, on_state=self.on_state, resume=self.resume)
+        self.trained = TrainedModel(self.fitted.model, tensors.variables, tensors.static_features, train.normalisation)
+        return self
+
+    def _log_epoch(self, record: EpochRecord) -> None:
+        mlflow.log_metrics({**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")},
+                           step=record.epoch)  # fmt: skip
+        if self.on_epoch is not None:
+            self.on_epoch(record)
+
+    @property
+    def model(self):
+        return self.fitted.model
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        return predict_proba(self.fitted.model, dataset)
+
+    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        """Log the learned graph (table and figure), the model (``keep_model``) and the test part's explanations
+        (``explain``; the reference architecture says instead why it has none); returns the best epoch and, with
+        ``planted``, the edge recovery AUROC of the learned graph."""
+        model, variables = self.fitted.model, self.trained.variables
+        adjacency = model.graph.adjacency.detach().cpu().numpy()
+        mlflow.log_text(pd.DataFrame(adjacency, index=variables, columns=variables).to_csv(), run_contract.GRAPH)
+        figure = plots.graph_figure(adjacency, variables)
+        mlflow.log_figure(figure, run_contract.plot("graph.png"))
+        plots.plt.close(figure)
+        if self.keep_model:
+            log_model(self.trained)
+        if self.explain and self.config.architecture == "compact":
+            log_explanations(self.trained, parts["test"])
+        elif self.explain:  # the run and its model are kept; what the explanation cannot say is said instead
+            mlflow.set_tag("explanations", EXPLANATION_UNSUPPORTED)
+        metrics = {"best_epoch": float(self.fitted.best_epoch)}
+        if self.planted and self.config.use_graph:
+            graph = normalised_graph(model).cpu().numpy()
+            metrics["edge_recovery_auroc"] = edge_recovery_auroc(graph, variables, self.planted)
+        return metrics

@@ -1,0 +1,89 @@
+"""The one path from a split to a tracked result: fit a method on the training part (it selects on the validation
+part), predict the validation and test parts (the one look at the test part), score and log, in the active MLflow
+run. ``garlic train`` (``garlic.runs``), the comparison table, the baselines, the ablations and the fidelity study
+all go through ``fit_and_test``.
+
+A method is any object used as scikit-learn estimators and PyPOTS models are:
+
+    fit(train: IrregularDataset, validation: IrregularDataset) -> the method     selection on validation only
+    predict_proba(dataset: IrregularDataset) -> np.ndarray [N]                  risk per stay, in dataset order
+    log_fitted(parts: dict[str, IrregularDataset]) -> dict[str, float]          optional: log what the fitted
+                                                                                method shows beyond its risks
+                                                                                (settings chosen, graph, model),
+                                                                                return its metrics
+
+GARLIC's is ``garlic.estimator.GarlicEstimator``; the baselines' are in ``experiments.baselines``.
+
+What ``fit_and_test`` logs (names of ``garlic.run_contract``): the part sizes (``n_train``, ``n_validation``,
+``n_test``); the metrics ``test_auroc``, ``test_auprc``, ``test_brier``, ``test_ece``, a temperature fitted on
+validation (``temperature``) and the test Brier and ECE after it (``test_brier_scaled``, ``test_ece_scaled``), and
+what ``log_fitted`` returns; ``predictions/validation.csv`` and ``predictions/test.csv`` (``stay_id, label, risk``);
+the plots ``roc_pr.png``, ``calibration.png`` and ``calibration_scaled.png``.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import mlflow
+import numpy as np
+import pandas as pd
+
+from garlic import plots, run_contract
+from garlic.calibration import logits_from_probabilities, scale, temperature_report
+from garlic.data import IrregularDataset
+from garlic.metrics import binary_metrics
+from garlic.splits import Normalisation, Split
+from preprocessing.tensors import IrregularTensors
+
+PARTS = ("train", "validation", "test")
+# Every test look's metrics (``log_fitted`` may add its own).
+TEST_METRICS = ("test_auroc", "test_auprc", "test_brier", "test_ece", "test_brier_scaled", "test_ece_scaled",
+                "temperature")  # fmt: skip
+
+
+class Method(Protocol):
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "Method": ...
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray: ...
+
+
+def split_parts(
+    tensors: IrregularTensors, split: Split, normalisation: Normalisation | None = None
+) -> dict[str, IrregularDataset]:
+    """The split's three parts of ``tensors``, normalised with ``normalisation`` (default: the split's own, fitted
+    on its training part)."""
+    normalisation = split.normalisation if normalisation is None else normalisation
+    return {part: IrregularDataset(tensors.subset(split.positions(tensors, part)), normalisation) for part in PARTS}
+
+
+def fit_and_test(method: Method, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+    """Fit ``method`` on ``parts["train"]`` (selecting on ``parts["validation"]``), test it once on ``parts["test"]``,
+    and log sizes, metrics, predictions and plots to the active MLflow run; returns the logged metrics."""
+    mlflow.log_params({f"n_{part}": len(parts[part]) for part in PARTS})
+    method.fit(parts["train"], parts["validation"])
+    risks = {part: method.predict_proba(parts[part]) for part in ("validation", "test")}
+    labels = {part: parts[part].labels.numpy() for part in ("validation", "test")}
+    for part, risk in risks.items():
+        table = pd.DataFrame({"stay_id": parts[part].stay_ids, "label": labels[part], "risk": risk})
+        mlflow.log_text(table.to_csv(index=False), run_contract.predictions(part))
+    metrics = test_metrics(labels, risks)
+    if hasattr(method, "log_fitted"):
+        metrics |= method.log_fitted(parts)
+    mlflow.log_metrics(metrics)
+    return metrics
+
+
+def test_metrics(labels: dict[str, np.ndarray], risks: dict[str, np.ndarray]) -> dict[str, float]:
+    """Test discrimination and calibration, before and after a temperature fitted on validation; logs the ROC/PR
+    curves and the reliability diagrams before and after scaling."""
+    test = binary_metrics(labels["test"], risks["test"])
+    calibration = temperature_report(risks["validation"], labels["validation"], risks["test"], labels["test"])
+    scaled = scale(logits_from_probabilities(risks["test"]), calibration["temperature"])
+    figures = {"roc_pr.png": plots.roc_pr_figure(labels["test"], risks["test"]),
+               "calibration.png": plots.reliability_figure(labels["test"], risks["test"]),
+               "calibration_scaled.png": plots.reliability_figure(labels["test"], scaled)}  # fmt: skip
+    for name, figure in figures.items():
+        mlflow.log_figure(figure, run_contract.plot(name))
+        plots.plt.close(figure)
+    return {**{f"test_{key}": value for key, value in test.items()}, "temperature": calibration["temperature"],
+            "test_brier_scaled": calibration["brier_scaled"], "test_ece_scaled": calibration["ece_scaled"]}  # fmt: skip
