@@ -23,7 +23,7 @@ from garlic.saved_model import TrainedModel
 from garlic.data import Batch, IrregularDataset
 from garlic.explain import Explanation, explain
 from garlic.explanation_report import observation_table
-from garlic.model import Garlic, step_mask
+from garlic.model import Garlic, at_last_step, step_mask
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 
@@ -83,9 +83,10 @@ def risk_curve(model: Garlic, stay: Stay, hours: np.ndarray) -> np.ndarray:
     encoded = model.encode(stay["values"][None, :steps], stay["mask"][None, :steps], stay["times"][None, :steps])
     lengths = torch.searchsorted(stay["times"][:steps], torch.as_tensor(hours, dtype=torch.float32), right=True)
     prefixes = len(hours)
-    summaries = None if encoded.summaries is None else encoded.summaries.expand(prefixes, -1, -1)
-    logits, _ = model.classify(encoded.states.expand(prefixes, -1, -1), step_mask(lengths, steps),
-                               stay["static"].expand(prefixes, -1), summaries)  # fmt: skip
+    real = step_mask(lengths, steps)
+    summary = None if encoded.summaries is None else at_last_step(encoded.summaries.expand(prefixes, -1, -1), real)
+    logits, _ = model.classify(encoded.states.expand(prefixes, -1, -1), real, stay["static"].expand(prefixes, -1),
+                               summary)  # fmt: skip
     risk = torch.sigmoid(logits).numpy().astype(float)
     risk[lengths.numpy() == 0] = np.nan
     return risk

@@ -82,6 +82,12 @@ def step_mask(lengths: Tensor, steps: int) -> Tensor:
     return torch.arange(steps, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def at_last_step(sequence: Tensor, real: Tensor) -> Tensor:
+    """Each stay's entry at its last real step (the first step for a stay without one). [B, T, X], [B, T] -> [B, X]"""
+    last = (real.sum(1) - 1).clamp(min=0)
+    return sequence[torch.arange(len(sequence), device=sequence.device), last]
+
+
 def lag_offsets(window: int, steps: int) -> list[tuple[int, int]]:
     """The lag convention: lag position w (0 .. W - 1) of step t is step t - (W - w), so position W - 1 is the step
     just before and position 0 the earliest of the window. Returns (w, W - w) for each position that reaches a step
@@ -300,6 +306,27 @@ class RunningSummary(nn.Module):
         statistics += [torch.log1p(count), since * seen / 24, seen.to(values.dtype)]
         return torch.stack(statistics, dim=-1).flatten(2)
 
+    def at_end(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> Tensor:
+        """``forward(...)`` at each stay's last real step, by reductions over its steps instead of running ones (the
+        inference path reads nothing else). -> [B, 8 D]"""
+        steps = mask.shape[1]
+        observed = mask.bool() & step_mask(lengths, steps)[:, :, None]
+        count = observed.sum(1).to(values.dtype)
+        seen = count > 0
+        step = torch.arange(steps, device=mask.device)[None, :, None]
+        last = torch.where(observed, step, -1).amax(1, keepdim=True).clamp(min=0)
+        first = torch.where(observed, step, steps).amin(1, keepdim=True).clamp(max=steps - 1)
+        infinity = torch.finfo(values.dtype).max
+        low = torch.where(observed, values, infinity).amin(1)
+        high = torch.where(observed, values, -infinity).amax(1)
+        mean = torch.where(observed, values, 0.0).sum(1) / count.clamp(min=1)
+        now = times.gather(1, (lengths - 1).clamp(min=0)[:, None])
+        since = now - times.gather(1, last[:, 0])
+        statistics = [values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean]
+        statistics = [torch.where(seen, statistic, 0.0) for statistic in statistics]
+        statistics += [torch.log1p(count), since * seen / 24, seen.to(values.dtype)]
+        return torch.stack(statistics, dim=-1).flatten(1)
+
 
 class Garlic(nn.Module):
     """The full model; per stay, with the layers above:
@@ -402,17 +429,15 @@ class Garlic(nn.Module):
         return (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias
 
     def classify(
-        self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None = None
+        self, states: Tensor, real: Tensor, static: Tensor, summary: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Attention over the real steps, then the classifier (with the running summary at the last real step).
 
-        states [B, T, H], real [B, T], static [B, S], summaries [B, T, 8 D] or None -> logits [B], weights [B, T]
+        states [B, T, H], real [B, T], static [B, S], summary [B, 8 D] or None -> logits [B], weights [B, T]
         """
         context, temporal_weights = self.temporal_attention(states, real)
-        if summaries is not None:
-            last = (real.sum(1) - 1).clamp(min=0)
-            at_end = summaries[torch.arange(len(summaries), device=summaries.device), last]
-            context = torch.cat([context, self.summary_branch(at_end)], dim=-1)
+        if summary is not None:
+            context = torch.cat([context, self.summary_branch(summary)], dim=-1)
         if self.config.use_static:
             context = torch.cat([context, static], dim=-1)
         return self.classifier(context)[:, 0] + self.logit_offset, temporal_weights
@@ -424,7 +449,8 @@ class Garlic(nn.Module):
         """
         real = step_mask(lengths, values.shape[1])
         steps = self.encode(values, mask, times)
-        logits, temporal_weights = self.classify(steps.states, real, static, steps.summaries)
+        summary = None if steps.summaries is None else at_last_step(steps.summaries, real)
+        logits, temporal_weights = self.classify(steps.states, real, static, summary)
         return GarlicOutput(
             **vars(steps),
             reconstruction=self.reconstruct(steps.messages),
@@ -447,7 +473,8 @@ class Garlic(nn.Module):
         stays = max(1, chunk_cells // cells_per_stay) if values.device.type == "cpu" else max(len(values), 1)
         chunks = zip(values.split(stays), mask.split(stays), times.split(stays))
         states, _ = self.sequence(torch.cat([self.per_step(*chunk).sequence_input for chunk in chunks]))
-        logits, _ = self.classify(states, step_mask(lengths, steps), static, self.summaries(values, mask, times))
+        summary = self.running_summary.at_end(values, mask, times, lengths) if self.config.summary_branch else None
+        logits, _ = self.classify(states, step_mask(lengths, steps), static, summary)
         return logits
 
 

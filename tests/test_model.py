@@ -15,10 +15,12 @@ from garlic.model import (
     StepwiseProjection,
     TemporalAttention,
     VariableEncoder,
+    at_last_step,
     fast_tanh,
     graph_penalty,
     lag_offsets,
     reconstruction_loss,
+    step_mask,
 )
 
 B, T, D, S = 5, 12, 4, 3
@@ -169,6 +171,18 @@ def test_running_summary_equals_a_plain_loop_over_stays_steps_and_variables():
                 assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (b, t, d)
 
 
+def test_running_summary_at_the_end_equals_the_running_pass_at_each_stays_last_step():
+    values, mask, times, lengths, _ = random_batch(seed=4)
+    running = RunningSummary()(values, mask, times)
+    expected = running[torch.arange(B), lengths - 1]
+    torch.testing.assert_close(RunningSummary().at_end(values, mask, times, lengths), expected)
+    # Steps beyond a stay's length are not read, even where the padding holds observations.
+    padding = step_mask(lengths, T).logical_not()
+    padded_values, padded_mask = values.clone(), mask.clone()
+    padded_values[padding], padded_mask[padding] = 99.0, 1.0
+    torch.testing.assert_close(RunningSummary().at_end(padded_values, padded_mask, times, lengths), expected)
+
+
 def test_summary_branch_reads_the_last_real_step_and_keeps_predictions_batch_independent():
     values, mask, times, lengths, static = random_batch(seed=2)
     model = small_model(summary_branch=True, use_static=True)
@@ -299,7 +313,8 @@ def test_the_three_routes_to_a_logit_agree():
             output = model(values, mask, times, lengths, static)
             encoded = model.encode(values, mask, times)
             real = torch.arange(T)[None, :] < lengths[:, None]
-            logits, weights = model.classify(encoded.states, real, static, encoded.summaries)
+            summary = None if encoded.summaries is None else at_last_step(encoded.summaries, real)
+            logits, weights = model.classify(encoded.states, real, static, summary)
             torch.testing.assert_close(logits, output.logits)
             torch.testing.assert_close(weights, output.temporal_attention)
             torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1),
