@@ -114,8 +114,9 @@ def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
     plan = distributed.broadcast_state(None)
     if not plan.get("finished"):
         parts = split_parts(tensors, split)
-        GarlicEstimator(config, resume=plan["resume"], on_state=lambda state: None).fit(parts["train"],
-                                                                                        parts["validation"])
+        # Every rank takes part in gathering the epoch's state (``AlternatingTrainer.state``); rank 0 writes it.
+        estimator = GarlicEstimator(config, resume=plan["resume"], on_state=lambda state: None)
+        estimator.fit(parts["train"], parts["validation"])
 
 
 def _tracked_train(
