@@ -10,6 +10,9 @@ Methods:
   ``physionet2012`` for the paper config), trained through ``garlic.runs.train``, the one train-select-test-log
   path: one run per split and model seed of the protocol.
 
+With ``--workers N`` the missing GARLIC units are trained first, in N parallel ``garlic train`` processes (the CPU
+threads shared out evenly; one per core is the fastest on a CPU), all into the first store.
+
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
 FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained in parallel into separate stores are
 gathered by listing every store; new work goes into the first. Baselines reuse their finished runs the same way
@@ -25,8 +28,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,8 +130,21 @@ def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
     return pd.read_csv(local)
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A GARLIC unit without a finished run: the preset, the protocol, the split and the model seed."""
+
+    preset: str
+    protocol: str
+    split: int
+    seed: int
+
+    def __str__(self) -> str:
+        return f"{self.preset} {self.protocol}/split_{self.split} seed {self.seed}"
+
+
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
-                 train: bool) -> tuple[list[Unit], list[str]]:  # fmt: skip
+                 train: bool) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
     """The preset's units on the protocol, trained where missing (unless not ``train``); and what is missing."""
     chosen = protocol(protocol_name)
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
@@ -140,13 +159,38 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                 runs.train(unit_config, [index], data_root, stores[0])
                 found = finished_unit(stores[:1], unit_config, split_name, digest)
             if found is None:
-                missing.append(f"{name} {split_name} seed {seed}")
+                missing.append(Pending(name, protocol_name, index, seed))
                 continue
             store, run = found
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, metrics,
                               test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
+
+
+def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str]) -> None:
+    """Train ``pending`` in ``workers`` parallel ``garlic train`` processes, the CPU threads shared out evenly, all
+    into ``store``; each process writes its output to ``store/logs/``. A unit whose process fails is reported and
+    stays missing."""
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    logs = Path(store) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def train_one(unit: Pending) -> tuple[Pending, int, Path]:
+        settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
+        command = [sys.executable, "-m", "garlic.cli", "--data-root", str(data_root), "--mlruns", str(store), "train",
+                   "--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--protocol", unit.protocol,
+                   "--split", str(unit.split), *settings]  # fmt: skip
+        output = logs / f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
+        with open(output, "w") as sink:
+            code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=environment).returncode
+        return unit, code, output
+
+    print(f"training {len(pending)} GARLIC units in {workers} processes of {threads} thread(s); output in {logs}")
+    with ThreadPoolExecutor(workers) as pool:
+        for unit, code, output in pool.map(train_one, pending):
+            print(f"{unit}: {'done' if code == 0 else f'failed (exit {code}), see {output}'}")
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,
@@ -278,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
                         help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="train the missing GARLIC units in N parallel processes (default 1: one at a time)")
     parser.add_argument("--out", type=Path, help="folder for <dataset>.md and <dataset>.csv (e.g. docs/results)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -286,11 +332,19 @@ def main(argv: list[str] | None = None) -> None:
     presets = [args.dataset] if args.presets is None else args.presets
     configs = {name: preset_config(name, args.dataset, overrides) for name in presets}
 
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    in_workers = args.workers > 1 and not args.no_train
+    if in_workers:
+        pending = [unit for protocol_name in args.protocols for name, config in configs.items()
+                   for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False)[1]]
+        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides)
     units, missing = [], []
     for protocol_name in args.protocols:
         units += baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root, overrides)
         for name, config in configs.items():
-            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, not args.no_train)
+            train = not (args.no_train or in_workers)
+            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train)
             units += found
             missing += lacking
     summary = table(units, args.protocols)

@@ -71,7 +71,22 @@ def test_runs_on_other_data_are_not_reused(compared, tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
         units, missing = compare.garlic_units("synthetic", config, "tiny", [store], other, train=False)
-    assert units == [] and missing == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
+    assert units == [] and list(map(str, missing)) == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
+
+
+@pytest.mark.slow
+def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_store(tmp_path):
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
+    store, out = tmp_path / "mlruns", tmp_path / "results"
+    compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods", *TINY,
+                  "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out), "--workers", "2"])  # fmt: skip
+    table = pd.read_csv(out / "synthetic.csv")
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["synthetic", "five-split", 5]]
+    assert len(list((store / "logs").glob("synthetic-five-split-split_*-seed_0.log"))) == 5
+    trained = sorted((run.info.start_time, run.info.end_time) for run in split_runs(store)
+                     if run.data.params.get("split", "").startswith("five-split/"))  # fmt: skip
+    assert len(trained) == 5
+    assert trained[1][0] < trained[0][1]  # the first two trained at the same time, in two processes
 
 
 def unit(method, split, risk, labels):
