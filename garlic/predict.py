@@ -23,7 +23,7 @@ def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int
         yield order[start : start + len(batch)], batch.to(device)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # a few % faster than no_grad on P12 here: no version counters or view tracking
 def predict_proba(model: nn.Module, dataset: IrregularDataset, batch_size: int = INFERENCE_BATCH) -> np.ndarray:
     """Risk per stay, in dataset order (``model``: GARLIC of either architecture)."""
     model.eval()
