@@ -66,7 +66,7 @@ class GarlicEstimator:
 
     @property
     def model(self):
-        return self.fitted.model
+        return self.trained.model
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         return predict_proba(self.fitted.model, dataset)

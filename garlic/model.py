@@ -301,10 +301,7 @@ class RunningSummary(nn.Module):
         high = torch.where(observed, values, -infinity).cummax(1).values
         mean = (values * mask).cumsum(1) / count.clamp(min=1)
         since = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, last)
-        statistics = [values.gather(1, first), values.gather(1, last), low, high, mean]
-        statistics = [torch.where(seen, statistic, 0.0) for statistic in statistics]
-        statistics += [torch.log1p(count), since * seen / 24, seen.to(values.dtype)]
-        return torch.stack(statistics, dim=-1).flatten(2)
+        return self._stacked([values.gather(1, first), values.gather(1, last), low, high, mean], count, since, seen)
 
     def at_end(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> Tensor:
         """``forward(...)`` at each stay's last real step, by reductions over its steps instead of running ones (the
@@ -322,10 +319,16 @@ class RunningSummary(nn.Module):
         mean = torch.where(observed, values, 0.0).sum(1) / count.clamp(min=1)
         now = times.gather(1, (lengths - 1).clamp(min=0)[:, None])
         since = now - times.gather(1, last[:, 0])
-        statistics = [values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean]
-        statistics = [torch.where(seen, statistic, 0.0) for statistic in statistics]
-        statistics += [torch.log1p(count), since * seen / 24, seen.to(values.dtype)]
-        return torch.stack(statistics, dim=-1).flatten(1)
+        return self._stacked([values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean], count,
+                             since, seen)
+
+    @staticmethod
+    def _stacked(observed: list[Tensor], count: Tensor, since: Tensor, seen: Tensor) -> Tensor:
+        """The 8 statistics in ``STATISTICS`` order, variable-major on the last axis ([..., D] each -> [..., 8 D]);
+        the ``observed`` ones (first .. mean) 0 until a variable is seen."""
+        statistics = [torch.where(seen, statistic, 0.0) for statistic in observed]
+        statistics += [torch.log1p(count), since * seen / 24, seen.to(count.dtype)]
+        return torch.stack(statistics, dim=-1).flatten(-2)
 
 
 class Garlic(nn.Module):
