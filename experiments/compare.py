@@ -13,14 +13,19 @@ Methods:
 With ``--workers N`` the missing GARLIC units are trained first, in N parallel ``garlic train`` processes (the CPU
 threads shared out evenly; one per core is the fastest on a CPU), all into the first store.
 
+With ``--out``, every unit of the table is also kept in ``OUT/<dataset>-runs/`` (``experiments.run_archive``: test
+metrics and risks, no outcomes), to be committed beside the table. A unit that no store holds is read back from
+there, so the table can be made again, and extended, after the stores that trained it are gone. A row of the
+table already at ``OUT`` that neither gives (measured before the archive existed) is kept, and the report names it.
+
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
-FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained in parallel into separate stores are
-gathered by listing every store; new work goes into the first. Baselines reuse their finished runs the same way
+FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs
+trained in parallel into separate stores are gathered by listing every store; new work goes into the first. Baselines reuse their finished runs the same way
 (``experiments.study.resumable``). ``--no-train`` only gathers, and names what is missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
-with ``--out``, written as ``<dataset>.md`` and ``<dataset>.csv``. Published numbers sit beside ours, marked as
-published. Every GARLIC preset is compared, paired on the same test stays, with the protocol's best simple
+with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
+differences). Published numbers sit beside ours, marked as published. Every GARLIC preset is compared, paired on the same test stays, with the protocol's best simple
 baseline (highest mean, per metric): the mean difference over the protocol's runs and a 95% bootstrap interval
 over test stays (each resample redraws every split's test stays; a difference whose interval holds 0 is a tie).
 """
@@ -39,16 +44,19 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from experiments import study
 from experiments.baselines.run import RECURRENT, Baselines
+from experiments.run_archive import RunArchive, Unit
 from experiments.stats import weighted_auroc, weighted_average_precision
 from garlic import run_contract, runs
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
 from garlic.splits import PROTOCOLS, protocol
 from garlic.tracking import DEFAULT_STORE, use_store
-from preprocessing.tables import read_manifest
+from preprocessing.atomic import atomic_file
+from preprocessing.tables import LABELS, read_manifest
 
 log = logging.getLogger("experiments")
 
@@ -65,19 +73,6 @@ PUBLISHED = [
 ]
 IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
 BOOTSTRAP = 1000
-
-
-@dataclass
-class Unit:
-    """One test look: a method on one split (and model seed), with its test predictions."""
-
-    method: str
-    protocol: str
-    split: int
-    seed: int | None
-    run_id: str
-    metrics: dict[str, float]
-    predictions: pd.DataFrame  # stay_id, label, risk
 
 
 def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
@@ -143,17 +138,28 @@ class Pending:
         return f"{self.preset} {self.protocol}/split_{self.split} seed {self.seed}"
 
 
+def settings_digest(config: Config) -> str:
+    return study.settings_digest({k: v for k, v in config.to_dict().items() if k not in IGNORED_PARAMS})
+
+
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
-                 train: bool) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
-    """The preset's units on the protocol, trained where missing (unless not ``train``); and what is missing."""
+                 train: bool, archive: RunArchive | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
+    """The preset's units on the protocol, from the stores, else from ``archive``, else trained (unless not
+    ``train``); and what is missing."""
     chosen = protocol(protocol_name)
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
     for index in chosen.splits:
         for seed in chosen.seeds or (config.seed,):
             unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
+            settings = settings_digest(unit_config)
             split_name = f"{protocol_name}/split_{index}"
             found = finished_unit(stores, unit_config, split_name, digest)
+            if found is None and archive is not None:
+                kept = archive.find(name, protocol_name, index, seed, settings)
+                if kept is not None:
+                    units.append(kept)
+                    continue
             if found is None and train:
                 log.info("training %s on %s, seed %d", name, split_name, seed)
                 runs.train(unit_config, [index], data_root, stores[0])
@@ -163,7 +169,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                 continue
             store, run = found
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
-            units.append(Unit(name, protocol_name, index, seed, run.info.run_id, metrics,
+            units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
                               test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
 
@@ -194,22 +200,32 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,
-                   overrides: list[str]) -> list[Unit]:  # fmt: skip
-    """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds)."""
+                   overrides: list[str], archive: RunArchive | None = None) -> list[Unit]:  # fmt: skip
+    """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
+    a method kept in ``archive`` on every split is read from it, the others run (or reuse their runs in ``store``)."""
     if not methods:
         return []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = study.load_cohort(dataset, data_root, protocol_name, None)
     experiment_id = study.open_experiment(f"baselines-{dataset}", store)
     runner = Baselines(config, cohort, experiment_id, data_root)
-    records = runner.run(runner.available(methods))
-    units = []
-    for record in records.to_dict("records"):
+    units, to_run = [], []
+    for method in runner.available(methods):
+        settings = study.settings_digest(runner.settings(method))
+        kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
+                for split in cohort.splits]  # fmt: skip
+        if all(unit is not None for unit in kept):
+            units += kept
+        else:
+            to_run.append(method)
+    for record in runner.run(to_run).to_dict("records"):
         predictions = test_predictions(store, record["run_id"])
         metrics = {k.removeprefix("test_"): record[k] for k in ("test_auroc", "test_auprc", "test_brier", "test_ece")}
-        units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], metrics,
+        settings = study.settings_digest(runner.settings(record["method"]))
+        units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings, metrics,
                           predictions))  # fmt: skip
-    return units
+    order = {method: position for position, method in enumerate(methods)}
+    return sorted(units, key=lambda unit: (order[unit.method], unit.split))
 
 
 def table(units: list[Unit], protocols: list[str]) -> pd.DataFrame:
@@ -277,6 +293,28 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str]) -> 
     return pd.DataFrame(rows)
 
 
+def kept_from_before(previous: Path, made: pd.DataFrame, key: list[str], names: list[str],
+                     protocols: list[str]) -> pd.DataFrame:
+    """The rows of the table already at ``previous`` for ``names`` on ``protocols`` that this call did not make
+    again: their runs are in no store given and not in the run archive (they were measured before it existed).
+    Dropping them would lose a measurement silently; they are kept, and the report names them."""
+    if not previous.is_file():
+        return made.iloc[:0]
+    before = pd.read_csv(previous)
+    if before.empty:
+        return before
+    asked = before[key[0]].isin(names) & before["protocol"].isin(protocols)
+    made_keys = set(map(tuple, made[key].astype(str).values)) if len(made) else set()
+    again = before[key].astype(str).apply(tuple, axis=1).isin(made_keys)
+    return before[asked & ~again]
+
+
+def in_protocol_order(rows: pd.DataFrame, key: str, names: list[str], protocols: list[str]) -> pd.DataFrame:
+    position = {name: i for i, name in enumerate(names)}
+    order = rows["protocol"].map(protocols.index) * len(names) + rows[key].map(position)
+    return rows.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
+
+
 def formatted(summary: pd.DataFrame) -> pd.DataFrame:
     shown = summary.copy()
     for metric in ("auroc", "auprc"):
@@ -287,7 +325,8 @@ def formatted(summary: pd.DataFrame) -> pd.DataFrame:
     return shown[["method", "protocol", "runs", "auroc", "auprc", "brier_mean", "ece_mean"]]
 
 
-def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], command: str, dataset: str) -> str:
+def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], kept: list[str], command: str,
+           dataset: str) -> str:  # fmt: skip
     lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
@@ -304,6 +343,11 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], comm
                   f"Mean over the protocol's runs of (preset - baseline) on the same test stays, with a 95% interval "
                   f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie.", "",
                   study.markdown(shown), ""]  # fmt: skip
+    if kept:
+        lines += ["## Kept from the previous table", "",
+                  "These rows' runs are in none of the stores above and not in the run archive (they were measured "
+                  "before it existed, and their stores are gone), so they are the previous table's numbers, not "
+                  "made again here:", "", *[f"- {k}" for k in kept], ""]  # fmt: skip
     if missing:
         lines += ["## Not yet run", "", *[f"- {m}" for m in missing], ""]
     return "\n".join(lines)
@@ -339,25 +383,49 @@ def main(argv: list[str] | None = None) -> None:
         pending = [unit for protocol_name in args.protocols for name, config in configs.items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False)[1]]
         train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides)
+    archive = None
+    if args.out is not None:
+        folder = ensure_processed(args.dataset, args.data_root)
+        labels = pq.read_table(folder / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")
+        archive = RunArchive(args.out / f"{args.dataset}-runs", run_contract.manifest_digest(read_manifest(folder)),
+                             labels["label"])  # fmt: skip
     units, missing = [], []
     for protocol_name in args.protocols:
-        units += baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root, overrides)
+        units += baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root, overrides,
+                                archive)  # fmt: skip
         for name, config in configs.items():
             train = not (args.no_train or in_workers)
-            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train)
+            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive)
             units += found
             missing += lacking
     summary = table(units, args.protocols)
     paired = comparisons(units, presets, args.protocols)
+    kept = []
+    if args.out is not None:
+        archive.keep(units)
+        names = [*args.methods, *presets]
+        measured = summary[summary["runs"].notna()]
+        before = kept_from_before(args.out / f"{args.dataset}.csv", measured, ["method", "protocol"], names,
+                                  args.protocols)  # fmt: skip
+        kept = [f"{row.method} {row.protocol} ({row.runs} runs)" for row in before.itertuples()]
+        summary = pd.concat([in_protocol_order(pd.concat([measured, before]), "method", names, args.protocols),
+                             summary[summary["runs"].isna()]], ignore_index=True).astype({"runs": "Int64"})
+        paired_before = kept_from_before(args.out / f"{args.dataset}-paired.csv", paired,
+                                         ["preset", "protocol", "metric"], presets, args.protocols)  # fmt: skip
+        if len(paired_before):
+            paired = in_protocol_order(pd.concat([paired, paired_before]), "preset", presets, args.protocols)
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = report(summary, paired, missing, command, args.dataset)
+    text = report(summary, paired, missing, kept, command, args.dataset)
     experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired}
     study.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{args.dataset}.md").write_text(text)
-        summary.to_csv(args.out / f"{args.dataset}.csv", index=False, float_format="%.4f")
+        for name, write in [(".md", lambda out: out.write(text)),
+                            (".csv", lambda out: summary.to_csv(out, index=False, float_format="%.4f")),
+                            ("-paired.csv", lambda out: paired.to_csv(out, index=False, float_format="%.4f"))]:
+            with atomic_file(args.out / f"{args.dataset}{name}", "w") as out:
+                write(out)
     print(text)
 
 

@@ -1,13 +1,18 @@
 """The comparison table: every method on a protocol's runs, resumable from MLflow, with paired differences."""
+import shutil
+
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
 
 from experiments import compare
+from experiments.run_archive import RunArchive
+from garlic import run_contract
 from garlic.splits import PROTOCOLS, Protocol
 from garlic.tracking import use_store
 from preprocessing import synthetic
+from preprocessing.tables import read_manifest
 
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
 
@@ -89,9 +94,54 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
     assert trained[1][0] < trained[0][1]  # the first two trained at the same time, in two processes
 
 
+def test_the_table_is_made_again_from_the_run_archive_when_the_stores_are_gone(compared, tmp_path):
+    root, store, out, first, _ = compared
+    kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")
+    assert sorted(map(tuple, kept[["method", "seed"]].fillna(-1).values)) == [("gbm", -1), ("logreg", -1),
+                                                                               ("synthetic", 0), ("synthetic", 1)]
+    risks = pd.read_csv(out / "synthetic-runs" / "synthetic" / "tiny-split_0-seed_1.csv.gz")
+    assert list(risks.columns) == ["stay_id", "risk"]  # no outcomes leave the dataset
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
+                      "gbm", *TINY, "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
+                      "--no-train"])  # fmt: skip
+        assert (moved / "synthetic.csv").read_text() == first[1]
+        paired = lambda text: text[text.index("## Paired"):]  # noqa: E731
+        assert paired((moved / "synthetic.md").read_text()) == paired(first[0])
+        assert all(run.info.run_name == "comparison" for run in split_runs(tmp_path / "empty"))  # nothing trained
+        # other settings are other units: the archive does not stand in for them
+        config = compare.preset_config("synthetic", "synthetic", [*TINY[1::2], "hidden_dim=16"])
+        digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
+        labels = pd.read_parquet(root / "processed" / "synthetic" / "labels.parquet").set_index("stay_id")["label"]
+        archive = RunArchive(moved / "synthetic-runs", digest, labels)
+        units, missing = compare.garlic_units("synthetic", config, "tiny", [tmp_path / "empty"], root, False, archive)
+    assert units == [] and len(missing) == 2
+
+
+def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(compared, tmp_path):
+    root, _, out, first, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    shutil.rmtree(moved / "synthetic-runs" / "synthetic")
+    runs = pd.read_csv(moved / "synthetic-runs" / "runs.csv")
+    runs[runs["method"] != "synthetic"].to_csv(moved / "synthetic-runs" / "runs.csv", index=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
+                      "gbm", *TINY, "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
+                      "--no-train"])  # fmt: skip
+    assert (moved / "synthetic.csv").read_text() == first[1]
+    report = (moved / "synthetic.md").read_text()
+    assert "## Kept from the previous table" in report and "- synthetic tiny (2 runs)" in report
+    assert pd.read_csv(moved / "synthetic-paired.csv").equals(pd.read_csv(out / "synthetic-paired.csv"))
+
+
 def unit(method, split, risk, labels):
     predictions = pd.DataFrame({"stay_id": np.arange(len(labels)), "label": labels, "risk": risk})
-    return compare.Unit(method, "p", split, None, "run", {}, predictions)
+    return compare.Unit(method, "p", split, None, "run", "settings", {}, predictions)
 
 
 def test_paired_difference_calls_a_clear_gain_a_win_and_no_change_a_tie():

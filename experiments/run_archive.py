@@ -1,0 +1,106 @@
+"""The comparison's record of its units, kept beside its table so that the table can be made again without the
+MLflow stores that trained them: a store lives on one machine, the repository outlives it.
+
+Under ``FOLDER`` (``docs/results/<dataset>-runs/``):
+
+- ``runs.csv``: one row per unit, ``method, protocol, split, seed, run_id, settings, data_digest, auroc, auprc,
+  brier, ece`` (test metrics; ``seed`` empty for a deterministic baseline). ``settings`` is a digest of what the
+  unit was trained with and ``data_digest`` the processed data's (``run_contract.manifest_digest``): a unit made with
+  other settings or on other data is never read back.
+- ``<method>/<protocol>-split_<k>[-seed_<s>].csv.gz``: the unit's test risks, ``stay_id, risk``. No outcomes: they
+  stay in the dataset and are joined back from its label table when a unit is read.
+
+Every file is written atomically (``preprocessing.atomic``): a killed write leaves the previous record whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from preprocessing.atomic import atomic_file
+
+RUNS = "runs.csv"
+RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", "auroc", "auprc", "brier",
+               "ece"]  # fmt: skip
+METRICS = ("auroc", "auprc", "brier", "ece")
+GZIP = {"method": "gzip", "mtime": 0}  # the same risks give the same bytes, so git sees no change
+
+
+@dataclass
+class Unit:
+    """One test look: a method on one split (and model seed), with its test predictions."""
+
+    method: str
+    protocol: str
+    split: int
+    seed: int | None
+    run_id: str
+    settings: str  # digest of what it was trained with
+    metrics: dict[str, float]
+    predictions: pd.DataFrame  # stay_id, label, risk
+
+    @property
+    def key(self) -> tuple[str, str, int, int | None]:
+        return self.method, self.protocol, self.split, self.seed
+
+
+def risks_path(method: str, protocol: str, split: int, seed: int | None) -> Path:
+    return Path(method) / f"{protocol}-split_{split}{'' if seed is None else f'-seed_{seed}'}.csv.gz"
+
+
+class RunArchive:
+    """The units of one dataset kept under ``folder``; ``labels`` (indexed by stay id) joins outcomes back."""
+
+    def __init__(self, folder: Path, data_digest: str, labels: pd.Series):
+        self.folder, self.data_digest, self.labels = Path(folder), data_digest, labels
+        index = self.folder / RUNS
+        self.runs = pd.read_csv(index, dtype={"run_id": str}) if index.is_file() else pd.DataFrame(columns=RUN_COLUMNS)
+        missing = set(RUN_COLUMNS) - set(self.runs.columns)
+        if missing:
+            raise ValueError(f"{index}: no column(s) {sorted(missing)}; expected {RUN_COLUMNS}")
+        self.runs["seed"] = self.runs["seed"].astype("Int64")
+
+    def _row(self, method: str, protocol: str, split: int, seed: int | None) -> pd.Series | None:
+        runs = self.runs
+        same_seed = runs["seed"].isna() if seed is None else runs["seed"].eq(seed).fillna(False)
+        found = runs[runs["method"].eq(method) & runs["protocol"].eq(protocol) & runs["split"].eq(split) & same_seed]
+        return None if found.empty else found.iloc[-1]
+
+    def find(self, method: str, protocol: str, split: int, seed: int | None, settings: str) -> Unit | None:
+        """The kept unit made with ``settings`` on this archive's data, or None."""
+        row = self._row(method, protocol, split, seed)
+        if row is None or row["settings"] != settings or row["data_digest"] != self.data_digest:
+            return None
+        path = self.folder / risks_path(method, protocol, split, seed)
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.folder / RUNS} names {method} {protocol}/split_{split} seed {seed}, "
+                                    f"but its risks {path} are missing")  # fmt: skip
+        risks = pd.read_csv(path)
+        if list(risks.columns) != ["stay_id", "risk"]:
+            raise ValueError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
+        risks["stay_id"] = risks["stay_id"].astype(self.labels.index.dtype)
+        unknown = ~risks["stay_id"].isin(self.labels.index)
+        if unknown.any():
+            raise ValueError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
+        predictions = risks.assign(label=self.labels.loc[risks["stay_id"]].to_numpy())[["stay_id", "label", "risk"]]
+        metrics = {name: float(row[name]) for name in METRICS}
+        return Unit(method, protocol, split, seed, str(row["run_id"]), settings, metrics, predictions)
+
+    def keep(self, units: list[Unit]) -> None:
+        """Record ``units`` (replacing a kept unit of the same method, protocol, split and seed)."""
+        if not units:
+            return
+        for unit in units:
+            risks = unit.predictions[["stay_id", "risk"]]
+            with atomic_file(self.folder / risks_path(*unit.key)) as out:
+                risks.to_csv(out, index=False, float_format="%.7g", compression=GZIP)
+        new = pd.DataFrame([{"method": u.method, "protocol": u.protocol, "split": u.split, "seed": u.seed,
+                             "run_id": u.run_id, "settings": u.settings, "data_digest": self.data_digest,
+                             **{name: u.metrics[name] for name in METRICS}} for u in units])  # fmt: skip
+        new["seed"] = new["seed"].astype("Int64")
+        kept = pd.concat([self.runs, new], ignore_index=True) if len(self.runs) else new
+        self.runs = kept.drop_duplicates(["method", "protocol", "split", "seed"], keep="last")[RUN_COLUMNS]
+        with atomic_file(self.folder / RUNS, "w") as out:
+            self.runs.to_csv(out, index=False)
