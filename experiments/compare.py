@@ -309,6 +309,11 @@ def kept_from_before(previous: Path, made: pd.DataFrame, key: list[str], names: 
     return before[asked & ~again]
 
 
+def protocol_runs(protocol_name: str) -> int:
+    chosen = protocol(protocol_name)
+    return len(chosen.splits) * max(1, len(chosen.seeds or ()))
+
+
 def in_protocol_order(rows: pd.DataFrame, key: str, names: list[str], protocols: list[str]) -> pd.DataFrame:
     position = {name: i for i, name in enumerate(names)}
     order = rows["protocol"].map(protocols.index) * len(names) + rows[key].map(position)
@@ -407,7 +412,10 @@ def main(argv: list[str] | None = None) -> None:
         measured = summary[summary["runs"].notna()]
         before = kept_from_before(args.out / f"{args.dataset}.csv", measured, ["method", "protocol"], names,
                                   args.protocols)  # fmt: skip
-        kept = [f"{row.method} {row.protocol} ({row.runs} runs)" for row in before.itertuples()]
+        kept = [f"{row.method} {row.protocol} ({int(row.runs)} of the protocol's {protocol_runs(row.protocol)} runs)"
+                for row in before.itertuples()]  # fmt: skip
+        carried = set(zip(before["method"], before["protocol"]))
+        missing = [unit for unit in missing if (unit.preset, unit.protocol) not in carried]
         summary = pd.concat([in_protocol_order(pd.concat([measured, before]), "method", names, args.protocols),
                              summary[summary["runs"].isna()]], ignore_index=True).astype({"runs": "Int64"})
         paired_before = kept_from_before(args.out / f"{args.dataset}-paired.csv", paired,

@@ -135,7 +135,8 @@ def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(com
                       "--no-train"])  # fmt: skip
     assert (moved / "synthetic.csv").read_text() == first[1]
     report = (moved / "synthetic.md").read_text()
-    assert "## Kept from the previous table" in report and "- synthetic tiny (2 runs)" in report
+    assert "## Kept from the previous table" in report and "- synthetic tiny (2 of the protocol's 2 runs)" in report
+    assert "Not yet run" not in report  # they ran: only their runs' record is gone
     assert pd.read_csv(moved / "synthetic-paired.csv").equals(pd.read_csv(out / "synthetic-paired.csv"))
 
 
