@@ -320,6 +320,32 @@ def in_protocol_order(rows: pd.DataFrame, key: str, names: list[str], protocols:
     return rows.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 
 
+def open_archive(out: Path, dataset: str, data_root: Path) -> RunArchive:
+    folder = ensure_processed(dataset, data_root)
+    labels = pq.read_table(folder / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")["label"]
+    return RunArchive(out / f"{dataset}-runs", run_contract.manifest_digest(read_manifest(folder)), labels)
+
+
+def with_rows_kept(previous: Path, summary: pd.DataFrame, paired: pd.DataFrame, missing: list[Pending],
+                   names: list[str], presets: list[str], protocols: list[str]):  # fmt: skip
+    """``summary``, ``paired`` and ``missing`` with the rows of the previous table at ``previous`` (its ``.csv`` and
+    ``-paired.csv``) that this call could not make again; and a line naming each kept row."""
+    measured = summary[summary["runs"].notna()]
+    before = kept_from_before(previous.with_name(f"{previous.name}.csv"), measured, ["method", "protocol"], names,
+                              protocols)  # fmt: skip
+    kept = [f"{row.method} {row.protocol} ({int(row.runs)} of the protocol's {protocol_runs(row.protocol)} runs)"
+            for row in before.itertuples()]  # fmt: skip
+    carried = set(zip(before["method"], before["protocol"]))
+    missing = [unit for unit in missing if (unit.preset, unit.protocol) not in carried]  # they ran; their record is gone
+    summary = pd.concat([in_protocol_order(pd.concat([measured, before]), "method", names, protocols),
+                         summary[summary["runs"].isna()]], ignore_index=True).astype({"runs": "Int64"})  # fmt: skip
+    paired_before = kept_from_before(previous.with_name(f"{previous.name}-paired.csv"), paired,
+                                     ["preset", "protocol", "metric"], presets, protocols)  # fmt: skip
+    if len(paired_before):
+        paired = in_protocol_order(pd.concat([paired, paired_before]), "preset", presets, protocols)
+    return summary, paired, missing, kept
+
+
 def formatted(summary: pd.DataFrame) -> pd.DataFrame:
     shown = summary.copy()
     for metric in ("auroc", "auprc"):
@@ -373,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="train the missing GARLIC units in N parallel processes (default 1: one at a time)")
-    parser.add_argument("--out", type=Path, help="folder for <dataset>.md and <dataset>.csv (e.g. docs/results)")
+    parser.add_argument("--out", type=Path, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
+                                                 "<dataset>-runs/ (e.g. docs/results)")  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -388,12 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         pending = [unit for protocol_name in args.protocols for name, config in configs.items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False)[1]]
         train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides)
-    archive = None
-    if args.out is not None:
-        folder = ensure_processed(args.dataset, args.data_root)
-        labels = pq.read_table(folder / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")
-        archive = RunArchive(args.out / f"{args.dataset}-runs", run_contract.manifest_digest(read_manifest(folder)),
-                             labels["label"])  # fmt: skip
+    archive = None if args.out is None else open_archive(args.out, args.dataset, args.data_root)
     units, missing = [], []
     for protocol_name in args.protocols:
         units += baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root, overrides,
@@ -408,20 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     kept = []
     if args.out is not None:
         archive.keep(units)
-        names = [*args.methods, *presets]
-        measured = summary[summary["runs"].notna()]
-        before = kept_from_before(args.out / f"{args.dataset}.csv", measured, ["method", "protocol"], names,
-                                  args.protocols)  # fmt: skip
-        kept = [f"{row.method} {row.protocol} ({int(row.runs)} of the protocol's {protocol_runs(row.protocol)} runs)"
-                for row in before.itertuples()]  # fmt: skip
-        carried = set(zip(before["method"], before["protocol"]))
-        missing = [unit for unit in missing if (unit.preset, unit.protocol) not in carried]
-        summary = pd.concat([in_protocol_order(pd.concat([measured, before]), "method", names, args.protocols),
-                             summary[summary["runs"].isna()]], ignore_index=True).astype({"runs": "Int64"})
-        paired_before = kept_from_before(args.out / f"{args.dataset}-paired.csv", paired,
-                                         ["preset", "protocol", "metric"], presets, args.protocols)  # fmt: skip
-        if len(paired_before):
-            paired = in_protocol_order(pd.concat([paired, paired_before]), "preset", presets, args.protocols)
+        summary, paired, missing, kept = with_rows_kept(args.out / args.dataset, summary, paired, missing,
+                                                        [*args.methods, *presets], presets, args.protocols)  # fmt: skip
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = report(summary, paired, missing, kept, command, args.dataset)
     experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
