@@ -1,5 +1,6 @@
 """The comparison table: every method on a protocol's runs, resumable from MLflow, with paired differences."""
 import shutil
+from contextlib import contextmanager
 
 import mlflow
 import numpy as np
@@ -17,20 +18,31 @@ from preprocessing.tables import read_manifest
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
 
 
+@contextmanager
+def tiny_protocol():
+    """The protocol ``tiny``: split 0, trained with model seeds 0 and 1."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
+        yield
+
+
+def compare_tiny(root, store, out, *extra) -> None:
+    """The comparison of GARLIC and two baselines on ``tiny``."""
+    with tiny_protocol():
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
+                      "gbm", *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out), *extra])
+
+
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     """One drawn split trained with two model seeds, beside two baselines; then the same command again."""
     root = tmp_path_factory.mktemp("compare")
     synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=2)
     store, out = root / "mlruns", root / "results"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
-        arguments = ["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
-                     "gbm", *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out)]  # fmt: skip
-        compare.main(arguments)
-        first = (out / "synthetic.md").read_text(), (out / "synthetic.csv").read_text()
-        trained = split_runs(store)
-        compare.main([*arguments, "--no-train"])
+    compare_tiny(root, store, out)
+    first = (out / "synthetic.md").read_text(), (out / "synthetic.csv").read_text()
+    trained = split_runs(store)
+    compare_tiny(root, store, out, "--no-train")
     return root, store, out, first, trained
 
 
@@ -73,8 +85,7 @@ def test_runs_on_other_data_are_not_reused(compared, tmp_path):
     other = tmp_path / "other"
     synthetic.generate(other / "processed" / "synthetic", n_stays=300, seed=9)
     config = compare.preset_config("synthetic", "synthetic", TINY[1::2])
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
+    with tiny_protocol():
         units, missing = compare.garlic_units("synthetic", config, "tiny", [store], other, train=False)
     assert units == [] and list(map(str, missing)) == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
 
@@ -103,20 +114,17 @@ def test_the_table_is_made_again_from_the_run_archive_when_the_stores_are_gone(c
     assert list(risks.columns) == ["stay_id", "risk"]  # no outcomes leave the dataset
     moved = tmp_path / "results"
     shutil.copytree(out, moved)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
-                      "gbm", *TINY, "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
-                      "--no-train"])  # fmt: skip
-        assert (moved / "synthetic.csv").read_text() == first[1]
-        paired = lambda text: text[text.index("## Paired"):]  # noqa: E731
-        assert paired((moved / "synthetic.md").read_text()) == paired(first[0])
-        assert all(run.info.run_name == "comparison" for run in split_runs(tmp_path / "empty"))  # nothing trained
-        # other settings are other units: the archive does not stand in for them
-        config = compare.preset_config("synthetic", "synthetic", [*TINY[1::2], "hidden_dim=16"])
-        digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
-        labels = pd.read_parquet(root / "processed" / "synthetic" / "labels.parquet").set_index("stay_id")["label"]
-        archive = RunArchive(moved / "synthetic-runs", digest, labels)
+    compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    assert (moved / "synthetic.csv").read_text() == first[1]
+    paired = lambda text: text[text.index("## Paired"):]  # noqa: E731
+    assert paired((moved / "synthetic.md").read_text()) == paired(first[0])
+    assert all(run.info.run_name == "comparison" for run in split_runs(tmp_path / "empty"))  # nothing trained
+    # other settings are other units: the archive does not stand in for them
+    config = compare.preset_config("synthetic", "synthetic", [*TINY[1::2], "hidden_dim=16"])
+    digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
+    labels = pd.read_parquet(root / "processed" / "synthetic" / "labels.parquet").set_index("stay_id")["label"]
+    archive = RunArchive(moved / "synthetic-runs", digest, labels)
+    with tiny_protocol():
         units, missing = compare.garlic_units("synthetic", config, "tiny", [tmp_path / "empty"], root, False, archive)
     assert units == [] and len(missing) == 2
 
@@ -128,11 +136,7 @@ def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(com
     shutil.rmtree(moved / "synthetic-runs" / "synthetic")
     runs = pd.read_csv(moved / "synthetic-runs" / "runs.csv")
     runs[runs["method"] != "synthetic"].to_csv(moved / "synthetic-runs" / "runs.csv", index=False)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(PROTOCOLS, "tiny", Protocol("tiny", (0,), seeds=(0, 1)))
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
-                      "gbm", *TINY, "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
-                      "--no-train"])  # fmt: skip
+    compare_tiny(root, tmp_path / "empty", moved, "--no-train")
     assert (moved / "synthetic.csv").read_text() == first[1]
     report = (moved / "synthetic.md").read_text()
     assert "## Kept from the previous table" in report and "- synthetic tiny (2 of the protocol's 2 runs)" in report
