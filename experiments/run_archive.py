@@ -56,7 +56,8 @@ class RunArchive:
     def __init__(self, folder: Path, data_digest: str, labels: pd.Series):
         self.folder, self.data_digest, self.labels = Path(folder), data_digest, labels
         index = self.folder / RUNS
-        self.runs = pd.read_csv(index, dtype={"run_id": str}) if index.is_file() else pd.DataFrame(columns=RUN_COLUMNS)
+        text = dict.fromkeys(["method", "protocol", "run_id", "settings", "data_digest"], str)  # a digest may look numeric
+        self.runs = pd.read_csv(index, dtype=text) if index.is_file() else pd.DataFrame(columns=RUN_COLUMNS)
         missing = set(RUN_COLUMNS) - set(self.runs.columns)
         if missing:
             raise ValueError(f"{index}: no column(s) {sorted(missing)}; expected {RUN_COLUMNS}")
