@@ -19,15 +19,17 @@ there, so the table can be made again, and extended, after the stores that train
 table already at ``OUT`` that neither gives (measured before the archive existed) is kept, and the report names it.
 
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
-FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs
-trained in parallel into separate stores are gathered by listing every store; new work goes into the first. Baselines reuse their finished runs the same way
-(``experiments.study.resumable``). ``--no-train`` only gathers, and names what is missing.
+FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
+in parallel into separate stores are gathered by listing every store; new work goes into the first. Baselines reuse
+their finished runs the same way (``experiments.study.resumable``). ``--no-train`` only gathers, and names what is
+missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
 with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
-differences). Published numbers sit beside ours, marked as published. Every GARLIC preset is compared, paired on the same test stays, with the protocol's best simple
-baseline (highest mean, per metric): the mean difference over the protocol's runs and a 95% bootstrap interval
-over test stays (each resample redraws every split's test stays; a difference whose interval holds 0 is a tie).
+differences). Published numbers sit beside ours, marked as published. Every GARLIC preset is compared, paired on the
+same test stays, with the protocol's best simple baseline (highest mean, per metric): the mean difference over the
+protocol's runs and a 95% bootstrap interval over test stays (each resample redraws every split's test stays; a
+difference whose interval holds 0 is a tie).
 """
 from __future__ import annotations
 
@@ -336,7 +338,8 @@ def with_rows_kept(previous: Path, summary: pd.DataFrame, paired: pd.DataFrame, 
     kept = [f"{row.method} {row.protocol} ({int(row.runs)} of the protocol's {protocol_runs(row.protocol)} runs)"
             for row in before.itertuples()]  # fmt: skip
     carried = set(zip(before["method"], before["protocol"]))
-    missing = [unit for unit in missing if (unit.preset, unit.protocol) not in carried]  # they ran; their record is gone
+    # they ran; only their record is gone
+    missing = [unit for unit in missing if (unit.preset, unit.protocol) not in carried]
     summary = pd.concat([in_protocol_order(pd.concat([measured, before]), "method", names, protocols),
                          summary[summary["runs"].isna()]], ignore_index=True).astype({"runs": "Int64"})  # fmt: skip
     paired_before = kept_from_before(previous.with_name(f"{previous.name}-paired.csv"), paired,

@@ -56,7 +56,8 @@ class RunArchive:
     def __init__(self, folder: Path, data_digest: str, labels: pd.Series):
         self.folder, self.data_digest, self.labels = Path(folder), data_digest, labels
         index = self.folder / RUNS
-        text = dict.fromkeys(["method", "protocol", "run_id", "settings", "data_digest"], str)  # a digest may look numeric
+        # a digest of digits alone would otherwise read as a number
+        text = dict.fromkeys(["method", "protocol", "run_id", "settings", "data_digest"], str)
         self.runs = pd.read_csv(index, dtype=text) if index.is_file() else pd.DataFrame(columns=RUN_COLUMNS)
         missing = set(RUN_COLUMNS) - set(self.runs.columns)
         if missing:
