@@ -396,11 +396,18 @@ class ReferenceGarlic(nn.Module):
             raise ValueError(f"a batch of {steps} steps is longer than the model's padded length {padded} (the "
                              "training data's): signal_layout=code cannot take longer stays")  # fmt: skip
         real = step_mask(lengths, steps)
-        values, mask = F.pad(values, (0, 0, 0, length - steps)), F.pad(mask, (0, 0, 0, length - steps))
-        times = F.pad(times * real, (0, length - steps))  # padding at time 0, as the reference's data has it
+        # Past a stay's last step every step is the same empty step (no value, time 0, the same carried value and
+        # mean), so every window wholly past it is the same window: compute the windows up to that first one (at
+        # most ``steps + 1`` of them) and repeat it to the padded length, not the same window up to ``length`` times.
+        computed = min(length, steps + self.window_size)
+        values, mask = F.pad(values, (0, 0, 0, computed - steps)), F.pad(mask, (0, 0, 0, computed - steps))
+        times = F.pad(times * real, (0, computed - steps))  # padding at time 0, as the reference's data has it
         imputed, lag_weights, messages = self.windows(values, mask, times)
-        batch, windows, variables, features = messages.shape
-        encoded = self.signal_attention.encode(messages)
+        batch, _, variables, features = messages.shape
+        windows = length - self.window_size + 1
+        first_empty = torch.minimum(torch.arange(windows, device=lengths.device)[None, :], lengths[:, None])
+        padded_messages = messages.gather(1, first_empty[:, :, None, None].expand(-1, -1, variables, features))
+        encoded = self.signal_attention.encode(padded_messages)
         chunks = encoded.transpose(1, 2).reshape(batch * windows, variables, features)  # no permute back: the code
         pooled, signal_weights = self.signal_attention(chunks)
         states, _ = self.sequence(pooled.view(batch, windows, -1))

@@ -189,6 +189,38 @@ def test_the_model_chains_the_layers_as_the_reference_does(layout):
     assert (output.reconstruction[:, : W - 1] == 0).all()
 
 
+def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_and_gradients():
+    values, mask, times, lengths, static = random_batch()
+    model = reference_model(signal_layout="code").train()
+    model.fit_scales(times, lengths)
+    model.padded_length.fill_(4 * T)  # the data set's stays are longer than this batch's
+
+    def every_window_computed():  # the reference's way: the whole padded length through every layer
+        padded, real = 4 * T, torch.arange(T)[None, :] < lengths[:, None]
+        full = [F.pad(x, (0, 0, 0, padded - T)) for x in (values, mask)]
+        _, _, messages = model.windows(*full, F.pad(times * real, (0, padded - T)))
+        windows = messages.shape[1]
+        pooled, _ = model.signal_attention(code_layout_chunks(messages))
+        states, _ = model.sequence(pooled.view(B, windows, -1))
+        context, _ = model.temporal_attention(states, torch.ones(B, windows, dtype=torch.bool))
+        return model.classifier(context)[:, 0], messages
+
+    def logits_and_gradients(logits):
+        model.zero_grad()
+        logits.pow(2).sum().backward()
+        return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    output = model(values, mask, times, lengths, static)
+    logits, gradients = logits_and_gradients(output.logits)
+    expected_logits, messages = every_window_computed()
+    expected, expected_gradients = logits_and_gradients(expected_logits)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert gradients.keys() == expected_gradients.keys() and "encoder.weight_in" in gradients
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(gradient, expected_gradients[name], atol=1e-4, rtol=1e-4, msg=name)
+    torch.testing.assert_close(output.messages[:, W - 1 :], messages[:, : T - W + 1].detach(), atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("layout", ["variables", "code"])
 def test_prediction_does_not_depend_on_the_batch(layout):
     values, mask, times, lengths, static = random_batch()
