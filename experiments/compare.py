@@ -129,15 +129,17 @@ def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Pending:
-    """A GARLIC unit without a finished run: the preset, the protocol, the split and the model seed."""
+    """A unit without a finished run: the GARLIC preset (or baseline), the protocol, the split and the model seed
+    (None for a baseline: one run per split)."""
 
     preset: str
     protocol: str
     split: int
-    seed: int
+    seed: int | None
 
     def __str__(self) -> str:
-        return f"{self.preset} {self.protocol}/split_{self.split} seed {self.seed}"
+        seed = "" if self.seed is None else f" seed {self.seed}"
+        return f"{self.preset} {self.protocol}/split_{self.split}{seed}"
 
 
 def settings_digest(config: Config) -> str:
@@ -202,11 +204,13 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,
-                   overrides: list[str], archive: RunArchive | None = None) -> list[Unit]:  # fmt: skip
+                   overrides: list[str], archive: RunArchive | None = None,
+                   train: bool = True) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
     """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
-    a method kept in ``archive`` on every split is read from it, the others run (or reuse their runs in ``store``)."""
+    a method kept in ``archive`` on every split is read from it, the others reuse their runs in ``store`` or, with
+    ``train``, run; returns the units and, without ``train``, the method and split of each that has no run."""
     if not methods:
-        return []
+        return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = study.load_cohort(dataset, data_root, protocol_name, None)
     experiment_id = study.open_experiment(f"baselines-{dataset}", store)
@@ -220,14 +224,18 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
             units += kept
         else:
             to_run.append(method)
-    for record in runner.run(to_run).to_dict("records"):
+    records = runner.run(to_run, train).to_dict("records")
+    done = {(record["method"], record["split"]) for record in records}
+    missing = [Pending(method, protocol_name, split.index, None) for method in runner.available(to_run)
+               for split in cohort.splits if (method, split.index) not in done]  # fmt: skip
+    for record in records:
         predictions = test_predictions(store, record["run_id"])
         metrics = {k.removeprefix("test_"): record[k] for k in ("test_auroc", "test_auprc", "test_brier", "test_ece")}
         settings = study.settings_digest(runner.settings(record["method"]))
         units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings, metrics,
                           predictions))  # fmt: skip
     order = {method: position for position, method in enumerate(methods)}
-    return sorted(units, key=lambda unit: (order[unit.method], unit.split))
+    return sorted(units, key=lambda unit: (order[unit.method], unit.split)), missing
 
 
 def table(units: list[Unit], protocols: list[str]) -> pd.DataFrame:
@@ -421,8 +429,10 @@ def main(argv: list[str] | None = None) -> None:
     archive = None if args.out is None else open_archive(args.out, args.dataset, args.data_root)
     units, missing = [], []
     for protocol_name in args.protocols:
-        units += baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root, overrides,
-                                archive)  # fmt: skip
+        found, lacking = baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root,
+                                        overrides, archive, train=not args.no_train)  # fmt: skip
+        units += found
+        missing += lacking
         for name, config in configs.items():
             train = not (args.no_train or in_workers)
             found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive)

@@ -90,6 +90,19 @@ def test_runs_on_other_data_are_not_reused(compared, tmp_path):
     assert units == [] and list(map(str, missing)) == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
 
 
+def test_no_train_gathers_the_baselines_it_has_and_names_the_others_without_training_them(compared, tmp_path):
+    root, store, _, _, _ = compared
+    out = tmp_path / "results"
+    with tiny_protocol():
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", "gbm_static",
+                      *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out), "--no-train"])
+    table = pd.read_csv(out / "synthetic.csv")
+    assert table[["method", "runs"]].values.tolist() == [["logreg", 1]]  # from the store
+    report = (out / "synthetic.md").read_text()
+    assert "## Not yet run\n\n- gbm_static tiny/split_0\n" in report
+    assert not [run for run in split_runs(store) if run.data.tags.get("method") == "gbm_static"]  # nothing trained
+
+
 @pytest.mark.slow
 def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_store(tmp_path):
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)

@@ -78,7 +78,9 @@ class Baselines:
             return RecurrentModel(name, self.recurrent)
         return GarlicEstimator(self.config, explain=False, keep_model=False)
 
-    def run(self, methods: list[str]) -> pd.DataFrame:
+    def run(self, methods: list[str], train: bool = True) -> pd.DataFrame:
+        """One record per method and split: reused from a finished run of the experiment, else fitted and tested
+        (with ``train`` False, left out)."""
         records = []
         for method in self.available(methods):
             for split in self.cohort.splits:
@@ -89,6 +91,8 @@ class Baselines:
                 tags = {"study": STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
                         "method": method, "split": split.name,
                         "settings": study.settings_digest(self.settings(method))}  # fmt: skip
+                if not train and study.finished_run(self.experiment_id, tags) is None:
+                    continue
                 metrics, run_id, _ = study.resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work)
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
         return pd.DataFrame(records)
