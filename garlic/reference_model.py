@@ -404,7 +404,7 @@ class ReferenceGarlic(nn.Module):
         times = F.pad(times * real, (0, computed - steps))  # padding at time 0, as the reference's data has it
         imputed, lag_weights, messages = self.windows(values, mask, times)
         batch, _, variables, features = messages.shape
-        windows = length - self.window_size + 1
+        windows = max(length - self.window_size + 1, 1)  # a stay shorter than W has one window, of padding
         first_empty = torch.minimum(torch.arange(windows, device=lengths.device)[None, :], lengths[:, None])
         padded_messages = messages.gather(1, first_empty[:, :, None, None].expand(-1, -1, variables, features))
         encoded = self.signal_attention.encode(padded_messages)

@@ -189,20 +189,23 @@ def test_the_model_chains_the_layers_as_the_reference_does(layout):
     assert (output.reconstruction[:, : W - 1] == 0).all()
 
 
-def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_and_gradients():
-    values, mask, times, lengths, static = random_batch()
+@pytest.mark.parametrize("lengths, padded", [((12, 7, 3, 1, 9), 4 * T), ((2, 1), 0)])
+def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_and_gradients(lengths, padded):
+    """Stays far shorter than the data set's (padded) length, and a batch shorter than a window in a model with no
+    padded length: the same as computing every padded window."""
+    values, mask, times, lengths, static = random_batch(lengths=lengths)
+    batch, steps = len(lengths), values.shape[1]
     model = reference_model(signal_layout="code").train()
-    model.fit_scales(times, lengths)
-    model.padded_length.fill_(4 * T)  # the data set's stays are longer than this batch's
+    model.padded_length.fill_(padded)
 
     def every_window_computed():  # the reference's way: the whole padded length through every layer
-        padded, real = 4 * T, torch.arange(T)[None, :] < lengths[:, None]
-        full = [F.pad(x, (0, 0, 0, padded - T)) for x in (values, mask)]
-        _, _, messages = model.windows(*full, F.pad(times * real, (0, padded - T)))
+        full, real = max(padded, steps), torch.arange(steps)[None, :] < lengths[:, None]
+        _, _, messages = model.windows(*[F.pad(x, (0, 0, 0, full - steps)) for x in (values, mask)],
+                                       F.pad(times * real, (0, full - steps)))  # fmt: skip
         windows = messages.shape[1]
         pooled, _ = model.signal_attention(code_layout_chunks(messages))
-        states, _ = model.sequence(pooled.view(B, windows, -1))
-        context, _ = model.temporal_attention(states, torch.ones(B, windows, dtype=torch.bool))
+        states, _ = model.sequence(pooled.view(batch, windows, -1))
+        context, _ = model.temporal_attention(states, torch.ones(batch, windows, dtype=torch.bool))
         return model.classifier(context)[:, 0], messages
 
     def logits_and_gradients(logits):
@@ -218,7 +221,8 @@ def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_
     assert gradients.keys() == expected_gradients.keys() and "encoder.weight_in" in gradients
     for name, gradient in gradients.items():
         torch.testing.assert_close(gradient, expected_gradients[name], atol=1e-4, rtol=1e-4, msg=name)
-    torch.testing.assert_close(output.messages[:, W - 1 :], messages[:, : T - W + 1].detach(), atol=1e-6, rtol=1e-6)
+    shown = max(steps - W + 1, 0)
+    torch.testing.assert_close(output.messages[:, W - 1 :], messages[:, :shown].detach(), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("layout", ["variables", "code"])
