@@ -97,10 +97,11 @@ def runs_with_models(store: Path) -> list[RunChoice]:
 
 def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
     """The label for the sidebar's list, short enough not to be cut off, and the details shown under it:
-    ('synthetic · AUROC 0.844 · 588844e2', 'five-split/split_0 · started 2026-01-31 14:05 UTC · run 5888…')."""
+    ('synthetic · AUROC 0.844 · 588844e2', 'five-split/split_0 · started 2026-01-31 14:05 UTC · run 5888…'); the
+    preset the run was trained from names it where it has one (``physionet2012-best · AUROC …``)."""
     params = run.data.params
     started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    label = [params.get("dataset", "?")]
+    label = [run.data.tags.get(run_contract.PRESET) or params.get("dataset", "?")]
     if "test_auroc" in run.data.metrics:
         label.append(f"AUROC {run.data.metrics['test_auroc']:.3f}")
     details = [params.get("split", "no split"), f"started {started}", f"run {run.info.run_id}"]

@@ -166,7 +166,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                     continue
             if found is None and train:
                 log.info("training %s on %s, seed %d", name, split_name, seed)
-                runs.train(unit_config, [index], data_root, stores[0])
+                runs.train(unit_config, [index], data_root, stores[0], preset=name)
                 found = finished_unit(stores[:1], unit_config, split_name, digest)
             if found is None:
                 missing.append(Pending(name, protocol_name, index, seed))

@@ -224,7 +224,7 @@ def _train(args: argparse.Namespace) -> None:
     where += [f"--mlruns {args.mlruns}"] if args.mlruns is not None else []
     if args.resume:
         _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
-        config = None
+        config, preset_name = None, None
     else:
         _say("training GARLIC; loading torch, scikit-learn and MLflow ...")  # before the imports: a few seconds
         config = _config(args)
@@ -232,6 +232,7 @@ def _train(args: argparse.Namespace) -> None:
         which = f"split {indices[0]}" if len(indices) == 1 else f"splits {', '.join(map(str, indices))}"
         preset = Config.preset_path(config.dataset)
         source = args.config or (_shown(preset) if preset else "built-in defaults")
+        preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
         _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
              f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
     store = _store(args)
@@ -250,7 +251,8 @@ def _train(args: argparse.Namespace) -> None:
                 if distributed.is_main():
                     _prepare(config, args.data_root)
             with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
-                run_id, results = runs.train(config, indices, args.data_root, store, progress, seeds=seeds)
+                run_id, results = runs.train(config, indices, args.data_root, store, progress, seeds=seeds,
+                                             preset=preset_name)  # fmt: skip
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     import mlflow

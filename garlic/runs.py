@@ -86,9 +86,11 @@ def train(
     on_epoch: Callable[[str, EpochRecord], None] | None = None,
     resume_run: str | None = None,
     seeds: list[int] | None = None,
+    preset: str | None = None,
 ) -> tuple[str | None, list[SplitResult]]:
     """Train on the chosen splits (default: the first) of the config's dataset, each with every one of ``seeds``
-    (default: the config's seed); returns the run id and results.
+    (default: the config's seed); returns the run id and results. ``preset`` names the config file the config came
+    from (``run_contract.PRESET``).
 
     ``resume_run`` continues that run (see ``resume``). Inside ``distributed.process_group`` (``garlic train``
     under ``torchrun``), ranks other than 0 help fit and return ``(None, [])``.
@@ -106,7 +108,7 @@ def train(
         for split, unit_config in units:
             _help_fit(unit_config, tensors, split)
         return None, []
-    return _tracked_train(config, tensors, units, seeds, folder, store, on_epoch, resume_run)
+    return _tracked_train(config, tensors, units, seeds, folder, store, on_epoch, resume_run, preset)
 
 
 def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
@@ -128,12 +130,14 @@ def _tracked_train(
     store: Path,
     on_epoch: Callable[[str, EpochRecord], None] | None,
     resume_run: str | None,
+    preset: str | None = None,
 ) -> tuple[str, list[SplitResult]]:
     use_store(store)
     use_experiment(config.dataset, store)
     manifest = read_manifest(folder)
     results = []
-    begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}"}
+    tags = {run_contract.PRESET: preset} if preset else None
+    begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}", "tags": tags}
     # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
     with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
         if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
@@ -164,7 +168,7 @@ def _tracked_train(
                 results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
                                            state_path, record))  # fmt: skip
                 continue
-            begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name}
+            begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
             with mlflow.start_run(**begin, nested=True) as child:
                 if previous is None:
                     mlflow.log_params(unit_config.to_dict())
@@ -218,7 +222,7 @@ def resume(
         if device is not None:
             config = config.override({"device": device})
         return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id,
-                     seeds=plan["seeds"])  # fmt: skip
+                     seeds=plan["seeds"], preset=plan["preset"])  # fmt: skip
 
 
 def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
@@ -238,7 +242,8 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
     config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{run_contract.CONFIG}")
     seeds = run.data.params.get(run_contract.SEEDS)
     return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")],
-            "seeds": [int(s) for s in seeds.split(",")] if seeds else None}  # fmt: skip
+            "seeds": [int(s) for s in seeds.split(",")] if seeds else None,
+            "preset": run.data.tags.get(run_contract.PRESET)}  # fmt: skip
 
 
 def evaluate_run(run_id: str, store: Path = DEFAULT_STORE) -> dict:

@@ -44,6 +44,7 @@ def test_train_reports_test_metrics_and_leaves_a_run(trained):
     run = mlflow.MlflowClient().get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["max_epochs"] == "2" and run.data.params["hidden_dim"] == "16"
+    assert run.data.tags["preset"] == "synthetic"  # experiments/configs/synthetic.json, under the --set overrides
 
 
 def test_evaluate_recomputes_the_logged_test_metrics(trained):

@@ -5,7 +5,7 @@ import mlflow
 import pytest
 
 from app import sources
-from garlic import runs
+from garlic import run_contract, runs
 from garlic.config import Config
 from garlic.run_contract import StaleRunDataError, parse_split_name
 from garlic.splits import load_splits
@@ -22,7 +22,8 @@ def protocol_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("contract")
     synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=5)
     store = root / "mlruns"
-    parent, results = runs.train(Config().override(TINY), [0], data_root=root, store=store, seeds=[3, 4])
+    parent, results = runs.train(Config().override(TINY), [0], data_root=root, store=store, seeds=[3, 4],
+                                 preset="tiny-preset")  # fmt: skip
     return root, store, parent, results
 
 
@@ -44,6 +45,15 @@ def test_each_seed_of_a_protocol_is_a_nested_run_with_its_own_seed(protocol_run)
     assert results[0].test["auroc"] != results[1].test["auroc"]  # different seeds, different models
     parent_params = mlflow.MlflowClient().get_run(parent).data.params
     assert parent_params["seeds"] == "3,4" and parent_params["split_indices"] == "0"
+
+
+def test_a_run_and_its_split_runs_carry_their_preset_which_names_them_in_the_dashboard(protocol_run):
+    root, store, parent, _ = protocol_run
+    split_runs = children(store, parent)
+    for run in [mlflow.MlflowClient().get_run(parent), *split_runs.values()]:
+        assert run.data.tags[run_contract.PRESET] == "tiny-preset"
+    labels = {choice.run_id: choice.label for choice in sources.runs_with_models(store)}
+    assert {labels[run.info.run_id].split(" · ")[0] for run in split_runs.values()} == {"tiny-preset"}
 
 
 def test_a_nested_split_run_is_evaluated_by_its_own_id(protocol_run):
