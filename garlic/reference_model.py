@@ -221,10 +221,11 @@ class SignalAttention(nn.Module):
         return messages + self.position
 
     def forward(self, items: Tensor) -> tuple[Tensor, Tensor]:
-        # [G, key, query]: the softmax over the middle axis is much faster than over a last one of D.
-        scores = self.key(items) @ self.query(items).transpose(-1, -2) / math.sqrt(items.shape[-1])
+        # [G, key, query]: the softmax over the middle axis is much faster than over a last one of D; the scale goes
+        # on the [G, D, F] queries rather than on the [G, D, D] scores.
+        scores = self.key(items) @ (self.query(items) / math.sqrt(items.shape[-1])).transpose(-1, -2)
         weights = torch.softmax(scores, dim=1)
-        return (weights.sum(2)[..., None] * self.value(items)).sum(1), weights.transpose(1, 2)
+        return weights.sum(2)[:, None, :].bmm(self.value(items))[:, 0], weights.transpose(1, 2)
 
 
 class TemporalAttention(nn.Module):
@@ -403,13 +404,9 @@ class ReferenceGarlic(nn.Module):
         values, mask = F.pad(values, (0, 0, 0, computed - steps)), F.pad(mask, (0, 0, 0, computed - steps))
         times = F.pad(times * real, (0, computed - steps))  # padding at time 0, as the reference's data has it
         imputed, lag_weights, messages = self.windows(values, mask, times)
-        batch, _, variables, features = messages.shape
+        batch, variables = len(messages), messages.shape[2]
         windows = max(length - self.window_size + 1, 1)  # a stay shorter than W has one window, of padding
-        first_empty = torch.minimum(torch.arange(windows, device=lengths.device)[None, :], lengths[:, None])
-        padded_messages = messages.gather(1, first_empty[:, :, None, None].expand(-1, -1, variables, features))
-        encoded = self.signal_attention.encode(padded_messages)
-        chunks = encoded.transpose(1, 2).reshape(batch * windows, variables, features)  # no permute back: the code
-        pooled, signal_weights = self.signal_attention(chunks)
+        pooled, signal_weights = self.pool_chunks(messages, lengths, windows)
         states, _ = self.sequence(pooled.view(batch, windows, -1))
         every = torch.ones(batch, windows, dtype=torch.bool, device=values.device)
         context, temporal_weights = self.temporal_attention(states, every)
@@ -417,13 +414,44 @@ class ReferenceGarlic(nn.Module):
             imputed=imputed[:, :steps],
             messages=self.by_step(messages, steps),
             lag_attention=self.by_step(lag_weights.mean(3).transpose(2, 3), steps),
-            signal_attention=signal_weights.view(batch, windows, variables, variables).mean(2),
+            signal_attention=signal_weights.view(batch, windows, variables),
             states=states,
             reconstruction=self.by_step(self.graph.reconstruct(messages), steps),
             logits=self.classifier(context)[:, 0] + self.logit_offset,
             temporal_attention=temporal_weights.mean(1),
             step_mask=real,
         )
+
+    def pool_chunks(self, messages: Tensor, lengths: Tensor, windows: int) -> tuple[Tensor, Tensor]:
+        """The signal attention over the code layout's chunks of the stays padded to ``windows`` windows: messages
+        [B, L', D, F] (each stay's windows up to its first empty one, window ``lengths``) -> pooled [B L, F], each
+        item's weight (the mean over the queries) [B L, D].
+
+        Item i of chunk c is item c D + i of the variable-major sequence: variable (c D + i) // L's window
+        (c D + i) % L, read at the stay's first empty window when it lies past it, plus the encoding of the variable.
+        A chunk whose D items all are one variable's first empty window holds D equal items. Their weights are 1/D
+        whatever the scores, so it pools to D v(item), with the same gradients, and its attention is not computed: a
+        stay of n windows has about n + D other chunks of the L, so on P12 (L = 212, D = 36, median n 69) this
+        skips about half of them.
+        """
+        batch, _, variables, _ = messages.shape
+        position = self.signal_attention.position  # [D, F]
+        item = torch.arange(windows * variables, device=lengths.device).view(windows, variables)
+        variable, window = item // windows, item % windows  # [L, D] each: what chunk c's item i reads
+        empty = (variable[:, 0] == variable[:, -1])[None, :] & (window[None, :, 0] >= lengths[:, None])  # [B, L]
+        every_stay = torch.arange(batch, device=lengths.device)
+        first_empty = messages[every_stay, lengths.clamp(0, messages.shape[1] - 1)] + position  # [B, D, F]
+        pooled = (variables * self.signal_attention.value(first_empty))[:, variable[:, 0]].reshape(batch * windows, -1)
+        weights = messages.new_full((batch * windows, variables), 1 / variables)
+        stay, chunk = (~empty).nonzero(as_tuple=True)
+        if len(stay):
+            read = torch.minimum(window[chunk], lengths[stay, None])  # [N, D]
+            chunks = messages[stay[:, None], read, variable[chunk]] + position[variable[chunk]]  # [N, D, F]
+            computed, computed_weights = self.signal_attention(chunks)
+            attended = stay * windows + chunk
+            pooled = pooled.index_put((attended,), computed)
+            weights = weights.index_put((attended,), computed_weights.mean(1))
+        return pooled, weights
 
     def predict_logits(
         self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor, chunk_cells: int = CACHE_CELLS

@@ -192,7 +192,8 @@ def test_the_model_chains_the_layers_as_the_reference_does(layout):
 @pytest.mark.parametrize("lengths, padded", [((12, 7, 3, 1, 9), 4 * T), ((2, 1), 0)])
 def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_and_gradients(lengths, padded):
     """Stays far shorter than the data set's (padded) length, and a batch shorter than a window in a model with no
-    padded length: the same as computing every padded window."""
+    padded length: the same logits, gradients and signal weights as computing every padded window (and the signal
+    attention of every chunk, the chunks of one variable's empty windows included)."""
     values, mask, times, lengths, static = random_batch(lengths=lengths)
     batch, steps = len(lengths), values.shape[1]
     model = reference_model(signal_layout="code").train()
@@ -203,10 +204,10 @@ def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_
         _, _, messages = model.windows(*[F.pad(x, (0, 0, 0, full - steps)) for x in (values, mask)],
                                        F.pad(times * real, (0, full - steps)))  # fmt: skip
         windows = messages.shape[1]
-        pooled, _ = model.signal_attention(code_layout_chunks(messages))
+        pooled, signal_weights = model.signal_attention(code_layout_chunks(messages))
         states, _ = model.sequence(pooled.view(batch, windows, -1))
         context, _ = model.temporal_attention(states, torch.ones(batch, windows, dtype=torch.bool))
-        return model.classifier(context)[:, 0], messages
+        return model.classifier(context)[:, 0], messages, signal_weights.view(batch, windows, D, D).mean(2)
 
     def logits_and_gradients(logits):
         model.zero_grad()
@@ -215,12 +216,13 @@ def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_
 
     output = model(values, mask, times, lengths, static)
     logits, gradients = logits_and_gradients(output.logits)
-    expected_logits, messages = every_window_computed()
+    expected_logits, messages, signal_weights = every_window_computed()
     expected, expected_gradients = logits_and_gradients(expected_logits)
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     assert gradients.keys() == expected_gradients.keys() and "encoder.weight_in" in gradients
     for name, gradient in gradients.items():
         torch.testing.assert_close(gradient, expected_gradients[name], atol=1e-4, rtol=1e-4, msg=name)
+    torch.testing.assert_close(output.signal_attention, signal_weights.detach(), atol=1e-6, rtol=1e-6)
     shown = max(steps - W + 1, 0)
     torch.testing.assert_close(output.messages[:, W - 1 :], messages[:, :shown].detach(), atol=1e-6, rtol=1e-6)
 
