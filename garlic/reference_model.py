@@ -429,7 +429,7 @@ class ReferenceGarlic(nn.Module):
 
         Item i of chunk c is item c D + i of the variable-major sequence: variable (c D + i) // L's window
         (c D + i) % L, read at the stay's first empty window when it lies past it, plus the encoding of the variable.
-        A chunk whose D items all are one variable's first empty window holds D equal items. Their weights are 1/D
+        A chunk whose D items are all one variable's first empty window holds D equal items. Their weights are 1/D
         whatever the scores, so it pools to D v(item), with the same gradients, and its attention is not computed: a
         stay of n windows has about n + D other chunks of the L, so on P12 (L = 212, D = 36, median n 69) this
         skips about half of them.
