@@ -165,6 +165,24 @@ def test_each_vectorised_layer_equals_its_loop_version():
                                    atol=1e-5, rtol=1e-5)  # fmt: skip
 
 
+def test_window_attention_has_the_gradients_of_its_loop_version():
+    """The vectorised layer's backward (its stacked Q, K, V product and the strided layouts) is the loop's."""
+    torch.manual_seed(1)
+    attention = WindowAttention(D, FEATURES, W)
+    features = torch.randn(B, 6, D, FEATURES, requires_grad=True)
+    weighting = torch.randn(B, 6 - W + 1, D, FEATURES)
+
+    def gradients(layer_output):
+        summary, weights = layer_output
+        attention.zero_grad()
+        features.grad = None
+        ((summary * weighting).sum() + weights.pow(2).sum()).backward()
+        return [features.grad.clone()] + [p.grad.clone() for p in attention.parameters()]
+
+    for got, expected in zip(gradients(attention(features)), gradients(loop_window_attention(attention, features))):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("layout", ["variables", "code"])
 def test_the_model_chains_the_layers_as_the_reference_does(layout):
     values, mask, times, lengths, static = random_batch()
