@@ -179,7 +179,8 @@ def test_window_attention_has_the_gradients_of_its_loop_version():
         ((summary * weighting).sum() + weights.pow(2).sum()).backward()
         return [features.grad.clone()] + [p.grad.clone() for p in attention.parameters()]
 
-    for got, expected in zip(gradients(attention(features)), gradients(loop_window_attention(attention, features))):
+    vectorised, looped = gradients(attention(features)), gradients(loop_window_attention(attention, features))
+    for got, expected in zip(vectorised, looped, strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
