@@ -272,9 +272,13 @@ def test_lag_attention_equals_the_plain_formula_with_its_gradients(window):
     expected_summary, expected_weights = plain_lag_attention(layer, features)
     torch.testing.assert_close(summary, expected_summary, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
-    probe = torch.randn_like(summary)
-    got = torch.autograd.grad((summary * probe).sum(), [features, *layer.parameters()])
-    expected = torch.autograd.grad((expected_summary * probe).sum(), [features, *layer.parameters()])
+    # The weights are an output too (explanations read them): the gradient through both is checked.
+    probe, weight_probe = torch.randn_like(summary), torch.randn_like(weights)
+    parameters = [features, *layer.parameters()]
+    got = torch.autograd.grad((summary * probe).sum() + (weights * weight_probe).sum(), parameters)
+    expected = torch.autograd.grad(
+        (expected_summary * probe).sum() + (expected_weights * weight_probe).sum(), parameters
+    )
     for a, b in zip(got, expected):
         assert torch.isfinite(a).all()  # step 0's empty softmax sends no NaN back
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
