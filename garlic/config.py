@@ -51,7 +51,8 @@ class Config:
     balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.train)
     stage_patience: int = 3
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
-    lr_patience: int = 2  # epochs without a lower validation objective before a group's learning rate halves
+    lr_schedule: str = "plateau"  # plateau (halve a group's rate without progress) | cosine (over max_epochs)
+    lr_patience: int = 2  # plateau: epochs without a lower validation objective before a group's learning rate halves
     early_stopping: int = 10
     early_stopping_tolerance: float = 1e-3  # validation AUROC gain that resets the early-stopping count
     max_epochs: int = 100
@@ -190,6 +191,7 @@ CHECKS: dict[str, Callable] = {
     "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.reference_model.ARCHITECTURES (torch)
     "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.reference_model.SIGNAL_LAYOUTS
     "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.train.TRAINERS
+    "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.train.AlternatingTrainer
     "window_size": _at_least(1),
     "hidden_dim": _at_least(1),
     "feature_dim": _at_least(1),

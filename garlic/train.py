@@ -3,12 +3,14 @@
 Two stages take turns:
 - reconstruction: reconstruction loss + lambda_cls * BCE + lambda_graph * |A|_1, all parameters;
 - prediction: BCE, the prediction parameters only (signal attention, GRU, temporal attention, classifier).
-Each parameter group has its own optimiser (learning rate, weight decay) and plateau schedule, which halves the
-group's learning rate after ``lr_patience`` epochs without progress on its objective, counting only the epochs that
-train the group. The stage switches when its validation objective has not dropped by ``stage_tolerance`` (relative)
-for ``stage_patience`` epochs, restarting from the best epoch's weights (the tolerance matters: on P12 the
-reconstruction error kept creeping down by 0.1-0.5% an epoch for 40 epochs, and any drop at all held training in the
-first stage). Training stops when validation AUROC has not risen by ``early_stopping_tolerance`` for
+Each parameter group has its own optimiser (learning rate, weight decay) and learning-rate schedule: with
+``lr_schedule=plateau`` the group's rate halves after ``lr_patience`` epochs without progress on its objective,
+counting only the epochs that train the group; with ``lr_schedule=cosine`` every group's rate follows one curve over
+the ``max_epochs`` budget, set before every batch: a linear warm-up over the first ``WARMUP`` of the budget, then a
+half cosine down to 0. The stage switches when its validation objective has not dropped by ``stage_tolerance``
+(relative) for ``stage_patience`` epochs, restarting from the best epoch's weights (the tolerance matters: on P12
+the reconstruction error kept creeping down by 0.1-0.5% an epoch for 40 epochs, and any drop at all held training in
+the first stage). Training stops when validation AUROC has not risen by ``early_stopping_tolerance`` for
 ``early_stopping`` epochs; the kept weights are still those of the best AUROC of all epochs. With
 ``alternating=False`` the reconstruction-stage objective trains everything jointly (the ablation).
 
@@ -42,6 +44,23 @@ from garlic.predict import INFERENCE_BATCH, in_length_order
 from garlic.reference_model import ReferenceGarlic, build_model
 
 GRADIENT_CLIP = 5.0
+# lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
+WARMUP = 0.05
+
+
+def remember_initial_rates(optimisers: dict[str, torch.optim.Optimizer]) -> None:
+    """Keep each parameter group's configured rate as ``base_lr`` (saved with the optimiser's state), the rate
+    ``lr_schedule=cosine`` scales."""
+    for optimiser in optimisers.values():
+        for group in optimiser.param_groups:
+            group["base_lr"] = group["lr"]
+
+
+def cosine_factor(progress: float) -> float:
+    """The learning rate's multiple at ``progress`` (0 .. 1) through the epoch budget under ``lr_schedule=cosine``."""
+    if progress < WARMUP:
+        return progress / WARMUP
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - WARMUP) / (1 - WARMUP))))
 
 
 @dataclass
@@ -121,10 +140,11 @@ class AlternatingTrainer:
                 self.model.prediction_parameters(), lr=config.lr_cls, weight_decay=config.wd_cls
             ),
         }
+        remember_initial_rates(self.optimisers)
         self.schedulers = {
             name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=config.lr_patience)
             for name, opt in self.optimisers.items()
-        }
+        } if config.lr_schedule == "plateau" else {}  # fmt: skip
         self.class_weights: tuple[float, float] | None = None  # set by ``fit`` when ``balance_classes``
         self.network = distributed.wrap(self.model)
         world = distributed.current()
@@ -140,13 +160,15 @@ class AlternatingTrainer:
         for parameter in self.model.reconstruction_parameters():
             parameter.requires_grad_(stage == RECONSTRUCTION)
 
-    def train_epoch(self, batches, stage: str) -> dict[str, float]:
-        """One pass over the training batches in ``stage``; returns mean losses."""
+    def train_epoch(self, batches, stage: str, epoch: int = 0) -> dict[str, float]:
+        """One pass over the training batches in ``stage`` (``epoch`` of the budget, from 0: where the cosine schedule
+        stands); returns mean losses."""
         self.model.train()
         self._set_stage(stage)
         stepped = [self.optimisers[name] for name in self.trained_groups(stage)]
         sums, count = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0
-        for batch in batches:
+        for index, batch in enumerate(batches):
+            self.set_rates(epoch + index / len(batches))
             batch = batch.to(self.device)
             losses = stage_losses(self.model, batch, self.config, self.network, self.class_weights)
             for optimiser in self.optimisers.values():
@@ -161,6 +183,14 @@ class AlternatingTrainer:
         self._set_stage(RECONSTRUCTION)
         totals = distributed.all_sum(torch.tensor([*sums.values(), count], dtype=torch.float64)).tolist()
         return {name: total / max(totals[-1], 1) for name, total in zip(sums, totals)}
+
+    def set_rates(self, epochs: float) -> None:
+        """Under ``lr_schedule=cosine``, every parameter group's rate after ``epochs`` (fractional) of the budget."""
+        if self.config.lr_schedule == "cosine":
+            factor = cosine_factor(epochs / self.config.max_epochs)
+            for optimiser in self.optimisers.values():
+                for group in optimiser.param_groups:
+                    group["lr"] = group["base_lr"] * factor
 
     def state(self, progress: Progress, best_state: dict, sampler) -> dict:
         """Everything a fit needs to go on from here (every rank must call it: it gathers their random states)."""
@@ -217,14 +247,15 @@ class AlternatingTrainer:
         while not progress.stopped and progress.epoch < config.max_epochs:
             progress.epoch += 1
             start = time.perf_counter()
-            trained = self.train_epoch(batches, progress.stage)
+            trained = self.train_epoch(batches, progress.stage, progress.epoch - 1)
             checked = evaluate(self.model, validation, config)
             scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
             losses = checked["losses"]
             # A group frozen this epoch cannot improve its objective: its schedule waits, or every prediction stage
             # would halve the reconstruction learning rate for nothing.
             for name in self.trained_groups(progress.stage):
-                self.schedulers[name].step(losses[name])
+                if name in self.schedulers:
+                    self.schedulers[name].step(losses[name])
             record = EpochRecord(
                 epoch=progress.epoch,
                 stage=progress.stage,
@@ -306,13 +337,16 @@ class ReferenceTrainer(AlternatingTrainer):
             {"params": self.model.prediction_parameters(), "lr": config.lr_cls, "weight_decay": config.wd_cls},
         ])  # fmt: skip
         self.optimisers = {"both": optimiser}  # named like the compact trainer's, so ``state`` and ``restore`` serve
+        remember_initial_rates(self.optimisers)
         self.schedulers = {"both": torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimiser, mode="max", factor=0.5, patience=3, threshold=1e-4, min_lr=1e-5)}  # fmt: skip
+            optimiser, mode="max", factor=0.5, patience=3, threshold=1e-4, min_lr=1e-5)
+        } if config.lr_schedule == "plateau" else {}  # fmt: skip
         self.class_weights = None
         self.network = self.model
 
-    def train_epoch(self, batches, stage: str, first_stage: bool = True) -> dict[str, float]:
-        """One pass in ``stage``; mean losses and the AUROC of the risks the batches met on the way."""
+    def train_epoch(self, batches, stage: str, first_stage: bool = True, epoch: int = 0) -> dict[str, float]:
+        """One pass in ``stage`` (``epoch`` of the budget, from 0); mean losses and the AUROC of the risks the batches
+        met on the way."""
         self.model.train()
         trains = {RECONSTRUCTION: stage == RECONSTRUCTION, PREDICTION: stage == PREDICTION or first_stage}
         for name, parameters in ((RECONSTRUCTION, self.model.reconstruction_parameters()),
@@ -321,7 +355,8 @@ class ReferenceTrainer(AlternatingTrainer):
                 parameter.requires_grad_(trains[name])
         optimiser = self.optimisers["both"]
         sums, count, risks, labels = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0, [], []
-        for batch in batches:
+        for index, batch in enumerate(batches):
+            self.set_rates(epoch + index / len(batches))
             batch = batch.to(self.device)
             losses = stage_losses(self.model, batch, self.config)
             objective = losses[RECONSTRUCTION] if stage == RECONSTRUCTION else self.config.lambda_cls * losses["bce"]
@@ -359,8 +394,9 @@ class ReferenceTrainer(AlternatingTrainer):
             progress.epoch += 1
             start = time.perf_counter()
             first_stage = all(record.stage == RECONSTRUCTION for record in progress.history)
-            trained = self.train_epoch(batches, progress.stage, first_stage)
-            self.schedulers["both"].step(trained["auroc"])
+            trained = self.train_epoch(batches, progress.stage, first_stage, progress.epoch - 1)
+            if "both" in self.schedulers:
+                self.schedulers["both"].step(trained["auroc"])
             checked = evaluate(self.model, validation, config)
             scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
             losses = checked["losses"]

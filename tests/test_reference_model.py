@@ -358,7 +358,7 @@ def scripted_fit(cohort, monkeypatch, bces, train_aurocs, **overrides):
         weight.zero_()  # whole numbers from here on
     bces, train_aurocs, at_start, rates = iter(bces), iter(train_aurocs), [], []
 
-    def train_epoch(batches, stage, first_stage=True):
+    def train_epoch(batches, stage, first_stage=True, epoch=0):
         at_start.append(float(weight.detach()))
         with torch.no_grad():
             weight.add_(1.0)

@@ -46,11 +46,14 @@ def cohort(tmp_path_factory):
     return cohort.root, cohort.tensors, cohort.parts
 
 
-def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path):
+@pytest.mark.parametrize("lr_schedule", ["plateau", "cosine"])
+def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path,
+                                                                                               lr_schedule):
     _, tensors, parts = cohort
     # The reconstruction-stage loss cannot improve (lr_rec and lambda_cls 0), so with patience 1 the stage switches
     # (and the best weights reload) after epoch 2: the saved states fall before, at and after a switch. Dropout is on.
-    config = Config().override({**SMALL, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0})
+    config = Config().override({**SMALL, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0,
+                                "lr_schedule": lr_schedule})
     sizes = len(tensors.variables), len(tensors.static_features)
 
     def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do

@@ -16,7 +16,7 @@ from garlic.tracking import load_run_model, use_store
 from garlic.model import graph_penalty
 from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
 from garlic.predict import predict_proba
-from garlic.train import AlternatingTrainer, evaluate
+from garlic.train import WARMUP, AlternatingTrainer, cosine_factor, evaluate
 from conftest import synthetic_cohort
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}
@@ -160,6 +160,25 @@ def test_a_frozen_group_keeps_its_learning_rate(cohort):
                 on_epoch=lambda r: rates.append((r.stage, trainer.optimisers[RECONSTRUCTION].param_groups[0]["lr"])))
     assert [stage for stage, _ in rates] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION]
     assert rates[2][1] == rates[3][1] == rates[1][1]
+
+
+def test_the_cosine_schedule_warms_up_then_decays_every_group_to_zero_over_the_budget(cohort):
+    assert cosine_factor(0.0) == 0.0 and cosine_factor(WARMUP / 2) == pytest.approx(0.5)
+    assert cosine_factor(WARMUP) == 1.0 and cosine_factor((1 + WARMUP) / 2) == pytest.approx(0.5)
+    assert cosine_factor(1.0) == pytest.approx(0.0, abs=1e-12)
+    _, tensors, parts = cohort
+    config = Config().override({**FAST, "lr_schedule": "cosine", "max_epochs": 4, "stage_patience": 0})
+    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    rates = []
+    on_epoch = lambda r: rates.append([o.param_groups[0]["lr"] for o in trainer.optimisers.values()])  # noqa: E731
+    fitted = trainer.fit(parts["train"], parts["validation"], on_epoch=on_epoch)
+    assert [r.stage for r in fitted.history] == [RECONSTRUCTION, PREDICTION] * 2  # the frozen group follows too
+    batches = -(-len(parts["train"]) // config.batch_size)
+    for epoch, (reconstruction, prediction) in enumerate(rates):
+        factor = cosine_factor((epoch + (batches - 1) / batches) / config.max_epochs)  # at the epoch's last batch
+        assert reconstruction == pytest.approx(config.lr_rec * factor)
+        assert prediction == pytest.approx(config.lr_cls * factor)
+    assert not trainer.schedulers  # no plateau schedule beside it
 
 
 def test_validation_losses_keep_the_reconstruction_error_apart_from_the_objective(cohort):
