@@ -39,6 +39,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +54,13 @@ from experiments.baselines.run import RECURRENT, Baselines
 from experiments.run_archive import RunArchive, Unit
 from experiments.stats import weighted_auroc, weighted_average_precision
 from garlic import run_contract, runs
+from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
 from garlic.splits import PROTOCOLS, protocol
 from garlic.tracking import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
+from preprocessing.locks import LockHeld, acquire, release
 from preprocessing.tables import LABELS, read_manifest
 
 log = logging.getLogger("experiments")
@@ -74,6 +77,9 @@ PUBLISHED = [
     ("published: ViTST", "raindrop", (0.851, 0.008), (0.511, 0.041), "ViTST repository"),
 ]
 IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
+# Config keys added after units were archived, with the value that trains as before: at that value they stay out of
+# the settings digest, so that the archived units of unchanged presets are still found.
+LATER_KEYS = {"lr_schedule": "plateau"}
 BOOTSTRAP = 1000
 
 
@@ -143,7 +149,9 @@ class Pending:
 
 
 def settings_digest(config: Config) -> str:
-    return study.settings_digest({k: v for k, v in config.to_dict().items() if k not in IGNORED_PARAMS})
+    settings = config.to_dict().items()
+    return study.settings_digest({k: v for k, v in settings
+                                  if k not in IGNORED_PARAMS and not (k in LATER_KEYS and LATER_KEYS[k] == v)})
 
 
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
@@ -178,29 +186,55 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
     return units, missing
 
 
-def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str]) -> None:
+def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
+                     deadline: float | None = None) -> None:  # fmt: skip
     """Train ``pending`` in ``workers`` parallel ``garlic train`` processes, the CPU threads shared out evenly, all
     into ``store``; each process writes its output to ``store/logs/``. A unit whose process fails is reported and
-    stays missing."""
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
-    environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    logs = Path(store) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    stays missing.
 
-    def train_one(unit: Pending) -> tuple[Pending, int, Path]:
+    At ``deadline`` (a ``time.monotonic()`` value) no unit starts any more and the running ones get SIGTERM: their
+    runs are marked FAILED (``garlic train --resume RUN_ID`` continues one), and a later call trains them anew. A
+    unit is claimed by a lock on ``store/locks/unit-...`` that its process holds, so that a second call (two
+    commands, or a rerun after this one was killed) skips a unit that a live process trains; on Linux the processes
+    die with this one."""
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, PARENT_ENV: str(os.getpid())}
+    logs, locks = Path(store) / "logs", Path(store) / "locks"
+    logs.mkdir(parents=True, exist_ok=True)
+    locks.mkdir(parents=True, exist_ok=True)
+
+    def train_one(unit: Pending) -> tuple[Pending, str]:
+        if deadline is not None and time.monotonic() >= deadline:
+            return unit, "not started: the deadline had passed"
+        try:
+            claim = acquire(locks / f"unit-{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}",
+                            wait=False)  # fmt: skip
+        except LockHeld:
+            return unit, "skipped: another process is training it"
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
         command = [sys.executable, "-m", "garlic.cli", "--data-root", str(data_root), "--mlruns", str(store), "train",
                    "--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--protocol", unit.protocol,
                    "--split", str(unit.split), *settings]  # fmt: skip
         output = logs / f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
-        with open(output, "w") as sink:
-            code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=environment).returncode
-        return unit, code, output
+        try:
+            with open(output, "w") as sink:
+                # The child inherits the claim (one lock, two descriptors): it holds the unit while it lives.
+                process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=environment,
+                                           pass_fds=(claim,))  # fmt: skip
+            try:
+                code = process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.terminate()
+                process.wait()
+                return unit, f"stopped at the deadline (its run is FAILED and resumable), see {output}"
+        finally:
+            release(claim)
+        return unit, "done" if code == 0 else f"failed (exit {code}), see {output}"
 
     print(f"training {len(pending)} GARLIC units in {workers} processes of {threads} thread(s); output in {logs}")
     with ThreadPoolExecutor(workers) as pool:
-        for unit, code, output in pool.map(train_one, pending):
-            print(f"{unit}: {'done' if code == 0 else f'failed (exit {code}), see {output}'}")
+        for unit, outcome in pool.map(train_one, pending):
+            print(f"{unit}: {outcome}")
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,
@@ -410,6 +444,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="train the missing GARLIC units in N parallel processes (default 1: one at a time)")
+    parser.add_argument("--deadline", type=float, metavar="MINUTES",
+                        help="with --workers: start no unit after MINUTES and stop the running ones then (they "
+                             "resume later), then write the table of what finished")  # fmt: skip
     parser.add_argument("--out", type=Path, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
                                                  "<dataset>-runs/ (e.g. docs/results)")  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -421,11 +458,14 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.deadline is not None and not (args.deadline > 0 and args.workers > 1):
+        parser.error("--deadline takes a positive number of minutes, with --workers 2 or more")
+    deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     in_workers = args.workers > 1 and not args.no_train
     if in_workers:
         pending = [unit for protocol_name in args.protocols for name, config in configs.items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False)[1]]
-        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides)
+        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, deadline)
     archive = None if args.out is None else open_archive(args.out, args.dataset, args.data_root)
     units, missing = [], []
     for protocol_name in args.protocols:

@@ -6,8 +6,10 @@ option answer at once, and each command imports what it uses.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -374,7 +376,23 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+# Set by a program that runs ``garlic`` as its worker (``experiments.compare --workers``): the worker ends with it.
+PARENT_ENV = "GARLIC_PARENT_PID"
+
+
+def _die_with_parent() -> None:
+    """Under a parent that set ``PARENT_ENV``, on Linux: have the kernel send SIGTERM when the parent dies, and stop
+    at once if it already has (elsewhere a worker outlives a killed parent)."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if str(os.getppid()) != parent:
+        raise SystemExit(f"garlic: the parent process {parent} is gone; stopping")
+
+
 def main(argv: list[str] | None = None) -> None:
+    _die_with_parent()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:

@@ -1,6 +1,12 @@
 """The comparison table: every method on a protocol's runs, resumable from MLflow, with paired differences."""
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -10,9 +16,11 @@ import pytest
 from experiments import compare
 from experiments.run_archive import RunArchive
 from garlic import run_contract
+from garlic.cli import PARENT_ENV
 from garlic.splits import PROTOCOLS, Protocol
 from garlic.tracking import use_store
 from preprocessing import synthetic
+from preprocessing.locks import acquire, release
 from preprocessing.tables import read_manifest
 
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
@@ -190,3 +198,69 @@ def test_weighted_scores_equal_sklearns_with_sample_weights_ties_included():
                               weighted_average_precision(scores, labels, weights)):  # fmt: skip
         assert auroc == pytest.approx(roc_auc_score(labels, scores, sample_weight=row), abs=1e-12)
         assert ap == pytest.approx(average_precision_score(labels, scores, sample_weight=row), abs=1e-12)
+
+
+
+def test_a_key_added_since_a_unit_was_archived_leaves_its_digest_alone_at_the_value_that_trains_as_before():
+    archive = Path(__file__).resolve().parents[1] / "docs" / "results" / "physionet2012-runs" / "runs.csv"
+    kept = pd.read_csv(archive, dtype=str).set_index(["method", "protocol", "split"])
+    config = compare.preset_config("physionet2012-best", "physionet2012", []).override({"split_protocol": "raindrop"})
+    # The unit was archived before ``lr_schedule`` existed; at "plateau" it trains as it did then.
+    assert compare.settings_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
+    assert compare.settings_digest(config.override({"lr_schedule": "cosine"})) != kept.loc[
+        ("physionet2012-best", "raindrop", "0"), "settings"]
+
+
+def test_at_the_deadline_the_running_units_stop_and_the_table_names_them_not_yet_run(tmp_path, capsys):
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
+    store, out = tmp_path / "mlruns", tmp_path / "results"
+    started = time.monotonic()
+    compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods",
+                  "--set", "max_epochs=1000", "--set", "early_stopping=1000", "--data-root", str(tmp_path),
+                  "--mlruns", str(store), "--out", str(out), "--workers", "2", "--deadline", "0.25"])  # fmt: skip
+    assert time.monotonic() - started < 60  # 15 s of training, then the table, not 1,000 epochs
+    printed = capsys.readouterr().out
+    assert printed.count("stopped at the deadline") == 2 and printed.count("not started: the deadline had passed") == 3
+    assert "## Not yet run\n\n" + "".join(f"- synthetic five-split/split_{k} seed 0\n" for k in range(5)) in printed
+    use_store(store)
+    stopped = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FAILED'",
+                                 output_format="list")  # fmt: skip
+    assert len(stopped) >= 2  # each unit's split run (and its parent) marked FAILED: resumable
+
+
+def test_a_unit_that_another_process_trains_is_skipped(tmp_path, capsys):
+    store = tmp_path / "mlruns"
+    (store / "locks").mkdir(parents=True)
+    unit = compare.Pending("synthetic", "tiny", 0, 0)
+    held = acquire(store / "locks" / "unit-synthetic-tiny-split_0-seed_0", wait=False)
+    try:
+        compare.train_in_workers([unit], 2, store, tmp_path, [])
+    finally:
+        release(held)
+    assert "synthetic tiny/split_0 seed 0: skipped: another process is training it" in capsys.readouterr().out
+    assert not list((store / "logs").glob("*.log"))
+
+
+def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.cli import _die_with_parent; "
+        "_die_with_parent(); print(\"ready\", flush=True); time.sleep(120)'],\n"
+        f"    env=os.environ | {{'{PARENT_ENV}': str(os.getpid())}}, stdout=open({str(tmp_path / 'child')!r}, 'w'))\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while "ready" not in (tmp_path / "child").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    parent.kill()
+    parent.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the worker outlived the killed parent")
