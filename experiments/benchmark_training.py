@@ -1,47 +1,95 @@
-"""Training and inference speed of GARLIC on a processed dataset, and (with --accuracy) the five-split result.
+"""Training and inference speed of GARLIC's presets on a processed dataset, and (with --accuracy) the five-split result.
 
     python -m experiments.benchmark_training --dataset physionet2012            # one epoch + inference, minutes
     python -m experiments.benchmark_training --config experiments/configs/physionet2012-reference.json --batches 20
-    python -m experiments.benchmark_training --dataset physionet2012 --accuracy # five full trainings, hours on a CPU
+    python -m experiments.benchmark_training --presets physionet2012-best physionet2012-fast --protocol raindrop \\
+        --full-run --out docs/results                                           # the speed table, docs/results/speed.md
+    python -m experiments.benchmark_training --dataset physionet2012 --accuracy # five full trainings
 
 Speed: one training epoch (or its first ``--batches N``) in the reconstruction stage (all parameters, the costlier
-stage) over split 0's training stays with the dataset's shipped config (or ``--config FILE``), the model prepared as
-a fit prepares it (the reference model's scales and padded length from the training stays), and stays per second
-when predicting split 0's validation and test stays:
-the median of ``INFERENCE_PASSES`` passes, with the slowest and fastest beside it, because single passes on a shared
-machine were seen to differ by 20%.
+stage) over the split's training stays with the dataset's shipped config (or ``--config FILE``, or each of
+``--presets``), the model prepared as a fit prepares it (the reference model's scales and padded length from the
+training stays), and stays per second when predicting the split's validation and test stays: the median of
+``INFERENCE_PASSES`` passes, with the slowest and fastest beside it, because single passes on a shared machine were
+seen to differ by 20%. The work of the epoch is counted in floating-point operations of its matrix products, forward
+and backward (``torch.utils.flop_counter``, on a sample of batches scaled to the epoch's padded steps), beside the
+rate at which this machine multiplies two 2048 x 2048 matrices: their ratio is the epoch's floor.
+
+``--full-run`` also trains, selects and tests the split once (``garlic train``, into ``--mlruns``): its wall time and
+the epochs it ran. ``--out DIR`` keeps one row per preset, protocol, split and thread count in ``DIR/speed.csv``
+(rows of other presets stay) and writes ``DIR/speed.md`` from it.
+
 Accuracy: ``garlic train --all-splits`` with the shipped config, test AUROC/AUPRC mean +/- std beside the paper's.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import platform
+import shlex
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from garlic import runs
-from garlic.config import Config
+from garlic.config import CONFIG_DIR, Config
 from garlic.data import IrregularDataset, loader
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
-from garlic.splits import load_splits
-from garlic.tracking import DEFAULT_STORE
-from garlic.losses import RECONSTRUCTION
+from garlic.losses import RECONSTRUCTION, stage_losses
 from garlic.predict import predict_proba
 from garlic.reference_model import ReferenceGarlic
+from garlic.splits import load_splits
+from garlic.tracking import DEFAULT_STORE
 from garlic.train import make_trainer
+from preprocessing.atomic import atomic_file
 from preprocessing.tensors import load_tensors
 
 INFERENCE_PASSES = 5
+FLOP_SAMPLE_BATCHES = 8
 PAPER = {"physionet2012": {"auroc": (86.40, 0.86), "auprc": (56.89, 1.75)}}
+SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "threads", "training_stays", "batch_size", "epoch_seconds",
+                 "gflop_per_epoch", "matmul_gflops", "floor_seconds", "stays_per_second", "epochs_run", "best_epoch",
+                 "run_seconds", "test_auroc", "test_auprc", "command"]  # fmt: skip
 
 
-def measure_speed(config: Config, data_root: Path, batches: int | None = None) -> dict:
+def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
+    """This machine's rate at multiplying two ``size`` x ``size`` float32 matrices, in GFLOP/s (the best of three)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return 2 * size**3 / best / 1e9
+
+
+def epoch_gflop(trainer, batches: list, config: Config) -> float:
+    """The matrix-product work of one training epoch over ``batches`` (forward and backward, reconstruction stage),
+    counted on ``FLOP_SAMPLE_BATCHES`` of them and scaled by the epoch's padded steps (every product is per step or per
+    stay, so its work grows with the stays times the padded steps)."""
+    sample = batches[:: max(1, len(batches) // FLOP_SAMPLE_BATCHES)][:FLOP_SAMPLE_BATCHES]
+    trainer.model.train()
+    with FlopCounterMode(display=False) as counter:
+        for batch in sample:
+            losses = stage_losses(trainer.model, batch.to(trainer.device), config)
+            losses[RECONSTRUCTION].backward()
+    trainer.model.zero_grad(set_to_none=True)
+    cells = lambda chosen: sum(len(batch) * batch.values.shape[1] for batch in chosen)  # noqa: E731
+    return counter.get_total_flops() * cells(batches) / cells(sample) / 1e9
+
+
+def measure_speed(config: Config, data_root: Path, batches: int | None = None, split_index: int = 0,
+                  count_flops: bool = False) -> dict:  # fmt: skip
     folder = ensure_processed(config.dataset, data_root)
     tensors = load_tensors(folder)
-    split = load_splits(folder, tensors, config.split_protocol)[0]
+    split = load_splits(folder, tensors, config.split_protocol)[split_index]
 
     def part(name: str) -> IrregularDataset:
         return IrregularDataset(tensors.subset(split.positions(tensors, name)), split.normalisation)
@@ -51,7 +99,7 @@ def measure_speed(config: Config, data_root: Path, batches: int | None = None) -
     if isinstance(trainer.model, ReferenceGarlic):
         trainer.model.fit_scales(train.times, train.lengths)
     epoch = loader(train, config.batch_size, shuffle=True, seed=config.seed)
-    timed = list(itertools.islice(epoch, batches)) if batches else epoch
+    timed = list(itertools.islice(epoch, batches)) if batches else list(epoch)
     start = time.perf_counter()
     trainer.train_epoch(timed, RECONSTRUCTION)
     epoch_seconds = time.perf_counter() - start
@@ -68,10 +116,54 @@ def measure_speed(config: Config, data_root: Path, batches: int | None = None) -
         "batches": len(timed),
         "epoch_batches": len(epoch),
         "epoch_seconds": epoch_seconds,
+        "gflop_per_epoch": epoch_gflop(trainer, timed, config) * len(epoch) / len(timed) if count_flops else None,
         "predicted_stays": len(held_out) + len(test),
         "stays_per_second": float(np.median(rates)),
         "stays_per_second_range": (min(rates), max(rates)),
     }
+
+
+def full_run(config: Config, split_index: int, data_root: Path, store: Path, preset: str) -> dict:
+    """Train, select and test one split as ``garlic train`` does: wall time, epochs run, best epoch, test metrics."""
+    epochs = []
+    start = time.perf_counter()
+    _, results = runs.train(config, [split_index], data_root, store, on_epoch=lambda _, record: epochs.append(record),
+                            preset=preset)  # fmt: skip
+    seconds = time.perf_counter() - start
+    result = results[0]
+    return {"run_seconds": seconds, "epochs_run": len(epochs), "best_epoch": result.best_epoch,
+            "test_auroc": result.test["auroc"], "test_auprc": result.test["auprc"]}  # fmt: skip
+
+
+def keep_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
+    """``path``'s rows with ``rows`` in place of those of the same preset, protocol, split and thread count."""
+    new = pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    if path.is_file():
+        old = pd.read_csv(path)
+        key = ["preset", "protocol", "split", "threads"]
+        replaced = old.set_index(key).index.isin(new.set_index(key).index)
+        new = pd.concat([old[~replaced], new], ignore_index=True)
+    return new
+
+
+def speed_report(frame: pd.DataFrame) -> str:
+    lines = ["# Speed", "", "Each row is one measurement on this project's CPU machine (the command is in its row's "
+             "`command` column of `speed.csv`): one training epoch in the reconstruction stage (the costlier stage), "
+             "the matrix-product work of that epoch (forward and backward) and the seconds it would take at this "
+             "machine's measured 2048 x 2048 matrix-multiply rate (the floor), inference over the split's validation "
+             "and test stays (median of 5 passes) and, where a whole run was timed, its wall time (train, select, "
+             "test, explanations and logging) and the epochs it ran.", "",
+             "| preset | protocol / split | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | floor s / epoch | "
+             "inference stays/s | epochs run (best) | s / run | test AUROC / AUPRC |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in frame.itertuples():
+        run = "" if pd.isna(row.run_seconds) else f"{row.run_seconds:.0f}"
+        epochs = "" if pd.isna(row.epochs_run) else f"{row.epochs_run:.0f} ({row.best_epoch:.0f})"
+        test = "" if pd.isna(row.test_auroc) else f"{row.test_auroc:.3f} / {row.test_auprc:.3f}"
+        lines.append(f"| {row.preset} | {row.protocol} / {row.split} | {row.threads} | {row.epoch_seconds:.1f} | "
+                     f"{row.gflop_per_epoch:.0f} | {row.matmul_gflops:.0f} | {row.floor_seconds:.1f} | "
+                     f"{row.stays_per_second:.0f} | {epochs} | {run} | {test} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def measure_accuracy(config: Config, data_root: Path, store: Path) -> None:
@@ -84,21 +176,7 @@ def measure_accuracy(config: Config, data_root: Path, store: Path) -> None:
         print(f"test {metric:6s} {values.mean():6.2f} +/- {values.std():.2f}{beside}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="physionet2012")
-    parser.add_argument("--config", type=Path, help="a JSON config (default: the dataset's shipped one)")
-    parser.add_argument("--batches", type=int, metavar="N", help="time the epoch's first N batches only")
-    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
-    parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--accuracy", action="store_true", help="also train all five splits (long)")
-    args = parser.parse_args()
-    if args.batches is not None and args.batches < 1:
-        parser.error(f"--batches must be at least 1, got {args.batches}")
-    config = (Config.load(args.config) if args.config else Config.for_dataset(args.dataset)).override(args.set)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {config.device}")
-    speed = measure_speed(config, args.data_root, args.batches)
+def print_speed(config: Config, speed: dict) -> None:
     if speed["batches"] < speed["epoch_batches"]:
         print(f"training: {speed['epoch_seconds']:.1f} s for the first {speed['batches']} of the epoch's "
               f"{speed['epoch_batches']} batches of {config.batch_size} stays")  # fmt: skip
@@ -108,8 +186,66 @@ def main() -> None:
     slowest, fastest = speed["stays_per_second_range"]
     print(f"inference: {speed['stays_per_second']:.0f} stays/s over {speed['predicted_stays']} stays "
           f"(median of {INFERENCE_PASSES} passes; {slowest:.0f}-{fastest:.0f})")  # fmt: skip
-    if args.accuracy:
-        measure_accuracy(config, args.data_root, args.mlruns)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="physionet2012")
+    parser.add_argument("--config", type=Path, help="a JSON config (default: the dataset's shipped one)")
+    parser.add_argument("--presets", nargs="+", metavar="NAME", help="shipped presets (experiments/configs/NAME.json)")
+    parser.add_argument("--protocol", help="the split protocol (default: the config's)")
+    parser.add_argument("--split", type=int, default=0, metavar="K", help="the split to time on (default 0)")
+    parser.add_argument("--batches", type=int, metavar="N", help="time the epoch's first N batches only")
+    parser.add_argument("--full-run", action="store_true", help="also train, select and test the split once")
+    parser.add_argument("--out", type=Path, help="keep the rows in DIR/speed.csv and write DIR/speed.md")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--accuracy", action="store_true", help="also train all five splits (long)")
+    args = parser.parse_args(argv)
+    if args.batches is not None and args.batches < 1:
+        parser.error(f"--batches must be at least 1, got {args.batches}")
+    if args.out is not None and (args.presets is None or args.batches is not None):
+        parser.error("--out keeps whole-epoch rows of named presets: give --presets and no --batches")
+    protocol = [f"split_protocol={args.protocol}"] if args.protocol else []
+    if args.presets:
+        configs = {name: Config.load(CONFIG_DIR / f"{name}.json").override([*protocol, *args.set])
+                   for name in args.presets}  # fmt: skip
+    else:
+        config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
+        configs = {None: config.override([*protocol, *args.set])}
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, {platform.processor() or platform.machine()}")
+    rate = matmul_gflops() if args.out else None
+    command = "python -m experiments.benchmark_training " + shlex.join(argv if argv is not None else sys.argv[1:])
+    rows = []
+    for name, config in configs.items():
+        print(f"{name or config.dataset}: {config.split_protocol} split {args.split}, device {config.device}")
+        speed = measure_speed(config, args.data_root, args.batches, args.split, count_flops=args.out is not None)
+        print_speed(config, speed)
+        row = {"preset": name, "dataset": config.dataset, "protocol": config.split_protocol, "split": args.split,
+               "threads": threads, "training_stays": speed["training_stays"], "batch_size": config.batch_size,
+               "epoch_seconds": speed["epoch_seconds"], "stays_per_second": speed["stays_per_second"],
+               "command": command}  # fmt: skip
+        if rate is not None:
+            row |= {"gflop_per_epoch": speed["gflop_per_epoch"], "matmul_gflops": rate,
+                    "floor_seconds": speed["gflop_per_epoch"] / rate}  # fmt: skip
+            print(f"work: {speed['gflop_per_epoch']:.0f} GFLOP an epoch; matrix products at {rate:.0f} GFLOP/s: "
+                  f"{row['floor_seconds']:.1f} s")  # fmt: skip
+        if args.full_run:
+            row |= full_run(config, args.split, args.data_root, args.mlruns, name)
+            print(f"whole run: {row['run_seconds']:.0f} s, {row['epochs_run']} epochs (best {row['best_epoch']}), "
+                  f"test AUROC {row['test_auroc']:.3f} AUPRC {row['test_auprc']:.3f}")  # fmt: skip
+        rows.append(row)
+        if args.accuracy:
+            measure_accuracy(config, args.data_root, args.mlruns)
+    if args.out is not None:
+        frame = keep_rows(args.out / "speed.csv", rows)
+        args.out.mkdir(parents=True, exist_ok=True)
+        with atomic_file(args.out / "speed.csv", "w") as out:
+            frame.to_csv(out, index=False, float_format="%.4g")
+        with atomic_file(args.out / "speed.md", "w") as out:
+            out.write(speed_report(frame))
 
 
 if __name__ == "__main__":

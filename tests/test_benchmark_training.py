@@ -1,4 +1,7 @@
 """The speed benchmark on the synthetic cohort: one epoch, and inference throughput as a median of passes."""
+import pandas as pd
+import pytest
+
 from experiments import benchmark_training
 from garlic.config import Config
 from garlic.reference_model import ReferenceGarlic
@@ -27,3 +30,23 @@ def test_speed_benchmark_times_the_first_batches_of_a_reference_model_prepared_a
     assert prepared == [1600]  # the training stays, before the timed batches
     assert speed["batches"] == 2 and speed["epoch_batches"] == 1600 // config.batch_size
     assert speed["epoch_seconds"] > 0
+
+
+def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 1)
+    monkeypatch.setattr(benchmark_training, "matmul_gflops", lambda: 100.0)  # the machine's rate is not under test
+    data = tmp_path / "data"
+    common = ["--data-root", str(data), "--mlruns", str(tmp_path / "mlruns"), "--out", str(tmp_path / "out"),
+              "--set", "hidden_dim=8", "--set", "feature_dim=4", "--set", "max_epochs=2", "--set", "device=cpu"]
+    benchmark_training.main(["--presets", "synthetic", "--full-run", *common])
+    benchmark_training.main(["--presets", "physionet2012-fast", "--set", "dataset=synthetic", *common])
+    table = pd.read_csv(tmp_path / "out" / "speed.csv")
+    assert table["preset"].tolist() == ["synthetic", "physionet2012-fast"]  # the second run kept the first's row
+    first, second = table.itertuples()
+    assert first.epochs_run == 2 and 1 <= first.best_epoch <= 2 and first.run_seconds > first.epoch_seconds > 0
+    assert 0.5 < first.test_auroc <= 1.0
+    assert pd.isna(second.run_seconds)  # no --full-run
+    assert first.gflop_per_epoch > 0 and first.floor_seconds == pytest.approx(first.gflop_per_epoch / 100.0)
+    assert "python -m experiments.benchmark_training --presets synthetic --full-run" in first.command
+    report = (tmp_path / "out" / "speed.md").read_text()
+    assert "| synthetic | five-split / 0 |" in report and "| physionet2012-fast | five-split / 0 |" in report
