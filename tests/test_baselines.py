@@ -113,3 +113,29 @@ def test_command_prints_the_table_with_paper_columns(data_root, tmp_path, capsys
     assert "| method | splits | auroc | auprc | brier | ece |" in printed and "paper_auroc" in printed
     assert "| saps | 2 |" in printed and "| logreg | 2 |" in printed
     assert len(mlflow.search_runs(experiment_names=["baselines-synthetic"])) == 5  # 2 methods x 2 splits + summary
+
+
+@pytest.mark.parametrize("kind", ["gbm", "logreg"])
+def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(kind):
+    from experiments.baselines.summary import SummaryModel
+
+    generator = np.random.default_rng(0)
+    stays, steps = 120, 6
+
+    def part(never_seen: bool) -> SimpleNamespace:
+        mask = generator.random((stays, steps, 3)) < 0.5
+        mask[:, :, 2] &= not never_seen  # variable 2: not once in the training part, seen elsewhere
+        values = generator.normal(size=mask.shape).astype("float32")
+        labels = (values[:, :, 0] * mask[:, :, 0]).sum(1) > 0
+        times = np.tile(np.arange(steps, dtype="float32"), (stays, 1))
+        tensors = IrregularTensors(np.arange(stays), values, mask, times, np.full(stays, steps),
+                                   np.zeros((stays, 0), "float32"), labels.astype("float32"), ["v0", "v1", "v2"],
+                                   [])  # fmt: skip
+        return SimpleNamespace(tensors=tensors, labels=torch.tensor(labels.astype("float32")))
+
+    train, validation = part(never_seen=True), part(never_seen=False)
+    model = SummaryModel(kind).fit(train, validation)
+    assert model.kept_.sum() == 18 - 5  # v2's first, last, min, max and mean; its count (0) is a value
+    risks = model.predict_proba(validation)
+    assert risks.shape == (stays,) and np.isfinite(risks).all()
+    assert model.chosen["validation_auroc"] > 0.7  # v0 carries the label

@@ -66,7 +66,11 @@ CANDIDATES = {"logreg": _logistic_candidates, "gbm": _boosting_candidates}
 class SummaryModel:
     """A classifier on per-stay summaries (``summary_features``; with ``with_static``, the static features beside
     them): ``kind`` 'logreg' (logistic regression) or 'gbm' (gradient boosting). ``fit`` fits every candidate
-    setting on the training part and keeps the best validation AUROC (the first one on ties)."""
+    setting on the training part and keeps the best validation AUROC (the first one on ties).
+
+    A column with no value in the training part (a variable never observed there, such as P19 set A's EtCO2) says
+    nothing the model could learn, and scikit-learn's gradient boosting fails on it (``window shape cannot be larger
+    than input array shape``): such columns are left out, ``kept_`` marks the others."""
 
     def __init__(self, kind: str, with_static: bool = False, seed: int = 0):
         if kind not in CANDIDATES:
@@ -79,7 +83,9 @@ class SummaryModel:
         return np.concatenate([features, tensors.static.astype("float64")], axis=1) if self.with_static else features
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SummaryModel":
-        features, held_out = self.features(train), self.features(validation)
+        features = self.features(train)
+        self.kept_ = ~np.isnan(features).all(axis=0)
+        features, held_out = features[:, self.kept_], self.features(validation)[:, self.kept_]
         best_score = -np.inf
         for setting, model in CANDIDATES[self.kind](self.seed):
             model.fit(features, train.labels.numpy())
@@ -89,10 +95,11 @@ class SummaryModel:
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        return self.model.predict_proba(self.features(dataset))[:, 1]
+        return self.model.predict_proba(self.features(dataset)[:, self.kept_])[:, 1]
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen.items()})
+        mlflow.log_param("chosen_empty_columns", int((~self.kept_).sum()))
         return {}
 
 
