@@ -208,9 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None and (args.presets is None or args.batches is not None):
         parser.error("--out keeps whole-epoch rows of named presets: give --presets and no --batches")
     protocol = [f"split_protocol={args.protocol}"] if args.protocol else []
+    if any("=" not in item for item in args.set):
+        parser.error(f"--set takes KEY=VALUE, got {args.set}")
     if args.presets:
-        configs = {name: Config.load(CONFIG_DIR / f"{name}.json").override([*protocol, *args.set])
-                   for name in args.presets}  # fmt: skip
+        # The overrides go in before the values are checked: a source's preset (dataset physionet2019) names its cohort.
+        overrides = dict(item.split("=", 1) for item in [*protocol, *args.set])
+        configs = {name: Config.load(CONFIG_DIR / f"{name}.json", **overrides) for name in args.presets}
     else:
         config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
         configs = {None: config.override([*protocol, *args.set])}

@@ -293,10 +293,12 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     """Mean over ``ours`` of (ours - the baseline on the same split), with a 95% bootstrap interval over test stays.
 
     Each resample draws every split's test stays with replacement once (as counts) and scores both models on the
-    same draw; a unit trained with several seeds on one split shares that split's draws.
+    same draw; a unit trained with several seeds on one split shares that split's draws. Where ``theirs`` has a
+    unit of the same split and model seed (another preset), that one is the baseline.
     """
     score = weighted_auroc if metric == "auroc" else weighted_average_precision
     by_split = {u.split: u for u in theirs}
+    by_unit = {(u.split, u.seed): u for u in theirs}
     generator = np.random.default_rng(seed)
     draws = {}
     for split, unit in by_split.items():
@@ -304,7 +306,7 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
         draws[split] = generator.multinomial(stays, np.full(stays, 1 / stays), size=BOOTSTRAP)
     observed, resampled = [], np.zeros(BOOTSTRAP)
     for unit in ours:
-        baseline = by_split[unit.split].predictions
+        baseline = by_unit.get((unit.split, unit.seed), by_split[unit.split]).predictions
         joined = unit.predictions.merge(baseline, on="stay_id", suffixes=("", "_baseline"))
         same_stays = len(joined) == len(unit.predictions) == len(baseline)
         if not same_stays or not (joined["label"] == joined["label_baseline"]).all():
@@ -320,20 +322,23 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
 
 
-def comparisons(units: list[Unit], presets: list[str], protocols: list[str]) -> pd.DataFrame:
+def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
+                against: str | None = None) -> pd.DataFrame:  # fmt: skip
+    """Every preset against the protocol's best simple baseline (per metric) and, with ``against``, against that
+    preset too (unit by unit: the same split and model seed)."""
     rows = []
     summary = table(units, protocols)
     for protocol_name in protocols:
         simple = summary[(summary["protocol"] == protocol_name) & summary["method"].isin(SIMPLE)]
         for name in presets:
             ours = [u for u in units if u.method == name and u.protocol == protocol_name]
-            if not ours or simple.empty:
-                continue
             for metric in ("auroc", "auprc"):
-                best = simple.loc[simple[f"{metric}_mean"].idxmax(), "method"]
-                theirs = [u for u in units if u.method == best and u.protocol == protocol_name]
-                rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": best,
-                             "runs": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
+                baselines = [] if simple.empty else [simple.loc[simple[f"{metric}_mean"].idxmax(), "method"]]
+                for baseline in baselines + ([against] if against not in (None, name) else []):
+                    theirs = [u for u in units if u.method == baseline and u.protocol == protocol_name]
+                    if ours and theirs:
+                        rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": baseline,
+                                     "runs": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -417,7 +422,9 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], kept
             shown[column] = shown[column].map(lambda v: f"{v:+.4f}")
         lines += ["## Paired differences against the best simple baseline", "",
                   f"Mean over the protocol's runs of (preset - baseline) on the same test stays, with a 95% interval "
-                  f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie.", "",
+                  f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie. The "
+                  f"baseline is the protocol's best simple baseline in that metric, or a preset named with "
+                  f"`--against` (then paired run by run: the same split and model seed).", "",
                   study.markdown(shown), ""]  # fmt: skip
     if kept:
         lines += ["## Kept from the previous table", "",
@@ -447,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deadline", type=float, metavar="MINUTES",
                         help="with --workers: start no unit after MINUTES and stop the running ones then (they "
                              "resume later), then write the table of what finished")  # fmt: skip
+    parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
+                                                             "--presets), on the same splits and model seeds")
     parser.add_argument("--out", type=Path, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
                                                  "<dataset>-runs/ (e.g. docs/results)")  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -460,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.deadline is not None and not (args.deadline > 0 and args.workers > 1):
         parser.error("--deadline takes a positive number of minutes, with --workers 2 or more")
+    if args.against is not None and args.against not in presets:
+        parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     in_workers = args.workers > 1 and not args.no_train
     if in_workers:
@@ -479,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
             units += found
             missing += lacking
     summary = table(units, args.protocols)
-    paired = comparisons(units, presets, args.protocols)
+    paired = comparisons(units, presets, args.protocols, args.against)
     kept = []
     if args.out is not None:
         archive.keep(units)

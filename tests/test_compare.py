@@ -264,3 +264,29 @@ def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail("the worker outlived the killed parent")
+
+
+def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_seed():
+    from experiments.run_archive import Unit
+
+    generator = np.random.default_rng(4)
+    labels = (generator.random(200) < 0.3).astype(int)
+
+    def unit(method, seed, risk):
+        frame = pd.DataFrame({"stay_id": np.arange(200), "label": labels, "risk": risk})
+        metrics = {"auroc": 0.0, "auprc": 0.0, "brier": 0.0, "ece": 0.0}
+        return Unit(method, "garlic-reference", 0, seed, f"{method}-{seed}", "x", metrics, frame)
+
+    risks = [generator.random(200) + labels * k for k in (0.2, 0.6, 1.0)]
+    old = [unit("old", seed, risk) for seed, risk in enumerate(risks)]
+    same = [unit("new", seed, risk) for seed, risk in enumerate(risks)]  # each seed equals the old one's
+    baseline = [unit("logreg", None, risks[1])]
+    paired = compare.comparisons(old + same + baseline, ["old", "new"], ["garlic-reference"], against="old")
+    rows = paired.set_index(["preset", "baseline", "metric"])
+    for metric in ("auroc", "auprc"):
+        tie = rows.loc[("new", "old", metric)]
+        assert tie["difference"] == 0 and tie["ci_low"] == 0 and tie["ci_high"] == 0 and tie["runs"] == 3
+        assert ("new", "logreg", metric) in rows.index and ("old", "logreg", metric) in rows.index
+        assert ("old", "old", metric) not in rows.index  # no preset against itself
+    # By split alone every seed would have met the last old seed's risks (the strongest): a clear loss instead.
+    assert compare.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
