@@ -179,7 +179,8 @@ class LagAttention(nn.Module):
         # score(key(x), q) = x . (W_k^T q) + b_k . q: fold the key into the query instead of projecting every lag.
         query = self.query @ self.key.weight  # [D, F]
         lag_scores = self.lag_embedding @ query.T + self.query @ self.key.bias  # [W, D]
-        own_scores = (features * query).sum(-1)  # [B, T, D]
+        # [B, T, D]: one matrix product per variable, about twice as fast as (features * query).sum(-1) for small F.
+        own_scores = torch.einsum("btdf,df->btd", features, query)
         # W (not D) is innermost-but-one so that the softmax runs over a short middle axis, many times faster than
         # over a last axis of length W.
         step_scores = own_scores.new_zeros(len(features), steps, window, features.shape[2])  # [B, T, W, D]
@@ -195,9 +196,9 @@ class LagAttention(nn.Module):
 
 
 class LagPool(torch.autograd.Function):
-    """``LagAttention``'s weighted sum, s_{t,d} = sum_w a_{t,w,d} (h_{t-W+w,d} + e_w), with its gradients written out:
+    """``LagAttention``'s weighted sum s_{t,d} = sum_w a_{t,w,d} (h_{t-W+w,d} + e_w), its gradients written out:
 
-        dh_{t-W+w,d} += a_{t,w,d} g_{t,d}, da_{t,w,d} = g_{t,d} . (h_{t-W+w,d} + e_w), de_w = sum_{t,d} a_{t,w,d} g_{t,d}
+        dh_{t-W+w,d} += a_{t,w,d} g_{t,d},  da_{t,w,d} = g_{t,d} . (h_{t-W+w,d} + e_w),  de_w = sum a_{t,w,d} g_{t,d}
 
     Both ways the W shifted slices are added in place. Autograd through in-place adds into slices copies the whole
     gradient once per lag; these sums took a fifth of the backward pass's time on P12.
