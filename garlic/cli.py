@@ -349,7 +349,8 @@ def parser() -> argparse.ArgumentParser:
                        help="train on every split (and model seed) of the protocol")  # fmt: skip
     train.add_argument("--protocol", metavar="NAME",
                        help="five-split, raindrop or garlic-reference; alone, it runs the whole protocol")  # fmt: skip
-    train.add_argument("--config", type=Path, help="a JSON config (default: experiments/configs/DATASET.json)")
+    train.add_argument("--config", type=Path, help="a JSON config, or a shipped preset's name (physionet2012-fast; "
+                                                   "default: experiments/configs/DATASET.json)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
     train.add_argument("--resume", metavar="RUN_ID",

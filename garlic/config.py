@@ -85,10 +85,15 @@ class Config:
 
     @classmethod
     def load(cls, path: Path | str, **overrides) -> "Config":
-        """The config in the JSON file ``path``, with ``overrides`` applied before the values are checked."""
+        """The config in the JSON file ``path`` (or the shipped preset of that name: ``physionet2012-fast``), with
+        ``overrides`` applied before the values are checked."""
         path = Path(path)
+        shipped = CONFIG_DIR / f"{path}.json"
+        if not path.is_file() and path.suffix != ".json" and path.name == str(path) and shipped.is_file():
+            path = shipped
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+            presets = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+            raise ConfigError(f"config file {path} does not exist (a shipped preset is named by its stem: {presets})")
         try:
             payload = json.loads(path.read_text())
         except json.JSONDecodeError as exc:

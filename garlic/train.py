@@ -48,7 +48,7 @@ GRADIENT_CLIP = 5.0
 WARMUP = 0.05
 
 
-def remember_initial_rates(optimisers: dict[str, torch.optim.Optimizer]) -> None:
+def remember_base_rates(optimisers: dict[str, torch.optim.Optimizer]) -> None:
     """Keep each parameter group's configured rate as ``base_lr`` (saved with the optimiser's state), the rate
     ``lr_schedule=cosine`` scales."""
     for optimiser in optimisers.values():
@@ -140,7 +140,7 @@ class AlternatingTrainer:
                 self.model.prediction_parameters(), lr=config.lr_cls, weight_decay=config.wd_cls
             ),
         }
-        remember_initial_rates(self.optimisers)
+        remember_base_rates(self.optimisers)
         self.schedulers = {
             name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=config.lr_patience)
             for name, opt in self.optimisers.items()
@@ -308,7 +308,8 @@ class ReferenceTrainer(AlternatingTrainer):
 
     - One Adam over two groups: the reconstruction parameters (lr_rec, wd_rec) and the prediction parameters
       (lr_cls, wd_cls); one ReduceLROnPlateau (factor 0.5, patience 3, threshold 1e-4 relative, min_lr 1e-5) on the
-      training epoch's AUROC, for both groups, every epoch. No gradient clipping.
+      training epoch's AUROC, for both groups, every epoch. No gradient clipping. (``lr_schedule=cosine``, not the
+      reference's, replaces the plateau schedule by the compact trainer's cosine curve over ``max_epochs``.)
     - Reconstruction stage: reconstruction loss + lambda_cls * BCE + lambda_graph * |A|_1. The first trains every
       parameter; later ones only the reconstruction parameters. Prediction stage: lambda_cls * BCE, the
       prediction parameters only. A frozen parameter gets no gradient, so Adam leaves it (and its moments) alone.
@@ -337,7 +338,7 @@ class ReferenceTrainer(AlternatingTrainer):
             {"params": self.model.prediction_parameters(), "lr": config.lr_cls, "weight_decay": config.wd_cls},
         ])  # fmt: skip
         self.optimisers = {"both": optimiser}  # named like the compact trainer's, so ``state`` and ``restore`` serve
-        remember_initial_rates(self.optimisers)
+        remember_base_rates(self.optimisers)
         self.schedulers = {"both": torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimiser, mode="max", factor=0.5, patience=3, threshold=1e-4, min_lr=1e-5)
         } if config.lr_schedule == "plateau" else {}  # fmt: skip

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from garlic.config import CHECKS, Config, ConfigError
+from garlic.config import CHECKS, CONFIG_DIR, Config, ConfigError
 from garlic.datasets import DATASETS
 from garlic.splits import PROTOCOLS
 
@@ -67,3 +67,14 @@ def test_the_model_and_schedule_choices_are_those_the_factories_know():
             assert Config().override({key: choice}).to_dict()[key] == choice
         with pytest.raises(ConfigError, match=f"config key '{key}' must be one of {', '.join(sorted(known))}"):
             Config().override({key: "other"})
+
+
+def test_a_shipped_preset_is_named_by_its_stem_and_a_missing_file_lists_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # as from any folder: the preset is found where the package ships it
+    assert Config.load("physionet2012-fast") == Config.load(CONFIG_DIR / "physionet2012-fast.json")
+    assert Config.load("physionet2012-fast").hidden_dim == 64
+    for missing in ("physionet2012-fastest", "elsewhere/physionet2012-fast", "physionet2012-fast.json"):
+        with pytest.raises(ConfigError, match="does not exist .*physionet2012-fast, physionet2012-reference"):
+            Config.load(missing)
+    (tmp_path / "physionet2012-fast").write_text(json.dumps({"dataset": "synthetic"}))
+    assert Config.load("physionet2012-fast").dataset == "synthetic"  # a file of that name comes first
