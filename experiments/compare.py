@@ -10,6 +10,9 @@ Methods:
   ``physionet2012`` for the paper config), trained through ``garlic.runs.train``, the one train-select-test-log
   path: one run per split and model seed of the protocol.
 
+Protocols (``--protocols``, default: every one that applies to the dataset): a protocol that does not apply (a
+published one naming stays the dataset lacks, e.g. ``raindrop`` on synthetic data) is refused before anything trains.
+
 With ``--workers N`` the missing GARLIC units are trained first, in N parallel ``garlic train`` processes (the CPU
 threads shared out evenly; one per core is the fastest on a CPU), all into the first store.
 
@@ -436,11 +439,33 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], kept
     return "\n".join(lines)
 
 
+def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_root: Path,
+                         asked: list[str] | None) -> list[str]:  # fmt: skip
+    """The protocols asked for, each checked to apply to the dataset (a published one names stays the dataset must
+    hold) before anything is trained; without ``--protocols``, every protocol that applies."""
+    applicable, refused = [], {}
+    for name in asked or PROTOCOLS:
+        try:
+            study.load_cohort(dataset, data_root, name, None)
+            applicable.append(name)
+        except ValueError as error:
+            refused[name] = error
+    if asked and refused:
+        name, error = next(iter(refused.items()))
+        parser.error(f"--protocols {name} does not apply to --dataset {dataset}: {error}")
+    if not applicable:
+        parser.error(f"no protocol applies to --dataset {dataset}: " + "; ".join(map(str, refused.values())))
+    for name in refused:
+        print(f"protocol {name} left out: it does not apply to --dataset {dataset}", file=sys.stderr)
+    return applicable
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--dataset", choices=DATASETS, default="physionet2012")
-    parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS), default=list(PROTOCOLS))
+    parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS),
+                        help="default: every protocol that applies to the dataset")
     parser.add_argument("--methods", nargs="*", choices=[*BASELINES, *RECURRENT], default=list(BASELINES))
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
@@ -471,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--deadline takes a positive number of minutes, with --workers 2 or more")
     if args.against is not None and args.against not in presets:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
+    args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
     deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     in_workers = args.workers > 1 and not args.no_train
     if in_workers:

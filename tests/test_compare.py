@@ -290,3 +290,21 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
         assert ("old", "old", metric) not in rows.index  # no preset against itself
     # By split alone every seed would have met the last old seed's risks (the strongest): a clear loss instead.
     assert compare.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
+
+
+def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tmp_path, capsys):
+    root, store = tmp_path, tmp_path / "mlruns"
+    synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=2)
+    with pytest.raises(SystemExit):
+        compare.main(["--dataset", "synthetic", "--protocols", "five-split", "raindrop", "--methods", "logreg",
+                      "--data-root", str(root), "--mlruns", str(store)])
+    error = capsys.readouterr().err
+    assert "--protocols raindrop does not apply to --dataset synthetic" in error
+    assert "names 9590 train stays that the processed dataset does not hold" in error
+    assert not store.exists()  # nothing trained, no store made
+    # Without --protocols, the ones that apply: five-split alone on synthetic data.
+    compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(root),
+                  "--mlruns", str(store), "--out", str(tmp_path / "results")])
+    assert "protocol raindrop left out" in capsys.readouterr().err
+    table = pd.read_csv(tmp_path / "results" / "synthetic.csv")
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5]]
