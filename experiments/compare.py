@@ -325,6 +325,9 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
 
 
+PAIRED_COLUMNS = ["preset", "protocol", "metric", "baseline", "runs", "difference", "ci_low", "ci_high", "verdict"]
+
+
 def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
                 against: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Every preset against the protocol's best simple baseline (per metric) and, with ``against``, against that
@@ -342,7 +345,8 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
                     if ours and theirs:
                         rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": baseline,
                                      "runs": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
-    return pd.DataFrame(rows)
+    # The columns even without a row, so that the -paired.csv written from it is read back by the next call.
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
 def kept_from_before(previous: Path, made: pd.DataFrame, key: list[str], names: list[str],

@@ -111,6 +111,19 @@ def test_no_train_gathers_the_baselines_it_has_and_names_the_others_without_trai
     assert not [run for run in split_runs(store) if run.data.tags.get("method") == "gbm_static"]  # nothing trained
 
 
+def test_a_table_with_nothing_paired_is_read_back_by_the_next_call(compared, tmp_path):
+    root, store, _, _, _ = compared
+    out = tmp_path / "results"
+    for methods in ([], ["logreg"]):  # the first pairs nothing: a preset without baselines
+        with tiny_protocol():
+            compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods",
+                          *methods, *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out),
+                          "--no-train"])  # fmt: skip
+        paired = pd.read_csv(out / "synthetic-paired.csv")
+        assert paired["baseline"].tolist() == methods * 2  # one row per metric
+    assert list(paired.columns) == compare.PAIRED_COLUMNS
+
+
 @pytest.mark.slow
 def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_store(tmp_path):
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
