@@ -237,6 +237,9 @@ def _train(args: argparse.Namespace) -> None:
         preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
         _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
              f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
+    from garlic.device import resolve_device
+
+    resolve_device(config.device if config else args.device or "auto")  # before a store is made or data read
     store = _store(args)
     if not (store / STORE_FILE).is_file():
         _say(f"creating a new MLflow store in {store.resolve()}")

@@ -155,9 +155,16 @@ def _typed(key: str, value, kind: str):
     return value
 
 
-# Value checks: each returns None for a valid value, else what was expected ("at least 1").
+# Value checks: each returns None for a valid value, else what was expected ("from 1 to 4096").
 def _at_least(low: float) -> Callable[[float], str | None]:
     return lambda value: None if value >= low else f"at least {low:g}"
+
+
+def _from_to(low: float, high: float) -> Callable[[float], str | None]:
+    """A finite value in [low, high]. The upper bounds are far above any useful setting; they stop a typo from
+    asking for hundreds of GB (``hidden_dim=200000``) or training on an infinite rate into NaN."""
+    shown = [str(int(bound)) if float(bound).is_integer() else f"{bound:g}" for bound in (low, high)]
+    return lambda value: None if low <= value <= high else f"from {shown[0]} to {shown[1]}"
 
 
 def _fraction(value: float) -> str | None:
@@ -197,23 +204,23 @@ CHECKS: dict[str, Callable] = {
     "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.reference_model.SIGNAL_LAYOUTS
     "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.train.TRAINERS
     "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.train.AlternatingTrainer
-    "window_size": _at_least(1),
-    "hidden_dim": _at_least(1),
-    "feature_dim": _at_least(1),
+    "window_size": _from_to(1, 512),
+    "hidden_dim": _from_to(1, 4096),
+    "feature_dim": _from_to(1, 1024),
     "dropout": _fraction,
-    "batch_size": _at_least(1),
-    "lr_cls": _at_least(0),  # 0 freezes the group (tests do)
-    "lr_rec": _at_least(0),
-    "wd_cls": _at_least(0),
-    "wd_rec": _at_least(0),
-    "lambda_cls": _at_least(0),
-    "lambda_graph": _at_least(0),
-    "stage_patience": _at_least(0),  # 0: a stage ends at its first epoch without progress
+    "batch_size": _from_to(1, 65536),
+    "lr_cls": _from_to(0, 10),  # 0 freezes the group (tests do)
+    "lr_rec": _from_to(0, 10),
+    "wd_cls": _from_to(0, 10),
+    "wd_rec": _from_to(0, 10),
+    "lambda_cls": _from_to(0, 1e6),
+    "lambda_graph": _from_to(0, 1e6),
+    "stage_patience": _from_to(0, 100_000),  # 0: a stage ends at its first epoch without progress
     "stage_tolerance": _fraction,
-    "lr_patience": _at_least(0),
-    "early_stopping": _at_least(1),
-    "early_stopping_tolerance": _at_least(0),
-    "max_epochs": _at_least(1),
-    "seed": _at_least(0),
+    "lr_patience": _from_to(0, 100_000),
+    "early_stopping": _from_to(1, 100_000),
+    "early_stopping_tolerance": _from_to(0, 1),
+    "max_epochs": _from_to(1, 100_000),
+    "seed": _from_to(0, 2**32 - 1),  # numpy's seeds
     "device": _device,
 }

@@ -129,6 +129,8 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
         (["train", "--set", "no_such_key=1"], "unknown config key 'no_such_key'"),
         (["train", "--set", "hidden_dim=lots"], "config key 'hidden_dim' expects an integer, got 'lots'"),
         (["train", "--set", "dropout=2"], "config key 'dropout' must be at least 0 and below 1, got 2.0"),
+        (["train", "--set", "device=cuda:7"], "device 'cuda:7' was asked for, but torch sees"),
+        (["train", "--set", "lr_cls=inf"], "config key 'lr_cls' must be from 0 to 10, got inf"),
         (["train", "--dataset", "physionet2012"], "garlic preprocess physionet2012"),
         (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no MLflow store in"),
         (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no MLflow store in"),

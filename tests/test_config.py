@@ -12,11 +12,17 @@ from garlic.splits import PROTOCOLS
     "assignment, message",
     [
         ("dropout=2", "config key 'dropout' must be at least 0 and below 1, got 2.0"),
-        ("window_size=-1", "config key 'window_size' must be at least 1, got -1"),
+        ("window_size=-1", "config key 'window_size' must be from 1 to 512, got -1"),
+        ("window_size=100000", "config key 'window_size' must be from 1 to 512, got 100000"),
+        ("hidden_dim=200000", "config key 'hidden_dim' must be from 1 to 4096, got 200000"),
         ("split_protocol=ten-split", "config key 'split_protocol' must be one of"),
-        ("lr_cls=-1e-3", "config key 'lr_cls' must be at least 0, got -0.001"),
-        ("max_epochs=0", "config key 'max_epochs' must be at least 1"),
-        ("batch_size=0", "config key 'batch_size' must be at least 1"),
+        ("lr_cls=-1e-3", "config key 'lr_cls' must be from 0 to 10, got -0.001"),
+        ("lr_cls=inf", "config key 'lr_cls' must be from 0 to 10, got inf"),
+        ("lr_rec=nan", "config key 'lr_rec' must be from 0 to 10, got nan"),
+        ("wd_cls=1e308", "config key 'wd_cls' must be from 0 to 10, got 1e+308"),
+        ("seed=12345678901234567890", "config key 'seed' must be from 0 to 4294967295, got 12345678901234567890"),
+        ("max_epochs=0", "config key 'max_epochs' must be from 1 to 100000"),
+        ("batch_size=0", "config key 'batch_size' must be from 1 to 65536"),
         ("stage_tolerance=1.5", "config key 'stage_tolerance' must be at least 0 and below 1"),
         ("device=gpu", "config key 'device' must be auto, cpu, cuda or cuda:N"),
         ("dataset=physionet2020", "config key 'dataset' must be one of mimic3-benchmark, mimic3-garlic, physionet2012"),
@@ -45,6 +51,9 @@ def test_a_config_file_with_a_bad_value_is_named_in_the_message(tmp_path):
         Config.load(path)
     path.write_text(json.dumps([1, 2]))
     with pytest.raises(ConfigError, match=r"mine\.json: expected a JSON object"):
+        Config.load(path)
+    path.write_text('{"dataset": "synthetic", "lr_cls": Infinity}')  # Python's json reads it
+    with pytest.raises(ConfigError, match=r"mine\.json: config key 'lr_cls' must be from 0 to 10, got inf"):
         Config.load(path)
 
 
@@ -78,3 +87,19 @@ def test_a_shipped_preset_is_named_by_its_stem_and_a_missing_file_lists_them(tmp
             Config.load(missing)
     (tmp_path / "physionet2012-fast").write_text(json.dumps({"dataset": "synthetic"}))
     assert Config.load("physionet2012-fast").dataset == "synthetic"  # a file of that name comes first
+
+
+def test_a_cuda_device_that_torch_does_not_see_is_refused_naming_the_ones_it_sees(monkeypatch):
+    import torch
+
+    from garlic.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"device 'cuda:7' was asked for, but torch sees 2 CUDA device\(s\), cuda:0 "
+                                         r"to cuda:1"):  # fmt: skip
+        resolve_device("cuda:7")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda:0' was asked for, but torch sees no CUDA device"):
+        resolve_device("cuda:0")
