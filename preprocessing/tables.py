@@ -189,11 +189,15 @@ def write_processed(
     variables: list[str],
     manifest: dict,
 ) -> Path:
-    """Write the three tables and the manifest into ``destination``, atomically.
+    """Write the three tables and the manifest into ``destination``, atomically; a dataset without a stay is refused,
+    so that a source with no usable record never replaces a good dataset (nor its saved splits).
 
     ``observations`` needs columns stay_id, time, variable, value; ``static`` and ``labels`` need ``stay_id``,
     and ``labels`` a 0/1 ``label`` column. Every stay in ``observations`` must have a label and a static row.
     """
+    if labels.empty:
+        raise ValueError(f"no usable stay in the source ({_what_was_dropped(manifest)}); nothing was written: "
+                         f"{destination} is left as it was")  # fmt: skip
     for name, frame in (("static", static), ("labels", labels)):
         if not frame["stay_id"].is_unique:
             raise ValueError(f"{name} table has repeated stay_id values")
@@ -225,6 +229,16 @@ def write_processed(
         pq.write_table(pa.Table.from_pandas(labels, preserve_index=False), staging / LABELS)
         write_json_atomic(staging / MANIFEST, manifest)
     return destination
+
+
+def _what_was_dropped(manifest: dict) -> str:
+    """'N read, dropped: reason: count; ...' from a source's manifest (stays by reason, or a plain list of stays)."""
+    counts = manifest.get("counts", {})
+    read = counts.get("stays_read", counts.get("records_read"))
+    dropped = manifest.get("dropped_stays", [])
+    reasons = dropped.items() if isinstance(dropped, dict) else [("stays", dropped)]
+    shown = "; ".join(f"{reason}: {len(ids)}" for reason, ids in reasons if ids) or "none"
+    return ("" if read is None else f"{read} read, ") + f"dropped: {shown}"
 
 
 def read_manifest(folder: Path) -> dict:

@@ -463,3 +463,20 @@ def test_manifest_is_json_with_provenance(tmp_path):
 
     assert files["set-a.tar.gz"] == hashlib.sha256((source / "set-a.tar.gz").read_bytes()).hexdigest()
     assert files["Outcomes-a.txt"] == hashlib.sha256((source / "Outcomes-a.txt").read_bytes()).hexdigest()
+
+
+def test_a_source_of_records_without_a_value_leaves_the_dataset_there_as_it_was(tmp_path):
+    from preprocessing import synthetic
+
+    destination = tmp_path / "processed"
+    synthetic.generate(destination, n_stays=20, seed=0)
+    before = (destination / MANIFEST).read_bytes()
+    (tmp_path / "source" / "set-a").mkdir(parents=True)
+    (tmp_path / "source" / "set-a" / "132539.txt").write_text("Time,Parameter,Value\n")
+    (tmp_path / "source" / "Outcomes-a.txt").write_text(
+        "RecordID,SAPS-I,SOFA,Length_of_stay,Survival,In-hospital_death\n132539,1,1,5,-1,0\n"
+    )
+    with pytest.raises(ValueError, match=r"no usable stay in the source \(1 read, dropped: stays: 1\); nothing was "
+                                         r"written: .*processed is left as it was"):  # fmt: skip
+        preprocess(tmp_path / "source", destination)
+    assert (destination / MANIFEST).read_bytes() == before and len(read_processed(destination).labels) == 20

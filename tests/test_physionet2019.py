@@ -242,3 +242,25 @@ def test_values_reach_the_tensors(tmp_path):
     assert tensors.lengths.tolist() == [29, 44, 9]
     assert np.allclose(tensors.values[0, :29, 0], 80.0) and tensors.mask[0, :29, 0].all()
     assert tensors.static[0].tolist()[:2] == [65.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [({"p000001.psv": HEADER + b"\n"},
+      "no usable stay in the source (1 read, dropped: file has no valid hourly row: 1); nothing was written"),
+     ({}, "no pNNNNNN.psv file found in")],
+    ids=["header-only record", "empty set"],
+)
+def test_a_source_without_a_usable_stay_leaves_the_dataset_there_as_it_was(tmp_path, capsys, files, message):
+    destination = tmp_path / "data" / "processed" / "physionet2019-garlic"
+    preprocess(_write_set(tmp_path / "good", "folder", STAYS), destination)
+    (destination / "splits").mkdir()
+    (destination / "splits" / "kept.json").write_text("{}")
+    before = (destination / "manifest.json").read_bytes()
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data-root", str(tmp_path / "data"), "preprocess", "physionet2019",
+              "--source", str(_write_set(tmp_path / "bad", "zip", files))])  # fmt: skip
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert (destination / "manifest.json").read_bytes() == before
+    assert len(read_processed(destination).labels) == 3 and (destination / "splits" / "kept.json").is_file()
