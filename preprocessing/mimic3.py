@@ -369,11 +369,18 @@ STAY_COLUMNS = {
 
 
 def find_table(source: Path, name: str) -> Path:
-    for stem in (name, name.lower()):
-        for suffix in (".csv", ".csv.gz"):
-            path = source / f"{stem}{suffix}"
-            if path.is_file():
-                return path
+    """The one file of table ``name`` in ``source``: ``NAME.csv`` or ``NAME.csv.gz``, upper or lower case. Two of
+    them (a partial ``ADMISSIONS.csv`` beside the full ``ADMISSIONS.csv.gz``) are refused, naming both: reading
+    either would be a guess."""
+    found: list[Path] = []
+    for path in (source / f"{stem}{suffix}" for suffix in (".csv", ".csv.gz") for stem in (name, name.lower())):
+        if path.is_file() and not any(path.samefile(other) for other in found):  # one file on a case-blind disk
+            found.append(path)
+    if len(found) > 1:
+        raise MimicError(f"{source}: table {name} is in more than one file ({', '.join(p.name for p in found)}); "
+                         "keep one of them")  # fmt: skip
+    if found:
+        return found[0]
     raise MimicError(
         f"{source}: required table {name} not found (looked for {name}.csv or {name}.csv.gz, upper or lower case)"
     )

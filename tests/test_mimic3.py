@@ -219,6 +219,16 @@ def test_missing_table_or_column_is_named(tmp_path):
         preprocess(tmp_path / "no-column", tmp_path / "out", cohort="nope")
 
 
+def test_a_table_in_two_files_is_refused_naming_both(tmp_path):
+    tables = _tiny_tables()
+    source = _write(tmp_path / "source", tables, gz=True)
+    _write(tmp_path / "partial", {"ADMISSIONS": tables["ADMISSIONS"].iloc[:0]})
+    (tmp_path / "partial" / "ADMISSIONS.csv").rename(source / "ADMISSIONS.csv")
+    with pytest.raises(MimicError, match=r"table ADMISSIONS is in more than one file \(ADMISSIONS\.csv, "
+                                         r"ADMISSIONS\.csv\.gz\); keep one of them"):  # fmt: skip
+        preprocess(source, tmp_path / "out")
+
+
 def test_malformed_rows_are_counted_and_skipped(tmp_path):
     folder = _write(tmp_path / "db", _tiny_tables())
     with open(folder / "CHARTEVENTS.csv", "a") as chart:
