@@ -278,7 +278,7 @@ def _train(args: argparse.Namespace) -> None:
 def _evaluate(args: argparse.Namespace) -> None:
     from garlic.runs import evaluate_run
 
-    print(json.dumps(evaluate_run(args.run, _existing_store(args)), indent=2))
+    print(json.dumps(evaluate_run(args.run, _existing_store(args), args.data_root), indent=2))
 
 
 def _predict(args: argparse.Namespace) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from garlic import distributed, run_contract
 from garlic.config import Config
-from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
+from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_folder
 from garlic.estimator import GarlicEstimator
 from garlic.metrics import binary_metrics
 from garlic.pipeline import fit_and_test, split_parts
@@ -246,14 +246,15 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
             "preset": run.data.tags.get(run_contract.PRESET)}  # fmt: skip
 
 
-def evaluate_run(run_id: str, store: Path = DEFAULT_STORE) -> dict:
-    """Re-compute a finished split run's test metrics from its logged model and its saved split.
+def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEFAULT_DATA_ROOT) -> dict:
+    """Re-compute a finished split run's test metrics from its logged model and its saved split, read from the run's
+    dataset under ``data_root`` (as training and the dashboard find it, from any folder).
 
     Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
     """
     trained = load_run_model(run_id, store)
     params = get_run(run_id).data.params
-    folder = Path(params[run_contract.DATA_FOLDER])
+    folder = processed_folder(params[run_contract.DATASET], data_root)
     split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
     tensors = load_tensors(folder)
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))

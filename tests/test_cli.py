@@ -1,8 +1,10 @@
 """The ``garlic`` command end to end on a small synthetic cohort, as a user runs it."""
 import io
+import os
 import json
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,24 @@ def test_evaluate_recomputes_the_logged_test_metrics(trained):
     logged = mlflow.MlflowClient().get_run(run_id).data.metrics
     assert evaluated["auroc"] == pytest.approx(logged["test_auroc"], abs=1e-9)
     assert evaluated["brier"] == pytest.approx(logged["test_brier"], abs=1e-9)
+
+
+def test_evaluate_reads_the_dataset_under_data_root_from_any_folder(trained, tmp_path):
+    root, _, _ = trained
+    shutil.copytree(root / "data", tmp_path / "data")
+    command = [sys.executable, "-m", "garlic.cli", "--data-root", "data", "--mlruns", "mlruns"]  # both relative
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([*command, "train", "--dataset", "synthetic", *SMALL], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    run_id = re.search(r"^run ([0-9a-f]{32})", result.stdout, re.MULTILINE).group(1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([sys.executable, "-m", "garlic.cli", "--data-root", str(tmp_path / "data"), "--mlruns",
+                             str(tmp_path / "mlruns"), "evaluate", "--run", run_id], cwd=elsewhere, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["n_test"] == 30
 
 
 def test_predict_on_record_files_matches_the_runs_own_test_predictions(trained, tmp_path):

@@ -60,7 +60,7 @@ def test_a_nested_split_run_is_evaluated_by_its_own_id(protocol_run):
     root, store, parent, results = protocol_run
     run = children(store, parent)["five-split/split_0/seed_3"]
     assert run.data.params["data_folder"] == str(root / "processed" / "synthetic")  # on the split run itself
-    evaluated = runs.evaluate_run(run.info.run_id, store)
+    evaluated = runs.evaluate_run(run.info.run_id, store, root)
     assert evaluated["auroc"] == pytest.approx(run.data.metrics["test_auroc"], abs=1e-9)
 
 
@@ -74,18 +74,18 @@ def test_evaluate_and_dashboard_refuse_a_dataset_preprocessed_again(protocol_run
         # Preprocessed again from a larger cohort: the folder, its splits included, is replaced.
         synthetic.generate(folder, n_stays=400, seed=5)
         with pytest.raises(StaleRunDataError, match="no longer saved"):
-            runs.evaluate_run(run.info.run_id, store)
+            runs.evaluate_run(run.info.run_id, store, root)
         # Training anew draws a fresh split 0 there, with other stays: still refused for the old run.
         load_splits(folder, load_tensors(folder), "five-split")
         with pytest.raises(StaleRunDataError, match="holds other stays"):
-            runs.evaluate_run(run.info.run_id, store)
+            runs.evaluate_run(run.info.run_id, store, root)
         trained = load_run_model(run.info.run_id, store)
         with pytest.raises(StaleRunDataError, match="holds other stays"):
             sources.test_split(trained, run, root)
     finally:
         shutil.rmtree(folder)
         shutil.copytree(backup, folder)
-    assert runs.evaluate_run(run.info.run_id, store)["n_test"] > 0  # the original data: accepted again
+    assert runs.evaluate_run(run.info.run_id, store, root)["n_test"] > 0  # the original data: accepted again
 
 
 def test_a_changed_manifest_with_the_same_split_is_refused(protocol_run, tmp_path):
@@ -96,7 +96,7 @@ def test_a_changed_manifest_with_the_same_split_is_refused(protocol_run, tmp_pat
     try:
         manifest.write_text(original.replace('"counts"', '"counts_of_another_extraction"', 1))
         with pytest.raises(StaleRunDataError, match="manifest.json differs"):
-            runs.evaluate_run(run.info.run_id, store)
+            runs.evaluate_run(run.info.run_id, store, root)
     finally:
         manifest.write_text(original)
 
