@@ -42,13 +42,22 @@ class Skip:
         return f"{where}: {self.reason}"
 
 
+MAX_STAY_ID = np.iinfo(np.int64).max
+
+
 def member_stay_id(member_name: str, origin: str, pattern: re.Pattern, error: type[Exception]) -> int | None:
-    """The stay id in a record's file name (``pattern`` group 1), None for other files; refuses escaping paths."""
+    """The stay id in a record's file name (``pattern`` group 1), None for other files; refuses escaping paths and
+    ids beyond the int64 that every table stores them as."""
     path = PurePosixPath(member_name)
     if path.is_absolute() or ".." in path.parts:
         raise error(f"{origin}: archive member {member_name!r} escapes its folder; refusing the archive")
     match = pattern.match(path.name)
-    return int(match.group(1)) if match else None
+    if match is None:
+        return None
+    stay_id = int(match.group(1))
+    if stay_id > MAX_STAY_ID:
+        raise error(f"{origin}: the record id in {path.name!r} is too large (at most {MAX_STAY_ID}, a 64-bit integer)")
+    return stay_id
 
 
 def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Exception], expected: str) -> list[Record]:

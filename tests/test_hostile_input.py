@@ -190,6 +190,21 @@ def test_a_record_file_without_an_observation_in_48_h_is_refused_by_name(tmp_pat
     assert records.read_record_files([sound])[0]["stay_id"].tolist() == [1002]
 
 
+@pytest.mark.parametrize("name", ["99999999999999999999999.txt", "p99999999999999999999999.psv"])
+def test_a_record_id_too_large_for_an_integer_is_refused_by_name(tmp_path, name):
+    path = tmp_path / name
+    path.write_text(P12_RECORD.format(id=1, body="00:10,HR,80"))
+    error = physionet2012.PhysioNet2012Error if name.endswith(".txt") else physionet2019.PhysioNet2019Error
+    with pytest.raises(error, match=rf"^{path}: the record id in '{name}' is too large \(at most 9223372036854775807"):
+        records.read_record_files([path])
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "set-a.tar.gz").write_bytes(_tar_gz({f"set-a/{name}": path.read_bytes()}))
+    (tmp_path / "raw" / "Outcomes-a.txt").write_text(",".join(physionet2012.OUTCOME_COLUMNS) + "\n1,1,1,1,1,0\n")
+    if name.endswith(".txt"):  # a tar member of that name in a release
+        with pytest.raises(physionet2012.PhysioNet2012Error, match=rf"set-a.tar.gz: the record id in '{name}' is too"):
+            physionet2012.preprocess(tmp_path / "raw", tmp_path / "out")
+
+
 def test_a_record_file_that_is_not_a_record_is_named_but_not_quoted(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("kept-private:x:0:0:/home/kept-private:/bin/bash\nsecond line\n")  # as /etc/passwd
