@@ -21,6 +21,7 @@ if str(REPO) not in sys.path:  # run as a script: this checkout's modules, not w
     sys.path.insert(0, str(REPO))
 
 from app.access import AccessError, required_token  # noqa: E402
+from garlic.cli import port_number  # noqa: E402
 
 PAGE = REPO / "app" / "dashboard.py"
 MAX_UPLOAD_MB = 1  # a PhysioNet 2012 record is under 100 kB, a 2019 one under 50 kB
@@ -32,7 +33,7 @@ def settings(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default 127.0.0.1: this machine only); any other needs "
                              "GARLIC_DASHBOARD_TOKEN")  # fmt: skip
-    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--port", type=port_number, default=8501)
     parser.add_argument("--mlruns", default="mlruns", help="the local MLflow store")
     parser.add_argument("--data-root", default="data", help="where processed datasets live")
     parser.add_argument("--run", help="MLflow run id (default: the newest run with a model)")

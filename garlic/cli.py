@@ -66,6 +66,17 @@ def _program(name: str) -> str:
     return _shown(path)
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535 (a larger one fails only after the server says it is ready)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return port
+
+
 def _download(args: argparse.Namespace) -> None:
     from preprocessing.download import download
 
@@ -375,7 +386,7 @@ def parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--host", default="127.0.0.1",
                            help="address to listen on (default 127.0.0.1, this machine only); any other address "
                                 "needs a login token in GARLIC_DASHBOARD_TOKEN (docs/dashboard.md)")  # fmt: skip
-    dashboard.add_argument("--port", type=int, default=8501)
+    dashboard.add_argument("--port", type=port_number, default=8501)
     dashboard.set_defaults(handler=_dashboard)
     return main
 

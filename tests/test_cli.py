@@ -151,6 +151,7 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
         (["train", "--set", "dropout=2"], "config key 'dropout' must be at least 0 and below 1, got 2.0"),
         (["train", "--set", "device=cuda:7"], "device 'cuda:7' was asked for, but torch sees"),
         (["train", "--set", "lr_cls=inf"], "config key 'lr_cls' must be from 0 to 10, got inf"),
+        (["dashboard", "--port", "99999"], "expected a port number from 1 to 65535, got '99999'"),
         (["train", "--dataset", "physionet2012"], "garlic preprocess physionet2012"),
         (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no MLflow store in"),
         (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no MLflow store in"),
