@@ -35,6 +35,7 @@ from preprocessing.raw import (
     prefixed_rows,
     records_from_files,
     refuse_records_without_observations,
+    refuse_repeated_stays,
 )
 from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
@@ -335,9 +336,8 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     if len(repeated):
         raise PhysioNet2012Error(f"{source}: RecordID {repeated.iloc[0]} appears in more than one outcomes file")
 
+    refuse_repeated_stays(records, PhysioNet2012Error)
     record_ids = np.array([r.stay_id for r in records], dtype=np.int64)
-    if len(np.unique(record_ids)) != len(record_ids):
-        raise PhysioNet2012Error(f"{source}: a RecordID appears in more than one record file")
     observations, static, skips = records_to_tables(records, strict=strict)
 
     dropped = []

@@ -71,7 +71,17 @@ def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Excep
         if stay_id is None:
             raise error(f"{path}: expected a record file named {expected}")
         records.append(Record(str(path), stay_id, path.read_bytes()))
+    refuse_repeated_stays(records, error)
     return records
+
+
+def refuse_repeated_stays(records: list[Record], error: type[Exception]) -> None:
+    """One file per stay: an ``error`` naming the first two files of a stay id otherwise."""
+    seen: dict[int, str] = {}
+    for record in records:
+        if record.stay_id in seen:
+            raise error(f"stay {record.stay_id} is in two files: {seen[record.stay_id]} and {record.origin}")
+        seen[record.stay_id] = record.origin
 
 
 def refuse_records_without_observations(

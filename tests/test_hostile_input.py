@@ -205,6 +205,24 @@ def test_a_record_id_too_large_for_an_integer_is_refused_by_name(tmp_path, name)
             physionet2012.preprocess(tmp_path / "raw", tmp_path / "out")
 
 
+def test_one_stay_in_two_files_is_refused_naming_both(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = tmp_path / "a" / "1001.txt", tmp_path / "b" / "1001.txt"
+    for path in (first, second):
+        path.write_text(P12_RECORD.format(id=1001, body="00:10,HR,80"))
+    with pytest.raises(physionet2012.PhysioNet2012Error, match=rf"^stay 1001 is in two files: {first} and {second}$"):
+        records.read_record_files([first, second])
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "set-a.tar.gz").write_bytes(_tar_gz({"set-a/1001.txt": first.read_bytes()}))
+    (tmp_path / "raw" / "set-b.tar.gz").write_bytes(_tar_gz({"set-b/1001.txt": first.read_bytes()}))
+    for outcomes, stay in (("Outcomes-a.txt", 1001), ("Outcomes-b.txt", 1002)):
+        (tmp_path / "raw" / outcomes).write_bytes(_outcomes_text([stay], None, hostile=False))
+    with pytest.raises(physionet2012.PhysioNet2012Error, match=r"^stay 1001 is in two files: set-a.tar.gz:set-a/1001"
+                                                               r".txt and set-b.tar.gz:set-b/1001.txt$"):  # fmt: skip
+        physionet2012.preprocess(tmp_path / "raw", tmp_path / "out")
+
+
 def test_a_record_file_that_is_not_a_record_is_named_but_not_quoted(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("kept-private:x:0:0:/home/kept-private:/bin/bash\nsecond line\n")  # as /etc/passwd
