@@ -382,6 +382,7 @@ def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFr
     The input rows are those of the ``garlic`` and ``early`` cohorts: ICULOS <= 48, time = ICULOS hours.
     """
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2019Error, "pNNNNNN.psv (e.g. p000001.psv)")
+    stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     # A few files at a time: the line-by-line reader is quick enough, and unlike the one-pass reader it also
     # copes with files that hold no readable row at all.
     skips: list[Skip] = []

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,10 @@ OBSERVATION_SCHEMA = pa.schema(
         ("value", pa.float32()),
     ]
 )
+
+
+class NoUsableStayError(ValueError):
+    """A source whose records all were dropped: nothing is written (``write_processed``)."""
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -196,7 +201,7 @@ def write_processed(
     and ``labels`` a 0/1 ``label`` column. Every stay in ``observations`` must have a label and a static row.
     """
     if labels.empty:
-        raise ValueError(f"no usable stay in the source ({_what_was_dropped(manifest)}); nothing was written: "
+        raise NoUsableStayError(f"no usable stay in the source ({_what_was_dropped(manifest)}); nothing was written: "
                          f"{destination} is left as it was")  # fmt: skip
     for name, frame in (("static", static), ("labels", labels)):
         if not frame["stay_id"].is_unique:
@@ -235,9 +240,12 @@ def _what_was_dropped(manifest: dict) -> str:
     """'N read, dropped: reason: count; ...' from a source's manifest (stays by reason, or a plain list of stays)."""
     counts = manifest.get("counts", {})
     read = counts.get("stays_read", counts.get("records_read"))
-    dropped = manifest.get("dropped_stays", [])
-    reasons = dropped.items() if isinstance(dropped, dict) else [("stays", dropped)]
-    shown = "; ".join(f"{reason}: {len(ids)}" for reason, ids in reasons if ids) or "none"
+    dropped = manifest.get("dropped_stays", [])  # {reason: [stay id, ...]} or [{"stay_id": ..., "reason": ...}, ...]
+    if isinstance(dropped, dict):
+        reasons = {reason: len(ids) for reason, ids in dropped.items()}
+    else:
+        reasons = Counter(stay.get("reason", "dropped") for stay in dropped)
+    shown = "; ".join(f"{reason}: {count}" for reason, count in reasons.items() if count) or "none"
     return ("" if read is None else f"{read} read, ") + f"dropped: {shown}"
 
 

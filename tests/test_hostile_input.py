@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from preprocessing import mimic3, physionet2012, physionet2019, records
 from preprocessing.download import DownloadError, parse_checksums
-from preprocessing.tables import MANIFEST, read_processed
+from preprocessing.tables import MANIFEST, NoUsableStayError, read_processed
 from preprocessing.tensors import load_tensors
 
 # Derandomised, so that the suite is repeatable; a whole release per example costs about a second, so those
@@ -124,10 +124,11 @@ def assert_sound(dataset) -> None:
 
 
 def run_parser(call, error: type[Exception], destination: Path) -> object:
-    """``call()``, which may fail only with ``error`` and a message; then the destination is checked."""
+    """``call()``, which may fail only with ``error`` (or, when no record is usable, ``NoUsableStayError``) and a
+    message; then the destination is checked."""
     try:
         result = call()
-    except error as exc:
+    except (error, NoUsableStayError) as exc:
         assert str(exc).strip()
         assert_complete_or_absent(destination, failed=True)
         return exc

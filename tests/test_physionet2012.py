@@ -274,10 +274,11 @@ def test_bad_header_is_a_skip_and_the_stay_is_dropped(tmp_path):
     manifest = preprocess(make_release(tmp_path / "source", records), tmp_path / "out")
     assert manifest["skipped_lines"][0].startswith("set-a.tar.gz:set-a/1001.txt line 1: expected header")
     assert [d["stay_id"] for d in manifest["dropped_stays"]] == [1001]
-    # A release with no readable line at all gives an empty dataset, not a crash inside the CSV reader.
-    manifest = preprocess(make_release(tmp_path / "empty", {1001: "Time,Parameter,Value\n"}), tmp_path / "out2")
-    assert manifest["counts"]["stays"] == 0 and [d["stay_id"] for d in manifest["dropped_stays"]] == [1001]
-    assert manifest == read_manifest(tmp_path / "out2")  # what preprocess returns is what it wrote
+    # A release with no readable line at all is a clear error, not a crash inside the CSV reader nor an empty dataset.
+    with pytest.raises(ValueError, match=r"no usable stay in the source \(1 read, dropped: no time-series "
+                                         r"observation in the first 48 h: 1\); nothing was written"):  # fmt: skip
+        preprocess(make_release(tmp_path / "empty", {1001: "Time,Parameter,Value\n"}), tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
 
 
 def test_truncated_archive_raises_naming_the_archive(tmp_path):
@@ -476,7 +477,8 @@ def test_a_source_of_records_without_a_value_leaves_the_dataset_there_as_it_was(
     (tmp_path / "source" / "Outcomes-a.txt").write_text(
         "RecordID,SAPS-I,SOFA,Length_of_stay,Survival,In-hospital_death\n132539,1,1,5,-1,0\n"
     )
-    with pytest.raises(ValueError, match=r"no usable stay in the source \(1 read, dropped: stays: 1\); nothing was "
-                                         r"written: .*processed is left as it was"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"no usable stay in the source \(1 read, dropped: no time-series observation "
+                                         r"in the first 48 h: 1\); nothing was written: .*processed is left as it "
+                                         r"was"):  # fmt: skip
         preprocess(tmp_path / "source", destination)
     assert (destination / MANIFEST).read_bytes() == before and len(read_processed(destination).labels) == 20
