@@ -136,11 +136,11 @@ def full_run(config: Config, split_index: int, data_root: Path, store: Path, pre
 
 
 def keep_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
-    """``path``'s rows with ``rows`` in place of those of the same preset, protocol, split and thread count."""
+    """``path``'s rows with ``rows`` in place of those of the same preset, dataset, protocol, split and threads."""
     new = pd.DataFrame(rows, columns=SPEED_COLUMNS)
     if path.is_file():
         old = pd.read_csv(path)
-        key = ["preset", "protocol", "split", "threads"]
+        key = ["preset", "dataset", "protocol", "split", "threads"]
         replaced = old.set_index(key).index.isin(new.set_index(key).index)
         new = pd.concat([old[~replaced], new], ignore_index=True)
     return new
@@ -153,15 +153,16 @@ def speed_report(frame: pd.DataFrame) -> str:
              "machine's measured 2048 x 2048 matrix-multiply rate (the floor), inference over the split's validation "
              "and test stays (median of 5 passes) and, where a whole run was timed, its wall time (train, select, "
              "test, explanations and logging) and the epochs it ran.", "",
-             "| preset | protocol / split | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | floor s / epoch | "
-             "inference stays/s | epochs run (best) | s / run | test AUROC / AUPRC |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| preset | dataset | protocol / split | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | "
+             "floor s / epoch | inference stays/s | epochs run (best) | s / run | test AUROC / AUPRC |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in frame.itertuples():
         run = "" if pd.isna(row.run_seconds) else f"{row.run_seconds:.0f}"
         epochs = "" if pd.isna(row.epochs_run) else f"{row.epochs_run:.0f} ({row.best_epoch:.0f})"
         test = "" if pd.isna(row.test_auroc) else f"{row.test_auroc:.3f} / {row.test_auprc:.3f}"
-        lines.append(f"| {row.preset} | {row.protocol} / {row.split} | {row.threads} | {row.epoch_seconds:.1f} | "
-                     f"{row.gflop_per_epoch:.0f} | {row.matmul_gflops:.0f} | {row.floor_seconds:.1f} | "
+        lines.append(f"| {row.preset} | {row.dataset} | {row.protocol} / {row.split} | {row.threads} | "
+                     f"{row.epoch_seconds:.1f} | {row.gflop_per_epoch:.0f} | {row.matmul_gflops:.0f} | "
+                     f"{row.floor_seconds:.1f} | "
                      f"{row.stays_per_second:.0f} | {epochs} | {run} | {test} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

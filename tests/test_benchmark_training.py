@@ -49,4 +49,5 @@ def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_
     assert first.gflop_per_epoch > 0 and first.floor_seconds == pytest.approx(first.gflop_per_epoch / 100.0)
     assert "python -m experiments.benchmark_training --presets synthetic --full-run" in first.command
     report = (tmp_path / "out" / "speed.md").read_text()
-    assert "| synthetic | five-split / 0 |" in report and "| physionet2012-fast | five-split / 0 |" in report
+    assert "| synthetic | synthetic | five-split / 0 |" in report
+    assert "| physionet2012-fast | synthetic | five-split / 0 |" in report
