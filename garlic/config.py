@@ -156,10 +156,6 @@ def _typed(key: str, value, kind: str):
 
 
 # Value checks: each returns None for a valid value, else what was expected ("from 1 to 4096").
-def _at_least(low: float) -> Callable[[float], str | None]:
-    return lambda value: None if value >= low else f"at least {low:g}"
-
-
 def _from_to(low: float, high: float) -> Callable[[float], str | None]:
     """A finite value in [low, high]. The upper bounds are far above any useful setting; they stop a typo from
     asking for hundreds of GB (``hidden_dim=200000``) or training on an infinite rate into NaN."""
