@@ -298,7 +298,7 @@ def _predict(args: argparse.Namespace) -> None:
     from preprocessing.records import read_record_files
 
     trained = load_run_model(args.run, _existing_store(args))
-    observations, static = read_record_files(args.input)
+    observations, static = read_record_files(args.input, skip_empty=True)  # one empty record blocks no other
     risks = predict_tables(trained, observations, static)
     if args.output:
         risks.to_csv(args.output, index=False)

@@ -34,7 +34,7 @@ from preprocessing.raw import (
     parse_value,
     prefixed_rows,
     records_from_files,
-    refuse_records_without_observations,
+    records_with_observations,
     refuse_repeated_stays,
 )
 from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
@@ -240,13 +240,17 @@ def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.D
     return sum_simultaneous(observations, VOLUMES), static, skips
 
 
-def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables."""
+def read_record_files(
+    paths: list[Path], strict: bool = True, skip_empty: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables; a record
+    without an observation in the window is refused, or left out with ``skip_empty`` (``records_with_observations``)."""
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2012Error, "RECORDID.txt (e.g. 132539.txt)")
     observations, static, _ = records_to_tables(records, strict=strict)
     window = f"the first {WINDOW_HOURS:g} h"
-    refuse_records_without_observations(records, observations["stay_id"].unique(), window, PhysioNet2012Error)
-    return observations, static
+    kept = records_with_observations(records, observations["stay_id"].unique(), window, PhysioNet2012Error,
+                                     skip_empty)  # fmt: skip
+    return observations, static[static["stay_id"].isin(kept)].reset_index(drop=True)
 
 
 def format_record(stay_id: int, observations: pd.DataFrame, static: dict[str, float]) -> str:

@@ -54,7 +54,7 @@ from preprocessing.raw import (
     parse_value,
     prefixed_rows,
     records_from_files,
-    refuse_records_without_observations,
+    records_with_observations,
 )
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
@@ -376,10 +376,13 @@ def static_table(rows: pd.DataFrame, stay_ids: np.ndarray) -> pd.DataFrame:
 # Stand-alone record files
 
 
-def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_record_files(
+    paths: list[Path], strict: bool = True, skip_empty: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stand-alone ``pNNNNNN.psv`` files (as uploaded or given to ``garlic predict``) -> observations, static.
 
-    The input rows are those of the ``garlic`` and ``early`` cohorts: ICULOS <= 48, time = ICULOS hours.
+    The input rows are those of the ``garlic`` and ``early`` cohorts: ICULOS <= 48, time = ICULOS hours. A record
+    without an observation there is refused, or left out with ``skip_empty`` (``records_with_observations``).
     """
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2019Error, "pNNNNNN.psv (e.g. p000001.psv)")
     stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
@@ -394,8 +397,9 @@ def read_record_files(paths: list[Path], strict: bool = True) -> tuple[pd.DataFr
     rows.insert(0, "stay_id", stay_ids[rows["record"].to_numpy()])
     observations = long_observations(rows[_within_window(rows)])
     window = f"the first {WINDOW_HOURS} ICU hours (ICULOS <= {WINDOW_HOURS})"
-    refuse_records_without_observations(records, observations["stay_id"].unique(), window, PhysioNet2019Error)
-    return observations, static_table(rows, np.sort(stay_ids))
+    kept = records_with_observations(records, observations["stay_id"].unique(), window, PhysioNet2019Error,
+                                     skip_empty)  # fmt: skip
+    return observations, static_table(rows, np.sort(kept))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class Skip:
         return f"{where}: {self.reason}"
 
 
+log = logging.getLogger(__name__)
 MAX_STAY_ID = np.iinfo(np.int64).max
 
 
@@ -84,17 +85,22 @@ def refuse_repeated_stays(records: list[Record], error: type[Exception]) -> None
         seen[record.stay_id] = record.origin
 
 
-def refuse_records_without_observations(
-    records: list[Record], observed: np.ndarray, window: str, error: type[Exception]
-) -> None:
-    """Stand-alone records must each hold a time-series value inside the model's input ``window``: a risk computed
-    from no observation at all would be a number made of nothing. ``error`` names the file(s) otherwise."""
+def records_with_observations(
+    records: list[Record], observed: np.ndarray, window: str, error: type[Exception], skip: bool = False
+) -> list[int]:
+    """The stay ids of the stand-alone ``records`` that hold a time-series value inside the model's input ``window``:
+    a risk computed from no observation at all would be a number made of nothing. Any other record is an ``error``
+    naming the file(s); with ``skip`` (many records given to ``garlic predict``) it is left out with a warning naming
+    it instead, so that one empty record does not block the others, unless no record is left."""
     observed = set(np.asarray(observed).tolist())
     empty = [record.origin for record in records if record.stay_id not in observed]
-    if empty:
+    if empty and not (skip and len(empty) < len(records)):
         more = f" (and {len(empty) - 1} more: {', '.join(empty[1:])})" if len(empty) > 1 else ""
         raise error(f"{empty[0]}: no observation of a time-series variable in {window}; no risk can be "
                     f"computed from it{more}")  # fmt: skip
+    for origin in empty:
+        log.warning("%s: no observation of a time-series variable in %s; left out, with no risk", origin, window)
+    return [record.stay_id for record in records if record.stay_id in observed]
 
 
 def line_too_long(line: bytes) -> str | None:
