@@ -60,11 +60,12 @@ from garlic import run_contract, runs
 from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
-from garlic.splits import PROTOCOLS, protocol
+from garlic.splits import PROTOCOLS, not_applicable, protocol
 from garlic.tracking import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
 from preprocessing.locks import LockHeld, acquire, release
 from preprocessing.tables import LABELS, read_manifest
+from preprocessing.tensors import load_tensors
 
 log = logging.getLogger("experiments")
 
@@ -447,18 +448,14 @@ def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_roo
                          asked: list[str] | None) -> list[str]:  # fmt: skip
     """The protocols asked for, each checked to apply to the dataset (a published one names stays the dataset must
     hold) before anything is trained; without ``--protocols``, every protocol that applies."""
-    applicable, refused = [], {}
-    for name in asked or PROTOCOLS:
-        try:
-            study.load_cohort(dataset, data_root, name, None)
-            applicable.append(name)
-        except ValueError as error:
-            refused[name] = error
+    stay_ids = load_tensors(ensure_processed(dataset, data_root)).stay_ids
+    refused = {name: reason for name in asked or PROTOCOLS if (reason := not_applicable(name, stay_ids))}
+    applicable = [name for name in asked or PROTOCOLS if name not in refused]
     if asked and refused:
-        name, error = next(iter(refused.items()))
-        parser.error(f"--protocols {name} does not apply to --dataset {dataset}: {error}")
+        name, reason = next(iter(refused.items()))
+        parser.error(f"--protocols {name} does not apply to --dataset {dataset}: {reason}")
     if not applicable:
-        parser.error(f"no protocol applies to --dataset {dataset}: " + "; ".join(map(str, refused.values())))
+        parser.error(f"no protocol applies to --dataset {dataset}: " + "; ".join(refused.values()))
     for name in refused:
         print(f"protocol {name} left out: it does not apply to --dataset {dataset}", file=sys.stderr)
     return applicable

@@ -200,17 +200,33 @@ def draw_split(tensors: IrregularTensors, protocol: str, index: int) -> Split:
     return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
 
 
-def published_split(tensors: IrregularTensors, name: str, index: int) -> Split:
-    """Split ``index`` of the published protocol ``name``, refused when the dataset lacks a stay it names."""
+def stays_not_held(name: str, index: int, stay_ids: np.ndarray) -> str | None:
+    """Why a dataset of ``stay_ids`` cannot hold split ``index`` of the published protocol ``name`` (the first part
+    naming stays it lacks), None when it holds them all."""
     ids = published_ids(name)[index]
     for part in PARTS:
-        missing = np.setdiff1d(ids[part], tensors.stay_ids)
+        missing = np.setdiff1d(ids[part], stay_ids)
         if len(missing):
             shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(
-                f"protocol {name!r} split {index} names {len(missing)} {part} stays that the processed dataset "
-                f"does not hold ({shown}); it needs the full PhysioNet 2012 release (set-a, set-b and set-c)"
-            )
+            return (f"protocol {name!r} split {index} names {len(missing)} {part} stays that the processed dataset "
+                    f"does not hold ({shown}); it needs the full PhysioNet 2012 release (set-a, set-b and set-c)")
+    return None
+
+
+def not_applicable(protocol_name: str, stay_ids: np.ndarray) -> str | None:
+    """Why the protocol cannot run on a dataset of ``stay_ids`` (a published split naming stays it lacks), None when
+    it can: a check that needs no split to be made."""
+    chosen = protocol(protocol_name)
+    reasons = (stays_not_held(chosen.published, index, stay_ids) for index in chosen.splits) if chosen.published else ()
+    return next((reason for reason in reasons if reason), None)
+
+
+def published_split(tensors: IrregularTensors, name: str, index: int) -> Split:
+    """Split ``index`` of the published protocol ``name``, refused when the dataset lacks a stay it names."""
+    reason = stays_not_held(name, index, tensors.stay_ids)
+    if reason:
+        raise ValueError(reason)
+    ids = published_ids(name)[index]
     return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
 
 
