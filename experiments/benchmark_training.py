@@ -89,7 +89,7 @@ def measure_speed(config: Config, data_root: Path, batches: int | None = None, s
                   count_flops: bool = False) -> dict:  # fmt: skip
     folder = ensure_processed(config.dataset, data_root)
     tensors = load_tensors(folder)
-    split = load_splits(folder, tensors, config.split_protocol)[split_index]
+    split = load_splits(folder, tensors, config.split_protocol, config.dataset)[split_index]
 
     def part(name: str) -> IrregularDataset:
         return IrregularDataset(tensors.subset(split.positions(tensors, name)), split.normalisation)

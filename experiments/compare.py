@@ -37,6 +37,7 @@ difference whose interval holds 0 is a tie).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -92,9 +93,10 @@ def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
         raise ValueError(f"no preset {name!r} in {CONFIG_DIR}; known: {known}")
-    config = Config.load(path).override(overrides)
-    if config.dataset != dataset:
-        raise ValueError(f"preset {name!r} is for dataset {config.dataset!r}, not {dataset!r}")
+    config = Config.load(path, dataset=dataset).override(overrides)
+    named = json.loads(path.read_text()).get("dataset", Config().dataset)
+    if named not in (dataset, dataset.partition("-")[0]):  # a source's preset (physionet2019) fits all its cohorts
+        raise ValueError(f"preset {name!r} is for dataset {named!r}, not {dataset!r}")
     return config
 
 
@@ -449,7 +451,7 @@ def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_roo
     """The protocols asked for, each checked to apply to the dataset (a published one names stays the dataset must
     hold) before anything is trained; without ``--protocols``, every protocol that applies."""
     stay_ids = load_tensors(ensure_processed(dataset, data_root)).stay_ids
-    refused = {name: reason for name in asked or PROTOCOLS if (reason := not_applicable(name, stay_ids))}
+    refused = {name: reason for name in asked or PROTOCOLS if (reason := not_applicable(name, stay_ids, dataset))}
     applicable = [name for name in asked or PROTOCOLS if name not in refused]
     if asked and refused:
         name, reason = next(iter(refused.items()))

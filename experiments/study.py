@@ -69,7 +69,7 @@ class Cohort:
 def load_cohort(dataset: str, data_root: Path, protocol: str, indices: list[int] | None) -> Cohort:
     folder = ensure_processed(dataset, data_root)
     tensors = load_tensors(folder)
-    splits = load_splits(folder, tensors, protocol)
+    splits = load_splits(folder, tensors, protocol, dataset)
     indices = list(range(len(splits))) if indices is None else indices
     return Cohort(tensors, chosen_splits(splits, indices, protocol), read_manifest(folder).get("ground_truth_graph"))
 

@@ -98,7 +98,7 @@ def train(
     with distributed.main_first():  # rank 0 builds the caches (tensors, splits) that the others then read
         folder = ensure_processed(config.dataset, data_root)
         tensors = load_tensors(folder)
-        splits = load_splits(folder, tensors, config.split_protocol)
+        splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
     seeds = seeds or [config.seed]
     if len(seeds) == 1:

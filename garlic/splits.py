@@ -4,14 +4,18 @@ training part.
 Protocols (``PROTOCOLS``; each says which splits and which model seeds it runs):
 - ``five-split``: five stratified 80/10/10 splits, split k drawn with ``random_state=k``; one model seed (the
   config's) per split.
-- ``raindrop``: the five published 80/10/10 splits of Raindrop (Zhang et al., ICLR 2022), the P12 protocol of
-  Raindrop, ViTST, ISTS-PLM and MTM; split k is the file's split k + 1. One model seed per split.
-- ``garlic-reference``: the GARLIC reference code's single stratified P12 split, trained with model seeds 0-4:
-  how the paper's mean +/- std was made. The reference code normalises over all stays; here, as for every
-  protocol, normalisation is fitted on the training part only.
+- ``raindrop``: the five published 80/10/10 splits of Raindrop (Zhang et al., ICLR 2022), the protocol of
+  Raindrop, ViTST, KEDGN, ISTS-PLM and MTM on P12 (``physionet2012``) and P19 (its 38,803 stays: the
+  ``physionet2019-raindrop`` cohort); split k is the file's split k + 1. One model seed per split.
+- ``garlic-reference``: the GARLIC reference code's single stratified split, of P12 (``physionet2012``) or of P19
+  (its 40,331 stays: the ``physionet2019-garlic`` cohort), trained with model seeds 0-4: how the paper's mean +/-
+  std was made. The reference code normalises over all stays; here, as for every protocol, normalisation is
+  fitted on the training part only.
 
-The published protocols ship as stay-id lists in ``garlic/protocols/<name>.json.gz`` (public protocol files, no
-patient data), so a fresh clone runs them without ``../shared``.
+A published protocol is published for particular datasets: its stay-id lists ship in
+``garlic/protocols/<dataset>/<name>.json.gz`` (public protocol files, no patient data), so a fresh clone runs
+them without ``../shared``, and it runs only on a dataset it was published for: the ids name stays, and the
+dataset's cohort rule decides which rows of them a model sees.
 
 Each split is saved as ``splits/<protocol>/split_<k>.json`` next to the processed tables: the stay ids of each
 part and the normalisation of the training part's observed values. Once saved, a split is read back, never redrawn,
@@ -68,10 +72,19 @@ def protocol(name: str) -> Protocol:
     raise ValueError(f"unknown split protocol {name!r}{hint}; choose one of {', '.join(PROTOCOLS)}")
 
 
+def published_for(name: str) -> list[str]:
+    """The datasets the published protocol ``name`` ships splits for."""
+    return sorted(path.parent.name for path in PUBLISHED.glob(f"*/{name}.json.gz"))
+
+
 @cache
-def published_ids(name: str) -> dict[int, dict[str, np.ndarray]]:
-    """The shipped id lists of a published protocol: split index (from 0) -> part -> sorted stay ids."""
-    payload = json.loads(gzip.decompress((PUBLISHED / f"{name}.json.gz").read_bytes()))
+def published_ids(name: str, dataset: str) -> dict[int, dict[str, np.ndarray]]:
+    """The shipped id lists of a published protocol on ``dataset``: split index (from 0) -> part -> sorted ids."""
+    path = PUBLISHED / dataset / f"{name}.json.gz"
+    if not path.is_file():
+        raise ValueError(f"protocol {name!r} is not published for dataset {dataset!r}; it is for "
+                         f"{', '.join(published_for(name))}")  # fmt: skip
+    payload = json.loads(gzip.decompress(path.read_bytes()))
     ordered = sorted(payload["splits"].items(), key=lambda item: int(item[0]))
     return {
         index: {part: np.sort(np.asarray(ids[part], dtype="int64")) for part in PARTS}
@@ -200,33 +213,37 @@ def draw_split(tensors: IrregularTensors, protocol: str, index: int) -> Split:
     return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
 
 
-def stays_not_held(name: str, index: int, stay_ids: np.ndarray) -> str | None:
-    """Why a dataset of ``stay_ids`` cannot hold split ``index`` of the published protocol ``name`` (the first part
-    naming stays it lacks), None when it holds them all."""
-    ids = published_ids(name)[index]
+def stays_not_held(name: str, index: int, stay_ids: np.ndarray, dataset: str) -> str | None:
+    """Why ``dataset``'s ``stay_ids`` cannot hold split ``index`` of the published protocol ``name`` (not published
+    for it, or the first part naming stays it lacks), None when it holds them all."""
+    if dataset not in published_for(name):
+        return f"protocol {name!r} is not published for dataset {dataset!r}; it is for {', '.join(published_for(name))}"
+    ids = published_ids(name, dataset)[index]
     for part in PARTS:
         missing = np.setdiff1d(ids[part], stay_ids)
         if len(missing):
             shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
             return (f"protocol {name!r} split {index} names {len(missing)} {part} stays that the processed dataset "
-                    f"does not hold ({shown}); it needs the full PhysioNet 2012 release (set-a, set-b and set-c)")
+                    f"{dataset!r} does not hold ({shown}); it needs the complete release the protocol was made on")
     return None
 
 
-def not_applicable(protocol_name: str, stay_ids: np.ndarray) -> str | None:
-    """Why the protocol cannot run on a dataset of ``stay_ids`` (a published split naming stays it lacks), None when
-    it can: a check that needs no split to be made."""
+def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str) -> str | None:
+    """Why the protocol cannot run on ``dataset``'s ``stay_ids`` (published for other datasets, or a published split
+    naming stays it lacks), None when it can: a check that needs no split to be made."""
     chosen = protocol(protocol_name)
-    reasons = (stays_not_held(chosen.published, index, stay_ids) for index in chosen.splits) if chosen.published else ()
+    if not chosen.published:
+        return None
+    reasons = (stays_not_held(chosen.published, index, stay_ids, dataset) for index in chosen.splits)
     return next((reason for reason in reasons if reason), None)
 
 
-def published_split(tensors: IrregularTensors, name: str, index: int) -> Split:
-    """Split ``index`` of the published protocol ``name``, refused when the dataset lacks a stay it names."""
-    reason = stays_not_held(name, index, tensors.stay_ids)
+def published_split(tensors: IrregularTensors, name: str, index: int, dataset: str) -> Split:
+    """Split ``index`` of the published protocol ``name`` on ``dataset``, refused when it does not apply."""
+    reason = stays_not_held(name, index, tensors.stay_ids, dataset)
     if reason:
         raise ValueError(reason)
-    ids = published_ids(name)[index]
+    ids = published_ids(name, dataset)[index]
     return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
 
 
@@ -246,21 +263,25 @@ def read_split(folder: Path, protocol: str, index: int) -> Split | None:
     return Split.from_json(json.loads(path.read_text())) if path.is_file() else None
 
 
-def load_splits(folder: Path, tensors: IrregularTensors, protocol_name: str = "five-split") -> list[Split]:
-    """The protocol's splits, read from ``folder/splits`` or made and saved there on first use.
+def load_splits(
+    folder: Path, tensors: IrregularTensors, protocol_name: str = "five-split", dataset: str | None = None
+) -> list[Split]:
+    """The protocol's splits of ``dataset``'s ``tensors``, read from ``folder/splits`` or made and saved there on
+    first use. ``dataset`` defaults to the folder's name (``processed/<dataset>``).
 
     A published protocol's saved split must still hold the published stays; one that does not is refused.
     """
     chosen = protocol(protocol_name)
+    dataset = dataset or Path(folder).name
     splits = []
     for index in chosen.splits:
         path = split_path(folder, chosen.name, index)
         split = read_split(folder, chosen.name, index)
         if split is None:
-            split = published_split(tensors, chosen.published, index) if chosen.published else (
+            split = published_split(tensors, chosen.published, index, dataset) if chosen.published else (
                 draw_split(tensors, chosen.name, index))  # fmt: skip
             write_json_atomic(path, split.to_json())
-        elif chosen.published and split.digest() != published_split_digest(chosen.published, index):
+        elif chosen.published and split.digest() != published_split_digest(chosen.published, index, dataset):
             raise ValueError(f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "
                              "delete it to have it made again from the shipped id lists")  # fmt: skip
         elif split.normalisation.value_low is None:  # saved before clipping: same stays, statistics refitted
@@ -284,5 +305,5 @@ def ids_digest(parts: dict[str, np.ndarray]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def published_split_digest(name: str, index: int) -> str:
-    return ids_digest(published_ids(name)[index])
+def published_split_digest(name: str, index: int, dataset: str) -> str:
+    return ids_digest(published_ids(name, dataset)[index])

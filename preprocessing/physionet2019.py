@@ -16,9 +16,11 @@ Cohorts (``COHORTS``; each rule is copied into the manifest with its counts):
   Label: SepsisLabel is 1 at any time in the stay, including after hour 48 and inside the input window (so the
   input may show the patient already septic: this cohort is for comparison with the paper, not for real use).
   Stays with no time-series value in the window are dropped.
-- ``raindrop``: Raindrop's (Zhang et al., ICLR 2022). Stays with more than 1 and fewer than 60 hourly rows;
-  input: all their rows (so at most the first 59 hourly rows, time = ICULOS). Label: SepsisLabel ever 1, as in
-  Raindrop. Stays whose rows hold no time-series value are dropped.
+- ``raindrop``: Raindrop's (Zhang et al., ICLR 2022), exactly: the 38,803 stays of its published P19 splits.
+  Input: the rows before the stay's first SepsisLabel 1 (all rows of a stay never labelled), so the model never
+  sees a labelled hour. Kept: stays with 1 to 60 such rows and a known HospAdmTime. Label: SepsisLabel ever 1.
+  Stays with no time-series value in any row are dropped; the 65 whose input rows hold none are kept, as Raindrop
+  keeps them, and a model sees only their static features.
 - ``early``: leakage-free, for real use. Prediction is made at the end of ICU hour 48 for patients still in the
   ICU. Input: rows with ICULOS <= 48. Excluded: stays with SepsisLabel 1 at some ICULOS <= 48 (already septic, or
   within six hours of onset, inside the window) and stays with no row after hour 48 (discharged or dead before
@@ -278,12 +280,15 @@ class Cohort:
     """A named cohort: which rows are input, which stays are kept, and the label.
 
     ``select`` takes the per-row frame (stay_id, ICULOS, SepsisLabel, ...) and the per-stay summary and returns
-    (a boolean mask of input rows, the label per stay, a dict reason -> boolean mask of excluded stays).
+    (a boolean mask of input rows, the label per stay, a dict reason -> boolean mask of excluded stays). A stay
+    whose input rows hold no time-series value is dropped, unless ``keeps_empty_input``: then only a stay without
+    a value in any row is (the kept one becomes a single empty step: its static features are all a model sees).
     """
 
     name: str
     rule: str
     select: Callable[[pd.DataFrame, pd.DataFrame], tuple[np.ndarray, pd.Series, dict[str, pd.Series]]]
+    keeps_empty_input: bool = False
 
 
 def stay_summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -312,11 +317,22 @@ def _select_garlic(rows, summary):
     return _within_window(rows), label, {}
 
 
+def _before_onset(rows: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
+    """Rows recorded before the stay's first SepsisLabel 1 (every row of a stay never labelled)."""
+    onset = summary["first_septic_hour"].reindex(rows["stay_id"]).to_numpy()
+    return ~(rows[HOUR].to_numpy() >= onset)  # NaN onset compares false: every row is before it
+
+
 def _select_raindrop(rows, summary):
-    length = summary["rows"]
-    excluded = {f"not 1 < hourly rows < {RAINDROP_MAX_ROWS}": ~((length > 1) & (length < RAINDROP_MAX_ROWS))}
+    before = _before_onset(rows, summary)
+    length = pd.Series(before).groupby(rows["stay_id"].to_numpy()).sum().reindex(summary.index)
+    admitted = rows.groupby("stay_id", sort=True)["HospAdmTime"].first().reindex(summary.index)
+    excluded = {
+        f"not 1 to {RAINDROP_MAX_ROWS} hourly rows before SepsisLabel 1": ~length.between(1, RAINDROP_MAX_ROWS),
+        "HospAdmTime missing": admitted.isna(),
+    }
     label = summary["first_septic_hour"].notna()
-    return np.ones(len(rows), dtype=bool), label, excluded
+    return before, label, excluded
 
 
 def _select_early(rows, summary):
@@ -338,9 +354,12 @@ COHORTS = {
     ),
     "raindrop": Cohort(
         "raindrop",
-        f"kept: stays with 1 < hourly rows < {RAINDROP_MAX_ROWS}; input: all their rows (time = ICULOS hours); "
-        "label: SepsisLabel 1 at any time in the stay; dropped: stays with no time-series value",
+        f"input: the rows before the stay's first SepsisLabel 1 (all rows if never labelled; time = ICULOS hours); "
+        f"kept: stays with 1 to {RAINDROP_MAX_ROWS} such rows and a known HospAdmTime; label: SepsisLabel 1 at "
+        "any time in the stay; dropped: stays with no time-series value in any row (a stay whose input rows hold "
+        "none is kept, as Raindrop keeps it)",
         _select_raindrop,
+        keeps_empty_input=True,
     ),
     "early": Cohort(
         "early",
@@ -465,8 +484,13 @@ def preprocess(
 
     observations = long_observations(rows[input_rows & rows["stay_id"].isin(candidates).to_numpy()])
     observed = np.unique(observations["stay_id"].to_numpy())
-    dropped["no time-series value in the input rows"] = np.setdiff1d(candidates, observed).tolist()
-    kept = observed
+    if COHORTS[cohort].keeps_empty_input:
+        observed = np.unique(rows["stay_id"].to_numpy()[rows[TIME_SERIES].notna().any(axis=1).to_numpy()])
+        kept = np.intersect1d(candidates, observed)
+        dropped["no time-series value in any row"] = np.setdiff1d(candidates, observed).tolist()
+    else:
+        kept = observed
+        dropped["no time-series value in the input rows"] = np.setdiff1d(candidates, observed).tolist()
 
     labels = pd.DataFrame(
         {

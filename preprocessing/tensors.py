@@ -1,7 +1,8 @@
 """Processed tables -> padded irregular tensors, cached next to the tables as one uncompressed ``.npz``.
 
 Per stay the time axis is the sorted union of its observation times; a cell with no measurement has mask 0 and
-value 0. When a variable is recorded twice at the same time, the later row wins; volumes, which add up, reach
+value 0. A stay with no observation at all (a cohort may keep one for its static features, as Raindrop's P19
+cohort does) is a single step at hour 0 with nothing observed. When a variable is recorded twice at the same time, the later row wins; volumes, which add up, reach
 here already summed (``tables.sum_simultaneous``).
 """
 from __future__ import annotations
@@ -80,9 +81,10 @@ def tensorize(dataset: ProcessedDataset) -> IrregularTensors:
     new_step = np.ones(len(obs), dtype=bool)
     new_step[1:] = (stay[1:] != stay[:-1]) | (time[1:] != time[:-1])
     step = np.cumsum(new_step) - 1
-    lengths = np.bincount(stay[new_step], minlength=len(stay_ids)).astype("int64")
-    first_step = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    steps_observed = np.bincount(stay[new_step], minlength=len(stay_ids)).astype("int64")
+    first_step = np.concatenate([[0], np.cumsum(steps_observed)[:-1]])
     step_in_stay = step - first_step[stay]
+    lengths = np.maximum(steps_observed, 1)  # a stay with no observation: one empty step at hour 0
 
     n, t, d = len(stay_ids), int(lengths.max(initial=0)), len(dataset.variables)
     values = np.zeros((n, t, d), dtype="float32")

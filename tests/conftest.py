@@ -184,7 +184,7 @@ def p12_processed(tmp_path_factory) -> Path:
         pytest.skip(f"the PhysioNet 2012 release is not at {P12}")
     from preprocessing.physionet2012 import preprocess
 
-    destination = tmp_path_factory.mktemp("p12") / "processed"
+    destination = tmp_path_factory.mktemp("processed") / "physionet2012"  # as ``processed/<dataset>``
     preprocess(P12, destination)
     return destination
 

@@ -313,7 +313,7 @@ def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tm
                       "--data-root", str(root), "--mlruns", str(store)])
     error = capsys.readouterr().err
     assert "--protocols raindrop does not apply to --dataset synthetic" in error
-    assert "names 9590 train stays that the processed dataset does not hold" in error
+    assert "protocol 'raindrop' is not published for dataset 'synthetic'" in error
     assert not store.exists()  # nothing trained, no store made
     # Without --protocols, the ones that apply: five-split alone on synthetic data.
     compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(root),

@@ -1,6 +1,7 @@
 """PhysioNet 2019: cohort counts on the complete sets A and B, archive formats, the true ICULOS hour, bad input."""
 from __future__ import annotations
 
+import json
 import tarfile
 import zipfile
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from garlic.cli import main
 from garlic.config import Config
 from garlic.datasets import processed_folder
+from garlic.splits import load_splits, not_applicable, published_ids
 from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
 from preprocessing.tables import DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors
@@ -44,8 +46,8 @@ def processed(tmp_path_factory):
 @needs_p19
 @pytest.mark.parametrize(
     "cohort, stays, positives",
-    # garlic: the 40,331 stays of the GARLIC reference split; raindrop: our rule, 283 stays more than Raindrop's.
-    [("garlic", 40_331, 2_931), ("raindrop", 39_086, 1_913), ("early", 8_870, 1_071)],
+    # garlic: the 40,331 stays of the GARLIC reference split; raindrop: the 38,803 of Raindrop's splits.
+    [("garlic", 40_331, 2_931), ("raindrop", 38_803, 1_626), ("early", 8_870, 1_071)],
 )
 def test_cohort_counts_on_sets_a_and_b(processed, cohort, stays, positives):
     folder, dataset = processed(cohort)
@@ -74,11 +76,50 @@ def test_garlic_window_keeps_the_true_iculos_hour(processed):
 
 
 @needs_p19
-def test_raindrop_keeps_stays_of_2_to_59_rows(processed):
-    _, dataset = processed("raindrop")
-    hours = dataset.labels.set_index("stay_id")["last_hour"]
-    assert dataset.observations.groupby("stay_id")["time"].nunique().max() <= 59
-    assert len(hours) == 39_086
+def test_raindrop_cohort_is_raindrops_published_stays_and_rows(processed):
+    folder, dataset = processed("raindrop")
+    labels = dataset.labels.set_index("stay_id")
+    published = published_ids("raindrop", "physionet2019-raindrop")
+    assert np.array_equal(labels.index, np.sort(np.concatenate(list(published[0].values()))))
+    # The input ends before the first labelled hour: no model of this cohort sees an hour with SepsisLabel 1.
+    last_input = dataset.observations.groupby("stay_id")["time"].max()
+    septic = labels["first_septic_hour"].reindex(last_input.index)
+    assert (last_input[septic.notna()] < septic.dropna()).all()
+    assert dataset.observations.groupby("stay_id")["time"].nunique().max() <= 60
+    # 65 stays hold no value before sepsis is labelled; Raindrop keeps them, as one empty step.
+    tensors = load_tensors(folder)
+    empty = ~tensors.mask.any(axis=(1, 2))
+    assert empty.sum() == 65 and (tensors.lengths[empty] == 1).all() and (tensors.times[empty] == 0).all()
+    assert np.isin(tensors.stay_ids[empty], labels.index).all()
+    splits = load_splits(folder, tensors, "raindrop", "physionet2019-raindrop")
+    assert [(len(s.train), len(s.validation), len(s.test)) for s in splits] == [(31_042, 3_880, 3_881)] * 5
+
+
+@needs_p19
+def test_garlic_cohort_is_the_garlic_reference_split_and_not_raindrops(processed):
+    folder, dataset = processed("garlic")
+    tensors = load_tensors(folder)
+    (split,) = load_splits(folder, tensors, "garlic-reference", "physionet2019-garlic")
+    assert (len(split.train), len(split.validation), len(split.test)) == (32_264, 4_034, 4_033)
+    assert np.array_equal(np.sort(np.concatenate([split.train, split.validation, split.test])), tensors.stay_ids)
+    # Raindrop's stays are all here, but with other rows: its protocol runs only on its own cohort.
+    assert not_applicable("garlic-reference", tensors.stay_ids, "physionet2019-garlic") is None
+    assert "not published for dataset 'physionet2019-garlic'" in not_applicable(
+        "raindrop", tensors.stay_ids, "physionet2019-garlic")
+
+
+@pytest.mark.parametrize("name, dataset", [("raindrop", "physionet2019-raindrop"),
+                                           ("garlic-reference", "physionet2019-garlic")])  # fmt: skip
+def test_shipped_p19_protocols_equal_the_shared_ones(name, dataset):
+    shared = P19 / "splits" / f"{name}.json"
+    if not shared.is_file():
+        pytest.skip(f"the shared protocol file is not at {shared}")
+    splits = json.loads(shared.read_text())["splits"]
+    shipped = published_ids(name, dataset)
+    assert len(shipped) == len(splits) == (5 if name == "raindrop" else 1)
+    for index, key in enumerate(sorted(splits, key=int)):
+        for part, ids in splits[key].items():
+            assert [f"p{i:06d}" for i in shipped[index][part]] == sorted(ids)
 
 
 @needs_p19

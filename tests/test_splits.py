@@ -90,12 +90,12 @@ def test_protocols_name_their_splits_and_seeds(synthetic, tmp_path):
 
 @pytest.mark.parametrize("name", ["garlic-reference", "raindrop"])
 def test_shipped_protocol_files_equal_the_shared_ones(name):
-    shipped = json.loads(gzip.decompress((PUBLISHED / f"{name}.json.gz").read_bytes()))
+    shipped = json.loads(gzip.decompress((PUBLISHED / "physionet2012" / f"{name}.json.gz").read_bytes()))
     shared = P12 / "splits" / f"{name}.json"
     if not shared.is_file():
         pytest.skip(f"the shared protocol file is not at {shared}")
     assert shipped == json.loads(shared.read_text())
-    parts = published_ids(name)
+    parts = published_ids(name, "physionet2012")
     assert len(parts) == (1 if name == "garlic-reference" else 5)
     for index, ids in parts.items():
         assert [len(ids[p]) for p in ("train", "validation", "test")] == [9_590, 1_199, 1_199]
@@ -108,7 +108,10 @@ def test_shipped_protocol_files_equal_the_shared_ones(name):
 def test_a_published_protocol_names_the_stays_the_dataset_lacks(synthetic, tmp_path):
     _, tensors = synthetic  # synthetic stay ids are not P12 RecordIDs
     with pytest.raises(ValueError, match=r"protocol 'raindrop' split 0 names 9590 train stays .* does not hold"):
-        load_splits(tmp_path, tensors, "raindrop")
+        load_splits(tmp_path, tensors, "raindrop", "physionet2012")
+    with pytest.raises(ValueError, match="'raindrop' is not published for dataset 'synthetic'; it is for "
+                                         "physionet2012, physionet2019-raindrop"):
+        load_splits(tmp_path, tensors, "raindrop", "synthetic")
     assert not (tmp_path / "splits" / "raindrop").exists()
 
 
@@ -116,7 +119,7 @@ def test_a_published_protocol_names_the_stays_the_dataset_lacks(synthetic, tmp_p
 @pytest.mark.parametrize("name", ["garlic-reference", "raindrop"])
 def test_published_splits_on_p12_are_the_shared_ones(name, p12_tensors, tmp_path):
     shared = json.loads((P12 / "splits" / f"{name}.json").read_text())["splits"]
-    splits = load_splits(tmp_path, p12_tensors, name)
+    splits = load_splits(tmp_path, p12_tensors, name, "physionet2012")
     assert [s.index for s in splits] == list(range(len(shared)))
     for split, key in zip(splits, sorted(shared, key=int)):
         assert split.name == f"{name}/split_{split.index}"
@@ -125,14 +128,14 @@ def test_published_splits_on_p12_are_the_shared_ones(name, p12_tensors, tmp_path
         check_normalised_on(split, p12_tensors)
         assert (tmp_path / "splits" / name / f"split_{split.index}.json").is_file()
     # Read back unchanged; a saved file that lost a published stay is refused, not used.
-    again = load_splits(tmp_path, p12_tensors, name)
+    again = load_splits(tmp_path, p12_tensors, name, "physionet2012")
     assert [a.digest() for a in again] == [s.digest() for s in splits]
     path = tmp_path / "splits" / name / "split_0.json"
     payload = json.loads(path.read_text())
     payload["test"] = payload["test"][1:]
     path.write_text(json.dumps(payload))
     with pytest.raises(ValueError, match="does not hold the stays of the published"):
-        load_splits(tmp_path, p12_tensors, name)
+        load_splits(tmp_path, p12_tensors, name, "physionet2012")
 
 
 def check_normalised_on(split: Split, tensors) -> None:
