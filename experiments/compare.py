@@ -61,7 +61,7 @@ from garlic import run_contract, runs
 from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
-from garlic.splits import PROTOCOLS, not_applicable, protocol
+from garlic.splits import DIRECTIONS, PROTOCOLS, not_applicable, protocol
 from garlic.tracking import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
 from preprocessing.locks import LockHeld, acquire, release
@@ -74,13 +74,26 @@ SIMPLE = ("logreg", "logreg_static", "gbm", "gbm_static")
 BASELINES = ("saps", "sofa", *SIMPLE)
 COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean",
            "ece_mean"]  # fmt: skip
-# Published P12 numbers (mean, std; fractions), each with where it was reported.
-PUBLISHED = [
-    ("published: GARLIC", "garlic-reference", (0.8640, 0.0086), (0.5689, 0.0175), "GARLIC paper (ICLR 2026)"),
-    ("published: Raindrop", "raindrop", (0.828, 0.017), (0.440, 0.030), "ViTST repository"),
-    ("published: mTAND", "raindrop", (0.842, 0.008), (0.482, 0.034), "ViTST repository"),
-    ("published: ViTST", "raindrop", (0.851, 0.008), (0.511, 0.041), "ViTST repository"),
-]
+# Published numbers per dataset (mean, std; fractions), each with where it was reported.
+PUBLISHED = {
+    "physionet2012": [
+        ("published: GARLIC", "garlic-reference", (0.8640, 0.0086), (0.5689, 0.0175), "GARLIC paper (ICLR 2026)"),
+        ("published: Raindrop", "raindrop", (0.828, 0.017), (0.440, 0.030), "ViTST repository"),
+        ("published: mTAND", "raindrop", (0.842, 0.008), (0.482, 0.034), "ViTST repository"),
+        ("published: ViTST", "raindrop", (0.851, 0.008), (0.511, 0.041), "ViTST repository"),
+    ],
+    "physionet2019-raindrop": [
+        ("published: GRU-D", "raindrop", (0.839, 0.017), (0.469, 0.021), "ViTST repository"),
+        ("published: Raindrop", "raindrop", (0.870, 0.023), (0.518, 0.055), "ViTST repository"),
+        ("published: ViTST", "raindrop", (0.892, 0.020), (0.531, 0.034), "ViTST repository"),
+        ("published: ISTS-PLM", "raindrop", (0.894, 0.022), (0.569, 0.050), "ISTS-PLM repository"),
+        ("published: KEDGN", "raindrop", (0.922, 0.005), (0.620, 0.013), "KEDGN paper"),
+    ],
+    "physionet2019-garlic": [
+        ("published: GARLIC", "garlic-reference", (0.9096, 0.0084), (0.5529, 0.0245),
+         "GARLIC paper (ICLR 2026), as reported in summaries of it"),
+    ],
+}
 IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
 # Config keys added after units were archived, with the value that trains as before: at that value they stay out of
 # the settings digest, so that the archived units of unchanged presets are still found.
@@ -278,8 +291,9 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
     return sorted(units, key=lambda unit: (order[unit.method], unit.split)), missing
 
 
-def table(units: list[Unit], protocols: list[str]) -> pd.DataFrame:
-    """One row per method and protocol (in first-seen order), then the published rows of those protocols."""
+def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -> pd.DataFrame:
+    """One row per method and protocol (in first-seen order), then the published rows of those protocols on
+    ``dataset`` (none without it)."""
     rows = []
     frame = pd.DataFrame([{"method": u.method, "protocol": u.protocol, **u.metrics} for u in units])
     if len(frame):
@@ -288,7 +302,7 @@ def table(units: list[Unit], protocols: list[str]) -> pd.DataFrame:
                          "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
                          "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
                          "brier_mean": group["brier"].mean(), "ece_mean": group["ece"].mean()})  # fmt: skip
-    for method, protocol_name, auroc, auprc, _ in PUBLISHED:
+    for method, protocol_name, auroc, auprc, _ in PUBLISHED.get(dataset, []):
         if protocol_name in protocols:
             rows.append({"method": method, "protocol": protocol_name, "runs": None, "auroc_mean": auroc[0],
                          "auroc_std": auroc[1], "auprc_mean": auprc[0], "auprc_std": auprc[1]})  # fmt: skip
@@ -326,6 +340,25 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     low, high = np.percentile(resampled[np.isfinite(resampled)], [2.5, 97.5])  # a one-class draw scores nothing
     verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
     return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
+
+
+DROP_COLUMNS = ["method", "direction", "metric", "in_hospital", "cross_hospital", "drop"]
+
+
+def hospital_drops(units: list[Unit]) -> pd.DataFrame:
+    """Per method, direction and metric: the ``in-hospital`` test, the ``cross-hospital`` test of the same model
+    (the same training and validation stays, the same seed) and the drop between them."""
+    home = {(u.method, u.split, u.seed): u for u in units if u.protocol == "in-hospital"}
+    rows = []
+    for unit in units:
+        same = home.get((unit.method, unit.split, unit.seed)) if unit.protocol == "cross-hospital" else None
+        if same is not None:
+            source, target = DIRECTIONS[unit.split]
+            for metric in ("auroc", "auprc"):
+                rows.append({"method": unit.method, "direction": f"{source} -> {target}", "metric": metric,
+                             "in_hospital": same.metrics[metric], "cross_hospital": unit.metrics[metric],
+                             "drop": unit.metrics[metric] - same.metrics[metric]})  # fmt: skip
+    return pd.DataFrame(rows, columns=DROP_COLUMNS)
 
 
 PAIRED_COLUMNS = ["preset", "protocol", "metric", "baseline", "runs", "difference", "ci_low", "ci_high", "verdict"]
@@ -416,15 +449,15 @@ def formatted(summary: pd.DataFrame) -> pd.DataFrame:
     return shown[["method", "protocol", "runs", "auroc", "auprc", "brier_mean", "ece_mean"]]
 
 
-def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], kept: list[str], command: str,
-           dataset: str) -> str:  # fmt: skip
+def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
+           command: str, dataset: str) -> str:  # fmt: skip
     lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
              "training part for every protocol (the GARLIC reference code fits it on all stays). Rows marked "
              "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
-             "protocol names (5 on each) is partial; what it lacks is listed at the end, and its paired "
-             "differences cover only the runs it has.", "",
+             "protocol names (its splits times its seeds) is partial; what it lacks is listed at the end, and its "
+             "paired differences cover only the runs it has.", "",
              study.markdown(formatted(summary)), ""]  # fmt: skip
     if len(paired):
         shown = paired.copy()
@@ -435,6 +468,15 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, missing: list[str], kept
                   f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie. The "
                   f"baseline is the protocol's best simple baseline in that metric, or a preset named with "
                   f"`--against` (then paired run by run: the same split and model seed).", "",
+                  study.markdown(shown), ""]  # fmt: skip
+    if len(drops):
+        shown = drops.copy()
+        for column in ("in_hospital", "cross_hospital", "drop"):
+            shown[column] = shown[column].map(lambda v: f"{v:+.4f}" if column == "drop" else f"{v:.4f}")
+        lines += ["## From its own hospital to the other", "",
+                  "Each method trained and selected on one hospital system, tested on the held-out tenth of that "
+                  "system (`in-hospital`) and on every stay of the other (`cross-hospital`): the same model, "
+                  "so the drop is what moving to another hospital costs it.", "",
                   study.markdown(shown), ""]  # fmt: skip
     if kept:
         lines += ["## Kept from the previous table", "",
@@ -518,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
             found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive)
             units += found
             missing += lacking
-    summary = table(units, args.protocols)
+    summary = table(units, args.protocols, args.dataset)
     paired = comparisons(units, presets, args.protocols, args.against)
     kept = []
     if args.out is not None:
@@ -526,9 +568,10 @@ def main(argv: list[str] | None = None) -> None:
         summary, paired, missing, kept = with_rows_kept(args.out / args.dataset, summary, paired, missing,
                                                         [*args.methods, *presets], presets, args.protocols)  # fmt: skip
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = report(summary, paired, missing, kept, command, args.dataset)
+    drops = hospital_drops(units)
+    text = report(summary, paired, drops, missing, kept, command, args.dataset)
     experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
-    tables = {args.dataset: summary, f"{args.dataset}-paired": paired}
+    tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     study.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

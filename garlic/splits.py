@@ -7,6 +7,12 @@ Protocols (``PROTOCOLS``; each says which splits and which model seeds it runs):
 - ``raindrop``: the five published 80/10/10 splits of Raindrop (Zhang et al., ICLR 2022), the protocol of
   Raindrop, ViTST, KEDGN, ISTS-PLM and MTM on P12 (``physionet2012``) and P19 (its 38,803 stays: the
   ``physionet2019-raindrop`` cohort); split k is the file's split k + 1. One model seed per split.
+- ``cross-hospital``: PhysioNet 2019 only. Split 0 trains and selects on hospital system A and tests on every stay
+  of system B; split 1 the other way round. The source system's stays are drawn 80/10/10 (stratified,
+  ``random_state=0``): train, validation, and a held-out tenth. One model seed per split.
+- ``in-hospital``: the same two splits' train and validation parts, tested on the held-out tenth of the source
+  system: trained on the same stays with the same seed, it is the same model, so the pair gives the drop from
+  its own hospital to the other.
 - ``garlic-reference``: the GARLIC reference code's single stratified split, of P12 (``physionet2012``) or of P19
   (its 40,331 stays: the ``physionet2019-garlic`` cohort), trained with model seeds 0-4: how the paper's mean +/-
   std was made. The reference code normalises over all stays; here, as for every protocol, normalisation is
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from preprocessing.physionet2019 import hospital_systems
 from preprocessing.tables import write_json_atomic
 from preprocessing.tensors import IrregularTensors
 
@@ -44,13 +51,15 @@ class Protocol:
     """A named evaluation protocol: its splits, and the model seeds each split is trained with.
 
     ``seeds`` None means one run per split with the config's own seed. ``published`` names the shipped id file;
-    None means the splits are drawn (stratified, ``random_state`` = split index) from the processed dataset.
+    ``hospital`` (cross-hospital, in-hospital) draws by hospital system; otherwise the splits are drawn
+    (stratified, ``random_state`` = split index) from the processed dataset.
     """
 
     name: str
     splits: tuple[int, ...]
     seeds: tuple[int, ...] | None = None
     published: str | None = None
+    hospital: bool = False
 
 
 PROTOCOLS = {
@@ -59,8 +68,12 @@ PROTOCOLS = {
         Protocol("five-split", (0, 1, 2, 3, 4)),
         Protocol("raindrop", (0, 1, 2, 3, 4), published="raindrop"),
         Protocol("garlic-reference", (0,), seeds=(0, 1, 2, 3, 4), published="garlic-reference"),
+        Protocol("cross-hospital", (0, 1), hospital=True),
+        Protocol("in-hospital", (0, 1), hospital=True),
     )
 }
+HOSPITAL_SYSTEMS = {"physionet2019": hospital_systems}  # per source: stay ids -> hospital system
+DIRECTIONS = (("A", "B"), ("B", "A"))  # cross-hospital split k: (trained and selected on, tested on)
 RENAMED = {"reference": "garlic-reference"}  # ``reference`` was our split 0 with validation and test swapped
 
 
@@ -213,6 +226,21 @@ def draw_split(tensors: IrregularTensors, protocol: str, index: int) -> Split:
     return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
 
 
+def hospital_split(tensors: IrregularTensors, protocol: str, index: int, dataset: str) -> Split:
+    """Split ``index`` of ``cross-hospital`` or ``in-hospital`` (see the module's docstring)."""
+    from sklearn.model_selection import train_test_split
+
+    source, target = DIRECTIONS[index]
+    systems = HOSPITAL_SYSTEMS[dataset.partition("-")[0]](tensors.stay_ids)
+    home = systems == source
+    train, rest, _, rest_labels = train_test_split(
+        tensors.stay_ids[home], tensors.labels[home], test_size=0.2, stratify=tensors.labels[home], random_state=0
+    )
+    validation, held_out = train_test_split(rest, test_size=0.5, stratify=rest_labels, random_state=0)
+    test = tensors.stay_ids[systems == target] if protocol == "cross-hospital" else held_out
+    return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
+
+
 def stays_not_held(name: str, index: int, stay_ids: np.ndarray, dataset: str) -> str | None:
     """Why ``dataset``'s ``stay_ids`` cannot hold split ``index`` of the published protocol ``name`` (not published
     for it, or the first part naming stays it lacks), None when it holds them all."""
@@ -232,6 +260,12 @@ def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str) -> st
     """Why the protocol cannot run on ``dataset``'s ``stay_ids`` (published for other datasets, or a published split
     naming stays it lacks), None when it can: a check that needs no split to be made."""
     chosen = protocol(protocol_name)
+    if chosen.hospital:
+        source = dataset.partition("-")[0]
+        if source not in HOSPITAL_SYSTEMS:
+            return f"protocol {protocol_name!r} needs hospital systems, which only {', '.join(HOSPITAL_SYSTEMS)} has"
+        held = set(HOSPITAL_SYSTEMS[source](stay_ids).tolist())
+        return None if held == {"A", "B"} else f"protocol {protocol_name!r} needs stays of both hospital systems"
     if not chosen.published:
         return None
     reasons = (stays_not_held(chosen.published, index, stay_ids, dataset) for index in chosen.splits)
@@ -245,6 +279,18 @@ def published_split(tensors: IrregularTensors, name: str, index: int, dataset: s
         raise ValueError(reason)
     ids = published_ids(name, dataset)[index]
     return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
+
+
+def made_split(tensors: IrregularTensors, chosen: Protocol, index: int, dataset: str) -> Split:
+    """Split ``index`` of the protocol, made from its published ids, by hospital system, or drawn."""
+    if chosen.published:
+        return published_split(tensors, chosen.published, index, dataset)
+    if chosen.hospital:
+        reason = not_applicable(chosen.name, tensors.stay_ids, dataset)
+        if reason:
+            raise ValueError(reason)
+        return hospital_split(tensors, chosen.name, index, dataset)
+    return draw_split(tensors, chosen.name, index)
 
 
 def fitted_split(tensors: IrregularTensors, protocol: str, index: int, *parts: np.ndarray) -> Split:
@@ -278,8 +324,7 @@ def load_splits(
         path = split_path(folder, chosen.name, index)
         split = read_split(folder, chosen.name, index)
         if split is None:
-            split = published_split(tensors, chosen.published, index, dataset) if chosen.published else (
-                draw_split(tensors, chosen.name, index))  # fmt: skip
+            split = made_split(tensors, chosen, index, dataset)
             write_json_atomic(path, split.to_json())
         elif chosen.published and split.digest() != published_split_digest(chosen.published, index, dataset):
             raise ValueError(f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "

@@ -77,6 +77,12 @@ MISSING = {"", "NaN", "nan"}
 WINDOW_HOURS = 48
 RAINDROP_MAX_ROWS = 60
 _RECORD_NAME = re.compile(r"^p(\d+)\.psv$")
+SET_B_FIRST_ID = 100_001  # the release numbers set A's stays p000001-p020643 and set B's p100001-p120000
+
+
+def hospital_systems(stay_ids: np.ndarray) -> np.ndarray:
+    """The hospital system ("A" or "B") of each stay, read off its id as the release numbers them."""
+    return np.where(np.asarray(stay_ids) >= SET_B_FIRST_ID, "B", "A")
 
 
 class PhysioNet2019Error(ValueError):

@@ -321,3 +321,55 @@ def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tm
     assert "protocol raindrop left out" in capsys.readouterr().err
     table = pd.read_csv(tmp_path / "results" / "synthetic.csv")
     assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5]]
+
+
+def two_hospital_records(folder: Path, stays_each: int = 100) -> None:
+    """PhysioNet 2019 record files for both hospital systems: heart rate a little higher before sepsis, and in
+    system B higher for everyone (so a model moved from one system to the other loses some of its skill)."""
+    from preprocessing.physionet2019 import COLUMNS, HEADER
+
+    generator = np.random.default_rng(7)
+    for system, first_id, shift in (("A", 1, 0.0), ("B", 100_001, 6.0)):
+        (folder / f"training_set{system}").mkdir(parents=True)
+        for stay_id in range(first_id, first_id + stays_each):
+            septic = generator.random() < 0.3
+            lines = [HEADER.decode()]
+            for hour in range(1, 21):
+                row = ["NaN"] * len(COLUMNS)
+                row[0] = f"{80 + shift + 8 * septic + generator.normal(0, 6):.1f}"  # HR
+                row[COLUMNS.index("Age")], row[COLUMNS.index("Gender")] = "60", "1"
+                row[COLUMNS.index("HospAdmTime")] = "-1.5"
+                row[-2], row[-1] = str(hour), str(int(septic and hour >= 15))
+                lines.append("|".join(row))
+            (folder / f"training_set{system}" / f"p{stay_id:06d}.psv").write_text("\n".join(lines) + "\n")
+
+
+def test_cross_hospital_rows_and_the_drop_from_the_models_own_hospital(tmp_path, capsys):
+    from preprocessing.physionet2019 import preprocess
+
+    two_hospital_records(tmp_path / "source")
+    preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
+    store, out = tmp_path / "mlruns", tmp_path / "results"
+    compare.main(["--dataset", "physionet2019-raindrop", "--protocols", "cross-hospital", "in-hospital", "--methods",
+                  "logreg", "--presets", "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out)])
+    table = pd.read_csv(out / "physionet2019-raindrop.csv")
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "cross-hospital", 2],
+                                                                      ["logreg", "in-hospital", 2]]  # fmt: skip
+    runs = pd.read_csv(out / "physionet2019-raindrop-runs" / "runs.csv").set_index(["protocol", "split"])
+    text = (out / "physionet2019-raindrop.md").read_text()
+    assert "## From its own hospital to the other" in text
+    for split, direction in ((0, "A -> B"), (1, "B -> A")):
+        home, away = runs.loc[("in-hospital", split), "auroc"], runs.loc[("cross-hospital", split), "auroc"]
+        assert f"| logreg | {direction} | auroc | {home:.4f} | {away:.4f} | {away - home:+.4f} |" in text
+    # A protocol of published ids for another cohort is refused on this one, naming where it is published.
+    with pytest.raises(SystemExit):
+        compare.main(["--dataset", "physionet2019-raindrop", "--protocols", "garlic-reference", "--methods", "logreg",
+                      "--presets", "--data-root", str(tmp_path), "--mlruns", str(store)])
+    assert "it is for physionet2012, physionet2019-garlic" in capsys.readouterr().err
+
+
+def test_a_sources_preset_runs_on_each_of_its_cohorts_and_nowhere_else():
+    config = compare.preset_config("physionet2019-cpu", "physionet2019-early", ["split_protocol=cross-hospital"])
+    assert (config.dataset, config.split_protocol) == ("physionet2019-early", "cross-hospital")
+    with pytest.raises(ValueError, match="preset 'physionet2019-cpu' is for dataset 'physionet2019', not 'physionet2012'"):
+        compare.preset_config("physionet2019-cpu", "physionet2012", [])

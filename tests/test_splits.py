@@ -12,7 +12,7 @@ from conftest import P12, requires_p12
 from garlic.data import IrregularDataset, collate, loader
 from garlic.splits import PROTOCOLS, PUBLISHED, Normalisation, Split, draw_split, load_splits, published_ids
 from preprocessing.synthetic import generate
-from preprocessing.tensors import load_tensors
+from preprocessing.tensors import IrregularTensors, load_tensors
 
 
 @pytest.fixture(scope="module")
@@ -290,3 +290,35 @@ def test_collate_trims_to_the_longest_stay_in_the_batch(synthetic):
     shuffled = [b.labels for b in loader(dataset, 64, shuffle=True, seed=1)]
     again = [b.labels for b in loader(dataset, 64, shuffle=True, seed=1)]
     assert all(torch.equal(a, b) for a, b in zip(shuffled, again))
+
+
+def two_hospitals(stays_each: int = 200) -> IrregularTensors:
+    """A cohort with PhysioNet 2019's ids: set A from p000001, set B from p100001."""
+    generator = np.random.default_rng(0)
+    n = 2 * stays_each
+    ids = np.concatenate([np.arange(1, stays_each + 1), np.arange(100_001, 100_001 + stays_each)])
+    return IrregularTensors(
+        stay_ids=ids, values=generator.normal(size=(n, 3, 2)).astype("float32"), mask=np.ones((n, 3, 2), bool),
+        times=np.tile(np.arange(3, dtype="float32"), (n, 1)), lengths=np.full(n, 3),
+        static=np.zeros((n, 1), "float32"), labels=(generator.random(n) < 0.2).astype("float32"),
+        variables=["HR", "Temp"], static_features=["Age"],
+    )  # fmt: skip
+
+
+def test_cross_hospital_trains_on_one_system_and_tests_on_every_stay_of_the_other(tmp_path):
+    tensors = two_hospitals()
+    system_a, system_b = tensors.stay_ids[:200], tensors.stay_ids[200:]
+    across = load_splits(tmp_path, tensors, "cross-hospital", "physionet2019-raindrop")
+    home = load_splits(tmp_path, tensors, "in-hospital", "physionet2019-raindrop")
+    for split, same, (source, target) in zip(across, home, [(system_a, system_b), (system_b, system_a)]):
+        assert np.isin(split.train, source).all() and np.isin(split.validation, source).all()
+        assert np.array_equal(split.test, target)
+        # in-hospital: the same training and validation stays, tested on the rest of the source system
+        assert np.array_equal(same.train, split.train) and np.array_equal(same.validation, split.validation)
+        assert np.array_equal(np.sort(np.concatenate([same.train, same.validation, same.test])), source)
+        assert (len(same.train), len(same.validation), len(same.test)) == (160, 20, 20)
+        check_normalised_on(split, tensors)
+    with pytest.raises(ValueError, match="'cross-hospital' needs hospital systems, which only physionet2019 has"):
+        load_splits(tmp_path / "p12", tensors, "cross-hospital", "physionet2012")
+    with pytest.raises(ValueError, match="needs stays of both hospital systems"):
+        load_splits(tmp_path / "a", tensors.subset(np.arange(200)), "cross-hospital", "physionet2019-raindrop")
