@@ -10,7 +10,6 @@ each skipped line is reported with its file and line number.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import re
@@ -33,6 +32,7 @@ from preprocessing.raw import (
     member_stay_id,
     parse_value,
     prefixed_rows,
+    records_digest,
     records_from_files,
     records_with_observations,
     refuse_repeated_stays,
@@ -90,14 +90,6 @@ def iter_records(set_path: Path) -> Iterator[Record]:
                 yield Record(f"{set_path.name}:{member.name}", record_id, handle.read())
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise PhysioNet2012Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
-
-
-def _records_digest(records: list[Record]) -> str:
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(b"%d\n%d\n" % (record.stay_id, len(record.text)))
-        digest.update(record.text)
-    return digest.hexdigest()
 
 
 def _parse_line(line: bytes) -> tuple[float, str, float] | str:
@@ -334,7 +326,7 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
             if path.is_file():
                 files[path.name] = sha256_of(path)
         if records_path.is_dir():  # an extracted folder: one digest over its record files' names and bytes
-            files[f"{records_path.name}/"] = _records_digest(set_records)
+            files[f"{records_path.name}/"] = records_digest(set_records)
     outcomes = pd.concat(outcome_tables, ignore_index=True)
     repeated = outcomes["RecordID"][outcomes["RecordID"].duplicated()]
     if len(repeated):

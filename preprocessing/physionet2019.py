@@ -55,6 +55,7 @@ from preprocessing.raw import (
     member_stay_id,
     parse_value,
     prefixed_rows,
+    records_digest,
     records_from_files,
     records_with_observations,
 )
@@ -443,6 +444,8 @@ def read_sets(
         stays_per_set[name] = len(records) - before
         if path.is_file():
             files[path.name] = sha256_of(path)
+        else:  # an extracted folder: one digest over its record files' ids and bytes
+            files[f"{path.name}/"] = records_digest(records[before:])
     if not records:
         raise PhysioNet2019Error(f"no pNNNNNN.psv file found in {', '.join(str(p) for p in located.values())}")
     stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)

@@ -6,6 +6,7 @@ the parser's line-by-line reader, which reports each rejected line as a ``Skip``
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -74,6 +75,15 @@ def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Excep
         records.append(Record(str(path), stay_id, path.read_bytes()))
     refuse_repeated_stays(records, error)
     return records
+
+
+def records_digest(records: list[Record]) -> str:
+    """One SHA-256 over records' ids and bytes: the manifest's digest of a source read from a folder."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(b"%d\n%d\n" % (record.stay_id, len(record.text)))
+        digest.update(record.text)
+    return digest.hexdigest()
 
 
 def refuse_repeated_stays(records: list[Record], error: type[Exception]) -> None:

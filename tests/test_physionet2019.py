@@ -305,3 +305,12 @@ def test_a_source_without_a_usable_stay_leaves_the_dataset_there_as_it_was(tmp_p
     assert message in capsys.readouterr().err
     assert (destination / "manifest.json").read_bytes() == before
     assert len(read_processed(destination).labels) == 3 and (destination / "splits" / "kept.json").is_file()
+
+
+def test_a_folder_source_is_recorded_by_a_digest_of_its_records(tmp_path):
+    source = _write_set(tmp_path / "source", "folder", STAYS)
+    first = preprocess(source, tmp_path / "one")["source"]["files_sha256"]
+    assert list(first) == ["training_setA/"] and len(first["training_setA/"]) == 64
+    assert preprocess(source, tmp_path / "two")["source"]["files_sha256"] == first  # the same files, the same digest
+    (source / "training_setA" / "p000001.psv").write_bytes(STAYS["p000001.psv"].replace(b"80.0", b"81.0", 1))
+    assert preprocess(source, tmp_path / "three")["source"]["files_sha256"] != first  # one value changed
