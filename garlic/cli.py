@@ -24,6 +24,7 @@ log = logging.getLogger("garlic")
 DASHBOARD_SERVER = Path(__file__).resolve().parents[1] / "app" / "serve.py"
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
 STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.use_store)
+LEFT_OUT = 3  # exit status of a `garlic predict` that wrote its risks but left records out (2: nothing written)
 # Errors that bad input causes, reported in one line: (module, class), looked up only once the module is loaded.
 USER_ERRORS = (("garlic.tracking", "RunNotFoundError"), ("preprocessing.download", "DownloadError"))
 
@@ -293,17 +294,26 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
+    import numpy as np
+    import pandas as pd
+
     from garlic.inference import predict_tables
     from garlic.tracking import load_run_model
+    from preprocessing.raw import LeftOut
     from preprocessing.records import read_record_files
 
     trained = load_run_model(args.run, _existing_store(args))
-    observations, static = read_record_files(args.input, skip_empty=True)  # one empty record blocks no other
-    risks = predict_tables(trained, observations, static)
-    if args.output:
-        risks.to_csv(args.output, index=False)
-    else:
-        risks.to_csv(sys.stdout, index=False)
+    left_out: list[LeftOut] = []  # one record without an observation blocks no other
+    observations, static = read_record_files(args.input, left_out=left_out)
+    risks = predict_tables(trained, observations, static).assign(left_out="")
+    unscored = pd.DataFrame({"stay_id": [r.stay_id for r in left_out], "risk": np.nan,
+                             "left_out": [r.reason for r in left_out]})  # fmt: skip
+    risks = pd.concat([risks, unscored], ignore_index=True) if left_out else risks
+    risks.to_csv(args.output or sys.stdout, index=False)
+    if left_out:
+        print(f"garlic: {len(left_out)} of {len(risks)} records left out, with no risk (rows with an empty risk): "
+              f"{', '.join(r.origin for r in left_out)}", file=sys.stderr)  # fmt: skip
+        raise SystemExit(LEFT_OUT)
 
 
 def _dashboard(args: argparse.Namespace) -> None:
@@ -375,7 +385,9 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--run", required=True, help="MLflow run id")
     evaluate.set_defaults(handler=_evaluate)
 
-    predict = commands.add_parser("predict", help="risk per stay for record files, as CSV")
+    predict = commands.add_parser(
+        "predict", help="risk per stay for record files, as CSV (stay_id, risk, left_out); exit status 3 when a "
+        "record had to be left out (a row with an empty risk and the reason names it)")
     predict.add_argument("--run", required=True, help="MLflow run id")
     predict.add_argument("--input", nargs="+", required=True, type=Path, help="PhysioNet 2012 .txt / 2019 .psv")
     predict.add_argument("--output", type=Path, help="CSV file (default: standard output)")

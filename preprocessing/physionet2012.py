@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 
 from preprocessing.raw import (
     FLOAT32_MAX,
+    LeftOut,
     Record,
     Skip,
     line_too_long,
@@ -233,15 +234,14 @@ def records_to_tables(records: list[Record], strict: bool = False) -> tuple[pd.D
 
 
 def read_record_files(
-    paths: list[Path], strict: bool = True, skip_empty: bool = False
+    paths: list[Path], strict: bool = True, left_out: list[LeftOut] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables; a record
-    without an observation in the window is refused, or left out with ``skip_empty`` (``records_with_observations``)."""
+    without an observation in the window is refused, or added to ``left_out`` when given (``records_with_observations``)."""
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2012Error, "RECORDID.txt (e.g. 132539.txt)")
     observations, static, _ = records_to_tables(records, strict=strict)
     window = f"the first {WINDOW_HOURS:g} h"
-    kept = records_with_observations(records, observations["stay_id"].unique(), window, PhysioNet2012Error,
-                                     skip_empty)  # fmt: skip
+    kept = records_with_observations(records, observations["stay_id"].unique(), window, PhysioNet2012Error, left_out)
     return observations, static[static["stay_id"].isin(kept)].reset_index(drop=True)
 
 

@@ -48,6 +48,7 @@ import pyarrow.csv as pacsv
 
 from preprocessing.raw import (
     FLOAT32_MAX,
+    LeftOut,
     Record,
     Skip,
     line_too_long,
@@ -403,12 +404,12 @@ def static_table(rows: pd.DataFrame, stay_ids: np.ndarray) -> pd.DataFrame:
 
 
 def read_record_files(
-    paths: list[Path], strict: bool = True, skip_empty: bool = False
+    paths: list[Path], strict: bool = True, left_out: list[LeftOut] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stand-alone ``pNNNNNN.psv`` files (as uploaded or given to ``garlic predict``) -> observations, static.
 
     The input rows are those of the ``garlic`` and ``early`` cohorts: ICULOS <= 48, time = ICULOS hours. A record
-    without an observation there is refused, or left out with ``skip_empty`` (``records_with_observations``).
+    without an observation there is refused, or added to ``left_out`` when given (``records_with_observations``).
     """
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2019Error, "pNNNNNN.psv (e.g. p000001.psv)")
     stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
@@ -423,8 +424,7 @@ def read_record_files(
     rows.insert(0, "stay_id", stay_ids[rows["record"].to_numpy()])
     observations = long_observations(rows[_within_window(rows)])
     window = f"the first {WINDOW_HOURS} ICU hours (ICULOS <= {WINDOW_HOURS})"
-    kept = records_with_observations(records, observations["stay_id"].unique(), window, PhysioNet2019Error,
-                                     skip_empty)  # fmt: skip
+    kept = records_with_observations(records, observations["stay_id"].unique(), window, PhysioNet2019Error, left_out)
     return observations, static_table(rows, np.sort(kept))
 
 

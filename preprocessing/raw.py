@@ -95,21 +95,32 @@ def refuse_repeated_stays(records: list[Record], error: type[Exception]) -> None
         seen[record.stay_id] = record.origin
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A record given for prediction that got no risk, and why."""
+
+    stay_id: int
+    origin: str
+    reason: str
+
+
 def records_with_observations(
-    records: list[Record], observed: np.ndarray, window: str, error: type[Exception], skip: bool = False
-) -> list[int]:
+    records: list[Record], observed: np.ndarray, window: str, error: type[Exception],
+    left_out: list[LeftOut] | None = None,
+) -> list[int]:  # fmt: skip
     """The stay ids of the stand-alone ``records`` that hold a time-series value inside the model's input ``window``:
     a risk computed from no observation at all would be a number made of nothing. Any other record is an ``error``
-    naming the file(s); with ``skip`` (many records given to ``garlic predict``) it is left out with a warning naming
-    it instead, so that one empty record does not block the others, unless no record is left."""
+    naming the file(s); given a ``left_out`` list (many records given to ``garlic predict``) it is added there, with
+    a warning naming it, so that one empty record does not block the others, unless no record is left."""
     observed = set(np.asarray(observed).tolist())
-    empty = [record.origin for record in records if record.stay_id not in observed]
-    if empty and not (skip and len(empty) < len(records)):
-        more = f" (and {len(empty) - 1} more: {', '.join(empty[1:])})" if len(empty) > 1 else ""
-        raise error(f"{empty[0]}: no observation of a time-series variable in {window}; no risk can be "
+    empty = [record for record in records if record.stay_id not in observed]
+    if empty and not (left_out is not None and len(empty) < len(records)):
+        more = f" (and {len(empty) - 1} more: {', '.join(r.origin for r in empty[1:])})" if len(empty) > 1 else ""
+        raise error(f"{empty[0].origin}: no observation of a time-series variable in {window}; no risk can be "
                     f"computed from it{more}")  # fmt: skip
-    for origin in empty:
-        log.warning("%s: no observation of a time-series variable in %s; left out, with no risk", origin, window)
+    for record in empty:
+        log.warning("%s: no observation of a time-series variable in %s; left out, with no risk", record.origin, window)
+        left_out.append(LeftOut(record.stay_id, record.origin, f"no observation of a time-series variable in {window}"))
     return [record.stay_id for record in records if record.stay_id in observed]
 
 

@@ -6,19 +6,22 @@ from pathlib import Path
 import pandas as pd
 
 from preprocessing import physionet2012, physionet2019
+from preprocessing.raw import LeftOut
 
 READERS = {".txt": physionet2012.read_record_files, ".psv": physionet2019.read_record_files}
 
 
-def read_record_files(paths: list[Path], skip_empty: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_record_files(
+    paths: list[Path], left_out: list[LeftOut] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """PhysioNet 2012 ``RECORDID.txt`` or PhysioNet 2019 ``pNNNNNN.psv`` records -> observation and static tables;
-    a folder stands for the record files in it. ``skip_empty``: a record without an observation in the model's
-    window is left out with a warning instead of refused (while one is left)."""
+    a folder stands for the record files in it. Given ``left_out``, a record without an observation in the model's
+    window is added there, with a warning, instead of refused (while one is left)."""
     files = [file for path in map(Path, paths) for file in _record_files(path)]
     suffixes = {file.suffix.lower() for file in files}
     if len(suffixes) != 1:
         raise ValueError(f"record files must all be one format, one of {sorted(READERS)}; got {sorted(suffixes)}")
-    return READERS[suffixes.pop()](files, skip_empty=skip_empty)
+    return READERS[suffixes.pop()](files, left_out=left_out)
 
 
 def _record_files(path: Path) -> list[Path]:

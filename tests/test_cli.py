@@ -93,7 +93,7 @@ def test_predict_on_record_files_matches_the_runs_own_test_predictions(trained, 
     result = garlic("predict", "--run", run_id, "--input", *paths, root=root)
     assert result.returncode == 0, result.stderr
     predicted = pd.read_csv(io.StringIO(result.stdout))
-    assert list(predicted.columns) == ["stay_id", "risk"]
+    assert list(predicted.columns) == ["stay_id", "risk", "left_out"]
     np.testing.assert_array_equal(predicted["stay_id"], chosen["stay_id"])
     # Record files keep 6 significant digits and whole minutes, so the risks agree closely but not bit for bit.
     np.testing.assert_allclose(predicted["risk"], chosen["risk"], atol=1e-3)
@@ -116,10 +116,15 @@ def test_predict_leaves_out_a_record_without_an_observation_in_48_h_naming_it(tr
     assert error.startswith(f"garlic: error: {late}: no observation") and "\n" not in error
     # Among others (a folder of a hospital's stays): left out with a warning naming it, and the others predicted
     # (once a risk made of nothing, then one empty stay blocking all the others).
+    # It is in the output too, as a row without a risk, and in the exit status: never dropped silently.
     result = garlic("predict", "--run", run_id, "--input", str(tmp_path), root=root)
-    assert result.returncode == 0, result.stderr
-    assert pd.read_csv(io.StringIO(result.stdout))["stay_id"].tolist() == [1002]
+    assert result.returncode == 3, result.stderr
+    risks = pd.read_csv(io.StringIO(result.stdout), keep_default_na=False)
+    assert risks["stay_id"].tolist() == [1002, 1001]
+    assert 0 < float(risks["risk"][0]) < 1 and risks["risk"][1] == ""
+    assert risks["left_out"].tolist() == ["", "no observation of a time-series variable in the first 48 h"]
     assert f"{late}: no observation of a time-series variable in the first 48 h; left out, with no risk" in result.stderr
+    assert f"garlic: 1 of 2 records left out, with no risk (rows with an empty risk): {late}" in result.stderr
 
 
 def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
