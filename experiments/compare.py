@@ -61,7 +61,7 @@ from garlic import run_contract, runs
 from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
-from garlic.splits import DIRECTIONS, PROTOCOLS, not_applicable, protocol
+from garlic.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol
 from garlic.tracking import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
 from preprocessing.locks import LockHeld, acquire, release
@@ -449,8 +449,32 @@ def formatted(summary: pd.DataFrame) -> pd.DataFrame:
     return shown[["method", "protocol", "runs", "auroc", "auprc", "brier_mean", "ece_mean"]]
 
 
+def what_the_model_sees(dataset: str, data_root: Path, protocols: list[str]) -> list[str]:
+    """Lines on the dataset's cohort rule and, where the labels say when each stay was first labelled positive
+    (PhysioNet 2019's ``first_septic_hour``), how many test positives of each protocol show the model a value
+    recorded at or after that hour: their label is partly read off their input."""
+    folder = ensure_processed(dataset, data_root)
+    manifest = read_manifest(folder)
+    if "cohort_rule" not in manifest:
+        return []
+    lines = ["## What the model sees", "", f"Cohort `{manifest['cohort']}`: {manifest['cohort_rule']}. Label: "
+             f"{manifest['label']}.", ""]  # fmt: skip
+    labels = pq.read_table(folder / LABELS).to_pandas().set_index("stay_id")
+    if "first_septic_hour" not in labels:
+        return lines
+    tensors = load_tensors(folder)
+    last_input = pd.Series(tensors.times[np.arange(len(tensors)), tensors.lengths - 1], index=tensors.stay_ids)
+    for protocol_name in protocols:
+        test = np.concatenate([split.test for split in load_splits(folder, tensors, protocol_name, dataset)])
+        positives = labels.loc[test].query("label == 1")
+        seen = int((last_input[positives.index] >= positives["first_septic_hour"]).sum())
+        lines.append(f"- `{protocol_name}`: {seen:,} of {len(positives):,} test positives (over its splits) show the "
+                     f"model a value recorded at or after their first SepsisLabel 1.")  # fmt: skip
+    return [*lines, ""]
+
+
 def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
-           command: str, dataset: str) -> str:  # fmt: skip
+           command: str, dataset: str, seen: list[str]) -> str:  # fmt: skip
     lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
@@ -458,7 +482,7 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
              "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
              "protocol names (its splits times its seeds) is partial; what it lacks is listed at the end, and its "
              "paired differences cover only the runs it has.", "",
-             study.markdown(formatted(summary)), ""]  # fmt: skip
+             study.markdown(formatted(summary)), "", *seen]  # fmt: skip
     if len(paired):
         shown = paired.copy()
         for column in ("difference", "ci_low", "ci_high"):
@@ -569,7 +593,8 @@ def main(argv: list[str] | None = None) -> None:
                                                         [*args.methods, *presets], presets, args.protocols)  # fmt: skip
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     drops = hospital_drops(units)
-    text = report(summary, paired, drops, missing, kept, command, args.dataset)
+    seen = what_the_model_sees(args.dataset, args.data_root, args.protocols)
+    text = report(summary, paired, drops, missing, kept, command, args.dataset, seen)
     experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     study.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})

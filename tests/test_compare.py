@@ -1,4 +1,5 @@
 """The comparison table: every method on a protocol's runs, resumable from MLflow, with paired differences."""
+import json
 import os
 import shutil
 import signal
@@ -373,3 +374,21 @@ def test_a_sources_preset_runs_on_each_of_its_cohorts_and_nowhere_else():
     assert (config.dataset, config.split_protocol) == ("physionet2019-early", "cross-hospital")
     with pytest.raises(ValueError, match="preset 'physionet2019-cpu' is for dataset 'physionet2019', not 'physionet2012'"):
         compare.preset_config("physionet2019-cpu", "physionet2012", [])
+
+
+def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_path):
+    from preprocessing.physionet2019 import preprocess
+
+    two_hospital_records(tmp_path / "source")  # septic stays are labelled from hour 15 of their 20
+    for cohort in ("garlic", "raindrop"):  # the first 48 hours, labelled rows too; the rows before the label
+        preprocess(tmp_path / "source", tmp_path / "processed" / f"physionet2019-{cohort}", cohort=cohort)
+        lines = compare.what_the_model_sees(f"physionet2019-{cohort}", tmp_path, ["five-split"])
+        assert lines[0] == "## What the model sees" and f"Cohort `{cohort}`: input: " in lines[2]
+        labels = pd.read_parquet(tmp_path / "processed" / f"physionet2019-{cohort}" / "labels.parquet")
+        splits = [json.loads(path.read_text()) for path in (tmp_path / "processed" / f"physionet2019-{cohort}" /
+                                                            "splits" / "five-split").glob("split_*.json")]  # fmt: skip
+        positives = sum(labels.set_index("stay_id").loc[s["test"], "label"].sum() for s in splits)
+        assert positives > 0
+        seen = positives if cohort == "garlic" else 0
+        assert lines[4] == (f"- `five-split`: {seen:,} of {positives:,} test positives (over its splits) show the "
+                            "model a value recorded at or after their first SepsisLabel 1.")  # fmt: skip
