@@ -25,7 +25,9 @@ import http.client
 import logging
 import os
 import re
+import socket
 import stat
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -142,6 +144,61 @@ def _kept_bytes(partial: Path) -> int:
     return found.st_size
 
 
+class _Deadline:
+    """An opener whose connections are shut down at ``deadline`` (``time.monotonic()``), whatever they are doing.
+
+    urllib's timeout bounds each wait for a byte, so a server that sends its status line and then one header byte
+    every few seconds never trips it; this bounds the whole request. Use as ``with _Deadline(d) as opener``.
+    """
+
+    def __init__(self, deadline: float):
+        self.connections: list[http.client.HTTPConnection] = []
+        self.expired = False
+        self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
+        self.timer.daemon = True
+
+    def _expire(self) -> None:
+        self.expired = True
+        for connection in list(self.connections):
+            _shut(connection.sock)
+
+    def _tracked(self, connection_class: type) -> type:
+        watch = self
+
+        class Tracked(connection_class):
+            def connect(self) -> None:
+                super().connect()
+                watch.connections.append(self)
+                if watch.expired:  # connected after the deadline passed
+                    _shut(self.sock)
+
+        return Tracked
+
+    def __enter__(self) -> urllib.request.OpenerDirector:
+        watch = self
+
+        def watched(handler: type) -> urllib.request.BaseHandler:
+            class Watched(handler):
+                def do_open(self, http_class, request, **options):
+                    return super().do_open(watch._tracked(http_class), request, **options)
+
+            return Watched()
+
+        self.timer.start()
+        return urllib.request.build_opener(watched(urllib.request.HTTPHandler), watched(urllib.request.HTTPSHandler))
+
+    def __exit__(self, *exc) -> None:
+        self.timer.cancel()
+
+
+def _shut(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+
 def _fetch(url: str, partial: Path, max_bytes: int | None, deadline: float) -> bool:
     """Fetch ``url`` into ``partial``, continuing what it holds; return whether an earlier part was reused.
 
@@ -149,12 +206,20 @@ def _fetch(url: str, partial: Path, max_bytes: int | None, deadline: float) -> b
     """
     start = _kept_bytes(partial)
     timeout = max(0.001, min(TIMEOUT_SECONDS, deadline - time.monotonic()))
-    try:
-        response = urllib.request.urlopen(_request(url, start), timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 416 and start:  # the partial file already holds every byte (or more): let the check decide
-            return True
-        raise
+    with _Deadline(deadline) as opener:
+        try:
+            response = opener.open(_request(url, start), timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 416 and start:  # the partial file already holds every byte (or more): let the check decide
+                return True
+            raise
+        return _receive(response, url, partial, start, max_bytes, deadline)
+
+
+def _receive(
+    response: http.client.HTTPResponse, url: str, partial: Path, start: int, max_bytes: int | None, deadline: float
+) -> bool:
+    """Write ``response``'s body into ``partial`` (appended to its ``start`` bytes when the server resumed)."""
     with response:
         resumed = start > 0 and response.status == 206
         if start and not resumed:
@@ -173,6 +238,8 @@ def _fetch(url: str, partial: Path, max_bytes: int | None, deadline: float) -> b
                 out.write(block)
                 if time.monotonic() > deadline:
                     raise _TooSlow(offset + received)
+        if time.monotonic() > deadline:  # the connection was shut at the deadline, ending the body early
+            raise _TooSlow(offset + received)
     # urllib returns a short body without complaint when the server hangs up early: that is a network failure.
     if expected is not None and received < int(expected):
         raise ConnectionError(f"the connection closed after {received:,} of {int(expected):,} bytes")
@@ -276,7 +343,9 @@ def _fetch_text(url: str, deadline_s: float, limit: int = 64 << 20) -> str:
     deadline = time.monotonic() + deadline_s
     data = bytearray()
     try:
-        with urllib.request.urlopen(_request(url), timeout=min(TIMEOUT_SECONDS, deadline_s)) as response:
+        with _Deadline(deadline) as opener, opener.open(_request(url), timeout=min(TIMEOUT_SECONDS, deadline_s)) as (
+            response
+        ):  # fmt: skip
             while (block := response.read1(CHUNK)) and len(data) <= limit and time.monotonic() <= deadline:
                 data += block
     except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as exc:

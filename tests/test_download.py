@@ -52,6 +52,16 @@ class Server:
 
             def do_GET(self):
                 server.requests.append((self.path, self.headers.get("Range")))
+                if self.path.startswith("/headers-trickle/"):  # a status line, then one header byte at a time
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    for byte in b"X-Slow: " + b"a" * 10_000:
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:  # the client hung up
+                            return
+                        time.sleep(0.05)
+                    return
                 body = server.routes.get(self.path)
                 if body is None:
                     self.send_error(404)
@@ -344,3 +354,14 @@ def test_a_trickling_checksum_list_meets_the_deadline(server, tmp_path):
     server.routes["/trickle/SHA256SUMS.txt"] = f"{'b' * 64}  training/training_setA/p000001.psv\n".encode()
     with pytest.raises(DownloadError, match="SHA256SUMS.txt: not done within its deadline of 0.2 s"):
         download_physionet2019(tmp_path, f"{server.url}/trickle/", deadline_s=0.2)
+
+
+@pytest.mark.parametrize("fetch", ["file", "checksum list"])
+def test_a_server_trickling_its_headers_meets_the_deadline_too(server, tmp_path, fetch):
+    started = time.monotonic()
+    with pytest.raises(DownloadError, match="not done within its deadline of 0.5 s"):
+        if fetch == "file":
+            download_file(f"{server.url}/headers-trickle/f.bin", tmp_path / "f.bin", "0" * 64, deadline_s=0.5)
+        else:
+            download_physionet2019(tmp_path, f"{server.url}/headers-trickle/", deadline_s=0.5)
+    assert time.monotonic() - started < 3  # each header byte came within the per-read timeout: once this hung
