@@ -28,15 +28,18 @@ from preprocessing.raw import (
     LeftOut,
     Record,
     Skip,
+    SourceBudget,
     line_too_long,
     log_skips,
     member_stay_id,
     parse_value,
     prefixed_rows,
+    read_record_file,
     records_digest,
     records_from_files,
     records_with_observations,
     refuse_repeated_stays,
+    too_large,
 )
 from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
@@ -72,14 +75,20 @@ def _record_id(member_name: str, origin: str) -> int | None:
     return member_stay_id(member_name, origin, _RECORD_NAME, PhysioNet2012Error)
 
 
-def iter_records(set_path: Path) -> Iterator[Record]:
-    """Yield the records of one set, from a ``.tar.gz`` archive or an extracted folder, in name order."""
+def iter_records(set_path: Path, skipped: list[Skip]) -> Iterator[Record]:
+    """Yield the records of one set, from a ``.tar.gz`` archive or an extracted folder, in name order; a file or
+    member that cannot be a record (``raw.read_record_file``, ``raw.too_large``) is added to ``skipped``."""
     set_path = Path(set_path)
     if set_path.is_dir():
         for file in sorted(set_path.glob("*.txt")):
             record_id = _record_id(file.name, str(file))
             if record_id is not None:
-                yield Record(f"{set_path.name}/{file.name}", record_id, file.read_bytes())
+                data = read_record_file(file)
+                origin = f"{set_path.name}/{file.name}"
+                if isinstance(data, str):
+                    skipped.append(Skip(origin, None, data))
+                else:
+                    yield Record(origin, record_id, data)
         return
     try:
         with tarfile.open(set_path, "r:gz") as archive:
@@ -87,8 +96,11 @@ def iter_records(set_path: Path) -> Iterator[Record]:
                 record_id = _record_id(member.name, set_path.name)
                 if record_id is None or not member.isfile():
                     continue
-                handle = archive.extractfile(member)
-                yield Record(f"{set_path.name}:{member.name}", record_id, handle.read())
+                origin = f"{set_path.name}:{member.name}"
+                if reason := too_large(member.size):
+                    skipped.append(Skip(origin, None, reason))
+                    continue
+                yield Record(origin, record_id, archive.extractfile(member).read())
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise PhysioNet2012Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
 
@@ -316,10 +328,12 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
         located = {s: located[s] for s in sets}
 
     records: list[Record] = []
+    skipped_files: list[Skip] = []
+    budget = SourceBudget(PhysioNet2012Error)
     outcome_tables = []
     files = {}
     for name, (records_path, outcomes_path) in located.items():
-        set_records = list(iter_records(records_path))
+        set_records = list(budget(iter_records(records_path, skipped_files)))
         records.extend(set_records)
         outcome_tables.append(read_outcomes(outcomes_path))
         for path in (records_path, outcomes_path):
@@ -332,9 +346,13 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     if len(repeated):
         raise PhysioNet2012Error(f"{source}: RecordID {repeated.iloc[0]} appears in more than one outcomes file")
 
+    if skipped_files and strict:
+        raise PhysioNet2012Error(str(skipped_files[0]))
+    log_skips(skipped_files, log)
     refuse_repeated_stays(records, PhysioNet2012Error)
     record_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     observations, static, skips = records_to_tables(records, strict=strict)
+    skips = [*skipped_files, *skips]  # a file that is not read counts as a skipped line of its own
 
     dropped = []
     no_outcome = sorted(set(record_ids) - set(outcomes["RecordID"]))

@@ -51,14 +51,17 @@ from preprocessing.raw import (
     LeftOut,
     Record,
     Skip,
+    SourceBudget,
     line_too_long,
     log_skips,
     member_stay_id,
     parse_value,
     prefixed_rows,
+    read_record_file,
     records_digest,
     records_from_files,
     records_with_observations,
+    too_large,
 )
 from preprocessing.tables import read_manifest, sha256_of, write_processed
 
@@ -99,38 +102,54 @@ def _member_stay_id(member_name: str, origin: str) -> int | None:
     return member_stay_id(member_name, origin, _RECORD_NAME, PhysioNet2019Error)
 
 
-def _iter_folder(folder: Path) -> Iterator[Record]:
+def _iter_folder(folder: Path, skipped: list[Skip]) -> Iterator[Record]:
     for file in sorted(folder.glob("*.psv")):
         stay_id = _member_stay_id(file.name, str(file))
         if stay_id is not None:
-            yield Record(f"{folder.name}/{file.name}", stay_id, file.read_bytes())
+            data = read_record_file(file)
+            origin = f"{folder.name}/{file.name}"
+            if isinstance(data, str):
+                skipped.append(Skip(origin, None, data))
+            else:
+                yield Record(origin, stay_id, data)
 
 
-def _iter_zip(archive_path: Path) -> Iterator[Record]:
+def _iter_zip(archive_path: Path, skipped: list[Skip]) -> Iterator[Record]:
     with zipfile.ZipFile(archive_path) as archive:
         for member in sorted(archive.infolist(), key=lambda m: m.filename):
             stay_id = _member_stay_id(member.filename, archive_path.name)
-            if stay_id is not None and not member.is_dir():
-                yield Record(f"{archive_path.name}:{member.filename}", stay_id, archive.read(member))
+            if stay_id is None or member.is_dir():
+                continue
+            origin = f"{archive_path.name}:{member.filename}"
+            if reason := too_large(member.file_size):  # zipfile stops reading at the declared size
+                skipped.append(Skip(origin, None, reason))
+                continue
+            yield Record(origin, stay_id, archive.read(member))
 
 
-def _iter_tar(archive_path: Path) -> Iterator[Record]:
+def _iter_tar(archive_path: Path, skipped: list[Skip]) -> Iterator[Record]:
     with tarfile.open(archive_path, "r:gz") as archive:
         for member in archive:
             stay_id = _member_stay_id(member.name, archive_path.name)
-            if stay_id is not None and member.isfile():
-                yield Record(f"{archive_path.name}:{member.name}", stay_id, archive.extractfile(member).read())
+            if stay_id is None or not member.isfile():
+                continue
+            origin = f"{archive_path.name}:{member.name}"
+            if reason := too_large(member.size):
+                skipped.append(Skip(origin, None, reason))
+                continue
+            yield Record(origin, stay_id, archive.extractfile(member).read())
 
 
-def iter_records(set_path: Path) -> Iterator[Record]:
-    """Yield the stays of one set, from a folder, a ``.zip`` or a ``.tar.gz`` archive."""
+def iter_records(set_path: Path, skipped: list[Skip]) -> Iterator[Record]:
+    """Yield the stays of one set, from a folder, a ``.zip`` or a ``.tar.gz`` archive; a file or member that cannot
+    be a record (``raw.read_record_file``, ``raw.too_large``) is added to ``skipped``."""
     set_path = Path(set_path)
     if set_path.is_dir():
-        yield from _iter_folder(set_path)
+        yield from _iter_folder(set_path, skipped)
         return
     reader = _iter_zip if set_path.name.endswith(".zip") else _iter_tar
     try:
-        yield from reader(set_path)
+        yield from reader(set_path, skipped)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as exc:
         raise PhysioNet2019Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
 
@@ -437,17 +456,24 @@ def read_sets(
 ) -> tuple[pd.DataFrame, list[Skip], dict[str, int], dict[str, str], np.ndarray]:
     """Parse every located set; return the rows (with stay_id), the skips, stays per set, file hashes, stay ids."""
     records: list[Record] = []
+    skipped_files: list[Skip] = []
+    budget = SourceBudget(PhysioNet2019Error)
     stays_per_set, files = {}, {}
     for name, path in located.items():
         before = len(records)
-        records.extend(iter_records(path))
+        records.extend(budget(iter_records(path, skipped_files)))
         stays_per_set[name] = len(records) - before
         if path.is_file():
             files[path.name] = sha256_of(path)
         else:  # an extracted folder: one digest over its record files' ids and bytes
             files[f"{path.name}/"] = records_digest(records[before:])
+    if skipped_files and strict:
+        raise PhysioNet2019Error(str(skipped_files[0]))
+    log_skips(skipped_files, log)
     if not records:
-        raise PhysioNet2019Error(f"no pNNNNNN.psv file found in {', '.join(str(p) for p in located.values())}")
+        unread = f" ({len(skipped_files)} not read; the first: {skipped_files[0]})" if skipped_files else ""
+        raise PhysioNet2019Error(f"no pNNNNNN.psv file found in {', '.join(str(p) for p in located.values())}"
+                                 f"{unread}")  # fmt: skip
     stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     unique, counts = np.unique(stay_ids, return_counts=True)
     if (counts > 1).any():
@@ -455,6 +481,7 @@ def read_sets(
         origins = [r.origin for r in records if r.stay_id == repeated]
         raise PhysioNet2019Error(f"stay p{repeated:06d} appears more than once: {origins}")
     rows, skips = parse_records(records, strict=strict)
+    skips = [*skipped_files, *skips]  # a file that is not read counts as a skipped line of its own
     rows.insert(0, "stay_id", stay_ids[rows["record"].to_numpy()])
     rows = rows.drop(columns="record")
     return rows, skips, stays_per_set, files, stay_ids

@@ -6,11 +6,15 @@ the parser's line-by-line reader, which reports each rejected line as a ``Skip``
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 import numpy as np
 
@@ -19,6 +23,11 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A record line is tens of bytes. A longer one is damage, and one longer than pyarrow's 1 MiB block would stop
 # the one-pass reader with an error that names no file: such records go to the line-by-line reader instead.
 MAX_LINE_BYTES = 1 << 16
+# One stay's record file, of any format: the largest P12 record is 24 kB and the largest P19 one 55 kB, so a
+# larger file (or archive member) is not a record, and reading it whole could take all memory. All of a source's
+# records are held at once (one parsing pass): their sum is bounded too, at 8 times the complete P19 (255 MB).
+MAX_RECORD_BYTES = 2 << 20
+MAX_SOURCE_BYTES = 2 << 30
 
 
 @dataclass
@@ -62,17 +71,61 @@ def member_stay_id(member_name: str, origin: str, pattern: re.Pattern, error: ty
     return stay_id
 
 
+def too_large(size: int) -> str | None:
+    """Why a record file (or archive member) of ``size`` bytes is not read, None when it may be."""
+    if size > MAX_RECORD_BYTES:
+        return f"{size:,} bytes, more than the {MAX_RECORD_BYTES:,} a record file may have; not read"
+    return None
+
+
+def read_record_file(path: Path) -> bytes | str:
+    """The bytes of a record file, or why it cannot be one: not a regular file (a FIFO would block the reader, a
+    link to ``/dev/zero`` never end, a symlink loop or folder has no bytes), or larger than ``MAX_RECORD_BYTES``.
+    Opened without blocking and checked on the open file, so nothing can be swapped in between."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return "no such record file"
+        return "a symbolic link loop; not read" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+    kind = os.fstat(handle).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(handle)
+        named = "a folder" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else "a device or socket"
+        return f"not a regular file ({named}); not read"
+    with os.fdopen(handle, "rb") as file:
+        data = file.read(MAX_RECORD_BYTES + 1)
+    return too_large(len(data)) or data
+
+
+class SourceBudget:
+    """Counts the bytes of the records read from one source (all its sets); past ``MAX_SOURCE_BYTES`` an ``error``
+    names the record that crossed it. ``budget(records)`` passes the records through."""
+
+    def __init__(self, error: type[Exception]):
+        self.error, self.spent = error, 0
+
+    def __call__(self, records: Iterator[Record]) -> Iterator[Record]:
+        for record in records:
+            self.spent += len(record.text)
+            if self.spent > MAX_SOURCE_BYTES:
+                raise self.error(f"{record.origin}: the records read so far add up to more than {MAX_SOURCE_BYTES:,} "
+                                 "bytes, far more than any release holds; not read further")  # fmt: skip
+            yield record
+
+
 def records_from_files(paths: list[Path], pattern: re.Pattern, error: type[Exception], expected: str) -> list[Record]:
-    """Stand-alone record files (uploads, ``garlic predict``); a missing file or one not named like ``expected``
-    (e.g. ``RECORDID.txt``) is an ``error``."""
+    """Stand-alone record files (uploads, ``garlic predict``); a file that cannot be read (``read_record_file``)
+    or one not named like ``expected`` (e.g. ``RECORDID.txt``) is an ``error``."""
     records = []
     for path in map(Path, paths):
-        if not path.is_file():
-            raise error(f"{path}: no such record file")
         stay_id = member_stay_id(path.name, str(path), pattern, error)
         if stay_id is None:
             raise error(f"{path}: expected a record file named {expected}")
-        records.append(Record(str(path), stay_id, path.read_bytes()))
+        data = read_record_file(path)
+        if isinstance(data, str):
+            raise error(f"{path}: {data}")
+        records.append(Record(str(path), stay_id, data))
     refuse_repeated_stays(records, error)
     return records
 

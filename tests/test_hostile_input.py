@@ -8,8 +8,10 @@ MIMIC-III tables, and the checksum lists the downloader reads.
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import tempfile
+import threading
 import zipfile
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preprocessing import mimic3, physionet2012, physionet2019, records
+from preprocessing import mimic3, physionet2012, physionet2019, raw, records
 from preprocessing.download import DownloadError, parse_checksums
 from preprocessing.tables import MANIFEST, NoUsableStayError, read_processed
 from preprocessing.tensors import load_tensors
@@ -236,15 +238,15 @@ def test_a_record_file_that_is_not_a_record_is_named_but_not_quoted(tmp_path):
 
 
 def test_a_line_longer_than_a_csv_block_is_a_skip_naming_file_and_line(tmp_path):
-    # One 2 MiB line (pyarrow reads 1 MiB blocks): once an error naming no file ("straddling object").
-    members = {"set-a/1001.txt": P12_RECORD.format(id=1001, body=f"00:10,HR,80\n00:11,HR,{'9' * (2 << 20)}").encode(),
+    # One 1.5 MiB line (pyarrow reads 1 MiB blocks): once an error naming no file ("straddling object").
+    members = {"set-a/1001.txt": P12_RECORD.format(id=1001, body=f"00:10,HR,80\n00:11,HR,{'9' * (3 << 19)}").encode(),
                "set-a/1002.txt": P12_RECORD.format(id=1002, body="00:10,HR,81").encode()}  # fmt: skip
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "set-a.tar.gz").write_bytes(_tar_gz(members))
     (tmp_path / "raw" / "Outcomes-a.txt").write_bytes(_outcomes_text([1001, 1002], None, hostile=False))
     manifest = physionet2012.preprocess(tmp_path / "raw", tmp_path / "out")
     assert manifest["skipped_lines"] == [
-        "set-a.tar.gz:set-a/1001.txt line 5: line of 2,097,161 bytes, longer than the 65,536 a record line may have"
+        "set-a.tar.gz:set-a/1001.txt line 5: line of 1,572,873 bytes, longer than the 65,536 a record line may have"
     ]
     assert read_processed(tmp_path / "out").observations["value"].tolist() == [80, 81]
 
@@ -381,11 +383,11 @@ def test_physionet2019_empty_or_undecodable_files_end_in_a_clear_error_or_skip(t
 def test_physionet2019_a_line_longer_than_a_csv_block_is_a_skip_naming_file_and_line(tmp_path):
     row = b"|".join([b"80"] * (len(physionet2019.COLUMNS) - 2) + [b"1", b"0"])
     (tmp_path / "raw" / "training_setA").mkdir(parents=True)
-    long_row = b"9" * (2 << 20) + row[2:].replace(b"|1|0", b"|2|0")
+    long_row = b"9" * (3 << 19) + row[2:].replace(b"|1|0", b"|2|0")
     (tmp_path / "raw" / "training_setA" / "p000001.psv").write_bytes(b"\n".join([physionet2019.HEADER, row, long_row]))
     manifest = physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
     assert len(manifest["skipped_lines"]) == 1
-    assert manifest["skipped_lines"][0].startswith("training_setA/p000001.psv line 3: line of 2,097,")
+    assert manifest["skipped_lines"][0].startswith("training_setA/p000001.psv line 3: line of 1,57")
 
 
 def test_physionet2019_a_record_file_without_an_observation_in_the_window_is_refused_by_name(tmp_path):
@@ -465,3 +467,98 @@ def test_mimic3_a_malformed_row_that_is_not_utf8_is_a_clear_error(tmp_path):
     for name, text in tables.items():
         (tmp_path / "raw" / f"{name}.csv").write_bytes(text.encode() + (b"\x80\n" if name == "CHARTEVENTS" else b""))
     run_parser(lambda: mimic3.preprocess(tmp_path / "raw", tmp_path / "out"), mimic3.MimicError, tmp_path / "out")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bounded reads: what is not a regular file, or too large to be a record, is not read
+# --------------------------------------------------------------------------------------------------------------
+
+P19_ROW = b"|".join([b"80"] * (len(physionet2019.COLUMNS) - 2) + [b"1", b"0"])
+
+
+def unreadable_records(folder: Path, name) -> dict[str, str]:
+    """Beside the sound record 1: files named like records 2-6 that must not be read, and why each is refused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / name(2))  # opening it to read would wait for a writer forever
+    (folder / name(3)).symlink_to("/dev/zero")  # read whole, it never ends
+    (folder / name(4)).symlink_to(folder / name(4))  # a loop
+    (folder / name(5)).mkdir()
+    (folder / name(6)).write_bytes(b"9" * ((2 << 20) + 1))
+    return {name(2): "not a regular file (a FIFO); not read", name(3): "not a regular file (a device or socket); not "
+            "read", name(4): "a symbolic link loop; not read", name(5): "not a regular file (a folder); not read",
+            name(6): "2,097,153 bytes, more than the 2,097,152 a record file may have; not read"}  # fmt: skip
+
+
+def finishing(call, seconds: float = 60):
+    """``call()`` in a thread that must end within ``seconds`` (a FIFO once hung the folder readers)."""
+    outcome = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except Exception as exc:  # raised again in the test's own thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "still reading"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+@pytest.mark.parametrize("source", ["physionet2012", "physionet2019"])
+def test_a_folder_source_skips_and_counts_what_is_not_a_record_file(tmp_path, source):
+    if source == "physionet2012":
+        folder, name = tmp_path / "raw" / "set-a", lambda i: f"100{i}.txt"
+        (folder.parent / "Outcomes-a.txt").parent.mkdir(parents=True)
+        (folder.parent / "Outcomes-a.txt").write_bytes(_outcomes_text([1001], None, hostile=False))
+        folder.mkdir()
+        (folder / name(1)).write_text(P12_RECORD.format(id=1001, body="00:10,HR,80"))
+        preprocess, error = physionet2012.preprocess, physionet2012.PhysioNet2012Error
+    else:
+        folder, name = tmp_path / "raw" / "training_setA", lambda i: f"p00000{i}.psv"
+        folder.mkdir(parents=True)
+        (folder / name(1)).write_bytes(physionet2019.HEADER + b"\n" + P19_ROW + b"\n")
+        preprocess, error = physionet2019.preprocess, physionet2019.PhysioNet2019Error
+    refused = unreadable_records(folder, name)
+    manifest = finishing(lambda: preprocess(tmp_path / "raw", tmp_path / "out"))
+    assert manifest["counts"]["stays"] == 1 and manifest["counts"]["skipped_lines"] == 5
+    assert manifest["skipped_lines"] == [f"{folder.name}/{file}: {reason}" for file, reason in refused.items()]
+    with pytest.raises(error, match=f"^{folder.name}/{name(2)}: not a regular file"):  # --strict stops at the first
+        finishing(lambda: preprocess(tmp_path / "raw", tmp_path / "strict", strict=True))
+
+
+def test_a_record_file_given_to_predict_that_cannot_be_one_is_refused_saying_why(tmp_path):
+    refused = unreadable_records(tmp_path, lambda i: f"100{i}.txt")
+    del refused["1005.txt"]  # a folder given as input stands for the record files in it
+    for file, reason in refused.items():
+        with pytest.raises(physionet2012.PhysioNet2012Error) as error:
+            finishing(lambda: records.read_record_files([tmp_path / file]))
+        assert str(error.value).startswith(f"{tmp_path / file}: {reason}")
+
+
+@pytest.mark.parametrize("packing", ["zip", "tar.gz"])
+def test_an_archive_member_too_large_for_a_record_is_skipped_unread(tmp_path, packing):
+    pack = _zip if packing == "zip" else _tar_gz
+    sound = physionet2019.HEADER + b"\n" + P19_ROW + b"\n"
+    members = {"training_setA/p000001.psv": sound, "training_setA/p000002.psv": b"0" * (800 << 20)}  # 0.8 MB zipped
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / f"training_setA.{packing}").write_bytes(pack(members))
+    manifest = physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
+    assert manifest["counts"]["stays"] == 1
+    assert manifest["skipped_lines"] == [f"training_setA.{packing}:training_setA/p000002.psv: 838,860,800 bytes, more "
+                                         "than the 2,097,152 a record file may have; not read"]  # fmt: skip
+
+
+def test_records_adding_up_past_the_source_budget_stop_the_reader_naming_the_record(tmp_path, monkeypatch):
+    folder = tmp_path / "raw" / "training_setA"
+    folder.mkdir(parents=True)
+    for stay in (1, 2, 3):
+        (folder / f"p00000{stay}.psv").write_bytes(physionet2019.HEADER + b"\n" + P19_ROW + b"\n")
+    monkeypatch.setattr(raw, "MAX_SOURCE_BYTES", 2 * len(physionet2019.HEADER + P19_ROW) + 4)  # two records fit
+    with pytest.raises(physionet2019.PhysioNet2019Error, match="^training_setA/p000003.psv: the records read so far "
+                                                              "add up to more than"):  # fmt: skip
+        physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
