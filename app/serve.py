@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:  # run as a script: this checkout's modules, not w
     sys.path.insert(0, str(REPO))
 
 from app.access import AccessError, required_token  # noqa: E402
-from garlic.cli import port_number  # noqa: E402
+from garlic.cli import die_with_parent, port_number  # noqa: E402
 
 PAGE = REPO / "app" / "dashboard.py"
 MAX_UPLOAD_MB = 1  # a PhysioNet 2012 record is under 100 kB, a 2019 one under 50 kB
@@ -68,6 +68,7 @@ def warm_up(options: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # started by `garlic dashboard`: a SIGKILL of it stops this server too, freeing the port
     options = settings(argv)
     try:
         required_token(options.host)

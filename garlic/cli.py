@@ -333,7 +333,8 @@ def _dashboard(args: argparse.Namespace) -> None:
 
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, forward)
-    server = subprocess.Popen(command)
+    # A SIGKILL cannot be forwarded: the server then learns of it from the kernel (``die_with_parent``).
+    server = subprocess.Popen(command, env=os.environ | {PARENT_ENV: str(os.getpid())})
     for number in pending:  # a signal that came while the server was being started
         server.send_signal(number)
     status = server.wait()
@@ -407,9 +408,9 @@ def parser() -> argparse.ArgumentParser:
 PARENT_ENV = "GARLIC_PARENT_PID"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Under a parent that set ``PARENT_ENV``, on Linux: have the kernel send SIGTERM when the parent dies, and stop
-    at once if it already has (elsewhere a worker outlives a killed parent)."""
+    at once if it already has (elsewhere a worker, or the dashboard's server, outlives a killed parent)."""
     parent = os.environ.get(PARENT_ENV)
     if parent is None or not sys.platform.startswith("linux"):
         return
@@ -419,7 +420,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    _die_with_parent()
+    die_with_parent()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:

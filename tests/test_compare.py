@@ -258,8 +258,8 @@ def test_a_unit_that_another_process_trains_is_skipped(tmp_path, capsys):
 def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", (
         "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.cli import _die_with_parent; "
-        "_die_with_parent(); print(\"ready\", flush=True); time.sleep(120)'],\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.cli import die_with_parent; "
+        "die_with_parent(); print(\"ready\", flush=True); time.sleep(120)'],\n"
         f"    env=os.environ | {{'{PARENT_ENV}': str(os.getpid())}}, stdout=open({str(tmp_path / 'child')!r}, 'w'))\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip

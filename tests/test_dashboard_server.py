@@ -100,3 +100,27 @@ def test_the_dashboard_listens_on_loopback_only_and_sigterm_stops_its_server(tmp
     assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived `garlic dashboard`"
     assert not listening_addresses(port) and not healthy(port)
     assert not (tmp_path / "mlruns").exists()  # the dashboard reads the store; it does not make one
+
+
+@pytest.mark.slow
+def test_a_sigkill_of_garlic_dashboard_stops_its_server_and_frees_the_port(tmp_path):
+    port = free_port()
+    log = tmp_path / "server.log"
+    dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
+                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not healthy(port):
+            assert dashboard.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        (server,) = children(dashboard.pid)
+        dashboard.kill()  # SIGKILL: nothing to forward; once the server kept the port
+        dashboard.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if dashboard.poll() is None:
+            dashboard.kill()
+    assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived a SIGKILL of `garlic dashboard`"
+    assert not listening_addresses(port) and not healthy(port)
