@@ -95,7 +95,9 @@ class Config:
             presets = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
             raise ConfigError(f"config file {path} does not exist (a shipped preset is named by its stem: {presets})")
         try:
-            payload = json.loads(path.read_text())
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); a config is a JSON file") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
         if not isinstance(payload, dict):

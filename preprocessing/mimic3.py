@@ -419,7 +419,7 @@ def read_small_table(source: Path, name: str) -> tuple[pd.DataFrame, Path]:
 
 def _datetimes(frame: pd.DataFrame, columns: list[str], table: str) -> pd.DataFrame:
     for column in columns:
-        parsed = pd.to_datetime(frame[column], format=TIME_FORMAT)
+        parsed = pd.to_datetime(frame[column], format=TIME_FORMAT, errors="coerce")  # a bad one is named below
         broken = frame[column].notna() & parsed.isna()
         if broken.any():
             line = int(np.flatnonzero(broken)[0]) + 2

@@ -29,6 +29,7 @@ from preprocessing.raw import (
     Record,
     Skip,
     SourceBudget,
+    header_differs,
     line_too_long,
     log_skips,
     member_stay_id,
@@ -207,7 +208,7 @@ def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataF
             header = record.text.replace(b"\r\n", b"\n").partition(b"\n")[0]
             if header.strip() != HEADER:
                 # Not quoted: the file may be anything (a link to a system file), and its text is not ours to show.
-                skips.append(Skip(record.origin, 1, "expected header 'Time,Parameter,Value'; the first line differs"))
+                skips.append(Skip(record.origin, 1, header_differs(header, "Time,Parameter,Value")))
                 continue
             slow.append(_parse_record_slowly(index, record, skips))
         rows = pd.concat([rows[~rows["record"].isin(suspicious)], *slow], ignore_index=True)
@@ -249,7 +250,8 @@ def read_record_files(
     paths: list[Path], strict: bool = True, left_out: list[LeftOut] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stand-alone record files (``RECORDID.txt``, as uploaded or given to ``garlic predict``) -> tables; a record
-    without an observation in the window is refused, or added to ``left_out`` when given (``records_with_observations``)."""
+    without an observation in the window is refused, or added to ``left_out`` when given
+    (``records_with_observations``)."""
     records = records_from_files(paths, _RECORD_NAME, PhysioNet2012Error, "RECORDID.txt (e.g. 132539.txt)")
     observations, static, _ = records_to_tables(records, strict=strict)
     window = f"the first {WINDOW_HOURS:g} h"

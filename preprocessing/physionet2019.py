@@ -52,6 +52,7 @@ from preprocessing.raw import (
     Record,
     Skip,
     SourceBudget,
+    header_differs,
     line_too_long,
     log_skips,
     member_stay_id,
@@ -206,7 +207,8 @@ def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.Da
     header = lines[0].strip()
     if header != HEADER:
         # Not quoted: the file may be anything (a link to a system file), and its text is not ours to show.
-        skips.append(Skip(record.origin, 1, "unexpected header (not the 41 PSV columns); the whole file is skipped"))
+        reason = header_differs(header, "HR|O2Sat|...|ICULOS|SepsisLabel")  # the 41 PSV columns
+        skips.append(Skip(record.origin, 1, f"{reason}; the whole file is skipped"))
         return pd.DataFrame(columns=["record", *COLUMNS])
     rows, previous_hour = [], -np.inf
     for number, line in enumerate(lines[1:], start=2):

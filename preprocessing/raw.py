@@ -71,6 +71,17 @@ def member_stay_id(member_name: str, origin: str, pattern: re.Pattern, error: ty
     return stay_id
 
 
+BYTE_ORDER_MARK = b"\xef\xbb\xbf"
+
+
+def header_differs(first_line: bytes, expected: str) -> str:
+    """Why a record's first line is not its header ``expected``, naming a byte-order mark when it starts with one."""
+    if first_line.startswith(BYTE_ORDER_MARK):
+        return (f"expected header {expected!r}; the first line starts with a byte-order mark (save the file as UTF-8 "
+                "without one)")  # fmt: skip
+    return f"expected header {expected!r}; the first line differs"
+
+
 def too_large(size: int) -> str | None:
     """Why a record file (or archive member) of ``size`` bytes is not read, None when it may be."""
     if size > MAX_RECORD_BYTES:
@@ -189,6 +200,8 @@ def parse_value(text: str, name: str) -> float | str:
     try:
         value = float(text)
     except ValueError:
+        value = None
+    if value is None or "_" in text:  # Python reads 1_000 as 1000; no record writes a number that way
         return f"unparseable value {text!r} for {name}"
     if not np.isfinite(value):
         return f"non-finite value {text!r} for {name}"

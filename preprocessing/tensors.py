@@ -2,8 +2,8 @@
 
 Per stay the time axis is the sorted union of its observation times; a cell with no measurement has mask 0 and
 value 0. A stay with no observation at all (a cohort may keep one for its static features, as Raindrop's P19
-cohort does) is a single step at hour 0 with nothing observed. When a variable is recorded twice at the same time, the later row wins; volumes, which add up, reach
-here already summed (``tables.sum_simultaneous``).
+cohort does) is a single step at hour 0 with nothing observed. When a variable is recorded twice at the same time,
+the later row wins; volumes, which add up, reach here already summed (``tables.sum_simultaneous``).
 """
 from __future__ import annotations
 

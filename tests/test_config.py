@@ -55,6 +55,9 @@ def test_a_config_file_with_a_bad_value_is_named_in_the_message(tmp_path):
     path.write_text('{"dataset": "synthetic", "lr_cls": Infinity}')  # Python's json reads it
     with pytest.raises(ConfigError, match=r"mine\.json: config key 'lr_cls' must be from 0 to 10, got inf"):
         Config.load(path)
+    path.write_bytes('{"dataset": "synthetic", "seed": 1} # café'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"mine\.json: not UTF-8 text \(byte 41\); a config is a JSON file"):
+        Config.load(path)
 
 
 def test_valid_values_and_every_shipped_preset_pass():

@@ -562,3 +562,18 @@ def test_records_adding_up_past_the_source_budget_stop_the_reader_naming_the_rec
                                                               "add up to more than"):  # fmt: skip
         physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_byte_order_mark_or_an_underscored_number_is_named_as_such(tmp_path):
+    bom = tmp_path / "1001.txt"
+    bom.write_bytes(raw.BYTE_ORDER_MARK + P12_RECORD.format(id=1001, body="00:10,HR,80").encode())
+    with pytest.raises(physionet2012.PhysioNet2012Error, match="first line starts with a byte-order mark"):
+        records.read_record_files([bom])
+    underscored = tmp_path / "1002.txt"
+    underscored.write_text(P12_RECORD.format(id=1002, body="00:10,HR,80\n00:20,HR,1_000"))
+    with pytest.raises(physionet2012.PhysioNet2012Error, match=r"line 5: unparseable value '1_000' for HR"):
+        records.read_record_files([underscored])
+    psv = tmp_path / "p000001.psv"
+    psv.write_bytes(raw.BYTE_ORDER_MARK + physionet2019.HEADER + b"\n" + P19_ROW + b"\n")
+    with pytest.raises(physionet2019.PhysioNet2019Error, match="first line starts with a byte-order mark"):
+        records.read_record_files([psv])

@@ -316,3 +316,12 @@ def test_streaming_memory_does_not_grow_with_the_file(tmp_path):
     file_growth_mib = (large_run["chartevents_bytes"] - small_run["chartevents_bytes"]) / 2**20
     assert growth_mib < 0.25 * file_growth_mib, (small_run, large_run)
     assert np.isfinite(large_run["rows_per_second"])
+
+
+def test_a_time_that_is_not_one_is_named_with_its_table_and_line(tmp_path):
+    tables = _tiny_tables()
+    stays = tables["ICUSTAYS"].astype({"INTIME": "object"})
+    stays.loc[0, "INTIME"] = "2101-13-45 99:00:00"
+    _write(tmp_path / "db", {**tables, "ICUSTAYS": stays})
+    with pytest.raises(MimicError, match=r"ICUSTAYS line 2: INTIME '2101-13-45 99:00:00' is not a time"):
+        preprocess(tmp_path / "db", tmp_path / "out")

@@ -224,7 +224,7 @@ def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path):
     assert skipped[0].startswith("training_setA.zip:training_setA/p000001.psv line 4: expected 41")
     assert "line 5: unparseable value 'abc' for HR" in skipped[1]
     assert "line 6: SepsisLabel must be 0 or 1, got '2'" in skipped[2]
-    assert "p000003.psv line 1: unexpected header" in skipped[3]
+    assert "p000003.psv line 1: expected header 'HR|O2Sat|...|ICULOS|SepsisLabel'; the first line differs" in skipped[3]
     dataset = read_processed(tmp_path / "out")
     assert dataset.labels["stay_id"].tolist() == [1, 2]  # stay 1 keeps its two good rows
     assert sorted(dataset.observations.query("stay_id == 1")["time"]) == [1.0, 2.0]
