@@ -12,6 +12,9 @@ Methods:
 
 Protocols (``--protocols``, default: every one that applies to the dataset): a protocol that does not apply (a
 published one naming stays the dataset lacks, e.g. ``raindrop`` on synthetic data) is refused before anything trains.
+A source's table (``--dataset physionet2019``, ``TABLE_COHORTS``) runs each protocol on its own cohort: ``raindrop``
+on ``physionet2019-raindrop``, ``garlic-reference`` on ``physionet2019-garlic``, the others on
+``physionet2019-raindrop``; one table, a run archive per cohort.
 
 With ``--workers N`` the missing GARLIC units are trained first, in N parallel ``garlic train`` processes (the CPU
 threads shared out evenly; one per core is the fastest on a CPU), all into the first store.
@@ -61,11 +64,11 @@ from garlic import run_contract, runs
 from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
-from garlic.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol
+from garlic.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
 from garlic.tracking import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
 from preprocessing.locks import LockHeld, acquire, release
-from preprocessing.tables import LABELS, read_manifest
+from preprocessing.tables import LABELS, DatasetNotFoundError, read_manifest
 from preprocessing.tensors import load_tensors
 
 log = logging.getLogger("experiments")
@@ -94,11 +97,23 @@ PUBLISHED = {
          "GARLIC paper (ICLR 2026), as reported in summaries of it"),
     ],
 }
+# A source's table (``--dataset physionet2019``) runs each protocol on its own cohort: a published one on the cohort it
+# was published for (``garlic-reference`` on ``physionet2019-garlic``), any other on this one.
+TABLE_COHORTS = {"physionet2019": "physionet2019-raindrop"}
 IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
 # Config keys added after units were archived, with the value that trains as before: at that value they stay out of
 # the settings digest, so that the archived units of unchanged presets are still found.
 LATER_KEYS = {"lr_schedule": "plateau"}
 BOOTSTRAP = 1000
+
+
+def protocol_dataset(table: str, protocol_name: str) -> str:
+    """The dataset a protocol of the table ``table`` (a dataset, or a source of ``TABLE_COHORTS``) runs on."""
+    if table in DATASETS:
+        return table
+    chosen = protocol(protocol_name)
+    cohorts = [d for d in published_for(chosen.published) if d.startswith(f"{table}-")] if chosen.published else []
+    return cohorts[0] if cohorts else TABLE_COHORTS[table]
 
 
 def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
@@ -292,8 +307,8 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
 
 
 def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -> pd.DataFrame:
-    """One row per method and protocol (in first-seen order), then the published rows of those protocols on
-    ``dataset`` (none without it)."""
+    """One row per method and protocol (in first-seen order), then the published rows of those protocols on the
+    table ``dataset`` (none without it)."""
     rows = []
     frame = pd.DataFrame([{"method": u.method, "protocol": u.protocol, **u.metrics} for u in units])
     if len(frame):
@@ -302,7 +317,10 @@ def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -
                          "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
                          "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
                          "brier_mean": group["brier"].mean(), "ece_mean": group["ece"].mean()})  # fmt: skip
-    for method, protocol_name, auroc, auprc, _ in PUBLISHED.get(dataset, []):
+    published = [] if dataset is None else [row for name in protocols
+                                            for row in PUBLISHED.get(protocol_dataset(dataset, name), [])
+                                            if row[1] == name]  # fmt: skip
+    for method, protocol_name, auroc, auprc, _ in published:
         if protocol_name in protocols:
             rows.append({"method": method, "protocol": protocol_name, "runs": None, "auroc_mean": auroc[0],
                          "auroc_std": auroc[1], "auprc_mean": auprc[0], "auprc_std": auprc[1]})  # fmt: skip
@@ -457,7 +475,7 @@ def what_the_model_sees(dataset: str, data_root: Path, protocols: list[str]) -> 
     manifest = read_manifest(folder)
     if "cohort_rule" not in manifest:
         return []
-    lines = ["## What the model sees", "", f"Cohort `{manifest['cohort']}`: {manifest['cohort_rule']}. Label: "
+    lines = [f"`{dataset}` (protocols {', '.join(protocols)}): {manifest['cohort_rule']}. Label: "
              f"{manifest['label']}.", ""]  # fmt: skip
     labels = pq.read_table(folder / LABELS).to_pandas().set_index("stay_id")
     if "first_septic_hour" not in labels:
@@ -482,7 +500,9 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
              "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
              "protocol names (its splits times its seeds) is partial; what it lacks is listed at the end, and its "
              "paired differences cover only the runs it has.", "",
-             study.markdown(formatted(summary)), "", *seen]  # fmt: skip
+             study.markdown(formatted(summary)), ""]  # fmt: skip
+    if seen:
+        lines += ["## What the model sees", "", *seen]
     if len(paired):
         shown = paired.copy()
         for column in ("difference", "ci_low", "ci_high"):
@@ -514,25 +534,39 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
 
 def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_root: Path,
                          asked: list[str] | None) -> list[str]:  # fmt: skip
-    """The protocols asked for, each checked to apply to the dataset (a published one names stays the dataset must
-    hold) before anything is trained; without ``--protocols``, every protocol that applies."""
-    stay_ids = load_tensors(ensure_processed(dataset, data_root)).stay_ids
-    refused = {name: reason for name in asked or PROTOCOLS if (reason := not_applicable(name, stay_ids, dataset))}
+    """The protocols asked for, each checked to apply to the dataset it runs on (``protocol_dataset``: a published
+    one names stays the dataset must hold) before anything is trained; without ``--protocols``, every protocol that
+    applies."""
+    stay_ids = {}
+
+    def reason_refused(name: str) -> str | None:
+        on = protocol_dataset(dataset, name)
+        if on not in stay_ids:
+            try:
+                stay_ids[on] = load_tensors(ensure_processed(on, data_root)).stay_ids
+            except DatasetNotFoundError as exc:
+                stay_ids[on] = exc
+        if isinstance(stay_ids[on], Exception):
+            return str(stay_ids[on])
+        return not_applicable(name, stay_ids[on], on)
+
+    refused = {name: reason for name in asked or PROTOCOLS if (reason := reason_refused(name))}
     applicable = [name for name in asked or PROTOCOLS if name not in refused]
     if asked and refused:
         name, reason = next(iter(refused.items()))
         parser.error(f"--protocols {name} does not apply to --dataset {dataset}: {reason}")
     if not applicable:
         parser.error(f"no protocol applies to --dataset {dataset}: " + "; ".join(refused.values()))
-    for name in refused:
-        print(f"protocol {name} left out: it does not apply to --dataset {dataset}", file=sys.stderr)
+    for name, reason in refused.items():
+        print(f"protocol {name} left out: it does not apply to --dataset {dataset} ({reason})", file=sys.stderr)
     return applicable
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", choices=DATASETS, default="physionet2012")
+    parser.add_argument("--dataset", choices=[*DATASETS, *TABLE_COHORTS], default="physionet2012",
+                        help="a dataset, or a source (physionet2019) whose protocols each run on their own cohort")
     parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS),
                         help="default: every protocol that applies to the dataset")
     parser.add_argument("--methods", nargs="*", choices=[*BASELINES, *RECURRENT], default=list(BASELINES))
@@ -551,13 +585,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
                                                              "--presets), on the same splits and model seeds")
     parser.add_argument("--out", type=Path, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
-                                                 "<dataset>-runs/ (e.g. docs/results)")  # fmt: skip
+                                                 "<dataset>-runs/ of each dataset (e.g. docs/results)")  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     overrides = [*args.set, *([f"device={args.device}"] if args.device else [])]
     presets = [args.dataset] if args.presets is None else args.presets
-    configs = {name: preset_config(name, args.dataset, overrides) for name in presets}
 
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
@@ -566,20 +599,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.against is not None and args.against not in presets:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
+    datasets = {name: protocol_dataset(args.dataset, name) for name in args.protocols}  # protocol -> its dataset
+    configs = {dataset: {name: preset_config(name, dataset, overrides) for name in presets}
+               for dataset in dict.fromkeys(datasets.values())}  # fmt: skip
     deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     in_workers = args.workers > 1 and not args.no_train
     if in_workers:
-        pending = [unit for protocol_name in args.protocols for name, config in configs.items()
+        pending = [unit for protocol_name in args.protocols
+                   for name, config in configs[datasets[protocol_name]].items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False)[1]]
         train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, deadline)
-    archive = None if args.out is None else open_archive(args.out, args.dataset, args.data_root)
+    archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
     units, missing = [], []
     for protocol_name in args.protocols:
-        found, lacking = baseline_units(args.methods, args.dataset, protocol_name, args.mlruns[0], args.data_root,
+        dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])
+        found, lacking = baseline_units(args.methods, dataset, protocol_name, args.mlruns[0], args.data_root,
                                         overrides, archive, train=not args.no_train)  # fmt: skip
         units += found
         missing += lacking
-        for name, config in configs.items():
+        for name, config in configs[dataset].items():
             train = not (args.no_train or in_workers)
             found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive)
             units += found
@@ -588,12 +626,14 @@ def main(argv: list[str] | None = None) -> None:
     paired = comparisons(units, presets, args.protocols, args.against)
     kept = []
     if args.out is not None:
-        archive.keep(units)
+        for dataset, archive in archives.items():
+            archive.keep([unit for unit in units if datasets[unit.protocol] == dataset])
         summary, paired, missing, kept = with_rows_kept(args.out / args.dataset, summary, paired, missing,
                                                         [*args.methods, *presets], presets, args.protocols)  # fmt: skip
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     drops = hospital_drops(units)
-    seen = what_the_model_sees(args.dataset, args.data_root, args.protocols)
+    seen = [line for dataset in configs for line in what_the_model_sees(
+        dataset, args.data_root, [name for name in args.protocols if datasets[name] == dataset])]
     text = report(summary, paired, drops, missing, kept, command, args.dataset, seen)
     experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}

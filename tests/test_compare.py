@@ -372,7 +372,7 @@ def test_cross_hospital_rows_and_the_drop_from_the_models_own_hospital(tmp_path,
 def test_a_sources_preset_runs_on_each_of_its_cohorts_and_nowhere_else():
     config = compare.preset_config("physionet2019-cpu", "physionet2019-early", ["split_protocol=cross-hospital"])
     assert (config.dataset, config.split_protocol) == ("physionet2019-early", "cross-hospital")
-    with pytest.raises(ValueError, match="preset 'physionet2019-cpu' is for dataset 'physionet2019', not 'physionet2012'"):
+    with pytest.raises(ValueError, match="'physionet2019-cpu' is for dataset 'physionet2019', not 'physionet2012'"):
         compare.preset_config("physionet2019-cpu", "physionet2012", [])
 
 
@@ -383,12 +383,39 @@ def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_
     for cohort in ("garlic", "raindrop"):  # the first 48 hours, labelled rows too; the rows before the label
         preprocess(tmp_path / "source", tmp_path / "processed" / f"physionet2019-{cohort}", cohort=cohort)
         lines = compare.what_the_model_sees(f"physionet2019-{cohort}", tmp_path, ["five-split"])
-        assert lines[0] == "## What the model sees" and f"Cohort `{cohort}`: input: " in lines[2]
+        assert lines[0].startswith(f"`physionet2019-{cohort}` (protocols five-split): input: ")
         labels = pd.read_parquet(tmp_path / "processed" / f"physionet2019-{cohort}" / "labels.parquet")
         splits = [json.loads(path.read_text()) for path in (tmp_path / "processed" / f"physionet2019-{cohort}" /
                                                             "splits" / "five-split").glob("split_*.json")]  # fmt: skip
         positives = sum(labels.set_index("stay_id").loc[s["test"], "label"].sum() for s in splits)
         assert positives > 0
         seen = positives if cohort == "garlic" else 0
-        assert lines[4] == (f"- `five-split`: {seen:,} of {positives:,} test positives (over its splits) show the "
+        assert lines[2] == (f"- `five-split`: {seen:,} of {positives:,} test positives (over its splits) show the "
                             "model a value recorded at or after their first SepsisLabel 1.")  # fmt: skip
+
+
+def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
+    assert compare.protocol_dataset("physionet2019", "garlic-reference") == "physionet2019-garlic"
+    assert compare.protocol_dataset("physionet2019", "raindrop") == "physionet2019-raindrop"
+    assert compare.protocol_dataset("physionet2019", "cross-hospital") == "physionet2019-raindrop"
+    assert compare.protocol_dataset("physionet2012", "raindrop") == "physionet2012"
+    from preprocessing.physionet2019 import preprocess
+
+    two_hospital_records(tmp_path / "source")
+    preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
+    out = tmp_path / "results"
+    compare.main(["--dataset", "physionet2019", "--protocols", "five-split", "cross-hospital", "--methods", "logreg",
+                  "--presets", "--data-root", str(tmp_path), "--mlruns", str(tmp_path / "mlruns"), "--out", str(out)])
+    table = pd.read_csv(out / "physionet2019.csv")
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5],
+                                                                      ["logreg", "cross-hospital", 2]]  # fmt: skip
+    archived = pd.read_csv(out / "physionet2019-raindrop-runs" / "runs.csv")
+    assert sorted(set(archived["protocol"])) == ["cross-hospital", "five-split"] and len(archived) == 7
+    text = (out / "physionet2019.md").read_text()
+    assert text.startswith("# physionet2019: every method") and "`physionet2019-raindrop` (protocols five-split, " \
+        "cross-hospital): input: the rows before" in text
+    # Without --protocols: a protocol whose cohort is not preprocessed here, or whose stays it lacks, is left out.
+    compare.main(["--dataset", "physionet2019", "--methods", "logreg", "--presets", "--data-root", str(tmp_path),
+                  "--mlruns", str(tmp_path / "mlruns"), "--no-train"])
+    error = capsys.readouterr().err
+    assert "protocol garlic-reference left out" in error and "protocol raindrop left out" in error
