@@ -29,6 +29,7 @@ from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations
 from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
 from garlic import run_contract
+from garlic.cli import database_error
 from garlic.saved_model import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT
@@ -155,6 +156,13 @@ def choose_run(store: Path, given: str | None) -> str | None:
     except RunNotFoundError as exc:
         choices = []
         st.sidebar.error(plain(exc))
+    except Exception as exc:
+        damaged = database_error(exc)
+        if damaged is None:
+            raise
+        st.error(f"The MLflow store {plain(store)} cannot be read: {plain(str(damaged))} (a damaged database: "
+                 "restore it from a copy).")  # fmt: skip
+        return None
     labels = {choice.run_id: choice.label for choice in choices}
     details = {choice.run_id: choice.details for choice in choices}
     if given and given not in labels:  # still offered, so that the page can say what is wrong with it

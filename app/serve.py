@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:  # run as a script: this checkout's modules, not w
     sys.path.insert(0, str(REPO))
 
 from app.access import AccessError, required_token  # noqa: E402
-from garlic.cli import die_with_parent, port_number  # noqa: E402
+from garlic.cli import database_error, die_with_parent, port_number  # noqa: E402
 
 PAGE = REPO / "app" / "dashboard.py"
 MAX_UPLOAD_MB = 1  # a PhysioNet 2012 record is under 100 kB, a 2019 one under 50 kB
@@ -63,7 +63,9 @@ def warm_up(options: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as the page runs
     try:
         sources.runs_with_models(Path(options.mlruns))
-    except (RunNotFoundError, OSError) as exc:
+    except Exception as exc:  # the page reports a missing or damaged store to the user, and keeps running
+        if not (isinstance(exc, (RunNotFoundError, OSError)) or database_error(exc) is not None):
+            raise
         log.info("warm-up: %s", exc)
 
 

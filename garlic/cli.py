@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -426,10 +427,25 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.handler(args)
     except Exception as exc:
+        damaged = database_error(exc)
+        if damaged is not None:
+            print(f"garlic: error: the MLflow store {_store(args)} cannot be used: {damaged} (a damaged, read-only "
+                  "or full database: restore it from a copy, free space or fix its permissions, or give another "
+                  "--mlruns)", file=sys.stderr)  # fmt: skip
+            raise SystemExit(2) from None
         if not _user_error(exc):
             raise
         print(f"garlic: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def database_error(exc: BaseException) -> sqlite3.DatabaseError | None:
+    """The SQLite error under ``exc`` (SQLAlchemy keeps it as ``orig``, MLflow as the cause), None when none is."""
+    for _ in range(10):  # a chain is short; a cycle is not followed forever
+        if exc is None or isinstance(exc, sqlite3.DatabaseError):
+            return exc
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+    return None
 
 
 def _user_error(exc: Exception) -> bool:

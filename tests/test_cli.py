@@ -4,6 +4,7 @@ import os
 import json
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,18 @@ def test_train_says_what_it_does_and_names_the_next_steps(trained):
     assert f"{sys.executable} -m mlflow ui" in result.stdout or "bin/python -m mlflow ui" in result.stdout
     use_store(trained[0] / "mlruns")
     assert mlflow.MlflowClient().get_run(run_id).data.tags["stages"].startswith("reconstruction 1")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random bytes"])
+def test_a_damaged_store_is_one_line_naming_it(trained, tmp_path, damage):
+    root, run_id, _ = trained
+    store = tmp_path / "mlruns"
+    shutil.copytree(root / "mlruns", store)
+    database = (store / "mlflow.db").read_bytes()
+    (store / "mlflow.db").write_bytes(database[: len(database) // 3] if damage == "truncated" else
+                                      np.random.default_rng(0).bytes(len(database)))  # fmt: skip
+    for command in (["evaluate", "--run", run_id], ["predict", "--run", run_id, "--input", str(tmp_path)]):
+        result = subprocess.run([sys.executable, "-m", "garlic.cli", "--mlruns", str(store), "--data-root",
+                                 str(root / "data"), *command], capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"garlic: error: the MLflow store {store} cannot be used: ")

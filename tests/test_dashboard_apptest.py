@@ -133,6 +133,12 @@ def test_a_run_without_a_model_or_a_missing_store_is_reported_in_the_page(page, 
     assert any("no MLflow store at STORE" in e.value for e in at.sidebar.error) and not at.exception
     assert not [e for e in [*at.error, *at.sidebar.error] if str(tmp_path) in e.value]  # no server paths shown
     assert not (tmp_path / "nowhere").exists()  # the page reads the store; it does not make one
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "mlflow.db").write_bytes(b"\x00not sqlite\xff" * 4096)  # once: "Something went wrong"
+    at = page(run_id=None, store=damaged)
+    assert [e.value for e in at.error] == ["The MLflow store STORE cannot be read: file is not a database (a damaged "
+                                           "database: restore it from a copy)."] and not at.exception  # fmt: skip
 
 
 def test_a_wider_address_shows_nothing_without_a_token_set(page, listening_on):

@@ -124,3 +124,10 @@ def test_a_sigkill_of_garlic_dashboard_stops_its_server_and_frees_the_port(tmp_p
             dashboard.kill()
     assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived a SIGKILL of `garlic dashboard`"
     assert not listening_addresses(port) and not healthy(port)
+
+
+def test_warm_up_leaves_a_damaged_store_for_the_page_to_report(tmp_path):
+    from app import serve
+
+    (tmp_path / "mlflow.db").write_bytes(b"\x00not sqlite\xff" * 4096)
+    serve.warm_up(serve.settings(["--mlruns", str(tmp_path)]))  # once: the server died before it listened
