@@ -282,3 +282,23 @@ def test_a_damaged_store_is_one_line_naming_it(trained, tmp_path, damage):
                                  str(root / "data"), *command], capture_output=True, text=True)  # fmt: skip
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert result.stderr.startswith(f"garlic: error: the MLflow store {store} cannot be used: ")
+
+
+@pytest.mark.parametrize("reason", ["database or disk is full", "attempt to write a readonly database"])
+def test_a_full_or_read_only_store_is_one_line_naming_it(tmp_path, monkeypatch, capsys, reason):
+    import sqlite3
+
+    import sqlalchemy.exc
+
+    def refused(*args, **kwargs):  # what SQLAlchemy raises when SQLite cannot write (needs a full disk, or no root)
+        raise sqlalchemy.exc.OperationalError("INSERT INTO runs ...", {}, sqlite3.OperationalError(reason))
+
+    monkeypatch.setattr(mlflow, "start_run", refused)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "train", "--dataset",
+              "synthetic", "--set", "max_epochs=1"])  # fmt: skip
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"garlic: error: the MLflow store {tmp_path / 'mlruns'} cannot be used: "
+        f"{reason} (a damaged, read-only or full database: restore it from a copy, free space or fix its "
+        "permissions, or give another --mlruns)")
