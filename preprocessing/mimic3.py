@@ -58,6 +58,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -386,8 +387,17 @@ def find_table(source: Path, name: str) -> Path:
     )
 
 
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Turn an error of reading ``path`` (a truncated ``.gz``, damaged bytes) into a ``MimicError`` naming it."""
+    try:
+        yield
+    except (OSError, pa.ArrowInvalid, EOFError) as exc:
+        raise MimicError(f"{path}: cannot be read to its end ({exc}); a truncated or damaged file?") from None
+
+
 def read_header(path: Path) -> list[str]:
-    with pa.input_stream(str(path), compression="detect") as stream:
+    with reading(path), pa.input_stream(str(path), compression="detect") as stream:
         first = stream.read(1 << 16).split(b"\n", 1)[0]
     return [c.strip().strip('"') for c in first.decode("utf-8", errors="replace").strip().split(",")]
 
@@ -404,14 +414,15 @@ def column_names(path: Path, table: str, wanted: list[str]) -> dict[str, str]:
 def read_small_table(source: Path, name: str) -> tuple[pd.DataFrame, Path]:
     path = find_table(source, name)
     names = column_names(path, name, STAY_COLUMNS[name])
-    table = pacsv.read_csv(
-        str(path),
-        convert_options=pacsv.ConvertOptions(
-            include_columns=list(names.values()),
-            column_types={n: pa.string() for n in names.values()},
-            strings_can_be_null=True,
-        ),
-    )
+    with reading(path):
+        table = pacsv.read_csv(
+            str(path),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=list(names.values()),
+                column_types={n: pa.string() for n in names.values()},
+                strings_can_be_null=True,
+            ),
+        )
     frame = table.to_pandas()
     frame.columns = [c.lower() for c in frame.columns]
     return frame, path
@@ -741,13 +752,14 @@ def stream_table(
     join = stays[["subject_id", "icustay_id", "intime"]].rename(columns={"icustay_id": "stay_id"})
     join = join.assign(intime_s=join.pop("intime").astype("datetime64[s]").astype("int64"))
     kept = []
-    for batch in iter_batches(path, names, block_size, report):
-        rows = _prefilter(batch, table, itemids, subjects, report)
-        if rows.num_rows == 0:
-            continue
-        frame = _attach_to_stays(_parse_rows(rows, table, report), join, table)
-        if len(frame):
-            kept.append(_values(frame, lookup, report))
+    with reading(path):
+        for batch in iter_batches(path, names, block_size, report):
+            rows = _prefilter(batch, table, itemids, subjects, report)
+            if rows.num_rows == 0:
+                continue
+            frame = _attach_to_stays(_parse_rows(rows, table, report), join, table)
+            if len(frame):
+                kept.append(_values(frame, lookup, report))
     columns = {"stay_id": "int64", "time": "float32", "code": "int16", "value": "float32"}
     observations = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=list(columns))
     return observations.astype(columns), report

@@ -325,3 +325,15 @@ def test_a_time_that_is_not_one_is_named_with_its_table_and_line(tmp_path):
     _write(tmp_path / "db", {**tables, "ICUSTAYS": stays})
     with pytest.raises(MimicError, match=r"ICUSTAYS line 2: INTIME '2101-13-45 99:00:00' is not a time"):
         preprocess(tmp_path / "db", tmp_path / "out")
+
+
+@pytest.mark.parametrize("table", ["CHARTEVENTS", "ICUSTAYS"])
+def test_a_truncated_compressed_table_is_named(tmp_path, table):
+    source = _write(tmp_path / "db", _tiny_tables(), gz=True)
+    path = source / f"{table}.csv.gz"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # once: pyarrow's "Truncated compressed stream" and a traceback
+    with pytest.raises(MimicError, match=rf"{table}\.csv\.gz: cannot be read to its end \(.*\); a truncated or "
+                                         "damaged file"):  # fmt: skip
+        preprocess(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
