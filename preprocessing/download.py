@@ -274,6 +274,9 @@ def download_file(
     Another process (or thread) fetching the same ``destination`` is waited for.
     """
     destination = Path(destination)
+    if destination.is_dir():
+        raise DownloadError(f"{destination} is a folder, where the downloaded file would go; move it away and run the "
+                            "same command again")  # fmt: skip
     destination.parent.mkdir(parents=True, exist_ok=True)
     with locked(destination.with_name(f".{destination.name}.lock"), remove=True):
         return _download_locked(url, destination, sha256, max_bytes, deadline_s)

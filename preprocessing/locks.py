@@ -7,6 +7,7 @@ threads, say) exclude each other too.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from contextlib import contextmanager
@@ -18,11 +19,21 @@ class LockHeld(BlockingIOError):
     """The lock is held by another process (or another open file of this one)."""
 
 
+class LinkedLock(ValueError):
+    """A lock file that is a symbolic link: taking it would write (or create) wherever the link points."""
+
+
 def _open(path: Path, create: bool) -> int:
     if path.is_dir() and not path.is_symlink():
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    return os.open(path, flags, 0o644)
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:  # O_NOFOLLOW on a link
+            raise
+        raise LinkedLock(f"{path} is a symbolic link; a lock is never taken through one. Remove it and run the same "
+                         "command again") from None  # fmt: skip
 
 
 def acquire(path: Path, wait: bool = True, create: bool = True) -> int:

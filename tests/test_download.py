@@ -365,3 +365,16 @@ def test_a_server_trickling_its_headers_meets_the_deadline_too(server, tmp_path,
         else:
             download_physionet2019(tmp_path, f"{server.url}/headers-trickle/", deadline_s=0.5)
     assert time.monotonic() - started < 3  # each header byte came within the per-read timeout: once this hung
+
+
+def test_a_folder_at_the_destination_or_a_linked_lock_is_refused_before_anything_is_fetched(server, tmp_path):
+    data = b"z" * 100
+    server.routes["/f.bin"] = data
+    (tmp_path / "f.bin").mkdir()
+    with pytest.raises(DownloadError, match=r"f\.bin is a folder, where the downloaded file would go"):
+        download_file(f"{server.url}/f.bin", tmp_path / "f.bin", sha256(data))
+    (tmp_path / "elsewhere").write_text("not ours")
+    (tmp_path / ".g.bin.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=r"\.g\.bin\.lock is a symbolic link; a lock is never taken through one"):
+        download_file(f"{server.url}/f.bin", tmp_path / "g.bin", sha256(data))
+    assert (tmp_path / "elsewhere").read_text() == "not ours" and server.gets("/f.bin") == []
