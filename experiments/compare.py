@@ -176,6 +176,7 @@ class Pending:
     protocol: str
     split: int
     seed: int | None
+    dataset: str | None = None  # a GARLIC unit's, which a source's preset (physionet2019) does not name
 
     def __str__(self) -> str:
         seed = "" if self.seed is None else f" seed {self.seed}"
@@ -211,7 +212,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                 runs.train(unit_config, [index], data_root, stores[0], preset=name)
                 found = finished_unit(stores[:1], unit_config, split_name, digest)
             if found is None:
-                missing.append(Pending(name, protocol_name, index, seed))
+                missing.append(Pending(name, protocol_name, index, seed, config.dataset))
                 continue
             store, run = found
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
@@ -247,8 +248,8 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
             return unit, "skipped: another process is training it"
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
         command = [sys.executable, "-m", "garlic.cli", "--data-root", str(data_root), "--mlruns", str(store), "train",
-                   "--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--protocol", unit.protocol,
-                   "--split", str(unit.split), *settings]  # fmt: skip
+                   "--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--dataset", unit.dataset, "--protocol",
+                   unit.protocol, "--split", str(unit.split), *settings]  # fmt: skip
         output = logs / f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
         try:
             with open(output, "w") as sink:

@@ -419,3 +419,18 @@ def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
                   "--mlruns", str(tmp_path / "mlruns"), "--no-train"])
     error = capsys.readouterr().err
     assert "protocol garlic-reference left out" in error and "protocol raindrop left out" in error
+
+
+@pytest.mark.slow
+def test_workers_train_a_sources_preset_on_the_cohort_named(tmp_path):
+    from preprocessing.physionet2019 import preprocess
+
+    two_hospital_records(tmp_path / "source", stays_each=60)
+    preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
+    store, out = tmp_path / "mlruns", tmp_path / "results"
+    # physionet2019-cpu names the source: each worker is told the cohort (once: "name the cohort" and no run)
+    compare.main(["--dataset", "physionet2019-raindrop", "--protocols", "cross-hospital", "--presets",
+                  "physionet2019-cpu", "--methods", *TINY, "--data-root", str(tmp_path), "--mlruns", str(store),
+                  "--out", str(out), "--workers", "2"])  # fmt: skip
+    table = pd.read_csv(out / "physionet2019-raindrop.csv")
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["physionet2019-cpu", "cross-hospital", 2]]
