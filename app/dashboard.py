@@ -10,6 +10,7 @@ or tracebacks; the details go to the server's log.
 from __future__ import annotations
 
 import argparse
+import base64
 import functools
 import logging
 import sys
@@ -21,9 +22,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 import torch
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app import charts, sources
-from app.access import AccessError, required_token, token_matches
+from app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
 from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
                         signals_at)  # fmt: skip
 from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
@@ -132,15 +134,22 @@ def admitted() -> bool:
         log.error("refusing to serve: %s", exc)
         st.error(f"This dashboard is not set up to be reached from other machines: {exc}.")
         return False
+    session = get_script_run_ctx().session_id
     if token is None or st.session_state.get("admitted"):
+        ADMITTED.add(session)  # its uploads may pass access.Gate
         return True
     with st.form("login"):
         given = st.text_input("Access token", type="password", key="token")
         submitted = st.form_submit_button("Open the dashboard")
-    if submitted and token_matches(given, token):
+    client = st.context.ip_address or "unknown"
+    if submitted and ATTEMPTS.blocked(client):
+        st.error("Too many wrong tokens; try again in a minute.")
+    elif submitted and token_matches(given, token):
         st.session_state.admitted = True
         st.rerun()
-    if submitted:
+    elif submitted:
+        recent = ATTEMPTS.failed(client)
+        log.warning("a wrong dashboard token (%d in the last minute, from every visitor)", recent)
         time.sleep(1.0)  # a wrong guess costs a second
         st.error("Wrong token.")
     return False
@@ -369,7 +378,9 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
         if image is None:
             column.warning(f"The run logged no {path}.")
         else:
-            column.image(image, caption=caption, width="stretch")
+            # Inline, not through Streamlit's /media/ route, which a login token closes (app.access.Gate).
+            column.html(f'<img src="data:image/png;base64,{base64.b64encode(image).decode()}" style="width:100%">')
+            column.caption(caption)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 most of a first visit's 16 s (measured in-process on a busy 2-core machine); done here, before the server listens,
 the first visitor finds them done. Streamlit then runs in this process with the settings the page needs: bound
 to ``--host`` (loopback by default), uploads capped at 1 MB, no developer toolbar, no error details in the page,
-no file watcher.
+no file watcher; with a login token, behind ``app.access.Gate``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: this checkout's modules, not whichever `app` the folder holds
     sys.path.insert(0, str(REPO))
 
-from app.access import AccessError, required_token  # noqa: E402
+from app.access import AccessError, Gate, required_token  # noqa: E402
 from garlic.cli import database_error, die_with_parent, port_number  # noqa: E402
 
 PAGE = REPO / "app" / "dashboard.py"
@@ -69,11 +69,22 @@ def warm_up(options: argparse.Namespace) -> None:
         log.info("warm-up: %s", exc)
 
 
+def guard(token: str | None) -> None:
+    """With a login token set, put ``app.access.Gate`` in front of every request Streamlit's server takes."""
+    if token is None:
+        return
+    from starlette.middleware import Middleware
+    from streamlit.web.server.starlette import starlette_app
+
+    streamlit_middleware = starlette_app.create_streamlit_middleware
+    starlette_app.create_streamlit_middleware = lambda: [Middleware(Gate), *streamlit_middleware()]
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # started by `garlic dashboard`: a SIGKILL of it stops this server too, freeing the port
     options = settings(argv)
     try:
-        required_token(options.host)
+        guard(required_token(options.host))
     except AccessError as exc:
         print(f"garlic dashboard: error: {exc}", file=sys.stderr)
         return 2

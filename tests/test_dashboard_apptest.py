@@ -183,3 +183,21 @@ def test_an_upload_over_the_size_limit_is_refused(page):
     record = b"Time,Parameter,Value\n00:00,RecordID,132539\n" + b"00:10,HR,80\n" * 100_000  # 1.2 MB
     at.sidebar.file_uploader[0].set_value(("132539.txt", record, "text/plain")).run()
     assert any("at most 1024 kB accepted" in e.value for e in at.error) and not at.exception
+
+
+def test_after_too_many_wrong_tokens_not_even_the_right_one_is_checked(page, listening_on, monkeypatch, caplog):
+    import app.access
+
+    token = "3f9a1c0e7b2d4a68c5e1"
+    monkeypatch.setenv("GARLIC_DASHBOARD_TOKEN", token)
+    # AppTest gives every run another visitor address, so this page meets the overall limit (per address: unit test)
+    monkeypatch.setattr(app.access, "ATTEMPTS", app.access.Attempts(per_client=2, overall=2))
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the second a wrong guess costs
+    listening_on("0.0.0.0")
+    at = page()
+    for guess in ("wrong-guess-number-1", "wrong-guess-number-2", token):
+        at.text_input(key="token").input(guess)
+        at.button[0].click().run()
+    assert any(e.value.startswith("Too many wrong tokens") for e in at.error) and not at.metric
+    assert "a wrong dashboard token (2 in the last minute, from every visitor)" in caplog.text
+    assert token not in caplog.text and "wrong-guess" not in caplog.text  # guesses are not logged

@@ -7,12 +7,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from app.access import AccessError, is_loopback, required_token
+from app.access import AccessError, Attempts, is_loopback, required_token
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = range(8615, 8620)
@@ -50,9 +51,10 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def garlic(*arguments: str, **options) -> subprocess.Popen:
+def garlic(*arguments: str, env_extra: dict[str, str] | None = None, **options) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     environment.pop("GARLIC_DASHBOARD_TOKEN", None)
+    environment |= env_extra or {}
     return subprocess.Popen([sys.executable, "-m", "garlic.cli", *arguments], cwd=REPO, env=environment, **options)
 
 
@@ -64,7 +66,7 @@ def test_only_loopback_addresses_go_without_a_token():
         required_token("0.0.0.0", {})
     with pytest.raises(AccessError, match="at least 16"):
         required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": "short"})
-    assert required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": "x" * 16}) == "x" * 16
+    assert required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": "0123456789abcdef"}) == "0123456789abcdef"
 
 
 def test_a_wider_address_without_a_token_is_refused_before_anything_starts(tmp_path):
@@ -131,3 +133,59 @@ def test_warm_up_leaves_a_damaged_store_for_the_page_to_report(tmp_path):
 
     (tmp_path / "mlflow.db").write_bytes(b"\x00not sqlite\xff" * 4096)
     serve.warm_up(serve.settings(["--mlruns", str(tmp_path)]))  # once: the server died before it listened
+
+
+@pytest.mark.parametrize("token", [" " * 16, "a" * 20, "abababababababab", "abcdefgh ijklmnop"])
+def test_a_token_easy_to_guess_is_refused(token):
+    with pytest.raises(AccessError, match="too easy to guess"):
+        required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": token})
+    assert required_token("0.0.0.0", {"GARLIC_DASHBOARD_TOKEN": "3f9a1c0e7b2d4a68"}) == "3f9a1c0e7b2d4a68"
+
+
+def test_token_guesses_are_limited_per_address_and_overall():
+    now = [0.0]
+    attempts = Attempts(per_client=3, overall=5, window=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert not attempts.blocked("10.0.0.1")
+        attempts.failed("10.0.0.1")
+    assert attempts.blocked("10.0.0.1") and not attempts.blocked("10.0.0.2")
+    attempts.failed("10.0.0.2")
+    attempts.failed("10.0.0.3")
+    assert attempts.blocked("10.0.0.4")  # five wrong guesses in a minute from all: nobody's guess is checked
+    now[0] = 61.0
+    assert not attempts.blocked("10.0.0.1") and not attempts.blocked("10.0.0.4")
+
+
+@pytest.mark.slow
+def test_with_a_token_set_nothing_but_the_login_page_is_served_to_a_session_that_has_not_given_it(tmp_path):
+    port = free_port()
+    log = tmp_path / "server.log"
+    environment = {"GARLIC_DASHBOARD_TOKEN": "3f9a1c0e7b2d4a68c5"}
+    dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
+                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                       env_extra=environment)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def status(path: str, method: str = "GET", data: bytes | None = None) -> int:
+        request = urllib.request.Request(url + path, method=method, data=data)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        deadline = time.monotonic() + 120
+        while not healthy(port):
+            assert dashboard.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert status("/") == 200  # the login page
+        assert status("/_stcore/metrics") == 403  # once served to anyone
+        assert status("/media/0123abcd.png") == 403  # a model plot's address
+        # 200 PUTs of 1 MB were once accepted on a session that never gave the token
+        assert status("/_stcore/upload_file/some-session/some-file", "PUT", b"x" * 1000) == 403
+    finally:
+        dashboard.terminate()
+        dashboard.wait(timeout=30)
+    assert "refused PUT /_stcore/upload_file/...: an upload from a session that has not given the token" in \
+        log.read_text()
