@@ -20,7 +20,8 @@ def check_against_long_table(tensors, observations: pd.DataFrame, static: pd.Dat
     obs = observations.assign(variable=observations["variable"].astype(str))
     # The later of repeated (stay, time, variable) rows wins: groupby keeps row order within a group.
     cells = obs.groupby(["stay_id", "time", "variable"], sort=True)["value"].last().reset_index()
-    steps = cells.groupby("stay_id")["time"].nunique().reindex(tensors.stay_ids, fill_value=0)
+    # A stay without an observation is one empty step.
+    steps = cells.groupby("stay_id")["time"].nunique().reindex(tensors.stay_ids, fill_value=0).clip(lower=1)
     assert np.array_equal(tensors.lengths, steps.to_numpy())
     assert t == steps.max()
     assert int(tensors.mask.sum()) == len(cells)
@@ -32,7 +33,8 @@ def check_against_long_table(tensors, observations: pd.DataFrame, static: pd.Dat
     inside = ~padding[:, 1:]
     assert (np.diff(tensors.times, axis=1)[inside] > 0).all()  # strictly ascending within each stay's length
     assert (tensors.values[~tensors.mask] == 0).all()
-    assert tensors.mask.any(axis=2)[~padding].all()  # every real step holds at least one observation
+    observed = tensors.mask.any(axis=(1, 2))
+    assert tensors.mask.any(axis=2)[~padding & observed[:, None]].all()  # every real step holds an observation
 
     # The observed cells, read back from the tensors, are exactly the long table's cells.
     i, step, k = np.nonzero(tensors.mask)
@@ -112,7 +114,7 @@ def test_stay_without_observations_and_subset(tmp_path):
     static = pd.concat([static, pd.DataFrame({"stay_id": [9], "Age": [40.0], "Weight": [70.0]})], ignore_index=True)
     tensors = tensorize(ProcessedDataset(observations, static, labels, VARIABLES))
     assert tensors.stay_ids.tolist() == [3, 5, 7, 9]
-    assert tensors.lengths[-1] == 0 and not tensors.mask[-1].any()
+    assert tensors.lengths[-1] == 1 and tensors.times[-1, 0] == 0 and not tensors.mask[-1].any()  # one empty step
     check_against_long_table(tensors, observations, static, labels)
 
     part = tensors.subset(np.array([2, 0]))
