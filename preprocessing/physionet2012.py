@@ -29,18 +29,18 @@ from preprocessing.raw import (
     Record,
     Skip,
     SourceBudget,
+    folder_records,
     header_differs,
     line_too_long,
     log_skips,
     member_stay_id,
     parse_value,
     prefixed_rows,
-    read_record_file,
     records_digest,
     records_from_files,
     records_with_observations,
     refuse_repeated_stays,
-    too_large,
+    tar_records,
 )
 from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
@@ -81,27 +81,10 @@ def iter_records(set_path: Path, skipped: list[Skip]) -> Iterator[Record]:
     member that cannot be a record (``raw.read_record_file``, ``raw.too_large``) is added to ``skipped``."""
     set_path = Path(set_path)
     if set_path.is_dir():
-        for file in sorted(set_path.glob("*.txt")):
-            record_id = _record_id(file.name, str(file))
-            if record_id is not None:
-                data = read_record_file(file)
-                origin = f"{set_path.name}/{file.name}"
-                if isinstance(data, str):
-                    skipped.append(Skip(origin, None, data))
-                else:
-                    yield Record(origin, record_id, data)
+        yield from folder_records(set_path, "*.txt", _record_id, skipped)
         return
     try:
-        with tarfile.open(set_path, "r:gz") as archive:
-            for member in archive:
-                record_id = _record_id(member.name, set_path.name)
-                if record_id is None or not member.isfile():
-                    continue
-                origin = f"{set_path.name}:{member.name}"
-                if reason := too_large(member.size):
-                    skipped.append(Skip(origin, None, reason))
-                    continue
-                yield Record(origin, record_id, archive.extractfile(member).read())
+        yield from tar_records(set_path, _record_id, skipped)
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise PhysioNet2012Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
 

@@ -52,16 +52,17 @@ from preprocessing.raw import (
     Record,
     Skip,
     SourceBudget,
+    folder_records,
     header_differs,
     line_too_long,
     log_skips,
     member_stay_id,
     parse_value,
     prefixed_rows,
-    read_record_file,
     records_digest,
     records_from_files,
     records_with_observations,
+    tar_records,
     too_large,
 )
 from preprocessing.tables import read_manifest, sha256_of, write_processed
@@ -103,18 +104,6 @@ def _member_stay_id(member_name: str, origin: str) -> int | None:
     return member_stay_id(member_name, origin, _RECORD_NAME, PhysioNet2019Error)
 
 
-def _iter_folder(folder: Path, skipped: list[Skip]) -> Iterator[Record]:
-    for file in sorted(folder.glob("*.psv")):
-        stay_id = _member_stay_id(file.name, str(file))
-        if stay_id is not None:
-            data = read_record_file(file)
-            origin = f"{folder.name}/{file.name}"
-            if isinstance(data, str):
-                skipped.append(Skip(origin, None, data))
-            else:
-                yield Record(origin, stay_id, data)
-
-
 def _iter_zip(archive_path: Path, skipped: list[Skip]) -> Iterator[Record]:
     with zipfile.ZipFile(archive_path) as archive:
         for member in sorted(archive.infolist(), key=lambda m: m.filename):
@@ -128,29 +117,18 @@ def _iter_zip(archive_path: Path, skipped: list[Skip]) -> Iterator[Record]:
             yield Record(origin, stay_id, archive.read(member))
 
 
-def _iter_tar(archive_path: Path, skipped: list[Skip]) -> Iterator[Record]:
-    with tarfile.open(archive_path, "r:gz") as archive:
-        for member in archive:
-            stay_id = _member_stay_id(member.name, archive_path.name)
-            if stay_id is None or not member.isfile():
-                continue
-            origin = f"{archive_path.name}:{member.name}"
-            if reason := too_large(member.size):
-                skipped.append(Skip(origin, None, reason))
-                continue
-            yield Record(origin, stay_id, archive.extractfile(member).read())
-
-
 def iter_records(set_path: Path, skipped: list[Skip]) -> Iterator[Record]:
     """Yield the stays of one set, from a folder, a ``.zip`` or a ``.tar.gz`` archive; a file or member that cannot
     be a record (``raw.read_record_file``, ``raw.too_large``) is added to ``skipped``."""
     set_path = Path(set_path)
     if set_path.is_dir():
-        yield from _iter_folder(set_path, skipped)
+        yield from folder_records(set_path, "*.psv", _member_stay_id, skipped)
         return
-    reader = _iter_zip if set_path.name.endswith(".zip") else _iter_tar
     try:
-        yield from reader(set_path, skipped)
+        if set_path.name.endswith(".zip"):
+            yield from _iter_zip(set_path, skipped)
+        else:
+            yield from tar_records(set_path, _member_stay_id, skipped)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as exc:
         raise PhysioNet2019Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
 

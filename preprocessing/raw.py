@@ -12,9 +12,10 @@ import logging
 import os
 import re
 import stat
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -107,6 +108,37 @@ def read_record_file(path: Path) -> bytes | str:
     with os.fdopen(handle, "rb") as file:
         data = file.read(MAX_RECORD_BYTES + 1)
     return too_large(len(data)) or data
+
+
+def folder_records(folder: Path, glob: str, stay_id_of: Callable[[str, str], int | None],
+                   skipped: list[Skip]) -> Iterator[Record]:  # fmt: skip
+    """The records of a folder source: its files matching ``glob``, in name order, whose name gives a stay id
+    (``stay_id_of(name, path)``); a file that cannot be a record (``read_record_file``) is added to ``skipped``."""
+    for file in sorted(folder.glob(glob)):
+        stay_id = stay_id_of(file.name, str(file))
+        if stay_id is None:
+            continue
+        data, origin = read_record_file(file), f"{folder.name}/{file.name}"
+        if isinstance(data, str):
+            skipped.append(Skip(origin, None, data))
+        else:
+            yield Record(origin, stay_id, data)
+
+
+def tar_records(archive_path: Path, stay_id_of: Callable[[str, str], int | None],
+                skipped: list[Skip]) -> Iterator[Record]:  # fmt: skip
+    """The records of a ``.tar.gz`` source, in archive order; a member too large for a record is added to
+    ``skipped`` unread."""
+    with tarfile.open(archive_path, "r:gz") as archive:
+        for member in archive:
+            stay_id = stay_id_of(member.name, archive_path.name)
+            if stay_id is None or not member.isfile():
+                continue
+            origin = f"{archive_path.name}:{member.name}"
+            if reason := too_large(member.size):
+                skipped.append(Skip(origin, None, reason))
+                continue
+            yield Record(origin, stay_id, archive.extractfile(member).read())
 
 
 class SourceBudget:

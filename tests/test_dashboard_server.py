@@ -9,7 +9,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -80,25 +82,33 @@ def test_a_wider_address_without_a_token_is_refused_before_anything_starts(tmp_p
     assert not listening_addresses(port)
 
 
-@pytest.mark.slow
-def test_the_dashboard_listens_on_loopback_only_and_sigterm_stops_its_server(tmp_path):
-    port = free_port()
-    log = tmp_path / "server.log"
+@contextmanager
+def serving(tmp_path: Path, env_extra: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, int, Path]]:
+    """``garlic dashboard`` on a free port, once it answers its health check: (process, port, its log); killed
+    afterwards if it is still running."""
+    port, log = free_port(), tmp_path / "server.log"
     dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
-                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
+                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                       env_extra=env_extra)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not healthy(port):
             assert dashboard.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
+        yield dashboard, port, log
+    finally:
+        if dashboard.poll() is None:
+            dashboard.kill()
+
+
+@pytest.mark.slow
+def test_the_dashboard_listens_on_loopback_only_and_sigterm_stops_its_server(tmp_path):
+    with serving(tmp_path) as (dashboard, port, _):
         loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
         assert listening_addresses(port) and listening_addresses(port) <= loopback, listening_addresses(port)
         (server,) = children(dashboard.pid)
         dashboard.send_signal(signal.SIGTERM)  # as a service manager stops it
         assert dashboard.wait(timeout=30) == 0
-    finally:
-        if dashboard.poll() is None:
-            dashboard.kill()
     assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived `garlic dashboard`"
     assert not listening_addresses(port) and not healthy(port)
     assert not (tmp_path / "mlruns").exists()  # the dashboard reads the store; it does not make one
@@ -106,24 +116,13 @@ def test_the_dashboard_listens_on_loopback_only_and_sigterm_stops_its_server(tmp
 
 @pytest.mark.slow
 def test_a_sigkill_of_garlic_dashboard_stops_its_server_and_frees_the_port(tmp_path):
-    port = free_port()
-    log = tmp_path / "server.log"
-    dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
-                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not healthy(port):
-            assert dashboard.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    with serving(tmp_path) as (dashboard, port, _):
         (server,) = children(dashboard.pid)
         dashboard.kill()  # SIGKILL: nothing to forward; once the server kept the port
         dashboard.wait(timeout=10)
         deadline = time.monotonic() + 30
         while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-    finally:
-        if dashboard.poll() is None:
-            dashboard.kill()
     assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived a SIGKILL of `garlic dashboard`"
     assert not listening_addresses(port) and not healthy(port)
 
@@ -158,33 +157,20 @@ def test_token_guesses_are_limited_per_address_and_overall():
 
 @pytest.mark.slow
 def test_with_a_token_set_nothing_but_the_login_page_is_served_to_a_session_that_has_not_given_it(tmp_path):
-    port = free_port()
-    log = tmp_path / "server.log"
-    environment = {"GARLIC_DASHBOARD_TOKEN": "3f9a1c0e7b2d4a68c5"}
-    dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
-                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                       env_extra=environment)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def status(path: str, method: str = "GET", data: bytes | None = None) -> int:
-        request = urllib.request.Request(url + path, method=method, data=data)
+    def status(port: int, path: str, method: str = "GET", data: bytes | None = None) -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=data)
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status
         except urllib.error.HTTPError as exc:
             return exc.code
 
-    try:
-        deadline = time.monotonic() + 120
-        while not healthy(port):
-            assert dashboard.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        assert status("/") == 200  # the login page
-        assert status("/_stcore/metrics") == 403  # once served to anyone
-        assert status("/media/0123abcd.png") == 403  # a model plot's address
+    with serving(tmp_path, {"GARLIC_DASHBOARD_TOKEN": "3f9a1c0e7b2d4a68c5"}) as (dashboard, port, log):
+        assert status(port, "/") == 200  # the login page
+        assert status(port, "/_stcore/metrics") == 403  # once served to anyone
+        assert status(port, "/media/0123abcd.png") == 403  # a model plot's address
         # 200 PUTs of 1 MB were once accepted on a session that never gave the token
-        assert status("/_stcore/upload_file/some-session/some-file", "PUT", b"x" * 1000) == 403
-    finally:
+        assert status(port, "/_stcore/upload_file/some-session/some-file", "PUT", b"x" * 1000) == 403
         dashboard.terminate()
         dashboard.wait(timeout=30)
     assert "refused PUT /_stcore/upload_file/...: an upload from a session that has not given the token" in \
