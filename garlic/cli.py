@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ log = logging.getLogger("garlic")
 DASHBOARD_SERVER = Path(__file__).resolve().parents[1] / "app" / "serve.py"
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
 STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.use_store)
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}  # a full disk, a read-only store: one line
 LEFT_OUT = 3  # exit status of a `garlic predict` that wrote its risks but left records out (2: nothing written)
 # Errors that bad input causes, reported in one line: (module, class), looked up only once the module is loaded.
 USER_ERRORS = (("garlic.tracking", "RunNotFoundError"), ("preprocessing.download", "DownloadError"))
@@ -432,6 +434,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"garlic: error: the MLflow store {_store(args)} cannot be used: {damaged} (a damaged, read-only "
                   "or full database: restore it from a copy, free space or fix its permissions, or give another "
                   "--mlruns)", file=sys.stderr)  # fmt: skip
+            raise SystemExit(2) from None
+        if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
+            print(f"garlic: error: cannot write {exc.filename or 'a file'}: {exc.strerror} (free space or make it "
+                  "writable; a training stopped this way continues with garlic train --resume RUN_ID)",
+                  file=sys.stderr)  # fmt: skip
             raise SystemExit(2) from None
         if not _user_error(exc):
             raise

@@ -1,4 +1,5 @@
 """The ``garlic`` command end to end on a small synthetic cohort, as a user runs it."""
+import errno
 import io
 import os
 import json
@@ -302,3 +303,22 @@ def test_a_full_or_read_only_store_is_one_line_naming_it(tmp_path, monkeypatch, 
         f"garlic: error: the MLflow store {tmp_path / 'mlruns'} cannot be used: "
         f"{reason} (a damaged, read-only or full database: restore it from a copy, free space or fix its "
         "permissions, or give another --mlruns)")
+
+
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EROFS])
+def test_a_full_or_read_only_disk_outside_sqlite_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, number):
+    import garlic.runs
+
+    path = tmp_path / "mlruns" / "artifacts" / "weights.pt"
+
+    def refused(*args, **kwargs):  # what writing an artifact raises on a full disk or read-only mount (simulated)
+        raise OSError(number, os.strerror(number), str(path))
+
+    monkeypatch.setattr(garlic.runs, "train", refused)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "train", "--dataset",
+              "synthetic", "--set", "max_epochs=1"])  # fmt: skip
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"garlic: error: cannot write {path}: {os.strerror(number)} (free space or make it writable; a training "
+        "stopped this way continues with garlic train --resume RUN_ID)")
