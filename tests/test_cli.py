@@ -285,6 +285,15 @@ def test_a_damaged_store_is_one_line_naming_it(trained, tmp_path, damage):
         assert result.stderr.startswith(f"garlic: error: the MLflow store {store} cannot be used: ")
 
 
+def refused_training(tmp_path: Path, capsys) -> str:
+    """The last line ``garlic train`` printed as it stopped with exit status 2."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "train", "--dataset",
+              "synthetic", "--set", "max_epochs=1"])  # fmt: skip
+    assert stopped.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("reason", ["database or disk is full", "attempt to write a readonly database"])
 def test_a_full_or_read_only_store_is_one_line_naming_it(tmp_path, monkeypatch, capsys, reason):
     import sqlite3
@@ -295,11 +304,7 @@ def test_a_full_or_read_only_store_is_one_line_naming_it(tmp_path, monkeypatch, 
         raise sqlalchemy.exc.OperationalError("INSERT INTO runs ...", {}, sqlite3.OperationalError(reason))
 
     monkeypatch.setattr(mlflow, "start_run", refused)
-    with pytest.raises(SystemExit) as stopped:
-        main(["--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "train", "--dataset",
-              "synthetic", "--set", "max_epochs=1"])  # fmt: skip
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    assert refused_training(tmp_path, capsys) == (
         f"garlic: error: the MLflow store {tmp_path / 'mlruns'} cannot be used: "
         f"{reason} (a damaged, read-only or full database: restore it from a copy, free space or fix its "
         "permissions, or give another --mlruns)")
@@ -315,10 +320,6 @@ def test_a_full_or_read_only_disk_outside_sqlite_is_one_line_naming_the_file(tmp
         raise OSError(number, os.strerror(number), str(path))
 
     monkeypatch.setattr(garlic.runs, "train", refused)
-    with pytest.raises(SystemExit) as stopped:
-        main(["--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "train", "--dataset",
-              "synthetic", "--set", "max_epochs=1"])  # fmt: skip
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    assert refused_training(tmp_path, capsys) == (
         f"garlic: error: cannot write {path}: {os.strerror(number)} (free space or make it writable; a training "
         "stopped this way continues with garlic train --resume RUN_ID)")
