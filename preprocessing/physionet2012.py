@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 
 from preprocessing.raw import (
     FLOAT32_MAX,
+    MAX_MEASUREMENT,
     LeftOut,
     Record,
     Skip,
@@ -89,6 +90,12 @@ def iter_records(set_path: Path, skipped: list[Skip]) -> Iterator[Record]:
         raise PhysioNet2012Error(f"{set_path}: truncated or corrupt archive ({exc})") from exc
 
 
+def _limit(parameter: str) -> float:
+    """The largest magnitude ``parameter`` may have: a measurement's, or for ``RecordID`` (an id, checked against
+    the file name) what a float32 table holds."""
+    return FLOAT32_MAX if parameter == "RecordID" else MAX_MEASUREMENT
+
+
 def _parse_line(line: bytes) -> tuple[float, str, float] | str:
     """One data line -> (hours, parameter, value), or the reason it is rejected."""
     fields = line.decode("utf-8", errors="replace").strip().split(",")
@@ -100,7 +107,7 @@ def _parse_line(line: bytes) -> tuple[float, str, float] | str:
         return f"unparseable time {time_text!r} (expected HH:MM)"
     if parameter not in KNOWN_PARAMETERS:
         return f"unknown parameter {parameter!r}"
-    value = parse_value(value_text, parameter)
+    value = parse_value(value_text, parameter, _limit(parameter))
     if isinstance(value, str):
         return value
     return int(match.group(1)) + int(match.group(2)) / 60.0, parameter, value
@@ -151,7 +158,8 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
         value = pc.cast(table["value"], pa.float64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:
         value = pd.to_numeric(table["value"].to_pandas(), errors="coerce").to_numpy(dtype="float64")
-    bad |= ~(np.abs(value) <= FLOAT32_MAX)  # also NaN and inf
+    is_id = pc.equal(table["parameter"], "RecordID").to_numpy(zero_copy_only=False)
+    bad |= ~(np.abs(value) <= np.where(is_id, FLOAT32_MAX, MAX_MEASUREMENT))  # also NaN and inf
 
     time_parts = pc.split_pattern(table["time"], ":")
     well_formed = pc.and_(

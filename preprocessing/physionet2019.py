@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from preprocessing.raw import (
-    FLOAT32_MAX,
+    MAX_MEASUREMENT,
     LeftOut,
     Record,
     Skip,
@@ -248,11 +248,12 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
 
 
 def _records_breaking_row_rules(rows: pd.DataFrame) -> set[int]:
-    """Records with a non-finite or out-of-float32 value, a bad ICULOS or SepsisLabel, or hours that do not increase."""
+    """Records with a non-finite value or one beyond ``MAX_MEASUREMENT``, a bad ICULOS or SepsisLabel, or hours that
+    do not increase."""
     record = rows["record"].to_numpy()
     values = rows[COLUMNS].to_numpy()
     hour, label = rows[HOUR].to_numpy(), rows[LABEL].to_numpy()
-    bad = (np.abs(values) > FLOAT32_MAX).any(axis=1)  # inf too; NaN (missing) compares false
+    bad = (np.abs(values) > MAX_MEASUREMENT).any(axis=1)  # inf too; NaN (missing) compares false
     bad |= ~np.isfinite(hour) | (hour != np.floor(hour)) | (hour < 0)
     bad |= ~np.isin(label, [0.0, 1.0])
     same_record = np.zeros(len(rows), dtype=bool)

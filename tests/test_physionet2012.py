@@ -215,6 +215,9 @@ BAD_LINES = [
     ("00:61,HR,80", "unparseable time '00:61'"),
     ("00:20,HR,abc", "unparseable value 'abc'"),
     ("00:20,HR,nan", "non-finite value"),
+    # Inside float32, so it would reach the tensors; no heart rate (no measurement of the releases) is that large.
+    ("00:20,HR,3e38", "value '3e38' for HR is beyond +-100,000"),
+    ("00:20,Weight,-200000", "value '-200000' for Weight is beyond +-100,000"),
     # A stray quote must not open a field that swallows the following lines, the next record's included.
     ('00:20,"HR,80', "unknown parameter '\"HR'"),
 ]

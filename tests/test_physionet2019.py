@@ -214,17 +214,19 @@ def test_sets_a_and_b_are_read_together(tmp_path):
 def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path):
     good = _psv([_row(1), _row(2)]).decode().splitlines()
     broken = "\n".join(
-        [*good, "1|2|3", "|".join(["abc", *["NaN"] * (len(COLUMNS) - 3), "3", "0"]), good[2][:-1] + "2"]
+        [*good, "1|2|3", "|".join(["abc", *["NaN"] * (len(COLUMNS) - 3), "3", "0"]), good[2][:-1] + "2",
+         "|".join(["3e38", *["NaN"] * (len(COLUMNS) - 3), "4", "0"])]
     )
     files = {"p000001.psv": broken.encode() + b"\n", "p000002.psv": STAYS["p000001.psv"],
              "p000003.psv": b"HR|Temp\n1|2\n"}  # fmt: skip
     manifest = preprocess(_write_set(tmp_path / "source", "zip", files), tmp_path / "out")
     skipped = manifest["skipped_lines"]
-    assert len(skipped) == 4
+    assert len(skipped) == 5
     assert skipped[0].startswith("training_setA.zip:training_setA/p000001.psv line 4: expected 41")
     assert "line 5: unparseable value 'abc' for HR" in skipped[1]
     assert "line 6: SepsisLabel must be 0 or 1, got '2'" in skipped[2]
-    assert "p000003.psv line 1: expected header 'HR|O2Sat|...|ICULOS|SepsisLabel'; the first line differs" in skipped[3]
+    assert "line 7: value '3e38' for HR is beyond +-100,000" in skipped[3]  # inside float32, no heart rate
+    assert "p000003.psv line 1: expected header 'HR|O2Sat|...|ICULOS|SepsisLabel'; the first line differs" in skipped[4]
     dataset = read_processed(tmp_path / "out")
     assert dataset.labels["stay_id"].tolist() == [1, 2]  # stay 1 keeps its two good rows
     assert sorted(dataset.observations.query("stay_id == 1")["time"]) == [1.0, 2.0]
