@@ -18,11 +18,12 @@ from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.explain import normalised_graph
 from garlic.explanation_report import edge_recovery_auroc, log_explanations
+from garlic.pipeline import check_fitted
 from garlic.predict import predict_proba
 from garlic.reference_model import EXPLANATION_UNSUPPORTED
 from garlic.saved_model import TrainedModel
 from garlic.tracking import log_model
-from garlic.train import EpochRecord, FitResult, make_trainer
+from garlic.train import EpochRecord, make_trainer
 
 
 class GarlicEstimator:
@@ -47,15 +48,15 @@ class GarlicEstimator:
     ):
         self.config, self.planted, self.explain, self.keep_model = config, planted, explain, keep_model
         self.on_epoch, self.on_state, self.resume = on_epoch, on_state, resume
-        self.fitted: FitResult | None = None
-        self.trained: TrainedModel | None = None
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "GarlicEstimator":
         tensors = train.tensors
         trainer = make_trainer(self.config, len(tensors.variables), len(tensors.static_features))
         log_epoch = self._log_epoch if mlflow.active_run() is not None else self.on_epoch
-        self.fitted = trainer.fit(train, validation, on_epoch=log_epoch, on_state=self.on_state, resume=self.resume)
-        self.trained = TrainedModel(self.fitted.model, tensors.variables, tensors.static_features, train.normalisation)
+        self.fit_result_ = trainer.fit(train, validation, on_epoch=log_epoch, on_state=self.on_state,
+                                       resume=self.resume)  # fmt: skip
+        self.trained_model_ = TrainedModel(self.fit_result_.model, tensors.variables, tensors.static_features,
+                                           train.normalisation)  # fmt: skip
         return self
 
     def _log_epoch(self, record: EpochRecord) -> None:
@@ -66,28 +67,31 @@ class GarlicEstimator:
 
     @property
     def model(self):
-        return self.trained.model
+        check_fitted(self)
+        return self.trained_model_.model
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        return predict_proba(self.fitted.model, dataset)
+        check_fitted(self)
+        return predict_proba(self.fit_result_.model, dataset)
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         """Log the learned graph (table and figure), the model (``keep_model``) and the test part's explanations
         (``explain``; the reference architecture says instead why it has none); returns the best epoch and, with
         ``planted``, the edge recovery AUROC of the learned graph."""
-        model, variables = self.fitted.model, self.trained.variables
+        check_fitted(self)
+        model, variables = self.fit_result_.model, self.trained_model_.variables
         adjacency = model.graph.adjacency.detach().cpu().numpy()
         mlflow.log_text(pd.DataFrame(adjacency, index=variables, columns=variables).to_csv(), run_contract.GRAPH)
         figure = plots.graph_figure(adjacency, variables)
         mlflow.log_figure(figure, run_contract.plot("graph.png"))
         plots.plt.close(figure)
         if self.keep_model:
-            log_model(self.trained)
+            log_model(self.trained_model_)
         if self.explain and self.config.architecture == "compact":
-            log_explanations(self.trained, parts["test"])
+            log_explanations(self.trained_model_, parts["test"])
         elif self.explain:  # the run and its model are kept; what the explanation cannot say is said instead
             mlflow.set_tag("explanations", EXPLANATION_UNSUPPORTED)
-        metrics = {"best_epoch": float(self.fitted.best_epoch)}
+        metrics = {"best_epoch": float(self.fit_result_.best_epoch)}
         if self.planted and self.config.use_graph:
             graph = normalised_graph(model).cpu().numpy()
             metrics["edge_recovery_auroc"] = edge_recovery_auroc(graph, variables, self.planted)

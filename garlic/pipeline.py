@@ -27,6 +27,7 @@ from typing import Protocol
 import mlflow
 import numpy as np
 import pandas as pd
+from sklearn.exceptions import NotFittedError
 
 from garlic import plots, run_contract
 from garlic.calibration import logits_from_probabilities, scale, temperature_report
@@ -42,9 +43,19 @@ TEST_METRICS = ("test_auroc", "test_auprc", "test_brier", "test_ece", "test_brie
 
 
 class Method(Protocol):
+    """scikit-learn's conventions: ``fit`` returns the method, what it learns goes in attributes ending in ``_``, and
+    using it before ``fit`` raises ``NotFittedError`` (``check_fitted``)."""
+
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "Method": ...
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray: ...
+
+
+def check_fitted(method: Method) -> None:
+    """Raise scikit-learn's ``NotFittedError`` unless ``method`` holds a fitted attribute (a name ending in ``_``).
+    scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
+    if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
+        raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")
 
 
 def split_parts(

@@ -74,7 +74,7 @@ def train_split(
     if state_path is not None:
         shutil.rmtree(state_path.parent, ignore_errors=True)
     run = mlflow.active_run().info
-    return SplitResult(run.run_id, run.run_name, estimator.fitted.best_epoch,
+    return SplitResult(run.run_id, run.run_name, estimator.fit_result_.best_epoch,
                        {metric: metrics[f"test_{metric}"] for metric in TEST_METRICS})  # fmt: skip
 
 

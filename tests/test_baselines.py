@@ -63,7 +63,7 @@ def test_severity_score_maps_unknown_scores_to_the_training_median():
     train, validation = part([1, 2, 3, 4, 5], [0, 0, 1, 1, 1.0]), part([6, 7], [0, 1.0])
     test = part([8, 9, 10], [0, 1, 0.0])
     fitted = SeverityScore(scores).fit(train, validation)
-    assert fitted.median == 15.0 and np.isnan(fitted.known(test)).sum() == 1
+    assert fitted.median_ == 15.0 and np.isnan(fitted.known(test)).sum() == 1
     risk = fitted.predict_proba(test)
     assert risk[0] == risk[2] < risk[1]  # the unknown score is read as the training median
 
@@ -138,4 +138,22 @@ def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(ki
     assert model.kept_.sum() == 18 - 5  # v2's first, last, min, max and mean; its count (0) is a value
     risks = model.predict_proba(validation)
     assert risks.shape == (stays,) and np.isfinite(risks).all()
-    assert model.chosen["validation_auroc"] > 0.7  # v0 carries the label
+    assert model.chosen_["validation_auroc"] > 0.7  # v0 carries the label
+
+
+@pytest.mark.parametrize("method", ["summary", "severity", "recurrent", "garlic"])
+def test_every_method_says_it_is_not_fitted_before_fit(method):
+    from sklearn.exceptions import NotFittedError
+
+    from experiments.baselines.grud import RecurrentModel, RecurrentSettings
+    from experiments.baselines.summary import SummaryModel
+    from garlic.estimator import GarlicEstimator
+
+    unfitted = {
+        "summary": lambda: SummaryModel("gbm"),
+        "severity": lambda: SeverityScore(pd.Series(dtype=float)),
+        "recurrent": lambda: RecurrentModel("grud", RecurrentSettings()),
+        "garlic": lambda: GarlicEstimator(Config()),
+    }[method]()
+    with pytest.raises(NotFittedError, match=f"This {type(unfitted).__name__} instance is not fitted yet"):
+        unfitted.predict_proba(None)

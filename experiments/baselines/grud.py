@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from garlic.data import IrregularDataset, loader
 from garlic.metrics import binary_metrics
 from garlic.model import DecayImputation, step_mask
+from garlic.pipeline import check_fitted
 from garlic.device import resolve_device
 from garlic.predict import in_length_order
 
@@ -151,8 +152,9 @@ class RecurrentModel:
                 if stale >= settings.early_stopping:
                     break
         model.load_state_dict(best_state)
-        self.model = model
+        self.model_ = model
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        return predict(self.model, dataset)
+        check_fitted(self)
+        return predict(self.model_, dataset)

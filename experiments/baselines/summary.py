@@ -16,6 +16,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from garlic.data import IrregularDataset
+from garlic.pipeline import check_fitted
 from preprocessing.tensors import IrregularTensors
 
 STATISTICS = ("first", "last", "min", "max", "mean", "count")
@@ -91,14 +92,16 @@ class SummaryModel:
             model.fit(features, train.labels.numpy())
             score = roc_auc_score(validation.labels.numpy(), model.predict_proba(held_out)[:, 1])
             if score > best_score:
-                self.model, self.chosen, best_score = model, setting | {"validation_auroc": score}, score
+                self.model_, self.chosen_, best_score = model, setting | {"validation_auroc": score}, score
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        return self.model.predict_proba(self.features(dataset)[:, self.kept_])[:, 1]
+        check_fitted(self)
+        return self.model_.predict_proba(self.features(dataset)[:, self.kept_])[:, 1]
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
-        mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen.items()})
+        check_fitted(self)
+        mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen_.items()})
         mlflow.log_param("chosen_empty_columns", int((~self.kept_).sum()))
         return {}
 
@@ -120,17 +123,19 @@ class SeverityScore:
 
     def _filled(self, dataset: IrregularDataset) -> np.ndarray:
         score = self.known(dataset)
-        return np.where(np.isnan(score), self.median, score)[:, None]
+        return np.where(np.isnan(score), self.median_, score)[:, None]
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SeverityScore":
-        self.median = float(np.nanmedian(self.known(train)))
-        self.model = LogisticRegression(C=1e6, max_iter=1000).fit(self._filled(train), train.labels.numpy())
+        self.median_ = float(np.nanmedian(self.known(train)))
+        self.model_ = LogisticRegression(C=1e6, max_iter=1000).fit(self._filled(train), train.labels.numpy())
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        return self.model.predict_proba(self._filled(dataset))[:, 1]
+        check_fitted(self)
+        return self.model_.predict_proba(self._filled(dataset))[:, 1]
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        check_fitted(self)
         unknown = int(np.isnan(self.known(parts["test"])).sum())
-        mlflow.log_params({"chosen_train_median": self.median, "chosen_test_unknown": unknown})
+        mlflow.log_params({"chosen_train_median": self.median_, "chosen_test_unknown": unknown})
         return {}
