@@ -300,8 +300,9 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
                      disabled=st.session_state.playing)  # fmt: skip
     now = hour - 1
     risk = replay.risk[now]
-    explained = explain_hour(trained, replay, now)
-    drivers = drivers_at(explained)
+    unexplained = trained.model.explanation_unavailable  # the reference architecture: risk, but no drivers
+    explained = None if unexplained else explain_hour(trained, replay, now)
+    drivers = [] if explained is None else drivers_at(explained)
     trend = risk_trend(replay.risk, now)
 
     left, middle, right = st.columns(3)
@@ -315,8 +316,10 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     since = alert_since(replay.hours, replay.risk, threshold, now)
     driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
+        why = ("This run's model does not say what drives it." if unexplained
+               else f"Driven by {driven or 'no single signal'}.")  # fmt: skip
         st.error(f"**Warning: risk {risk:.2f} is above the alert threshold {threshold:.2f}** since hour {since:g}. "
-                 f"Driven by {driven or 'no single signal'}.", icon=":material/warning:")  # fmt: skip
+                 f"{why}", icon=":material/warning:")  # fmt: skip
     elif np.isfinite(risk):
         st.success(f"Risk {risk:.2f} is below the alert threshold {threshold:.2f}.", icon=":material/check_circle:")
     else:
@@ -325,6 +328,9 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
 
     st.subheader("Why")
+    if explained is None:
+        st.info(f"No explanation for this run: {unexplained}.")
+        return
     signals = signals_at(explained)
     left, right = st.columns(2)
     with left:
@@ -375,7 +381,10 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
     st.caption(f"Run {run.info.run_id} · dataset {params.get('dataset', '?')} · split {params.get('split', '?')}")
     for column, (path, caption) in zip(st.columns(2) * 2, MODEL_PLOTS.items()):
         image = cached_artifact(store, run.info.run_id, path)
-        if image is None:
+        unexplained = run.data.tags.get(run_contract.EXPLANATIONS_TAG)
+        if image is None and path.startswith(run_contract.EXPLANATIONS) and unexplained:
+            column.info(f"No explanation plot: {unexplained}.")
+        elif image is None:
             column.warning(f"The run logged no {path}.")
         else:
             # Inline, not through Streamlit's /media/ route, which a login token closes (app.access.Gate).

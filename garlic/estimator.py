@@ -20,7 +20,6 @@ from garlic.explain import normalised_graph
 from garlic.explanation_report import edge_recovery_auroc, log_explanations
 from garlic.pipeline import check_fitted
 from garlic.predict import predict_proba
-from garlic.reference_model import EXPLANATION_UNSUPPORTED
 from garlic.saved_model import TrainedModel
 from garlic.tracking import log_model
 from garlic.train import EpochRecord, make_trainer
@@ -87,10 +86,10 @@ class GarlicEstimator:
         plots.plt.close(figure)
         if self.keep_model:
             log_model(self.trained_model_)
-        if self.explain and self.config.architecture == "compact":
+        if self.explain and model.explanation_unavailable is None:
             log_explanations(self.trained_model_, parts["test"])
         elif self.explain:  # the run and its model are kept; what the explanation cannot say is said instead
-            mlflow.set_tag("explanations", EXPLANATION_UNSUPPORTED)
+            mlflow.set_tag(run_contract.EXPLANATIONS_TAG, model.explanation_unavailable)
         metrics = {"best_epoch": float(self.fit_result_.best_epoch)}
         if self.planted and self.config.use_graph:
             graph = normalised_graph(model).cpu().numpy()

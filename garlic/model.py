@@ -385,6 +385,9 @@ class Garlic(nn.Module):
 
     PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "summary_branch",
                           "classifier")  # fmt: skip
+    # Why the built-in explanation (``garlic.explain``) is not defined for the model, None where it is: what callers
+    # ask instead of testing the class.
+    explanation_unavailable: str | None = None
 
     def __init__(self, num_variables: int, num_static: int, config: Config):
         super().__init__()

@@ -272,6 +272,7 @@ class ReferenceGarlic(nn.Module):
     temporal attention, GRU, classifier); everything else is its reconstruction group."""
 
     PREDICTION_MODULES = ("signal_attention", "sequence", "temporal_attention", "classifier")
+    explanation_unavailable = EXPLANATION_UNSUPPORTED  # as ``Garlic.explanation_unavailable``
 
     def __init__(self, num_variables: int, num_static: int, config: Config):
         super().__init__()

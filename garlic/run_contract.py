@@ -20,7 +20,8 @@ Artifacts (paths inside a run; the names below own them):
 - ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
 - ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
 - ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;
-- ``explanations/`` (``EXPLANATIONS``, ``explanation(name)``): importance tables and figures.
+- ``explanations/`` (``EXPLANATIONS``, ``explanation(name)``): importance tables and figures; a run whose model
+  has no built-in explanation has none, and its tag ``explanations`` (``EXPLANATIONS_TAG``) says why.
 
 Outside the MLflow artifacts, a split run that is training keeps its training state (for ``--resume``) at
 ``training_state_path(store, run_id)``: ``STORE/training-states/<run id>/training.pt``.
@@ -53,6 +54,7 @@ DATA_MANIFEST = "data_manifest.json"
 MODEL = "model"
 GRAPH = "graph/adjacency.csv"
 EXPLANATIONS = "explanations"
+EXPLANATIONS_TAG = "explanations"
 TRAINING_STATE = "training.pt"
 
 

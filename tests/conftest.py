@@ -68,20 +68,21 @@ class TinyRun:
     run_id: str
 
 
-def tiny_run(tmp_path_factory) -> TinyRun:
-    """A tiny synthetic run (300 stays, 2 epochs) in a temporary store, trained once per session and shared."""
+def tiny_run(tmp_path_factory, architecture: str = "compact") -> TinyRun:
+    """A tiny synthetic run (300 stays, 2 epochs) of ``architecture`` in a temporary store, trained once per session
+    and shared."""
     from garlic import runs
     from garlic.config import Config
     from garlic.datasets import processed_folder
     from preprocessing import synthetic
 
-    folder = tmp_path_factory.getbasetemp() / "dashboard-run"
+    folder = tmp_path_factory.getbasetemp() / ("dashboard-run" if architecture == "compact" else f"{architecture}-run")
     done = folder / "run_id"
     if not done.is_file():
         synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
         config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "max_epochs": 2,
                                                            "lr_cls": 5e-3, "lr_rec": 5e-3, "batch_size": 32,
-                                                           "device": "cpu"})  # fmt: skip
+                                                           "device": "cpu", "architecture": architecture})  # fmt: skip
         run_id, _ = runs.train(config, data_root=folder / "data", store=folder / "mlruns")
         done.write_text(run_id)
     return TinyRun(folder / "data", folder / "mlruns", done.read_text())

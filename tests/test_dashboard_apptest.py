@@ -39,14 +39,30 @@ def page(run, monkeypatch, listening_on):
     monkeypatch.delenv("GARLIC_DASHBOARD_TOKEN", raising=False)
     listening_on("127.0.0.1")
 
-    def open_page(run_id: str | None = run.run_id, store: Path = run.store, address: str = "") -> AppTest:
-        arguments = ["--mlruns", str(store), "--data-root", str(run.data_root)] + (["--run", run_id] if run_id else [])
+    def open_page(run_id: str | None = run.run_id, store: Path = run.store, address: str = "",
+                  data_root: Path = run.data_root) -> AppTest:  # fmt: skip
+        arguments = ["--mlruns", str(store), "--data-root", str(data_root)] + (["--run", run_id] if run_id else [])
         monkeypatch.setattr(sys, "argv", [str(PAGE), *arguments])
         at = AppTest.from_file(str(PAGE), default_timeout=60)
         at.query_params = dict(part.split("=") for part in address.split("&") if part)
         return at.run()
 
     return open_page
+
+
+def test_a_run_whose_model_has_no_built_in_explanation_replays_its_risk_and_says_why(page, tmp_path_factory):
+    reference = tiny_run(tmp_path_factory, architecture="reference")
+    at = page(reference.run_id, reference.store, data_root=reference.data_root)
+    assert not at.exception
+    assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
+    assert any(m.label == "Test AUROC" for m in at.metric)
+    said = [e.value for e in at.info]
+    assert any(s.startswith("No explanation for this run: the built-in explanation") for s in said), said
+    assert any(s.startswith("No explanation plot: ") for s in said), said
+    assert not [e.value for e in at.error if "Something went wrong" in e.value]
+    at.sidebar.number_input(key=f"threshold-{reference.run_id}").set_value(0.0).run()
+    (warning,) = warnings(at)
+    assert "This run's model does not say what drives it." in warning
 
 
 def warnings(at: AppTest) -> list[str]:
