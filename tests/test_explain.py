@@ -132,6 +132,26 @@ def test_integrated_gradients_shapes_zero_off_observations_and_normalisation(set
     torch.testing.assert_close(importance.sum(dim=(1, 2)), torch.ones(len(batch)))
 
 
+def plain_integrated_gradients(model, batch, steps):
+    """The formula of garlic.attribution written out: (x dF/dx + m dF/dm) averaged at the midpoints alpha = (i + 0.5)
+    / steps of the path from the empty stay."""
+    total = torch.zeros_like(batch.values)
+    for alpha in (torch.arange(steps, dtype=torch.float32) + 0.5) / steps:
+        values, mask = (alpha * batch.values).requires_grad_(), (alpha * batch.mask).requires_grad_()
+        logits = model(values, mask, batch.times, batch.lengths, batch.static).logits
+        value_grad, mask_grad = torch.autograd.grad(logits.sum(), (values, mask))
+        total += value_grad * batch.values + mask_grad * batch.mask
+    return total / steps
+
+
+def test_captums_integrated_gradients_are_the_formula(setup):
+    model, batch, _, _, _ = setup
+    model.eval()
+    batch = type(batch)(**{name: tensor[:6] for name, tensor in batch.__dict__.items()})
+    torch.testing.assert_close(integrated_gradients(model, batch, steps=5), plain_integrated_gradients(model, batch, 5),
+                               rtol=1e-4, atol=1e-6)  # fmt: skip
+
+
 def test_integrated_gradients_are_complete(setup):
     """Summed over cells, IG gives logit(stay) - logit(nothing observed), up to the path integral's small error."""
     model, batch, _, _, _ = setup
