@@ -1,0 +1,214 @@
+"""A search for a better GARLIC configuration, on validation only, with Optuna.
+
+    python -m experiments.search --dataset physionet2012 --protocol raindrop --splits 0 1 \\
+        --preset physionet2012-fast --trials 30 --write-preset physionet2012-searched
+
+Each trial takes the preset (``--preset``, with ``--set`` applied) and draws the values of ``SPACE`` (or of the
+names given to ``--space``); it is trained on each screening split (``--splits`` of ``--protocol``), its best epoch
+selected on validation as every run's is, and scored by the validation AUROC at that epoch, averaged over the
+screening splits: the study maximises that. **The test parts are never read**: a trial's splits are built without
+theirs. Confirm the best configuration on every split with ``experiments.compare``, where each protocol's test parts
+are read once per final configuration.
+
+- **Pruning**: after every epoch of the first screening split, a trial reports its validation AUROC; Optuna's
+  median pruner stops it when it falls below the median of earlier trials at that epoch (after
+  ``PRUNE_AFTER_TRIALS`` trials and ``PRUNE_AFTER_EPOCHS`` epochs).
+- **The study** lives in an Optuna storage: ``sqlite:///<--mlruns>/optuna.db`` by default, or any database URL
+  (``--storage postgresql://...``). Several processes, on one machine or many, can run this command on the same
+  ``--study`` at once: each adds its ``--trials``, and the sampler sees them all. A study remembers its preset,
+  protocol and screening splits, and refuses a process that names others.
+- **Tracking**: every trial is an MLflow run of the experiment ``search-<dataset>`` in ``--mlruns``, tagged with the
+  study and trial number, its parameters the trial's values, its metric the objective (``validation_auroc``); each
+  screening split is a nested run with the per-epoch curves. A pruned trial's runs end KILLED and tagged ``pruned``.
+- **The budget** is ``--trials`` per process (and ``--timeout`` minutes); what was tried (complete, pruned, failed)
+  is printed, beside the best trial.
+
+``--write-preset NAME`` writes the best trial's configuration as ``experiments/configs/NAME.json`` (or a path).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlflow
+import optuna
+
+from experiments import study
+from experiments.compare import preset_config
+from garlic.config import CONFIG_DIR, Config
+from garlic.data import IrregularDataset
+from garlic.estimator import GarlicEstimator
+from garlic.splits import Split
+from garlic.train import EpochRecord
+from preprocessing.atomic import atomic_file
+from preprocessing.tensors import IrregularTensors
+
+# What a trial draws: (kind, low, high) for a float ('log': on a log scale) or ('choice', options).
+SPACE = {
+    "lr_cls": ("log", 1e-4, 1e-2),
+    "lr_rec": ("log", 1e-4, 1e-2),
+    "wd_cls": ("log", 1e-6, 1e-2),
+    "lambda_cls": ("log", 0.1, 3.0),
+    "lambda_graph": ("log", 1e-4, 1e-1),
+    "dropout": ("float", 0.0, 0.5),
+    "hidden_dim": ("choice", [32, 64, 128]),
+    "feature_dim": ("choice", [4, 8, 16]),
+    "window_size": ("choice", [2, 3, 4, 6]),
+    "batch_size": ("choice", [64, 128, 256]),
+    "stage_patience": ("choice", [0, 1, 3]),
+    "balance_classes": ("choice", [False, True]),
+}
+PRUNE_AFTER_TRIALS = 5
+PRUNE_AFTER_EPOCHS = 3
+OBJECTIVE = "validation_auroc"
+log = logging.getLogger("experiments")
+
+
+def draw(trial: optuna.Trial, names: list[str]) -> dict:
+    """The trial's values of the ``SPACE`` entries ``names``."""
+    values = {}
+    for name in names:
+        kind, *bounds = SPACE[name]
+        if kind == "choice":
+            values[name] = trial.suggest_categorical(name, bounds[0])
+        else:
+            values[name] = trial.suggest_float(name, bounds[0], bounds[1], log=kind == "log")
+    return values
+
+
+@contextmanager
+def tracked_run(**start):
+    """An MLflow run that ends FINISHED, KILLED (a pruned trial) or FAILED."""
+    mlflow.start_run(**start)
+    status = "FAILED"
+    try:
+        yield
+        status = "FINISHED"
+    except optuna.TrialPruned:
+        mlflow.set_tag("pruned", "true")
+        status = "KILLED"
+        raise
+    finally:
+        mlflow.end_run(status)
+
+
+def validation_score(config: Config, tensors: IrregularTensors, split: Split, trial: optuna.Trial | None) -> float:
+    """Fit on the split's training part, select on its validation part (reporting each epoch to ``trial`` for
+    pruning), and return the validation AUROC of the selected epoch. The test part is not built."""
+    train, validation = (IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
+                         for part in ("train", "validation"))  # fmt: skip
+
+    def report(record: EpochRecord) -> None:
+        trial.report(record.val_auroc, record.epoch)
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"validation AUROC {record.val_auroc:.4f} at epoch {record.epoch}")
+
+    estimator = GarlicEstimator(config, explain=False, keep_model=False, on_epoch=None if trial is None else report)
+    estimator.fit(train, validation)
+    result = estimator.fit_result_
+    return next(r.val_auroc for r in result.history if r.epoch == result.best_epoch)
+
+
+def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: str):
+    def run_trial(trial: optuna.Trial) -> float:
+        values = draw(trial, names)
+        config = base.override(values)
+        tags = {"study": "search", "optuna_study": study_name, "trial": str(trial.number)}
+        with tracked_run(run_name=f"trial_{trial.number}", tags=tags):
+            mlflow.log_params(values)
+            scores = []
+            for position, split in enumerate(cohort.splits):
+                with tracked_run(run_name=split.name, nested=True, tags=tags):
+                    mlflow.log_param("split", split.name)
+                    score = validation_score(config, cohort.tensors, split, trial if position == 0 else None)
+                    mlflow.log_metric(OBJECTIVE, score)
+                scores.append(score)
+            value = sum(scores) / len(scores)
+            mlflow.log_metric(OBJECTIVE, value)
+        return value
+
+    return run_trial
+
+
+def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None) -> optuna.Study:
+    """The study ``name`` in ``storage`` (made when new), after checking that it searches what ``identity`` says
+    (preset, dataset, protocol, screening splits, searched names, fixed settings)."""
+    searched = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                                   sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+                                   pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))  # fmt: skip
+    known = searched.user_attrs.get("identity")
+    if known is None:
+        searched.set_user_attr("identity", identity)
+    elif known != identity:
+        changed = sorted(key for key in identity.keys() | known.keys() if identity.get(key) != known.get(key))
+        raise SystemExit(f"study {name!r} in {storage} searches other settings ({', '.join(changed)}): "
+                         "name another --study, or repeat the first process's arguments")  # fmt: skip
+    return searched
+
+
+def write_preset(target: str, preset: str, fixed: dict, best: dict) -> Path:
+    """The preset's file with the settings fixed for the search (``--set``) and the best trial's values:
+    ``experiments/configs/<target>.json``, or the path given."""
+    path = Path(target) if target.endswith(".json") else CONFIG_DIR / f"{target}.json"
+    settings = json.loads((CONFIG_DIR / f"{preset}.json").read_text()) | fixed | best
+    with atomic_file(path, "w") as file:
+        file.write(json.dumps(settings, indent=2) + "\n")
+    return path
+
+
+def summary(searched: optuna.Study) -> str:
+    states = [trial.state for trial in searched.trials]
+    counts = {state.name.lower(): states.count(state) for state in optuna.trial.TrialState if states.count(state)}
+    lines = [f"study {searched.study_name}: {len(states)} trials ({', '.join(f'{n} {s}' for s, n in counts.items())})"]
+    if counts.get("complete"):
+        best = searched.best_trial
+        lines.append(f"best: trial {best.number}, {OBJECTIVE} {best.value:.4f}, {json.dumps(best.params)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    study.add_common_arguments(parser)
+    parser.add_argument("--preset", required=True, help="the configuration the search starts from (experiments/configs)")
+    parser.add_argument("--protocol", help="the screening splits' protocol (default: the preset's)")
+    parser.add_argument("--space", nargs="+", choices=sorted(SPACE), help="search these names only (default: all)")
+    parser.add_argument("--trials", type=int, default=20, help="trials this process adds (default 20)")
+    parser.add_argument("--timeout", type=float, metavar="MINUTES", help="stop starting trials after this long")
+    parser.add_argument("--study", help="the study's name (default: search-<preset>-<protocol>)")
+    parser.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
+    parser.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default: none)")
+    parser.add_argument("--write-preset", metavar="NAME", help="write the best trial's configuration as a preset")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
+    fixed = [*args.set, *([f"max_epochs={args.max_epochs}"] if args.max_epochs else [])]
+    base = preset_config(args.preset, args.dataset, [*fixed, *([f"device={args.device}"] if args.device else [])])
+    protocol = args.protocol or base.split_protocol
+    base = base.override({"split_protocol": protocol})
+    cohort = study.load_cohort(args.dataset, args.data_root, protocol, args.splits or [0])
+    names = args.space or list(SPACE)
+    name = args.study or f"search-{args.preset}-{protocol}"
+    args.mlruns.mkdir(parents=True, exist_ok=True)
+    storage = args.storage or f"sqlite:///{(args.mlruns / 'optuna.db').resolve()}"
+    unsearched = base.override({name: getattr(Config, name) for name in names}).to_dict() | {"device": None}
+    identity = {"preset": args.preset, "dataset": args.dataset, "protocol": protocol,
+                "splits": [split.index for split in cohort.splits], "space": sorted(names), "settings": unsearched}
+    searched = open_study(name, storage, identity, args.sampler_seed)
+    study.open_experiment(f"search-{args.dataset}", args.mlruns)
+    searched.optimize(objective(base, cohort, names, name), n_trials=args.trials,
+                      timeout=None if args.timeout is None else 60 * args.timeout, catch=())  # fmt: skip
+    print(summary(searched))
+    if args.write_preset and any(t.state == optuna.trial.TrialState.COMPLETE for t in searched.trials):
+        kept = {key: base.to_dict()[key] for key in (assignment.partition("=")[0] for assignment in fixed)}
+        path = write_preset(args.write_preset, args.preset, kept, searched.best_params)
+        print(f"best configuration written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""experiments.search: an Optuna study on validation only, every trial an MLflow run, shared through its storage."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+import optuna
+import pytest
+
+from experiments import search, study
+from experiments.compare import preset_config
+from garlic.config import Config
+from garlic.datasets import processed_folder
+from garlic.splits import Split
+from garlic.tracking import use_store
+from preprocessing import synthetic
+
+TINY = ["--max-epochs", "2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search-data")
+    synthetic.generate(processed_folder("synthetic", root), n_stays=300, seed=3)
+    return root
+
+
+@pytest.fixture
+def no_test_part(monkeypatch):
+    """Any attempt to build a split's test part fails the test: the search must never read it."""
+    positions = Split.positions
+
+    def guarded(self, tensors, part):
+        assert part != "test", "the search built a test part"
+        return positions(self, tensors, part)
+
+    monkeypatch.setattr(Split, "positions", guarded)
+
+
+def arguments(data_root, store, *extra):
+    return ["--dataset", "synthetic", "--preset", "synthetic", "--data-root", str(data_root), "--mlruns", str(store),
+            "--space", "lr_cls", "dropout", "--sampler-seed", "0", *TINY, *extra]  # fmt: skip
+
+
+def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_to_the_study(
+    data_root, tmp_path, no_test_part, capsys
+):
+    store = tmp_path / "mlruns"
+    search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "2", "--write-preset",
+                          str(tmp_path / "best.json")))  # fmt: skip
+    storage = f"sqlite:///{store / 'optuna.db'}"
+    found = optuna.load_study(study_name="search-synthetic-five-split", storage=storage)
+    assert [t.state for t in found.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert set(found.best_params) == {"lr_cls", "dropout"}
+
+    use_store(store)
+    runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
+    trials = {r.data.tags["trial"]: r for r in runs if r.info.run_name.startswith("trial_")}
+    splits = [r for r in runs if not r.info.run_name.startswith("trial_")]
+    assert sorted(trials) == ["0", "1"] and len(splits) == 4
+    for trial in found.trials:
+        run = trials[str(trial.number)]
+        assert run.data.metrics["validation_auroc"] == pytest.approx(trial.value)
+        assert float(run.data.params["lr_cls"]) == pytest.approx(trial.params["lr_cls"])
+    for run in runs:  # nothing about the test parts is logged anywhere
+        assert not [m for m in run.data.metrics if m.startswith("test")]
+        assert not [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "predictions")]
+    assert {r.data.params["split"] for r in splits} == {"five-split/split_0", "five-split/split_1"}
+    assert all("val_auroc" in r.data.metrics for r in splits)  # the per-epoch curves
+
+    written = json.loads((tmp_path / "best.json").read_text())
+    assert written["lr_cls"] == found.best_params["lr_cls"] and written["max_epochs"] == 2
+    assert Config.load(tmp_path / "best.json").hidden_dim == 16
+    assert "2 trials (2 complete)" in capsys.readouterr().out
+
+    search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "1"))
+    assert len(optuna.load_study(study_name="search-synthetic-five-split", storage=storage).trials) == 3
+    with pytest.raises(SystemExit, match="searches other settings \\(splits\\)"):
+        search.main(arguments(data_root, store, "--splits", "0", "--trials", "1"))
+
+
+def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part):
+    base = preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
+    cohort = study.load_cohort("synthetic", data_root, "five-split", [0])
+    study.open_experiment("search-synthetic", tmp_path / "mlruns")
+    always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
+    always.optimize(search.objective(base, cohort, ["dropout"], "pruned"), n_trials=1)
+    (trial,) = always.trials
+    assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.intermediate_values) == [1]
+    runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
+    assert len(runs) == 2 and all(r.info.status == "KILLED" and r.data.tags["pruned"] == "true" for r in runs)
