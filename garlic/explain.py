@@ -51,10 +51,15 @@ class Explanation:
         return pd.Series(mean, index=self.variables, name="importance").sort_values(ascending=False)
 
 
-def normalised_graph(model: Garlic) -> Tensor:
-    """|A_ij| / sum_i |A_ij|: where each target variable's messages come from. [D, D]"""
-    weight = model.graph.adjacency.detach().abs()
+def normalised_adjacency(adjacency: Tensor) -> Tensor:
+    """|A_ij| / sum_i |A_ij|: where each target variable's messages come from (row = source). [D, D] -> [D, D]"""
+    weight = adjacency.detach().abs()
     return weight / weight.sum(0, keepdim=True).clamp(min=1e-12)
+
+
+def normalised_graph(model: Garlic) -> Tensor:
+    """The model's summary graph, ``normalised_adjacency`` of its learned adjacency. [D, D]"""
+    return normalised_adjacency(model.graph.adjacency)
 
 
 @torch.no_grad()
