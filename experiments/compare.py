@@ -161,6 +161,23 @@ def finished_unit(
     return None
 
 
+def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
+                data_root: Path) -> list[tuple[int, int, Path, mlflow.entities.Run]]:  # fmt: skip
+    """(split, seed, store, run) of every finished run of preset ``name`` on the protocol's splits and seeds that
+    ``stores`` hold, found as the table finds them: for the studies that read the trained models."""
+    config = preset_config(name, dataset, [])
+    chosen = protocol(protocol_name)
+    digest = run_contract.manifest_digest(read_manifest(ensure_processed(dataset, data_root)))
+    found = []
+    for index in chosen.splits:
+        for seed in chosen.seeds or (config.seed,):
+            unit = config.override({"split_protocol": protocol_name, "seed": seed})
+            held = finished_unit(stores, unit, f"{protocol_name}/split_{index}", digest)
+            if held is not None:
+                found.append((index, seed, *held))
+    return found
+
+
 def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
     use_store(store)
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))

@@ -39,38 +39,29 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from experiments.compare import finished_unit, preset_config  # noqa: E402
+from experiments.compare import stored_runs  # noqa: E402
 from garlic import run_contract  # noqa: E402
 from garlic.data import IrregularDataset  # noqa: E402
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
 from garlic.explain import normalised_adjacency  # noqa: E402
-from garlic.splits import load_splits, protocol  # noqa: E402
+from garlic.splits import load_splits  # noqa: E402
 from garlic.tracking import use_store  # noqa: E402
 from preprocessing.atomic import atomic_file  # noqa: E402
-from preprocessing.tables import read_manifest  # noqa: E402
 from preprocessing.tensors import load_tensors  # noqa: E402
 
 CORRELATION_STAYS = 5000  # training stays the lag-one correlations are computed on (the first run's split, seeded)
 
 
 def run_graphs(preset: str, dataset: str, protocol_name: str, stores: list[Path], data_root: Path) -> dict[str, np.ndarray]:
-    """'<split>/seed_<s>' -> the summary graph [D, D] (row = source) of every finished run of the preset."""
-    config = preset_config(preset, dataset, [])
-    chosen = protocol(protocol_name)
-    digest = run_contract.manifest_digest(read_manifest(ensure_processed(dataset, data_root)))
+    """'split_<k>/seed_<s>' -> the summary graph [D, D] (row = source) of every finished run of the preset, and
+    'variables' -> their names."""
     graphs = {}
-    for index in chosen.splits:
-        for seed in chosen.seeds or (config.seed,):
-            unit = config.override({"split_protocol": protocol_name, "seed": seed})
-            found = finished_unit(stores, unit, f"{protocol_name}/split_{index}", digest)
-            if found is None:
-                continue
-            store, run = found
-            use_store(store)
-            path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=run_contract.GRAPH)
-            adjacency = pd.read_csv(path, index_col=0)
-            graphs[f"split_{index}/seed_{seed}"] = normalised_adjacency(torch.tensor(adjacency.to_numpy())).numpy()
-            variables = list(adjacency.columns)
+    for index, seed, store, run in stored_runs(preset, dataset, protocol_name, stores, data_root):
+        use_store(store)
+        path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=run_contract.GRAPH)
+        adjacency = pd.read_csv(path, index_col=0)
+        graphs[f"split_{index}/seed_{seed}"] = normalised_adjacency(torch.tensor(adjacency.to_numpy())).numpy()
+        variables = list(adjacency.columns)
     if not graphs:
         raise SystemExit(f"no finished run of {preset} on {protocol_name} ({dataset}) in {', '.join(map(str, stores))}")
     return graphs | {"variables": variables}

@@ -1,0 +1,46 @@
+"""experiments.imputation: the hidden cells, the simple imputers and the reconstruction head, on small inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.imputation import hide, reconstructed, simple_imputations
+from garlic.config import Config
+from garlic.model import Garlic
+
+
+def test_hide_draws_a_tenth_of_the_observed_cells_and_only_those():
+    mask = np.random.default_rng(1).random((20, 7, 4)) < 0.5
+    hidden = hide(mask, 0.1, seed=3)
+    assert hidden.sum() == round(0.1 * mask.sum()) and not (hidden & ~mask).any()
+    assert (hide(mask, 0.1, seed=3) == hidden).all() and (hide(mask, 0.1, seed=4) != hidden).any()
+
+
+def test_simple_imputers_read_the_values_left_before_and_after():
+    # one stay, one variable: values left at t = 0 h (2.0) and t = 4 h (6.0); cells at 1 h, 2 h (between) and 6 h
+    times = torch.tensor([[0.0, 1.0, 2.0, 4.0, 6.0]])
+    values = torch.tensor([[2.0, 0.0, 0.0, 6.0, 0.0]])[..., None]
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0]])[..., None]
+    imputed = {name: guess[0, :, 0].tolist() for name, guess in simple_imputations(values, mask, times).items()}
+    assert imputed["locf"][1:] == [2.0, 2.0, 2.0, 6.0]  # the value at 4 h is carried from 0 h: strictly before
+    assert imputed["linear"][1:3] == pytest.approx([3.0, 4.0]) and imputed["linear"][4] == 6.0
+    assert imputed["linear"][0] == 6.0  # the first step has only a later value left
+    assert imputed["mean"] == [0.0] * 5
+    nothing = simple_imputations(values * 0, mask * 0, times)
+    assert all(guess.abs().sum() == 0 for guess in nothing.values())  # no value left: the training mean (0)
+
+
+def test_the_reconstruction_head_of_a_stay_does_not_depend_on_its_batch():
+    torch.manual_seed(0)
+    model = Garlic(3, 2, Config(hidden_dim=8, feature_dim=4, summary_branch=True, use_static=True))
+    lengths = torch.tensor([5, 2, 4])
+    values, mask = torch.randn(3, 5, 3), (torch.rand(3, 5, 3) < 0.6).float()
+    times, static = torch.arange(5.0).expand(3, 5), torch.randn(3, 2)
+    together = reconstructed(model, values * mask, mask, times, lengths, static)
+    for stay in range(3):
+        steps = int(lengths[stay])
+        alone = model.eval()(values[stay : stay + 1, :steps] * mask[stay : stay + 1, :steps],
+                             mask[stay : stay + 1, :steps], times[stay : stay + 1, :steps], lengths[stay : stay + 1],
+                             static[stay : stay + 1]).reconstruction  # fmt: skip
+        torch.testing.assert_close(together[stay, :steps], alone[0])
