@@ -40,7 +40,6 @@ difference whose interval holds 0 is a tie).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
@@ -60,6 +59,7 @@ from experiments import study
 from experiments.baselines.run import RECURRENT, Baselines
 from experiments.run_archive import RunArchive, Unit
 from experiments.stats import weighted_auroc, weighted_average_precision
+from experiments.study import preset_config
 from garlic import run_contract, runs
 from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
@@ -114,18 +114,6 @@ def protocol_dataset(table: str, protocol_name: str) -> str:
     chosen = protocol(protocol_name)
     cohorts = [d for d in published_for(chosen.published) if d.startswith(f"{table}-")] if chosen.published else []
     return cohorts[0] if cohorts else TABLE_COHORTS[table]
-
-
-def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
-    path = CONFIG_DIR / f"{name}.json"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
-        raise ValueError(f"no preset {name!r} in {CONFIG_DIR}; known: {known}")
-    config = Config.load(path, dataset=dataset).override(overrides)
-    named = json.loads(path.read_text()).get("dataset", Config().dataset)
-    if named not in (dataset, dataset.partition("-")[0]):  # a source's preset (physionet2019) fits all its cohorts
-        raise ValueError(f"preset {name!r} is for dataset {named!r}, not {dataset!r}")
-    return config
 
 
 def matches(params: dict[str, str], config: Config) -> bool:

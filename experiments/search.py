@@ -37,7 +37,6 @@ import mlflow
 import optuna
 
 from experiments import study
-from experiments.compare import preset_config
 from garlic.config import CONFIG_DIR, Config
 from garlic.data import IrregularDataset
 from garlic.estimator import GarlicEstimator
@@ -173,7 +172,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
-    parser.add_argument("--preset", required=True, help="the configuration the search starts from (experiments/configs)")
     parser.add_argument("--protocol", help="the screening splits' protocol (default: the preset's)")
     parser.add_argument("--space", nargs="+", choices=sorted(SPACE), help="search these names only (default: all)")
     parser.add_argument("--trials", type=int, default=20, help="trials this process adds (default 20)")
@@ -187,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
     if args.trials < 1:
         parser.error("--trials must be at least 1")
+    if not args.preset:
+        parser.error("--preset is required: the configuration the search starts from")
     fixed = [*args.set, *([f"max_epochs={args.max_epochs}"] if args.max_epochs else [])]
-    base = preset_config(args.preset, args.dataset, [*fixed, *([f"device={args.device}"] if args.device else [])])
+    base = study.study_config(args)
     protocol = args.protocol or base.split_protocol
     base = base.override({"split_protocol": protocol})
     cohort = study.load_cohort(args.dataset, args.data_root, protocol, args.splits or [0])

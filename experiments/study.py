@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from garlic.config import Config  # noqa: E402
+from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
 from garlic.pipeline import TEST_METRICS  # noqa: E402
 from garlic.splits import Split, chosen_splits, load_splits  # noqa: E402
@@ -40,6 +40,7 @@ log = logging.getLogger("experiments")
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default="synthetic")
     parser.add_argument("--splits", type=int, nargs="+", metavar="K", help="split indices (default: all five)")
+    parser.add_argument("--preset", help="a shipped preset (experiments/configs/NAME.json; default: the dataset's)")
     parser.add_argument("--max-epochs", type=int, help="cap on training epochs, for quick looks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -49,14 +50,30 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
+def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
+    """The shipped preset ``experiments/configs/NAME.json`` for ``dataset``, ``overrides`` applied; a preset made for
+    another dataset is refused."""
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+        raise ValueError(f"no preset {name!r} in {CONFIG_DIR}; known: {known}")
+    config = Config.load(path, dataset=dataset).override(overrides)
+    named = json.loads(path.read_text()).get("dataset", Config().dataset)
+    if named not in (dataset, dataset.partition("-")[0]):  # a source's preset (physionet2019) fits all its cohorts
+        raise ValueError(f"preset {name!r} is for dataset {named!r}, not {dataset!r}")
+    return config
+
+
 def study_config(args: argparse.Namespace) -> Config:
-    """The dataset's preset config with ``--set``, ``--max-epochs`` and ``--device`` applied."""
-    overrides = [f"dataset={args.dataset}", *args.set]
+    """``--preset`` (default: the dataset's own config) with ``--set``, ``--max-epochs`` and ``--device`` applied."""
+    overrides = [*args.set]
     if args.max_epochs is not None:
         overrides.append(f"max_epochs={args.max_epochs}")
     if args.device:
         overrides.append(f"device={args.device}")
-    return Config.for_dataset(args.dataset).override(overrides)
+    if args.preset:
+        return preset_config(args.preset, args.dataset, overrides)
+    return Config.for_dataset(args.dataset).override([f"dataset={args.dataset}", *overrides])
 
 
 @dataclass

@@ -8,7 +8,6 @@ import optuna
 import pytest
 
 from experiments import search, study
-from experiments.compare import preset_config
 from garlic.config import Config
 from garlic.datasets import processed_folder
 from garlic.splits import Split
@@ -80,7 +79,7 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
 
 
 def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part):
-    base = preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
+    base = study.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
     cohort = study.load_cohort("synthetic", data_root, "five-split", [0])
     study.open_experiment("search-synthetic", tmp_path / "mlruns")
     always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
