@@ -40,7 +40,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from experiments.compare import stored_runs  # noqa: E402
-from garlic import run_contract  # noqa: E402
+from garlic import plots, run_contract  # noqa: E402
 from garlic.data import IrregularDataset  # noqa: E402
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
 from garlic.explain import normalised_adjacency  # noqa: E402
@@ -142,20 +142,9 @@ def graph_stability(graphs: dict[str, np.ndarray], variables: list[str], correla
 
 def recurring_figure(recurring: pd.DataFrame, variables: list[str], runs: int) -> plt.Figure:
     """The recurring edges on a circle, line width following how many runs have them in their top."""
-    angle = np.linspace(0, 2 * np.pi, len(variables), endpoint=False)
-    x, y = np.cos(angle), np.sin(angle)
-    figure, axis = plt.subplots(figsize=(6, 6))
-    for row in recurring.itertuples():
-        i, j = variables.index(row.source), variables.index(row.target)
-        axis.annotate("", xy=(x[j], y[j]), xytext=(x[i], y[i]),
-                      arrowprops={"arrowstyle": "->", "lw": 0.5 + 3 * row.runs_in_top / runs, "alpha": 0.7})  # fmt: skip
-    axis.scatter(x, y, s=30, color="tab:orange", zorder=3)
-    for name, px, py in zip(variables, x, y):
-        axis.text(px * 1.1, py * 1.1, name, ha="center", va="center", fontsize=7)
-    axis.set(title=f"Edges in the top of at least half of {runs} runs (source -> target)", xlim=(-1.3, 1.3),
-             ylim=(-1.3, 1.3))  # fmt: skip
-    axis.axis("off")
-    return figure
+    edges = [(variables.index(row.source), variables.index(row.target), 0.5 + 3 * row.runs_in_top / runs)
+             for row in recurring.itertuples()]  # fmt: skip
+    return plots.edges_figure(variables, edges, f"Edges in the top of at least half of {runs} runs (source -> target)")
 
 
 def report(command: str, name: str, numbers: dict, recurring: pd.DataFrame, top: int) -> str:

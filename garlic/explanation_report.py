@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from garlic import run_contract  # noqa: E402
+from garlic import plots, run_contract  # noqa: E402
 from garlic.saved_model import TrainedModel  # noqa: E402
 from garlic.data import IrregularDataset, collate  # noqa: E402
 from garlic.explain import Explanation, explain  # noqa: E402
@@ -125,20 +125,9 @@ def strongest_edges_figure(graph: np.ndarray, variables: list[str], top: int = 1
     weights = np.asarray(graph, dtype=float).copy()
     np.fill_diagonal(weights, 0.0)
     order = np.argsort(weights, axis=None)[::-1][:top]
-    angle = np.linspace(0, 2 * np.pi, len(variables), endpoint=False)
-    x, y = np.cos(angle), np.sin(angle)
-    figure, axis = plt.subplots(figsize=(6, 6))
     strongest = weights.ravel()[order].max() or 1.0
-    for flat in order:
-        i, j = divmod(int(flat), len(variables))
-        axis.annotate("", xy=(x[j], y[j]), xytext=(x[i], y[i]),
-                      arrowprops={"arrowstyle": "->", "lw": 0.5 + 3 * weights[i, j] / strongest, "alpha": 0.7})  # fmt: skip
-    axis.scatter(x, y, s=30, color="tab:orange", zorder=3)
-    for name, px, py in zip(variables, x, y):
-        axis.text(px * 1.1, py * 1.1, name, ha="center", va="center", fontsize=7)
-    axis.set(title=f"Strongest {top} learned edges (source -> target)", xlim=(-1.3, 1.3), ylim=(-1.3, 1.3))
-    axis.axis("off")
-    return figure
+    edges = [(*divmod(int(flat), len(variables)), 0.5 + 3 * weights.ravel()[flat] / strongest) for flat in order]
+    return plots.edges_figure(variables, edges, f"Strongest {top} learned edges (source -> target)")
 
 
 def log_explanations(trained: TrainedModel, dataset: IrregularDataset, planted: list[dict] | None = None) -> dict:

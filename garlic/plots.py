@@ -57,3 +57,19 @@ def graph_figure(adjacency: np.ndarray, variables: list[str]) -> plt.Figure:
     figure.colorbar(image, ax=axis, shrink=0.8)
     figure.tight_layout()
     return figure
+
+
+def edges_figure(variables: list[str], edges: list[tuple[int, int, float]], title: str) -> plt.Figure:
+    """The variables on a circle and ``edges`` (source index, target index, line width) as arrows between them."""
+    angle = np.linspace(0, 2 * np.pi, len(variables), endpoint=False)
+    x, y = np.cos(angle), np.sin(angle)
+    figure, axis = plt.subplots(figsize=(6, 6))
+    for i, j, width in edges:
+        axis.annotate("", xy=(x[j], y[j]), xytext=(x[i], y[i]),
+                      arrowprops={"arrowstyle": "->", "lw": width, "alpha": 0.7})  # fmt: skip
+    axis.scatter(x, y, s=30, color="tab:orange", zorder=3)
+    for name, px, py in zip(variables, x, y):
+        axis.text(px * 1.1, py * 1.1, name, ha="center", va="center", fontsize=7)
+    axis.set(title=title, xlim=(-1.3, 1.3), ylim=(-1.3, 1.3))
+    axis.axis("off")
+    return figure
