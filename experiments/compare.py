@@ -26,7 +26,8 @@ table already at ``OUT`` that neither gives (measured before the archive existed
 
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
 FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
-in parallel into separate stores are gathered by listing every store; new work goes into the first. Baselines reuse
+in parallel into separate stores are gathered by listing every store; new work goes into the first, and a GARLIC
+unit that another live process trains into it (``unit_lock``) is left to that process. Baselines reuse
 their finished runs the same way (``experiments.study.resumable``). ``--no-train`` only gathers, and names what is
 missing.
 
@@ -213,9 +214,19 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                     units.append(kept)
                     continue
             if found is None and train:
-                log.info("training %s on %s, seed %d", name, split_name, seed)
-                runs.train(unit_config, [index], data_root, stores[0], preset=name)
-                found = finished_unit(stores[:1], unit_config, split_name, digest)
+                try:
+                    claim = acquire(unit_lock(stores[0], name, protocol_name, index, seed), wait=False)
+                except LockHeld:
+                    log.warning("%s on %s, seed %d: another process is training it; left out", name, split_name, seed)
+                else:
+                    try:  # it may have finished while this process waited for it
+                        found = finished_unit(stores[:1], unit_config, split_name, digest)
+                        if found is None:
+                            log.info("training %s on %s, seed %d", name, split_name, seed)
+                            runs.train(unit_config, [index], data_root, stores[0], preset=name)
+                            found = finished_unit(stores[:1], unit_config, split_name, digest)
+                    finally:
+                        release(claim)
             if found is None:
                 missing.append(Pending(name, protocol_name, index, seed, config.dataset))
                 continue
@@ -224,6 +235,13 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
                               test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
+
+
+def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: int) -> Path:
+    """The lock a process holds while it trains the unit into ``store``, so that no other process trains it too."""
+    locks = Path(store) / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return locks / f"unit-{preset}-{protocol_name}-split_{split}-seed_{seed}"
 
 
 def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
@@ -239,16 +257,14 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
     die with this one."""
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, PARENT_ENV: str(os.getpid())}
-    logs, locks = Path(store) / "logs", Path(store) / "locks"
+    logs = Path(store) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    locks.mkdir(parents=True, exist_ok=True)
 
     def train_one(unit: Pending) -> tuple[Pending, str]:
         if deadline is not None and time.monotonic() >= deadline:
             return unit, "not started: the deadline had passed"
         try:
-            claim = acquire(locks / f"unit-{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}",
-                            wait=False)  # fmt: skip
+            claim = acquire(unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed), wait=False)
         except LockHeld:
             return unit, "skipped: another process is training it"
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]

@@ -22,6 +22,7 @@ from garlic.splits import PROTOCOLS, Protocol
 from garlic.tracking import use_store
 from preprocessing import synthetic
 from preprocessing.locks import acquire, release
+from preprocessing.locks import acquire, release
 from preprocessing.tables import read_manifest
 
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
@@ -97,6 +98,22 @@ def test_runs_on_other_data_are_not_reused(compared, tmp_path):
     with tiny_protocol():
         units, missing = compare.garlic_units("synthetic", config, "tiny", [store], other, train=False)
     assert units == [] and list(map(str, missing)) == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
+
+
+def test_a_unit_another_process_is_training_is_not_trained_twice(compared, tmp_path, monkeypatch):
+    root, _, _, _, _ = compared
+    store = tmp_path / "store"
+    config = compare.preset_config("synthetic", "synthetic", TINY[1::2])
+    trained = []
+    monkeypatch.setattr(compare.runs, "train", lambda config, splits, *a, **k: trained.append((splits, config.seed)))
+    held = acquire(compare.unit_lock(store, "synthetic", "tiny", 0, 1), wait=False)  # "another process", seed 1
+    try:
+        with tiny_protocol():
+            _, missing = compare.garlic_units("synthetic", config, "tiny", [store], root, train=True)
+    finally:
+        release(held)
+    assert trained == [([0], 0)]  # seed 0 trained here; seed 1 left to the process that holds it
+    assert "synthetic tiny/split_0 seed 1" in list(map(str, missing))
 
 
 def test_no_train_gathers_the_baselines_it_has_and_names_the_others_without_training_them(compared, tmp_path):
