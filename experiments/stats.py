@@ -37,6 +37,8 @@ def page_l(scores: np.ndarray) -> float:
 def page_trend(table: pd.DataFrame, best_to_worst: list[str]) -> PageResult:
     """Page's test of ``best_to_worst[0] > best_to_worst[1] > ...`` on ``table`` (rows: splits, columns: conditions)."""
     increasing = table[list(reversed(best_to_worst))].to_numpy(dtype=float)
+    if len(increasing) < 2:  # a screening split: L is defined, a test of it is not (scipy refuses one block)
+        return PageResult(page_l(increasing), float("nan"), "not tested: one split", *increasing.shape)
     result = stats.page_trend_test(increasing)
     return PageResult(float(result.statistic), float(result.pvalue), result.method, *increasing.shape)
 

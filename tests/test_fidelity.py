@@ -109,6 +109,13 @@ def test_page_l_against_a_hand_computation():
     assert result.statistic == 37
 
 
+def test_one_screening_split_gets_its_l_and_no_p_value():
+    table = pd.DataFrame({"best": [0.9], "middle": [0.8], "worst": [0.7]})
+    result = page_trend(table, ["best", "middle", "worst"])
+    assert result.statistic == page_l(np.array([[0.7, 0.8, 0.9]])) == 14.0
+    assert np.isnan(result.p_value) and result.method == "not tested: one split" and result.n_blocks == 1
+
+
 def test_page_test_of_a_perfect_ordering_is_exact():
     # Every one of 3 splits ranks 4 conditions as claimed: L = 3 * (1 + 4 + 9 + 16), p = (1 / 4!)^3.
     table = pd.DataFrame([[0.9, 0.8, 0.7, 0.6], [0.85, 0.8, 0.75, 0.5], [0.95, 0.9, 0.6, 0.55]], columns=CLAIMED_ORDER)
