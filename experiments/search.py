@@ -24,26 +24,38 @@ are read once per final configuration.
   is printed, beside the best trial.
 
 ``--write-preset NAME`` writes the best trial's configuration as ``experiments/configs/NAME.json`` (or a path).
+``--out DIR`` writes the study's report, ``DIR/search-<dataset>.md``: the command, what was searched, the budget
+spent, the best trial, each parameter's importance (Optuna's fANOVA) and every trial (also as ``-trials.csv``),
+with a figure of the history (``-history.png``). ``--trials 0`` only writes the report of the study as it stands.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import shlex
+import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import mlflow
-import optuna
+import matplotlib
 
-from experiments import study
-from garlic.config import CONFIG_DIR, Config
-from garlic.data import IrregularDataset
-from garlic.estimator import GarlicEstimator
-from garlic.splits import Split
-from garlic.train import EpochRecord
-from preprocessing.atomic import atomic_file
-from preprocessing.tensors import IrregularTensors
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import optuna  # noqa: E402
+import optuna.visualization.matplotlib as optuna_plots  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments import study  # noqa: E402
+from garlic.config import CONFIG_DIR, Config  # noqa: E402
+from garlic.data import IrregularDataset  # noqa: E402
+from garlic.estimator import GarlicEstimator  # noqa: E402
+from garlic.splits import Split  # noqa: E402
+from garlic.train import EpochRecord  # noqa: E402
+from preprocessing.atomic import atomic_file  # noqa: E402
+from preprocessing.tensors import IrregularTensors  # noqa: E402
 
 # What a trial draws: (kind, low, high) for a float ('log': on a log scale) or ('choice', options).
 SPACE = {
@@ -168,13 +180,86 @@ def summary(searched: optuna.Study) -> str:
     return "\n".join(lines)
 
 
+def trials_table(searched: optuna.Study) -> pd.DataFrame:
+    """One row per trial: its state, objective (a pruned trial: its last reported validation AUROC and epoch) and
+    drawn values."""
+    rows = []
+    for trial in searched.trials:
+        last_epoch = max(trial.intermediate_values, default=None)
+        rows.append({"trial": trial.number, "state": trial.state.name.lower(),
+                     OBJECTIVE: trial.value, "last_reported_epoch": last_epoch,
+                     "last_reported": None if last_epoch is None else trial.intermediate_values[last_epoch],
+                     "minutes": None if trial.duration is None else round(trial.duration.total_seconds() / 60, 1),
+                     **trial.params})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def importances(searched: optuna.Study) -> dict[str, float] | str:
+    """Each searched parameter's share of the objective's variance over the complete trials (Optuna's fANOVA), or
+    why there is none yet."""
+    complete = [t for t in searched.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if len(complete) < 2:
+        return f"not computed: {len(complete)} complete trial(s), fANOVA needs two or more"
+    return optuna.importance.get_param_importances(searched)
+
+
+def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str) -> str:
+    identity = searched.user_attrs.get("identity", {})
+    weights = importances(searched)
+    lines = [f"# Search: {identity.get('preset')} on {identity.get('dataset')} {identity.get('protocol')}", "",
+             "Made by (the study lives in its Optuna storage; `--trials 0` remakes this page from it):", "",
+             "```bash", command, "```", "",
+             f"Study `{searched.study_name}`: each trial trains the preset with the drawn values on the screening "
+             f"splits {identity.get('splits')} of `{identity.get('protocol')}`, selects its epoch on validation and "
+             f"is scored by the mean validation AUROC of that epoch. No test part was read. Searched: "
+             f"{', '.join(f'`{n}`' for n in identity.get('space', []))}.", "",
+             f"**Budget:** {summary(searched)}.", ""]  # fmt: skip
+    complete = trials[trials.state == "complete"]
+    if len(complete):
+        best = searched.best_trial
+        lines += [f"**Best:** trial {best.number}, validation AUROC {best.value:.4f}, "
+                  + ", ".join(f"`{key}={value:.4g}`" if isinstance(value, float) else f"`{key}={value}`"
+                              for key, value in best.params.items()) + ".", ""]  # fmt: skip
+    lines += ["## Importance of each parameter", ""]
+    if isinstance(weights, str):
+        lines += [weights, ""]
+    else:
+        table = pd.DataFrame({"parameter": list(weights), "importance": [f"{v:.3f}" for v in weights.values()]})
+        lines += [study.markdown(table), ""]
+    shown = trials.copy()
+    for column in shown.columns:
+        if shown[column].dtype.kind == "f":
+            shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
+    lines += ["## History", "", f"![history]({name}-history.png)", "", "## Every trial", "", study.markdown(shown), ""]
+    return "\n".join(lines)
+
+
+def write_report(folder: Path, dataset: str, command: str, searched: optuna.Study) -> Path:
+    """``folder/search-<dataset>.md``, ``-trials.csv`` and ``-history.png``; returns the page's path."""
+    name = f"search-{dataset}"
+    folder.mkdir(parents=True, exist_ok=True)
+    trials = trials_table(searched)
+    with atomic_file(folder / f"{name}-trials.csv", "w") as file:
+        trials.to_csv(file, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVE)
+    with atomic_file(folder / f"{name}-history.png") as file:
+        axes.figure.savefig(file, format="png", dpi=120, bbox_inches="tight")
+    plt.close(axes.figure)
+    with atomic_file(folder / f"{name}.md", "w") as file:
+        file.write(report(command, searched, trials, name))
+    return folder / f"{name}.md"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
     parser.add_argument("--protocol", help="the screening splits' protocol (default: the preset's)")
     parser.add_argument("--space", nargs="+", choices=sorted(SPACE), help="search these names only (default: all)")
-    parser.add_argument("--trials", type=int, default=20, help="trials this process adds (default 20)")
+    parser.add_argument("--trials", type=int, default=20, help="trials this process adds (default 20; 0: only "
+                        "report the study)")
     parser.add_argument("--timeout", type=float, metavar="MINUTES", help="stop starting trials after this long")
     parser.add_argument("--study", help="the study's name (default: search-<preset>-<protocol>)")
     parser.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
@@ -183,8 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     optuna.logging.set_verbosity(optuna.logging.INFO if args.verbose else optuna.logging.WARNING)
-    if args.trials < 1:
-        parser.error("--trials must be at least 1")
+    if args.trials < 0:
+        parser.error("--trials must be 0 (only report) or more")
     if not args.preset:
         parser.error("--preset is required: the configuration the search starts from")
     fixed = [*args.set, *([f"max_epochs={args.max_epochs}"] if args.max_epochs else [])]
@@ -201,9 +286,13 @@ def main(argv: list[str] | None = None) -> None:
                 "splits": [split.index for split in cohort.splits], "space": sorted(names), "settings": unsearched}
     searched = open_study(name, storage, identity, args.sampler_seed)
     study.open_experiment(f"search-{args.dataset}", args.mlruns)
-    searched.optimize(objective(base, cohort, names, name), n_trials=args.trials,
-                      timeout=None if args.timeout is None else 60 * args.timeout, catch=())  # fmt: skip
+    if args.trials:
+        searched.optimize(objective(base, cohort, names, name), n_trials=args.trials,
+                          timeout=None if args.timeout is None else 60 * args.timeout, catch=())  # fmt: skip
     print(summary(searched))
+    if args.out is not None:
+        command = "python -m experiments.search " + shlex.join(argv if argv is not None else sys.argv[1:])
+        print(f"report written to {write_report(args.out, args.dataset, command, searched)}")
     if args.write_preset and any(t.state == optuna.trial.TrialState.COMPLETE for t in searched.trials):
         kept = {key: base.to_dict()[key] for key in (assignment.partition("=")[0] for assignment in fixed)}
         path = write_preset(args.write_preset, args.preset, kept, searched.best_params)

@@ -5,6 +5,7 @@ import json
 
 import mlflow
 import optuna
+import pandas as pd
 import pytest
 
 from experiments import search, study
@@ -76,6 +77,18 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     assert len(optuna.load_study(study_name="search-synthetic-five-split", storage=storage).trials) == 3
     with pytest.raises(SystemExit, match="searches other settings \\(splits\\)"):
         search.main(arguments(data_root, store, "--splits", "0", "--trials", "1"))
+
+    # --trials 0 reports the study as it stands: budget, best trial, importances, every trial, the history figure
+    report_dir = tmp_path / "report"
+    search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "0", "--out", str(report_dir)))
+    found = optuna.load_study(study_name="search-synthetic-five-split", storage=storage)
+    assert len(found.trials) == 3
+    page = (report_dir / "search-synthetic.md").read_text()
+    assert "3 trials (3 complete)" in page and f"**Best:** trial {found.best_trial.number}," in page
+    assert "--trials 0" in page and "| lr_cls |" in page and "| dropout |" in page
+    trials = pd.read_csv(report_dir / "search-synthetic-trials.csv")
+    assert trials["validation_auroc"].tolist() == pytest.approx([t.value for t in found.trials])
+    assert (report_dir / "search-synthetic-history.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part):
