@@ -14,7 +14,7 @@ from app import sources
 from app.threshold import threshold_at_sensitivity
 from preprocessing.physionet2012 import format_record
 from preprocessing.tables import read_processed
-from conftest import run_without_model, tiny_run
+from helpers import run_without_model, tiny_run
 
 PAGE = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
 

@@ -17,7 +17,7 @@ import pytest
 
 from app import sources
 from app.threshold import threshold_at_sensitivity
-from conftest import tiny_run
+from helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

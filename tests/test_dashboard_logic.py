@@ -45,7 +45,7 @@ from preprocessing import physionet2019
 from preprocessing.physionet2012 import format_record
 from preprocessing.records import READERS
 from preprocessing.tables import DatasetNotFoundError, read_processed
-from conftest import TinyRun, run_without_model, tiny_run
+from helpers import TinyRun, run_without_model, tiny_run
 
 
 @pytest.fixture(scope="module")

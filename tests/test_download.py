@@ -27,7 +27,7 @@ from preprocessing.download import (
     download_physionet2012,
     download_physionet2019,
 )
-from conftest import SHARED
+from helpers import SHARED
 
 P12 = SHARED / "physionet2012"
 P19_ZIP = SHARED / "physionet2019" / "training_setA.zip"

@@ -14,7 +14,7 @@ from garlic.splits import load_splits
 from garlic.tracking import use_experiment, use_store
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
-from conftest import synthetic_root
+from helpers import synthetic_root
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "dropout": 0.0}
 

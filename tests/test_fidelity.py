@@ -15,7 +15,7 @@ from garlic.model import Garlic
 from garlic.pipeline import split_parts
 from garlic.splits import draw_split
 from preprocessing.tensors import IrregularTensors
-from conftest import synthetic_root
+from helpers import synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
 

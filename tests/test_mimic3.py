@@ -12,7 +12,7 @@ from experiments.benchmark_mimic_streaming import measure_in_child, write_synthe
 from preprocessing.mimic3 import BENCHMARK_VARIABLES, GARLIC_VARIABLES, MimicError, preprocess
 from preprocessing.tables import read_processed
 from preprocessing.tensors import load_tensors
-from conftest import SHARED
+from helpers import SHARED
 
 DEMO = SHARED / "mimic3-demo"
 needs_demo = pytest.mark.skipif(

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from conftest import random_batch
+from helpers import random_batch
 from garlic.config import Config
 from garlic.model import (
     DecayImputation,

@@ -18,7 +18,7 @@ import pytest
 from preprocessing.physionet2012 import PhysioNet2012Error, preprocess
 from preprocessing.tables import MANIFEST, DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors
-from conftest import P12, P12_TIME_SERIES, assert_frames_equal, raw_series, requires_p12
+from helpers import P12, P12_TIME_SERIES, assert_frames_equal, raw_series, requires_p12
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from garlic.splits import load_splits, not_applicable, published_ids
 from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
 from preprocessing.tables import DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors
-from conftest import SHARED
+from helpers import SHARED
 
 P19 = SHARED / "physionet2019"
 needs_p19 = pytest.mark.skipif(

@@ -32,7 +32,7 @@ from garlic.losses import PREDICTION, RECONSTRUCTION
 from garlic.predict import predict_proba
 from garlic.train import AlternatingTrainer, ReferenceTrainer, make_trainer
 from preprocessing import synthetic
-from conftest import random_batch, synthetic_cohort
+from helpers import random_batch, synthetic_cohort
 
 B, T, D, S, W, FEATURES = 5, 12, 4, 3, 3, 4
 

@@ -24,7 +24,7 @@ from garlic.tracking import RunInUseError, use_experiment, use_store
 from garlic.predict import predict_proba
 from garlic.train import AlternatingTrainer
 from garlic.training_state import load_training_state, save_training_state
-from conftest import synthetic_cohort
+from helpers import synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
 GARLIC = [sys.executable, "-m", "garlic.cli"]

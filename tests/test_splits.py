@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import P12, requires_p12
+from helpers import P12, requires_p12
 from garlic.data import IrregularDataset, collate, loader
 from garlic.splits import PROTOCOLS, PUBLISHED, Normalisation, Split, draw_split, load_splits, published_ids
 from preprocessing.synthetic import generate

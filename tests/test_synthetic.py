@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from conftest import assert_frames_equal
+from helpers import assert_frames_equal
 from garlic.splits import load_splits
 from preprocessing.synthetic import HOURS, LABS, PLANTED_GRAPH, SCALE, VARIABLES, VITALS, generate, simulate
 from preprocessing.tables import read_processed

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import P12_TIME_SERIES, requires_p12
+from helpers import P12_TIME_SERIES, requires_p12
 from preprocessing.tables import ProcessedDataset, write_processed
 from preprocessing.tensors import TENSORS, load_tensors, tensorize
 

@@ -17,7 +17,7 @@ from garlic.model import graph_penalty
 from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
 from garlic.predict import predict_proba
 from garlic.train import WARMUP, AlternatingTrainer, cosine_factor, evaluate
-from conftest import synthetic_cohort
+from helpers import synthetic_cohort
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}
 
