@@ -1,10 +1,11 @@
 import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from experiments import study
-from experiments.ablations import VARIANTS, main, run_variants
+from experiments.ablations import VARIANTS, main, run_variants, with_published
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
 from garlic.model import Garlic, StepwiseProjection
@@ -83,15 +84,30 @@ def test_variants_run_on_the_same_split_and_resume(data_root, store):
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 2
 
 
-def test_command_prints_the_table_and_logs_it(data_root, store, tmp_path, capsys):
+def test_command_prints_the_tables_pairs_each_variant_with_the_full_model_and_logs_them(data_root, store, tmp_path,
+                                                                                      capsys):
     main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
-          "--variants", "no_graph", "--out", str(tmp_path / "out")]
+          "--variants", "full", "no_graph", "--out", str(tmp_path / "out")]
          + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
     printed = capsys.readouterr().out
-    assert "| no_graph | 1 |" in printed
+    assert "| no_graph | 1 |" in printed and "| no_graph | auroc | 1 |" in printed
     assert len(mlflow.search_runs(experiment_names=["ablations-synthetic"])) == 3  # reused, + the summary run
-    assert (tmp_path / "out" / "ablation_results.csv").is_file()
+    runs = pd.read_csv(tmp_path / "out" / "ablation_runs.csv").set_index("variant")
+    paired = pd.read_csv(tmp_path / "out" / "ablation_paired.csv").set_index("metric")
+    assert list(paired["variant"]) == ["no_graph", "no_graph"]
+    for metric in ("auroc", "auprc"):  # one split: the mean difference is that split's, inside its interval
+        expected = runs.loc["no_graph", f"test_{metric}"] - runs.loc["full", f"test_{metric}"]
+        assert paired.loc[metric, "difference"] == pytest.approx(expected, abs=1e-4)
+        assert paired.loc[metric, "ci_low"] <= paired.loc[metric, "difference"] <= paired.loc[metric, "ci_high"]
+    assert "published_auroc" not in pd.read_csv(tmp_path / "out" / "ablation_results.csv")  # no paper numbers here
     summary = mlflow.search_runs(experiment_names=["ablations-synthetic"], filter_string="tags.kind = 'summary'",
                                  output_format="list")  # fmt: skip
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(summary[0].info.run_id)] == [
-        "ablation_results.csv", "ablation_results.md"]  # fmt: skip
+        f"ablation_{name}.{kind}" for name in ("paired", "results", "runs") for kind in ("csv", "md")]
+
+
+def test_the_papers_auroc_sits_beside_each_variant_on_p12_and_p19():
+    table = pd.DataFrame({"variant": ["full", "no_gru", "joint_training"]})
+    assert list(with_published(table, "physionet2012")["published_auroc"]) == [86.40, 76.90, 85.32]
+    assert list(with_published(table, "physionet2019-raindrop")["published_auroc"]) == [90.96, 75.26, 90.08]
+    assert "published_auroc" not in with_published(table, "mimic3-garlic")
