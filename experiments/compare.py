@@ -349,8 +349,10 @@ def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -
     return pd.DataFrame(rows, columns=COLUMNS).astype({"runs": "Int64"})  # published rows have none
 
 
-def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0) -> dict[str, float]:
-    """Mean over ``ours`` of (ours - the baseline on the same split), with a 95% bootstrap interval over test stays.
+def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0,
+                      level: float = 0.95) -> dict[str, float]:  # fmt: skip
+    """Mean over ``ours`` of (ours - the baseline on the same split), with a ``level`` bootstrap interval over test
+    stays.
 
     Each resample draws every split's test stays with replacement once (as counts) and scores both models on the
     same draw; a unit trained with several seeds on one split shares that split's draws. Where ``theirs`` has a
@@ -377,7 +379,8 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
         observed.append(float(score(risk, labels, everyone)[0] - score(other, labels, everyone)[0]))
         resampled += score(risk, labels, draws[unit.split]) - score(other, labels, draws[unit.split])
     resampled /= len(ours)
-    low, high = np.percentile(resampled[np.isfinite(resampled)], [2.5, 97.5])  # a one-class draw scores nothing
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(resampled[np.isfinite(resampled)], [tail, 100 - tail])  # a one-class draw scores nothing
     verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
     return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
 

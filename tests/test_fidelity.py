@@ -3,9 +3,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import study
+from experiments import compare, study
 from experiments.baselines.summary import SummaryModel
-from experiments.fidelity import CLAIMED_ORDER, FidelityStudy, importance_map, ordering_tests
+from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
+                                  ordering_tests)
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
 from garlic.config import Config
@@ -209,3 +210,30 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
     again = FidelityStudy(config, loaded, experiment, store, ["garlic"], [0.5]).run()
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 4  # nothing retrained
     pd.testing.assert_series_equal(again["test_auroc"], first["test_auroc"])
+
+    # the equivalence test reads the runs' logged test risks: one split, so its difference is that split's
+    equivalence = equivalence_tests(first, ["garlic"], [0.5], store).set_index("metric")
+    by_condition = first.set_index("condition")
+    for metric in ("auroc", "auprc"):
+        expected = by_condition.loc["top", f"test_{metric}"] - by_condition.loc["full", f"test_{metric}"]
+        assert equivalence.loc[metric, "top_minus_full"] == pytest.approx(expected, abs=1e-4)
+        assert equivalence.loc[metric, "ci90_low"] <= equivalence.loc[metric, "top_minus_full"]
+
+
+def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin(monkeypatch):
+    generator = np.random.default_rng(0)
+    labels = generator.random(400) < 0.3
+    risk = np.clip(labels * 0.3 + generator.random(400) * 0.7, 0, 1)
+    risks = {"full": risk, "same": risk + 1e-6, "noise": generator.random(400)}
+    monkeypatch.setattr(compare, "test_predictions", lambda store, run_id: pd.DataFrame(
+        {"stay_id": np.arange(400), "label": labels.astype(int), "risk": risks[run_id]}))
+    records = pd.DataFrame([
+        {"split": 0, "condition": "full", "method": "garlic", "fraction": 1.0, "run_id": "full"},
+        {"split": 0, "condition": "top", "method": "garlic", "fraction": 0.5, "run_id": "same"},
+        {"split": 0, "condition": "top", "method": "ig", "fraction": 0.5, "run_id": "noise"},
+    ])  # fmt: skip
+    tests = equivalence_tests(records, ["garlic", "ig"], [0.5], store=None).set_index(["method", "metric"])
+    assert tests.loc[("garlic", "auroc"), "verdict"] == "equivalent"  # the same ranking: a zero-width interval
+    assert tests.loc[("ig", "auroc"), "verdict"] == "not shown"  # a ranking that lost the signal
+    assert tests.loc[("ig", "auroc"), "ci90_high"] < -EQUIVALENCE_MARGIN["auroc"]
+    assert list(tests["margin"]) == [EQUIVALENCE_MARGIN["auroc"], EQUIVALENCE_MARGIN["auprc"]] * 2
