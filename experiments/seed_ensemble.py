@@ -1,0 +1,108 @@
+"""What a seed ensemble of a GARLIC preset scores, read from the run archive: nothing is trained.
+
+    python -m experiments.seed_ensemble --dataset physionet2012 --protocol garlic-reference \\
+        --presets physionet2012-fast physionet2012-reference-fast --against gbm_static --out docs/results
+
+For each preset and each split of the protocol with two or more model seeds in the archive
+(``OUT/<dataset>-runs``, kept by ``experiments.compare --out``), the ensemble's risk for a stay is the mean of its
+seeds' risks. It is scored on the split's test stays beside the seeds scored alone, and paired with the ``--against``
+method on the same stays (``experiments.compare.paired_difference``: the mean difference over splits and a 95%
+bootstrap interval over test stays; an interval holding 0 is a tie). An ensemble of K seeds costs K models'
+inference per stay. The test parts were read when the seeds were tested; combining the archived risks reads them
+again, so the ensemble is a diagnosis of a direction, not a model selected on validation.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import compare, study
+from experiments.run_archive import RunArchive, Unit
+from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT
+from garlic.metrics import binary_metrics
+from preprocessing.atomic import atomic_file
+
+
+def archived(archive: RunArchive, method: str, protocol: str) -> list[Unit]:
+    """Every unit of ``method`` on ``protocol`` that the archive keeps for its data, with its test risks."""
+    rows = archive.runs[archive.runs["method"].eq(method) & archive.runs["protocol"].eq(protocol)]
+    units = [archive.find(method, protocol, int(row.split), None if pd.isna(row.seed) else int(row.seed),
+                          row.settings) for row in rows.itertuples()]  # fmt: skip
+    return [unit for unit in units if unit is not None]
+
+
+def ensemble(seeds: list[Unit]) -> Unit:
+    """The mean of the seeds' risks per stay (the seeds of one split, on the same test stays)."""
+    first = seeds[0]
+    risks = pd.concat([unit.predictions.set_index("stay_id")["risk"] for unit in seeds], axis=1)  # [stays, seeds]
+    if risks.isna().any().any() or len(risks) != len(first.predictions):
+        raise ValueError(f"the seeds of {first.method} {first.protocol}/split_{first.split} do not share test stays")
+    mean = risks.mean(axis=1).loc[first.predictions["stay_id"]].to_numpy()
+    predictions = first.predictions[["stay_id", "label"]].assign(risk=mean)
+    metrics = binary_metrics(predictions["label"].to_numpy(), predictions["risk"].to_numpy())
+    return Unit(f"{first.method} ensemble of {len(seeds)}", first.protocol, first.split, None, "", first.settings,
+                metrics, predictions)  # fmt: skip
+
+
+def ensemble_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
+    """One preset on one protocol: its seeds alone, their ensembles per split, and both paired with ``baseline``."""
+    by_split: dict[int, list[Unit]] = {}
+    for unit in seeds:
+        by_split.setdefault(unit.split, []).append(unit)
+    ensembles = [ensemble(units) for units in by_split.values() if len(units) > 1]
+    if not ensembles:
+        raise ValueError(f"{seeds[0].method} on {seeds[0].protocol}: no split has two or more seeds archived")
+    counts = sorted({len(units) for units in by_split.values() if len(units) > 1})
+    row = {"preset": seeds[0].method, "protocol": seeds[0].protocol, "splits": len(ensembles),
+           "seeds": "/".join(map(str, counts))}  # fmt: skip
+    for metric in ("auroc", "auprc"):
+        alone = [unit.metrics[metric] for units in by_split.values() if len(units) > 1 for unit in units]
+        row[f"single_{metric}"] = f"{np.mean(alone):.4f} ± {np.std(alone):.4f}"
+        row[f"ensemble_{metric}"] = round(float(np.mean([unit.metrics[metric] for unit in ensembles])), 4)
+    for metric in ("auroc", "auprc"):
+        paired = compare.paired_difference(ensembles, baseline, metric)
+        row[f"{metric}_vs_{against}"] = (f"{paired['difference']:+.4f} [{paired['ci_low']:+.4f}, "
+                                         f"{paired['ci_high']:+.4f}] {paired['verdict']}")  # fmt: skip
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.seed_ensemble", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--dataset", required=True, choices=DATASETS)
+    parser.add_argument("--protocol", required=True, help="a protocol whose splits have several seeds archived")
+    parser.add_argument("--presets", nargs="+", required=True, help="GARLIC presets kept in the archive")
+    parser.add_argument("--against", default="gbm_static", help="the method to pair with (default gbm_static)")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--out", type=Path, default=Path("docs/results"),
+                        help="the folder holding <dataset>-runs; ensemble-<dataset>.md is written there")
+    args = parser.parse_args(argv)
+    archive = compare.open_archive(args.out, args.dataset, args.data_root)
+    baseline = archived(archive, args.against, args.protocol)
+    if not baseline:
+        raise SystemExit(f"{archive.folder} keeps no {args.against} run on {args.protocol}")
+    rows = []
+    for preset in args.presets:
+        seeds = archived(archive, preset, args.protocol)
+        if not seeds:
+            raise SystemExit(f"{archive.folder} keeps no {preset} run on {args.protocol}")
+        rows.append(ensemble_row(seeds, baseline, args.against))
+    table = pd.DataFrame(rows)
+    command = "python -m experiments.seed_ensemble " + shlex.join(argv if argv is not None else sys.argv[1:])
+    text = (f"# Seed ensembles: {args.dataset} {args.protocol}\n\nMade by (from the run archive, nothing trained):\n\n"
+            f"```bash\n{command}\n```\n\n{study.markdown(table)}\n")  # fmt: skip
+    name = f"ensemble-{args.dataset}-{args.protocol}"
+    with atomic_file(args.out / f"{name}.csv", "w") as file:
+        table.to_csv(file, index=False)
+    with atomic_file(args.out / f"{name}.md", "w") as file:
+        file.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""experiments.seed_ensemble: a preset's archived seeds averaged per stay, scored and paired, with nothing trained."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from experiments.run_archive import RunArchive, Unit
+from experiments.seed_ensemble import archived, ensemble, ensemble_row
+
+STAYS = np.arange(100, 300)
+
+
+@pytest.fixture
+def archive(tmp_path):
+    generator = np.random.default_rng(0)
+    labels = pd.Series((generator.random(len(STAYS)) < 0.3).astype(int), index=STAYS)
+    kept = RunArchive(tmp_path / "runs", "digest", labels)
+
+    def unit(method: str, seed: int | None, risk: np.ndarray, stays=STAYS) -> Unit:
+        predictions = pd.DataFrame({"stay_id": stays, "label": labels.loc[stays].to_numpy(), "risk": risk})
+        metrics = {"auroc": roc_auc_score(predictions["label"], risk), "auprc": 0.0, "brier": 0.0, "ece": 0.0}
+        return Unit(method, "garlic-reference", 0, seed, f"{method}-{seed}", "settings", metrics, predictions)
+
+    signal = labels.to_numpy() * 0.4
+    kept.keep([unit("preset", seed, signal + generator.random(len(STAYS))) for seed in range(3)]
+              + [unit("gbm_static", None, signal + generator.random(len(STAYS)))])  # fmt: skip
+    return kept, unit
+
+
+def test_the_ensemble_is_the_mean_risk_of_the_seeds_scored_on_the_same_stays(archive):
+    kept, _ = archive
+    seeds = archived(kept, "preset", "garlic-reference")
+    assert sorted(unit.seed for unit in seeds) == [0, 1, 2]
+    together = ensemble(seeds)
+    mean = np.mean([unit.predictions["risk"].to_numpy() for unit in seeds], axis=0)
+    np.testing.assert_allclose(together.predictions["risk"], mean, rtol=1e-6)
+    labels = together.predictions["label"].to_numpy()
+    assert together.metrics["auroc"] == pytest.approx(roc_auc_score(labels, mean))
+    assert together.metrics["auprc"] == pytest.approx(average_precision_score(labels, mean))
+    assert together.method == "preset ensemble of 3"
+
+
+def test_a_row_pairs_the_ensemble_with_the_baseline(archive):
+    kept, _ = archive
+    seeds, baseline = archived(kept, "preset", "garlic-reference"), archived(kept, "gbm_static", "garlic-reference")
+    row = ensemble_row(seeds, baseline, "gbm_static")
+    assert (row["splits"], row["seeds"]) == (1, "3")
+    expected = ensemble(seeds).metrics["auroc"] - baseline[0].metrics["auroc"]
+    assert row["auroc_vs_gbm_static"].startswith(f"{expected:+.4f} [")
+    singles = [unit.metrics["auroc"] for unit in seeds]
+    assert row["single_auroc"] == f"{np.mean(singles):.4f} ± {np.std(singles):.4f}"
+
+
+def test_seeds_on_other_stays_or_a_single_seed_are_refused(archive):
+    kept, unit = archive
+    seeds = archived(kept, "preset", "garlic-reference")
+    elsewhere = unit("preset", 3, np.zeros(len(STAYS) - 1), STAYS[1:])
+    with pytest.raises(ValueError, match="do not share test stays"):
+        ensemble([*seeds, elsewhere])
+    with pytest.raises(ValueError, match="no split has two or more seeds"):
+        ensemble_row(seeds[:1], archived(kept, "gbm_static", "garlic-reference"), "gbm_static")
