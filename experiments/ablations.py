@@ -21,7 +21,7 @@ import logging
 import mlflow
 import pandas as pd
 
-from experiments import compare, study
+from experiments import compare, published, study
 from experiments.run_archive import Unit
 from garlic.config import Config
 from garlic.estimator import GarlicEstimator
@@ -37,12 +37,6 @@ VARIANTS = {
     "no_graph": {"use_graph": False},
     "no_gru": {"use_gru": False},
     "joint_training": {"alternating": False},
-}
-# The paper's ablation (test AUROC, %, in ``VARIANTS`` order), as reported in summaries of the paper; "no
-# alternating optimisation" is ``joint_training``.
-PUBLISHED_AUROC = {
-    "physionet2012": dict(zip(VARIANTS, (86.40, 84.87, 82.20, 85.00, 84.67, 76.90, 85.32))),
-    "physionet2019": dict(zip(VARIANTS, (90.96, 82.22, 89.50, 89.78, 88.39, 75.26, 90.08))),
 }
 
 
@@ -84,11 +78,12 @@ def paired_against_full(records: pd.DataFrame, store) -> pd.DataFrame:
 
 
 def with_published(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """The results table with the paper's AUROC (%) of each variant beside it, where the paper has the dataset."""
-    published = PUBLISHED_AUROC.get(dataset.partition("-")[0])
-    if published is None:
+    """The results table with the paper's AUROC of each variant beside it (``published.ABLATION_AUROC``), where the
+    paper has the dataset."""
+    paper = published.ABLATION_AUROC.get(dataset.partition("-")[0])
+    if paper is None:
         return table
-    return table.assign(published_auroc=[published.get(variant) for variant in table["variant"]])
+    return table.assign(published_auroc=[paper.get(variant) for variant in table["variant"]])
 
 
 def main(argv: list[str] | None = None) -> None:

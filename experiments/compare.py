@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from experiments import study
+from experiments import published, study
 from experiments.baselines.run import RECURRENT, Baselines
 from experiments.run_archive import RunArchive, Unit
 from experiments.stats import weighted_auroc, weighted_average_precision
@@ -78,26 +78,6 @@ SIMPLE = ("logreg", "logreg_static", "gbm", "gbm_static")
 BASELINES = ("saps", "sofa", *SIMPLE)
 COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean",
            "ece_mean"]  # fmt: skip
-# Published numbers per dataset (mean, std; fractions), each with where it was reported.
-PUBLISHED = {
-    "physionet2012": [
-        ("published: GARLIC", "garlic-reference", (0.8640, 0.0086), (0.5689, 0.0175), "GARLIC paper (ICLR 2026)"),
-        ("published: Raindrop", "raindrop", (0.828, 0.017), (0.440, 0.030), "ViTST repository"),
-        ("published: mTAND", "raindrop", (0.842, 0.008), (0.482, 0.034), "ViTST repository"),
-        ("published: ViTST", "raindrop", (0.851, 0.008), (0.511, 0.041), "ViTST repository"),
-    ],
-    "physionet2019-raindrop": [
-        ("published: GRU-D", "raindrop", (0.839, 0.017), (0.469, 0.021), "ViTST repository"),
-        ("published: Raindrop", "raindrop", (0.870, 0.023), (0.518, 0.055), "ViTST repository"),
-        ("published: ViTST", "raindrop", (0.892, 0.020), (0.531, 0.034), "ViTST repository"),
-        ("published: ISTS-PLM", "raindrop", (0.894, 0.022), (0.569, 0.050), "ISTS-PLM repository"),
-        ("published: KEDGN", "raindrop", (0.922, 0.005), (0.620, 0.013), "KEDGN paper"),
-    ],
-    "physionet2019-garlic": [
-        ("published: GARLIC", "garlic-reference", (0.9096, 0.0084), (0.5529, 0.0245),
-         "GARLIC paper (ICLR 2026), as reported in summaries of it"),
-    ],
-}
 # A source's table (``--dataset physionet2019``) runs each protocol on its own cohort: a published one on the cohort it
 # was published for (``garlic-reference`` on ``physionet2019-garlic``), any other on this one.
 TABLE_COHORTS = {"physionet2019": "physionet2019-raindrop"}
@@ -339,13 +319,11 @@ def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -
                          "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
                          "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
                          "brier_mean": group["brier"].mean(), "ece_mean": group["ece"].mean()})  # fmt: skip
-    published = [] if dataset is None else [row for name in protocols
-                                            for row in PUBLISHED.get(protocol_dataset(dataset, name), [])
-                                            if row[1] == name]  # fmt: skip
-    for method, protocol_name, auroc, auprc, _ in published:
-        if protocol_name in protocols:
-            rows.append({"method": method, "protocol": protocol_name, "runs": None, "auroc_mean": auroc[0],
-                         "auroc_std": auroc[1], "auprc_mean": auprc[0], "auprc_std": auprc[1]})  # fmt: skip
+    shown = [] if dataset is None else [row for name in protocols
+                                        for row in published.results(protocol_dataset(dataset, name), name)]  # fmt: skip
+    for row in shown:
+        rows.append({"method": row.method, "protocol": row.protocol, "runs": None, "auroc_mean": row.auroc[0],
+                     "auroc_std": row.auroc[1], "auprc_mean": row.auprc[0], "auprc_std": row.auprc[1]})  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).astype({"runs": "Int64"})  # published rows have none
 
 

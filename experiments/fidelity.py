@@ -30,7 +30,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from experiments import compare, study
+from experiments import compare, published, study
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons
@@ -200,10 +200,18 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def results_table(records: pd.DataFrame) -> pd.DataFrame:
+def results_table(records: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """Mean +/- std over splits per method, condition and fraction; on P12 the published IMV-LSTM trial beside the
+    full and 50% rows (``published.FIDELITY``, AUROC / AUPRC)."""
     ordered = records.assign(order=records["condition"].map(CLAIMED_ORDER.index))
     ordered = ordered.sort_values(["fraction", "order", "method"], ascending=[False, True, True], kind="stable")
-    return study.results_table(ordered, ["method", "condition", "fraction"])
+    table = study.results_table(ordered, ["method", "condition", "fraction"])
+    paper = published.FIDELITY.get(dataset)
+    if paper is None:
+        return table
+    shown = [f"{paper[c][0]:.3f} / {paper[c][1]:.3f}" if c == "full" or f == 0.5 else None
+             for c, f in zip(table["condition"], table["fraction"])]  # fmt: skip
+    return table.assign(published_imv_lstm=shown)
 
 
 def fraction_figure(records: pd.DataFrame, methods) -> plt.Figure:
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     experiment_id = study.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
     runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps)
     records = runner.run()
-    tables = {"fidelity_results": results_table(records),
+    tables = {"fidelity_results": results_table(records, args.dataset),
               "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions),
               "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, args.mlruns)}  # fmt: skip
     summary = study.log_summary(experiment_id, "summary", tables,

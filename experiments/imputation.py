@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from experiments import published
 from experiments.compare import stored_runs
 from experiments.stats import mean_std
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
@@ -43,8 +44,6 @@ from preprocessing.tensors import load_tensors
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")
 BATCH = 128
-# Normalised MAE with 10% of observed values held out, as published by the SAITS paper (P12 only).
-PUBLISHED = {"physionet2012": {"SAITS": 0.186, "BRITS": 0.256}}
 
 
 def hide(mask: np.ndarray, share: float, seed: int) -> np.ndarray:
@@ -124,7 +123,7 @@ def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
     for method, group in runs.groupby("method", sort=False):
         lines.append(f"| {method} | {mean_std(group['normalised_mae'])} | {mean_std(group['mae'])} | "
                      f"{mean_std(group['mre'])} |")  # fmt: skip
-    for name, value in PUBLISHED.get(dataset, {}).items():
+    for name, value in published.IMPUTATION_NMAE.get(dataset, {}).items():
         lines.append(f"| published: {name} (its own preprocessing) | {value:.3f} |  |  |")
     by_run = runs.pivot(index="run", columns="method", values="normalised_mae")
     best = by_run.drop(columns="garlic").mean().idxmin()

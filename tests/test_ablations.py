@@ -108,6 +108,6 @@ def test_command_prints_the_tables_pairs_each_variant_with_the_full_model_and_lo
 
 def test_the_papers_auroc_sits_beside_each_variant_on_p12_and_p19():
     table = pd.DataFrame({"variant": ["full", "no_gru", "joint_training"]})
-    assert list(with_published(table, "physionet2012")["published_auroc"]) == [86.40, 76.90, 85.32]
-    assert list(with_published(table, "physionet2019-raindrop")["published_auroc"]) == [90.96, 75.26, 90.08]
+    assert list(with_published(table, "physionet2012")["published_auroc"]) == [0.8640, 0.7690, 0.8532]
+    assert list(with_published(table, "physionet2019-raindrop")["published_auroc"]) == [0.9096, 0.7526, 0.9008]
     assert "published_auroc" not in with_published(table, "mimic3-garlic")

@@ -14,14 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import compare
+from experiments import compare, published
 from experiments.run_archive import RunArchive
 from garlic import run_contract
 from garlic.cli import PARENT_ENV
 from garlic.splits import PROTOCOLS, Protocol
 from garlic.tracking import use_store
 from preprocessing import synthetic
-from preprocessing.locks import acquire, release
 from preprocessing.locks import acquire, release
 from preprocessing.tables import read_manifest
 
@@ -451,3 +450,11 @@ def test_workers_train_a_sources_preset_on_the_cohort_named(tmp_path):
                   "--out", str(out), "--workers", "2"])  # fmt: skip
     table = pd.read_csv(out / "physionet2019-raindrop.csv")
     assert table[["method", "protocol", "runs"]].values.tolist() == [["physionet2019-cpu", "cross-hospital", 2]]
+
+
+def test_published_rows_come_from_the_one_table_of_published_numbers():
+    shown = compare.table([], ["raindrop"], "physionet2012").set_index("method")
+    for row in published.results("physionet2012", "raindrop"):
+        assert (shown.loc[row.method, "auroc_mean"], shown.loc[row.method, "auprc_std"]) == (row.auroc[0], row.auprc[1])
+    assert {"published: KEDGN", "published: ISTS-PLM"} <= set(shown.index)  # the best published on these splits
+    assert "published: GARLIC" not in shown.index  # published on garlic-reference, not asked for

@@ -6,14 +6,14 @@ import pytest
 from experiments import compare, study
 from experiments.baselines.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
-                                  ordering_tests)
+                                  ordering_tests, results_table)
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
 from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.metrics import binary_metrics
 from garlic.model import Garlic
-from garlic.pipeline import split_parts
+from garlic.pipeline import TEST_METRICS, split_parts
 from garlic.splits import draw_split
 from preprocessing.tensors import IrregularTensors
 from helpers import synthetic_root
@@ -237,3 +237,14 @@ def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin(monke
     assert tests.loc[("ig", "auroc"), "verdict"] == "not shown"  # a ranking that lost the signal
     assert tests.loc[("ig", "auroc"), "ci90_high"] < -EQUIVALENCE_MARGIN["auroc"]
     assert list(tests["margin"]) == [EQUIVALENCE_MARGIN["auroc"], EQUIVALENCE_MARGIN["auprc"]] * 2
+
+
+def test_the_published_imv_lstm_trial_sits_beside_the_full_and_half_rows_on_p12():
+    rows = [{"split": s, "method": m, "condition": c, "fraction": f, **dict.fromkeys(TEST_METRICS, 0.5)}
+            for s in (0, 1) for m, c, f in [("garlic", "full", 1.0), ("garlic", "top", 0.5), ("random", "random", 0.5),
+                                             ("garlic", "bottom", 0.5), ("garlic", "top", 0.3)]]  # fmt: skip
+    table = results_table(pd.DataFrame(rows), "physionet2012").set_index(["condition", "fraction"])
+    assert table.loc[("full", 1.0), "published_imv_lstm"] == "0.840 / 0.491"
+    assert table.loc[("bottom", 0.5), "published_imv_lstm"] == "0.701 / 0.268"
+    assert pd.isna(table.loc[("top", 0.3), "published_imv_lstm"])  # the paper kept half
+    assert "published_imv_lstm" not in results_table(pd.DataFrame(rows), "synthetic")

@@ -26,7 +26,7 @@ import mlflow
 import pandas as pd
 import pyarrow.parquet as pq
 
-from experiments import study
+from experiments import published, study
 from experiments.baselines.grud import RecurrentModel, RecurrentSettings
 from experiments.baselines.summary import SeverityScore, SummaryModel
 from garlic.config import Config
@@ -41,8 +41,6 @@ METHODS = ("saps", "sofa", "logreg", "logreg_static", "gbm", "gbm_static", "grud
 SUMMARY_MODELS = ("logreg", "logreg_static", "gbm", "gbm_static")  # a kind of SummaryModel, with or without static
 RECURRENT = ("grud", "decay_gru")
 SCORE_COLUMNS = {"saps": "SAPS-I", "sofa": "SOFA"}
-# Published numbers, as "mean ± std" in percent: the GARLIC paper (ICLR 2026), PhysioNet 2012 table.
-PAPER = {("physionet2012", "garlic"): {"paper_auroc": "86.40 ± 0.86", "paper_auprc": "56.89 ± 1.75"}}
 
 
 class Baselines:
@@ -99,7 +97,12 @@ class Baselines:
 
 
 def with_paper_numbers(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    paper = pd.DataFrame([PAPER.get((dataset, method), {}) for method in table["method"]],
+    """The GARLIC paper's own numbers on ``dataset`` (``published.RESULTS``, "mean ± std" in percent) beside the
+    ``garlic`` row."""
+    paper = next((row for row in published.RESULTS.get(dataset, []) if row.method == "published: GARLIC"), None)
+    percent = lambda pair: f"{100 * pair[0]:.2f} ± {100 * pair[1]:.2f}"  # noqa: E731
+    numbers = {"paper_auroc": percent(paper.auroc), "paper_auprc": percent(paper.auprc)} if paper else {}
+    paper = pd.DataFrame([numbers if method == "garlic" else {} for method in table["method"]],
                          columns=["paper_auroc", "paper_auprc"])  # fmt: skip
     return pd.concat([table.reset_index(drop=True), paper], axis=1)
 
