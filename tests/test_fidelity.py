@@ -6,7 +6,7 @@ import pytest
 from experiments import compare, study
 from experiments.baselines.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
-                                  ordering_tests, results_table)
+                                  ordering_tests, results_table, variable_importance)
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
 from garlic.config import Config
@@ -211,6 +211,12 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 4  # nothing retrained
     pd.testing.assert_series_equal(again["test_auroc"], first["test_auroc"])
 
+    # the model-agnostic ranking reuses the full and random runs and adds its own top and bottom
+    ranked = FidelityStudy(config, loaded, experiment, store, ["gbm"], [0.5]).run()
+    assert sorted(zip(ranked["condition"], ranked["method"])) == [("bottom", "gbm"), ("full", "garlic"),
+                                                                  ("random", "random"), ("top", "gbm")]
+    assert len(mlflow.search_runs(experiment_ids=[experiment])) == 6
+
     # the equivalence test reads the runs' logged test risks: one split, so its difference is that split's
     equivalence = equivalence_tests(first, ["garlic"], [0.5], store).set_index("metric")
     by_condition = first.set_index("condition")
@@ -248,3 +254,13 @@ def test_the_published_imv_lstm_trial_sits_beside_the_full_and_half_rows_on_p12(
     assert table.loc[("bottom", 0.5), "published_imv_lstm"] == "0.701 / 0.268"
     assert pd.isna(table.loc[("top", 0.3), "published_imv_lstm"])  # the paper kept half
     assert "published_imv_lstm" not in results_table(pd.DataFrame(rows), "synthetic")
+
+
+def test_gradient_boosting_ranks_the_noise_variable_last_and_gives_every_value_of_a_variable_its_weight():
+    tensors = planted_cohort(n=1500)
+    parts = split_parts(tensors, draw_split(tensors, "five-split", 0))
+    weights = variable_importance(parts["train"], parts["validation"], seed=0, repeats=3)
+    assert weights.shape == (4,) and int(np.argmin(weights)) == 3  # "noise" carries nothing
+    assert (weights[:3] > 0.01).all()
+    keep = keep_mask(tensors.mask, np.where(tensors.mask, weights, 0.0), 0.5, "bottom")
+    assert keep[..., 3][tensors.mask[..., 3]].mean() > 0.9  # the bottom half keeps the noise first
