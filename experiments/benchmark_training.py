@@ -42,7 +42,6 @@ from garlic.data import IrregularDataset, loader
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.losses import RECONSTRUCTION, stage_losses
 from garlic.predict import predict_proba
-from garlic.reference_model import ReferenceGarlic
 from garlic.splits import load_splits
 from garlic.tracking import DEFAULT_STORE
 from garlic.train import make_trainer
@@ -96,8 +95,7 @@ def measure_speed(config: Config, data_root: Path, batches: int | None = None, s
 
     train, held_out = part("train"), part("validation")
     trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
-    if isinstance(trainer.model, ReferenceGarlic):
-        trainer.model.fit_scales(train.times, train.lengths)
+    trainer.model.prepare(train.times, train.lengths)
     epoch = loader(train, config.batch_size, shuffle=True, seed=config.seed)
     timed = list(itertools.islice(epoch, batches)) if batches else list(epoch)
     start = time.perf_counter()

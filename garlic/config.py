@@ -198,7 +198,7 @@ def _device(value: str) -> str | None:
 CHECKS: dict[str, Callable] = {
     "dataset": _one_of(_datasets),
     "split_protocol": _one_of(_protocols),
-    "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.reference_model.ARCHITECTURES (torch)
+    "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.architectures.ARCHITECTURES (torch)
     "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.reference_model.SIGNAL_LAYOUTS
     "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.train.TRAINERS
     "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.train.AlternatingTrainer

@@ -430,6 +430,9 @@ class Garlic(nn.Module):
         # (``balance_classes``), else 0: the classifier learns balanced odds, this brings back the real prevalence.
         self.register_buffer("logit_offset", torch.zeros(()))
 
+    def prepare(self, times: Tensor, lengths: Tensor) -> None:
+        """Nothing to take from the training stays: their normalisation is the data set's (``garlic.splits``)."""
+
     def prediction_parameters(self) -> list[nn.Parameter]:
         return [p for name in self.PREDICTION_MODULES for p in getattr(self, name).parameters()]
 

@@ -30,7 +30,7 @@ the W positions of a window (a handful). Read top to bottom:
 
 What made the reference's risk depend on the other stays of its batch, fixed here:
 - the decay gap was divided by the batch's largest gap: here by ``gap_scale``, the training split's longest stay in
-  hours (what that largest gap is on a batch of any size), set by ``fit_scales`` and saved with the weights;
+  hours (what that largest gap is on a batch of any size), set by ``prepare`` and saved with the weights;
 - the decay's mean was the stay's mean over all its padded steps, zeros at missing cells included, so it depends
   on how far the stay is padded (in batches cut to their longest stay: on the batch): here the mean of the stay's
   own observations of the variable up to the step (0, the training mean, before the first), which also keeps every
@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import Config, ConfigError
-from garlic.model import CACHE_CELLS, Garlic, step_mask
+from garlic.model import CACHE_CELLS, step_mask
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
@@ -95,7 +95,7 @@ class ReferenceDecay(nn.Module):
         super().__init__()
         self.rate = nn.Parameter(torch.full((num_variables,), 0.1))
         self.offset = nn.Parameter(torch.zeros(num_variables))
-        self.register_buffer("gap_scale", torch.tensor(48.0))  # hours; ``fit_scales`` sets it from training data
+        self.register_buffer("gap_scale", torch.tensor(48.0))  # hours; ``prepare`` sets it from training data
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
         steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
@@ -294,7 +294,7 @@ class ReferenceGarlic(nn.Module):
         self.temporal_attention = TemporalAttention(h)
         self.classifier = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
         self.register_buffer("logit_offset", torch.zeros(()))  # as in ``Garlic``: set by ``balance_classes``
-        # Every stay padded to this many steps (the data set's length, set by ``fit_scales``), as the reference
+        # Every stay padded to this many steps (the data set's length, set by ``prepare``), as the reference
         # does: the chunks of ``signal_layout=code`` and the mask mean of the reconstruction loss count them.
         self.register_buffer("padded_length", torch.tensor(0))
 
@@ -306,7 +306,7 @@ class ReferenceGarlic(nn.Module):
         return [p for p in self.parameters() if id(p) not in prediction]
 
     @torch.no_grad()
-    def fit_scales(self, times: Tensor, lengths: Tensor) -> None:
+    def prepare(self, times: Tensor, lengths: Tensor) -> None:
         """Set the decay's gap scale (the longest stay, in hours) and the padded length from the training stays.
 
         times [N, T], lengths [N]
@@ -497,13 +497,3 @@ class _Steps:
     signal_weights: Tensor  # [B, L, D, D]
     states: Tensor  # [B, T, H]
     summaries: None = None  # as ``garlic.model.StepEncoding``'s without the wide branch
-
-
-ARCHITECTURES = {"compact": Garlic, "reference": ReferenceGarlic}
-
-
-def build_model(num_variables: int, num_static: int, config: Config) -> Garlic | ReferenceGarlic:
-    """A fresh model of ``config.architecture``."""
-    if config.architecture not in ARCHITECTURES:
-        raise ConfigError(f"architecture must be one of {', '.join(ARCHITECTURES)}, got {config.architecture!r}")
-    return ARCHITECTURES[config.architecture](num_variables, num_static, config)

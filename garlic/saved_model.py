@@ -15,7 +15,7 @@ import torch
 from garlic.config import Config
 from garlic.data import IrregularDataset
 from garlic.model import Garlic
-from garlic.reference_model import build_model
+from garlic.architectures import build_model
 from garlic.splits import Normalisation
 from preprocessing.atomic import atomic_file, write_json_atomic
 from preprocessing.tensors import IrregularTensors

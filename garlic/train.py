@@ -41,7 +41,7 @@ from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, forward, st
 from garlic.metrics import binary_metrics
 from garlic.model import Garlic, graph_penalty
 from garlic.predict import INFERENCE_BATCH, in_length_order
-from garlic.reference_model import ReferenceGarlic, build_model
+from garlic.architectures import build_model
 
 GRADIENT_CLIP = 5.0
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
@@ -234,8 +234,7 @@ class AlternatingTrainer:
         """Fit, selecting on ``validation``; ``on_state`` gets the state after each epoch, ``resume`` continues
         from such a state."""
         config = self.config
-        if isinstance(self.model, ReferenceGarlic):
-            self.model.fit_scales(train.times, train.lengths)
+        self.model.prepare(train.times, train.lengths)
         if config.balance_classes:
             self.class_weights = class_weights(train.labels)
             negative, positive = self.class_weights
@@ -385,8 +384,7 @@ class ReferenceTrainer(AlternatingTrainer):
     ) -> FitResult:
         """Fit with the reference schedule, selecting on ``validation``; the arguments as ``AlternatingTrainer.fit``."""
         config = self.config
-        if isinstance(self.model, ReferenceGarlic):
-            self.model.fit_scales(train.times, train.lengths)
+        self.model.prepare(train.times, train.lengths)
         batches = loader(train, config.batch_size, shuffle=True, seed=config.seed)
         progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
         if resume is not None:

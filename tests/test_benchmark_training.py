@@ -21,9 +21,9 @@ def test_speed_benchmark_times_the_first_batches_of_a_reference_model_prepared_a
                                                                                                     monkeypatch):
     monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 1)
     prepared = []
-    fit_scales = ReferenceGarlic.fit_scales
-    monkeypatch.setattr(ReferenceGarlic, "fit_scales",
-                        lambda model, times, lengths: prepared.append(len(times)) or fit_scales(model, times, lengths))
+    prepare = ReferenceGarlic.prepare
+    monkeypatch.setattr(ReferenceGarlic, "prepare",
+                        lambda model, times, lengths: prepared.append(len(times)) or prepare(model, times, lengths))
     config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "device": "cpu",
                                                        "architecture": "reference", "signal_layout": "code"})
     speed = benchmark_training.measure_speed(config, tmp_path, batches=2)

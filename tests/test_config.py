@@ -71,7 +71,8 @@ def test_every_check_belongs_to_a_config_key():
 
 
 def test_the_model_and_schedule_choices_are_those_the_factories_know():
-    from garlic.reference_model import ARCHITECTURES, SIGNAL_LAYOUTS
+    from garlic.architectures import ARCHITECTURES
+    from garlic.reference_model import SIGNAL_LAYOUTS
     from garlic.train import TRAINERS
 
     for key, known in (("architecture", ARCHITECTURES), ("signal_layout", SIGNAL_LAYOUTS), ("schedule", TRAINERS)):

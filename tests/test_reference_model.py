@@ -11,6 +11,7 @@ from torch import nn
 
 import garlic.train
 from app.replay import risk_curve
+from garlic.architectures import build_model
 from garlic.attribution import ig_importance
 from garlic.saved_model import TrainedModel, load_model, save_model
 from garlic.config import Config, ConfigError
@@ -25,7 +26,6 @@ from garlic.reference_model import (
     SignalAttention,
     TemporalAttention,
     WindowAttention,
-    build_model,
     sinusoid,
 )
 from garlic.losses import PREDICTION, RECONSTRUCTION
@@ -188,7 +188,7 @@ def test_window_attention_has_the_gradients_of_its_loop_version():
 def test_the_model_chains_the_layers_as_the_reference_does(layout):
     values, mask, times, lengths, static = random_batch()
     model = reference_model(signal_layout=layout)
-    model.fit_scales(times, lengths)
+    model.prepare(times, lengths)
     with torch.no_grad():
         output = model(values, mask, times, lengths, static)
         imputed = loop_decay(model.decay, values, mask, times)
@@ -250,7 +250,7 @@ def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_
 def test_prediction_does_not_depend_on_the_batch(layout):
     values, mask, times, lengths, static = random_batch()
     model = reference_model(signal_layout=layout)
-    model.fit_scales(times, lengths)
+    model.prepare(times, lengths)
     with torch.no_grad():
         together = model(values, mask, times, lengths, static).logits
         torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static), together)

@@ -1,0 +1,39 @@
+"""garlic.architectures: every architecture offers the members its callers use, and builds from a config."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from garlic.architectures import ARCHITECTURES, Architecture, build_model
+from garlic.config import Config, ConfigError
+from garlic.model import step_mask
+from helpers import random_batch
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_every_architecture_keeps_the_contract_its_callers_use(name):
+    config = Config(hidden_dim=8, feature_dim=4, window_size=2, architecture=name)
+    model = build_model(4, 3, config).eval()
+    assert isinstance(model, Architecture) and isinstance(model, ARCHITECTURES[name])
+    values, mask, times, lengths, static = random_batch()
+    model.prepare(times, lengths)
+    assert model.explanation_unavailable is None or isinstance(model.explanation_unavailable, str)
+    with torch.no_grad():
+        output = model(values, mask, times, lengths, static)
+        logits = model.predict_logits(values, mask, times, lengths, static)
+        encoded = model.encode(values, mask, times)
+        replayed, _ = model.classify(encoded.states, step_mask(lengths, values.shape[1]), static,
+                                     None if encoded.summaries is None else encoded.summaries[:, -1])  # fmt: skip
+    torch.testing.assert_close(logits, output.logits, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(model.reconstruction_loss(output, values, mask))
+    groups = [{id(p) for p in model.prediction_parameters()}, {id(p) for p in model.reconstruction_parameters()}]
+    assert groups[0] and groups[1] and not groups[0] & groups[1]
+    assert groups[0] | groups[1] == {id(p) for p in model.parameters()}
+    assert replayed.shape == logits.shape
+
+
+def test_an_unknown_architecture_is_refused_naming_the_known_ones():
+    config = Config()
+    config.architecture = "mtand"  # past the config's own check, as a stale saved description could be
+    with pytest.raises(ConfigError, match="architecture must be one of compact, reference"):
+        build_model(4, 3, config)
