@@ -12,17 +12,26 @@ split, settings), reused when already finished. Three tables are logged as artif
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
     python -m experiments.ablations --dataset synthetic --splits 0 1 --max-epochs 3
+
+``--workers N`` trains the unfinished (variant, split) units in N parallel processes, each this command narrowed
+to its unit (``experiments.workers``: one per core on a CPU; many on one GPU with ``--device cuda``, and
+``--deadline MINUTES`` to start none after that), then writes the tables of what finished.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
+import time
+from pathlib import Path
 
 import mlflow
 import pandas as pd
 
 from experiments import compare, published, study
 from experiments.run_archive import Unit
+from experiments.workers import Job, run_jobs
+from garlic.cli import die_with_parent
 from garlic.config import Config
 from garlic.estimator import GarlicEstimator
 from garlic.pipeline import TEST_METRICS, fit_and_test, split_parts
@@ -40,8 +49,15 @@ VARIANTS = {
 }
 
 
-def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str]) -> pd.DataFrame:
-    """One row per (variant, split) with its test metrics."""
+def unit_tags(config: Config, variant: str, split: int) -> dict:
+    """What identifies the run of ``variant`` on ``split`` (its settings by digest)."""
+    return {"study": STUDY, "dataset": config.dataset, "variant": variant, "split": split,
+            "settings": study.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
+
+
+def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
+                 train: bool = True) -> pd.DataFrame:  # fmt: skip
+    """One row per (variant, split) with its test metrics; without ``train``, only the units already finished."""
     records = []
     for name in variants:
         variant = config.override(VARIANTS[name])
@@ -51,11 +67,29 @@ def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, varia
                 estimator = GarlicEstimator(variant, cohort.planted, explain=False, keep_model=False)
                 return fit_and_test(estimator, split_parts(cohort.tensors, split))
 
-            tags = {"study": STUDY, "dataset": config.dataset, "variant": name, "split": split.index,
-                    "settings": study.settings_digest(variant.to_dict())}  # fmt: skip
+            tags = unit_tags(config, name, split.index)
+            if not train and study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
+                continue
             metrics, run_id, _ = study.resumable(experiment_id, tags, f"{name}/split_{split.index}", work)
             records.append({"variant": name, "split": split.index, "run_id": run_id, **metrics})
     return pd.DataFrame(records)
+
+
+def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
+                     workers: int, store, deadline: float | None) -> None:  # fmt: skip
+    """The unfinished units, each as this command (``argv``) narrowed to it, in ``workers`` processes."""
+    jobs = []
+    for name in variants:
+        for split in cohort.splits:
+            tags = unit_tags(config, name, split.index)
+            if study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None:
+                continue
+            unit = f"ablation-{config.dataset}-{name}-split_{split.index}-{tags['settings']}"
+            command = [sys.executable, "-m", "experiments.ablations", *argv, "--variants", name, "--splits",
+                       str(split.index), "--workers", "1", "--train-only"]  # fmt: skip
+            jobs.append(Job(f"{name}/split_{split.index}", command, Path(store) / "locks" / unit,
+                            Path(store) / "logs" / f"{unit}.log"))  # fmt: skip
+    run_jobs(jobs, workers, deadline)
 
 
 def paired_against_full(records: pd.DataFrame, store) -> pd.DataFrame:
@@ -67,8 +101,10 @@ def paired_against_full(records: pd.DataFrame, store) -> pd.DataFrame:
         units.setdefault(row.variant, []).append(Unit(row.variant, "ablation", int(row.split), None, row.run_id, "",
                                                       {}, predictions))  # fmt: skip
     rows = []
+    full_splits = {unit.split for unit in units.get("full", [])}
     for variant, ours in units.items():
-        if variant == "full" or "full" not in units:
+        ours = [unit for unit in ours if unit.split in full_splits]  # a split whose full run has not finished: none
+        if variant == "full" or not ours:
             continue
         for metric in ("auroc", "auprc"):
             rows.append({"variant": variant, "metric": metric, "splits": len(ours),
@@ -91,12 +127,29 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="train the unfinished units in N "
+                        "parallel processes (default 1: one at a time, in this one)")
+    parser.add_argument("--deadline", type=float, metavar="MINUTES", help="with --workers: start no unit after "
+                        "MINUTES and stop the running ones then (they are trained anew by the next call)")
+    parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.train_only:
+        die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     config = study.study_config(args)
     cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = study.open_experiment(f"ablations-{args.dataset}", args.mlruns)
-    records = run_variants(config, cohort, experiment_id, args.variants)
+    if args.workers > 1:
+        deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
+        train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
+                         args.workers, args.mlruns, deadline)  # fmt: skip
+    records = run_variants(config, cohort, experiment_id, args.variants, train=args.workers == 1)
+    if args.train_only:
+        return
+    if records.empty:
+        raise SystemExit(f"no ablation run has finished in {args.mlruns}: nothing to tabulate")
     table = study.results_table(records, ["variant"], TEST_METRICS + ("edge_recovery_auroc",))
     paired = paired_against_full(records, args.mlruns)
     tables = {"ablation_results": with_published(table, args.dataset), "ablation_paired": paired,

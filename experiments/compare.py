@@ -42,12 +42,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shlex
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +58,8 @@ from experiments.baselines.run import RECURRENT, Baselines
 from experiments.run_archive import RunArchive, Unit
 from experiments.stats import weighted_auroc, weighted_average_precision
 from experiments.study import preset_config
+from experiments.workers import Job, run_jobs
 from garlic import run_contract, runs
-from garlic.cli import PARENT_ENV
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
 from garlic.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
@@ -226,51 +223,20 @@ def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: in
 
 def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
                      deadline: float | None = None) -> None:  # fmt: skip
-    """Train ``pending`` in ``workers`` parallel ``garlic train`` processes, the CPU threads shared out evenly, all
-    into ``store``; each process writes its output to ``store/logs/``. A unit whose process fails is reported and
-    stays missing.
-
-    At ``deadline`` (a ``time.monotonic()`` value) no unit starts any more and the running ones get SIGTERM: their
-    runs are marked FAILED (``garlic train --resume RUN_ID`` continues one), and a later call trains them anew. A
-    unit is claimed by a lock on ``store/locks/unit-...`` that its process holds, so that a second call (two
-    commands, or a rerun after this one was killed) skips a unit that a live process trains; on Linux the processes
-    die with this one."""
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
-    environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, PARENT_ENV: str(os.getpid())}
-    logs = Path(store) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-
-    def train_one(unit: Pending) -> tuple[Pending, str]:
-        if deadline is not None and time.monotonic() >= deadline:
-            return unit, "not started: the deadline had passed"
-        try:
-            claim = acquire(unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed), wait=False)
-        except LockHeld:
-            return unit, "skipped: another process is training it"
+    """Train ``pending`` in ``workers`` parallel ``garlic train`` processes (``experiments.workers``: the CPU threads
+    shared out evenly, each unit claimed by its ``unit_lock``, output in ``store/logs/``), all into ``store``. A unit
+    whose process fails is reported and stays missing; at ``deadline`` (a ``time.monotonic()`` value) no unit
+    starts any more and the running ones are stopped, their runs FAILED and trained anew by a later call."""
+    jobs = []
+    for unit in pending:
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
         command = [sys.executable, "-m", "garlic.cli", "--data-root", str(data_root), "--mlruns", str(store), "train",
                    "--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--dataset", unit.dataset, "--protocol",
                    unit.protocol, "--split", str(unit.split), *settings]  # fmt: skip
-        output = logs / f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
-        try:
-            with open(output, "w") as sink:
-                # The child inherits the claim (one lock, two descriptors): it holds the unit while it lives.
-                process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=environment,
-                                           pass_fds=(claim,))  # fmt: skip
-            try:
-                code = process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.terminate()
-                process.wait()
-                return unit, f"stopped at the deadline (its run is FAILED and resumable), see {output}"
-        finally:
-            release(claim)
-        return unit, "done" if code == 0 else f"failed (exit {code}), see {output}"
-
-    print(f"training {len(pending)} GARLIC units in {workers} processes of {threads} thread(s); output in {logs}")
-    with ThreadPoolExecutor(workers) as pool:
-        for unit, outcome in pool.map(train_one, pending):
-            print(f"{unit}: {outcome}")
+        log_name = f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
+        jobs.append(Job(str(unit), command, unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
+                        Path(store) / "logs" / log_name))  # fmt: skip
+    run_jobs(jobs, workers, deadline)
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,

@@ -111,3 +111,24 @@ def test_the_papers_auroc_sits_beside_each_variant_on_p12_and_p19():
     assert list(with_published(table, "physionet2012")["published_auroc"]) == [0.8640, 0.7690, 0.8532]
     assert list(with_published(table, "physionet2019-raindrop")["published_auroc"]) == [0.9096, 0.7526, 0.9008]
     assert "published_auroc" not in with_published(table, "mimic3-garlic")
+
+
+def test_workers_train_each_unfinished_unit_in_its_own_process_then_tabulate(data_root, tmp_path, capsys):
+    store = tmp_path / "mlruns"
+    main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
+          "--variants", "full", "no_gru", "--workers", "2", "--out", str(tmp_path / "out")]
+         + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "full/split_0: done" in printed and "no_gru/split_0: done" in printed
+    assert len(list((store / "logs").glob("ablation-synthetic-*.log"))) == 2  # one process per unit
+    runs = mlflow.search_runs(experiment_names=["ablations-synthetic"], output_format="list")
+    units = [r for r in runs if r.data.tags.get("kind") != "summary"]
+    assert sorted(r.data.tags["variant"] for r in units) == ["full", "no_gru"]
+    assert all(r.info.status == "FINISHED" for r in units)
+    paired = pd.read_csv(tmp_path / "out" / "ablation_paired.csv")
+    assert list(paired["variant"]) == ["no_gru", "no_gru"]
+
+    main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
+          "--variants", "full", "no_gru", "--workers", "2"]
+         + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
+    assert "running 0 units" in capsys.readouterr().out  # both finished: nothing trained again
