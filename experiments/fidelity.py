@@ -22,11 +22,17 @@ lie inside the margin, which is the two one-sided tests at 5% each. Every condit
 ``fidelity-<dataset>`` (tags: study, condition, split, fraction, method, settings), reused when already finished.
 
     python -m experiments.fidelity --dataset synthetic --splits 0 1 --max-epochs 3 --fractions 0.5
+
+``--workers N`` runs the splits with an unfinished condition in N parallel processes, each this command narrowed to
+its split (``experiments.workers``; ``--deadline MINUTES`` starts none after that), then writes the tables over the
+splits whose conditions have all finished.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
+import time
 
 import matplotlib.pyplot as plt
 import mlflow
@@ -39,7 +45,9 @@ from experiments.baselines.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons
+from experiments.workers import Job, run_jobs
 from garlic.attribution import DEFAULT_STEPS, ig_importance
+from garlic.cli import die_with_parent
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
 from garlic.device import resolve_device
@@ -112,10 +120,22 @@ class FidelityStudy:
     """The conditions of one data set, run split by split; ``records`` collects one row per (condition, split)."""
 
     def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, store, methods, fractions,
-                 ig_steps: int = DEFAULT_STEPS):  # fmt: skip
+                 ig_steps: int = DEFAULT_STEPS, train: bool = True):  # fmt: skip
+        """Without ``train``, ``run`` only gathers the splits whose conditions have all finished."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, store
-        self.methods, self.fractions, self.ig_steps = list(methods), sorted(fractions), ig_steps
+        self.methods, self.fractions, self.ig_steps, self.train = list(methods), sorted(fractions), ig_steps, train
         self.records: list[dict] = []
+
+    def plan(self) -> list[tuple[str, str, float]]:
+        """(condition, method, fraction) of every run a split needs, the full-data model first."""
+        return [("full", "garlic", 1.0)] + [(condition, method, fraction) for fraction in self.fractions
+                                            for condition, method in [("random", "random")] +
+                                            [(c, m) for m in self.methods for c in ("top", "bottom")]]  # fmt: skip
+
+    def finished_runs(self, split: Split) -> list[mlflow.entities.Run | None]:
+        """The finished run of each of ``plan()`` on ``split``, None where there is none yet."""
+        return [study.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
+                for unit in self.plan()]  # fmt: skip
 
     def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
         settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
@@ -159,29 +179,35 @@ class FidelityStudy:
             importance[method] = importance_map(trained["model"], cohort, method, self.ig_steps)
             return importance[method]
 
-        for fraction in self.fractions:
-            plan = [("random", "random")] + [(condition, method) for method in self.methods
-                                             for condition in ("top", "bottom")]  # fmt: skip
-            for condition, method in plan:
-                def reduced(condition=condition, method=method, fraction=fraction) -> dict[str, float]:
-                    scores = None if condition == "random" else ranking(method)
-                    keep = keep_mask(tensors.mask, scores, fraction, condition, random_seed(config, split, fraction))
-                    smaller = reduce(tensors, keep)
-                    normalisation = Normalisation.fit(smaller.subset(split.positions(smaller, "train")))
-                    kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
-                    mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
-                                                          "kept_share_of_observed": kept_share})  # fmt: skip
-                    estimator = GarlicEstimator(config, explain=False, keep_model=False)
-                    return fit_and_test(estimator, split_parts(smaller, split, normalisation))
+        for condition, method, fraction in self.plan()[1:]:  # after the full-data model
+            def reduced(condition=condition, method=method, fraction=fraction) -> dict[str, float]:
+                scores = None if condition == "random" else ranking(method)
+                keep = keep_mask(tensors.mask, scores, fraction, condition, random_seed(config, split, fraction))
+                smaller = reduce(tensors, keep)
+                normalisation = Normalisation.fit(smaller.subset(split.positions(smaller, "train")))
+                kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
+                mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
+                                                      "kept_share_of_observed": kept_share})  # fmt: skip
+                estimator = GarlicEstimator(config, explain=False, keep_model=False)
+                return fit_and_test(estimator, split_parts(smaller, split, normalisation))
 
-                tags = self.tags(split, condition, method, fraction)
-                name = f"{condition}-{method}-{fraction:g}/split_{split.index}"
-                metrics, run_id, _ = study.resumable(self.experiment_id, tags, name, reduced)
-                self._record(split, condition, method, fraction, metrics, run_id)
+            tags = self.tags(split, condition, method, fraction)
+            name = f"{condition}-{method}-{fraction:g}/split_{split.index}"
+            metrics, run_id, _ = study.resumable(self.experiment_id, tags, name, reduced)
+            self._record(split, condition, method, fraction, metrics, run_id)
 
     def run(self) -> pd.DataFrame:
         for split in self.cohort.splits:
-            self.run_split(split)
+            if self.train:
+                self.run_split(split)
+                continue
+            found = self.finished_runs(split)
+            if any(run is None for run in found):
+                log.warning("split %d: %d of %d conditions unfinished; left out", split.index,
+                            sum(run is None for run in found), len(found))  # fmt: skip
+                continue
+            for (condition, method, fraction), run in zip(self.plan(), found):
+                self._record(split, condition, method, fraction, dict(run.data.metrics), run.info.run_id)
         return pd.DataFrame(self.records)
 
 
@@ -282,13 +308,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.5], help="kept fractions, e.g. 0.1 0.3 0.5")
     parser.add_argument("--ig-steps", type=int, default=DEFAULT_STEPS, help="Integrated Gradients path steps")
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="run the unfinished splits in N "
+                        "parallel processes (default 1: one at a time, in this one)")
+    parser.add_argument("--deadline", type=float, metavar="MINUTES", help="with --workers: start no split after "
+                        "MINUTES and stop the running ones then (their unfinished runs are trained by the next call)")
+    parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.train_only:
+        die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     config = study.study_config(args)
     cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = study.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
-    runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps)
+    runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps,
+                           train=args.workers == 1)  # fmt: skip
+    if args.workers > 1:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        jobs = []
+        for split in cohort.splits:
+            if any(run is None for run in runner.finished_runs(split)):
+                unit = f"fidelity-{args.dataset}-split_{split.index}-{study.settings_digest(config.to_dict())}"
+                command = [sys.executable, "-m", "experiments.fidelity", *argv, "--splits", str(split.index),
+                           "--workers", "1", "--train-only"]  # fmt: skip
+                jobs.append(Job(f"split_{split.index}", command, args.mlruns / "locks" / unit,
+                                args.mlruns / "logs" / f"{unit}.log"))  # fmt: skip
+        run_jobs(jobs, args.workers, None if args.deadline is None else time.monotonic() + 60 * args.deadline)
     records = runner.run()
+    if args.train_only:
+        return
+    if records.empty:
+        raise SystemExit(f"no split of the fidelity study has finished in {args.mlruns}: nothing to tabulate")
     tables = {"fidelity_results": results_table(records, args.dataset),
               "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions),
               "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, args.mlruns)}  # fmt: skip

@@ -7,6 +7,7 @@ from experiments import compare, study
 from experiments.baselines.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
                                   ordering_tests, results_table, variable_importance)
+from experiments.fidelity import main as fidelity_main
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
 from garlic.config import Config
@@ -264,3 +265,21 @@ def test_gradient_boosting_ranks_the_noise_variable_last_and_gives_every_value_o
     assert (weights[:3] > 0.01).all()
     keep = keep_mask(tensors.mask, np.where(tensors.mask, weights, 0.0), 0.5, "bottom")
     assert keep[..., 3][tensors.mask[..., 3]].mean() > 0.9  # the bottom half keeps the noise first
+
+
+def test_workers_run_each_unfinished_split_in_its_own_process_then_tabulate_the_finished_ones(small_cohort, tmp_path,
+                                                                                             capsys):
+    store, out = tmp_path / "mlruns", tmp_path / "out"
+    arguments = ["--data-root", str(small_cohort), "--mlruns", str(store), "--splits", "0", "1", "--max-epochs", "1",
+                 "--methods", "gbm", "--out", str(out)] + [f"--set={k}={v}" for k, v in TINY.items()
+                                                          if k != "max_epochs"]  # fmt: skip
+    fidelity_main([*arguments, "--workers", "2"])
+    printed = capsys.readouterr().out
+    assert "split_0: done" in printed and "split_1: done" in printed
+    assert len(list((store / "logs").glob("fidelity-synthetic-split_*.log"))) == 2
+    runs = mlflow.search_runs(experiment_names=["fidelity-synthetic"])
+    units = runs[runs["tags.condition"].notna()]  # not the summary run
+    assert len(units) == 2 * 4 and set(units["status"]) == {"FINISHED"}  # full, random, top and bottom per split
+    assert pd.read_csv(out / "fidelity_ordering.csv")["splits"].tolist() == [2, 2]
+    fidelity_main([*arguments, "--workers", "2"])
+    assert "running 0 units" in capsys.readouterr().out
