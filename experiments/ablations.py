@@ -7,7 +7,7 @@ split, settings), reused when already finished. Three tables are logged as artif
 - ``ablation_results``: mean +/- std over splits of test AUROC, AUPRC, Brier, ECE before/after temperature scaling
   (on the synthetic cohort also the planted-edge recovery AUROC), with the paper's AUROC beside it (P12, P19);
 - ``ablation_paired``: each variant against the full model, paired on the same splits and test stays: the mean
-  difference and a 95% bootstrap interval over test stays (``experiments.compare.paired_difference``; an interval
+  difference and a 95% bootstrap interval over test stays (``experiments.stats.paired_difference``; an interval
   holding 0 is a tie);
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
@@ -28,8 +28,9 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from experiments import compare, published, study
+from experiments import published, study
 from experiments.run_archive import Unit
+from experiments.stats import paired_difference
 from experiments.workers import Job, run_jobs
 from garlic.cli import die_with_parent
 from garlic.config import Config
@@ -94,10 +95,10 @@ def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, expe
 
 def paired_against_full(records: pd.DataFrame, store) -> pd.DataFrame:
     """Each variant minus the full model, per metric, over the splits both ran: the mean difference and its 95%
-    bootstrap interval over test stays, each split's stays drawn once for both (``compare.paired_difference``)."""
+    bootstrap interval over test stays, each split's stays drawn once for both (``stats.paired_difference``)."""
     units: dict[str, list[Unit]] = {}
     for row in records.itertuples():
-        predictions = compare.test_predictions(store, row.run_id)
+        predictions = study.test_predictions(store, row.run_id)
         units.setdefault(row.variant, []).append(Unit(row.variant, "ablation", int(row.split), None, row.run_id, "",
                                                       {}, predictions))  # fmt: skip
     rows = []
@@ -108,7 +109,7 @@ def paired_against_full(records: pd.DataFrame, store) -> pd.DataFrame:
             continue
         for metric in ("auroc", "auprc"):
             rows.append({"variant": variant, "metric": metric, "splits": len(ours),
-                         **compare.paired_difference(ours, units["full"], metric)})  # fmt: skip
+                         **paired_difference(ours, units["full"], metric)})  # fmt: skip
     paired = pd.DataFrame(rows, columns=["variant", "metric", "splits", "difference", "ci_low", "ci_high", "verdict"])
     return paired.round({"difference": 4, "ci_low": 4, "ci_high": 4})
 

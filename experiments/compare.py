@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 from experiments import published, study
 from experiments.baselines.run import RECURRENT, Baselines
 from experiments.run_archive import RunArchive, Unit
-from experiments.stats import weighted_auroc, weighted_average_precision
+from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
 from experiments.workers import Job, run_jobs
 from garlic import run_contract, runs
@@ -82,7 +82,6 @@ IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it i
 # Config keys added after units were archived, with the value that trains as before: at that value they stay out of
 # the settings digest, so that the archived units of unchanged presets are still found.
 LATER_KEYS = {"lr_schedule": "plateau"}
-BOOTSTRAP = 1000
 
 
 def protocol_dataset(table: str, protocol_name: str) -> str:
@@ -142,12 +141,6 @@ def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
             if held is not None:
                 found.append((index, seed, *held))
     return found
-
-
-def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
-    use_store(store)
-    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
-    return pd.read_csv(local)
 
 
 @dataclass(frozen=True)
@@ -210,7 +203,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             store, run = found
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
-                              test_predictions(store, run.info.run_id)))  # fmt: skip
+                              study.test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
 
 
@@ -265,7 +258,7 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
     missing = [Pending(method, protocol_name, split.index, None) for method in runner.available(to_run)
                for split in cohort.splits if (method, split.index) not in done]  # fmt: skip
     for record in records:
-        predictions = test_predictions(store, record["run_id"])
+        predictions = study.test_predictions(store, record["run_id"])
         metrics = {k.removeprefix("test_"): record[k] for k in ("test_auroc", "test_auprc", "test_brier", "test_ece")}
         settings = study.settings_digest(runner.settings(record["method"]))
         units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings, metrics,
@@ -291,42 +284,6 @@ def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -
         rows.append({"method": row.method, "protocol": row.protocol, "runs": None, "auroc_mean": row.auroc[0],
                      "auroc_std": row.auroc[1], "auprc_mean": row.auprc[0], "auprc_std": row.auprc[1]})  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).astype({"runs": "Int64"})  # published rows have none
-
-
-def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0,
-                      level: float = 0.95) -> dict[str, float]:  # fmt: skip
-    """Mean over ``ours`` of (ours - the baseline on the same split), with a ``level`` bootstrap interval over test
-    stays.
-
-    Each resample draws every split's test stays with replacement once (as counts) and scores both models on the
-    same draw; a unit trained with several seeds on one split shares that split's draws. Where ``theirs`` has a
-    unit of the same split and model seed (another preset), that one is the baseline.
-    """
-    score = weighted_auroc if metric == "auroc" else weighted_average_precision
-    by_split = {u.split: u for u in theirs}
-    by_unit = {(u.split, u.seed): u for u in theirs}
-    generator = np.random.default_rng(seed)
-    draws = {}
-    for split, unit in by_split.items():
-        stays = len(unit.predictions)
-        draws[split] = generator.multinomial(stays, np.full(stays, 1 / stays), size=BOOTSTRAP)
-    observed, resampled = [], np.zeros(BOOTSTRAP)
-    for unit in ours:
-        baseline = by_unit.get((unit.split, unit.seed), by_split[unit.split]).predictions
-        joined = unit.predictions.merge(baseline, on="stay_id", suffixes=("", "_baseline"))
-        same_stays = len(joined) == len(unit.predictions) == len(baseline)
-        if not same_stays or not (joined["label"] == joined["label_baseline"]).all():
-            raise ValueError(f"{unit.method} and the baseline do not share the test stays of split {unit.split}")
-        joined = joined.set_index("stay_id").loc[baseline["stay_id"]]  # the order the draws count in
-        labels, risk, other = (joined[c].to_numpy() for c in ("label", "risk", "risk_baseline"))
-        everyone = np.ones((1, len(labels)))
-        observed.append(float(score(risk, labels, everyone)[0] - score(other, labels, everyone)[0]))
-        resampled += score(risk, labels, draws[unit.split]) - score(other, labels, draws[unit.split])
-    resampled /= len(ours)
-    tail = 100 * (1 - level) / 2
-    low, high = np.percentile(resampled[np.isfinite(resampled)], [tail, 100 - tail])  # a one-class draw scores nothing
-    verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
-    return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
 
 
 DROP_COLUMNS = ["method", "direction", "metric", "in_hospital", "cross_hospital", "drop"]

@@ -40,11 +40,11 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
-from experiments import compare, published, study
+from experiments import published, study
 from experiments.baselines.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
-from experiments.stats import page_trend, paired_comparisons
+from experiments.stats import page_trend, paired_comparisons, paired_difference
 from experiments.workers import Job, run_jobs
 from garlic.attribution import DEFAULT_STEPS, ig_importance
 from garlic.cli import die_with_parent
@@ -240,7 +240,7 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.Da
     """TOST of top f against full, per method, fraction and metric: the mean over splits of top - full on the same
     test stays, its 90% bootstrap interval over those stays, and "equivalent" when the interval lies inside
     +/- ``EQUIVALENCE_MARGIN`` ("not shown" otherwise: too wide an interval, or a real difference)."""
-    predictions = {run_id: compare.test_predictions(store, run_id) for run_id in records["run_id"]}
+    predictions = {run_id: study.test_predictions(store, run_id) for run_id in records["run_id"]}
 
     def units(rows: pd.DataFrame) -> list[Unit]:
         return [Unit(row.condition, "fidelity", int(row.split), None, row.run_id, "", {}, predictions[row.run_id])
@@ -253,7 +253,7 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.Da
             top = units(records[(records["condition"] == "top") & (records["method"] == method)
                                 & (records["fraction"] == fraction)])  # fmt: skip
             for metric, margin in EQUIVALENCE_MARGIN.items():
-                paired = compare.paired_difference(top, full, metric, level=0.90)
+                paired = paired_difference(top, full, metric, level=0.90)
                 inside = -margin < paired["ci_low"] and paired["ci_high"] < margin
                 rows.append({"method": method, "fraction": fraction, "metric": metric, "splits": len(top),
                              "top_minus_full": round(paired["difference"], 4), "ci90_low": round(paired["ci_low"], 4),

@@ -6,7 +6,7 @@
 For each preset and each split of the protocol with two or more model seeds in the archive
 (``OUT/<dataset>-runs``, kept by ``experiments.compare --out``), the ensemble's risk for a stay is the mean of its
 seeds' risks. It is scored on the split's test stays beside the seeds scored alone, and paired with the ``--against``
-method on the same stays (``experiments.compare.paired_difference``: the mean difference over splits and a 95%
+method on the same stays (``experiments.stats.paired_difference``: the mean difference over splits and a 95%
 bootstrap interval over test stays; an interval holding 0 is a tie). An ensemble of K seeds costs K models'
 inference per stay. The test parts were read when the seeds were tested; combining the archived risks reads them
 again, so the ensemble is a diagnosis of a direction, not a model selected on validation.
@@ -23,6 +23,7 @@ import pandas as pd
 
 from experiments import compare, study
 from experiments.run_archive import RunArchive, Unit
+from experiments.stats import paired_difference
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT
 from garlic.metrics import binary_metrics
 from preprocessing.atomic import atomic_file
@@ -65,7 +66,7 @@ def ensemble_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
         row[f"single_{metric}"] = f"{np.mean(alone):.4f} ± {np.std(alone):.4f}"
         row[f"ensemble_{metric}"] = round(float(np.mean([unit.metrics[metric] for unit in ensembles])), 4)
     for metric in ("auroc", "auprc"):
-        paired = compare.paired_difference(ensembles, baseline, metric)
+        paired = paired_difference(ensembles, baseline, metric)
         row[f"{metric}_vs_{against}"] = (f"{paired['difference']:+.4f} [{paired['ci_low']:+.4f}, "
                                          f"{paired['ci_high']:+.4f}] {paired['verdict']}")  # fmt: skip
     return row

@@ -5,6 +5,9 @@
   the condition predicted to be j-th worst. A perfect ordering in every split gives the largest L, n * sum_j j^2.
 - Paired comparisons of neighbours in the claimed order: mean difference, the number of splits where it holds and a
   one-sided paired t-test. With five splits these are descriptive rather than conclusive; Page's L is the test.
+
+And the paired comparison every table and study makes of two methods on the same test stays
+(``paired_difference``: the mean difference over splits, with a bootstrap interval over test stays).
 """
 from __future__ import annotations
 
@@ -13,6 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from experiments.run_archive import Unit
+
+# Resamples of the test stays behind every paired interval.
+BOOTSTRAP = 1000
 
 
 @dataclass
@@ -100,3 +108,39 @@ def _grouped(scores, labels, weights, descending: bool) -> tuple[np.ndarray, np.
     positive = np.add.reduceat(weights * is_positive, starts, axis=1)
     negative = np.add.reduceat(weights * ~is_positive, starts, axis=1)
     return positive, negative
+
+
+def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0,
+                      level: float = 0.95) -> dict[str, float]:  # fmt: skip
+    """Mean over ``ours`` of (ours - the baseline on the same split), with a ``level`` bootstrap interval over test
+    stays.
+
+    Each resample draws every split's test stays with replacement once (as counts) and scores both models on the
+    same draw; a unit trained with several seeds on one split shares that split's draws. Where ``theirs`` has a
+    unit of the same split and model seed (another preset), that one is the baseline.
+    """
+    score = weighted_auroc if metric == "auroc" else weighted_average_precision
+    by_split = {u.split: u for u in theirs}
+    by_unit = {(u.split, u.seed): u for u in theirs}
+    generator = np.random.default_rng(seed)
+    draws = {}
+    for split, unit in by_split.items():
+        stays = len(unit.predictions)
+        draws[split] = generator.multinomial(stays, np.full(stays, 1 / stays), size=BOOTSTRAP)
+    observed, resampled = [], np.zeros(BOOTSTRAP)
+    for unit in ours:
+        baseline = by_unit.get((unit.split, unit.seed), by_split[unit.split]).predictions
+        joined = unit.predictions.merge(baseline, on="stay_id", suffixes=("", "_baseline"))
+        same_stays = len(joined) == len(unit.predictions) == len(baseline)
+        if not same_stays or not (joined["label"] == joined["label_baseline"]).all():
+            raise ValueError(f"{unit.method} and the baseline do not share the test stays of split {unit.split}")
+        joined = joined.set_index("stay_id").loc[baseline["stay_id"]]  # the order the draws count in
+        labels, risk, other = (joined[c].to_numpy() for c in ("label", "risk", "risk_baseline"))
+        everyone = np.ones((1, len(labels)))
+        observed.append(float(score(risk, labels, everyone)[0] - score(other, labels, everyone)[0]))
+        resampled += score(risk, labels, draws[unit.split]) - score(other, labels, draws[unit.split])
+    resampled /= len(ours)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(resampled[np.isfinite(resampled)], [tail, 100 - tail])  # a one-class draw scores nothing
+    verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
+    return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}

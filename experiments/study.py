@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from garlic import run_contract  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
 from garlic.pipeline import TEST_METRICS  # noqa: E402
@@ -94,6 +95,13 @@ def load_cohort(dataset: str, data_root: Path, protocol: str, indices: list[int]
 def open_experiment(name: str, store: Path) -> str:
     use_store(store)
     return use_experiment(name, store)
+
+
+def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
+    """The test predictions (``stay_id, label, risk``) a run logged (``garlic.pipeline.fit_and_test``)."""
+    use_store(store)
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
+    return pd.read_csv(local)
 
 
 def settings_digest(settings: dict) -> str:

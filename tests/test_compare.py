@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import compare, published
+from experiments import compare, published, stats
 from experiments.run_archive import RunArchive
 from garlic import run_contract
 from garlic.cli import PARENT_ENV
@@ -207,12 +207,12 @@ def test_paired_difference_calls_a_clear_gain_a_win_and_no_change_a_tie():
     baseline = [unit("base", 0, noise + 0.3 * labels, labels)]
     better = [unit("ours", 0, noise + 2.0 * labels, labels)]
     same = [unit("ours", 0, noise + 0.3 * labels, labels)]
-    win = compare.paired_difference(better, baseline, "auroc")
+    win = stats.paired_difference(better, baseline, "auroc")
     assert win["verdict"] == "win" and 0 < win["ci_low"] <= win["difference"] <= win["ci_high"]
-    tie = compare.paired_difference(same, baseline, "auprc")
+    tie = stats.paired_difference(same, baseline, "auprc")
     assert tie == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "verdict": "tie"}
     with pytest.raises(ValueError, match="do not share the test stays"):
-        compare.paired_difference([unit("ours", 0, noise[:300], labels[:300])], baseline, "auroc")
+        stats.paired_difference([unit("ours", 0, noise[:300], labels[:300])], baseline, "auroc")
 
 
 def test_weighted_scores_equal_sklearns_with_sample_weights_ties_included():
@@ -319,7 +319,7 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
         assert ("new", "logreg", metric) in rows.index and ("old", "logreg", metric) in rows.index
         assert ("old", "old", metric) not in rows.index  # no preset against itself
     # By split alone every seed would have met the last old seed's risks (the strongest): a clear loss instead.
-    assert compare.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
+    assert stats.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
 
 
 def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tmp_path, capsys):

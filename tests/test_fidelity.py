@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import compare, study
+from experiments import study
 from experiments.baselines.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
                                   ordering_tests, results_table, variable_importance)
@@ -232,7 +232,7 @@ def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin(monke
     labels = generator.random(400) < 0.3
     risk = np.clip(labels * 0.3 + generator.random(400) * 0.7, 0, 1)
     risks = {"full": risk, "same": risk + 1e-6, "noise": generator.random(400)}
-    monkeypatch.setattr(compare, "test_predictions", lambda store, run_id: pd.DataFrame(
+    monkeypatch.setattr(study, "test_predictions", lambda store, run_id: pd.DataFrame(
         {"stay_id": np.arange(400), "label": labels.astype(int), "risk": risks[run_id]}))
     records = pd.DataFrame([
         {"split": 0, "condition": "full", "method": "garlic", "fraction": 1.0, "run_id": "full"},
