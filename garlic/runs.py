@@ -132,54 +132,67 @@ def _tracked_train(
     resume_run: str | None,
     preset: str | None = None,
 ) -> tuple[str, list[SplitResult]]:
+    """The parent run's life: started (or resumed) and claimed, described, each unit trained in it (one split: in the
+    parent itself; several: each in a nested run), and the mean and std of the units' test metrics logged."""
     use_store(store)
     use_experiment(config.dataset, store)
     manifest = read_manifest(folder)
-    results = []
     tags = {run_contract.PRESET: preset} if preset else None
     begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}", "tags": tags}
     # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
     with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
         if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
-            mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
-            mlflow.log_params(config.to_dict())
-            indices = list(dict.fromkeys(split.index for split, _ in units))
-            mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
-                               run_contract.DATA_FOLDER: str(folder),
-                               run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
-                               run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
-            mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
+            _describe(config, tensors, units, seeds, folder, manifest)
         nested = len(units) > 1
         earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
+        results = []
         for split, unit_config in units:
             name = split.name if len(seeds) == 1 else f"{split.name}/seed_{unit_config.seed}"
             report = (lambda record, name=name: on_epoch(name, record)) if on_epoch else None
-            record = run_contract.split_params(split, folder, manifest)
-            previous = earlier.get(name)
-            if previous is not None and previous.info.status == "FINISHED":
-                distributed.broadcast_state({"finished": True})
-                results.append(_finished_result(previous))
-                continue
-            resumed = parent.info.run_id if not nested else previous.info.run_id if previous is not None else None
-            if resume_run is not None and resumed is not None:
-                run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
-            if not nested:
-                state_path = run_contract.training_state_path(store, parent.info.run_id)
-                results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
-                                           state_path, record))  # fmt: skip
-                continue
-            begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
-            with mlflow.start_run(**begin, nested=True) as child:
-                if previous is None:
-                    mlflow.log_params(unit_config.to_dict())
-                state_path = run_contract.training_state_path(store, child.info.run_id)
-                results.append(train_split(unit_config, tensors, split, report, manifest.get("ground_truth_graph"),
-                                           state_path, record))  # fmt: skip
+            results.append(_train_unit(unit_config, tensors, split, folder, manifest, store, parent.info.run_id,
+                                       nested, earlier.get(name), resume_run is not None, name, tags, report))  # fmt: skip
         if nested:
             for metric in TEST_METRICS:
                 values = np.array([r.test[metric] for r in results])
                 mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
     return parent.info.run_id, results
+
+
+def _describe(config: Config, tensors: IrregularTensors, units: list[tuple[Split, Config]], seeds: list[int],
+              folder: Path, manifest: dict) -> None:  # fmt: skip
+    """Log what the parent run trains on: the config, the data (size, folder, manifest), its splits and seeds."""
+    mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
+    mlflow.log_params(config.to_dict())
+    indices = list(dict.fromkeys(split.index for split, _ in units))
+    mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
+                       run_contract.DATA_FOLDER: str(folder),
+                       run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
+                       run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
+    mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
+
+
+def _train_unit(config: Config, tensors: IrregularTensors, split: Split, folder: Path, manifest: dict, store: Path,
+                parent_id: str, nested: bool, previous: mlflow.entities.Run | None, resuming: bool, name: str,
+                tags: dict | None, report: Callable[[EpochRecord], None] | None) -> SplitResult:  # fmt: skip
+    """One split and seed of the parent run: reused when its nested run finished before, else trained (resuming its
+    run where one was started), in the parent itself or in its nested run, with its training state beside it."""
+    record = run_contract.split_params(split, folder, manifest)
+    if previous is not None and previous.info.status == "FINISHED":
+        distributed.broadcast_state({"finished": True})
+        return _finished_result(previous)
+    resumed = parent_id if not nested else previous.info.run_id if previous is not None else None
+    if resuming and resumed is not None:
+        run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
+    graph = manifest.get("ground_truth_graph")
+    if not nested:
+        return train_split(config, tensors, split, report, graph, run_contract.training_state_path(store, parent_id),
+                           record)  # fmt: skip
+    begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
+    with mlflow.start_run(**begin, nested=True) as child:
+        if previous is None:
+            mlflow.log_params(config.to_dict())
+        state_path = run_contract.training_state_path(store, child.info.run_id)
+        return train_split(config, tensors, split, report, graph, state_path, record)
 
 
 def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
