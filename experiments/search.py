@@ -74,6 +74,10 @@ SPACE = {
 }
 PRUNE_AFTER_TRIALS = 5
 PRUNE_AFTER_EPOCHS = 3
+# A running trial records a heartbeat this often; one silent for GRACE_SECONDS (its process was killed) is marked
+# FAILED when a process opens the study, instead of staying "running" in the study for ever.
+HEARTBEAT_SECONDS = 60
+GRACE_SECONDS = 300
 OBJECTIVE = "validation_auroc"
 log = logging.getLogger("experiments")
 
@@ -146,7 +150,11 @@ def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: 
 
 def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None) -> optuna.Study:
     """The study ``name`` in ``storage`` (made when new), after checking that it searches what ``identity`` says
-    (preset, dataset, protocol, screening splits, searched names, fixed settings)."""
+    (preset, dataset, protocol, screening splits, searched names, fixed settings); trials whose process died are
+    marked FAILED (``GRACE_SECONDS``)."""
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9; we rely on no detail of them
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
     searched = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
                                    sampler=optuna.samplers.TPESampler(seed=sampler_seed),
                                    pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))  # fmt: skip
@@ -155,8 +163,11 @@ def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None
         searched.set_user_attr("identity", identity)
     elif known != identity:
         changed = sorted(key for key in identity.keys() | known.keys() if identity.get(key) != known.get(key))
-        raise SystemExit(f"study {name!r} in {storage} searches other settings ({', '.join(changed)}): "
+        raise SystemExit(f"study {name!r} in {storage.url} searches other settings ({', '.join(changed)}): "
                          "name another --study, or repeat the first process's arguments")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(searched)
     return searched
 
 

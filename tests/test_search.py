@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import mlflow
 import optuna
@@ -101,3 +102,18 @@ def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_pa
     assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.intermediate_values) == [1]
     runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
     assert len(runs) == 2 and all(r.info.status == "KILLED" and r.data.tags["pruned"] == "true" for r in runs)
+
+
+def test_a_trial_whose_process_died_is_marked_failed_when_the_study_is_opened_and_a_live_one_is_not(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr(search, "HEARTBEAT_SECONDS", 1)
+    monkeypatch.setattr(search, "GRACE_SECONDS", 1)
+    url, identity = f"sqlite:///{tmp_path / 'optuna.db'}", {"preset": "synthetic"}
+    first = search.open_study("search", url, identity, 0)
+    dead = first.ask()
+    first._storage.record_heartbeat(dead._trial_id)  # what optimize's heartbeat thread records, then silence
+    time.sleep(2.5)
+    alive = first.ask()
+    first._storage.record_heartbeat(alive._trial_id)
+    states = [t.state for t in search.open_study("search", url, identity, 0).trials]
+    assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING]
