@@ -80,8 +80,8 @@ def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, expe
                      workers: int, store, deadline: float | None) -> None:  # fmt: skip
     """The unfinished units, each as this command (``argv``) narrowed to it, in ``workers`` processes."""
     jobs = []
-    for name in variants:
-        for split in cohort.splits:
+    for split in cohort.splits:  # split by split, so that a deadline leaves whole splits to pair
+        for name in variants:
             tags = unit_tags(config, name, split.index)
             if study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None:
                 continue
