@@ -3,9 +3,9 @@
     python -m experiments.compare --dataset physionet2012 --protocols five-split raindrop garlic-reference
 
 Methods:
-- the simple baselines of ``experiments.baselines`` (SAPS-I, SOFA; logistic regression and gradient boosting on
-  per-stay summaries, each with and without the static features), and GRU-D and decay + GRU when asked
-  (``--methods``);
+- the methods of the registry (``garlic.methods``, ``--methods``): by default the severity scores (SAPS-I, SOFA)
+  and the simple baselines (logistic regression and gradient boosting on per-stay summaries, each with and without
+  the static features); GRU-D, decay + GRU or a newly registered model when asked;
 - GARLIC presets (``--presets``, files of ``experiments/configs/``; a row is named by the file's stem, e.g.
   ``physionet2012`` for the paper config), trained through ``garlic.runs.train``, the one train-select-test-log
   path: one run per split and model seed of the protocol.
@@ -54,11 +54,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from experiments import published, study
-from experiments.baselines.run import RECURRENT, Baselines
+from experiments.baselines.run import Baselines
 from experiments.run_archive import RunArchive, Unit
 from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
 from experiments.workers import Job, run_jobs
+from garlic import methods as registry
 from garlic import run_contract, runs
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
@@ -71,8 +72,7 @@ from preprocessing.tensors import load_tensors
 
 log = logging.getLogger("experiments")
 
-SIMPLE = ("logreg", "logreg_static", "gbm", "gbm_static")
-BASELINES = ("saps", "sofa", *SIMPLE)
+BASELINES = ("saps", "sofa", *registry.simple_baselines())  # the default ``--methods``
 COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean",
            "ece_mean"]  # fmt: skip
 # A source's table (``--dataset physionet2019``) runs each protocol on its own cohort: a published one on the cohort it
@@ -314,8 +314,9 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
     preset too (unit by unit: the same split and model seed)."""
     rows = []
     summary = table(units, protocols)
+    is_simple = summary["method"].isin(registry.simple_baselines())
     for protocol_name in protocols:
-        simple = summary[(summary["protocol"] == protocol_name) & summary["method"].isin(SIMPLE)]
+        simple = summary[(summary["protocol"] == protocol_name) & is_simple]
         for name in presets:
             ours = [u for u in units if u.method == name and u.protocol == protocol_name]
             for metric in ("auroc", "auprc"):
@@ -495,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a dataset, or a source (physionet2019) whose protocols each run on their own cohort")
     parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS),
                         help="default: every protocol that applies to the dataset")
-    parser.add_argument("--methods", nargs="*", choices=[*BASELINES, *RECURRENT], default=list(BASELINES))
+    parser.add_argument("--methods", nargs="*", choices=[m for m in registry.METHODS if m != "garlic"],
+                        default=list(BASELINES), help="methods of the registry (garlic.methods); GARLIC: --presets")
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])

@@ -41,7 +41,7 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from experiments import published, study
-from experiments.baselines.summary import STATISTICS, SummaryModel
+from garlic.baselines.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons, paired_difference

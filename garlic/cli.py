@@ -233,6 +233,9 @@ class _Progress:
 
 
 def _train(args: argparse.Namespace) -> None:
+    if args.method != "garlic":
+        _train_method(args)
+        return
     if args.resume and (args.set or args.config or args.all_splits or args.split is not None or args.protocol):
         raise ConfigError(
             "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
@@ -288,6 +291,25 @@ def _train(args: argparse.Namespace) -> None:
     print(f"next: the bedside dashboard on this run: {garlic} dashboard --run {run_id}   (http://localhost:8501)")
     print(f"      every metric and plot in MLflow: {_program('python')} -m mlflow ui --backend-store-uri "
           f"sqlite:///{store.resolve() / STORE_FILE}")  # fmt: skip
+
+
+def _train_method(args: argparse.Namespace) -> None:
+    """``garlic train --method NAME``: a registered method other than GARLIC (``garlic.methods``) on the splits."""
+    if args.resume:
+        raise ConfigError("--resume continues a GARLIC run; a --method run is started again instead")
+    _say(f"training {args.method}; loading torch, scikit-learn and MLflow ...")
+    config = _config(args)
+    indices, _ = _units(args, config)  # a method is deterministic given its seed: one run per split
+    from garlic import runs
+    from garlic.device import resolve_device
+
+    resolve_device(config.device)
+    store = _store(args)
+    _prepare(config, args.data_root)
+    run_id, results = runs.train_method(args.method, config, indices, args.data_root, store)
+    for result in results:
+        print(f"{result.split} (run {result.run_id}): test " + ", ".join(f"{k} {v:.4f}" for k, v in result.test.items()))
+    print(f"run {run_id}")
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -381,6 +403,8 @@ def parser() -> argparse.ArgumentParser:
                                                    "default: experiments/configs/DATASET.json)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    train.add_argument("--method", default="garlic", metavar="NAME",
+                       help="a method of the registry, garlic.methods (gbm_static, grud, ...; default garlic)")
     train.add_argument("--resume", metavar="RUN_ID",
                        help="continue this killed run from its last epoch's training state")
     train.set_defaults(handler=_train)

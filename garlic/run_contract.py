@@ -48,6 +48,7 @@ DATA_DIGEST = "data_digest"
 SPLIT_INDICES = "split_indices"
 SEEDS = "seeds"
 PRESET = "preset"
+METHOD = "method"  # the tag naming a registered method other than GARLIC (``garlic.methods``)
 
 CONFIG = "config.json"
 DATA_MANIFEST = "data_manifest.json"

@@ -4,7 +4,8 @@ One MLflow run per training; with several splits or model seeds (a whole protoco
 a parent run holds one nested run per split and seed, and the mean +/- std of their test metrics. What a run
 records about its data is ``garlic.run_contract``'s.
 
-Each split run is ``garlic.pipeline.fit_and_test`` of a ``garlic.estimator.GarlicEstimator``. After every epoch the
+Each split run is ``garlic.pipeline.fit_and_test`` of a ``garlic.estimator.GarlicEstimator`` (``train``), or of
+another registered method (``train_method``, ``garlic.methods``). After every epoch the
 state of the fit (``garlic.training_state``) is saved to ``run_contract.training_state_path`` (atomically; deleted
 once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends as the
 uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
@@ -19,8 +20,9 @@ from typing import Callable
 
 import mlflow
 import numpy as np
+import pyarrow.parquet as pq
 
-from garlic import distributed, run_contract
+from garlic import distributed, methods, run_contract
 from garlic.config import Config
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_folder
 from garlic.estimator import GarlicEstimator
@@ -31,7 +33,7 @@ from garlic.splits import Split, chosen_splits, load_splits
 from garlic.tracking import DEFAULT_STORE, claim_run, get_run, load_run_model, use_experiment, use_store, was_claimed
 from garlic.train import EpochRecord
 from garlic.training_state import load_training_state, save_training_state
-from preprocessing.tables import read_manifest
+from preprocessing.tables import LABELS, read_manifest
 from preprocessing.tensors import IrregularTensors, load_tensors
 
 TEST_METRICS = ("auroc", "auprc", "brier", "ece")
@@ -41,7 +43,7 @@ TEST_METRICS = ("auroc", "auprc", "brier", "ece")
 class SplitResult:
     run_id: str
     split: str  # the run's name: the split's, with ``/seed_<s>`` where a protocol trains several seeds
-    best_epoch: int
+    best_epoch: int | None  # None for a method without epochs
     test: dict[str, float]
 
 
@@ -111,6 +113,45 @@ def train(
     return _tracked_train(config, tensors, units, seeds, folder, store, on_epoch, resume_run, preset)
 
 
+def train_method(
+    name: str,
+    config: Config,
+    split_indices: list[int] | None = None,
+    data_root: Path = DEFAULT_DATA_ROOT,
+    store: Path = DEFAULT_STORE,
+) -> tuple[str, list[SplitResult]]:
+    """A registered method other than GARLIC (``garlic.methods``) on the chosen splits (default: the first) of the
+    config's dataset and protocol, through ``fit_and_test`` as GARLIC is: one MLflow run tagged with the method, its
+    settings as params, a nested run per split (one split: the run itself) and the mean and std of their test
+    metrics. These methods fit in minutes, so a killed run is started again rather than resumed, and they log no
+    model for the dashboard. Returns the run id and results."""
+    spec = methods.method(name)
+    folder = ensure_processed(config.dataset, data_root)
+    tensors = load_tensors(folder)
+    splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
+    chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
+    context = methods.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
+    if not spec.available(context.labels):
+        raise ValueError(f"method {name} needs the {spec.needs_column} column, which {config.dataset} does not have")
+    use_store(store)
+    use_experiment(config.dataset, store)
+    manifest = read_manifest(folder)
+    with mlflow.start_run(run_name=f"{name}-{config.dataset}", tags={run_contract.METHOD: name}) as parent:
+        mlflow.log_params({run_contract.DATASET: config.dataset, "split_protocol": config.split_protocol,
+                           run_contract.METHOD: name, **spec.settings(context)})  # fmt: skip
+        mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
+        results = []
+        for split in chosen:
+            with mlflow.start_run(run_name=split.name, nested=True) if len(chosen) > 1 else nullcontext():
+                mlflow.log_params(run_contract.split_params(split, folder, manifest))
+                metrics = fit_and_test(spec.build(context), split_parts(tensors, split))
+                results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,
+                                           {metric: metrics[f"test_{metric}"] for metric in TEST_METRICS}))  # fmt: skip
+        if len(chosen) > 1:
+            _log_mean_and_std(results)
+    return parent.info.run_id, results
+
+
 def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
     """A rank other than 0: fit beside rank 0, from the state it sends, unless it says the split is done."""
     plan = distributed.broadcast_state(None)
@@ -152,10 +193,15 @@ def _tracked_train(
             results.append(_train_unit(unit_config, tensors, split, folder, manifest, store, parent.info.run_id,
                                        nested, earlier.get(name), resume_run is not None, name, tags, report))  # fmt: skip
         if nested:
-            for metric in TEST_METRICS:
-                values = np.array([r.test[metric] for r in results])
-                mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
+            _log_mean_and_std(results)
     return parent.info.run_id, results
+
+
+def _log_mean_and_std(results: list[SplitResult]) -> None:
+    """The units' mean and std of each test metric, in the active (parent) run."""
+    for metric in TEST_METRICS:
+        values = np.array([r.test[metric] for r in results])
+        mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
 
 
 def _describe(config: Config, tensors: IrregularTensors, units: list[tuple[Split, Config]], seeds: list[int],

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from experiments import study
-from experiments.baselines.grud import GRUD, DecayGRU, last_observed_before
+from garlic.baselines.recurrent import GRUD, DecayGRU, last_observed_before
 from experiments.baselines.run import Baselines, main
-from experiments.baselines.summary import SeverityScore, summary_features
+from garlic.baselines.summary import SeverityScore, summary_features
 from garlic import run_contract
 from garlic.config import Config
 from garlic.pipeline import TEST_METRICS
@@ -117,7 +117,7 @@ def test_command_prints_the_table_with_paper_columns(data_root, tmp_path, capsys
 
 @pytest.mark.parametrize("kind", ["gbm", "logreg"])
 def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(kind):
-    from experiments.baselines.summary import SummaryModel
+    from garlic.baselines.summary import SummaryModel
 
     generator = np.random.default_rng(0)
     stays, steps = 120, 6
@@ -145,8 +145,8 @@ def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(ki
 def test_every_method_says_it_is_not_fitted_before_fit(method):
     from sklearn.exceptions import NotFittedError
 
-    from experiments.baselines.grud import RecurrentModel, RecurrentSettings
-    from experiments.baselines.summary import SummaryModel
+    from garlic.baselines.recurrent import RecurrentModel, RecurrentSettings
+    from garlic.baselines.summary import SummaryModel
     from garlic.estimator import GarlicEstimator
 
     unfitted = {

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from experiments import study
-from experiments.baselines.summary import SummaryModel
+from garlic.baselines.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
                                   ordering_tests, results_table, variable_importance)
 from experiments.fidelity import main as fidelity_main

@@ -1,13 +1,14 @@
 """Every baseline (and GARLIC itself) on the same saved splits, in one table.
 
-Methods:
+Methods (``--methods``; default: every one of the registry, ``garlic.methods``):
 - ``saps``, ``sofa``: the SAPS-I and SOFA scores of the outcomes file (PhysioNet 2012 only), mapped to a risk by a
   logistic fit on the training part;
 - ``logreg``, ``gbm``: logistic regression and gradient boosting on per-stay summary features (first, last, min,
   max, mean and count of each variable); ``logreg_static``, ``gbm_static``: the same with the dataset's static
   features (P12: age, gender, height, ICU type, weight) beside them;
 - ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
-- ``garlic``: the full model with the dataset's preset, for reference.
+- ``garlic``: the full model with the dataset's preset, for reference;
+- any method registered later (``docs/adding-a-model.md``).
 
 Each method on each split is one MLflow run in the experiment ``baselines-<dataset>`` (tags: study, method, split,
 settings), reused when already finished. The table holds mean +/- std over splits of test AUROC, AUPRC, Brier and
@@ -20,61 +21,44 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import asdict
 
 import mlflow
 import pandas as pd
 import pyarrow.parquet as pq
 
 from experiments import published, study
-from experiments.baselines.grud import RecurrentModel, RecurrentSettings
-from experiments.baselines.summary import SeverityScore, SummaryModel
+from garlic import methods as registry
 from garlic.config import Config
 from garlic.datasets import processed_folder
-from garlic.estimator import GarlicEstimator
 from garlic.pipeline import Method, fit_and_test, split_parts
 from garlic.run_contract import manifest_digest
 from preprocessing.tables import LABELS, read_manifest
 
 STUDY = "baseline"
-METHODS = ("saps", "sofa", "logreg", "logreg_static", "gbm", "gbm_static", "grud", "decay_gru", "garlic")
-SUMMARY_MODELS = ("logreg", "logreg_static", "gbm", "gbm_static")  # a kind of SummaryModel, with or without static
-RECURRENT = ("grud", "decay_gru")
-SCORE_COLUMNS = {"saps": "SAPS-I", "sofa": "SOFA"}
 
 
 class Baselines:
+    """The registered methods (``garlic.methods``) on a cohort's splits, each unit a resumable MLflow run."""
+
     def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, data_root):
         self.config, self.cohort, self.experiment_id = config, cohort, experiment_id
         folder = processed_folder(config.dataset, data_root)
-        self.scores = pq.read_table(folder / LABELS).to_pandas()
+        self.context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
         self.data_digest = manifest_digest(read_manifest(folder))  # a run on other data is never reused
-        self.recurrent = RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
-                                           seed=config.seed, device=config.device)  # fmt: skip
 
     def available(self, methods: list[str]) -> list[str]:
-        """``methods`` less the severity scores the dataset does not have (only PhysioNet 2012 ships them)."""
-        missing = [m for m, column in SCORE_COLUMNS.items() if m in methods and column not in self.scores]
+        """``methods`` less those the dataset cannot feed (the severity scores: only PhysioNet 2012 ships them)."""
+        missing = [m for m in methods if not registry.method(m).available(self.context.labels)]
         if missing:
-            logging.getLogger("experiments").warning("%s has no %s column; skipped", self.config.dataset, missing)
+            logging.getLogger("experiments").warning("%s has no column for %s; skipped", self.config.dataset, missing)
         return [m for m in methods if m not in missing]
 
     def settings(self, method: str) -> dict:
-        if method == "garlic":
-            return self.config.to_dict()
-        if method in RECURRENT:
-            return asdict(self.recurrent)
-        return {"method": method, "seed": self.config.seed}
+        return registry.method(method).settings(self.context)
 
     def method(self, name: str) -> Method:
         """A fresh, unfitted ``name`` (a method of ``garlic.pipeline``)."""
-        if name in SCORE_COLUMNS:
-            return SeverityScore(self.scores.set_index("stay_id")[SCORE_COLUMNS[name]])
-        if name in SUMMARY_MODELS:
-            return SummaryModel(name.removesuffix("_static"), name.endswith("_static"), self.config.seed)
-        if name in RECURRENT:
-            return RecurrentModel(name, self.recurrent)
-        return GarlicEstimator(self.config, explain=False, keep_model=False)
+        return registry.method(name).build(self.context)
 
     def run(self, methods: list[str], train: bool = True) -> pd.DataFrame:
         """One record per method and split: reused from a finished run of the experiment, else fitted and tested
@@ -111,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.baselines", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=list(registry.METHODS), default=list(registry.METHODS))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     config = study.study_config(args)

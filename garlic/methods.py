@@ -1,0 +1,111 @@
+"""The method registry: every model the project trains, by name, with how to build it, the settings that identify a
+trained one, and whether it is a simple baseline (the reference of the comparison's paired differences).
+
+``garlic train --method NAME``, ``python -m experiments.baselines --methods NAME`` and ``python -m
+experiments.compare --methods NAME`` read it, so that a new model is one entry (``docs/adding-a-model.md``):
+
+    register(MethodSpec("toy", "a toy", build=lambda context: Toy(context.config.seed),
+                        settings=lambda context: {"method": "toy", "seed": context.config.seed}))
+
+A method is anything with ``garlic.pipeline``'s ``fit`` and ``predict_proba``; ``settings`` is what, hashed, tells
+one trained unit from another (a run with other settings is never reused), so an entry's settings must not change
+once its runs are archived. The published numbers of the field live in one table of their own,
+``experiments.published``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import pandas as pd
+
+from garlic.baselines.recurrent import RecurrentModel, RecurrentSettings
+from garlic.baselines.summary import SeverityScore, SummaryModel
+from garlic.config import Config
+from garlic.estimator import GarlicEstimator
+from garlic.pipeline import Method
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method is built from: the run's config (dataset, seed, device, epochs) and the dataset's label table
+    (``preprocessing.tables.LABELS``, where the severity scores are)."""
+
+    config: Config
+    labels: pd.DataFrame
+
+    @property
+    def recurrent(self) -> RecurrentSettings:
+        config = self.config
+        return RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
+                                 seed=config.seed, device=config.device)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: ``build`` a fresh, unfitted one; ``settings`` of a unit (hashed into its identity);
+    ``simple``: a simple baseline; ``needs_column``: a label-table column it cannot run without."""
+
+    name: str
+    description: str
+    build: Callable[[MethodContext], Method]
+    settings: Callable[[MethodContext], dict]
+    simple: bool = False
+    needs_column: str | None = None
+
+    def available(self, labels: pd.DataFrame) -> bool:
+        return self.needs_column is None or self.needs_column in labels
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add ``spec`` to the registry; a name already taken is refused."""
+    if spec.name in METHODS:
+        raise ValueError(f"a method named {spec.name!r} is already registered")
+    METHODS[spec.name] = spec
+    return spec
+
+
+def method(name: str) -> MethodSpec:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; registered: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def simple_baselines() -> list[str]:
+    return [name for name, spec in METHODS.items() if spec.simple]
+
+
+def _score(name: str, column: str) -> MethodSpec:
+    return MethodSpec(name, f"the {column} score of the outcomes file, mapped to a risk by a logistic fit",
+                      build=lambda context: SeverityScore(context.labels.set_index("stay_id")[column]),
+                      settings=lambda context: {"method": name, "seed": context.config.seed},
+                      needs_column=column)  # fmt: skip
+
+
+def _summary(name: str) -> MethodSpec:
+    kind, static = name.removesuffix("_static"), name.endswith("_static")
+    model = {"logreg": "logistic regression", "gbm": "gradient boosting"}[kind]
+    return MethodSpec(name, f"{model} on per-stay summaries{' and the static features' if static else ''}",
+                      build=lambda context: SummaryModel(kind, static, context.config.seed),
+                      settings=lambda context: {"method": name, "seed": context.config.seed}, simple=True)  # fmt: skip
+
+
+def _recurrent(name: str, description: str) -> MethodSpec:
+    return MethodSpec(name, description, build=lambda context: RecurrentModel(name, context.recurrent),
+                      settings=lambda context: asdict(context.recurrent))  # fmt: skip
+
+
+for _spec in (
+    _score("saps", "SAPS-I"),
+    _score("sofa", "SOFA"),
+    *(_summary(name) for name in ("logreg", "logreg_static", "gbm", "gbm_static")),
+    _recurrent("grud", "GRU-D (Che et al. 2018)"),
+    _recurrent("decay_gru", "decay imputation + GRU, without the graph"),
+    MethodSpec("garlic", "GARLIC with the config's settings",
+               build=lambda context: GarlicEstimator(context.config, explain=False, keep_model=False),
+               settings=lambda context: context.config.to_dict()),
+):
+    register(_spec)
