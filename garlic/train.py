@@ -17,7 +17,9 @@ the first stage). Training stops when validation AUROC has not risen by ``early_
 With ``balance_classes`` the training BCE weights each stay by n / (2 n_class) of its outcome, and the model adds the
 training log-odds to its logits, so that its risks keep the real prevalence; validation uses the plain BCE.
 
-After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
+One fit loop, ``Trainer``, runs every schedule through its hooks: the compact schedule above
+(``AlternatingTrainer``), the reference code's (``ReferenceTrainer``) and the recurrent baselines' plain one
+(``garlic.baselines.recurrent.RecurrentTrainer``). After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
 state and bookkeeping); a fit continued from that state ends exactly as an uninterrupted one. Under ``torchrun``
 the same code trains data-parallel (see ``garlic.distributed``).
 """
@@ -122,8 +124,138 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
     return {"probabilities": probabilities.numpy(), "losses": losses}
 
 
-class AlternatingTrainer:
-    """Fits a fresh GARLIC to a training split, selecting the best epoch on the validation split."""
+class Trainer:
+    """The one fit loop: epochs of the current stage, each checked on the validation split, the best epoch's weights
+    kept, the stage switched and the fit stopped as the schedule decides, and the whole state handed out after every
+    epoch (``on_state``) so that a fit continued from it (``resume``) ends as an uninterrupted one.
+
+    A schedule is a subclass that builds ``model``, ``optimisers`` and ``schedulers`` and fills in the hooks:
+
+        before_fit(train)                                     what it takes from the training split first
+        batches(train) -> DataLoader                          the training batches (length-bucketed, shuffled)
+        run_epoch(batches, progress) -> dict[str, float]      one pass in ``progress.stage``: mean losses
+                                                              ``loss``, ``bce`` and ``mse``
+        validate(validation) -> {"probabilities", "losses"}   risks and mean losses (default: ``evaluate``)
+        after_validation(progress, trained, losses)           step the learning-rate schedules
+        validation_loss(progress, losses) -> float            the epoch record's ``val_loss``
+        score(losses, scores) -> float                        higher is better: picks the best epoch
+        decide(progress, score, losses) -> (switch, stop)     after the best epoch is updated
+
+    ``scores`` are the validation AUROC and AUPRC. GARLIC's schedules are ``AlternatingTrainer`` (compact) and
+    ``ReferenceTrainer``; the recurrent baselines' plain loop is ``garlic.baselines.recurrent.RecurrentTrainer``.
+    """
+
+    config: Config  # the recurrent baselines': ``RecurrentSettings`` (the loop reads ``max_epochs``)
+    device: torch.device
+    model: torch.nn.Module
+    optimisers: dict[str, torch.optim.Optimizer]
+    schedulers: dict[str, torch.optim.lr_scheduler.ReduceLROnPlateau]
+
+    def before_fit(self, train: IrregularDataset) -> None:
+        """Anything the schedule takes from the training split before the first epoch."""
+
+    def validate(self, validation: IrregularDataset) -> dict:
+        return evaluate(self.model, validation, self.config)
+
+    def after_validation(self, progress: Progress, trained: dict[str, float], losses: dict[str, float]) -> None:
+        """Step the learning-rate schedules, if any."""
+
+    def fit(
+        self,
+        train: IrregularDataset,
+        validation: IrregularDataset,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_state: Callable[[dict], None] | None = None,
+        resume: dict | None = None,
+    ) -> FitResult:
+        """Fit, selecting on ``validation``; ``on_state`` gets the state after each epoch, ``resume`` continues
+        from such a state."""
+        config = self.config
+        self.before_fit(train)
+        batches = self.batches(train)
+        progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
+        if resume is not None:
+            progress, best_state = self.restore(resume, batches.batch_sampler)
+        while not progress.stopped and progress.epoch < config.max_epochs:
+            progress.epoch += 1
+            start = time.perf_counter()
+            trained = self.run_epoch(batches, progress)
+            checked = self.validate(validation)
+            scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
+            losses = checked["losses"]
+            self.after_validation(progress, trained, losses)
+            record = EpochRecord(
+                epoch=progress.epoch,
+                stage=progress.stage,
+                train_loss=trained["loss"],
+                train_bce=trained["bce"],
+                train_reconstruction=trained["mse"],
+                val_loss=self.validation_loss(progress, losses),
+                val_bce=losses["bce"],
+                val_reconstruction=losses["mse"],
+                val_auroc=scores["auroc"],
+                val_auprc=scores["auprc"],
+                seconds=time.perf_counter() - start,
+            )
+            progress.history.append(record)
+            score = self.score(losses, scores)
+            if score > progress.best_score:
+                progress.best_score, progress.best_epoch = score, progress.epoch
+                best_state = copy.deepcopy(self.model.state_dict())
+            switch, progress.stopped = self.decide(progress, score, losses)
+            if on_epoch is not None:
+                on_epoch(record)
+            if switch:
+                progress.stage = PREDICTION if progress.stage == RECONSTRUCTION else RECONSTRUCTION
+                self.model.load_state_dict(best_state)
+            if on_state is not None:
+                on_state(self.state(progress, best_state, batches.batch_sampler))
+        self.model.load_state_dict(best_state)
+        return FitResult(self.model, progress.history, progress.best_epoch)
+
+    def set_rates(self, epochs: float) -> None:
+        """Under ``lr_schedule=cosine``, every parameter group's rate after ``epochs`` (fractional) of the budget."""
+        if self.config.lr_schedule == "cosine":
+            factor = cosine_factor(epochs / self.config.max_epochs)
+            for optimiser in self.optimisers.values():
+                for group in optimiser.param_groups:
+                    group["lr"] = group["base_lr"] * factor
+
+    def state(self, progress: Progress, best_state: dict, sampler) -> dict:
+        """Everything a fit needs to go on from here (every rank must call it: it gathers their random states)."""
+        cuda = self.device.type == "cuda"
+        return {
+            "progress": asdict(progress),
+            "model": self.model.state_dict(),
+            "best_model": best_state,
+            "optimisers": {name: opt.state_dict() for name, opt in self.optimisers.items()},
+            "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
+            "sampler_epoch": sampler.epoch,
+            "rng": distributed.all_gather(torch.get_rng_state()),
+            "cuda_rng": distributed.all_gather(torch.cuda.get_rng_state()) if cuda else [],
+        }
+
+    def restore(self, state: dict, sampler) -> tuple[Progress, dict]:
+        """Put the trainer back where ``state`` was taken; returns the fit's progress and best weights."""
+        self.model.load_state_dict(state["model"])
+        for name, optimiser in self.optimisers.items():
+            optimiser.load_state_dict(state["optimisers"][name])
+        for name, scheduler in self.schedulers.items():
+            scheduler.load_state_dict(state["schedulers"][name])
+        sampler.epoch = state["sampler_epoch"]
+        # With another number of processes than wrote the state, training goes on, but not bit for bit.
+        rank = distributed.current().rank
+        torch.set_rng_state(state["rng"][rank % len(state["rng"])])
+        if state["cuda_rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"][rank % len(state["cuda_rng"])])
+        progress = dict(state["progress"])
+        progress["history"] = [EpochRecord(**record) for record in progress["history"]]
+        return Progress(**progress), state["best_model"]
+
+
+class AlternatingTrainer(Trainer):
+    """GARLIC's own schedule (``schedule=compact``): a fresh GARLIC fitted to a training split, the best epoch chosen
+    by validation AUROC."""
 
     def __init__(self, config: Config, num_variables: int, num_static: int):
         if config.schedule != "compact":
@@ -184,125 +316,60 @@ class AlternatingTrainer:
         totals = distributed.all_sum(torch.tensor([*sums.values(), count], dtype=torch.float64)).tolist()
         return {name: total / max(totals[-1], 1) for name, total in zip(sums, totals)}
 
-    def set_rates(self, epochs: float) -> None:
-        """Under ``lr_schedule=cosine``, every parameter group's rate after ``epochs`` (fractional) of the budget."""
-        if self.config.lr_schedule == "cosine":
-            factor = cosine_factor(epochs / self.config.max_epochs)
-            for optimiser in self.optimisers.values():
-                for group in optimiser.param_groups:
-                    group["lr"] = group["base_lr"] * factor
-
-    def state(self, progress: Progress, best_state: dict, sampler) -> dict:
-        """Everything a fit needs to go on from here (every rank must call it: it gathers their random states)."""
-        cuda = self.device.type == "cuda"
-        return {
-            "progress": asdict(progress),
-            "model": self.model.state_dict(),
-            "best_model": best_state,
-            "optimisers": {name: opt.state_dict() for name, opt in self.optimisers.items()},
-            "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
-            "sampler_epoch": sampler.epoch,
-            "rng": distributed.all_gather(torch.get_rng_state()),
-            "cuda_rng": distributed.all_gather(torch.cuda.get_rng_state()) if cuda else [],
-        }
-
-    def restore(self, state: dict, sampler) -> tuple[Progress, dict]:
-        """Put the trainer back where ``state`` was taken; returns the fit's progress and best weights."""
-        self.model.load_state_dict(state["model"])
-        for name, optimiser in self.optimisers.items():
-            optimiser.load_state_dict(state["optimisers"][name])
-        for name, scheduler in self.schedulers.items():
-            scheduler.load_state_dict(state["schedulers"][name])
-        sampler.epoch = state["sampler_epoch"]
-        # With another number of processes than wrote the state, training goes on, but not bit for bit.
-        rank = distributed.current().rank
-        torch.set_rng_state(state["rng"][rank % len(state["rng"])])
-        if state["cuda_rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda_rng"][rank % len(state["cuda_rng"])])
-        progress = dict(state["progress"])
-        progress["history"] = [EpochRecord(**record) for record in progress["history"]]
-        return Progress(**progress), state["best_model"]
-
-    def fit(
-        self,
-        train: IrregularDataset,
-        validation: IrregularDataset,
-        on_epoch: Callable[[EpochRecord], None] | None = None,
-        on_state: Callable[[dict], None] | None = None,
-        resume: dict | None = None,
-    ) -> FitResult:
-        """Fit, selecting on ``validation``; ``on_state`` gets the state after each epoch, ``resume`` continues
-        from such a state."""
-        config = self.config
+    def before_fit(self, train: IrregularDataset) -> None:
         self.model.prepare(train.times, train.lengths)
-        if config.balance_classes:
+        if self.config.balance_classes:
             self.class_weights = class_weights(train.labels)
             negative, positive = self.class_weights
             self.model.logit_offset.fill_(math.log(negative / positive))  # the training odds, n_pos / n_neg
-        batches = distributed.shard(loader(train, config.batch_size, shuffle=True, seed=config.seed))
-        progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
-        if resume is not None:
-            progress, best_state = self.restore(resume, batches.batch_sampler)
-        while not progress.stopped and progress.epoch < config.max_epochs:
-            progress.epoch += 1
-            start = time.perf_counter()
-            trained = self.train_epoch(batches, progress.stage, progress.epoch - 1)
-            checked = evaluate(self.model, validation, config)
-            scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
-            losses = checked["losses"]
-            # A group frozen this epoch cannot improve its objective: its schedule waits, or every prediction stage
-            # would halve the reconstruction learning rate for nothing.
-            for name in self.trained_groups(progress.stage):
-                if name in self.schedulers:
-                    self.schedulers[name].step(losses[name])
-            record = EpochRecord(
-                epoch=progress.epoch,
-                stage=progress.stage,
-                train_loss=trained["loss"],
-                train_bce=trained["bce"],
-                train_reconstruction=trained["mse"],
-                val_loss=losses[progress.stage],
-                val_bce=losses["bce"],
-                val_reconstruction=losses["mse"],
-                val_auroc=scores["auroc"],
-                val_auprc=scores["auprc"],
-                seconds=time.perf_counter() - start,
-            )
-            progress.history.append(record)
-            # AUROC picks the best epoch; it is NaN only with one class, when the loss has to decide.
-            score = scores["auroc"] if np.isfinite(scores["auroc"]) else -losses["bce"]
-            if score > progress.best_score:
-                progress.best_score, progress.best_epoch = score, progress.epoch
-                best_state = copy.deepcopy(self.model.state_dict())
-            # Any gain picks the best epoch, but only a gain of the tolerance keeps training going: on P12 runs went
-            # on for 10 epochs after gains in the fourth decimal.
-            if score > progress.improved_score + config.early_stopping_tolerance:
-                progress.improved_score, progress.stale = score, 0
-            else:
-                progress.stale += 1
-            if losses[progress.stage] < progress.stage_best * (1 - config.stage_tolerance):
-                progress.stage_best, progress.stage_stale = losses[progress.stage], 0
-            else:
-                progress.stage_stale += 1
-            if on_epoch is not None:
-                on_epoch(record)
-            if progress.stale >= config.early_stopping:
-                progress.stopped = True
-            elif config.alternating and progress.stage_stale >= config.stage_patience:
-                progress.stage = PREDICTION if progress.stage == RECONSTRUCTION else RECONSTRUCTION
-                self.model.load_state_dict(best_state)
-                progress.stage_best, progress.stage_stale = np.inf, 0
-            if on_state is not None:
-                on_state(self.state(progress, best_state, batches.batch_sampler))
-        self.model.load_state_dict(best_state)
-        return FitResult(self.model, progress.history, progress.best_epoch)
+
+    def batches(self, train: IrregularDataset):
+        return distributed.shard(loader(train, self.config.batch_size, shuffle=True, seed=self.config.seed))
+
+    def run_epoch(self, batches, progress: Progress) -> dict[str, float]:
+        return self.train_epoch(batches, progress.stage, progress.epoch - 1)
+
+    def after_validation(self, progress: Progress, trained: dict[str, float], losses: dict[str, float]) -> None:
+        # A group frozen this epoch cannot improve its objective: its schedule waits, or every prediction stage
+        # would halve the reconstruction learning rate for nothing.
+        for name in self.trained_groups(progress.stage):
+            if name in self.schedulers:
+                self.schedulers[name].step(losses[name])
+
+    def validation_loss(self, progress: Progress, losses: dict[str, float]) -> float:
+        return losses[progress.stage]
+
+    def score(self, losses: dict[str, float], scores: dict[str, float]) -> float:
+        # AUROC picks the best epoch; it is NaN only with one class, when the loss has to decide.
+        return scores["auroc"] if np.isfinite(scores["auroc"]) else -losses["bce"]
+
+    def decide(self, progress: Progress, score: float, losses: dict[str, float]) -> tuple[bool, bool]:
+        """Stop after ``early_stopping`` epochs without a gain of the tolerance (any gain picks the best epoch, but
+        only a gain of the tolerance keeps training going: on P12 runs went on for 10 epochs after gains in the
+        fourth decimal); else switch the stage after ``stage_patience`` epochs without a relative drop of
+        ``stage_tolerance`` in its validation objective."""
+        config = self.config
+        if score > progress.improved_score + config.early_stopping_tolerance:
+            progress.improved_score, progress.stale = score, 0
+        else:
+            progress.stale += 1
+        if losses[progress.stage] < progress.stage_best * (1 - config.stage_tolerance):
+            progress.stage_best, progress.stage_stale = losses[progress.stage], 0
+        else:
+            progress.stage_stale += 1
+        if progress.stale >= config.early_stopping:
+            return False, True
+        if config.alternating and progress.stage_stale >= config.stage_patience:
+            progress.stage_best, progress.stage_stale = np.inf, 0
+            return True, False
+        return False, False
 
 
 # main.py's --warm_up: no early stop while its epoch index (counted from 0) is 40 or less.
 REFERENCE_WARM_UP = 40
 
 
-class ReferenceTrainer(AlternatingTrainer):
+class ReferenceTrainer(Trainer):
     """The reference code's training loop (``main.py`` of SCAI-Lab/GARLIC), for ``schedule=reference``.
 
     - One Adam over two groups: the reconstruction parameters (lr_rec, wd_rec) and the prediction parameters
@@ -374,66 +441,36 @@ class ReferenceTrainer(AlternatingTrainer):
         means["auroc"] = binary_metrics(torch.cat(labels).numpy(), torch.cat(risks).numpy())["auroc"]
         return means
 
-    def fit(
-        self,
-        train: IrregularDataset,
-        validation: IrregularDataset,
-        on_epoch: Callable[[EpochRecord], None] | None = None,
-        on_state: Callable[[dict], None] | None = None,
-        resume: dict | None = None,
-    ) -> FitResult:
-        """Fit with the reference schedule, selecting on ``validation``; the arguments as ``AlternatingTrainer.fit``."""
-        config = self.config
+    def before_fit(self, train: IrregularDataset) -> None:
         self.model.prepare(train.times, train.lengths)
-        batches = loader(train, config.batch_size, shuffle=True, seed=config.seed)
-        progress, best_state = Progress(), copy.deepcopy(self.model.state_dict())
-        if resume is not None:
-            progress, best_state = self.restore(resume, batches.batch_sampler)
-        while not progress.stopped and progress.epoch < config.max_epochs:
-            progress.epoch += 1
-            start = time.perf_counter()
-            first_stage = all(record.stage == RECONSTRUCTION for record in progress.history)
-            trained = self.train_epoch(batches, progress.stage, first_stage, progress.epoch - 1)
-            if "both" in self.schedulers:
-                self.schedulers["both"].step(trained["auroc"])
-            checked = evaluate(self.model, validation, config)
-            scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
-            losses = checked["losses"]
-            record = EpochRecord(
-                epoch=progress.epoch,
-                stage=progress.stage,
-                train_loss=trained["loss"],
-                train_bce=trained["bce"],
-                train_reconstruction=trained["mse"],
-                val_loss=losses["bce"],
-                val_bce=losses["bce"],
-                val_reconstruction=losses["mse"],
-                val_auroc=scores["auroc"],
-                val_auprc=scores["auprc"],
-                seconds=time.perf_counter() - start,
-            )
-            progress.history.append(record)
-            if -losses["bce"] > progress.best_score:
-                progress.best_score, progress.best_epoch = -losses["bce"], progress.epoch
-                best_state = copy.deepcopy(self.model.state_dict())
-            if on_epoch is not None:
-                on_epoch(record)
-            since_best = progress.epoch - progress.best_epoch
-            if config.alternating and since_best > config.stage_patience:
-                progress.stage = PREDICTION if progress.stage == RECONSTRUCTION else RECONSTRUCTION
-                self.model.load_state_dict(best_state)
-            if progress.epoch - 1 > REFERENCE_WARM_UP and since_best > config.early_stopping:
-                progress.stopped = True
-            if on_state is not None:
-                on_state(self.state(progress, best_state, batches.batch_sampler))
-        self.model.load_state_dict(best_state)
-        return FitResult(self.model, progress.history, progress.best_epoch)
+
+    def batches(self, train: IrregularDataset):
+        return loader(train, self.config.batch_size, shuffle=True, seed=self.config.seed)
+
+    def run_epoch(self, batches, progress: Progress) -> dict[str, float]:
+        first_stage = all(record.stage == RECONSTRUCTION for record in progress.history)
+        return self.train_epoch(batches, progress.stage, first_stage, progress.epoch - 1)
+
+    def after_validation(self, progress: Progress, trained: dict[str, float], losses: dict[str, float]) -> None:
+        if "both" in self.schedulers:
+            self.schedulers["both"].step(trained["auroc"])
+
+    def validation_loss(self, progress: Progress, losses: dict[str, float]) -> float:
+        return losses["bce"]
+
+    def score(self, losses: dict[str, float], scores: dict[str, float]) -> float:
+        return -losses["bce"]
+
+    def decide(self, progress: Progress, score: float, losses: dict[str, float]) -> tuple[bool, bool]:
+        since_best = progress.epoch - progress.best_epoch
+        switch = self.config.alternating and since_best > self.config.stage_patience
+        return switch, progress.epoch - 1 > REFERENCE_WARM_UP and since_best > self.config.early_stopping
 
 
 TRAINERS = {"compact": AlternatingTrainer, "reference": ReferenceTrainer}
 
 
-def make_trainer(config: Config, num_variables: int, num_static: int) -> AlternatingTrainer:
+def make_trainer(config: Config, num_variables: int, num_static: int) -> Trainer:
     """The trainer of ``config.schedule``."""
     if config.schedule not in TRAINERS:
         raise ConfigError(f"schedule must be one of {', '.join(TRAINERS)}, got {config.schedule!r}")

@@ -1,6 +1,6 @@
 """Recurrent baselines: GRU-D (Che et al., Sci. Rep. 2018) and decay imputation + GRU (GARLIC without the graph,
-the per-variable encoder and the attention), with one training loop for both (``RecurrentModel``, a method of
-``garlic.pipeline``).
+the per-variable encoder and the attention), as methods of ``garlic.pipeline`` (``RecurrentModel``), fitted by
+``RecurrentTrainer`` on the project's one fit loop (``garlic.train.Trainer``).
 
 Inputs are GARLIC's batches: values normalised with training statistics (so each variable's training mean is 0),
 the mask and the times in hours. Both models read each stay's state at its last real step.
@@ -18,7 +18,7 @@ vectorised path); everything else is vectorised over stays, steps and variables.
 """
 from __future__ import annotations
 
-import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.data import IrregularDataset, loader
-from garlic.metrics import binary_metrics
 from garlic.model import DecayImputation, step_mask
 from garlic.pipeline import check_fitted
 from garlic.device import resolve_device
 from garlic.predict import in_length_order
+from garlic.train import Progress, Trainer
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -116,9 +116,57 @@ def predict(model: nn.Module, dataset: IrregularDataset, batch_size: int = 256) 
     return risk.numpy()
 
 
+class RecurrentTrainer(Trainer):
+    """The recurrent baselines' plain loop on ``garlic.train.Trainer``: BCE and Adam, one stage, the epoch of best
+    validation AUROC kept, stopped after ``settings.early_stopping`` epochs without a better one."""
+
+    def __init__(self, model: nn.Module, settings: RecurrentSettings, device: torch.device):
+        self.config, self.model, self.device = settings, model, device
+        self.optimisers = {"model": torch.optim.Adam(model.parameters(), lr=settings.lr,
+                                                     weight_decay=settings.weight_decay)}  # fmt: skip
+        self.schedulers = {}
+
+    def batches(self, train: IrregularDataset):
+        return loader(train, self.config.batch_size, shuffle=True, seed=self.config.seed)
+
+    def run_epoch(self, batches, progress: Progress) -> dict[str, float]:
+        model, optimiser = self.model, self.optimisers["model"]
+        model.train()
+        total, count = 0.0, 0
+        for batch in batches:
+            batch = batch.to(self.device)
+            logits = model(batch.values, batch.mask, batch.times, batch.lengths)
+            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimiser.step()
+            total, count = total + loss.item() * len(batch), count + len(batch)
+        mean = total / max(count, 1)
+        return {"loss": mean, "bce": mean, "mse": math.nan}  # no reconstruction here
+
+    def validate(self, validation: IrregularDataset) -> dict:
+        risks = predict(self.model, validation)
+        bce = F.binary_cross_entropy(torch.from_numpy(risks).double().clamp(1e-7, 1 - 1e-7),
+                                     validation.labels.double())  # fmt: skip
+        return {"probabilities": risks, "losses": {"bce": float(bce), "mse": math.nan}}
+
+    def validation_loss(self, progress: Progress, losses: dict[str, float]) -> float:
+        return losses["bce"]
+
+    def score(self, losses: dict[str, float], scores: dict[str, float]) -> float:
+        return scores["auroc"]
+
+    def decide(self, progress: Progress, score: float, losses: dict[str, float]) -> tuple[bool, bool]:
+        if score > progress.improved_score:
+            progress.improved_score, progress.stale = score, 0
+        else:
+            progress.stale += 1
+        return False, progress.stale >= self.config.early_stopping
+
+
 class RecurrentModel:
-    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.pipeline``: trained with BCE and Adam, the epoch of best
-    validation AUROC kept, early stopping after ``settings.early_stopping`` epochs without a better one."""
+    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.pipeline``, fitted by ``RecurrentTrainer``."""
 
     def __init__(self, name: str, settings: RecurrentSettings):
         if name not in MODELS:
@@ -130,29 +178,7 @@ class RecurrentModel:
         device = resolve_device(settings.device)
         torch.manual_seed(settings.seed)
         model = MODELS[self.name](train.values.shape[-1], settings.hidden_dim, settings.dropout).to(device)
-        optimiser = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-        batches = loader(train, settings.batch_size, shuffle=True, seed=settings.seed)
-        validation_labels = validation.labels.numpy()
-        best_score, best_state, stale = -np.inf, copy.deepcopy(model.state_dict()), 0
-        for _ in range(settings.max_epochs):
-            model.train()
-            for batch in batches:
-                batch = batch.to(device)
-                logits = model(batch.values, batch.mask, batch.times, batch.lengths)
-                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-                optimiser.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-                optimiser.step()
-            score = binary_metrics(validation_labels, predict(model, validation))["auroc"]
-            if score > best_score:
-                best_score, best_state, stale = score, copy.deepcopy(model.state_dict()), 0
-            else:
-                stale += 1
-                if stale >= settings.early_stopping:
-                    break
-        model.load_state_dict(best_state)
-        self.model_ = model
+        self.model_ = RecurrentTrainer(model, settings, device).fit(train, validation).model
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
