@@ -35,6 +35,7 @@ from garlic.cli import database_error
 from garlic.saved_model import TrainedModel
 from garlic.data import IrregularDataset
 from garlic.datasets import DEFAULT_DATA_ROOT
+from garlic.explain import BUILT_IN
 from garlic.tracking import DEFAULT_STORE, RunNotFoundError
 from preprocessing.tables import DatasetNotFoundError
 
@@ -300,9 +301,8 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
                      disabled=st.session_state.playing)  # fmt: skip
     now = hour - 1
     risk = replay.risk[now]
-    unexplained = trained.model.explanation_unavailable  # the reference architecture: risk, but no drivers
-    explained = None if unexplained else explain_hour(trained, replay, now)
-    drivers = [] if explained is None else drivers_at(explained)
+    explained = explain_hour(trained, replay, now)
+    drivers = drivers_at(explained)
     trend = risk_trend(replay.risk, now)
 
     left, middle, right = st.columns(3)
@@ -316,8 +316,7 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     since = alert_since(replay.hours, replay.risk, threshold, now)
     driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
-        why = ("This run's model does not say what drives it." if unexplained
-               else f"Driven by {driven or 'no single signal'}.")  # fmt: skip
+        why = f"Driven by {driven or 'no single signal'}."
         st.error(f"**Warning: risk {risk:.2f} is above the alert threshold {threshold:.2f}** since hour {since:g}. "
                  f"{why}", icon=":material/warning:")  # fmt: skip
     elif np.isfinite(risk):
@@ -328,13 +327,16 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
 
     st.subheader("Why")
-    if explained is None:
-        st.info(f"No explanation for this run: {unexplained}.")
-        return
+    gradients = explained.explanation.method != BUILT_IN
+    if gradients:
+        st.info("Importance by integrated gradients (each observed value's share of what moved the risk from a stay "
+                "with nothing observed): this run's model has no built-in explanation, so no edges either.",
+                icon=":material/info:")  # fmt: skip
     signals = signals_at(explained)
     left, right = st.columns(2)
     with left:
-        st.caption("Signal importance: each variable's share of the risk's attention, summed over time")
+        st.caption("Signal importance: each variable's share of the risk's " + ("attribution" if gradients else
+                   "attention") + ", summed over time")  # fmt: skip
         bars = signal_bars(explained)
         if bars.empty:
             st.write("No signal yet: nothing has been observed by this hour.")
@@ -344,7 +346,9 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
         st.caption("Strongest edges of the learned variable graph, weighted for this stay (source → target)")
         edges = edges_at(explained)
         edges["edge"] = edges["source"] + " → " + edges["target"]
-        if edges.empty:
+        if gradients:
+            st.write("Not given by integrated gradients: they attribute the risk to values, not to the graph.")
+        elif edges.empty:
             st.write("No messages yet: the graph carries a variable's past, and this hour has none.")
         else:
             st.vega_lite_chart(*charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")

@@ -7,7 +7,8 @@ once, are the step states of each of its hourly prefixes; each prefix then only 
 first steps, and all prefixes are pooled as one batch. That is one pass over the stay instead of one per hour
 (48 times less work for a 48-hour stay); a test checks every hour against the model run on the stay cut there.
 
-The explanation of an hour is computed for that hour alone, on the stay really cut at that hour.
+The explanation of an hour is computed for that hour alone, on the stay really cut at that hour: the model's
+built-in one, or integrated gradients for a model without one (the reference architecture).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 
 from app.summary import value_direction
 from garlic.saved_model import TrainedModel
+from garlic.attribution import gradient_explanation
 from garlic.data import Batch, IrregularDataset
 from garlic.explain import Explanation, explain
 from garlic.explanation_report import observation_table
@@ -103,9 +105,13 @@ def replay_stay(trained: TrainedModel, dataset: IrregularDataset, position: int)
 
 
 def explain_hour(trained: TrainedModel, replay: Replay, index: int) -> Hour:
-    """Observation-, signal- and edge-level importance of the risk at hour ``hours[index]``."""
+    """Observation-, signal- and edge-level importance of the risk at hour ``hours[index]``: the model's built-in
+    explanation, or integrated gradients (no edges) for a model without one."""
     batch = prefix_batch(replay.stay, replay.hours[index : index + 1])
-    explanation = explain(trained.model, batch, trained.variables)
+    if trained.model.explanation_unavailable is None:
+        explanation = explain(trained.model, batch, trained.variables)
+    else:
+        explanation = gradient_explanation(trained.model, batch, trained.variables)
     return Hour(replay.stay_id, float(replay.hours[index]), batch, explanation)
 
 
@@ -133,6 +139,8 @@ def edges_at(hour: Hour, top: int = 8) -> pd.DataFrame:
 
     Self-loops (a variable's messages from its own past) are left out: the point is which variables drive which.
     """
+    if hour.explanation.edges is None:  # integrated gradients: importance of values, none of edges
+        return pd.DataFrame(columns=["source", "target", "importance"])
     edges = hour.explanation.edges[0].numpy().copy()
     np.fill_diagonal(edges, 0.0)
     order = np.argsort(edges, axis=None)[::-1][:top]

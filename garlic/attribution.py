@@ -1,4 +1,5 @@
-"""A post-hoc explanation to set beside the built-in one: Integrated Gradients (Sundararajan et al., 2017), computed
+"""A post-hoc explanation to set beside the built-in one, and the one of a model without a built-in one
+(``gradient_explanation``): Integrated Gradients (Sundararajan et al., 2017), computed
 by Captum (``captum.attr.IntegratedGradients``).
 
 The baseline is the stay with nothing observed (values 0, mask 0), so the path from it to the stay scales values
@@ -17,8 +18,10 @@ from captum.attr import IntegratedGradients
 from torch import Tensor, nn
 
 from garlic.data import Batch
+from garlic.explain import Explanation
 
 DEFAULT_STEPS = 16
+GRADIENTS = "integrated gradients"
 
 
 def integrated_gradients(model: nn.Module, batch: Batch, steps: int = DEFAULT_STEPS) -> Tensor:
@@ -58,3 +61,17 @@ def ig_importance(model: nn.Module, batch: Batch, steps: int = DEFAULT_STEPS) ->
     attribution = integrated_gradients(model, batch, steps).abs() * batch.mask
     total = attribution.sum(dim=(1, 2), keepdim=True)
     return torch.where(total > 0, attribution / total.clamp(min=1e-12), attribution)
+
+
+def gradient_explanation(model: nn.Module, batch: Batch, variables: list[str], steps: int = DEFAULT_STEPS) -> Explanation:
+    """The explanation a model without a built-in one still allows (the reference architecture's, whose layers do
+    not split a step into the variable's own part and its messages): observation importance ``ig_importance``, signal
+    importance its sum over time, and no edges (integrated gradients attribute to values, not to the graph).
+    Returned on the batch's device."""
+    observation = ig_importance(model, batch, steps)
+    with torch.no_grad():
+        inputs = batch.to(next(model.parameters()).device)
+        logits = model(inputs.values, inputs.mask, inputs.times, inputs.lengths, inputs.static).logits
+    return Explanation(observation=observation, signal=observation.sum(1), edges=None, graph=None,
+                       risk=torch.sigmoid(logits).to(batch.values.device), variables=list(variables),
+                       method=GRADIENTS)  # fmt: skip

@@ -27,23 +27,30 @@ from garlic.data import Batch
 from garlic.model import Garlic, lag_offsets
 
 
+BUILT_IN = "built-in"
+
+
 @dataclass
 class Explanation:
     """Importance for one batch of stays, with the names needed to read it.
 
     observation [B, T, D]  importance of each observed value (0 elsewhere), sums to 1 per stay
     signal      [B, D]     importance of each variable per stay (sum of ``observation`` over time)
-    edges       [B, D, D]  per stay, importance that flowed from source i (row) to target j (column)
-    graph       [D, D]     the learned summary graph, |A_ij| normalised over sources i for each target j
+    edges       [B, D, D]  per stay, importance that flowed from source i (row) to target j (column); None where
+                           the method gives none
+    graph       [D, D]     the learned summary graph, |A_ij| normalised over sources i for each target j; None
+                           likewise
     risk        [B]        predicted probability
+    method      how it was read: ``BUILT_IN`` (this module) or ``garlic.attribution.GRADIENTS``
     """
 
     observation: Tensor
     signal: Tensor
-    edges: Tensor
-    graph: Tensor
+    edges: Tensor | None
+    graph: Tensor | None
     risk: Tensor
     variables: list[str]
+    method: str = BUILT_IN
 
     def cohort_signal(self) -> pd.Series:
         """Signal importance averaged over the stays, largest first."""

@@ -50,19 +50,21 @@ def page(run, monkeypatch, listening_on):
     return open_page
 
 
-def test_a_run_whose_model_has_no_built_in_explanation_replays_its_risk_and_says_why(page, tmp_path_factory):
+def test_a_run_whose_model_has_no_built_in_explanation_is_explained_by_integrated_gradients(page, tmp_path_factory):
     reference = tiny_run(tmp_path_factory, architecture="reference")
     at = page(reference.run_id, reference.store, data_root=reference.data_root)
     assert not at.exception
     assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
     assert any(m.label == "Test AUROC" for m in at.metric)
     said = [e.value for e in at.info]
-    assert any(s.startswith("No explanation for this run: the built-in explanation") for s in said), said
-    assert any(s.startswith("No explanation plot: ") for s in said), said
+    assert any(s.startswith("Importance by integrated gradients") for s in said), said
+    assert any(s.startswith("No explanation plot: ") for s in said), said  # the run logged none at training
+    assert "Not given by integrated gradients: they attribute the risk to values, not to the graph." in [
+        m.value for m in at.markdown]
     assert not [e.value for e in at.error if "Something went wrong" in e.value]
     at.sidebar.number_input(key=f"threshold-{reference.run_id}").set_value(0.0).run()
     (warning,) = warnings(at)
-    assert "This run's model does not say what drives it." in warning
+    assert "Driven by " in warning and "no single signal" not in warning
 
 
 def warnings(at: AppTest) -> list[str]:

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from garlic.attribution import ig_importance, integrated_gradients
+from garlic.architectures import build_model
+from garlic.attribution import GRADIENTS, gradient_explanation, ig_importance, integrated_gradients
 from garlic.saved_model import TrainedModel
 from garlic.config import Config
 from garlic.data import IrregularDataset, collate
@@ -162,3 +163,22 @@ def test_integrated_gradients_are_complete(setup):
         empty = model(batch.values * 0, batch.mask * 0, batch.times, batch.lengths, batch.static).logits
     gap = logits - empty
     torch.testing.assert_close(attribution.sum(dim=(1, 2)), gap, atol=0.02 * float(gap.abs().max()), rtol=0)
+
+
+def test_a_reference_model_is_explained_by_integrated_gradients_without_edges(setup):
+    """The reference architecture has no built-in explanation; the one it allows: IG per observed value, summed over
+    time per variable, its risks those of the model, and no edges."""
+    _, batch, _, tensors, _ = setup
+    torch.manual_seed(0)
+    config = Config().override({**SMALL, "architecture": "reference", "schedule": "reference"})
+    model = build_model(len(tensors.variables), 0, config).eval()
+    model.prepare(batch.times, batch.lengths)
+    assert model.explanation_unavailable is not None
+    explained = gradient_explanation(model, batch, tensors.variables, steps=4)
+    assert explained.method == GRADIENTS and explained.edges is None and explained.graph is None
+    torch.testing.assert_close(explained.observation, ig_importance(model, batch, steps=4))
+    torch.testing.assert_close(explained.signal, explained.observation.sum(1))
+    with torch.no_grad():
+        logits = model(batch.values, batch.mask, batch.times, batch.lengths, batch.static).logits
+    torch.testing.assert_close(explained.risk, torch.sigmoid(logits))
+    assert explained.signal.sum(1).gt(0.99).sum() == batch.mask.flatten(1).any(1).sum()  # a share per observed stay
