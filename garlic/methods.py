@@ -14,11 +14,13 @@ once its runs are archived. The published numbers of the field live in one table
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import pandas as pd
 
+from garlic.baselines.field import FieldModel, FieldSettings
 from garlic.baselines.recurrent import RecurrentModel, RecurrentSettings
 from garlic.baselines.summary import SeverityScore, SummaryModel
 from garlic.config import Config
@@ -40,11 +42,18 @@ class MethodContext:
         return RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
                                  seed=config.seed, device=config.device)  # fmt: skip
 
+    @property
+    def field(self) -> FieldSettings:
+        config = self.config
+        return FieldSettings(max_epochs=config.max_epochs, patience=config.early_stopping, seed=config.seed,
+                             device=config.device)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method: ``build`` a fresh, unfitted one; ``settings`` of a unit (hashed into its identity);
-    ``simple``: a simple baseline; ``needs_column``: a label-table column it cannot run without."""
+    ``simple``: a simple baseline; ``needs_column``: a label-table column it cannot run without; ``needs_package``:
+    the optional extra it cannot run without (``pyproject.toml``). Build one with ``create``."""
 
     name: str
     description: str
@@ -52,9 +61,24 @@ class MethodSpec:
     settings: Callable[[MethodContext], dict]
     simple: bool = False
     needs_column: str | None = None
+    needs_package: str | None = None
 
     def available(self, labels: pd.DataFrame) -> bool:
         return self.needs_column is None or self.needs_column in labels
+
+    def installed(self) -> bool:
+        return self.needs_package is None or importlib.util.find_spec(self.needs_package) is not None
+
+    def check_installed(self) -> None:
+        """A clear error naming the extra to install when the method's package is missing."""
+        if not self.installed():
+            raise ValueError(f"method {self.name} needs {self.needs_package}, an optional extra: "
+                             f"bin/setup {self.needs_package} (or pip install -e '.[{self.needs_package}]')")  # fmt: skip
+
+    def create(self, context: MethodContext) -> Method:
+        """A fresh, unfitted method (``check_installed`` first)."""
+        self.check_installed()
+        return self.build(context)
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -72,6 +96,11 @@ def method(name: str) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; registered: {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def installed_methods() -> list[str]:
+    """Every method whose package is installed: ``experiments.baselines``'s default."""
+    return [name for name, spec in METHODS.items() if spec.installed()]
 
 
 def simple_baselines() -> list[str]:
@@ -98,12 +127,23 @@ def _recurrent(name: str, description: str) -> MethodSpec:
                       settings=lambda context: asdict(context.recurrent))  # fmt: skip
 
 
+def _field(name: str, description: str) -> MethodSpec:
+    return MethodSpec(f"pypots_{name}", f"{description}, PyPOTS's, on an hourly grid",
+                      build=lambda context: FieldModel(name, context.field),
+                      settings=lambda context: {"method": f"pypots_{name}", **asdict(context.field)},
+                      needs_package="pypots")  # fmt: skip
+
+
 for _spec in (
     _score("saps", "SAPS-I"),
     _score("sofa", "SOFA"),
     *(_summary(name) for name in ("logreg", "logreg_static", "gbm", "gbm_static")),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),
     _recurrent("decay_gru", "decay imputation + GRU, without the graph"),
+    _field("raindrop", "Raindrop (Zhang et al. 2022)"),
+    _field("seft", "SeFT (Horn et al. 2020)"),
+    _field("brits", "BRITS (Cao et al. 2018)"),
+    _field("grud", "GRU-D (Che et al. 2018)"),
     MethodSpec("garlic", "GARLIC with the config's settings",
                build=lambda context: GarlicEstimator(context.config, explain=False, keep_model=False),
                settings=lambda context: context.config.to_dict()),

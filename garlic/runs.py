@@ -126,6 +126,7 @@ def train_method(
     metrics. These methods fit in minutes, so a killed run is started again rather than resumed, and they log no
     model for the dashboard. Returns the run id and results."""
     spec = methods.method(name)
+    spec.check_installed()  # before any data is read
     folder = ensure_processed(config.dataset, data_root)
     tensors = load_tensors(folder)
     splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
@@ -144,7 +145,7 @@ def train_method(
         for split in chosen:
             with mlflow.start_run(run_name=split.name, nested=True) if len(chosen) > 1 else nullcontext():
                 mlflow.log_params(run_contract.split_params(split, folder, manifest))
-                metrics = fit_and_test(spec.build(context), split_parts(tensors, split))
+                metrics = fit_and_test(spec.create(context), split_parts(tensors, split))
                 results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,
                                            {metric: metrics[f"test_{metric}"] for metric in TEST_METRICS}))  # fmt: skip
         if len(chosen) > 1:

@@ -1,0 +1,74 @@
+"""The field's models from PyPOTS (garlic.baselines.field) as registered methods, on an hourly grid of the stays."""
+import importlib.util
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from garlic import methods
+from garlic.baselines.field import hourly_grid
+from garlic.cli import main as garlic_main
+from garlic.data import IrregularDataset
+from garlic.splits import Normalisation
+from garlic.tracking import use_store
+from helpers import synthetic_root
+from preprocessing.tensors import IrregularTensors
+
+HAVE_PYPOTS = importlib.util.find_spec("pypots") is not None
+needs_pypots = pytest.mark.skipif(not HAVE_PYPOTS, reason="needs the pypots extra: bin/setup pypots")
+
+
+def test_the_hourly_grid_holds_each_hours_last_value_and_nan_where_none():
+    # one stay, 2 variables: v0 at 0.2 h (1.0), 0.7 h (2.0) and 2.5 h (3.0); v1 at 1.1 h (5.0); then a step at 9 h
+    times = np.array([[0.2, 0.7, 1.1, 2.5, 9.0]], dtype="float32")
+    values = np.array([[[1, 0], [2, 0], [0, 5], [3, 0], [4, 0]]], dtype="float32")
+    mask = values != 0
+    tensors = IrregularTensors(np.array([7]), values, mask, times, np.array([5]), np.zeros((1, 0), "float32"),
+                               np.array([0.0], "float32"), ["v0", "v1"], [])  # fmt: skip
+    identity = Normalisation(np.zeros(2), np.ones(2), np.zeros(0), np.ones(0))
+    grid = hourly_grid(IrregularDataset(tensors, identity), hours=4)
+    expected = np.full((1, 4, 2), np.nan, dtype="float32")
+    expected[0, 0, 0], expected[0, 1, 1], expected[0, 2, 0] = 2.0, 5.0, 3.0  # the later of 0.2 h and 0.7 h
+    expected[0, 3, 0] = 4.0  # past the grid's last hour: in the last bin
+    np.testing.assert_array_equal(grid, expected)
+
+
+def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys):
+    spec = methods.MethodSpec("needs_extra", "a method of a missing package", build=lambda context: None,
+                              settings=lambda context: {}, needs_package="no_such_package_here")  # fmt: skip
+    methods.register(spec)
+    try:
+        with pytest.raises(SystemExit):
+            garlic_main(["--data-root", str(tmp_path), "--mlruns", str(tmp_path), "train", "--method", "needs_extra"])
+    finally:
+        methods.METHODS.pop("needs_extra")
+    assert "needs no_such_package_here, an optional extra: bin/setup no_such_package_here" in capsys.readouterr().err
+    assert "needs_extra" not in methods.installed_methods()
+
+
+@needs_pypots
+@pytest.mark.parametrize("name", ["raindrop", "seft", "brits", "grud"])
+def test_each_pypots_model_is_trained_and_tested_by_garlic_train(name, tmp_path_factory, tmp_path):
+    root = synthetic_root(tmp_path_factory, n_stays=120, seed=6)
+    store = tmp_path / "mlruns"
+    torch.set_num_threads(1)
+    garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--method", f"pypots_{name}", "--dataset",
+                 "synthetic", "--set", "max_epochs=1"])  # fmt: skip
+    use_store(store)
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                filter_string=f"tags.method = 'pypots_{name}'")  # fmt: skip
+    assert run.info.status == "FINISHED" and run.data.params["max_epochs"] == "1"
+    assert 0 <= run.data.metrics["test_auroc"] <= 1 and np.isfinite(run.data.metrics["test_brier"])
+
+
+@needs_pypots
+def test_raindrop_runs_on_pytorch_geometrics_scatter_where_torch_scatter_is_missing():
+    from pypots.nn.modules.raindrop import layers
+
+    from garlic.baselines.field import raindrop_on_pyg_scatter
+
+    raindrop_on_pyg_scatter()
+    source, index = torch.randn(6, 3), torch.tensor([0, 2, 2, 1, 0, 2])
+    expected = torch.zeros(3, 3).index_add_(0, index, source)
+    torch.testing.assert_close(layers.scatter(source, index, dim=0, dim_size=3, reduce="add"), expected)
