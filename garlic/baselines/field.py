@@ -55,8 +55,8 @@ def hourly_grid(dataset: IrregularDataset, hours: int) -> np.ndarray:
 def raindrop_on_pyg_scatter() -> None:
     """PyPOTS's Raindrop layer takes ``scatter`` from torch_scatter and ``SparseTensor`` from torch_sparse, compiled
     extensions with no wheel for this torch; without them its first batch fails (``name 'scatter' is not defined``).
-    PyTorch Geometric, a dependency already, ships pure-torch versions of both with the same signatures: where the
-    extensions are missing, the layer gets those."""
+    PyTorch Geometric (installed with the ``pypots`` extra for this) ships pure-torch versions of both with the same
+    signatures: where the extensions are missing, the layer gets those."""
     from pypots.nn.modules.raindrop import layers
 
     if not hasattr(layers, "scatter"):
