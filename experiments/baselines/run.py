@@ -1,6 +1,6 @@
 """Every baseline (and GARLIC itself) on the same saved splits, in one table.
 
-Methods (``--methods``; default: every one of the registry, ``garlic.methods``, whose package is installed):
+Methods (``--methods``; default: every one of the registry, ``garlic.methods``, that needs no optional extra):
 - ``saps``, ``sofa``: the SAPS-I and SOFA scores of the outcomes file (PhysioNet 2012 only), mapped to a risk by a
   logistic fit on the training part;
 - ``logreg``, ``gbm``: logistic regression and gradient boosting on per-stay summary features (first, last, min,
@@ -9,7 +9,7 @@ Methods (``--methods``; default: every one of the registry, ``garlic.methods``, 
 - ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
 - ``garlic``: the full model with the dataset's preset, for reference;
 - ``pypots_raindrop``, ``pypots_seft``, ``pypots_brits``, ``pypots_grud``: the field's models from PyPOTS
-  (``garlic.baselines.field``; the ``pypots`` extra);
+  (``garlic.baselines.field``; the ``pypots`` extra), when named;
 - any method registered later (``docs/adding-a-model.md``).
 
 Each method on each split is one MLflow run in the experiment ``baselines-<dataset>`` (tags: study, method, split,
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.baselines", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
-    parser.add_argument("--methods", nargs="+", choices=list(registry.METHODS), default=registry.installed_methods())
+    parser.add_argument("--methods", nargs="+", choices=list(registry.METHODS), default=registry.core_methods())
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     config = study.study_config(args)
