@@ -121,6 +121,8 @@ def finished_unit(
         found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
                                    order_by=["attributes.start_time DESC"])  # fmt: skip
         for run in found:
+            if run_contract.METHOD in run.data.tags:  # another method's run (garlic train --method), not GARLIC's
+                continue
             if "test_auroc" in run.data.metrics and matches(run.data.params, config):
                 return Path(store), run
     return None

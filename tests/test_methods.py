@@ -105,3 +105,17 @@ def test_the_simple_baselines_are_the_registrys_and_a_model_the_data_cannot_feed
     with pytest.raises(SystemExit):
         garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "saps"])
     assert "saps needs the SAPS-I column, which synthetic does not have" in capsys.readouterr().err
+
+
+def test_a_method_run_is_never_taken_for_a_garlic_unit_by_the_comparison(toy, root, tmp_path):
+    from garlic import run_contract
+    from garlic.config import Config
+    from preprocessing.tables import read_manifest
+
+    store = tmp_path / "mlruns"
+    garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--method", "toy", "--dataset", "synthetic",
+                 "--split", "0"])  # fmt: skip
+    digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
+    # one split: the run itself holds the split's params and a seed, as a GARLIC split run does
+    config = Config().override({"dataset": "synthetic"})
+    assert compare.finished_unit([store], config, "five-split/split_0", digest) is None
