@@ -143,7 +143,8 @@ def train_method(
         mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
         results = []
         for split in chosen:
-            with mlflow.start_run(run_name=split.name, nested=True) if len(chosen) > 1 else nullcontext():
+            nested = {"run_name": split.name, "nested": True, "tags": {run_contract.METHOD: name}}
+            with mlflow.start_run(**nested) if len(chosen) > 1 else nullcontext():
                 mlflow.log_params(run_contract.split_params(split, folder, manifest))
                 metrics = fit_and_test(spec.create(context), split_parts(tensors, split))
                 results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,

@@ -153,6 +153,10 @@ def load_run_model(run_id: str, store: Path = DEFAULT_STORE, device: str = "cpu"
     if children:
         names = ", ".join(f"{c.info.run_id} ({c.info.run_name})" for c in children)
         raise RunNotFoundError(f"run {run_id} groups several splits; pick one of its split runs: {names}")
+    method = run.data.tags.get(run_contract.METHOD)
+    if method:
+        raise RunNotFoundError(f"run {run_id} is a {method} run (garlic train --method): it logged its risks and "
+                               "metrics, not a model; evaluate, predict and the dashboard read GARLIC runs")  # fmt: skip
     try:
         folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_ARTIFACT)
     except (MlflowException, OSError) as exc:

@@ -65,8 +65,8 @@ def test_a_registered_model_is_trained_tested_and_logged_by_garlic_train(toy, ro
     assert printed.count("five-split/split_") == 5
     use_store(store)
     runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.method = 'toy'", output_format="list")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    parent = runs[0]
+    (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]  # the split runs are tagged too
+    assert len(runs) == 6 and parent.info.status == "FINISHED"
     assert parent.data.params["C"] == "1.0"
     splits = mlflow.search_runs(search_all_experiments=True, output_format="list",
                                 filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
@@ -77,6 +77,9 @@ def test_a_registered_model_is_trained_tested_and_logged_by_garlic_train(toy, ro
     assert min(aurocs) > 0.6
     test = pd.read_csv(mlflow.artifacts.download_artifacts(f"{splits[0].info.artifact_uri}/predictions/test.csv"))
     assert len(test) == int(splits[0].data.params["n_test"]) and test["risk"].between(0, 1).all()
+    with pytest.raises(SystemExit):  # it logged no GARLIC model: evaluate says so, by name
+        garlic_main(["--data-root", str(root), "--mlruns", str(store), "evaluate", "--run", splits[0].info.run_id])
+    assert "is a toy run (garlic train --method)" in capsys.readouterr().err
 
 
 def test_a_registered_model_has_its_row_in_the_baselines_table_and_the_comparison(toy, root, tmp_path, capsys):
