@@ -95,6 +95,12 @@ def test_a_registered_model_has_its_row_in_the_baselines_table_and_the_compariso
     assert (out / "synthetic-runs" / "toy").is_dir()  # archived like every other method's units
 
 
+def test_the_baselines_command_lists_every_registered_method_with_its_description(toy, capsys):
+    with pytest.raises(SystemExit):
+        baselines_main(["--help"])
+    assert "  toy: logistic regression on last values" in capsys.readouterr().out
+
+
 def test_a_name_is_registered_once_and_an_unknown_one_is_refused_by_name(toy, root, tmp_path, capsys):
     with pytest.raises(ValueError, match="already registered"):
         methods.register(TOY)

@@ -94,7 +94,9 @@ def with_paper_numbers(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> None:
+    registered = "\n".join(f"  {name}: {spec.description}" for name, spec in registry.METHODS.items())
     parser = argparse.ArgumentParser(prog="python -m experiments.baselines", description=__doc__,
+                                     epilog=f"registered methods (garlic.methods):\n{registered}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
     parser.add_argument("--methods", nargs="+", choices=list(registry.METHODS), default=registry.core_methods())
