@@ -41,6 +41,7 @@ from garlic.config import CONFIG_DIR, Config
 from garlic.data import IrregularDataset, loader
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.losses import RECONSTRUCTION, stage_losses
+from garlic.metrics import METRICS
 from garlic.predict import predict_proba
 from garlic.splits import load_splits
 from garlic.tracking import DEFAULT_STORE
@@ -168,7 +169,7 @@ def speed_report(frame: pd.DataFrame) -> str:
 def measure_accuracy(config: Config, data_root: Path, store: Path) -> None:
     run_id, results = runs.train(config, list(range(5)), data_root, store)
     print(f"five-split run {run_id}")
-    for metric in ("auroc", "auprc", "brier", "ece"):
+    for metric in METRICS:
         values = 100 * np.array([r.test[metric] for r in results])
         paper = PAPER.get(config.dataset, {}).get(metric)
         beside = f"   paper {paper[0]:.2f} +/- {paper[1]:.2f}" if paper else ""

@@ -63,6 +63,7 @@ from garlic import methods as registry
 from garlic import run_contract, runs
 from garlic.config import CONFIG_DIR, Config
 from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.metrics import METRICS
 from garlic.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
 from garlic.tracking import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
@@ -261,7 +262,7 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
                for split in cohort.splits if (method, split.index) not in done]  # fmt: skip
     for record in records:
         predictions = study.test_predictions(store, record["run_id"])
-        metrics = {k.removeprefix("test_"): record[k] for k in ("test_auroc", "test_auprc", "test_brier", "test_ece")}
+        metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
         settings = study.settings_digest(runner.settings(record["method"]))
         units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings, metrics,
                           predictions))  # fmt: skip

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from garlic.metrics import METRICS
 from preprocessing.atomic import atomic_file
 
 RUNS = "runs.csv"
-RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", "auroc", "auprc", "brier",
-               "ece"]  # fmt: skip
-METRICS = ("auroc", "auprc", "brier", "ece")
+RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", *METRICS]
 GZIP = {"method": "gzip", "mtime": 0}  # the same risks give the same bytes, so git sees no change
 
 

@@ -14,6 +14,10 @@ def expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bi
     return float(gap.sum() / max(count.sum(), 1))
 
 
+# What every test look reports (``binary_metrics``' keys, in its order); runs, the run archive and the tables read it.
+METRICS = ("auroc", "auprc", "brier", "ece")
+
+
 def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
     """AUROC, AUPRC, Brier score and expected calibration error (AUROC/AUPRC are NaN with one class only)."""
     labels, probabilities = np.asarray(labels, dtype=float), np.asarray(probabilities, dtype=float)

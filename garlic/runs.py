@@ -26,7 +26,7 @@ from garlic import distributed, methods, run_contract
 from garlic.config import Config
 from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_folder
 from garlic.estimator import GarlicEstimator
-from garlic.metrics import binary_metrics
+from garlic.metrics import METRICS, binary_metrics
 from garlic.pipeline import fit_and_test, split_parts
 from garlic.predict import predict_proba
 from garlic.splits import Split, chosen_splits, load_splits
@@ -36,7 +36,6 @@ from garlic.training_state import load_training_state, save_training_state
 from preprocessing.tables import LABELS, read_manifest
 from preprocessing.tensors import IrregularTensors, load_tensors
 
-TEST_METRICS = ("auroc", "auprc", "brier", "ece")
 
 
 @dataclass
@@ -77,7 +76,7 @@ def train_split(
         shutil.rmtree(state_path.parent, ignore_errors=True)
     run = mlflow.active_run().info
     return SplitResult(run.run_id, run.run_name, estimator.fit_result_.best_epoch,
-                       {metric: metrics[f"test_{metric}"] for metric in TEST_METRICS})  # fmt: skip
+                       {metric: metrics[f"test_{metric}"] for metric in METRICS})  # fmt: skip
 
 
 def train(
@@ -148,7 +147,7 @@ def train_method(
                 mlflow.log_params(run_contract.split_params(split, folder, manifest))
                 metrics = fit_and_test(spec.create(context), split_parts(tensors, split))
                 results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,
-                                           {metric: metrics[f"test_{metric}"] for metric in TEST_METRICS}))  # fmt: skip
+                                           {metric: metrics[f"test_{metric}"] for metric in METRICS}))  # fmt: skip
         if len(chosen) > 1:
             _log_mean_and_std(results)
     return parent.info.run_id, results
@@ -201,7 +200,7 @@ def _tracked_train(
 
 def _log_mean_and_std(results: list[SplitResult]) -> None:
     """The units' mean and std of each test metric, in the active (parent) run."""
-    for metric in TEST_METRICS:
+    for metric in METRICS:
         values = np.array([r.test[metric] for r in results])
         mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
 
@@ -253,7 +252,7 @@ def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
 def _finished_result(run: mlflow.entities.Run) -> SplitResult:
     metrics = run.data.metrics
     return SplitResult(run.info.run_id, run.info.run_name, int(metrics["best_epoch"]),
-                       {k: metrics[f"test_{k}"] for k in TEST_METRICS})  # fmt: skip
+                       {k: metrics[f"test_{k}"] for k in METRICS})  # fmt: skip
 
 
 def resume(
