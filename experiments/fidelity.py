@@ -18,8 +18,11 @@ Per split k, all on the saved split k:
 The paper's claim: full > top 50% > random 50% > bottom 50% in test AUROC/AUPRC; checked with Page's L test across
 splits (experiments.stats), and "top f is as good as full" with an equivalence test (TOST, ``EQUIVALENCE_MARGIN``):
 paired on the same test stays (a reduced test part keeps every stay), the 90% bootstrap interval of top - full must
-lie inside the margin, which is the two one-sided tests at 5% each. Every condition on every split is one MLflow run in the experiment
-``fidelity-<dataset>`` (tags: study, condition, split, fraction, method, settings), reused when already finished.
+lie inside the margin, which is the two one-sided tests at 5% each. Which ranking keeps the most signal: each other
+method's top f against the first method's, paired on the same test stays with a 95% bootstrap interval
+(``fidelity_rankings``); every run's test metrics are in ``fidelity_runs``. Every condition on every split is one
+MLflow run in the experiment ``fidelity-<dataset>`` (tags: study, condition, split, fraction, method, settings),
+reused when already finished.
 
     python -m experiments.fidelity --dataset synthetic --splits 0 1 --max-epochs 3 --fractions 0.5
 
@@ -236,22 +239,28 @@ def ordering_tests(records: pd.DataFrame, methods, fractions) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _units(records: pd.DataFrame, store) -> dict[tuple, list[Unit]]:
+    """The runs of ``records`` with their logged test risks, by (condition, method, fraction); ``full`` by
+    ("full",)."""
+    groups: dict[tuple, list[Unit]] = {}
+    for row in records.itertuples():
+        key = ("full",) if row.condition == "full" else (row.condition, row.method, row.fraction)
+        unit = Unit(row.condition, "fidelity", int(row.split), None, row.run_id, "", {},
+                    study.test_predictions(store, row.run_id))  # fmt: skip
+        groups.setdefault(key, []).append(unit)
+    return groups
+
+
 def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.DataFrame:
     """TOST of top f against full, per method, fraction and metric: the mean over splits of top - full on the same
     test stays, its 90% bootstrap interval over those stays, and "equivalent" when the interval lies inside
     +/- ``EQUIVALENCE_MARGIN`` ("not shown" otherwise: too wide an interval, or a real difference)."""
-    predictions = {run_id: study.test_predictions(store, run_id) for run_id in records["run_id"]}
-
-    def units(rows: pd.DataFrame) -> list[Unit]:
-        return [Unit(row.condition, "fidelity", int(row.split), None, row.run_id, "", {}, predictions[row.run_id])
-                for row in rows.itertuples()]  # fmt: skip
-
-    full = units(records[records["condition"] == "full"])
+    units = _units(records, store)
+    full = units[("full",)]
     rows = []
     for method in methods:
         for fraction in fractions:
-            top = units(records[(records["condition"] == "top") & (records["method"] == method)
-                                & (records["fraction"] == fraction)])  # fmt: skip
+            top = units.get(("top", method, fraction), [])
             for metric, margin in EQUIVALENCE_MARGIN.items():
                 paired = paired_difference(top, full, metric, level=0.90)
                 inside = -margin < paired["ci_low"] and paired["ci_high"] < margin
@@ -260,6 +269,31 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.Da
                              "ci90_high": round(paired["ci_high"], 4), "margin": margin,
                              "verdict": "equivalent" if inside else "not shown"})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def ranking_comparison(records: pd.DataFrame, methods, fractions, store) -> pd.DataFrame:
+    """Which ranking keeps the most signal: each other method's top f against the first method's (the built-in
+    importance), paired on the same test stays (a reduced test part keeps every stay): the mean difference over
+    splits and its 95% bootstrap interval (an interval holding 0 is a tie)."""
+    if len(methods) < 2:
+        return pd.DataFrame(columns=["method", "against", "fraction", "metric", "splits", "difference", "ci_low",
+                                     "ci_high", "verdict"])  # fmt: skip
+    units = _units(records, store)
+    rows = []
+    for method in methods[1:]:
+        for fraction in fractions:
+            ours, theirs = units.get(("top", method, fraction), []), units.get(("top", methods[0], fraction), [])
+            for metric in ("auroc", "auprc"):
+                rows.append({"method": method, "against": methods[0], "fraction": fraction, "metric": metric,
+                             "splits": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
+    return pd.DataFrame(rows).round({"difference": 4, "ci_low": 4, "ci_high": 4})
+
+
+def runs_table(records: pd.DataFrame) -> pd.DataFrame:
+    """Every run's test metrics, so that the tables can be read without the store."""
+    columns = ["split", "method", "condition", "fraction", "run_id", "test_auroc", "test_auprc", "test_brier",
+               "test_ece"]  # fmt: skip
+    return records[columns].sort_values(["split", "condition", "method", "fraction"]).reset_index(drop=True)
 
 
 def results_table(records: pd.DataFrame, dataset: str) -> pd.DataFrame:
@@ -342,7 +376,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no split of the fidelity study has finished in {args.mlruns}: nothing to tabulate")
     tables = {"fidelity_results": results_table(records, args.dataset),
               "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions),
-              "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, args.mlruns)}  # fmt: skip
+              "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, args.mlruns),
+              "fidelity_rankings": ranking_comparison(records, args.methods, runner.fractions, args.mlruns),
+              "fidelity_runs": runs_table(records)}  # fmt: skip
     summary = study.log_summary(experiment_id, "summary", tables,
                                 {"fidelity_by_fraction.png": fraction_figure(records, args.methods)},
                                 {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip

@@ -6,7 +6,7 @@ import pytest
 from experiments import study
 from garlic.baselines.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
-                                  ordering_tests, results_table, variable_importance)
+                                  ordering_tests, ranking_comparison, results_table, variable_importance)
 from experiments.fidelity import main as fidelity_main
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
@@ -244,6 +244,12 @@ def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin(monke
     assert tests.loc[("ig", "auroc"), "verdict"] == "not shown"  # a ranking that lost the signal
     assert tests.loc[("ig", "auroc"), "ci90_high"] < -EQUIVALENCE_MARGIN["auroc"]
     assert list(tests["margin"]) == [EQUIVALENCE_MARGIN["auroc"], EQUIVALENCE_MARGIN["auprc"]] * 2
+
+    # which ranking keeps more of the signal: IG's top half against the built-in's, on the same stays
+    rankings = ranking_comparison(records, ["garlic", "ig"], [0.5], store=None).set_index("metric")
+    assert list(rankings["against"]) == ["garlic", "garlic"] and rankings.loc["auroc", "verdict"] == "loss"
+    assert rankings.loc["auroc", "ci_low"] <= rankings.loc["auroc", "difference"] <= rankings.loc["auroc", "ci_high"] < 0
+    assert ranking_comparison(records, ["garlic"], [0.5], store=None).empty  # one ranking: nothing to compare
 
 
 def test_the_published_imv_lstm_trial_sits_beside_the_full_and_half_rows_on_p12():
