@@ -11,6 +11,9 @@ split, settings), reused when already finished. Three tables are logged as artif
   holding 0 is a tie);
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
+With ``--out``, that folder is also the study's run archive (``study.StudyArchive``: the runs table and each run's
+test risks), read where the store lacks a run: the tables are made again from the repository alone.
+
     python -m experiments.ablations --dataset synthetic --splits 0 1 --max-epochs 3
 
 ``--workers N`` trains the unfinished (variant, split) units in N parallel processes, each this command narrowed
@@ -57,8 +60,9 @@ def unit_tags(config: Config, variant: str, split: int) -> dict:
 
 
 def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
-                 train: bool = True) -> pd.DataFrame:  # fmt: skip
-    """One row per (variant, split) with its test metrics; without ``train``, only the units already finished."""
+                 train: bool = True, archive: study.StudyArchive | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per (variant, split) with its test metrics: a finished run of the store, else one of the ``archive``,
+    else (with ``train``) trained now."""
     records = []
     for name in variants:
         variant = config.override(VARIANTS[name])
@@ -69,21 +73,27 @@ def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, varia
                 return fit_and_test(estimator, split_parts(cohort.tensors, split))
 
             tags = unit_tags(config, name, split.index)
-            if not train and study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
-                continue
+            if study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
+                kept = archive.find(variant=name, split=split.index, settings=tags["settings"]) if archive else None
+                if kept is not None or not train:
+                    records += [kept] if kept is not None else []
+                    continue
             metrics, run_id, _ = study.resumable(experiment_id, tags, f"{name}/split_{split.index}", work)
-            records.append({"variant": name, "split": split.index, "run_id": run_id, **metrics})
+            records.append({"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"],
+                            **metrics})  # fmt: skip
     return pd.DataFrame(records)
 
 
 def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
-                     workers: int, store, deadline: float | None) -> None:  # fmt: skip
-    """The unfinished units, each as this command (``argv``) narrowed to it, in ``workers`` processes."""
+                     workers: int, store, deadline: float | None, archive: study.StudyArchive) -> None:  # fmt: skip
+    """The units finished neither in the store nor in the ``archive``, each as this command (``argv``) narrowed to
+    it, in ``workers`` processes."""
     jobs = []
     for split in cohort.splits:  # split by split, so that a deadline leaves whole splits to pair
         for name in variants:
             tags = unit_tags(config, name, split.index)
-            if study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None:
+            if (study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
+                    or archive.find(variant=name, split=split.index, settings=tags["settings"]) is not None):
                 continue
             unit = f"ablation-{config.dataset}-{name}-split_{split.index}-{tags['settings']}"
             command = [sys.executable, "-m", "experiments.ablations", *argv, "--variants", name, "--splits",
@@ -93,14 +103,13 @@ def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, expe
     run_jobs(jobs, workers, deadline)
 
 
-def paired_against_full(records: pd.DataFrame, store) -> pd.DataFrame:
+def paired_against_full(records: pd.DataFrame, predictions: study.Predictions) -> pd.DataFrame:
     """Each variant minus the full model, per metric, over the splits both ran: the mean difference and its 95%
     bootstrap interval over test stays, each split's stays drawn once for both (``stats.paired_difference``)."""
     units: dict[str, list[Unit]] = {}
     for row in records.itertuples():
-        predictions = study.test_predictions(store, row.run_id)
         units.setdefault(row.variant, []).append(Unit(row.variant, "ablation", int(row.split), None, row.run_id, "",
-                                                      {}, predictions))  # fmt: skip
+                                                      {}, predictions(row.run_id)))  # fmt: skip
     rows = []
     full_splits = {unit.split for unit in units.get("full", [])}
     for variant, ours in units.items():
@@ -142,19 +151,20 @@ def main(argv: list[str] | None = None) -> None:
     config = study.study_config(args)
     cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = study.open_experiment(f"ablations-{args.dataset}", args.mlruns)
+    archive = study.StudyArchive(args.out, "ablation_runs", args.dataset, args.data_root)
     if args.workers > 1:
         deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
-                         args.workers, args.mlruns, deadline)  # fmt: skip
-    records = run_variants(config, cohort, experiment_id, args.variants, train=args.workers == 1)
+                         args.workers, args.mlruns, deadline, archive)  # fmt: skip
+    records = run_variants(config, cohort, experiment_id, args.variants, args.workers == 1, archive)
     if args.train_only:
         return
     if records.empty:
-        raise SystemExit(f"no ablation run has finished in {args.mlruns}: nothing to tabulate")
+        raise SystemExit(f"no ablation run has finished in {args.mlruns} or {args.out}: nothing to tabulate")
     table = study.results_table(records, ["variant"], TEST_METRICS + ("edge_recovery_auroc",))
-    paired = paired_against_full(records, args.mlruns)
+    paired = paired_against_full(records, lambda run_id: archive.predictions(args.mlruns, run_id))
     tables = {"ablation_results": with_published(table, args.dataset), "ablation_paired": paired,
-              "ablation_runs": records}  # fmt: skip
+              "ablation_runs": archive.runs_table(records, ["variant", "split", "settings"])}  # fmt: skip
     summary = study.log_summary(experiment_id, "summary", tables, {},
                                 {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
     study.write_tables(args.out, tables)

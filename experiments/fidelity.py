@@ -29,6 +29,10 @@ reused when already finished.
 ``--workers N`` runs the splits with an unfinished condition in N parallel processes, each this command narrowed to
 its split (``experiments.workers``; ``--deadline MINUTES`` starts none after that), then writes the tables over the
 splits whose conditions have all finished.
+
+With ``--out``, that folder is also the study's run archive (``study.StudyArchive``: ``fidelity_runs`` and each run's
+test risks): a split whose runs the store lacks is read from it when it has them all, so the tables are made again
+from the repository alone.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ from garlic.baselines.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons, paired_difference
+from experiments.study import Predictions
 from experiments.workers import Job, run_jobs
 from garlic.attribution import DEFAULT_STEPS, ig_importance
 from garlic.cli import die_with_parent
@@ -57,7 +62,7 @@ from garlic.device import resolve_device
 from garlic.estimator import GarlicEstimator
 from garlic.explain import explain
 from garlic.model import Garlic
-from garlic.pipeline import fit_and_test, split_parts
+from garlic.pipeline import TEST_METRICS, fit_and_test, split_parts
 from garlic.splits import Normalisation, Split
 from garlic.tracking import load_run_model
 
@@ -123,9 +128,12 @@ class FidelityStudy:
     """The conditions of one data set, run split by split; ``records`` collects one row per (condition, split)."""
 
     def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, store, methods, fractions,
-                 ig_steps: int = DEFAULT_STEPS, train: bool = True):  # fmt: skip
-        """Without ``train``, ``run`` only gathers the splits whose conditions have all finished."""
+                 ig_steps: int = DEFAULT_STEPS, train: bool = True,
+                 archive: study.StudyArchive | None = None):  # fmt: skip
+        """Without ``train``, ``run`` only gathers the splits whose conditions have all finished, in the store or
+        all in the ``archive``."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, store
+        self.archive = archive
         self.methods, self.fractions, self.ig_steps, self.train = list(methods), sorted(fractions), ig_steps, train
         self.records: list[dict] = []
 
@@ -140,14 +148,31 @@ class FidelityStudy:
         return [study.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
                 for unit in self.plan()]  # fmt: skip
 
+    def archived_runs(self, split: Split) -> list[dict | None]:
+        """The archived run of each of ``plan()`` on ``split``, None where the archive has none."""
+        if self.archive is None:
+            return [None] * len(self.plan())
+        return [self.archive.find(split=split.index, condition=condition, method=method, fraction=fraction,
+                                  settings=self.tags(split, condition, method, fraction)["settings"])
+                for condition, method, fraction in self.plan()]  # fmt: skip
+
+    def from_archive(self, split: Split) -> list[dict] | None:
+        """The split's runs from the archive when the store lacks one of them and the archive has them all (the
+        archive cannot rank: a split is taken whole from one place), else None."""
+        if all(run is not None for run in self.finished_runs(split)):
+            return None
+        kept = self.archived_runs(split)
+        return kept if all(row is not None for row in kept) else None
+
     def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
         settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
         return {"study": STUDY, "dataset": self.config.dataset, "condition": condition, "split": split.index,
                 "fraction": f"{fraction:g}", "method": method, "settings": study.settings_digest(settings)}  # fmt: skip
 
     def _record(self, split: Split, condition: str, method: str, fraction: float, metrics: dict, run_id: str) -> None:
+        settings = self.tags(split, condition, method, fraction)["settings"]
         self.records.append({"split": split.index, "method": method, "condition": condition, "fraction": fraction,
-                             "run_id": run_id, **metrics})  # fmt: skip
+                             "run_id": run_id, "settings": settings, **metrics})  # fmt: skip
 
     def run_split(self, split: Split) -> None:
         tensors, config = self.cohort.tensors, self.config
@@ -201,6 +226,10 @@ class FidelityStudy:
 
     def run(self) -> pd.DataFrame:
         for split in self.cohort.splits:
+            kept = self.from_archive(split)
+            if kept is not None:
+                self.records += kept
+                continue
             if self.train:
                 self.run_split(split)
                 continue
@@ -239,23 +268,23 @@ def ordering_tests(records: pd.DataFrame, methods, fractions) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _units(records: pd.DataFrame, store) -> dict[tuple, list[Unit]]:
-    """The runs of ``records`` with their logged test risks, by (condition, method, fraction); ``full`` by
+def _units(records: pd.DataFrame, predictions: Predictions) -> dict[tuple, list[Unit]]:
+    """The runs of ``records`` with their test predictions, by (condition, method, fraction); ``full`` by
     ("full",)."""
     groups: dict[tuple, list[Unit]] = {}
     for row in records.itertuples():
         key = ("full",) if row.condition == "full" else (row.condition, row.method, row.fraction)
         unit = Unit(row.condition, "fidelity", int(row.split), None, row.run_id, "", {},
-                    study.test_predictions(store, row.run_id))  # fmt: skip
+                    predictions(row.run_id))  # fmt: skip
         groups.setdefault(key, []).append(unit)
     return groups
 
 
-def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.DataFrame:
+def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: Predictions) -> pd.DataFrame:
     """TOST of top f against full, per method, fraction and metric: the mean over splits of top - full on the same
     test stays, its 90% bootstrap interval over those stays, and "equivalent" when the interval lies inside
     +/- ``EQUIVALENCE_MARGIN`` ("not shown" otherwise: too wide an interval, or a real difference)."""
-    units = _units(records, store)
+    units = _units(records, predictions)
     full = units[("full",)]
     rows = []
     for method in methods:
@@ -271,14 +300,14 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, store) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def ranking_comparison(records: pd.DataFrame, methods, fractions, store) -> pd.DataFrame:
+def ranking_comparison(records: pd.DataFrame, methods, fractions, predictions: Predictions) -> pd.DataFrame:
     """Which ranking keeps the most signal: each other method's top f against the first method's (the built-in
     importance), paired on the same test stays (a reduced test part keeps every stay): the mean difference over
     splits and its 95% bootstrap interval (an interval holding 0 is a tie)."""
     if len(methods) < 2:
         return pd.DataFrame(columns=["method", "against", "fraction", "metric", "splits", "difference", "ci_low",
                                      "ci_high", "verdict"])  # fmt: skip
-    units = _units(records, store)
+    units = _units(records, predictions)
     rows = []
     for method in methods[1:]:
         for fraction in fractions:
@@ -291,8 +320,7 @@ def ranking_comparison(records: pd.DataFrame, methods, fractions, store) -> pd.D
 
 def runs_table(records: pd.DataFrame) -> pd.DataFrame:
     """Every run's test metrics, so that the tables can be read without the store."""
-    columns = ["split", "method", "condition", "fraction", "run_id", "test_auroc", "test_auprc", "test_brier",
-               "test_ece"]  # fmt: skip
+    columns = ["split", "method", "condition", "fraction", "run_id", "settings", *TEST_METRICS]
     return records[columns].sort_values(["split", "condition", "method", "fraction"]).reset_index(drop=True)
 
 
@@ -356,13 +384,14 @@ def main(argv: list[str] | None = None) -> None:
     config = study.study_config(args)
     cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = study.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
+    archive = study.StudyArchive(args.out, "fidelity_runs", args.dataset, args.data_root)
     runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps,
-                           train=args.workers == 1)  # fmt: skip
+                           train=args.workers == 1, archive=archive)  # fmt: skip
     if args.workers > 1:
         argv = list(sys.argv[1:] if argv is None else argv)
         jobs = []
         for split in cohort.splits:
-            if any(run is None for run in runner.finished_runs(split)):
+            if runner.from_archive(split) is None and any(run is None for run in runner.finished_runs(split)):
                 unit = f"fidelity-{args.dataset}-split_{split.index}-{study.settings_digest(config.to_dict())}"
                 command = [sys.executable, "-m", "experiments.fidelity", *argv, "--splits", str(split.index),
                            "--workers", "1", "--train-only"]  # fmt: skip
@@ -372,13 +401,18 @@ def main(argv: list[str] | None = None) -> None:
     records = runner.run()
     if args.train_only:
         return
+
+    def predictions(run_id: str) -> pd.DataFrame:
+        return archive.predictions(args.mlruns, run_id)
+
     if records.empty:
         raise SystemExit(f"no split of the fidelity study has finished in {args.mlruns}: nothing to tabulate")
     tables = {"fidelity_results": results_table(records, args.dataset),
               "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions),
-              "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, args.mlruns),
-              "fidelity_rankings": ranking_comparison(records, args.methods, runner.fractions, args.mlruns),
-              "fidelity_runs": runs_table(records)}  # fmt: skip
+              "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, predictions),
+              "fidelity_rankings": ranking_comparison(records, args.methods, runner.fractions, predictions),
+              "fidelity_runs": archive.runs_table(runs_table(records), ["split", "method", "condition", "fraction",
+                                                                        "settings"])}  # fmt: skip
     summary = study.log_summary(experiment_id, "summary", tables,
                                 {"fidelity_by_fraction.png": fraction_figure(records, args.methods)},
                                 {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip

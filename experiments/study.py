@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from garlic import run_contract  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
@@ -31,8 +32,10 @@ from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noq
 from garlic.pipeline import TEST_METRICS  # noqa: E402
 from garlic.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
+from experiments.run_archive import GZIP  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
-from preprocessing.tables import read_manifest  # noqa: E402
+from preprocessing.atomic import atomic_file  # noqa: E402
+from preprocessing.tables import LABELS, read_manifest  # noqa: E402
 from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
 
 log = logging.getLogger("experiments")
@@ -102,6 +105,79 @@ def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
     use_store(store)
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
     return pd.read_csv(local)
+
+
+# How a study reads a run's test predictions (``stay_id, label, risk``) by its run id.
+Predictions = Callable[[str], pd.DataFrame]
+
+
+class StudyArchive:
+    """A study's runs kept beside its tables (``--out``), so that the tables can be made again without the MLflow store
+    that trained them: a store lives on one machine, the repository outlives it.
+
+    - ``<out>/<runs_table>.csv``: the study's table of every run, which it writes anyway, with each run's
+      ``settings`` digest and the processed data's ``data_digest`` (``run_contract.manifest_digest``): a run made with
+      other settings or on other data is never read back;
+    - ``<out>/risks/<run_id>.csv.gz``: the run's test risks, ``stay_id, risk``. No outcomes: they stay in the dataset
+      and are joined back from its label table.
+
+    Without a folder (no ``--out``) it keeps nothing and every prediction comes from the store.
+    """
+
+    def __init__(self, folder: Path | None, runs_table: str, dataset: str, data_root: Path):
+        self.folder = None if folder is None else Path(folder)
+        data = ensure_processed(dataset, data_root)
+        self.data_digest = run_contract.manifest_digest(read_manifest(data))
+        self.labels = pq.read_table(data / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")
+        self.runs_path = None if self.folder is None else self.folder / f"{runs_table}.csv"
+
+    def runs(self) -> pd.DataFrame:
+        """The archived runs made on this data (none without a folder, or from a table older than the archive)."""
+        if self.runs_path is None or not self.runs_path.is_file():
+            return pd.DataFrame()
+        runs = pd.read_csv(self.runs_path, dtype={"run_id": str, "settings": str, "data_digest": str})
+        if not {"settings", "data_digest"} <= set(runs.columns):
+            return pd.DataFrame()
+        return runs[runs["data_digest"] == self.data_digest].reset_index(drop=True)
+
+    def predictions(self, store: Path, run_id: str) -> pd.DataFrame:
+        """A run's test predictions (``stay_id, label, risk``) as the archive keeps them, taken from the store into it
+        the first time; from the store alone without a folder."""
+        if self.folder is None:
+            return test_predictions(store, run_id)
+        path = self.folder / "risks" / f"{run_id}.csv.gz"
+        if not path.is_file():
+            with atomic_file(path) as out:
+                test_predictions(store, run_id)[["stay_id", "risk"]].to_csv(out, index=False, float_format="%.7g",
+                                                                           compression=GZIP)  # fmt: skip
+        # always what the archive holds, so that a table made from the store equals the one made from the archive
+        risks = pd.read_csv(path)
+        if list(risks.columns) != ["stay_id", "risk"]:
+            raise ValueError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
+        unknown = ~risks["stay_id"].isin(self.labels.index)
+        if unknown.any():
+            raise ValueError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
+        labels = self.labels.loc[risks["stay_id"], "label"].to_numpy()
+        return risks.assign(label=labels)[["stay_id", "label", "risk"]]
+
+    def find(self, **unit) -> dict | None:
+        """The archived run of ``unit`` (its identifying columns, ``settings`` among them), or None."""
+        runs = self.runs()
+        if runs.empty or not set(unit) <= set(runs.columns):
+            return None
+        found = runs[(runs[list(unit)] == pd.Series(unit)).all(axis=1)]
+        return None if found.empty else found.iloc[-1].drop("data_digest").dropna().to_dict()
+
+    def runs_table(self, records: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
+        """The runs table to write: ``records`` with the data digest they were made on, after the archived runs of
+        other units (``unit``: the columns that identify one), which a narrower call must not drop."""
+        records = records.assign(data_digest=self.data_digest)
+        runs = self.runs()
+        if runs.empty:
+            return records
+        others = runs.merge(records[unit].drop_duplicates(), on=unit, how="left", indicator=True)
+        others = others[others["_merge"] == "left_only"].drop(columns="_merge")
+        return pd.concat([others, records], ignore_index=True)
 
 
 def settings_digest(settings: dict) -> str:

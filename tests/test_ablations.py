@@ -106,6 +106,33 @@ def test_command_prints_the_tables_pairs_each_variant_with_the_full_model_and_lo
         f"ablation_{name}.{kind}" for name in ("paired", "results", "runs") for kind in ("csv", "md")]
 
 
+def test_the_tables_are_made_again_from_the_run_archive_without_the_store(data_root, store, tmp_path, capsys):
+    out, empty = tmp_path / "out", tmp_path / "empty-store"
+    arguments = ["--data-root", str(data_root), "--splits", "0", "--max-epochs", "1", "--out", str(out)] + [
+        f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"]  # fmt: skip
+    main([*arguments, "--mlruns", str(store), "--variants", "full", "no_graph"])
+    names = ("ablation_results", "ablation_paired", "ablation_runs")
+    made = {name: pd.read_csv(out / f"{name}.csv") for name in names}
+    assert sorted(p.name for p in (out / "risks").iterdir()) == sorted(f"{r}.csv.gz" for r in made["ablation_runs"].run_id)
+
+    # another machine: the repository's folder, no store. Nothing is trained and the same tables come out.
+    main([*arguments, "--mlruns", str(empty), "--variants", "full", "no_graph"])
+    assert list(mlflow.search_runs(experiment_names=["ablations-synthetic"])["tags.kind"]) == ["summary"]
+    for name in names:
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), made[name], check_like=True)
+
+    # a narrower call keeps the other variant's archived run
+    main([*arguments, "--mlruns", str(empty), "--variants", "full"])
+    assert sorted(pd.read_csv(out / "ablation_runs.csv")["variant"]) == ["full", "no_graph"]
+
+    # runs made on other data are never read back: with none left, nothing is tabulated (and nothing trained here)
+    runs = pd.read_csv(out / "ablation_runs.csv").assign(data_digest="other data")
+    runs.to_csv(out / "ablation_runs.csv", index=False)
+    with pytest.raises(SystemExit, match="no ablation run has finished"):
+        main([*arguments, "--mlruns", str(empty), "--variants", "full", "--workers", "2", "--deadline", "0"])
+    capsys.readouterr()
+
+
 def test_the_papers_auroc_sits_beside_each_variant_on_p12_and_p19():
     table = pd.DataFrame({"variant": ["full", "no_gru", "joint_training"]})
     assert list(with_published(table, "physionet2012")["published_auroc"]) == [0.8640, 0.7690, 0.8532]

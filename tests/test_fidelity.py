@@ -219,7 +219,8 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 6
 
     # the equivalence test reads the runs' logged test risks: one split, so its difference is that split's
-    equivalence = equivalence_tests(first, ["garlic"], [0.5], store).set_index("metric")
+    equivalence = equivalence_tests(first, ["garlic"], [0.5], lambda run_id: study.test_predictions(store, run_id))
+    equivalence = equivalence.set_index("metric")
     by_condition = first.set_index("condition")
     for metric in ("auroc", "auprc"):
         expected = by_condition.loc["top", f"test_{metric}"] - by_condition.loc["full", f"test_{metric}"]
@@ -227,29 +228,30 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
         assert equivalence.loc[metric, "ci90_low"] <= equivalence.loc[metric, "top_minus_full"]
 
 
-def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin(monkeypatch):
+def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin():
     generator = np.random.default_rng(0)
     labels = generator.random(400) < 0.3
     risk = np.clip(labels * 0.3 + generator.random(400) * 0.7, 0, 1)
     risks = {"full": risk, "same": risk + 1e-6, "noise": generator.random(400)}
-    monkeypatch.setattr(study, "test_predictions", lambda store, run_id: pd.DataFrame(
-        {"stay_id": np.arange(400), "label": labels.astype(int), "risk": risks[run_id]}))
+    def predictions(run_id):
+        return pd.DataFrame({"stay_id": np.arange(400), "label": labels.astype(int), "risk": risks[run_id]})
+
     records = pd.DataFrame([
         {"split": 0, "condition": "full", "method": "garlic", "fraction": 1.0, "run_id": "full"},
         {"split": 0, "condition": "top", "method": "garlic", "fraction": 0.5, "run_id": "same"},
         {"split": 0, "condition": "top", "method": "ig", "fraction": 0.5, "run_id": "noise"},
     ])  # fmt: skip
-    tests = equivalence_tests(records, ["garlic", "ig"], [0.5], store=None).set_index(["method", "metric"])
+    tests = equivalence_tests(records, ["garlic", "ig"], [0.5], predictions).set_index(["method", "metric"])
     assert tests.loc[("garlic", "auroc"), "verdict"] == "equivalent"  # the same ranking: a zero-width interval
     assert tests.loc[("ig", "auroc"), "verdict"] == "not shown"  # a ranking that lost the signal
     assert tests.loc[("ig", "auroc"), "ci90_high"] < -EQUIVALENCE_MARGIN["auroc"]
     assert list(tests["margin"]) == [EQUIVALENCE_MARGIN["auroc"], EQUIVALENCE_MARGIN["auprc"]] * 2
 
     # which ranking keeps more of the signal: IG's top half against the built-in's, on the same stays
-    rankings = ranking_comparison(records, ["garlic", "ig"], [0.5], store=None).set_index("metric")
+    rankings = ranking_comparison(records, ["garlic", "ig"], [0.5], predictions).set_index("metric")
     assert list(rankings["against"]) == ["garlic", "garlic"] and rankings.loc["auroc", "verdict"] == "loss"
     assert rankings.loc["auroc", "ci_low"] <= rankings.loc["auroc", "difference"] <= rankings.loc["auroc", "ci_high"] < 0
-    assert ranking_comparison(records, ["garlic"], [0.5], store=None).empty  # one ranking: nothing to compare
+    assert ranking_comparison(records, ["garlic"], [0.5], predictions).empty  # one ranking: nothing to compare
 
 
 def test_the_published_imv_lstm_trial_sits_beside_the_full_and_half_rows_on_p12():
@@ -289,3 +291,14 @@ def test_workers_run_each_unfinished_split_in_its_own_process_then_tabulate_the_
     assert pd.read_csv(out / "fidelity_ordering.csv")["splits"].tolist() == [2, 2]
     fidelity_main([*arguments, "--workers", "2"])
     assert "running 0 units" in capsys.readouterr().out
+
+    # the tables made again from the run archive in --out alone, without the store: nothing trained, the same numbers
+    made = {name: pd.read_csv(out / f"{name}.csv") for name in ("fidelity_results", "fidelity_ordering",
+                                                                  "fidelity_equivalence", "fidelity_runs")}
+    assert len(list((out / "risks").glob("*.csv.gz"))) == 2 * 4
+    empty = tmp_path / "empty-store"
+    fidelity_main([*[str(empty) if a == str(store) else a for a in arguments], "--workers", "2"])
+    assert "running 0 units" in capsys.readouterr().out
+    assert not (empty / "logs").exists()
+    for name, table in made.items():
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), table, check_like=True)
