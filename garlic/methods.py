@@ -144,7 +144,6 @@ for _spec in (
     _field("raindrop", "Raindrop (Zhang et al. 2022)"),
     _field("seft", "SeFT (Horn et al. 2020)"),
     _field("brits", "BRITS (Cao et al. 2018)"),
-    _field("grud", "GRU-D (Che et al. 2018)"),
     MethodSpec("garlic", "GARLIC with the config's settings",
                build=lambda context: GarlicEstimator(context.config, explain=False, keep_model=False),
                settings=lambda context: context.config.to_dict()),

@@ -48,7 +48,7 @@ def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys)
 
 
 @needs_pypots
-@pytest.mark.parametrize("name", ["raindrop", "seft", "brits", "grud"])
+@pytest.mark.parametrize("name", ["raindrop", "seft", "brits"])
 def test_each_pypots_model_is_trained_and_tested_by_garlic_train(name, tmp_path_factory, tmp_path):
     root = synthetic_root(tmp_path_factory, n_stays=120, seed=6)
     store = tmp_path / "mlruns"

@@ -8,7 +8,7 @@ Methods (``--methods``; default: every one of the registry, ``garlic.methods``, 
   features (P12: age, gender, height, ICU type, weight) beside them;
 - ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
 - ``garlic``: the full model with the dataset's preset, for reference;
-- ``pypots_raindrop``, ``pypots_seft``, ``pypots_brits``, ``pypots_grud``: the field's models from PyPOTS
+- ``pypots_raindrop``, ``pypots_seft``, ``pypots_brits``: the field's models from PyPOTS
   (``garlic.baselines.field``; the ``pypots`` extra), when named;
 - any method registered later (``docs/adding-a-model.md``).
 
