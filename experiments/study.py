@@ -131,14 +131,17 @@ class StudyArchive:
         self.labels = pq.read_table(data / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")
         self.runs_path = None if self.folder is None else self.folder / f"{runs_table}.csv"
 
-    def runs(self) -> pd.DataFrame:
-        """The archived runs made on this data (none without a folder, or from a table older than the archive)."""
+    def archived(self) -> pd.DataFrame:
+        """Every archived run (none without a folder, or in a table older than the archive)."""
         if self.runs_path is None or not self.runs_path.is_file():
             return pd.DataFrame()
         runs = pd.read_csv(self.runs_path, dtype={"run_id": str, "settings": str, "data_digest": str})
-        if not {"settings", "data_digest"} <= set(runs.columns):
-            return pd.DataFrame()
-        return runs[runs["data_digest"] == self.data_digest].reset_index(drop=True)
+        return runs if {"settings", "data_digest"} <= set(runs.columns) else pd.DataFrame()
+
+    def runs(self) -> pd.DataFrame:
+        """The archived runs made on this data."""
+        runs = self.archived()
+        return runs if runs.empty else runs[runs["data_digest"] == self.data_digest].reset_index(drop=True)
 
     def predictions(self, store: Path, run_id: str) -> pd.DataFrame:
         """A run's test predictions (``stay_id, label, risk``) as the archive keeps them, taken from the store into it
@@ -170,9 +173,10 @@ class StudyArchive:
 
     def runs_table(self, records: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
         """The runs table to write: ``records`` with the data digest they were made on, after the archived runs of
-        other units (``unit``: the columns that identify one), which a narrower call must not drop."""
+        other units (``unit``: the columns that identify one; on other data too), which a narrower call must not
+        drop."""
         records = records.assign(data_digest=self.data_digest)
-        runs = self.runs()
+        runs = self.archived()
         if runs.empty:
             return records
         others = runs.merge(records[unit].drop_duplicates(), on=unit, how="left", indicator=True)

@@ -130,6 +130,12 @@ def test_the_tables_are_made_again_from_the_run_archive_without_the_store(data_r
     runs.to_csv(out / "ablation_runs.csv", index=False)
     with pytest.raises(SystemExit, match="no ablation run has finished"):
         main([*arguments, "--mlruns", str(empty), "--variants", "full", "--workers", "2", "--deadline", "0"])
+    # nor dropped from it when a run on this data is added
+    archive = study.StudyArchive(out, "ablation_runs", "synthetic", data_root)
+    assert archive.runs().empty and len(archive.archived()) == 2
+    table = archive.runs_table(pd.DataFrame([{"variant": "full", "split": 0, "settings": "new", "run_id": "r"}]),
+                               ["variant", "split", "settings"])  # fmt: skip
+    assert len(table) == 3 and set(table["data_digest"]) == {"other data", archive.data_digest}
     capsys.readouterr()
 
 
