@@ -75,8 +75,9 @@ def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, varia
             tags = unit_tags(config, name, split.index)
             if study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
                 kept = archive.find(variant=name, split=split.index, settings=tags["settings"]) if archive else None
+                if kept is not None:
+                    records.append(kept)
                 if kept is not None or not train:
-                    records += [kept] if kept is not None else []
                     continue
             metrics, run_id, _ = study.resumable(experiment_id, tags, f"{name}/split_{split.index}", work)
             records.append({"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"],

@@ -52,7 +52,6 @@ from garlic.baselines.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons, paired_difference
-from experiments.study import Predictions
 from experiments.workers import Job, run_jobs
 from garlic.attribution import DEFAULT_STEPS, ig_importance
 from garlic.cli import die_with_parent
@@ -268,7 +267,7 @@ def ordering_tests(records: pd.DataFrame, methods, fractions) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _units(records: pd.DataFrame, predictions: Predictions) -> dict[tuple, list[Unit]]:
+def _units(records: pd.DataFrame, predictions: study.Predictions) -> dict[tuple, list[Unit]]:
     """The runs of ``records`` with their test predictions, by (condition, method, fraction); ``full`` by
     ("full",)."""
     groups: dict[tuple, list[Unit]] = {}
@@ -280,7 +279,7 @@ def _units(records: pd.DataFrame, predictions: Predictions) -> dict[tuple, list[
     return groups
 
 
-def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: Predictions) -> pd.DataFrame:
+def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: study.Predictions) -> pd.DataFrame:
     """TOST of top f against full, per method, fraction and metric: the mean over splits of top - full on the same
     test stays, its 90% bootstrap interval over those stays, and "equivalent" when the interval lies inside
     +/- ``EQUIVALENCE_MARGIN`` ("not shown" otherwise: too wide an interval, or a real difference)."""
@@ -300,7 +299,7 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: Pr
     return pd.DataFrame(rows)
 
 
-def ranking_comparison(records: pd.DataFrame, methods, fractions, predictions: Predictions) -> pd.DataFrame:
+def ranking_comparison(records: pd.DataFrame, methods, fractions, predictions: study.Predictions) -> pd.DataFrame:
     """Which ranking keeps the most signal: each other method's top f against the first method's (the built-in
     importance), paired on the same test stays (a reduced test part keeps every stay): the mean difference over
     splits and its 95% bootstrap interval (an interval holding 0 is a tie)."""
