@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 
 from experiments import published, study
 from experiments.baselines.run import Baselines
-from experiments.run_archive import RunArchive, Unit
+from experiments.run_archive import RunArchive, Unit, dataset_outcomes
 from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
 from experiments.workers import Job, run_jobs
@@ -361,9 +361,7 @@ def in_protocol_order(rows: pd.DataFrame, key: str, names: list[str], protocols:
 
 
 def open_archive(out: Path, dataset: str, data_root: Path) -> RunArchive:
-    folder = ensure_processed(dataset, data_root)
-    labels = pq.read_table(folder / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")["label"]
-    return RunArchive(out / f"{dataset}-runs", run_contract.manifest_digest(read_manifest(folder)), labels)
+    return RunArchive(out / f"{dataset}-runs", *dataset_outcomes(dataset, data_root))
 
 
 def with_rows_kept(previous: Path, summary: pd.DataFrame, paired: pd.DataFrame, missing: list[Pending],

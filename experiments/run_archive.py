@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
+from garlic import run_contract
+from garlic.datasets import ensure_processed
 from garlic.metrics import METRICS
 from preprocessing.atomic import atomic_file
+from preprocessing.tables import LABELS, read_manifest
 
 RUNS = "runs.csv"
 RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", *METRICS]
@@ -43,6 +47,32 @@ class Unit:
     @property
     def key(self) -> tuple[str, str, int, int | None]:
         return self.method, self.protocol, self.split, self.seed
+
+
+def dataset_outcomes(dataset: str, data_root: Path) -> tuple[str, pd.Series]:
+    """The processed dataset's digest (what an archived unit must have been made on) and its outcomes by stay id
+    (what archived risks are joined back to)."""
+    folder = ensure_processed(dataset, data_root)
+    labels = pq.read_table(folder / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")["label"]
+    return run_contract.manifest_digest(read_manifest(folder)), labels
+
+
+def write_risks(path: Path, predictions: pd.DataFrame) -> None:
+    """A unit's test risks (``stay_id, risk``: no outcomes), atomically and the same bytes for the same risks."""
+    with atomic_file(path) as out:
+        predictions[["stay_id", "risk"]].to_csv(out, index=False, float_format="%.7g", compression=GZIP)
+
+
+def read_risks(path: Path, labels: pd.Series) -> pd.DataFrame:
+    """The risks written at ``path`` with their outcomes joined back from ``labels``: ``stay_id, label, risk``."""
+    risks = pd.read_csv(path)
+    if list(risks.columns) != ["stay_id", "risk"]:
+        raise ValueError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
+    risks["stay_id"] = risks["stay_id"].astype(labels.index.dtype)
+    unknown = ~risks["stay_id"].isin(labels.index)
+    if unknown.any():
+        raise ValueError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
+    return risks.assign(label=labels.loc[risks["stay_id"]].to_numpy())[["stay_id", "label", "risk"]]
 
 
 def risks_path(method: str, protocol: str, split: int, seed: int | None) -> Path:
@@ -78,14 +108,7 @@ class RunArchive:
         if not path.is_file():
             raise FileNotFoundError(f"{self.folder / RUNS} names {method} {protocol}/split_{split} seed {seed}, "
                                     f"but its risks {path} are missing")  # fmt: skip
-        risks = pd.read_csv(path)
-        if list(risks.columns) != ["stay_id", "risk"]:
-            raise ValueError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
-        risks["stay_id"] = risks["stay_id"].astype(self.labels.index.dtype)
-        unknown = ~risks["stay_id"].isin(self.labels.index)
-        if unknown.any():
-            raise ValueError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
-        predictions = risks.assign(label=self.labels.loc[risks["stay_id"]].to_numpy())[["stay_id", "label", "risk"]]
+        predictions = read_risks(path, self.labels)
         metrics = {name: float(row[name]) for name in METRICS}
         return Unit(method, protocol, split, seed, str(row["run_id"]), settings, metrics, predictions)
 
@@ -94,9 +117,7 @@ class RunArchive:
         if not units:
             return
         for unit in units:
-            risks = unit.predictions[["stay_id", "risk"]]
-            with atomic_file(self.folder / risks_path(*unit.key)) as out:
-                risks.to_csv(out, index=False, float_format="%.7g", compression=GZIP)
+            write_risks(self.folder / risks_path(*unit.key), unit.predictions)
         new = pd.DataFrame([{"method": u.method, "protocol": u.protocol, "split": u.split, "seed": u.seed,
                              "run_id": u.run_id, "settings": u.settings, "data_digest": self.data_digest,
                              **{name: u.metrics[name] for name in METRICS}} for u in units])  # fmt: skip

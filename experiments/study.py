@@ -24,7 +24,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
 
 from garlic import run_contract  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
@@ -32,10 +31,9 @@ from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noq
 from garlic.pipeline import TEST_METRICS  # noqa: E402
 from garlic.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
-from experiments.run_archive import GZIP  # noqa: E402
+from experiments.run_archive import dataset_outcomes, read_risks, write_risks  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
-from preprocessing.atomic import atomic_file  # noqa: E402
-from preprocessing.tables import LABELS, read_manifest  # noqa: E402
+from preprocessing.tables import read_manifest  # noqa: E402
 from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
 
 log = logging.getLogger("experiments")
@@ -126,17 +124,17 @@ class StudyArchive:
 
     def __init__(self, folder: Path | None, runs_table: str, dataset: str, data_root: Path):
         self.folder = None if folder is None else Path(folder)
-        data = ensure_processed(dataset, data_root)
-        self.data_digest = run_contract.manifest_digest(read_manifest(data))
-        self.labels = pq.read_table(data / LABELS, columns=["stay_id", "label"]).to_pandas().set_index("stay_id")
-        self.runs_path = None if self.folder is None else self.folder / f"{runs_table}.csv"
+        self.data_digest, self.labels = dataset_outcomes(dataset, data_root)
+        runs_path = None if self.folder is None else self.folder / f"{runs_table}.csv"
+        # read once: the study writes its runs table only after every lookup
+        runs = pd.DataFrame()
+        if runs_path is not None and runs_path.is_file():
+            runs = pd.read_csv(runs_path, dtype={"run_id": str, "settings": str, "data_digest": str})
+        self._archived = runs if {"settings", "data_digest"} <= set(runs.columns) else pd.DataFrame()
 
     def archived(self) -> pd.DataFrame:
         """Every archived run (none without a folder, or in a table older than the archive)."""
-        if self.runs_path is None or not self.runs_path.is_file():
-            return pd.DataFrame()
-        runs = pd.read_csv(self.runs_path, dtype={"run_id": str, "settings": str, "data_digest": str})
-        return runs if {"settings", "data_digest"} <= set(runs.columns) else pd.DataFrame()
+        return self._archived
 
     def runs(self) -> pd.DataFrame:
         """The archived runs made on this data."""
@@ -150,18 +148,9 @@ class StudyArchive:
             return test_predictions(store, run_id)
         path = self.folder / "risks" / f"{run_id}.csv.gz"
         if not path.is_file():
-            with atomic_file(path) as out:
-                test_predictions(store, run_id)[["stay_id", "risk"]].to_csv(out, index=False, float_format="%.7g",
-                                                                           compression=GZIP)  # fmt: skip
+            write_risks(path, test_predictions(store, run_id))
         # always what the archive holds, so that a table made from the store equals the one made from the archive
-        risks = pd.read_csv(path)
-        if list(risks.columns) != ["stay_id", "risk"]:
-            raise ValueError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
-        unknown = ~risks["stay_id"].isin(self.labels.index)
-        if unknown.any():
-            raise ValueError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
-        labels = self.labels.loc[risks["stay_id"], "label"].to_numpy()
-        return risks.assign(label=labels)[["stay_id", "label", "risk"]]
+        return read_risks(path, self.labels)
 
     def find(self, **unit) -> dict | None:
         """The archived run of ``unit`` (its identifying columns, ``settings`` among them), or None."""
