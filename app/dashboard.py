@@ -30,13 +30,13 @@ from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations
                         signals_at)  # fmt: skip
 from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
-from garlic import run_contract
 from garlic.cli import database_error
-from garlic.saved_model import TrainedModel
-from garlic.data import IrregularDataset
-from garlic.datasets import DEFAULT_DATA_ROOT
-from garlic.explain import BUILT_IN
-from garlic.tracking import DEFAULT_STORE, RunNotFoundError
+from garlic.data.batches import IrregularDataset
+from garlic.data.datasets import DEFAULT_DATA_ROOT
+from garlic.explain.built_in import BUILT_IN
+from garlic.tracking import run_contract
+from garlic.tracking.saved_model import TrainedModel
+from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
 from preprocessing.tables import DatasetNotFoundError
 
 TEST_SPLIT, UPLOAD = "Test split of the run", "Upload a record"

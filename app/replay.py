@@ -20,12 +20,12 @@ import pandas as pd
 import torch
 
 from app.summary import value_direction
-from garlic.saved_model import TrainedModel
-from garlic.attribution import gradient_explanation
-from garlic.data import Batch, IrregularDataset
-from garlic.explain import Explanation, explain
-from garlic.explanation_report import observation_table
-from garlic.model import Garlic, at_last_step, step_mask
+from garlic.data.batches import Batch, IrregularDataset
+from garlic.explain.built_in import Explanation, explain
+from garlic.explain.integrated_gradients import gradient_explanation
+from garlic.explain.report import observation_table
+from garlic.models.compact import Garlic, at_last_step, step_mask
+from garlic.tracking.saved_model import TrainedModel
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 

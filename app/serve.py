@@ -58,7 +58,7 @@ def warm_up(options: argparse.Namespace) -> None:
     import torch
 
     from app import charts, replay, sources  # noqa: F401  (imported for the page)
-    from garlic.tracking import RunNotFoundError
+    from garlic.tracking.store import RunNotFoundError
 
     torch.set_num_threads(1)  # as the page runs
     try:

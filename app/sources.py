@@ -17,13 +17,13 @@ import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 
-from garlic.saved_model import TrainedModel
-from garlic.data import IrregularDataset
-from garlic.datasets import processed_folder
+from garlic.data.batches import IrregularDataset
+from garlic.data.datasets import processed_folder
+from garlic.data.splits import split_path
 from garlic.inference import tensors_for_model
-from garlic.splits import split_path
-from garlic import run_contract
-from garlic.tracking import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
+from garlic.tracking import run_contract
+from garlic.tracking.saved_model import TrainedModel
+from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
 from preprocessing.records import read_record_files
 from preprocessing.tables import read_manifest
 from preprocessing.tensors import load_tensors

@@ -37,8 +37,8 @@ from experiments.stats import paired_difference
 from experiments.workers import Job, run_jobs
 from garlic.cli import die_with_parent
 from garlic.config import Config
-from garlic.estimator import GarlicEstimator
-from garlic.pipeline import TEST_METRICS, fit_and_test, split_parts
+from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
+from garlic.methods.garlic import GarlicEstimator
 
 STUDY = "ablation"
 # Variant name -> the config switches it turns off; "full" is the paper's model.

@@ -41,14 +41,14 @@ sys.path.insert(0, str(REPO))
 
 from app import sources  # noqa: E402
 from app.replay import explain_hour, prefix_batch, replay_stay, risk_curve  # noqa: E402
-from garlic.saved_model import TrainedModel  # noqa: E402
 from garlic.config import Config  # noqa: E402
-from garlic.data import IrregularDataset  # noqa: E402
+from garlic.data.batches import IrregularDataset  # noqa: E402
+from garlic.data.splits import Normalisation  # noqa: E402
 from garlic.inference import tensors_for_model  # noqa: E402
-from garlic.model import Garlic  # noqa: E402
-from garlic.splits import Normalisation  # noqa: E402
-from garlic.tracking import RunNotFoundError  # noqa: E402
-from garlic.losses import forward  # noqa: E402
+from garlic.models.compact import Garlic  # noqa: E402
+from garlic.tracking.saved_model import TrainedModel  # noqa: E402
+from garlic.tracking.store import RunNotFoundError  # noqa: E402
+from garlic.training.losses import forward  # noqa: E402
 from preprocessing import physionet2012  # noqa: E402
 
 TARGET_CURVE_MS = 200.0

@@ -38,14 +38,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from garlic import runs
 from garlic.config import CONFIG_DIR, Config
-from garlic.data import IrregularDataset, loader
-from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed
-from garlic.losses import RECONSTRUCTION, stage_losses
+from garlic.data.batches import IrregularDataset, loader
+from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.splits import load_splits
 from garlic.metrics import METRICS
-from garlic.predict import predict_proba
-from garlic.splits import load_splits
-from garlic.tracking import DEFAULT_STORE
-from garlic.train import make_trainer
+from garlic.models.predict import predict_proba
+from garlic.tracking.store import DEFAULT_STORE
+from garlic.training.losses import RECONSTRUCTION, stage_losses
+from garlic.training.trainer import make_trainer
 from preprocessing.atomic import atomic_file
 from preprocessing.tensors import load_tensors
 

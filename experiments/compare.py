@@ -3,7 +3,7 @@
     python -m experiments.compare --dataset physionet2012 --protocols five-split raindrop garlic-reference
 
 Methods:
-- the methods of the registry (``garlic.methods``, ``--methods``): by default the severity scores (SAPS-I, SOFA)
+- the methods of the registry (``garlic.methods.registry``, ``--methods``): by default the severity scores (SAPS-I, SOFA)
   and the simple baselines (logistic regression and gradient boosting on per-stay summaries, each with and without
   the static features); GRU-D, decay + GRU or a newly registered model when asked;
 - GARLIC presets (``--presets``, files of ``experiments/configs/``; a row is named by the file's stem, e.g.
@@ -59,13 +59,14 @@ from experiments.run_archive import RunArchive, Unit, dataset_outcomes
 from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
 from experiments.workers import Job, run_jobs
-from garlic import methods as registry
-from garlic import run_contract, runs
+from garlic import runs
 from garlic.config import CONFIG_DIR, Config
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
+from garlic.methods import registry
 from garlic.metrics import METRICS
-from garlic.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
-from garlic.tracking import DEFAULT_STORE, use_store
+from garlic.tracking import run_contract
+from garlic.tracking.store import DEFAULT_STORE, use_store
 from preprocessing.atomic import atomic_file
 from preprocessing.locks import LockHeld, acquire, release
 from preprocessing.tables import LABELS, DatasetNotFoundError, read_manifest
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS),
                         help="default: every protocol that applies to the dataset")
     parser.add_argument("--methods", nargs="*", choices=[m for m in registry.METHODS if m != "garlic"],
-                        default=list(BASELINES), help="methods of the registry (garlic.methods); GARLIC: --presets")
+                        default=list(BASELINES), help="methods of the registry (garlic.methods.registry); GARLIC: --presets")
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])

@@ -6,7 +6,7 @@ Per split k, all on the saved split k:
    is logged, so that a resumed study ranks with the very same model.
 2. Importance: that full-data model of split k explains every stay of the cohort (the split's train, validation
    and test stays alike, since the reduced data set is a data set for all three parts). Methods: ``garlic`` (the
-   built-in observation importance, garlic.explain), ``ig`` (Integrated Gradients, garlic.attribution) and ``gbm``
+   built-in observation importance, garlic.explain.built_in), ``ig`` (Integrated Gradients, garlic.explain.integrated_gradients) and ``gbm``
    (model-agnostic, no GARLIC: each variable's grouped permutation importance for gradient boosting on per-stay
    summaries, fitted on the split's training part and measured on its validation part, given to every value of the
    variable; ``variable_importance``).
@@ -48,22 +48,22 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from experiments import published, study
-from garlic.baselines.summary import STATISTICS, SummaryModel
+from garlic.methods.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons, paired_difference
 from experiments.workers import Job, run_jobs
-from garlic.attribution import DEFAULT_STEPS, ig_importance
 from garlic.cli import die_with_parent
 from garlic.config import Config
-from garlic.data import IrregularDataset, collate
-from garlic.device import resolve_device
-from garlic.estimator import GarlicEstimator
-from garlic.explain import explain
-from garlic.model import Garlic
-from garlic.pipeline import TEST_METRICS, fit_and_test, split_parts
-from garlic.splits import Normalisation, Split
-from garlic.tracking import load_run_model
+from garlic.data.batches import IrregularDataset, collate
+from garlic.data.splits import Normalisation, Split
+from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
+from garlic.explain.built_in import explain
+from garlic.explain.integrated_gradients import DEFAULT_STEPS, ig_importance
+from garlic.methods.garlic import GarlicEstimator
+from garlic.models.compact import Garlic
+from garlic.tracking.store import load_run_model
+from garlic.training.device import resolve_device
 
 log = logging.getLogger("experiments.fidelity")
 

@@ -6,7 +6,7 @@ data say without a model.
 
 For every finished run of the preset on the protocol (each split and model seed; ``experiments.compare`` finds them
 in the stores exactly as the comparison table does), the logged adjacency (``graph/adjacency.csv``) read as the
-explanation reads it, the summary graph |A_ij| / sum_i |A_ij| (``garlic.explain.normalised_adjacency``):
+explanation reads it, the summary graph |A_ij| / sum_i |A_ij| (``garlic.explain.built_in.normalised_adjacency``):
 
 - **stability**: for every pair of runs, how many of their ``--top`` strongest edges (source -> target, no
   self-loops) they share, beside what two random sets of that size share on average (top^2 / D(D - 1));
@@ -40,12 +40,12 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from experiments.compare import stored_runs  # noqa: E402
-from garlic import plots, run_contract  # noqa: E402
-from garlic.data import IrregularDataset  # noqa: E402
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
-from garlic.explain import normalised_adjacency  # noqa: E402
-from garlic.splits import load_splits  # noqa: E402
-from garlic.tracking import use_store  # noqa: E402
+from garlic.data.batches import IrregularDataset  # noqa: E402
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
+from garlic.data.splits import load_splits  # noqa: E402
+from garlic.explain.built_in import normalised_adjacency  # noqa: E402
+from garlic.tracking import plots, run_contract  # noqa: E402
+from garlic.tracking.store import use_store  # noqa: E402
 from preprocessing.atomic import atomic_file  # noqa: E402
 from preprocessing.tensors import load_tensors  # noqa: E402
 

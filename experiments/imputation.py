@@ -35,9 +35,9 @@ import torch
 from experiments import published
 from experiments.compare import stored_runs
 from experiments.stats import mean_std
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
-from garlic.splits import load_splits
-from garlic.tracking import load_run_model
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.splits import load_splits
+from garlic.tracking.store import load_run_model
 from preprocessing.atomic import atomic_file
 from preprocessing.tensors import load_tensors
 

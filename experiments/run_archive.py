@@ -20,9 +20,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from garlic import run_contract
-from garlic.datasets import ensure_processed
+from garlic.data.datasets import ensure_processed
 from garlic.metrics import METRICS
+from garlic.tracking import run_contract
 from preprocessing.atomic import atomic_file
 from preprocessing.tables import LABELS, read_manifest
 

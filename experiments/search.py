@@ -50,10 +50,10 @@ import pandas as pd  # noqa: E402
 
 from experiments import study  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
-from garlic.data import IrregularDataset  # noqa: E402
-from garlic.estimator import GarlicEstimator  # noqa: E402
-from garlic.splits import Split  # noqa: E402
-from garlic.train import EpochRecord  # noqa: E402
+from garlic.data.batches import IrregularDataset  # noqa: E402
+from garlic.data.splits import Split  # noqa: E402
+from garlic.methods.garlic import GarlicEstimator  # noqa: E402
+from garlic.training.trainer import EpochRecord  # noqa: E402
 from preprocessing.atomic import atomic_file  # noqa: E402
 from preprocessing.tensors import IrregularTensors  # noqa: E402
 

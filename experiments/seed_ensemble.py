@@ -24,7 +24,7 @@ import pandas as pd
 from experiments import compare, study
 from experiments.run_archive import RunArchive, Unit
 from experiments.stats import paired_difference
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
 from garlic.metrics import binary_metrics
 from preprocessing.atomic import atomic_file
 

@@ -1,4 +1,4 @@
-"""What the studies (fidelity, ablations, baselines, the comparison table) share around ``garlic.pipeline`` (the
+"""What the studies (fidelity, ablations, baselines, the comparison table) share around ``garlic.evaluation.fit_and_test`` (the
 one path that fits, selects, tests and logs a method on a split): the common arguments, the cohort and its splits,
 resumable MLflow runs, and mean +/- std tables.
 
@@ -25,12 +25,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from garlic import run_contract  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
-from garlic.pipeline import TEST_METRICS  # noqa: E402
-from garlic.splits import Split, chosen_splits, load_splits  # noqa: E402
-from garlic.tracking import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
+from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
+from garlic.evaluation.fit_and_test import TEST_METRICS  # noqa: E402
+from garlic.tracking import run_contract  # noqa: E402
+from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
 from experiments.run_archive import dataset_outcomes, read_risks, write_risks  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
 from preprocessing.tables import read_manifest  # noqa: E402
@@ -99,7 +99,7 @@ def open_experiment(name: str, store: Path) -> str:
 
 
 def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
-    """The test predictions (``stay_id, label, risk``) a run logged (``garlic.pipeline.fit_and_test``)."""
+    """The test predictions (``stay_id, label, risk``) a run logged (``garlic.evaluation.fit_and_test.fit_and_test``)."""
     use_store(store)
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
     return pd.read_csv(local)
@@ -193,7 +193,7 @@ def resumable(
     """Run ``work`` inside a new MLflow run of the experiment, tagged ``tags``, unless a finished one exists.
 
     Returns (metrics, run id, reused). ``work`` logs what it likes, its metrics included (as
-    ``garlic.pipeline.fit_and_test`` does), and returns the metrics to report.
+    ``garlic.evaluation.fit_and_test.fit_and_test`` does), and returns the metrics to report.
     """
     tags = {key: str(value) for key, value in tags.items()}
     found = finished_run(experiment_id, tags)

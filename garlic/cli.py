@@ -20,16 +20,16 @@ import time
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
-from garlic.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
 
 log = logging.getLogger("garlic")
 DASHBOARD_SERVER = Path(__file__).resolve().parents[1] / "app" / "serve.py"
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
-STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.use_store)
+STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.store.use_store)
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}  # a full disk, a read-only store: one line
 LEFT_OUT = 3  # exit status of a `garlic predict` that wrote its risks but left records out (2: nothing written)
 # Errors that bad input causes, reported in one line: (module, class), looked up only once the module is loaded.
-USER_ERRORS = (("garlic.tracking", "RunNotFoundError"), ("preprocessing.download", "DownloadError"))
+USER_ERRORS = (("garlic.tracking.store", "RunNotFoundError"), ("preprocessing.download", "DownloadError"))
 
 
 def _say(message: str) -> None:
@@ -37,9 +37,9 @@ def _say(message: str) -> None:
 
 
 def _store(args: argparse.Namespace) -> Path:
-    """The MLflow store folder: ``--mlruns``, else ``GARLIC_MLRUNS``, else ``mlruns`` (``garlic.tracking``)."""
+    """The MLflow store folder: ``--mlruns``, else ``GARLIC_MLRUNS``, else ``mlruns`` (``garlic.tracking.store``)."""
     if args.mlruns is None:
-        from garlic.tracking import DEFAULT_STORE
+        from garlic.tracking.store import DEFAULT_STORE
 
         args.mlruns = DEFAULT_STORE
     return Path(args.mlruns)
@@ -92,7 +92,7 @@ def _download(args: argparse.Namespace) -> None:
 
 
 def _preprocess(args: argparse.Namespace) -> None:
-    from garlic.datasets import preprocess
+    from garlic.data.datasets import preprocess
 
     dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
                                            strict=args.strict, stays=args.stays, seed=args.seed)  # fmt: skip
@@ -114,7 +114,7 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _units(args: argparse.Namespace, config: Config) -> tuple[list[int], list[int] | None]:
     """The split indices and model seeds to train: the whole protocol, or split K (default 0) with one seed."""
-    from garlic.splits import protocol
+    from garlic.data.splits import protocol
 
     chosen = protocol(config.split_protocol)
     if args.all_splits or (args.protocol and args.split is None):
@@ -144,7 +144,7 @@ def _stage_spans(run_id: str) -> str:
 
 def _prepare(config: Config, data_root: Path) -> None:
     """Say what the first run of a dataset makes (the synthetic cohort, the tensor cache, the splits) as it starts."""
-    from garlic.datasets import ensure_processed
+    from garlic.data.datasets import ensure_processed
     from preprocessing.synthetic import EXAMPLE_RECORDS
     from preprocessing.tables import MANIFEST
     from preprocessing.tensors import TENSORS
@@ -255,15 +255,16 @@ def _train(args: argparse.Namespace) -> None:
         preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
         _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
              f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
-    from garlic.device import resolve_device
+    from garlic.training.device import resolve_device
 
     resolve_device(config.device if config else args.device or "auto")  # before a store is made or data read
     store = _store(args)
     if not (store / STORE_FILE).is_file():
         _say(f"creating a new MLflow store in {store.resolve()}")
 
-    from garlic import distributed, runs
+    from garlic.training import distributed
 
+    from garlic import runs
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     with distributed.process_group(config.device if config else args.device or "auto"):
         if args.resume:
@@ -294,14 +295,14 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _train_method(args: argparse.Namespace) -> None:
-    """``garlic train --method NAME``: a registered method other than GARLIC (``garlic.methods``) on the splits."""
+    """``garlic train --method NAME``: a registered method other than GARLIC (``garlic.methods.registry``) on the splits."""
     if args.resume:
         raise ConfigError("--resume continues a GARLIC run; a --method run is started again instead")
     _say(f"training {args.method}; loading torch, scikit-learn and MLflow ...")
     config = _config(args)
     indices, _ = _units(args, config)  # a method is deterministic given its seed: one run per split
     from garlic import runs
-    from garlic.device import resolve_device
+    from garlic.training.device import resolve_device
 
     resolve_device(config.device)
     store = _store(args)
@@ -323,7 +324,7 @@ def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
     from garlic.inference import predict_tables
-    from garlic.tracking import load_run_model
+    from garlic.tracking.store import load_run_model
     from preprocessing.raw import LeftOut
     from preprocessing.records import read_record_files
 
@@ -404,7 +405,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
     train.add_argument("--method", default="garlic", metavar="NAME",
-                       help="a method of the registry, garlic.methods (gbm_static, grud, ...; default garlic)")
+                       help="a method of the registry, garlic.methods.registry (gbm_static, grud, ...; default garlic)")
     train.add_argument("--resume", metavar="RUN_ID",
                        help="continue this killed run from its last epoch's training state")
     train.set_defaults(handler=_train)

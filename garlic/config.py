@@ -25,7 +25,7 @@ class Config:
     split_protocol: str = "five-split"
     use_static: bool = False
     # model
-    architecture: str = "compact"  # compact (garlic.model) | reference (garlic.reference_model, the authors' code)
+    architecture: str = "compact"  # compact (garlic.models.compact) | reference (garlic.models.reference, the authors' code)
     signal_layout: str = "variables"  # reference only: variables (the paper) | code (the reference code's reshape)
     window_size: int = 3
     hidden_dim: int = 128
@@ -48,7 +48,7 @@ class Config:
     wd_rec: float = 5e-4
     lambda_cls: float = 0.1
     lambda_graph: float = 1e-2
-    balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.train)
+    balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.training.trainer)
     stage_patience: int = 3
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
     lr_schedule: str = "plateau"  # plateau (halve a group's rate without progress) | cosine (over max_epochs)
@@ -180,13 +180,13 @@ def _one_of(options: Callable[[], object]) -> Callable[[str], str | None]:
 
 
 def _datasets():
-    from garlic.datasets import DATASETS
+    from garlic.data.datasets import DATASETS
 
     return DATASETS
 
 
 def _protocols():
-    from garlic.splits import PROTOCOLS  # imported here: it pulls in scikit-learn, and most configs need not
+    from garlic.data.splits import PROTOCOLS  # imported here: it pulls in scikit-learn, and most configs need not
 
     return PROTOCOLS
 
@@ -198,10 +198,10 @@ def _device(value: str) -> str | None:
 CHECKS: dict[str, Callable] = {
     "dataset": _one_of(_datasets),
     "split_protocol": _one_of(_protocols),
-    "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.architectures.ARCHITECTURES (torch)
-    "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.reference_model.SIGNAL_LAYOUTS
-    "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.train.TRAINERS
-    "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.train.AlternatingTrainer
+    "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.models.architectures.ARCHITECTURES (torch)
+    "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.models.reference.SIGNAL_LAYOUTS
+    "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.training.trainer.TRAINERS
+    "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.training.trainer.AlternatingTrainer
     "window_size": _from_to(1, 512),
     "hidden_dim": _from_to(1, 4096),
     "feature_dim": _from_to(1, 1024),

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from garlic.saved_model import TrainedModel
-from garlic.predict import predict_proba
+from garlic.models.predict import predict_proba
+from garlic.tracking.saved_model import TrainedModel
 from preprocessing.tables import ProcessedDataset
 from preprocessing.tensors import IrregularTensors, tensorize
 

@@ -1,12 +1,12 @@
 """Tracked training runs: dataset -> fixed splits -> fit on train, select on validation, test once -> MLflow.
 
-One MLflow run per training; with several splits or model seeds (a whole protocol, ``garlic.splits.PROTOCOLS``),
+One MLflow run per training; with several splits or model seeds (a whole protocol, ``garlic.data.splits.PROTOCOLS``),
 a parent run holds one nested run per split and seed, and the mean +/- std of their test metrics. What a run
-records about its data is ``garlic.run_contract``'s.
+records about its data is ``garlic.tracking.run_contract``'s.
 
-Each split run is ``garlic.pipeline.fit_and_test`` of a ``garlic.estimator.GarlicEstimator`` (``train``), or of
-another registered method (``train_method``, ``garlic.methods``). After every epoch the
-state of the fit (``garlic.training_state``) is saved to ``run_contract.training_state_path`` (atomically; deleted
+Each split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of a ``garlic.methods.garlic.GarlicEstimator`` (``train``), or of
+another registered method (``train_method``, ``garlic.methods.registry``). After every epoch the
+state of the fit (``garlic.training.state``) is saved to ``run_contract.training_state_path`` (atomically; deleted
 once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends as the
 uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
 """
@@ -22,17 +22,21 @@ import mlflow
 import numpy as np
 import pyarrow.parquet as pq
 
-from garlic import distributed, methods, run_contract
+from garlic.training import distributed
+
+from garlic.methods import registry
+
 from garlic.config import Config
-from garlic.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_folder
-from garlic.estimator import GarlicEstimator
+from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_folder
+from garlic.data.splits import Split, chosen_splits, load_splits
+from garlic.evaluation.fit_and_test import fit_and_test, split_parts
+from garlic.methods.garlic import GarlicEstimator
 from garlic.metrics import METRICS, binary_metrics
-from garlic.pipeline import fit_and_test, split_parts
-from garlic.predict import predict_proba
-from garlic.splits import Split, chosen_splits, load_splits
-from garlic.tracking import DEFAULT_STORE, claim_run, get_run, load_run_model, use_experiment, use_store, was_claimed
-from garlic.train import EpochRecord
-from garlic.training_state import load_training_state, save_training_state
+from garlic.models.predict import predict_proba
+from garlic.tracking import run_contract
+from garlic.tracking.store import DEFAULT_STORE, claim_run, get_run, load_run_model, use_experiment, use_store, was_claimed
+from garlic.training.state import load_training_state, save_training_state
+from garlic.training.trainer import EpochRecord
 from preprocessing.tables import LABELS, read_manifest
 from preprocessing.tensors import IrregularTensors, load_tensors
 
@@ -56,7 +60,7 @@ def train_split(
     data_record: dict[str, str] | None = None,
 ) -> SplitResult:
     """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth), through
-    ``garlic.pipeline.fit_and_test``.
+    ``garlic.evaluation.fit_and_test.fit_and_test``.
 
     With ``state_path``, the fit's state is saved there after every epoch, and a state found there is continued.
     ``data_record`` (``run_contract.split_params``) ties the run to the stays it used.
@@ -119,18 +123,18 @@ def train_method(
     data_root: Path = DEFAULT_DATA_ROOT,
     store: Path = DEFAULT_STORE,
 ) -> tuple[str, list[SplitResult]]:
-    """A registered method other than GARLIC (``garlic.methods``) on the chosen splits (default: the first) of the
+    """A registered method other than GARLIC (``garlic.methods.registry``) on the chosen splits (default: the first) of the
     config's dataset and protocol, through ``fit_and_test`` as GARLIC is: one MLflow run tagged with the method, its
     settings as params, a nested run per split (one split: the run itself) and the mean and std of their test
     metrics. These methods fit in minutes, so a killed run is started again rather than resumed, and they log no
     model for the dashboard. Returns the run id and results."""
-    spec = methods.method(name)
+    spec = registry.method(name)
     spec.check_installed()  # before any data is read
     folder = ensure_processed(config.dataset, data_root)
     tensors = load_tensors(folder)
     splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
-    context = methods.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
+    context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
     if not spec.available(context.labels):
         raise ValueError(f"method {name} needs the {spec.needs_column} column, which {config.dataset} does not have")
     use_store(store)

@@ -40,13 +40,13 @@ class SyntheticCohort:
 
     root: Path  # the data root (``synthetic_root``)
     tensors: object  # preprocessing.tensors.IrregularTensors
-    split: object  # garlic.splits.Split
-    parts: dict  # "train", "validation", "test" -> garlic.data.IrregularDataset
+    split: object  # garlic.data.splits.Split
+    parts: dict  # "train", "validation", "test" -> garlic.data.batches.IrregularDataset
 
 
 def synthetic_cohort(tmp_path_factory, n_stays: int, seed: int) -> SyntheticCohort:
-    from garlic.data import IrregularDataset
-    from garlic.splits import load_splits
+    from garlic.data.batches import IrregularDataset
+    from garlic.data.splits import load_splits
     from preprocessing.tensors import load_tensors
 
     root = synthetic_root(tmp_path_factory, n_stays, seed)
@@ -69,7 +69,7 @@ def tiny_run(tmp_path_factory, architecture: str = "compact") -> TinyRun:
     and shared."""
     from garlic import runs
     from garlic.config import Config
-    from garlic.datasets import processed_folder
+    from garlic.data.datasets import processed_folder
     from preprocessing import synthetic
 
     folder = tmp_path_factory.getbasetemp() / ("dashboard-run" if architecture == "compact" else f"{architecture}-run")
@@ -88,7 +88,7 @@ def run_without_model(store: Path) -> str:
     """A run that stopped before logging its model."""
     import mlflow
 
-    from garlic.tracking import use_experiment, use_store
+    from garlic.tracking.store import use_experiment, use_store
 
     use_store(store)
     use_experiment("synthetic", store)

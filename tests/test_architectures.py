@@ -1,12 +1,12 @@
-"""garlic.architectures: every architecture offers the members its callers use, and builds from a config."""
+"""garlic.models.architectures: every architecture offers the members its callers use, and builds from a config."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from garlic.architectures import ARCHITECTURES, Architecture, build_model
 from garlic.config import Config, ConfigError
-from garlic.model import step_mask
+from garlic.models.architectures import ARCHITECTURES, Architecture, build_model
+from garlic.models.compact import step_mask
 from helpers import random_batch
 
 

@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from garlic import saved_model, training_state
+from garlic.tracking import saved_model
+
+from garlic.training import state as training_state
 from preprocessing import atomic
 
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from experiments import study
-from garlic.baselines.recurrent import GRUD, DecayGRU, last_observed_before
+from garlic.methods.recurrent import GRUD, DecayGRU, last_observed_before
 from experiments.baselines.run import Baselines, main
-from garlic.baselines.summary import SeverityScore, summary_features
-from garlic import run_contract
 from garlic.config import Config
-from garlic.pipeline import TEST_METRICS
+from garlic.evaluation.fit_and_test import TEST_METRICS
+from garlic.methods.summary import SeverityScore, summary_features
+from garlic.tracking import run_contract
 from preprocessing import synthetic
 from preprocessing.tables import write_processed
 from preprocessing.tensors import IrregularTensors
@@ -117,7 +117,7 @@ def test_command_prints_the_table_with_paper_columns(data_root, tmp_path, capsys
 
 @pytest.mark.parametrize("kind", ["gbm", "logreg"])
 def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(kind):
-    from garlic.baselines.summary import SummaryModel
+    from garlic.methods.summary import SummaryModel
 
     generator = np.random.default_rng(0)
     stays, steps = 120, 6
@@ -145,9 +145,9 @@ def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(ki
 def test_every_method_says_it_is_not_fitted_before_fit(method):
     from sklearn.exceptions import NotFittedError
 
-    from garlic.baselines.recurrent import RecurrentModel, RecurrentSettings
-    from garlic.baselines.summary import SummaryModel
-    from garlic.estimator import GarlicEstimator
+    from garlic.methods.recurrent import RecurrentModel, RecurrentSettings
+    from garlic.methods.summary import SummaryModel
+    from garlic.methods.garlic import GarlicEstimator
 
     unfitted = {
         "summary": lambda: SummaryModel("gbm"),

@@ -4,7 +4,7 @@ import pytest
 
 from experiments import benchmark_training
 from garlic.config import Config
-from garlic.reference_model import ReferenceGarlic
+from garlic.models.reference import ReferenceGarlic
 
 
 def test_speed_benchmark_reports_an_epoch_and_the_median_inference_rate(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from garlic.calibration import (
+from garlic.evaluation.calibration import (
     fit_temperature,
     logits_from_probabilities,
     negative_log_likelihood,

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from garlic.cli import _config, main, parser
-from garlic.tracking import use_store
+from garlic.tracking.store import use_store
 from preprocessing import physionet2012
 from preprocessing.tables import read_processed
 

@@ -16,10 +16,10 @@ import pytest
 
 from experiments import compare, published, stats
 from experiments.run_archive import RunArchive
-from garlic import run_contract
 from garlic.cli import PARENT_ENV
-from garlic.splits import PROTOCOLS, Protocol
-from garlic.tracking import use_store
+from garlic.data.splits import PROTOCOLS, Protocol
+from garlic.tracking import run_contract
+from garlic.tracking.store import use_store
 from preprocessing import synthetic
 from preprocessing.locks import acquire, release
 from preprocessing.tables import read_manifest

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from garlic.config import CHECKS, CONFIG_DIR, Config, ConfigError
-from garlic.datasets import DATASETS
-from garlic.splits import PROTOCOLS
+from garlic.data.datasets import DATASETS
+from garlic.data.splits import PROTOCOLS
 
 
 @pytest.mark.parametrize(
@@ -71,9 +71,9 @@ def test_every_check_belongs_to_a_config_key():
 
 
 def test_the_model_and_schedule_choices_are_those_the_factories_know():
-    from garlic.architectures import ARCHITECTURES
-    from garlic.reference_model import SIGNAL_LAYOUTS
-    from garlic.train import TRAINERS
+    from garlic.models.architectures import ARCHITECTURES
+    from garlic.models.reference import SIGNAL_LAYOUTS
+    from garlic.training.trainer import TRAINERS
 
     for key, known in (("architecture", ARCHITECTURES), ("signal_layout", SIGNAL_LAYOUTS), ("schedule", TRAINERS)):
         for choice in known:
@@ -96,7 +96,7 @@ def test_a_shipped_preset_is_named_by_its_stem_and_a_missing_file_lists_them(tmp
 def test_a_cuda_device_that_torch_does_not_see_is_refused_naming_the_ones_it_sees(monkeypatch):
     import torch
 
-    from garlic.device import resolve_device
+    from garlic.training.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -17,8 +17,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from garlic.datasets import ensure_processed
-from garlic.tracking import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
+from garlic.data.datasets import ensure_processed
+from garlic.tracking.store import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
 from preprocessing import synthetic
 from preprocessing.locks import acquire, release
 from preprocessing.tables import MANIFEST, atomic_directory, recover
@@ -44,7 +44,7 @@ STORE_USER = """
     import sys, time
     from pathlib import Path
     import mlflow
-    from garlic.tracking import use_experiment, use_store
+    from garlic.tracking.store import use_experiment, use_store
     store, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     (go.parent / f"ready-{name}").touch()
     while not go.exists():  # every process is imported and waiting: they start together
@@ -79,7 +79,7 @@ def test_a_store_whose_creation_was_killed_is_created_afresh(tmp_path):
     killed("""
         import os, signal, sys
         import mlflow.store.db.utils as db
-        from garlic.tracking import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
+        from garlic.tracking.store import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
         def die(engine):
             os.kill(os.getpid(), signal.SIGKILL)
         db._initialize_tables = die

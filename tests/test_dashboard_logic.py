@@ -36,11 +36,11 @@ from app.summary import (
 )
 from app.threshold import alert_since, threshold_at_sensitivity
 from garlic.config import Config
-from garlic.data import collate
-from garlic.datasets import processed_folder
-from garlic.model import Garlic
-from garlic.tracking import RunNotFoundError, use_store
-from garlic.losses import forward
+from garlic.data.batches import collate
+from garlic.data.datasets import processed_folder
+from garlic.models.compact import Garlic
+from garlic.tracking.store import RunNotFoundError, use_store
+from garlic.training.losses import forward
 from preprocessing import physionet2019
 from preprocessing.physionet2012 import format_record
 from preprocessing.records import READERS

@@ -12,10 +12,12 @@ import pandas as pd
 import pytest
 import torch
 
-from garlic import distributed, runs
+from garlic.training import distributed
+
+from garlic import runs
 from garlic.config import Config
-from garlic.data import LengthBucketSampler
-from garlic.tracking import use_store
+from garlic.data.batches import LengthBucketSampler
+from garlic.tracking.store import use_store
 from preprocessing import synthetic
 
 # dropout 0: with dropout on, each rank draws its own masks, so the runs agree only in distribution.

@@ -3,16 +3,16 @@ import numpy as np
 import pytest
 import torch
 
-from garlic.architectures import build_model
-from garlic.attribution import GRADIENTS, gradient_explanation, ig_importance, integrated_gradients
-from garlic.saved_model import TrainedModel
 from garlic.config import Config
-from garlic.data import IrregularDataset, collate
-from garlic.explain import explain, normalised_graph
-from garlic.explanation_report import edge_recovery_auroc, log_explanations, observation_table, signal_table
-from garlic.model import Garlic
-from garlic.splits import load_splits
-from garlic.tracking import use_experiment, use_store
+from garlic.data.batches import IrregularDataset, collate
+from garlic.data.splits import load_splits
+from garlic.explain.built_in import explain, normalised_graph
+from garlic.explain.integrated_gradients import GRADIENTS, gradient_explanation, ig_importance, integrated_gradients
+from garlic.explain.report import edge_recovery_auroc, log_explanations, observation_table, signal_table
+from garlic.models.architectures import build_model
+from garlic.models.compact import Garlic
+from garlic.tracking.saved_model import TrainedModel
+from garlic.tracking.store import use_experiment, use_store
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
 from helpers import synthetic_root
@@ -134,7 +134,7 @@ def test_integrated_gradients_shapes_zero_off_observations_and_normalisation(set
 
 
 def plain_integrated_gradients(model, batch, steps):
-    """The formula of garlic.attribution written out: (x dF/dx + m dF/dm) averaged at the midpoints alpha = (i + 0.5)
+    """The formula of garlic.explain.integrated_gradients written out: (x dF/dx + m dF/dm) averaged at the midpoints alpha = (i + 0.5)
     / steps of the path from the empty stay."""
     total = torch.zeros_like(batch.values)
     for alpha in (torch.arange(steps, dtype=torch.float32) + 0.5) / steps:

@@ -4,18 +4,18 @@ import pandas as pd
 import pytest
 
 from experiments import study
-from garlic.baselines.summary import SummaryModel
+from garlic.methods.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
                                   ordering_tests, ranking_comparison, results_table, variable_importance)
 from experiments.fidelity import main as fidelity_main
 from experiments.removal import keep_count, keep_highest, keep_mask, reduce
 from experiments.stats import page_l, page_trend, paired_comparisons
 from garlic.config import Config
-from garlic.data import IrregularDataset
+from garlic.data.batches import IrregularDataset
+from garlic.data.splits import draw_split
+from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
 from garlic.metrics import binary_metrics
-from garlic.model import Garlic
-from garlic.pipeline import TEST_METRICS, split_parts
-from garlic.splits import draw_split
+from garlic.models.compact import Garlic
 from preprocessing.tensors import IrregularTensors
 from helpers import synthetic_root
 

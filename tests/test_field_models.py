@@ -1,4 +1,4 @@
-"""The field's models from PyPOTS (garlic.baselines.field) as registered methods, on an hourly grid of the stays."""
+"""The field's models from PyPOTS (garlic.methods.field) as registered methods, on an hourly grid of the stays."""
 import importlib.util
 
 import mlflow
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from garlic import methods
-from garlic.baselines.field import hourly_grid
 from garlic.cli import main as garlic_main
-from garlic.data import IrregularDataset
-from garlic.splits import Normalisation
-from garlic.tracking import use_store
+from garlic.data.batches import IrregularDataset
+from garlic.data.splits import Normalisation
+from garlic.methods import registry
+from garlic.methods.field import hourly_grid
+from garlic.tracking.store import use_store
 from helpers import synthetic_root
 from preprocessing.tensors import IrregularTensors
 
@@ -35,16 +35,16 @@ def test_the_hourly_grid_holds_each_hours_last_value_and_nan_where_none():
 
 
 def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys):
-    spec = methods.MethodSpec("needs_extra", "a method of a missing package", build=lambda context: None,
+    spec = registry.MethodSpec("needs_extra", "a method of a missing package", build=lambda context: None,
                               settings=lambda context: {}, needs_package="no_such_package_here")  # fmt: skip
-    methods.register(spec)
+    registry.register(spec)
     try:
         with pytest.raises(SystemExit):
             garlic_main(["--data-root", str(tmp_path), "--mlruns", str(tmp_path), "train", "--method", "needs_extra"])
     finally:
-        methods.METHODS.pop("needs_extra")
+        registry.METHODS.pop("needs_extra")
     assert "needs no_such_package_here, an optional extra: bin/setup no_such_package_here" in capsys.readouterr().err
-    assert "needs_extra" not in methods.core_methods() and "pypots_raindrop" not in methods.core_methods()
+    assert "needs_extra" not in registry.core_methods() and "pypots_raindrop" not in registry.core_methods()
 
 
 @needs_pypots
@@ -66,7 +66,7 @@ def test_each_pypots_model_is_trained_and_tested_by_garlic_train(name, tmp_path_
 def test_raindrop_runs_on_pytorch_geometrics_scatter_where_torch_scatter_is_missing():
     from pypots.nn.modules.raindrop import layers
 
-    from garlic.baselines.field import raindrop_on_pyg_scatter
+    from garlic.methods.field import raindrop_on_pyg_scatter
 
     raindrop_on_pyg_scatter()
     source, index = torch.randn(6, 3), torch.tensor([0, 2, 2, 1, 0, 2])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from garlic.config import Config
-from garlic.splits import load_splits
-from garlic.train import AlternatingTrainer
-from garlic.data import IrregularDataset
+from garlic.data.batches import IrregularDataset
+from garlic.data.splits import load_splits
+from garlic.training.trainer import AlternatingTrainer
 from preprocessing import synthetic
 from preprocessing.records import read_record_files
 from preprocessing.tables import read_processed

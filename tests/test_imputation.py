@@ -7,7 +7,7 @@ import torch
 
 from experiments.imputation import hide, reconstructed, simple_imputations
 from garlic.config import Config
-from garlic.model import Garlic
+from garlic.models.compact import Garlic
 
 
 def test_hide_draws_a_tenth_of_the_observed_cells_and_only_those():

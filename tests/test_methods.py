@@ -1,4 +1,4 @@
-"""The method registry (``garlic.methods``): a model registered once is trained by ``garlic train --method``, and
+"""The method registry (``garlic.methods.registry``): a model registered once is trained by ``garlic train --method``, and
 tabulated and compared by the studies, with no other file touched. The toy model here is the worked example of
 ``docs/adding-a-model.md``: keep the two alike."""
 import mlflow
@@ -9,11 +9,11 @@ from sklearn.linear_model import LogisticRegression
 
 from experiments import compare
 from experiments.baselines.run import main as baselines_main
-from garlic import methods
 from garlic.cli import main as garlic_main
-from garlic.data import IrregularDataset
-from garlic.pipeline import check_fitted
-from garlic.tracking import use_store
+from garlic.data.batches import IrregularDataset
+from garlic.methods import registry
+from garlic.methods.contract import check_fitted
+from garlic.tracking.store import use_store
 from helpers import synthetic_root
 
 
@@ -40,16 +40,16 @@ class LastValues:
         return self.model_.predict_proba(self.features(dataset))[:, 1]
 
 
-TOY = methods.MethodSpec("toy", "logistic regression on last values",
+TOY = registry.MethodSpec("toy", "logistic regression on last values",
                          build=lambda context: LastValues(seed=context.config.seed),
                          settings=lambda context: {"method": "toy", "C": 1.0, "seed": context.config.seed})  # fmt: skip
 
 
 @pytest.fixture
 def toy():
-    methods.register(TOY)
+    registry.register(TOY)
     yield TOY
-    methods.METHODS.pop("toy")
+    registry.METHODS.pop("toy")
 
 
 @pytest.fixture(scope="module")
@@ -103,21 +103,21 @@ def test_the_baselines_command_lists_every_registered_method_with_its_descriptio
 
 def test_a_name_is_registered_once_and_an_unknown_one_is_refused_by_name(toy, root, tmp_path, capsys):
     with pytest.raises(ValueError, match="already registered"):
-        methods.register(TOY)
+        registry.register(TOY)
     with pytest.raises(SystemExit):
         garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "toys"])
     assert "unknown method 'toys'; registered: " in capsys.readouterr().err
 
 
 def test_the_simple_baselines_are_the_registrys_and_a_model_the_data_cannot_feed_is_refused(root, tmp_path, capsys):
-    assert methods.simple_baselines() == ["logreg", "logreg_static", "gbm", "gbm_static"]
+    assert registry.simple_baselines() == ["logreg", "logreg_static", "gbm", "gbm_static"]
     with pytest.raises(SystemExit):
         garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "saps"])
     assert "saps needs the SAPS-I column, which synthetic does not have" in capsys.readouterr().err
 
 
 def test_a_method_run_is_never_taken_for_a_garlic_unit_by_the_comparison(toy, root, tmp_path):
-    from garlic import run_contract
+    from garlic.tracking import run_contract
     from garlic.config import Config
     from preprocessing.tables import read_manifest
 

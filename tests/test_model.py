@@ -5,7 +5,7 @@ import torch
 
 from helpers import random_batch
 from garlic.config import Config
-from garlic.model import (
+from garlic.models.compact import (
     DecayImputation,
     Garlic,
     GraphMessagePassing,

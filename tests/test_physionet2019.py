@@ -12,8 +12,8 @@ import pytest
 
 from garlic.cli import main
 from garlic.config import Config
-from garlic.datasets import processed_folder
-from garlic.splits import load_splits, not_applicable, published_ids
+from garlic.data.datasets import processed_folder
+from garlic.data.splits import load_splits, not_applicable, published_ids
 from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
 from preprocessing.tables import DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import garlic.train
+import garlic.training.trainer
 from app.replay import risk_curve
-from garlic.architectures import build_model
-from garlic.attribution import ig_importance
-from garlic.saved_model import TrainedModel, load_model, save_model
 from garlic.config import Config, ConfigError
-from garlic.data import collate
-from garlic.explain import explain
+from garlic.data.batches import collate
+from garlic.explain.built_in import explain
+from garlic.explain.integrated_gradients import ig_importance
 from garlic.metrics import binary_metrics
-from garlic.reference_model import (
+from garlic.models.architectures import build_model
+from garlic.tracking.saved_model import TrainedModel, load_model, save_model
+from garlic.models.reference import (
     PerVariableEncoder,
     ReferenceDecay,
     ReferenceGarlic,
@@ -28,9 +28,9 @@ from garlic.reference_model import (
     WindowAttention,
     sinusoid,
 )
-from garlic.losses import PREDICTION, RECONSTRUCTION
-from garlic.predict import predict_proba
-from garlic.train import AlternatingTrainer, ReferenceTrainer, make_trainer
+from garlic.models.predict import predict_proba
+from garlic.training.losses import PREDICTION, RECONSTRUCTION
+from garlic.training.trainer import AlternatingTrainer, ReferenceTrainer, make_trainer
 from preprocessing import synthetic
 from helpers import random_batch, synthetic_cohort
 
@@ -323,7 +323,7 @@ def test_parameter_groups_are_the_references_and_bad_settings_are_refused():
     named = {name.split(".")[0] for name, p in model.named_parameters() if id(p) in prediction}
     assert named == {"signal_attention", "sequence", "temporal_attention", "classifier"}
     torch.testing.assert_close(model.graph.adjacency.detach(), torch.eye(D) + 0.2)
-    assert float(garlic.train.graph_penalty(model).detach()) > 0
+    assert float(garlic.training.trainer.graph_penalty(model).detach()) > 0
     with pytest.raises(ConfigError, match="signal_layout"):
         reference_model(signal_layout="rows")
     with pytest.raises(ConfigError, match="use_static"):
@@ -368,7 +368,7 @@ def scripted_fit(cohort, monkeypatch, bces, train_aurocs, **overrides):
         return {"probabilities": np.full(len(dataset), 0.5), "losses": {"bce": next(bces), "mse": 0.0}}
 
     monkeypatch.setattr(trainer, "train_epoch", train_epoch)
-    monkeypatch.setattr(garlic.train, "evaluate", evaluate)
+    monkeypatch.setattr(garlic.training.trainer, "evaluate", evaluate)
     on_epoch = lambda r: rates.append([g["lr"] for g in trainer.optimisers["both"].param_groups])  # noqa: E731
     fitted = trainer.fit(parts["train"], parts["validation"], on_epoch=on_epoch)
     return fitted, at_start, rates, float(weight.detach()) - at_start[0]
@@ -411,7 +411,7 @@ def test_reference_stages_train_the_references_parameter_groups(cohort):
     tensors, _, parts = cohort
     trainer = make_trainer(Config().override(FAST), len(tensors.variables), len(tensors.static_features))
     model = trainer.model
-    batches = garlic.train.loader(parts["train"], 64, shuffle=True)
+    batches = garlic.training.trainer.loader(parts["train"], 64, shuffle=True)
 
     def snapshot():
         return [p.detach().clone() for p in model.reconstruction_parameters()], [
@@ -488,8 +488,8 @@ def test_a_tracked_reference_run_logs_its_model_and_says_why_it_has_no_built_in_
     import mlflow
 
     from garlic import runs
-    from garlic.reference_model import EXPLANATION_UNSUPPORTED
-    from garlic.tracking import load_run_model, use_store
+    from garlic.models.reference import EXPLANATION_UNSUPPORTED
+    from garlic.tracking.store import load_run_model, use_store
 
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=4)
     config = Config().override({**FAST, "max_epochs": 2})

@@ -18,12 +18,14 @@ import pandas as pd
 import pytest
 import torch
 
-from garlic import run_contract, runs
+from garlic.tracking import run_contract
+
+from garlic import runs
 from garlic.config import Config
-from garlic.tracking import RunInUseError, use_experiment, use_store
-from garlic.predict import predict_proba
-from garlic.train import AlternatingTrainer
-from garlic.training_state import load_training_state, save_training_state
+from garlic.models.predict import predict_proba
+from garlic.tracking.store import RunInUseError, use_experiment, use_store
+from garlic.training.state import load_training_state, save_training_state
+from garlic.training.trainer import AlternatingTrainer
 from helpers import synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
@@ -181,7 +183,8 @@ DIE_AFTER_LOGGING = """
     import json, os, signal, sys
     from pathlib import Path
     import mlflow
-    from garlic import run_contract, runs
+    from garlic.tracking import run_contract
+    from garlic import runs
     from garlic.config import Config
     log_dict = mlflow.log_dict
     def log_then_die(payload, name):

@@ -5,11 +5,12 @@ import mlflow
 import pytest
 
 from app import sources
-from garlic import run_contract, runs
+from garlic import runs
 from garlic.config import Config
-from garlic.run_contract import StaleRunDataError, parse_split_name
-from garlic.splits import load_splits
-from garlic.tracking import load_run_model, use_store
+from garlic.data.splits import load_splits
+from garlic.tracking import run_contract
+from garlic.tracking.run_contract import StaleRunDataError, parse_split_name
+from garlic.tracking.store import load_run_model, use_store
 from preprocessing import synthetic
 from preprocessing.tensors import load_tensors
 

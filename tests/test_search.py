@@ -11,9 +11,9 @@ import pytest
 
 from experiments import search, study
 from garlic.config import Config
-from garlic.datasets import processed_folder
-from garlic.splits import Split
-from garlic.tracking import use_store
+from garlic.data.datasets import processed_folder
+from garlic.data.splits import Split
+from garlic.tracking.store import use_store
 from preprocessing import synthetic
 
 TINY = ["--max-epochs", "2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from helpers import P12, requires_p12
-from garlic.data import IrregularDataset, collate, loader
-from garlic.splits import PROTOCOLS, PUBLISHED, Normalisation, Split, draw_split, load_splits, published_ids
+from garlic.data.batches import IrregularDataset, collate, loader
+from garlic.data.splits import PROTOCOLS, PUBLISHED, Normalisation, Split, draw_split, load_splits, published_ids
 from preprocessing.synthetic import generate
 from preprocessing.tensors import IrregularTensors, load_tensors
 

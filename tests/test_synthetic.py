@@ -7,7 +7,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from helpers import assert_frames_equal
-from garlic.splits import load_splits
+from garlic.data.splits import load_splits
 from preprocessing.synthetic import HOURS, LABS, PLANTED_GRAPH, SCALE, VARIABLES, VITALS, generate, simulate
 from preprocessing.tables import read_processed
 from preprocessing.tensors import load_tensors

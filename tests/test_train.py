@@ -5,18 +5,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import garlic.train
 from garlic import runs
-from garlic.saved_model import WEIGHTS, TrainedModel, load_model, save_model
 from garlic.config import Config
-from garlic.data import collate, loader
+from garlic.data.batches import collate, loader
+from garlic.data.splits import load_splits
 from garlic.metrics import binary_metrics
-from garlic.splits import load_splits
-from garlic.tracking import load_run_model, use_store
-from garlic.model import graph_penalty
-from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
-from garlic.predict import predict_proba
-from garlic.train import WARMUP, AlternatingTrainer, cosine_factor, evaluate
+from garlic.models.compact import graph_penalty
+from garlic.models.predict import predict_proba
+from garlic.tracking.saved_model import WEIGHTS, TrainedModel, load_model, save_model
+from garlic.tracking.store import load_run_model, use_store
+from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
+import garlic.training.trainer
+from garlic.training.trainer import WARMUP, AlternatingTrainer, cosine_factor, evaluate
 from helpers import synthetic_cohort
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}
@@ -81,7 +81,7 @@ def test_early_stopping_counts_only_gains_of_the_tolerance(cohort, monkeypatch, 
     _, tensors, parts = cohort
     # Every epoch beats the last, by less than 1e-3 after the first: the best epoch is still the last one run.
     scores = iter([0.70, 0.7004, 0.7008, 0.7009, 0.7010, 0.7011])
-    monkeypatch.setattr(garlic.train, "binary_metrics", lambda labels, risk: {"auroc": next(scores), "auprc": 0.5})
+    monkeypatch.setattr(garlic.training.trainer, "binary_metrics", lambda labels, risk: {"auroc": next(scores), "auprc": 0.5})
     config = Config().override({**FAST, "early_stopping": 3, "early_stopping_tolerance": tolerance, "max_epochs": 6})
     fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
         parts["train"], parts["validation"]

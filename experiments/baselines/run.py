@@ -1,6 +1,6 @@
 """Every baseline (and GARLIC itself) on the same saved splits, in one table.
 
-Methods (``--methods``; default: every one of the registry, ``garlic.methods``, that needs no optional extra):
+Methods (``--methods``; default: every one of the registry, ``garlic.methods.registry``, that needs no optional extra):
 - ``saps``, ``sofa``: the SAPS-I and SOFA scores of the outcomes file (PhysioNet 2012 only), mapped to a risk by a
   logistic fit on the training part;
 - ``logreg``, ``gbm``: logistic regression and gradient boosting on per-stay summary features (first, last, min,
@@ -9,7 +9,7 @@ Methods (``--methods``; default: every one of the registry, ``garlic.methods``, 
 - ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
 - ``garlic``: the full model with the dataset's preset, for reference;
 - ``pypots_raindrop``, ``pypots_seft``, ``pypots_brits``: the field's models from PyPOTS
-  (``garlic.baselines.field``; the ``pypots`` extra), when named;
+  (``garlic.methods.field``; the ``pypots`` extra), when named;
 - any method registered later (``docs/adding-a-model.md``).
 
 Each method on each split is one MLflow run in the experiment ``baselines-<dataset>`` (tags: study, method, split,
@@ -29,18 +29,19 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from experiments import published, study
-from garlic import methods as registry
 from garlic.config import Config
-from garlic.datasets import processed_folder
-from garlic.pipeline import Method, fit_and_test, split_parts
-from garlic.run_contract import manifest_digest
+from garlic.data.datasets import processed_folder
+from garlic.evaluation.fit_and_test import fit_and_test, split_parts
+from garlic.methods import registry
+from garlic.methods.contract import Method
+from garlic.tracking.run_contract import manifest_digest
 from preprocessing.tables import LABELS, read_manifest
 
 STUDY = "baseline"
 
 
 class Baselines:
-    """The registered methods (``garlic.methods``) on a cohort's splits, each unit a resumable MLflow run."""
+    """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run."""
 
     def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, data_root):
         self.config, self.cohort, self.experiment_id = config, cohort, experiment_id
@@ -59,7 +60,7 @@ class Baselines:
         return registry.method(method).settings(self.context)
 
     def method(self, name: str) -> Method:
-        """A fresh, unfitted ``name`` (a method of ``garlic.pipeline``)."""
+        """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""
         return registry.method(name).create(self.context)
 
     def run(self, methods: list[str], train: bool = True) -> pd.DataFrame:
@@ -96,7 +97,7 @@ def with_paper_numbers(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> None:
     registered = "\n".join(f"  {name}: {spec.description}" for name, spec in registry.METHODS.items())
     parser = argparse.ArgumentParser(prog="python -m experiments.baselines", description=__doc__,
-                                     epilog=f"registered methods (garlic.methods):\n{registered}",
+                                     epilog=f"registered methods (garlic.methods.registry):\n{registered}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
     parser.add_argument("--methods", nargs="+", choices=list(registry.METHODS), default=registry.core_methods())

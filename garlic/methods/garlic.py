@@ -1,8 +1,8 @@
-"""GARLIC as a method of ``garlic.pipeline``: ``fit`` / ``predict_proba``, and what a fitted GARLIC logs beside its
+"""GARLIC as a method of ``garlic.evaluation.fit_and_test``: ``fit`` / ``predict_proba``, and what a fitted GARLIC logs beside its
 risks (the learned graph, the saved model, the explanations, the best epoch).
 
     estimator = GarlicEstimator(config)                 # config: garlic.config.Config
-    estimator.fit(train, validation)                    # the config's trainer (garlic.train.make_trainer)
+    estimator.fit(train, validation)                    # the config's trainer (garlic.training.trainer.make_trainer)
     risk = estimator.predict_proba(test)                # [N], in dataset order
 """
 from __future__ import annotations
@@ -13,16 +13,16 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from garlic import plots, run_contract
 from garlic.config import Config
-from garlic.data import IrregularDataset
-from garlic.explain import normalised_graph
-from garlic.explanation_report import edge_recovery_auroc, log_explanations
-from garlic.pipeline import check_fitted
-from garlic.predict import predict_proba
-from garlic.saved_model import TrainedModel
-from garlic.tracking import log_model
-from garlic.train import EpochRecord, make_trainer
+from garlic.data.batches import IrregularDataset
+from garlic.explain.built_in import normalised_graph
+from garlic.explain.report import edge_recovery_auroc, log_explanations
+from garlic.methods.contract import check_fitted
+from garlic.models.predict import predict_proba
+from garlic.tracking import plots, run_contract
+from garlic.tracking.saved_model import TrainedModel
+from garlic.tracking.store import log_model
+from garlic.training.trainer import EpochRecord, make_trainer
 
 
 class GarlicEstimator:
@@ -32,7 +32,7 @@ class GarlicEstimator:
     - ``explain``, ``keep_model``: whether ``log_fitted`` logs the explanations of the test part and the model;
     - ``on_epoch``: called after every epoch (per-epoch metrics go to the active MLflow run in any case);
     - ``on_state``, ``resume``: the fit's state after every epoch, and a state to continue from
-      (``garlic.training_state``).
+      (``garlic.training.state``).
     """
 
     def __init__(

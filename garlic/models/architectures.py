@@ -1,9 +1,9 @@
 """What a GARLIC architecture offers its callers, and the architectures there are (``Config.architecture``).
 
-The trainers, ``garlic.predict``, the explanations and the dashboard use a model only through ``Architecture``;
+The trainers, ``garlic.models.predict``, the explanations and the dashboard use a model only through ``Architecture``;
 what differs between architectures they ask (``explanation_unavailable``), never the class. Both implement it:
-``compact`` (``garlic.model.Garlic``, the paper's model as this project writes it) and ``reference``
-(``garlic.reference_model.ReferenceGarlic``, the authors' code). A new architecture implements these members, and
+``compact`` (``garlic.models.compact.Garlic``, the paper's model as this project writes it) and ``reference``
+(``garlic.models.reference.ReferenceGarlic``, the authors' code). A new architecture implements these members, and
 ``tests/test_architectures.py`` checks every entry of ``ARCHITECTURES`` against them.
 """
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor, nn
 
 from garlic.config import Config, ConfigError
-from garlic.model import Garlic
-from garlic.reference_model import ReferenceGarlic
+from garlic.models.compact import Garlic
+from garlic.models.reference import ReferenceGarlic
 
 
 @runtime_checkable
 class Architecture(Protocol):
-    """Shapes as in ``garlic.model``: B stays, T steps, D variables, H hidden, S static features."""
+    """Shapes as in ``garlic.models.compact``: B stays, T steps, D variables, H hidden, S static features."""
 
-    # Why the built-in explanation (``garlic.explain``) is not defined for the model; None where it is.
+    # Why the built-in explanation (``garlic.explain.built_in``) is not defined for the model; None where it is.
     explanation_unavailable: str | None
     # A constant added to every logit: the training odds where the loss weighted both outcomes equally, else 0.
     logit_offset: Tensor

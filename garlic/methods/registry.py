@@ -7,7 +7,7 @@ experiments.compare --methods NAME`` read it, so that a new model is one entry (
     register(MethodSpec("toy", "a toy", build=lambda context: Toy(context.config.seed),
                         settings=lambda context: {"method": "toy", "seed": context.config.seed}))
 
-A method is anything with ``garlic.pipeline``'s ``fit`` and ``predict_proba``; ``settings`` is what, hashed, tells
+A method is anything with ``garlic.evaluation.fit_and_test``'s ``fit`` and ``predict_proba``; ``settings`` is what, hashed, tells
 one trained unit from another (a run with other settings is never reused), so an entry's settings must not change
 once its runs are archived. The published numbers of the field live in one table of their own,
 ``experiments.published``.
@@ -20,12 +20,12 @@ from typing import Callable
 
 import pandas as pd
 
-from garlic.baselines.field import FieldModel, FieldSettings
-from garlic.baselines.recurrent import RecurrentModel, RecurrentSettings
-from garlic.baselines.summary import SeverityScore, SummaryModel
 from garlic.config import Config
-from garlic.estimator import GarlicEstimator
-from garlic.pipeline import Method
+from garlic.methods.contract import Method
+from garlic.methods.field import FieldModel, FieldSettings
+from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.recurrent import RecurrentModel, RecurrentSettings
+from garlic.methods.summary import SeverityScore, SummaryModel
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from garlic import plots, run_contract  # noqa: E402
-from garlic.saved_model import TrainedModel  # noqa: E402
-from garlic.data import IrregularDataset, collate  # noqa: E402
-from garlic.explain import Explanation, explain  # noqa: E402
+from garlic.data.batches import IrregularDataset, collate  # noqa: E402
+from garlic.explain.built_in import Explanation, explain  # noqa: E402
+from garlic.tracking import plots, run_contract  # noqa: E402
+from garlic.tracking.saved_model import TrainedModel  # noqa: E402
 
 
 def explain_dataset(trained: TrainedModel, dataset: IrregularDataset, batch_size: int = 256) -> list[tuple]:

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from garlic.config import Config
-from garlic.data import IrregularDataset
-from garlic.model import Garlic
-from garlic.architectures import build_model
-from garlic.splits import Normalisation
+from garlic.data.batches import IrregularDataset
+from garlic.data.splits import Normalisation
+from garlic.models.architectures import build_model
+from garlic.models.compact import Garlic
 from preprocessing.atomic import atomic_file, write_json_atomic
 from preprocessing.tensors import IrregularTensors
 

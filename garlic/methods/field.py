@@ -1,6 +1,6 @@
 """The field's irregular-series classifiers from PyPOTS (the well-kept library of them): Raindrop (Zhang et al.,
-ICLR 2022), SeFT (Horn et al., ICML 2020) and BRITS (Cao et al., NeurIPS 2018), as methods of ``garlic.pipeline``, on
-an hourly grid of the same stays. GRU-D is ours (``garlic.baselines.recurrent``): PyPOTS's GRU-D tied with it on every
+ICLR 2022), SeFT (Horn et al., ICML 2020) and BRITS (Cao et al., NeurIPS 2018), as methods of ``garlic.evaluation.fit_and_test``, on
+an hourly grid of the same stays. GRU-D is ours (``garlic.methods.recurrent``): PyPOTS's GRU-D tied with it on every
 P12 protocol (docs/experiments.md, stop 41), so the project keeps one, the one that needs no optional extra.
 
 PyPOTS's models read a regular grid ``X`` [N, H, D] with NaN where nothing was measured. Each stay's observations
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from garlic.data import IrregularDataset
-from garlic.device import resolve_device
-from garlic.pipeline import check_fitted
+from garlic.data.batches import IrregularDataset
+from garlic.methods.contract import check_fitted
+from garlic.training.device import resolve_device
 
 MODELS = ("raindrop", "seft", "brits")
 
@@ -92,7 +92,7 @@ def build(name: str, settings: FieldSettings, steps: int, variables: int):
 
 
 class FieldModel:
-    """PyPOTS's ``name`` (one of ``MODELS``) as a method of ``garlic.pipeline``."""
+    """PyPOTS's ``name`` (one of ``MODELS``) as a method of ``garlic.evaluation.fit_and_test``."""
 
     def __init__(self, name: str, settings: FieldSettings):
         if name not in MODELS:

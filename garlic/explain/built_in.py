@@ -23,8 +23,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from garlic.data import Batch
-from garlic.model import Garlic, lag_offsets
+from garlic.data.batches import Batch
+from garlic.models.compact import Garlic, lag_offsets
 
 
 BUILT_IN = "built-in"
@@ -41,7 +41,7 @@ class Explanation:
     graph       [D, D]     the learned summary graph, |A_ij| normalised over sources i for each target j; None
                            likewise
     risk        [B]        predicted probability
-    method      how it was read: ``BUILT_IN`` (this module) or ``garlic.attribution.GRADIENTS``
+    method      how it was read: ``BUILT_IN`` (this module) or ``garlic.explain.integrated_gradients.GRADIENTS``
     """
 
     observation: Tensor

@@ -14,8 +14,8 @@ from typing import Iterator
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from garlic import run_contract
-from garlic.saved_model import TrainedModel, load_model, save_model
+from garlic.tracking import run_contract
+from garlic.tracking.saved_model import TrainedModel, load_model, save_model
 from preprocessing.locks import LockHeld, acquire, is_held, locked, release
 
 DEFAULT_STORE = Path(os.environ.get("GARLIC_MLRUNS", "mlruns"))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from garlic.config import Config
-from garlic.model import Garlic, GarlicOutput, graph_penalty
+from garlic.models.compact import Garlic, GarlicOutput, graph_penalty
 
 RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 

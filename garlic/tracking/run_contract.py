@@ -16,7 +16,7 @@ the file's stem (``physionet2012-best``), which names the run in the dashboard; 
 Artifacts (paths inside a run; the names below own them):
 
 - ``config.json`` (``CONFIG``), ``data_manifest.json`` (``DATA_MANIFEST``): on the run that ``garlic train`` started;
-- ``model/`` (``MODEL``): the saved model (``garlic.saved_model``), on every split run;
+- ``model/`` (``MODEL``): the saved model (``garlic.tracking.saved_model``), on every split run;
 - ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
 - ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
 - ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;
@@ -37,7 +37,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from garlic.splits import Split, read_split
+from garlic.data.splits import Split, read_split
 
 DATASET = "dataset"
 SPLIT = "split"
@@ -48,7 +48,7 @@ DATA_DIGEST = "data_digest"
 SPLIT_INDICES = "split_indices"
 SEEDS = "seeds"
 PRESET = "preset"
-METHOD = "method"  # the tag naming a registered method other than GARLIC (``garlic.methods``)
+METHOD = "method"  # the tag naming a registered method other than GARLIC (``garlic.methods.registry``)
 
 CONFIG = "config.json"
 DATA_MANIFEST = "data_manifest.json"
@@ -60,7 +60,7 @@ TRAINING_STATE = "training.pt"
 
 
 def training_state_path(store: Path, run_id: str) -> Path:
-    """Where a split run's training state lives while it trains (``garlic.training_state``), outside MLflow."""
+    """Where a split run's training state lives while it trains (``garlic.training.state``), outside MLflow."""
     return Path(store) / "training-states" / run_id / TRAINING_STATE
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from garlic.splits import Normalisation
+from garlic.data.splits import Normalisation
 from preprocessing.tensors import IrregularTensors
 
 

@@ -3,18 +3,10 @@ part), predict the validation and test parts (the one look at the test part), sc
 run. ``garlic train`` (``garlic.runs``), the comparison table, the baselines, the ablations and the fidelity study
 all go through ``fit_and_test``.
 
-A method is any object used as scikit-learn estimators and PyPOTS models are:
+A method is what ``garlic.methods.contract.Method`` writes down (``fit`` selecting on validation, ``predict_proba``,
+an optional ``log_fitted``): every model of the registry, ``garlic.methods.registry``.
 
-    fit(train: IrregularDataset, validation: IrregularDataset) -> the method     selection on validation only
-    predict_proba(dataset: IrregularDataset) -> np.ndarray [N]                  risk per stay, in dataset order
-    log_fitted(parts: dict[str, IrregularDataset]) -> dict[str, float]          optional: log what the fitted
-                                                                                method shows beyond its risks
-                                                                                (settings chosen, graph, model),
-                                                                                return its metrics
-
-GARLIC's is ``garlic.estimator.GarlicEstimator``; the baselines' are in ``experiments.baselines``.
-
-What ``fit_and_test`` logs (names of ``garlic.run_contract``): the part sizes (``n_train``, ``n_validation``,
+What ``fit_and_test`` logs (names of ``garlic.tracking.run_contract``): the part sizes (``n_train``, ``n_validation``,
 ``n_test``); the metrics ``test_auroc``, ``test_auprc``, ``test_brier``, ``test_ece``, a temperature fitted on
 validation (``temperature``) and the test Brier and ECE after it (``test_brier_scaled``, ``test_ece_scaled``), and
 what ``log_fitted`` returns; ``predictions/validation.csv`` and ``predictions/test.csv`` (``stay_id, label, risk``);
@@ -22,40 +14,22 @@ the plots ``roc_pr.png``, ``calibration.png`` and ``calibration_scaled.png``.
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 import mlflow
 import numpy as np
 import pandas as pd
-from sklearn.exceptions import NotFittedError
 
-from garlic import plots, run_contract
-from garlic.calibration import logits_from_probabilities, scale, temperature_report
-from garlic.data import IrregularDataset
+from garlic.data.batches import IrregularDataset
+from garlic.data.splits import Normalisation, Split
+from garlic.evaluation.calibration import logits_from_probabilities, scale, temperature_report
+from garlic.methods.contract import Method
 from garlic.metrics import binary_metrics
-from garlic.splits import Normalisation, Split
+from garlic.tracking import plots, run_contract
 from preprocessing.tensors import IrregularTensors
 
 PARTS = ("train", "validation", "test")
 # Every test look's metrics (``log_fitted`` may add its own).
 TEST_METRICS = ("test_auroc", "test_auprc", "test_brier", "test_ece", "test_brier_scaled", "test_ece_scaled",
                 "temperature")  # fmt: skip
-
-
-class Method(Protocol):
-    """scikit-learn's conventions: ``fit`` returns the method, what it learns goes in attributes ending in ``_``, and
-    using it before ``fit`` raises ``NotFittedError`` (``check_fitted``)."""
-
-    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "Method": ...
-
-    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray: ...
-
-
-def check_fitted(method: Method) -> None:
-    """Raise scikit-learn's ``NotFittedError`` unless ``method`` holds a fitted attribute (a name ending in ``_``).
-    scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
-    if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
-        raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")
 
 
 def split_parts(

@@ -19,7 +19,7 @@ Protocols (``PROTOCOLS``; each says which splits and which model seeds it runs):
   fitted on the training part only.
 
 A published protocol is published for particular datasets: its stay-id lists ship in
-``garlic/protocols/<dataset>/<name>.json.gz`` (public protocol files, no patient data), so a fresh clone runs
+``garlic/data/protocols/<dataset>/<name>.json.gz`` (public protocol files, no patient data), so a fresh clone runs
 them without ``../shared``, and it runs only on a dataset it was published for: the ids name stays, and the
 dataset's cohort rule decides which rows of them a model sees.
 

@@ -385,7 +385,7 @@ class Garlic(nn.Module):
 
     PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "summary_branch",
                           "classifier")  # fmt: skip
-    # Why the built-in explanation (``garlic.explain``) is not defined for the model, None where it is: what callers
+    # Why the built-in explanation (``garlic.explain.built_in``) is not defined for the model, None where it is: what callers
     # ask instead of testing the class.
     explanation_unavailable: str | None = None
 
@@ -431,7 +431,7 @@ class Garlic(nn.Module):
         self.register_buffer("logit_offset", torch.zeros(()))
 
     def prepare(self, times: Tensor, lengths: Tensor) -> None:
-        """Nothing to take from the training stays: their normalisation is the data set's (``garlic.splits``)."""
+        """Nothing to take from the training stays: their normalisation is the data set's (``garlic.data.splits``)."""
 
     def prediction_parameters(self) -> list[nn.Parameter]:
         return [p for name in self.PREDICTION_MODULES for p in getattr(self, name).parameters()]

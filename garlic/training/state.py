@@ -1,5 +1,5 @@
 """The state of an unfinished fit (weights, optimisers, schedules, sampler, random state, progress), saved after every
-epoch so that a killed run goes on where it stopped. Not the trained model: that is ``garlic.saved_model``'s."""
+epoch so that a killed run goes on where it stopped. Not the trained model: that is ``garlic.tracking.saved_model``'s."""
 from __future__ import annotations
 
 import pickle  # for its exception type only: torch.load(weights_only=True) refuses content with UnpicklingError

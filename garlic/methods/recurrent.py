@@ -1,6 +1,6 @@
 """Recurrent baselines: GRU-D (Che et al., Sci. Rep. 2018) and decay imputation + GRU (GARLIC without the graph,
-the per-variable encoder and the attention), as methods of ``garlic.pipeline`` (``RecurrentModel``), fitted by
-``RecurrentTrainer`` on the project's one fit loop (``garlic.train.Trainer``).
+the per-variable encoder and the attention), as methods of ``garlic.evaluation.fit_and_test`` (``RecurrentModel``), fitted by
+``RecurrentTrainer`` on the project's one fit loop (``garlic.training.trainer.Trainer``).
 
 Inputs are GARLIC's batches: values normalised with training statistics (so each variable's training mean is 0),
 the mask and the times in hours. Both models read each stay's state at its last real step.
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from garlic.data import IrregularDataset, loader
-from garlic.model import DecayImputation, step_mask
-from garlic.pipeline import check_fitted
-from garlic.device import resolve_device
-from garlic.predict import in_length_order
-from garlic.train import Progress, Trainer
+from garlic.data.batches import IrregularDataset, loader
+from garlic.methods.contract import check_fitted
+from garlic.models.compact import DecayImputation, step_mask
+from garlic.models.predict import in_length_order
+from garlic.training.device import resolve_device
+from garlic.training.trainer import Progress, Trainer
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,7 +117,7 @@ def predict(model: nn.Module, dataset: IrregularDataset, batch_size: int = 256) 
 
 
 class RecurrentTrainer(Trainer):
-    """The recurrent baselines' plain loop on ``garlic.train.Trainer``: BCE and Adam, one stage, the epoch of best
+    """The recurrent baselines' plain loop on ``garlic.training.trainer.Trainer``: BCE and Adam, one stage, the epoch of best
     validation AUROC kept, stopped after ``settings.early_stopping`` epochs without a better one."""
 
     def __init__(self, model: nn.Module, settings: RecurrentSettings, device: torch.device):
@@ -166,7 +166,7 @@ class RecurrentTrainer(Trainer):
 
 
 class RecurrentModel:
-    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.pipeline``, fitted by ``RecurrentTrainer``."""
+    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.evaluation.fit_and_test``, fitted by ``RecurrentTrainer``."""
 
     def __init__(self, name: str, settings: RecurrentSettings):
         if name not in MODELS:

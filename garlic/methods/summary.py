@@ -1,4 +1,4 @@
-"""Classical baselines, as methods of ``garlic.pipeline`` (fit / predict_proba): per-stay summary features with
+"""Classical baselines, as methods of ``garlic.evaluation.fit_and_test`` (fit / predict_proba): per-stay summary features with
 logistic regression and gradient boosting, and the admission severity scores of the outcomes file (SAPS-I, SOFA).
 
 Every model is fitted on the training part, its few settings chosen by validation AUROC, and tested once.
@@ -15,8 +15,8 @@ from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from garlic.data import IrregularDataset
-from garlic.pipeline import check_fitted
+from garlic.data.batches import IrregularDataset
+from garlic.methods.contract import check_fitted
 from preprocessing.tensors import IrregularTensors
 
 STATISTICS = ("first", "last", "min", "max", "mean", "count")

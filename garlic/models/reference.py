@@ -1,6 +1,6 @@
 """GARLIC as the reference code computes it (github SCAI-Lab/GARLIC, ``model.py``), vectorised: architecture=reference.
 
-``garlic.model.Garlic`` (``architecture=compact``) is a compact reading of the paper. This module computes what the
+``garlic.models.compact.Garlic`` (``architecture=compact``) is a compact reading of the paper. This module computes what the
 authors' code computes, layer for layer, but over whole tensors: no loop over variables or time steps, only over
 the W positions of a window (a handful). Read top to bottom:
 
@@ -56,16 +56,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import Config, ConfigError
-from garlic.model import CACHE_CELLS, step_mask
+from garlic.models.compact import CACHE_CELLS, step_mask
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
 COMPACT_ONLY = ("use_missing_indicator", "use_decay", "per_variable_encoder", "use_graph", "use_gru", "use_static",
                 "summary_branch")  # fmt: skip
 EXPLANATION_UNSUPPORTED = (
-    "the built-in explanation (garlic.explain) is not defined for architecture=reference: it splits each step's "
+    "the built-in explanation (garlic.explain.built_in) is not defined for architecture=reference: it splits each step's "
     "representation into the variable's own features and the graph messages, and the reference reads the messages "
-    "alone, over windows that include the current step; use the integrated gradients of garlic.attribution"
+    "alone, over windows that include the current step; use the integrated gradients of garlic.explain.integrated_gradients"
 )
 
 
@@ -186,7 +186,7 @@ class WindowAttention(nn.Module):
 class ReferenceGraph(nn.Module):
     """m_j = sum_i A_ij s_i over a learned dense graph A = I + 0.2 at first, and the reconstruction head on m_j.
 
-    A's row is the source and its column the target, as in ``garlic.model``; the reference stores the transpose
+    A's row is the source and its column the target, as in ``garlic.models.compact``; the reference stores the transpose
     (``matmul(adj, x)``), which starts equal and has the same L1 norm.
 
     summary [B, L, D, F] -> messages [B, L, D, F]; ``reconstruct``: messages -> [B, L, D]
@@ -496,4 +496,4 @@ class _Steps:
     lag_weights: Tensor  # [B, L, D, W, W]
     signal_weights: Tensor  # [B, L, D, D]
     states: Tensor  # [B, T, H]
-    summaries: None = None  # as ``garlic.model.StepEncoding``'s without the wide branch
+    summaries: None = None  # as ``garlic.models.compact.StepEncoding``'s without the wide branch

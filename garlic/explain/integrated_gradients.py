@@ -17,8 +17,8 @@ import torch
 from captum.attr import IntegratedGradients
 from torch import Tensor, nn
 
-from garlic.data import Batch
-from garlic.explain import Explanation
+from garlic.data.batches import Batch
+from garlic.explain.built_in import Explanation
 
 DEFAULT_STEPS = 16
 GRADIENTS = "integrated gradients"

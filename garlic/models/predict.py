@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from garlic.data import IrregularDataset, collate
+from garlic.data.batches import IrregularDataset, collate
 
 # The GRU runs over whole batches of 128 (the layers before it take a few stays at a time, ``Garlic.predict_logits``);
 # batches of 256 or 512 were no faster on P12 here.

@@ -19,9 +19,9 @@ training log-odds to its logits, so that its risks keep the real prevalence; val
 
 One fit loop, ``Trainer``, runs every schedule through its hooks: the compact schedule above
 (``AlternatingTrainer``), the reference code's (``ReferenceTrainer``) and the recurrent baselines' plain one
-(``garlic.baselines.recurrent.RecurrentTrainer``). After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
+(``garlic.methods.recurrent.RecurrentTrainer``). After every epoch the fit can hand out its whole state (weights, optimisers, schedules, sampler epoch, random
 state and bookkeeping); a fit continued from that state ends exactly as an uninterrupted one. Under ``torchrun``
-the same code trains data-parallel (see ``garlic.distributed``).
+the same code trains data-parallel (see ``garlic.training.distributed``).
 """
 from __future__ import annotations
 
@@ -35,15 +35,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from garlic import distributed
 from garlic.config import Config, ConfigError
-from garlic.data import IrregularDataset, loader
-from garlic.device import resolve_device
-from garlic.losses import PREDICTION, RECONSTRUCTION, class_weights, forward, stage_losses
+from garlic.data.batches import IrregularDataset, loader
 from garlic.metrics import binary_metrics
-from garlic.model import Garlic, graph_penalty
-from garlic.predict import INFERENCE_BATCH, in_length_order
-from garlic.architectures import build_model
+from garlic.models.architectures import build_model
+from garlic.models.compact import Garlic, graph_penalty
+from garlic.models.predict import INFERENCE_BATCH, in_length_order
+from garlic.training import distributed
+from garlic.training.device import resolve_device
+from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, forward, stage_losses
 
 GRADIENT_CLIP = 5.0
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
@@ -142,7 +142,7 @@ class Trainer:
         decide(progress, score, losses) -> (switch, stop)     after the best epoch is updated
 
     ``scores`` are the validation AUROC and AUPRC. GARLIC's schedules are ``AlternatingTrainer`` (compact) and
-    ``ReferenceTrainer``; the recurrent baselines' plain loop is ``garlic.baselines.recurrent.RecurrentTrainer``.
+    ``ReferenceTrainer``; the recurrent baselines' plain loop is ``garlic.methods.recurrent.RecurrentTrainer``.
     """
 
     config: Config  # the recurrent baselines': ``RecurrentSettings`` (the loop reads ``max_epochs``)

@@ -1,0 +1,3 @@
+"""The data a model sees: the datasets the project knows (``datasets``), their fixed splits and the protocols that
+name them (``splits``), and batches over the cached tensors, normalised with training statistics only
+(``batches``). Reads ``preprocessing``'s tables and tensors; imports nothing else of ``garlic``."""

@@ -1,0 +1,2 @@
+"""Evaluation of a method on a split: fit on the training part, select on validation, test once, score and log
+(``fit_and_test``), with temperature scaling fitted on validation (``calibration``)."""

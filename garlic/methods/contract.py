@@ -1,0 +1,34 @@
+"""What a method is: any object used as scikit-learn estimators and PyPOTS models are, so that the one evaluation
+path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of the registry the same way:
+
+    fit(train: IrregularDataset, validation: IrregularDataset) -> the method     selection on validation only
+    predict_proba(dataset: IrregularDataset) -> np.ndarray [N]                  risk per stay, in dataset order
+    log_fitted(parts: dict[str, IrregularDataset]) -> dict[str, float]          optional: log what the fitted
+                                                                                method shows beyond its risks
+                                                                                (settings chosen, graph, model),
+                                                                                return its metrics
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+from sklearn.exceptions import NotFittedError
+
+from garlic.data.batches import IrregularDataset
+
+
+class Method(Protocol):
+    """scikit-learn's conventions: ``fit`` returns the method, what it learns goes in attributes ending in ``_``, and
+    using it before ``fit`` raises ``NotFittedError`` (``check_fitted``)."""
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "Method": ...
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray: ...
+
+
+def check_fitted(method: Method) -> None:
+    """Raise scikit-learn's ``NotFittedError`` unless ``method`` holds a fitted attribute (a name ending in ``_``).
+    scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
+    if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
+        raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")

@@ -1,0 +1,3 @@
+"""What a run leaves behind: the MLflow store and its runs (``store``), what a run records and the check that its
+data are unchanged (``run_contract``), the saved model folder (``saved_model``), and the figures logged with every
+run (``plots``)."""

@@ -1,0 +1,64 @@
+"""The package layout of the README: data flows one way through ``garlic``'s packages, and none imports back up."""
+import ast
+from pathlib import Path
+
+import garlic
+
+# Lowest first: a module may import its own package and those before it, never one after it.
+LAYERS = ("metrics", "data", "config", "models", "training", "tracking", "explain", "methods", "evaluation",
+          "runs", "inference", "cli")  # fmt: skip
+PACKAGE = Path(garlic.__file__).parent
+
+
+def layer_of(module: str) -> str:
+    """``garlic.models.compact`` -> ``models``; ``garlic.cli`` -> ``cli``."""
+    return module.split(".")[1]
+
+
+def imported_garlic_modules(tree: ast.Module) -> list[tuple[str, int]]:
+    """Every ``garlic.*`` module a module imports, with its line (lazy imports inside functions included)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "garlic":
+            names = [f"garlic.{alias.name}" for alias in node.names] if node.module == "garlic" else [node.module]
+            found += [(name, node.lineno) for name in names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] == "garlic"]
+    return found
+
+
+def upward_imports(package: Path) -> list[str]:
+    upward = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package.parent).with_suffix("")
+        if relative.name == "__init__" and len(relative.parts) <= 2:
+            continue
+        module = ".".join(relative.parts)
+        for imported, line in imported_garlic_modules(ast.parse(path.read_text())):
+            if LAYERS.index(layer_of(imported)) > LAYERS.index(layer_of(module)):
+                upward.append(f"{module} (line {line}) imports {imported}")
+    return upward
+
+
+def test_every_package_and_top_module_has_a_layer():
+    top = {path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert top | packages == set(LAYERS)
+
+
+def test_no_module_imports_a_later_layer():
+    assert upward_imports(PACKAGE) == []
+
+
+def test_the_check_reports_an_upward_import(tmp_path):
+    # A model that imported the trainer, or lazily the registry, is reported; importing downwards is not.
+    models = tmp_path / "garlic" / "models"
+    models.mkdir(parents=True)
+    (models / "bad.py").write_text(
+        "from garlic.data.batches import Batch\nfrom garlic.training.trainer import Trainer\n\n\n"
+        "def later():\n    from garlic import methods\n"
+    )
+    assert upward_imports(tmp_path / "garlic") == [
+        "garlic.models.bad (line 2) imports garlic.training.trainer",
+        "garlic.models.bad (line 6) imports garlic.methods",
+    ]
