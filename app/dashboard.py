@@ -35,7 +35,7 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
 from garlic.explain.built_in import BUILT_IN
 from garlic.tracking import run_contract
-from garlic.tracking.saved_model import TrainedModel
+from garlic.methods.saved import Predictor
 from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
 from preprocessing.tables import DatasetNotFoundError
 
@@ -71,7 +71,7 @@ def cached_runs(store: str) -> list[sources.RunChoice]:
 
 
 @st.cache_resource(show_spinner="Loading the model…")
-def cached_run(store: str, run_id: str) -> tuple[TrainedModel, mlflow.entities.Run]:
+def cached_run(store: str, run_id: str) -> tuple[Predictor, mlflow.entities.Run]:
     return sources.load_run(Path(store), run_id)
 
 
@@ -277,7 +277,7 @@ def replayed_hour(last_hour: int, speed: float) -> int:
 
 
 @shown_plainly
-def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedModel, speed: float,
+def bedside_view(replay: Replay, title: str, threshold: float, trained: Predictor, speed: float,
                  timed: bool) -> None:  # fmt: skip
     last_hour = int(replay.hours[-1])
     if st.session_state.playing != timed:
@@ -327,6 +327,10 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: TrainedM
     st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
 
     st.subheader("Why")
+    if explained.explanation is None:
+        st.info(f"This run's model ({trained.name}) gives no explanation of its own: the page shows its risk only. "
+                "GARLIC runs show which signals, observations and edges drove the risk.", icon=":material/info:")
+        return
     gradients = explained.explanation.method != BUILT_IN
     if gradients:
         st.info("Importance by integrated gradients (each observed value's share of what moved the risk from a stay "

@@ -25,7 +25,8 @@ from garlic.explain.built_in import Explanation, explain
 from garlic.explain.integrated_gradients import gradient_explanation
 from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
-from garlic.tracking.saved_model import TrainedModel
+from garlic.methods.saved import Predictor, SavedMethod
+from preprocessing.tensors import IrregularTensors
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 
@@ -47,12 +48,13 @@ class Replay:
 
 @dataclass
 class Hour:
-    """What the model had seen by one hour of a replay, and why it gave its risk (both as batches of one)."""
+    """What the model had seen by one hour of a replay, and why it gave its risk (both as batches of one); no
+    explanation for a method that gives none (``Predictor.explains``)."""
 
     stay_id: int
     hour: float
     batch: Batch
-    explanation: Explanation
+    explanation: Explanation | None
 
 
 def replay_hours(last_time: float) -> np.ndarray:
@@ -94,20 +96,58 @@ def risk_curve(model: Garlic, stay: Stay, hours: np.ndarray) -> np.ndarray:
     return risk
 
 
-def replay_stay(trained: TrainedModel, dataset: IrregularDataset, position: int) -> Replay:
-    """The risk curve of the stay at ``position`` in ``dataset``."""
+def method_risk_curve(trained: SavedMethod, tensors: IrregularTensors, hours: np.ndarray) -> np.ndarray:
+    """Risk after each of ``hours`` [H] from a method other than GARLIC, which need not be causal step by step: the
+    method scores the stay (``tensors``, one stay, as recorded) cut at each hour, all cuts as one dataset; NaN before
+    the first observation."""
+    prefixes = prefix_tensors(tensors, hours)
+    seen = np.flatnonzero(prefixes.lengths > 0)
+    risk = np.full(len(hours), np.nan)
+    if len(seen):
+        risk[seen] = trained.predict_proba(IrregularDataset(prefixes.subset(seen), trained.normalisation))
+    return risk
+
+
+def prefix_tensors(tensors: IrregularTensors, hours: np.ndarray) -> IrregularTensors:
+    """The one stay of ``tensors`` as H stays, the k-th holding only its observations at time <= hours[k]."""
+    steps = int(tensors.lengths[0])
+    times = tensors.times[0, :steps]
+    lengths = np.searchsorted(times, hours, side="right")
+    kept = np.arange(steps)[None, :] < lengths[:, None]  # [H, T]
+    return IrregularTensors(
+        stay_ids=np.repeat(tensors.stay_ids, len(hours)),
+        values=np.where(kept[..., None], tensors.values[0, :steps][None], 0).astype(tensors.values.dtype),
+        mask=kept[..., None] & tensors.mask[0, :steps][None].astype(bool),
+        times=np.where(kept, times[None], 0).astype(tensors.times.dtype),
+        lengths=lengths.astype(tensors.lengths.dtype),
+        static=np.repeat(tensors.static, len(hours), axis=0),
+        labels=np.repeat(tensors.labels, len(hours)),
+        variables=tensors.variables,
+        static_features=tensors.static_features,
+    )
+
+
+def replay_stay(trained: Predictor, dataset: IrregularDataset, position: int) -> Replay:
+    """The risk curve of the stay at ``position`` in ``dataset``: GARLIC's in one pass (``risk_curve``), another
+    method's from the stay cut at every hour (``method_risk_curve``)."""
     stay = dataset[position]
     steps = int(stay["lengths"])
     if steps == 0:
         raise ValueError(f"stay {dataset.stay_ids[position]} has no observation to replay")
     hours = replay_hours(float(stay["times"][steps - 1]))
-    return Replay(int(dataset.stay_ids[position]), hours, risk_curve(trained.model, stay, hours), stay)
+    if trained.explains:
+        risk = risk_curve(trained.model, stay, hours)
+    else:
+        risk = method_risk_curve(trained, dataset.tensors.subset(np.array([position])), hours)
+    return Replay(int(dataset.stay_ids[position]), hours, risk, stay)
 
 
-def explain_hour(trained: TrainedModel, replay: Replay, index: int) -> Hour:
+def explain_hour(trained: Predictor, replay: Replay, index: int) -> Hour:
     """Observation-, signal- and edge-level importance of the risk at hour ``hours[index]``: the model's built-in
-    explanation, or integrated gradients (no edges) for a model without one."""
+    explanation, integrated gradients (no edges) for a GARLIC model without one, none for another method."""
     batch = prefix_batch(replay.stay, replay.hours[index : index + 1])
+    if not trained.explains:
+        return Hour(replay.stay_id, float(replay.hours[index]), batch, None)
     if trained.model.explanation_unavailable is None:
         explanation = explain(trained.model, batch, trained.variables)
     else:
@@ -115,7 +155,7 @@ def explain_hour(trained: TrainedModel, replay: Replay, index: int) -> Hour:
     return Hour(replay.stay_id, float(replay.hours[index]), batch, explanation)
 
 
-def observations_at(hour: Hour, trained: TrainedModel) -> pd.DataFrame:
+def observations_at(hour: Hour, trained: Predictor) -> pd.DataFrame:
     """What the model had seen by the hour: time, variable, value (original units), importance."""
     table = observation_table(hour.explanation, hour.batch, np.array([hour.stay_id]), trained)
     return table.drop(columns="stay_id")
@@ -151,7 +191,10 @@ def edges_at(hour: Hour, top: int = 8) -> pd.DataFrame:
 
 
 def drivers_at(hour: Hour, top: int = 2) -> list[tuple[str, str | None]]:
-    """The ``top`` most important variables at the hour and which way each has moved lately."""
+    """The ``top`` most important variables at the hour and which way each has moved lately (none without an
+    explanation)."""
+    if hour.explanation is None:
+        return []
     signals = signals_at(hour)
     drivers = []
     for name in signals[signals > 0].index[:top]:

@@ -22,8 +22,9 @@ from garlic.data.datasets import processed_folder
 from garlic.data.splits import split_path
 from garlic.inference import tensors_for_model
 from garlic.tracking import run_contract
-from garlic.tracking.saved_model import TrainedModel
-from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, load_run_model, use_store
+from garlic.methods.saved import Predictor
+from garlic.runs import load_predictor
+from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, use_store
 from preprocessing.records import read_record_files
 from preprocessing.tables import read_manifest
 from preprocessing.tensors import load_tensors
@@ -101,21 +102,21 @@ def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
     preset the run was trained from names it where it has one (``physionet2012-best · AUROC …``)."""
     params = run.data.params
     started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    label = [run.data.tags.get(run_contract.PRESET) or params.get("dataset", "?")]
+    label = [run.data.tags.get(run_contract.PRESET) or run.data.tags.get(run_contract.METHOD) or params.get("dataset", "?")]
     if "test_auroc" in run.data.metrics:
         label.append(f"AUROC {run.data.metrics['test_auroc']:.3f}")
     details = [params.get("split", "no split"), f"started {started}", f"run {run.info.run_id}"]
     return " · ".join([*label, run.info.run_id[:8]]), " · ".join(details)
 
 
-def load_run(store: Path, run_id: str) -> tuple[TrainedModel, mlflow.entities.Run]:
+def load_run(store: Path, run_id: str) -> tuple[Predictor, mlflow.entities.Run]:
     """The run's model and its record; RunNotFoundError (with the reason) when either is missing or unusable."""
     open_store(store)
     run = get_run(run_id)
     _artifacts_inside(store, run)
     try:
-        trained = load_run_model(run_id, store)
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:  # a model folder that is not a GARLIC model
+        trained = load_predictor(run_id, store)
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:  # a model folder that does not load
         raise RunNotFoundError(f"run {run_id} has a model artifact that cannot be loaded: {exc!r}") from exc
     return trained, run
 
@@ -143,7 +144,7 @@ def artifact_bytes(store: Path, run_id: str, path: str) -> bytes | None:
         return Path(local).read_bytes()
 
 
-def test_split(trained: TrainedModel, run: mlflow.entities.Run, data_root: Path) -> IrregularDataset:
+def test_split(trained: Predictor, run: mlflow.entities.Run, data_root: Path) -> IrregularDataset:
     """The run's test stays, from its dataset under ``data_root`` and its saved split, ready for the model.
 
     Refused (``StaleRunDataError``) when that split or dataset is not the one the run was trained on.
@@ -160,7 +161,7 @@ def test_split(trained: TrainedModel, run: mlflow.entities.Run, data_root: Path)
     return trained.dataset(tensors.subset(split.positions(tensors, "test")))
 
 
-def read_upload(name: str, data: bytes, trained: TrainedModel) -> IrregularDataset:
+def read_upload(name: str, data: bytes, trained: Predictor) -> IrregularDataset:
     """One uploaded record file (``RECORDID.txt`` or ``pNNNNNN.psv``) -> the stay, ready for the model.
 
     The bytes are written under a fresh temporary folder with the checked base name, and only that file is read.

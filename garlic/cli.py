@@ -263,7 +263,6 @@ def _train(args: argparse.Namespace) -> None:
         _say(f"creating a new MLflow store in {store.resolve()}")
 
     from garlic.training import distributed
-
     from garlic import runs
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     with distributed.process_group(config.device if config else args.device or "auto"):
@@ -324,11 +323,11 @@ def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
     from garlic.inference import predict_tables
-    from garlic.tracking.store import load_run_model
+    from garlic.runs import load_predictor
     from preprocessing.raw import LeftOut
     from preprocessing.records import read_record_files
 
-    trained = load_run_model(args.run, _existing_store(args))
+    trained = load_predictor(args.run, _existing_store(args))
     left_out: list[LeftOut] = []  # one record without an observation blocks no other
     observations, static = read_record_files(args.input, left_out=left_out)
     risks = predict_tables(trained, observations, static).assign(left_out="")

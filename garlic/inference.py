@@ -1,16 +1,16 @@
-"""Risk for stays that come as raw tables (new records, uploads), with a trained model."""
+"""Risk for stays that come as raw tables (new records, uploads), with a trained model: GARLIC's
+(``garlic.tracking.saved_model.TrainedModel``) or another method's (``garlic.methods.saved.SavedMethod``)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from garlic.models.predict import predict_proba
-from garlic.tracking.saved_model import TrainedModel
+from garlic.methods.saved import Predictor
 from preprocessing.tables import ProcessedDataset
 from preprocessing.tensors import IrregularTensors, tensorize
 
 
-def tensors_for_model(trained: TrainedModel, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
+def tensors_for_model(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
     """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns);
     every stay must have an observation."""
     unknown = sorted(set(observations["variable"].astype(str)) - set(trained.variables))
@@ -35,8 +35,8 @@ def tensors_for_model(trained: TrainedModel, observations: pd.DataFrame, static:
     return tensors
 
 
-def predict_tables(trained: TrainedModel, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
+def predict_tables(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
     """One row per stay: stay_id and predicted risk."""
     tensors = tensors_for_model(trained, observations, static)
-    risk = predict_proba(trained.model, trained.dataset(tensors))
+    risk = trained.predict_proba(trained.dataset(tensors))
     return pd.DataFrame({"stay_id": tensors.stay_ids, "risk": risk})

@@ -13,6 +13,7 @@ uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 lo
 from __future__ import annotations
 
 import shutil
+import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,24 +23,24 @@ import mlflow
 import numpy as np
 import pyarrow.parquet as pq
 
-from garlic.training import distributed
-
-from garlic.methods import registry
-
 from garlic.config import Config
 from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_folder
 from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
+from garlic.methods import registry
+from garlic.methods.contract import can_be_saved
 from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.saved import METHOD_DESCRIPTION, Predictor, SavedMethod, load_method, save_method
 from garlic.metrics import METRICS, binary_metrics
-from garlic.models.predict import predict_proba
 from garlic.tracking import run_contract
-from garlic.tracking.store import DEFAULT_STORE, claim_run, get_run, load_run_model, use_experiment, use_store, was_claimed
+from garlic.tracking.saved_model import load_model
+from garlic.tracking.store import (DEFAULT_STORE, MODEL_ARTIFACT, claim_run, download_run_model, get_run, use_experiment,
+                                   use_store, was_claimed)  # fmt: skip
+from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
 from preprocessing.tables import LABELS, read_manifest
 from preprocessing.tensors import IrregularTensors, load_tensors
-
 
 
 @dataclass
@@ -126,8 +127,9 @@ def train_method(
     """A registered method other than GARLIC (``garlic.methods.registry``) on the chosen splits (default: the first) of the
     config's dataset and protocol, through ``fit_and_test`` as GARLIC is: one MLflow run tagged with the method, its
     settings as params, a nested run per split (one split: the run itself) and the mean and std of their test
-    metrics. These methods fit in minutes, so a killed run is started again rather than resumed, and they log no
-    model for the dashboard. Returns the run id and results."""
+    metrics. These methods fit in minutes, so a killed run is started again rather than resumed. A method that can
+    be saved (``garlic.methods.contract.can_be_saved``) logs its fitted model with each split run, for ``garlic
+    predict``, ``garlic evaluate`` and the dashboard (``load_predictor``). Returns the run id and results."""
     spec = registry.method(name)
     spec.check_installed()  # before any data is read
     folder = ensure_processed(config.dataset, data_root)
@@ -149,7 +151,11 @@ def train_method(
             nested = {"run_name": split.name, "nested": True, "tags": {run_contract.METHOD: name}}
             with mlflow.start_run(**nested) if len(chosen) > 1 else nullcontext():
                 mlflow.log_params(run_contract.split_params(split, folder, manifest))
-                metrics = fit_and_test(spec.create(context), split_parts(tensors, split))
+                method = spec.create(context)
+                metrics = fit_and_test(method, split_parts(tensors, split))
+                if can_be_saved(method):
+                    log_method(SavedMethod(name, method, config, list(tensors.variables),
+                                           list(tensors.static_features), split.normalisation))  # fmt: skip
                 results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,
                                            {metric: metrics[f"test_{metric}"] for metric in METRICS}))  # fmt: skip
         if len(chosen) > 1:
@@ -316,12 +322,24 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
 
     Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
     """
-    trained = load_run_model(run_id, store)
+    trained = load_predictor(run_id, store)
     params = get_run(run_id).data.params
     folder = processed_folder(params[run_contract.DATASET], data_root)
     split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
     tensors = load_tensors(folder)
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
-    probabilities = predict_proba(trained.model, test)
+    probabilities = trained.predict_proba(test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),
             **binary_metrics(test.labels.numpy(), probabilities)}  # fmt: skip
+
+
+def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> Predictor:
+    """The model split run ``run_id`` logged: GARLIC's (``TrainedModel``) or another method's (``SavedMethod``)."""
+    folder = download_run_model(run_id, store)
+    return load_method(folder) if (folder / METHOD_DESCRIPTION).is_file() else load_model(folder)
+
+
+def log_method(saved: SavedMethod) -> None:
+    """Log a fitted method's folder (``garlic.methods.saved``) as the active run's model artifact."""
+    with tempfile.TemporaryDirectory() as folder:
+        mlflow.log_artifacts(str(save_method(Path(folder), saved)), MODEL_ARTIFACT)

@@ -84,6 +84,23 @@ def tiny_run(tmp_path_factory, architecture: str = "compact") -> TinyRun:
     return TinyRun(folder / "data", folder / "mlruns", done.read_text())
 
 
+def tiny_method_run(tmp_path_factory, method: str) -> TinyRun:
+    """A registered method (``garlic train --method``) on split 0 of the tiny synthetic cohort, in its own store."""
+    from garlic import runs
+    from garlic.config import Config
+    from garlic.data.datasets import processed_folder
+    from preprocessing import synthetic
+
+    folder = tmp_path_factory.getbasetemp() / f"{method}-run"
+    done = folder / "run_id"
+    if not done.is_file():
+        synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
+        config = Config.for_dataset("synthetic").override({"max_epochs": 2, "device": "cpu"})
+        run_id, _ = runs.train_method(method, config, [0], folder / "data", folder / "mlruns")
+        done.write_text(run_id)
+    return TinyRun(folder / "data", folder / "mlruns", done.read_text())
+
+
 def run_without_model(store: Path) -> str:
     """A run that stopped before logging its model."""
     import mlflow

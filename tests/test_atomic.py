@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from garlic.tracking import saved_model
-
 from garlic.training import state as training_state
 from preprocessing import atomic
 

@@ -14,7 +14,7 @@ from app import sources
 from app.threshold import threshold_at_sensitivity
 from preprocessing.physionet2012 import format_record
 from preprocessing.tables import read_processed
-from helpers import run_without_model, tiny_run
+from helpers import run_without_model, tiny_method_run, tiny_run
 
 PAGE = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
 
@@ -65,6 +65,22 @@ def test_a_run_whose_model_has_no_built_in_explanation_is_explained_by_integrate
     at.sidebar.number_input(key=f"threshold-{reference.run_id}").set_value(0.0).run()
     (warning,) = warnings(at)
     assert "Driven by " in warning and "no single signal" not in warning
+
+
+def test_a_run_of_another_method_replays_its_risk_and_says_it_explains_nothing(page, tmp_path_factory):
+    boosting = tiny_method_run(tmp_path_factory, "gbm_static")
+    at = page(boosting.run_id, boosting.store, data_root=boosting.data_root)
+    assert not at.exception
+    assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
+    assert any(m.label == "Test AUROC" for m in at.metric)
+    said = [e.value for e in at.info]
+    assert any(s.startswith("This run's model (gbm_static) gives no explanation of its own") for s in said), said
+    assert not [e.value for e in at.error if "Something went wrong" in e.value]
+    (choice,) = sources.runs_with_models(boosting.store)  # listed with the runs that have a model, by its method
+    assert choice.run_id == boosting.run_id and choice.label.startswith("gbm_static · AUROC ")
+    at.sidebar.number_input(key=f"threshold-{boosting.run_id}").set_value(0.0).run()
+    (warning,) = warnings(at)
+    assert "Driven by no single signal." in warning
 
 
 def warnings(at: AppTest) -> list[str]:

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from garlic.training import distributed
-
 from garlic import runs
 from garlic.config import Config
 from garlic.data.batches import LengthBucketSampler

@@ -1,5 +1,6 @@
 """The field's models from PyPOTS (garlic.methods.field) as registered methods, on an hourly grid of the stays."""
 import importlib.util
+import json
 
 import mlflow
 import numpy as np
@@ -49,7 +50,7 @@ def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys)
 
 @needs_pypots
 @pytest.mark.parametrize("name", ["raindrop", "seft", "brits"])
-def test_each_pypots_model_is_trained_and_tested_by_garlic_train(name, tmp_path_factory, tmp_path):
+def test_each_pypots_model_is_trained_tested_and_saved_by_garlic_train(name, tmp_path_factory, tmp_path, capsys):
     root = synthetic_root(tmp_path_factory, n_stays=120, seed=6)
     store = tmp_path / "mlruns"
     torch.set_num_threads(1)
@@ -60,6 +61,12 @@ def test_each_pypots_model_is_trained_and_tested_by_garlic_train(name, tmp_path_
                                 filter_string=f"tags.method = 'pypots_{name}'")  # fmt: skip
     assert run.info.status == "FINISHED" and run.data.params["max_epochs"] == "1"
     assert 0 <= run.data.metrics["test_auroc"] <= 1 and np.isfinite(run.data.metrics["test_brier"])
+    # its model was saved with the run: read back, it scores the test stays as the run did
+    capsys.readouterr()
+    garlic_main(["--data-root", str(root), "--mlruns", str(store), "evaluate", "--run", run.info.run_id])
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["auroc"] == pytest.approx(run.data.metrics["test_auroc"], abs=1e-9)
+    assert evaluated["brier"] == pytest.approx(run.data.metrics["test_brier"], abs=1e-9)
 
 
 @needs_pypots

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from garlic.tracking import run_contract
-
 from garlic import runs
 from garlic.config import Config
 from garlic.models.predict import predict_proba

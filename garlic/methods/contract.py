@@ -7,6 +7,16 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 method shows beyond its risks
                                                                                 (settings chosen, graph, model),
                                                                                 return its metrics
+    save_fitted(folder: Path) -> None                                            optional, both or neither: write
+    restore_fitted(folder: Path) -> None                                        what was fitted into a folder
+                                                                                (tensors loaded weights-only, JSON,
+                                                                                scikit-learn models in skops's
+                                                                                format; never pickle), and read it
+                                                                                back into a method built with the
+                                                                                same settings
+
+A method that can be saved (``can_be_saved``) is saved with its run by ``garlic train --method``
+(``garlic.methods.saved``), so that ``garlic predict`` and the dashboard use it as they use a GARLIC model.
 """
 from __future__ import annotations
 
@@ -32,3 +42,8 @@ def check_fitted(method: Method) -> None:
     scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
     if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
         raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")
+
+
+def can_be_saved(method: Method) -> bool:
+    """Whether ``method`` writes what it fitted to a folder and reads it back (``save_fitted``/``restore_fitted``)."""
+    return hasattr(method, "save_fitted") and hasattr(method, "restore_fitted")

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted
+from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
+from preprocessing.atomic import write_json_atomic
 
 MODELS = ("raindrop", "seft", "brits")
 
@@ -103,7 +106,8 @@ class FieldModel:
         last = train.times.numpy()[np.arange(len(train)), np.maximum(train.lengths.numpy() - 1, 0)]
         self.hours_ = max(1, math.ceil(float(last.max())))
         grids = {part: hourly_grid(data, self.hours_) for part, data in (("train", train), ("val", validation))}
-        self.model_ = build(self.name, self.settings, self.hours_, grids["train"].shape[-1])
+        self.num_variables_ = grids["train"].shape[-1]
+        self.model_ = build(self.name, self.settings, self.hours_, self.num_variables_)
         self.model_.fit({"X": grids["train"], "y": train.labels.numpy().astype(np.int64)},
                         {"X": grids["val"], "y": validation.labels.numpy().astype(np.int64)})  # fmt: skip
         return self
@@ -111,3 +115,15 @@ class FieldModel:
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         check_fitted(self)
         return self.model_.predict_proba({"X": hourly_grid(dataset, self.hours_)})[:, 1]
+
+    def save_fitted(self, folder: Path) -> None:
+        check_fitted(self)
+        save_weights(folder / WEIGHTS, self.model_.model.state_dict())  # the torch module inside PyPOTS's model
+        write_json_atomic(folder / FITTED, {"hours": self.hours_, "num_variables": self.num_variables_})
+
+    def restore_fitted(self, folder: Path) -> None:
+        fitted = read_fitted(folder)
+        self.model_ = build(self.name, self.settings, fitted["hours"], fitted["num_variables"])
+        load_state(self.model_.model, folder / WEIGHTS)
+        self.model_.model.eval()
+        self.hours_, self.num_variables_ = fitted["hours"], fitted["num_variables"]

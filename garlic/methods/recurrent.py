@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,8 +31,10 @@ from garlic.data.batches import IrregularDataset, loader
 from garlic.methods.contract import check_fitted
 from garlic.models.compact import DecayImputation, step_mask
 from garlic.models.predict import in_length_order
+from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
 from garlic.training.trainer import Progress, Trainer
+from preprocessing.atomic import write_json_atomic
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -179,8 +182,20 @@ class RecurrentModel:
         torch.manual_seed(settings.seed)
         model = MODELS[self.name](train.values.shape[-1], settings.hidden_dim, settings.dropout).to(device)
         self.model_ = RecurrentTrainer(model, settings, device).fit(train, validation).model
+        self.num_variables_ = train.values.shape[-1]
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         check_fitted(self)
         return predict(self.model_, dataset)
+
+    def save_fitted(self, folder: Path) -> None:
+        check_fitted(self)
+        save_weights(folder / WEIGHTS, self.model_.state_dict())
+        write_json_atomic(folder / FITTED, {"num_variables": self.num_variables_})
+
+    def restore_fitted(self, folder: Path) -> None:
+        num_variables = read_fitted(folder)["num_variables"]
+        model = MODELS[self.name](num_variables, self.settings.hidden_dim, self.settings.dropout)
+        load_state(model, folder / WEIGHTS)
+        self.model_, self.num_variables_ = model.eval(), num_variables

@@ -5,9 +5,13 @@ Every model is fitted on the training part, its few settings chosen by validatio
 """
 from __future__ import annotations
 
+import zipfile
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pandas as pd
+import skops.io
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
@@ -17,6 +21,8 @@ from sklearn.preprocessing import StandardScaler
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted
+from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
+from preprocessing.atomic import atomic_file, write_json_atomic
 from preprocessing.tensors import IrregularTensors
 
 STATISTICS = ("first", "last", "min", "max", "mean", "count")
@@ -25,6 +31,10 @@ BOOSTING_SETTINGS = (
     {"learning_rate": 0.05, "max_iter": 200, "max_leaf_nodes": 15},
     {"learning_rate": 0.1, "max_iter": 100, "max_leaf_nodes": 31},
 )
+# A fitted model is kept in skops's format (scikit-learn's own objects, no pickle): loading builds only the types
+# skops trusts by default and these, which the two model kinds hold; a file naming any other type is refused.
+SKOPS_FILE = "model.skops"
+SKOPS_TRUSTED = ("numpy.dtype", "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor")
 
 
 def summary_features(tensors: IrregularTensors) -> tuple[np.ndarray, list[str]]:
@@ -44,6 +54,22 @@ def summary_features(tensors: IrregularTensors) -> tuple[np.ndarray, list[str]]:
     features = np.concatenate([*columns, count.astype("float64")], axis=1)
     names = [f"{variable}_{statistic}" for statistic in STATISTICS for variable in tensors.variables]
     return features, names
+
+
+def load_skops(path: Path):
+    """The scikit-learn model in ``path``, refused unless every type it would build is trusted (``SKOPS_TRUSTED``)."""
+    unreadable = (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile)  # a skops file is a zip archive
+    try:
+        data = Path(path).read_bytes()
+        untrusted = set(skops.io.get_untrusted_types(data=data)) - set(SKOPS_TRUSTED)
+    except unreadable as exc:
+        raise ModelFileError(f"{path}: not a readable skops model ({type(exc).__name__})") from None
+    if untrusted:
+        raise ModelFileError(f"{path}: names types this project does not load: {', '.join(sorted(untrusted))}")
+    try:
+        return skops.io.loads(data, trusted=list(SKOPS_TRUSTED))
+    except unreadable as exc:
+        raise ModelFileError(f"{path}: not a readable skops model ({type(exc).__name__})") from None
 
 
 def _logistic_candidates(seed: int) -> list[tuple[dict, object]]:
@@ -98,6 +124,17 @@ class SummaryModel:
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         check_fitted(self)
         return self.model_.predict_proba(self.features(dataset)[:, self.kept_])[:, 1]
+
+    def save_fitted(self, folder: Path) -> None:
+        check_fitted(self)
+        with atomic_file(folder / SKOPS_FILE) as out:
+            out.write(skops.io.dumps(self.model_))
+        write_json_atomic(folder / FITTED, {"kept": self.kept_.tolist(), "chosen": self.chosen_})
+
+    def restore_fitted(self, folder: Path) -> None:
+        fitted = read_fitted(folder)
+        self.model_ = load_skops(folder / SKOPS_FILE)
+        self.kept_, self.chosen_ = np.asarray(fitted["kept"], dtype=bool), fitted["chosen"]
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         check_fitted(self)

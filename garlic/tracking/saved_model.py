@@ -10,6 +10,7 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from garlic.config import Config
@@ -17,11 +18,13 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
 from garlic.models.architectures import build_model
 from garlic.models.compact import Garlic
+from garlic.models.predict import predict_proba
 from preprocessing.atomic import atomic_file, write_json_atomic
 from preprocessing.tensors import IrregularTensors
 
 WEIGHTS = "weights.pt"
 DESCRIPTION = "model.json"
+FITTED = "fitted.json"  # what a method other than GARLIC fitted beside its weights (garlic.methods.saved)
 
 
 class ModelFileError(ValueError):
@@ -34,6 +37,7 @@ class TrainedModel:
     variables: list[str]
     static_features: list[str]
     normalisation: Normalisation
+    explains = True  # the dashboard shows its explanations (built in, or integrated gradients)
 
     @property
     def config(self) -> Config:
@@ -41,18 +45,24 @@ class TrainedModel:
 
     def dataset(self, tensors: IrregularTensors) -> IrregularDataset:
         """Stays as model input, normalised with the training statistics; their variables must match."""
-        if list(tensors.variables) != self.variables:
-            raise ValueError(
-                f"the stays' variables {list(tensors.variables)} differ from the model's {self.variables}"
-            )
-        return IrregularDataset(tensors, self.normalisation)
+        return model_input(tensors, self.variables, self.normalisation)
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        return predict_proba(self.model, dataset)
+
+
+def model_input(tensors: IrregularTensors, variables: list[str], normalisation: Normalisation) -> IrregularDataset:
+    """Stays as a saved model's input, normalised with its training statistics; refused unless their variables are
+    the model's, in its order."""
+    if list(tensors.variables) != variables:
+        raise ValueError(f"the stays' variables {list(tensors.variables)} differ from the model's {variables}")
+    return IrregularDataset(tensors, normalisation)
 
 
 def save_model(folder: Path, trained: TrainedModel) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with atomic_file(folder / WEIGHTS) as out:
-        torch.save(trained.model.state_dict(), out)
+    save_weights(folder / WEIGHTS, trained.model.state_dict())
     write_json_atomic(
         folder / DESCRIPTION,
         {
@@ -79,7 +89,7 @@ def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
         trained = TrainedModel(model, description["variables"], description["static_features"], normalisation)
     except (ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
         raise ModelFileError(f"{folder / DESCRIPTION}: not a readable model description ({exc!r:.200})") from None
-    weights = _load_weights(folder / WEIGHTS, device)
+    weights = load_weights(folder / WEIGHTS, device)
     weights.setdefault("logit_offset", torch.zeros(()))  # saved before the offset existed: trained unweighted
     try:
         model.load_state_dict(weights)
@@ -90,7 +100,13 @@ def load_model(folder: Path, device: str = "cpu") -> TrainedModel:
     return trained
 
 
-def _load_weights(path: Path, device: str) -> dict:
+def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """A state dict of tensors, written atomically (a killed write leaves no half file)."""
+    with atomic_file(path) as out:
+        torch.save(state, out)
+
+
+def load_weights(path: Path, device: str = "cpu") -> dict:
     """The state dict in ``path``, loaded with ``weights_only=True``; any failure is one line naming the file."""
     try:
         weights = torch.load(path, map_location=device, weights_only=True)
@@ -101,3 +117,19 @@ def _load_weights(path: Path, device: str) -> dict:
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise ModelFileError(f"{path}: not a state dict of tensors")
     return weights
+
+
+def load_state(module: torch.nn.Module, path: Path) -> None:
+    """Load the state dict in ``path`` (weights only) into ``module``; one line naming the file when it does not fit."""
+    try:
+        module.load_state_dict(load_weights(path))
+    except RuntimeError:
+        raise ModelFileError(f"{path}: the weights do not fit the model its folder describes") from None
+
+
+def read_fitted(folder: Path) -> dict:
+    """The JSON a method wrote beside its fitted parameters (``FITTED``)."""
+    try:
+        return json.loads((Path(folder) / FITTED).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelFileError(f"{Path(folder) / FITTED}: missing or not JSON ({type(exc).__name__})") from None

@@ -142,7 +142,13 @@ def get_run(run_id: str) -> mlflow.entities.Run:
 
 
 def load_run_model(run_id: str, store: Path = DEFAULT_STORE, device: str = "cpu") -> TrainedModel:
-    """The model logged by run ``run_id``, ready for prediction."""
+    """The GARLIC model logged by run ``run_id``, ready for prediction."""
+    return load_model(download_run_model(run_id, store), device=device)
+
+
+def download_run_model(run_id: str, store: Path = DEFAULT_STORE) -> Path:
+    """The local folder of the model that split run ``run_id`` logged (``MODEL_ARTIFACT``): a GARLIC model
+    (``saved_model``) or another method's (``garlic.methods.saved``)."""
     use_store(store)
     run = get_run(run_id)
     children = mlflow.search_runs(
@@ -153,12 +159,11 @@ def load_run_model(run_id: str, store: Path = DEFAULT_STORE, device: str = "cpu"
     if children:
         names = ", ".join(f"{c.info.run_id} ({c.info.run_name})" for c in children)
         raise RunNotFoundError(f"run {run_id} groups several splits; pick one of its split runs: {names}")
-    method = run.data.tags.get(run_contract.METHOD)
-    if method:
-        raise RunNotFoundError(f"run {run_id} is a {method} run (garlic train --method): it logged its risks and "
-                               "metrics, not a model; evaluate, predict and the dashboard read GARLIC runs")  # fmt: skip
     try:
-        folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_ARTIFACT)
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_ARTIFACT))
     except (MlflowException, OSError) as exc:
+        method = run.data.tags.get(run_contract.METHOD)
+        if method:
+            raise RunNotFoundError(f"run {run_id} is a {method} run that saved no model: only `garlic train --method` "
+                                   "saves one, and not for the severity scores (new records carry no score)") from exc  # fmt: skip
         raise RunNotFoundError(f"run {run_id} has no model artifact (did it finish?)") from exc
-    return load_model(Path(folder), device=device)

@@ -1,0 +1,88 @@
+"""A fitted method other than GARLIC as a folder, so that ``garlic predict`` and the dashboard use it as they use a
+saved GARLIC model (``garlic.tracking.saved_model``).
+
+    method.json    the method's registry name, the run's config (from which the registry builds it again), the
+                   variable order, the static features and the training split's normalisation
+    fitted.json    what the method wrote beside its parameters (``garlic.tracking.saved_model.FITTED``)
+    weights.pt     a torch method's state dict, loaded with ``weights_only=True``; or
+    model.skops    a scikit-learn model in skops's format (``garlic.methods.summary.load_skops``)
+
+Only a method that can write and read back what it fitted (``contract.can_be_saved``) is saved: the severity scores
+read a column of the outcomes file that new records do not have, so they are not.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from garlic.config import Config
+from garlic.data.batches import IrregularDataset
+from garlic.data.splits import Normalisation
+from garlic.methods import registry
+from garlic.methods.contract import Method, can_be_saved
+from garlic.tracking.saved_model import ModelFileError, TrainedModel, model_input
+from preprocessing.atomic import write_json_atomic
+from preprocessing.tensors import IrregularTensors
+
+METHOD_DESCRIPTION = "method.json"
+
+
+@dataclass
+class SavedMethod:
+    """A fitted method with what it needs to score new stays: the variable order, the static features and the
+    training split's normalisation. It explains nothing of its own (``explains``): the dashboard shows its risk."""
+
+    name: str
+    method: Method
+    config: Config
+    variables: list[str]
+    static_features: list[str]
+    normalisation: Normalisation
+    explains = False
+
+    def dataset(self, tensors: IrregularTensors) -> IrregularDataset:
+        """Stays as the method's input, normalised with the training statistics; their variables must match."""
+        return model_input(tensors, self.variables, self.normalisation)
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        return self.method.predict_proba(dataset)
+
+
+def save_method(folder: Path, saved: SavedMethod) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    saved.method.save_fitted(folder)
+    write_json_atomic(folder / METHOD_DESCRIPTION, {
+        "method": saved.name,
+        "config": saved.config.to_dict(),
+        "variables": saved.variables,
+        "static_features": saved.static_features,
+        "normalisation": saved.normalisation.to_json(),
+    })  # fmt: skip
+    return folder
+
+
+def load_method(folder: Path) -> SavedMethod:
+    """The method saved in ``folder``, built again by the registry from the saved config and given what it fitted."""
+    folder = Path(folder)
+    try:
+        description = json.loads((folder / METHOD_DESCRIPTION).read_text())
+        name, config = description["method"], Config().override(description["config"])
+        normalisation = Normalisation.from_json(description["normalisation"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
+        raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: not a readable method description ({exc!r:.200})") from None
+    # an unknown method or a missing extra: the registry's own message names what to install
+    method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
+    if not can_be_saved(method):
+        raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: method {name} cannot be read back from a folder")
+    method.restore_fitted(folder)
+    return SavedMethod(name, method, config, description["variables"], description["static_features"], normalisation)
+
+
+# What ``garlic predict``, ``garlic evaluate`` and the dashboard score stays with: both give ``dataset(tensors)``,
+# ``predict_proba(dataset)``, ``config``, ``variables``, ``static_features`` and ``explains``.
+Predictor = TrainedModel | SavedMethod

@@ -1,0 +1,123 @@
+"""A registered method other than GARLIC saved with its run (garlic.methods.saved), and used by ``garlic evaluate``,
+``garlic predict`` and the dashboard's replay as a GARLIC model is."""
+import io
+import json
+import os
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import skops.io
+import torch
+from sklearn.preprocessing import FunctionTransformer
+
+from app.replay import method_risk_curve, prefix_tensors, replay_stay
+from app import sources
+from garlic import runs
+from garlic.cli import main as garlic_main
+from garlic.config import Config
+from garlic.data.batches import IrregularDataset
+from garlic.methods import registry
+from garlic.methods.contract import can_be_saved
+from garlic.methods.saved import SavedMethod, load_method, save_method
+from garlic.methods.summary import SKOPS_FILE, load_skops
+from garlic.tracking.saved_model import ModelFileError
+from garlic.tracking.store import get_run, use_store
+from helpers import synthetic_cohort, synthetic_root
+from preprocessing import physionet2012
+from preprocessing.tables import read_processed
+
+SAVED = ["logreg", "gbm_static", "grud", "decay_gru"]  # every core method but the severity scores
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    return synthetic_cohort(tmp_path_factory, n_stays=240, seed=8)
+
+
+@pytest.mark.parametrize("name", SAVED)
+def test_a_method_read_back_from_its_folder_scores_stays_exactly_as_fitted(name, cohort, tmp_path):
+    torch.set_num_threads(1)
+    config = Config().override({"dataset": "synthetic", "max_epochs": 2, "device": "cpu"})
+    method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
+    method.fit(cohort.parts["train"], cohort.parts["validation"])
+    assert can_be_saved(method)
+    tensors = cohort.tensors
+    saved = SavedMethod(name, method, config, list(tensors.variables), list(tensors.static_features),
+                        cohort.split.normalisation)  # fmt: skip
+    loaded = load_method(save_method(tmp_path / "model", saved))
+    assert type(loaded.method) is type(method) and loaded.name == name and not loaded.explains
+    test = loaded.dataset(cohort.tensors.subset(cohort.split.positions(cohort.tensors, "test")))
+    np.testing.assert_array_equal(loaded.predict_proba(test), method.predict_proba(cohort.parts["test"]))
+
+
+def test_a_skops_file_naming_an_untrusted_type_is_refused_before_anything_is_built(tmp_path):
+    path = tmp_path / SKOPS_FILE
+    path.write_bytes(skops.io.dumps(FunctionTransformer(func=os.system)))
+    with pytest.raises(ModelFileError, match=r"names types this project does not load: .*system"):
+        load_skops(path)
+    path.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ModelFileError, match="not a readable skops model"):
+        load_skops(path)
+
+
+@pytest.fixture(scope="module")
+def method_runs(tmp_path_factory):
+    """gbm_static and grud trained by ``garlic train --method`` on split 0 of a small synthetic cohort."""
+    root = synthetic_root(tmp_path_factory, n_stays=300, seed=3)
+    store = tmp_path_factory.mktemp("method-runs") / "mlruns"
+    config = Config.for_dataset("synthetic").override({"max_epochs": 2, "device": "cpu"})
+    trained = {name: runs.train_method(name, config, [0], root, store)[0] for name in ("gbm_static", "grud")}
+    return root, store, trained
+
+
+@pytest.mark.parametrize("name", ["gbm_static", "grud"])
+def test_evaluate_and_predict_read_a_method_run_as_they_read_a_garlic_run(name, method_runs, tmp_path, capsys):
+    root, store, trained = method_runs
+    run_id = trained[name]
+    common = ["--data-root", str(root), "--mlruns", str(store)]
+    garlic_main([*common, "evaluate", "--run", run_id])
+    evaluated = json.loads(capsys.readouterr().out)
+    use_store(store)
+    logged = get_run(run_id).data.metrics
+    assert evaluated["auroc"] == pytest.approx(logged["test_auroc"], abs=1e-12)
+    assert evaluated["brier"] == pytest.approx(logged["test_brier"], abs=1e-12)
+
+    test = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
+    chosen = test.head(3)
+    tables = read_processed(root / "processed" / "synthetic")
+    paths = []
+    for stay in chosen["stay_id"]:
+        static = tables.static.set_index("stay_id").loc[stay].to_dict()
+        path = tmp_path / f"{stay}.txt"
+        path.write_text(physionet2012.format_record(
+            int(stay), tables.observations[tables.observations["stay_id"] == stay], static))  # fmt: skip
+        paths.append(str(path))
+    garlic_main([*common, "predict", "--run", run_id, "--input", *paths])
+    predicted = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    np.testing.assert_array_equal(predicted["stay_id"], chosen["stay_id"])
+    # record files keep 6 significant digits and whole minutes: close, not bit for bit
+    np.testing.assert_allclose(predicted["risk"], chosen["risk"], atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["gbm_static", "grud"])
+def test_a_method_replay_ends_at_the_runs_test_risk_and_each_hour_sees_only_its_past(name, method_runs):
+    root, store, trained = method_runs
+    predictor = runs.load_predictor(trained[name], store)
+    dataset = sources.test_split(predictor, get_run(trained[name]), root)
+    logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=trained[name],
+                                                             artifact_path="predictions/test.csv"))  # fmt: skip
+    position = 0
+    replay = replay_stay(predictor, dataset, position)
+    # the last hour holds the whole stay: the run's own test risk for it
+    expected = logged.set_index("stay_id").loc[replay.stay_id, "risk"]
+    assert replay.risk[-1] == pytest.approx(expected, abs=1e-6)
+    # an hour's risk is the method on the stay cut there, with nothing later in it
+    tensors = dataset.tensors.subset(np.array([position]))
+    middle = len(replay.hours) // 2
+    cut = prefix_tensors(tensors, replay.hours[middle : middle + 1])
+    assert cut.times[0, : cut.lengths[0]].max() <= replay.hours[middle] and not cut.mask[0, cut.lengths[0] :].any()
+    alone = predictor.predict_proba(IrregularDataset(cut, predictor.normalisation))[0]
+    assert replay.risk[middle] == pytest.approx(alone, abs=1e-6)
+    np.testing.assert_array_equal(method_risk_curve(predictor, tensors, replay.hours), replay.risk)
