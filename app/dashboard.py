@@ -316,7 +316,7 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: Predicto
     since = alert_since(replay.hours, replay.risk, threshold, now)
     driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
-        why = f"Driven by {driven or 'no single signal'}."
+        why = "" if explained.explanation is None else f"Driven by {driven or 'no single signal'}."
         st.error(f"**Warning: risk {risk:.2f} is above the alert threshold {threshold:.2f}** since hour {since:g}. "
                  f"{why}", icon=":material/warning:")  # fmt: skip
     elif np.isfinite(risk):
