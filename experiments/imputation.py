@@ -13,7 +13,14 @@ with the hidden values:
 - ``locf``: the variable's last value left before the cell (the training mean where there is none);
 - ``linear``: linear interpolation in time between the values left before and after the cell (the nearer one at a
   stay's ends, the training mean where there is none): the one method that reads later values;
-- ``mean``: the training mean.
+- ``mean``: the training mean;
+- ``saits``, ``brits`` (when named in ``--imputers``; the ``pypots`` extra): PyPOTS's SAITS (Du et al. 2023) and
+  BRITS (Cao et al. 2018) imputers, trained on the training stays (their observed values, normalised, on the hourly
+  grid of ``garlic.methods.field.hourly_grid``) and stopped early on the validation stays with ``HIDDEN_SHARE`` of
+  their grid cells hidden; they impute the test stays' grid built from the values left, and a hidden cell takes the
+  imputation of its hour and variable. On that grid an hour keeps its last value left, so a hidden cell whose hour
+  still holds another value of its variable gets that value (a neighbour within the hour, earlier or later): the
+  grid's resolution, which the per-step methods above do not have. Sizes: ``FIELD_IMPUTERS``.
 
 Errors: ``mae`` on the original scale (overall it is dominated by the variables of large units), ``mre`` = sum |error|
 / sum |value|, and ``normalised_mae``, the errors divided by the training standard deviation after the training
@@ -24,8 +31,10 @@ sit beside ours for scale, not as a paired comparison). Mean +/- std over the ru
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +45,10 @@ from experiments import published
 from experiments.compare import stored_runs
 from experiments.stats import mean_std
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.batches import IrregularDataset
 from garlic.data.splits import load_splits
+from garlic.evaluation.fit_and_test import split_parts
+from garlic.methods.field import hourly_grid
 from garlic.tracking.store import load_run_model
 from preprocessing.atomic import atomic_file
 from preprocessing.tensors import load_tensors
@@ -44,6 +56,13 @@ from preprocessing.tensors import load_tensors
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")
 BATCH = 128
+# PyPOTS's imputers: small enough for a CPU (SAITS's paper used d_model 256 on a GPU), the epochs' budget and
+# patience of the field's classifiers (garlic.methods.field.FieldSettings).
+FIELD_IMPUTERS = {
+    "saits": {"n_layers": 2, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ffn": 128, "dropout": 0.1},
+    "brits": {"rnn_hidden_size": 64},
+}
+FIELD_TRAINING = {"batch_size": 64, "epochs": 30, "patience": 5}
 
 
 def hide(mask: np.ndarray, share: float, seed: int) -> np.ndarray:
@@ -91,21 +110,51 @@ def reconstructed(model, values, mask, times, lengths, static) -> torch.Tensor:
     return result
 
 
-def impute_split(trained, tensors, split, seed: int) -> tuple[dict, pd.DataFrame]:
-    """Hide, impute and score on the split's test stays: overall errors per method, and MAE per method and variable."""
-    test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
-    raw = tensors.subset(split.positions(tensors, "test")).values
+def field_imputation(name: str, parts: dict[str, IrregularDataset], left: IrregularDataset, hidden: np.ndarray,
+                     seed: int) -> np.ndarray:  # fmt: skip
+    """PyPOTS's imputer ``name`` trained on ``parts["train"]``, stopped early on ``parts["validation"]`` with a share
+    of its grid hidden, imputing the test stays' values ``left``: its guess at each ``hidden`` cell [K], normalised."""
+    from pypots.imputation import BRITS, SAITS  # the optional extra
+    from pypots.utils.random import set_random_seed
+
+    train = parts["train"]
+    last = train.times.numpy()[np.arange(len(train)), np.maximum(train.lengths.numpy() - 1, 0)]
+    hours = max(1, math.ceil(float(last.max())))
+    grids = {part: hourly_grid(parts[part], hours) for part in ("train", "validation")}
+    held_out = grids["validation"].copy()
+    held_out[hide(~np.isnan(held_out), HIDDEN_SHARE, seed)] = np.nan
+    set_random_seed(seed)
+    model = {"saits": SAITS, "brits": BRITS}[name](n_steps=hours, n_features=held_out.shape[-1], device="cpu",
+                                                   saving_path=None, verbose=False, **FIELD_IMPUTERS[name],
+                                                   **FIELD_TRAINING)  # fmt: skip
+    model.fit({"X": grids["train"]}, {"X": held_out, "X_ori": grids["validation"]})
+    imputed = model.predict({"X": hourly_grid(left, hours)})["imputation"]  # [N, hours, D]
+    stay, step, variable = np.nonzero(hidden)
+    hour = np.clip(np.floor(left.times.numpy()[stay, step]), 0, hours - 1).astype(np.int64)
+    return imputed[stay, hour, variable]
+
+
+def impute_split(trained, tensors, split, seed: int, imputers: tuple[str, ...] = ()) -> tuple[dict, pd.DataFrame]:
+    """Hide, impute and score on the split's test stays: overall errors per method, and MAE per method and variable;
+    ``imputers``: PyPOTS's (``FIELD_IMPUTERS``) beside the others."""
+    raw_test = tensors.subset(split.positions(tensors, "test"))
+    test, raw = trained.dataset(raw_test), raw_test.values
     hidden = hide(test.mask.numpy() > 0, HIDDEN_SHARE, seed)
     left = test.mask * torch.from_numpy(~hidden)
     values = test.values * left
     imputations = simple_imputations(values, left, test.times)
     imputations["garlic"] = reconstructed(trained.model, values, left, test.times, test.lengths, test.static)
+    imputations = {method: imputations[method].numpy()[hidden] for method in METHODS}
+    if imputers:
+        parts = split_parts(tensors, split, trained.normalisation)
+        kept = replace(raw_test, mask=raw_test.mask & ~hidden, values=np.where(hidden, 0, raw_test.values))
+        for name in imputers:
+            imputations[name] = field_imputation(name, parts, trained.dataset(kept), hidden, seed)
     normalisation = trained.normalisation
     truth_normalised, truth = test.values.numpy()[hidden], raw[hidden]
     variable = np.nonzero(hidden)[2]
     overall, per_variable = {}, []
-    for method in METHODS:
-        guess = imputations[method].numpy()[hidden]
+    for method, guess in imputations.items():
         original = guess * normalisation.value_std[variable] + normalisation.value_mean[variable]
         error = np.abs(original - truth)
         overall[method] = {"normalised_mae": float(np.abs(guess - truth_normalised).mean()),
@@ -117,7 +166,7 @@ def impute_split(trained, tensors, split, seed: int) -> tuple[dict, pd.DataFrame
 
 def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
     lines = [f"# Imputation: {title}", "", "Made by:", "", "```bash", command, "```", "",
-             f"{len(runs) // len(METHODS)} runs; on each, {HIDDEN_SHARE:.0%} of the test stays' observed values hidden "
+             f"{runs['run'].nunique()} runs; on each, {HIDDEN_SHARE:.0%} of the test stays' observed values hidden "
              f"({int(runs['hidden'].iloc[0]):,} on the first), imputed from the rest. Mean +/- std over the runs.", "",
              "| method | normalised MAE | MAE (original units) | MRE |", "|---|---|---|---|"]  # fmt: skip
     for method, group in runs.groupby("method", sort=False):
@@ -148,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlruns", type=Path, nargs="+", required=True, help="the stores holding the runs")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--imputers", nargs="*", choices=sorted(FIELD_IMPUTERS), default=[],
+                        help="PyPOTS's imputers to train beside the others (the pypots extra; minutes a split on a CPU)")
     args = parser.parse_args(argv)
     found = stored_runs(args.preset, args.dataset, args.protocol, args.mlruns, args.data_root)
     if not found:
@@ -158,9 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     rows, variables = [], []
     for index, seed, store, run in found:
         trained = load_run_model(run.info.run_id, store)
-        overall, per_variable = impute_split(trained, tensors, splits[index], seed=index)
+        overall, per_variable = impute_split(trained, tensors, splits[index], seed=index, imputers=tuple(args.imputers))
         name = f"split_{index}/seed_{seed}"
-        rows += [{"run": name, "method": m, "hidden": overall["hidden"], **overall[m]} for m in METHODS]
+        rows += [{"run": name, "method": m, "hidden": overall["hidden"], **overall[m]}
+                 for m in (*METHODS, *args.imputers)]  # fmt: skip
         variables.append(per_variable.assign(run=name))
     runs = pd.DataFrame(rows)
     per_variable = pd.concat(variables).groupby(["method", "variable"], as_index=False)["error"].mean()

@@ -1,13 +1,20 @@
 """experiments.imputation: the hidden cells, the simple imputers and the reconstruction head, on small inputs."""
 from __future__ import annotations
 
+import importlib.util
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from experiments import imputation
 from experiments.imputation import hide, reconstructed, simple_imputations
 from garlic.config import Config
+from garlic.data.batches import IrregularDataset
+from garlic.methods.field import hourly_grid
 from garlic.models.compact import Garlic
+from helpers import synthetic_cohort
 
 
 def test_hide_draws_a_tenth_of_the_observed_cells_and_only_those():
@@ -44,3 +51,26 @@ def test_the_reconstruction_head_of_a_stay_does_not_depend_on_its_batch():
                              mask[stay : stay + 1, :steps], times[stay : stay + 1, :steps], lengths[stay : stay + 1],
                              static[stay : stay + 1]).reconstruction  # fmt: skip
         torch.testing.assert_close(together[stay, :steps], alone[0])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pypots") is None, reason="needs the pypots extra: bin/setup pypots")
+@pytest.mark.parametrize("name", ["saits", "brits"])
+def test_pypots_imputers_guess_each_hidden_cell_from_its_hour_on_the_grid(name, tmp_path_factory, monkeypatch):
+    monkeypatch.setitem(imputation.FIELD_TRAINING, "epochs", 2)
+    monkeypatch.setitem(imputation.FIELD_TRAINING, "patience", 1)
+    cohort = synthetic_cohort(tmp_path_factory, n_stays=120, seed=5)
+    tensors, split = cohort.tensors, cohort.split
+    raw = tensors.subset(split.positions(tensors, "test"))
+    hidden = hide(raw.mask, 0.1, seed=0)
+    kept = replace(raw, mask=raw.mask & ~hidden, values=np.where(hidden, 0, raw.values))
+    left = IrregularDataset(kept, split.normalisation)
+    guess = imputation.field_imputation(name, cohort.parts, left, hidden, seed=0)
+    assert guess.shape == (hidden.sum(),) and np.isfinite(guess).all()
+    # where a hidden cell's hour still holds a value of its variable, the grid keeps it and the imputer returns it
+    grid = hourly_grid(left, 48)
+    stay, step, variable = np.nonzero(hidden)
+    hour = np.clip(np.floor(left.times.numpy()[stay, step]), 0, 47).astype(int)
+    known = grid[stay, hour, variable]
+    shared = ~np.isnan(known)
+    assert shared.any() and (~shared).any()
+    np.testing.assert_allclose(guess[shared], known[shared], rtol=1e-5, atol=1e-5)
