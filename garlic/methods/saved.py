@@ -73,6 +73,7 @@ def load_method(folder: Path) -> SavedMethod:
         description = json.loads((folder / METHOD_DESCRIPTION).read_text())
         name, config = description["method"], Config().override(description["config"])
         normalisation = Normalisation.from_json(description["normalisation"])
+        variables, static_features = list(description["variables"]), list(description["static_features"])
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
         raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: not a readable method description ({exc!r:.200})") from None
     # an unknown method or a missing extra: the registry's own message names what to install
@@ -80,7 +81,7 @@ def load_method(folder: Path) -> SavedMethod:
     if not can_be_saved(method):
         raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: method {name} cannot be read back from a folder")
     method.restore_fitted(folder)
-    return SavedMethod(name, method, config, description["variables"], description["static_features"], normalisation)
+    return SavedMethod(name, method, config, variables, static_features, normalisation)
 
 
 # What ``garlic predict``, ``garlic evaluate`` and the dashboard score stays with: both give ``dataset(tensors)``,
