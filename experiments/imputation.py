@@ -22,6 +22,9 @@ with the hidden values:
   still holds another value of its variable gets that value (a neighbour within the hour, earlier or later): the
   grid's resolution, which the per-step methods above do not have. Sizes: ``FIELD_IMPUTERS``.
 
+Each run's errors are kept in ``OUT/imputation-<dataset>-<protocol>-by-run/`` as it finishes, and read back when
+the same command runs again: a long study (PyPOTS's imputers take minutes a split) resumes where it stopped.
+
 Errors: ``mae`` on the original scale (overall it is dominated by the variables of large units), ``mre`` = sum |error|
 / sum |value|, and ``normalised_mae``, the errors divided by the training standard deviation after the training
 clipping, the scale of SAITS's published P12 numbers (SAITS 0.186, BRITS 0.256, from its own preprocessing: they
@@ -134,7 +137,7 @@ def field_imputation(name: str, parts: dict[str, IrregularDataset], left: Irregu
     return imputed[stay, hour, variable]
 
 
-def impute_split(trained, tensors, split, seed: int, imputers: tuple[str, ...] = ()) -> tuple[dict, pd.DataFrame]:
+def impute_split(trained, tensors, split, seed: int, imputers: list[str] = ()) -> tuple[dict, pd.DataFrame]:
     """Hide, impute and score on the split's test stays: overall errors per method, and MAE per method and variable;
     ``imputers``: PyPOTS's (``FIELD_IMPUTERS``) beside the others."""
     raw_test = tensors.subset(split.positions(tensors, "test"))
@@ -162,6 +165,15 @@ def impute_split(trained, tensors, split, seed: int, imputers: tuple[str, ...] =
         per_variable.append(pd.DataFrame({"method": method, "variable": np.asarray(tensors.variables)[variable],
                                           "error": error}).groupby(["method", "variable"], as_index=False).mean())  # fmt: skip
     return overall | {"hidden": int(hidden.sum())}, pd.concat(per_variable, ignore_index=True)
+
+
+def imputed_already(done: Path, run_id: str, methods: tuple[str, ...]) -> bool:
+    """Whether ``done``'s files hold every one of ``methods`` imputed with run ``run_id``'s model (a run trained
+    again is imputed again)."""
+    if not all(Path(f"{done}-{kind}.csv").is_file() for kind in ("overall", "variables")):
+        return False
+    overall = pd.read_csv(f"{done}-overall.csv")
+    return set(overall["run_id"]) == {run_id} and set(methods) <= set(overall["method"])
 
 
 def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
@@ -206,17 +218,26 @@ def main(argv: list[str] | None = None) -> None:
     folder = ensure_processed(args.dataset, args.data_root)
     tensors = load_tensors(folder)
     splits = load_splits(folder, tensors, args.protocol, args.dataset)
+    methods = (*METHODS, *args.imputers)
+    stem = args.out / f"imputation-{args.dataset}-{args.protocol}"
     rows, variables = [], []
     for index, seed, store, run in found:
-        trained = load_run_model(run.info.run_id, store)
-        overall, per_variable = impute_split(trained, tensors, splits[index], seed=index, imputers=tuple(args.imputers))
         name = f"split_{index}/seed_{seed}"
-        rows += [{"run": name, "method": m, "hidden": overall["hidden"], **overall[m]}
-                 for m in (*METHODS, *args.imputers)]  # fmt: skip
-        variables.append(per_variable.assign(run=name))
+        done = Path(f"{stem}-by-run") / f"split_{index}-seed_{seed}"
+        if not imputed_already(done, run.info.run_id, methods):
+            trained = load_run_model(run.info.run_id, store)
+            overall, per_variable = impute_split(trained, tensors, splits[index], seed=index, imputers=args.imputers)
+            scored = pd.DataFrame([{"run": name, "run_id": run.info.run_id, "method": m, "hidden": overall["hidden"],
+                                    **overall[m]} for m in methods])  # fmt: skip
+            for kind, table in (("overall", scored), ("variables", per_variable.assign(run=name))):
+                with atomic_file(Path(f"{done}-{kind}.csv"), "w") as file:
+                    table.to_csv(file, index=False)
+        overall = pd.read_csv(f"{done}-overall.csv")
+        rows += overall[overall["method"].isin(methods)].drop(columns="run_id").to_dict("records")
+        per_variable = pd.read_csv(f"{done}-variables.csv")
+        variables.append(per_variable[per_variable["method"].isin(methods)])
     runs = pd.DataFrame(rows)
     per_variable = pd.concat(variables).groupby(["method", "variable"], as_index=False)["error"].mean()
-    stem = args.out / f"imputation-{args.dataset}-{args.protocol}"
     command = "python -m experiments.imputation " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = report(command, f"{args.preset} on {args.protocol} ({args.dataset})", runs, args.dataset)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,8 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.methods.field import hourly_grid
 from garlic.models.compact import Garlic
-from helpers import synthetic_cohort
+from garlic.tracking.store import get_run, use_store
+from helpers import synthetic_cohort, tiny_run
 
 
 def test_hide_draws_a_tenth_of_the_observed_cells_and_only_those():
@@ -74,3 +75,20 @@ def test_pypots_imputers_guess_each_hidden_cell_from_its_hour_on_the_grid(name, 
     shared = ~np.isnan(known)
     assert shared.any() and (~shared).any()
     np.testing.assert_allclose(guess[shared], known[shared], rtol=1e-5, atol=1e-5)
+
+
+def test_the_study_keeps_each_runs_errors_and_reads_them_back_when_run_again(tmp_path_factory, tmp_path, monkeypatch):
+    run = tiny_run(tmp_path_factory)
+    use_store(run.store)
+    # the tiny run is not the shipped preset, which is what the study looks for (as the comparison finds runs)
+    monkeypatch.setattr(imputation, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
+    arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
+                 str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
+    imputation.main(arguments)
+    kept = tmp_path / "imputation-synthetic-five-split-by-run" / "split_0-seed_0-overall.csv"
+    first = (tmp_path / "imputation-synthetic-five-split.md").read_text()
+    assert kept.is_file() and "| garlic |" in first and "| locf |" in first
+    # run again: nothing is imputed, the same tables come back from the kept errors
+    monkeypatch.setattr(imputation, "impute_split", lambda *args, **kwargs: pytest.fail("imputed again"))
+    imputation.main(arguments)
+    assert (tmp_path / "imputation-synthetic-five-split.md").read_text() == first
