@@ -236,19 +236,19 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
     run_jobs(jobs, workers, deadline)
 
 
-def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: Path, data_root: Path,
+def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores: list[Path], data_root: Path,
                    overrides: list[str], archive: RunArchive | None = None,
                    train: bool = True) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
     """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
-    a method kept in ``archive`` on every split is read from it, the others reuse their runs in ``store`` or, with
-    ``train``, run; returns the units and, without ``train``, the method and split of each that has no run."""
+    a method kept in ``archive`` on every split is read from it, the others reuse their finished runs in any of
+    ``stores`` or, with ``train``, run into the first; returns the units and, without ``train``, the method and split
+    of each that has no run."""
     if not methods:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = study.load_cohort(dataset, data_root, protocol_name, None)
-    experiment_id = study.open_experiment(f"baselines-{dataset}", store)
-    runner = Baselines(config, cohort, experiment_id, data_root)
     units, to_run = [], []
+    runner = Baselines(config, cohort, study.open_experiment(f"baselines-{dataset}", stores[0]), data_root)
     for method in runner.available(methods):
         settings = study.settings_digest(runner.settings(method))
         kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
@@ -257,16 +257,24 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, store: 
             units += kept
         else:
             to_run.append(method)
-    records = runner.run(to_run, train).to_dict("records")
-    done = {(record["method"], record["split"]) for record in records}
+    for store in [*stores[1:], stores[0]]:  # the first store last: it trains only what none of the others holds
+        name = f"baselines-{dataset}"
+        if store == stores[0]:
+            experiment_id = study.open_experiment(name, store)
+        elif (experiment_id := study.existing_experiment(name, store)) is None:
+            continue
+        runner = Baselines(config, cohort, experiment_id, data_root)
+        held = {(unit.method, unit.split) for unit in units}
+        records = runner.run(to_run, train and store == stores[0], skip=held).to_dict("records")
+        for record in records:
+            predictions = study.test_predictions(store, record["run_id"])
+            metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
+            settings = study.settings_digest(runner.settings(record["method"]))
+            units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings,
+                              metrics, predictions))  # fmt: skip
+    done = {(unit.method, unit.split) for unit in units}
     missing = [Pending(method, protocol_name, split.index, None) for method in runner.available(to_run)
                for split in cohort.splits if (method, split.index) not in done]  # fmt: skip
-    for record in records:
-        predictions = study.test_predictions(store, record["run_id"])
-        metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
-        settings = study.settings_digest(runner.settings(record["method"]))
-        units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings, metrics,
-                          predictions))  # fmt: skip
     order = {method: position for position, method in enumerate(methods)}
     return sorted(units, key=lambda unit: (order[unit.method], unit.split)), missing
 
@@ -543,7 +551,7 @@ def main(argv: list[str] | None = None) -> None:
     units, missing = [], []
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])
-        found, lacking = baseline_units(args.methods, dataset, protocol_name, args.mlruns[0], args.data_root,
+        found, lacking = baseline_units(args.methods, dataset, protocol_name, args.mlruns, args.data_root,
                                         overrides, archive, train=not args.no_train)  # fmt: skip
         units += found
         missing += lacking

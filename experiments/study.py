@@ -98,6 +98,14 @@ def open_experiment(name: str, store: Path) -> str:
     return use_experiment(name, store)
 
 
+def existing_experiment(name: str, store: Path) -> str | None:
+    """The id of experiment ``name`` in ``store``, or None where it has none (nothing is created: a store read only
+    for its runs is left as it was)."""
+    use_store(store)
+    experiment = mlflow.MlflowClient().get_experiment_by_name(name)
+    return None if experiment is None else experiment.experiment_id
+
+
 def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
     """The test predictions (``stay_id, label, risk``) a run logged (``garlic.evaluation.fit_and_test.fit_and_test``)."""
     use_store(store)

@@ -128,6 +128,25 @@ def test_no_train_gathers_the_baselines_it_has_and_names_the_others_without_trai
     assert not [run for run in split_runs(store) if run.data.tags.get("method") == "gbm_static"]  # nothing trained
 
 
+def test_a_baseline_run_in_another_store_is_gathered_and_not_trained_again(compared, tmp_path):
+    # as GARLIC's units are: runs trained into separate stores are gathered by listing every store
+    root, store, _, _, _ = compared
+    first, out = tmp_path / "first", tmp_path / "results"
+    with tiny_protocol():
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", "gbm",
+                      *TINY, "--data-root", str(root), "--mlruns", str(first), str(store), "--out", str(out)])
+    table = pd.read_csv(out / "synthetic.csv")
+    assert table[["method", "runs"]].values.tolist() == [["logreg", 1], ["gbm", 1]]
+    assert not [run for run in split_runs(first) if run.data.tags.get("study") == "baseline"]  # nothing trained
+    before = {run.info.run_id for run in split_runs(store)}
+    with tiny_protocol():  # a store without the baselines' experiment is only read: nothing is created in it
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", *TINY,
+                      "--data-root", str(root), "--mlruns", str(store), str(tmp_path / "empty"), "--no-train"])
+    assert {run.info.run_id for run in split_runs(store)} >= before
+    use_store(tmp_path / "empty")
+    assert mlflow.MlflowClient().get_experiment_by_name("baselines-synthetic") is None
+
+
 def test_a_table_with_nothing_paired_is_read_back_by_the_next_call(compared, tmp_path):
     root, store, _, _, _ = compared
     out = tmp_path / "results"

@@ -63,12 +63,14 @@ class Baselines:
         """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""
         return registry.method(name).create(self.context)
 
-    def run(self, methods: list[str], train: bool = True) -> pd.DataFrame:
+    def run(self, methods: list[str], train: bool = True, skip: set[tuple[str, int]] = frozenset()) -> pd.DataFrame:
         """One record per method and split: reused from a finished run of the experiment, else fitted and tested
-        (with ``train`` False, left out)."""
+        (with ``train`` False, left out); a (method, split index) in ``skip`` (found elsewhere) is left out."""
         records = []
         for method in self.available(methods):
             for split in self.cohort.splits:
+                if (method, split.index) in skip:
+                    continue
                 def work(method=method, split=split) -> dict[str, float]:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
                     return fit_and_test(self.method(method), split_parts(self.cohort.tensors, split))
