@@ -13,7 +13,6 @@ uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 lo
 from __future__ import annotations
 
 import shutil
-import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +33,8 @@ from garlic.methods.saved import METHOD_DESCRIPTION, Predictor, SavedMethod, loa
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
 from garlic.tracking.saved_model import load_model
-from garlic.tracking.store import (DEFAULT_STORE, MODEL_ARTIFACT, claim_run, download_run_model, get_run, use_experiment,
-                                   use_store, was_claimed)  # fmt: skip
+from garlic.tracking.store import (DEFAULT_STORE, claim_run, download_run_model, get_run, log_model_folder,
+                                   use_experiment, use_store, was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
@@ -154,8 +153,9 @@ def train_method(
                 method = spec.create(context)
                 metrics = fit_and_test(method, split_parts(tensors, split))
                 if can_be_saved(method):
-                    log_method(SavedMethod(name, method, config, list(tensors.variables),
-                                           list(tensors.static_features), split.normalisation))  # fmt: skip
+                    saved = SavedMethod(name, method, config, list(tensors.variables), list(tensors.static_features),
+                                        split.normalisation)  # fmt: skip
+                    log_model_folder(lambda folder: save_method(folder, saved))
                 results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,
                                            {metric: metrics[f"test_{metric}"] for metric in METRICS}))  # fmt: skip
         if len(chosen) > 1:
@@ -337,9 +337,3 @@ def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> Predictor:
     """The model split run ``run_id`` logged: GARLIC's (``TrainedModel``) or another method's (``SavedMethod``)."""
     folder = download_run_model(run_id, store)
     return load_method(folder) if (folder / METHOD_DESCRIPTION).is_file() else load_model(folder)
-
-
-def log_method(saved: SavedMethod) -> None:
-    """Log a fitted method's folder (``garlic.methods.saved``) as the active run's model artifact."""
-    with tempfile.TemporaryDirectory() as folder:
-        mlflow.log_artifacts(str(save_method(Path(folder), saved)), MODEL_ARTIFACT)

@@ -9,7 +9,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -130,8 +130,14 @@ def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> li
 
 
 def log_model(trained: TrainedModel) -> None:
+    log_model_folder(lambda folder: save_model(folder, trained))
+
+
+def log_model_folder(write: Callable[[Path], Path]) -> None:
+    """Log the folder that ``write`` fills (a GARLIC model, or another method's: ``garlic.methods.saved``) as the
+    active run's model artifact (``MODEL_ARTIFACT``)."""
     with tempfile.TemporaryDirectory() as folder:
-        mlflow.log_artifacts(str(save_model(Path(folder), trained)), MODEL_ARTIFACT)
+        mlflow.log_artifacts(str(write(Path(folder))), MODEL_ARTIFACT)
 
 
 def get_run(run_id: str) -> mlflow.entities.Run:
