@@ -247,33 +247,31 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = study.load_cohort(dataset, data_root, protocol_name, None)
+    name = f"baselines-{dataset}"
+    first = Baselines(config, cohort, study.open_experiment(name, stores[0]), data_root)
     units, to_run = [], []
-    runner = Baselines(config, cohort, study.open_experiment(f"baselines-{dataset}", stores[0]), data_root)
-    for method in runner.available(methods):
-        settings = study.settings_digest(runner.settings(method))
+    for method in first.available(methods):
+        settings = study.settings_digest(first.settings(method))
         kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
                 for split in cohort.splits]  # fmt: skip
         if all(unit is not None for unit in kept):
             units += kept
         else:
             to_run.append(method)
-    for store in [*stores[1:], stores[0]]:  # the first store last: it trains only what none of the others holds
-        name = f"baselines-{dataset}"
-        if store == stores[0]:
-            experiment_id = study.open_experiment(name, store)
-        elif (experiment_id := study.existing_experiment(name, store)) is None:
-            continue
-        runner = Baselines(config, cohort, experiment_id, data_root)
+    # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
+    others = [(store, study.existing_experiment(name, store)) for store in stores[1:]]
+    runners = [(store, Baselines(config, cohort, found, data_root)) for store, found in others if found is not None]
+    for store, runner in [*runners, (stores[0], first)]:
+        use_store(store)
         held = {(unit.method, unit.split) for unit in units}
-        records = runner.run(to_run, train and store == stores[0], skip=held).to_dict("records")
-        for record in records:
+        for record in runner.run(to_run, train and runner is first, skip=held).to_dict("records"):
             predictions = study.test_predictions(store, record["run_id"])
             metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
             settings = study.settings_digest(runner.settings(record["method"]))
             units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings,
                               metrics, predictions))  # fmt: skip
     done = {(unit.method, unit.split) for unit in units}
-    missing = [Pending(method, protocol_name, split.index, None) for method in runner.available(to_run)
+    missing = [Pending(method, protocol_name, split.index, None) for method in first.available(to_run)
                for split in cohort.splits if (method, split.index) not in done]  # fmt: skip
     order = {method: position for position, method in enumerate(methods)}
     return sorted(units, key=lambda unit: (order[unit.method], unit.split)), missing
