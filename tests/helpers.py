@@ -101,6 +101,23 @@ def tiny_method_run(tmp_path_factory, method: str) -> TinyRun:
     return TinyRun(folder / "data", folder / "mlruns", done.read_text())
 
 
+def record_files(processed: Path, stay_ids, folder: Path) -> list[str]:
+    """The processed stays ``stay_ids`` of ``processed`` written back as PhysioNet 2012 record files in ``folder``
+    (what ``garlic predict`` reads); their paths."""
+    from preprocessing import physionet2012
+    from preprocessing.tables import read_processed
+
+    tables = read_processed(processed)
+    static = tables.static.set_index("stay_id")
+    paths = []
+    for stay in stay_ids:
+        path = Path(folder) / f"{stay}.txt"
+        observations = tables.observations[tables.observations["stay_id"] == stay]
+        path.write_text(physionet2012.format_record(int(stay), observations, static.loc[stay].to_dict()))
+        paths.append(str(path))
+    return paths
+
+
 def run_without_model(store: Path) -> str:
     """A run that stopped before logging its model."""
     import mlflow

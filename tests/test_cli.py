@@ -17,6 +17,7 @@ import pytest
 
 from garlic.cli import _config, main, parser
 from garlic.tracking.store import use_store
+from helpers import record_files
 from preprocessing import physionet2012
 from preprocessing.tables import read_processed
 
@@ -83,14 +84,7 @@ def test_predict_on_record_files_matches_the_runs_own_test_predictions(trained, 
     use_store(root / "mlruns")
     logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
     chosen = logged.head(3)
-    tables = read_processed(root / "data" / "processed" / "synthetic")
-    paths = []
-    for stay in chosen["stay_id"]:
-        observations = tables.observations[tables.observations["stay_id"] == stay]
-        static = tables.static.set_index("stay_id").loc[stay].to_dict()
-        path = tmp_path / f"{stay}.txt"
-        path.write_text(physionet2012.format_record(int(stay), observations, static))
-        paths.append(str(path))
+    paths = record_files(root / "data" / "processed" / "synthetic", chosen["stay_id"], tmp_path)
 
     result = garlic("predict", "--run", run_id, "--input", *paths, root=root)
     assert result.returncode == 0, result.stderr

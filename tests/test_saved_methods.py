@@ -24,9 +24,7 @@ from garlic.methods.saved import SavedMethod, load_method, save_method
 from garlic.methods.summary import SKOPS_FILE, load_skops
 from garlic.tracking.saved_model import ModelFileError
 from garlic.tracking.store import get_run, use_store
-from helpers import synthetic_cohort, synthetic_root
-from preprocessing import physionet2012
-from preprocessing.tables import read_processed
+from helpers import record_files, synthetic_cohort, synthetic_root
 
 SAVED = ["logreg", "gbm_static", "grud", "decay_gru"]  # every core method but the severity scores
 
@@ -86,14 +84,7 @@ def test_evaluate_and_predict_read_a_method_run_as_they_read_a_garlic_run(name, 
 
     test = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
     chosen = test.head(3)
-    tables = read_processed(root / "processed" / "synthetic")
-    paths = []
-    for stay in chosen["stay_id"]:
-        static = tables.static.set_index("stay_id").loc[stay].to_dict()
-        path = tmp_path / f"{stay}.txt"
-        path.write_text(physionet2012.format_record(
-            int(stay), tables.observations[tables.observations["stay_id"] == stay], static))  # fmt: skip
-        paths.append(str(path))
+    paths = record_files(root / "processed" / "synthetic", chosen["stay_id"], tmp_path)
     garlic_main([*common, "predict", "--run", run_id, "--input", *paths])
     predicted = pd.read_csv(io.StringIO(capsys.readouterr().out))
     np.testing.assert_array_equal(predicted["stay_id"], chosen["stay_id"])
