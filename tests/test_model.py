@@ -298,7 +298,7 @@ def test_signal_and_temporal_attention_and_the_stepwise_projection_equal_the_pla
     torch.manual_seed(3)
     features, states = torch.randn(B, T, D, 4), torch.randn(B, T, 16)
     real = torch.arange(T)[None, :] < torch.tensor([12, 7, 3, 0, 9])[:, None]  # one stay with no real step
-    signal, temporal, stepwise = SignalAttention(4), TemporalAttention(16), StepwiseProjection(16)
+    signal, temporal, stepwise = SignalAttention(4), TemporalAttention(16), StepwiseProjection(16, 16)
     with torch.no_grad():
         for got, expected in zip(signal(features), plain_signal_attention(signal, features)):
             torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)

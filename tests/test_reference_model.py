@@ -11,6 +11,7 @@ from torch import nn
 
 import garlic.training.trainer
 from app.replay import risk_curve
+from experiments.ablations import VARIANTS
 from garlic.config import Config, ConfigError
 from garlic.data.batches import collate
 from garlic.explain.built_in import explain
@@ -333,6 +334,45 @@ def test_parameter_groups_are_the_references_and_bad_settings_are_refused():
     values, mask, times, lengths, static = random_batch()
     with pytest.raises(ValueError, match="signal_layout=variables"):
         reference_model(signal_layout="code").encode(values, mask, times)
+
+
+
+@pytest.mark.parametrize("layout", ["variables", "code"])
+def test_each_ablation_switch_takes_out_its_module_and_the_rest_still_learns(layout):
+    values, mask, times, lengths, static = random_batch()
+    full = reference_model(signal_layout=layout)
+    full.prepare(times, lengths)
+    for name, switches in VARIANTS.items():
+        model = reference_model(signal_layout=layout, **switches)
+        model.prepare(times, lengths)
+        output = model(values, mask, times, lengths, static)
+        (output.logits.sum() + output.reconstruction.sum()).backward()
+        used = [p for p in model.parameters() if p.grad is not None]
+        assert used and all(torch.isfinite(p.grad).all() for p in used), name
+        with torch.no_grad():
+            if name == "no_decay":
+                torch.testing.assert_close(model.decay(values, mask, times), mask * values)
+                assert not torch.equal(full.decay(values, mask, times), mask * values)
+            if name == "no_missing_indicator":  # the encoder reads the (imputed) value alone
+                torch.testing.assert_close(model.encoder(values, mask), model.encoder(values, 1 - mask))
+                assert not torch.equal(full.encoder(values, mask), full.encoder(values, 1 - mask))
+            if name == "no_per_variable_encoder":  # one encoder: the same input gives every variable the same features
+                same = model.encoder(torch.ones(1, 1, D), torch.ones(1, 1, D))[0, 0]
+                torch.testing.assert_close(same, same[:1].expand(D, -1))
+                assert sum(p.numel() for p in model.encoder.parameters()) * D == sum(
+                    p.numel() for p in full.encoder.parameters())
+            if name == "no_graph":  # each variable keeps its own summary
+                summary = torch.randn(2, 3, D, FEATURES)
+                torch.testing.assert_close(model.graph(summary), summary)
+                assert "graph.adjacency" not in dict(model.named_parameters())
+            if name == "no_gru":  # each window's state from that window alone
+                inputs = torch.randn(2, 5, FEATURES)
+                changed = inputs.clone()
+                changed[:, 0] += 1.0
+                torch.testing.assert_close(model.sequence(inputs)[0][:, 1:], model.sequence(changed)[0][:, 1:])
+                assert not any(isinstance(m, nn.GRU) for m in model.modules())
+        if name in ("full", "joint_training"):
+            torch.testing.assert_close(output.logits, full(values, mask, times, lengths, static).logits)
 
 
 # The reference training loop.

@@ -287,12 +287,12 @@ class SignalAttention(nn.Module):
 class StepwiseProjection(nn.Module):
     """The no-GRU ablation, each step on its own: h_t = tanh(W x_t + b), returned as ``nn.GRU`` returns.
 
-    inputs [B, T, H] -> (states [B, T, H], None)
+    inputs [B, T, I] -> (states [B, T, H], None)
     """
 
-    def __init__(self, hidden_dim: int):
+    def __init__(self, input_dim: int, hidden_dim: int):
         super().__init__()
-        self.layer = nn.Linear(hidden_dim, hidden_dim)
+        self.layer = nn.Linear(input_dim, hidden_dim)
 
     def forward(self, inputs: Tensor) -> tuple[Tensor, None]:
         return fast_tanh(self.layer(inputs)), None
@@ -409,7 +409,7 @@ class Garlic(nn.Module):
         self.sequence = (
             nn.GRU(h, h, num_layers=2, batch_first=True, dropout=config.dropout)
             if config.use_gru
-            else StepwiseProjection(h)
+            else StepwiseProjection(h, h)
         )
         self.temporal_attention = TemporalAttention(h)
         # 4. the optional wide branch

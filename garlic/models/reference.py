@@ -38,6 +38,12 @@ What made the reference's risk depend on the other stays of its batch, fixed her
 - padded steps went through the attention over time: here (``variables``) the temporal attention reads the real
   windows only, as keys and as the queries it sums over. ``code`` keeps them, but pads to the fixed
   ``padded_length``, so they are the same in every batch.
+The paper's ablations switch modules off as in ``garlic.models.compact`` (the same config switches):
+``use_decay=false`` leaves a missing cell at 0, the training mean (x' = m x); ``use_missing_indicator=false``
+drops the mask from the encoder's input; ``per_variable_encoder=false`` shares one encoder among all variables;
+``use_graph=false`` fixes A at I (each variable keeps its own summary); ``use_gru=false`` maps each window (or
+chunk) on its own, h = tanh(W u + b), where the GRU would carry the past. ``alternating=false`` is the schedule's.
+
 Other departures, smaller: a stay shorter than W has no window, so its context is 0 (the reference would fill its
 window with padding); windows exist from step W - 1 on, as in the reference. The reconstruction target, the
 value at the window's last step, lies inside the window, in the reference too: the head can learn to copy.
@@ -56,12 +62,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import Config, ConfigError
-from garlic.models.compact import CACHE_CELLS, step_mask
+from garlic.models.compact import CACHE_CELLS, StepwiseProjection, step_mask
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
-COMPACT_ONLY = ("use_missing_indicator", "use_decay", "per_variable_encoder", "use_graph", "use_gru", "use_static",
-                "summary_branch")  # fmt: skip
+COMPACT_ONLY = ("use_static", "summary_branch")
 EXPLANATION_UNSUPPORTED = (
     "the built-in explanation (garlic.explain.built_in) is not defined for architecture=reference: it splits each step's "
     "representation into the variable's own features and the graph messages, and the reference reads the messages "
@@ -86,18 +91,22 @@ def uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
 
 
 class ReferenceDecay(nn.Module):
-    """Decay imputation as in the reference, without its dependence on the batch (see the module docstring).
+    """Decay imputation as in the reference, without its dependence on the batch (see the module docstring). Not
+    ``enabled`` (the ablation): x' = m x, a missing cell at 0, the training mean.
 
     values, mask [B, T, D], times [B, T] -> imputed [B, T, D]
     """
 
-    def __init__(self, num_variables: int):
+    def __init__(self, num_variables: int, enabled: bool = True):
         super().__init__()
+        self.enabled = enabled
         self.rate = nn.Parameter(torch.full((num_variables,), 0.1))
         self.offset = nn.Parameter(torch.zeros(num_variables))
         self.register_buffer("gap_scale", torch.tensor(48.0))  # hours; ``prepare`` sets it from training data
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
+        if not self.enabled:
+            return mask * values
         steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
         last = torch.where(mask.bool(), steps, -1).cummax(dim=1).values  # -1 before the first observation
         start = (last - 1).clamp(min=0)  # the reference accumulates the gap from the step before the observation
@@ -110,21 +119,26 @@ class ReferenceDecay(nn.Module):
 
 
 class PerVariableEncoder(nn.Module):
-    """Per variable d: Linear(2, F) -> ReLU -> Linear(F, F) on (value, mask), weights of its own.
+    """Per variable d: Linear(2, F) -> ReLU -> Linear(F, F) on (value, mask), weights of its own (one set shared by
+    all variables when not ``per_variable``). Without ``use_mask`` the mask's input is left out, so that the features
+    see the (imputed) value alone.
 
     values, mask [B, T, D] -> features [B, T, D, F]
     """
 
-    def __init__(self, num_variables: int, feature_dim: int):
+    def __init__(self, num_variables: int, feature_dim: int, per_variable: bool = True, use_mask: bool = True):
         super().__init__()
-        d, f = num_variables, feature_dim
+        d, f = num_variables if per_variable else 1, feature_dim
+        self.use_mask = use_mask
         self.weight_in, self.bias_in = uniform((d, 2, f), 2), uniform((d, f), 2)
         self.weight_out, self.bias_out = uniform((d, f, f), f), uniform((d, f), f)
 
     def forward(self, values: Tensor, mask: Tensor) -> Tensor:
         hidden = torch.addcmul(self.bias_in, values[..., None], self.weight_in[:, 0])
-        hidden = F.relu(hidden.addcmul_(mask[..., None], self.weight_in[:, 1]))
-        return torch.einsum("btdf,dfg->btdg", hidden, self.weight_out) + self.bias_out
+        if self.use_mask:
+            hidden.addcmul_(mask[..., None], self.weight_in[:, 1])
+        weight_out = self.weight_out.expand(values.shape[-1], -1, -1)  # a view: a shared set serves every variable
+        return torch.einsum("btdf,dfg->btdg", F.relu(hidden), weight_out) + self.bias_out
 
 
 class PerVariableLinear(nn.Module):
@@ -184,7 +198,8 @@ class WindowAttention(nn.Module):
 
 
 class ReferenceGraph(nn.Module):
-    """m_j = sum_i A_ij s_i over a learned dense graph A = I + 0.2 at first, and the reconstruction head on m_j.
+    """m_j = sum_i A_ij s_i over a learned dense graph A = I + 0.2 at first (fixed at I when not ``learn_graph``),
+    and the reconstruction head on m_j.
 
     A's row is the source and its column the target, as in ``garlic.models.compact``; the reference stores the transpose
     (``matmul(adj, x)``), which starts equal and has the same L1 norm.
@@ -192,9 +207,12 @@ class ReferenceGraph(nn.Module):
     summary [B, L, D, F] -> messages [B, L, D, F]; ``reconstruct``: messages -> [B, L, D]
     """
 
-    def __init__(self, num_variables: int, feature_dim: int):
+    def __init__(self, num_variables: int, feature_dim: int, learn_graph: bool = True):
         super().__init__()
-        self.adjacency = nn.Parameter(torch.eye(num_variables) + 0.2)
+        if learn_graph:
+            self.adjacency = nn.Parameter(torch.eye(num_variables) + 0.2)
+        else:
+            self.register_buffer("adjacency", torch.eye(num_variables))
         self.head = nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, 1))
 
     def forward(self, summary: Tensor) -> Tensor:
@@ -285,12 +303,12 @@ class ReferenceGarlic(nn.Module):
         self.config = config
         self.num_variables, self.num_static = num_variables, num_static
         self.window_size = config.window_size
-        self.decay = ReferenceDecay(d)
-        self.encoder = PerVariableEncoder(d, f)
+        self.decay = ReferenceDecay(d, enabled=config.use_decay)
+        self.encoder = PerVariableEncoder(d, f, config.per_variable_encoder, config.use_missing_indicator)
         self.lag_attention = WindowAttention(d, f, config.window_size)
-        self.graph = ReferenceGraph(d, f)
+        self.graph = ReferenceGraph(d, f, learn_graph=config.use_graph)
         self.signal_attention = SignalAttention(d, f)
-        self.sequence = nn.GRU(f, h, num_layers=2, batch_first=True)
+        self.sequence = nn.GRU(f, h, num_layers=2, batch_first=True) if config.use_gru else StepwiseProjection(f, h)
         self.temporal_attention = TemporalAttention(h)
         self.classifier = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
         self.register_buffer("logit_offset", torch.zeros(()))  # as in ``Garlic``: set by ``balance_classes``
