@@ -182,7 +182,12 @@ class StudyArchive:
 
 
 def settings_digest(settings: dict) -> str:
-    """A short digest of the settings a result depends on, so that changed settings are never mistaken for done."""
+    """A short digest of the settings a result depends on, so that changed settings are never mistaken for done.
+
+    Where a unit was trained does not change what it is: a ``device`` counts as the default one, so that a unit
+    trained on a GPU is found by the same command on a CPU (and units archived before keep their digests)."""
+    if "device" in settings:
+        settings = settings | {"device": Config.device}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

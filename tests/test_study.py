@@ -25,3 +25,14 @@ def test_a_study_trains_the_preset_it_is_given_with_its_overrides():
 def test_a_preset_for_another_dataset_is_refused():
     with pytest.raises(ValueError, match="preset 'physionet2012-fast' is for dataset 'physionet2012'"):
         study.study_config(parsed("--dataset", "synthetic", "--preset", "physionet2012-fast"))
+
+
+def test_a_unit_trained_on_a_gpu_has_the_digest_of_the_same_unit_on_a_cpu():
+    from experiments.ablations import unit_tags
+    from garlic.config import Config
+
+    config = Config.for_dataset("physionet2012")
+    on_gpu = unit_tags(config.override({"device": "cuda"}), "no_graph", 0)
+    assert on_gpu == unit_tags(config, "no_graph", 0) == unit_tags(config.override({"device": "cpu"}), "no_graph", 0)
+    assert on_gpu != unit_tags(config.override({"device": "cuda", "window_size": 7}), "no_graph", 0)
+    assert study.settings_digest({"lr": 1}) != study.settings_digest({"lr": 2})
