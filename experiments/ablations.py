@@ -8,7 +8,8 @@ split, settings), reused when already finished. Three tables are logged as artif
   (on the synthetic cohort also the planted-edge recovery AUROC), with the paper's AUROC beside it (P12, P19);
 - ``ablation_paired``: each variant against the full model, paired on the same splits and test stays: the mean
   difference and a 95% bootstrap interval over test stays (``experiments.stats.paired_difference``; an interval
-  holding 0 is a tie);
+  holding 0 is a tie, and a variant whose risks equal the full model's on every split is ``identical``: a switch
+  that changed nothing, such as ``joint_training`` on a schedule whose first stage never ends);
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
 With ``--out``, that folder is also the study's run archive (``study.StudyArchive``: the runs table and each run's

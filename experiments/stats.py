@@ -127,7 +127,7 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     for split, unit in by_split.items():
         stays = len(unit.predictions)
         draws[split] = generator.multinomial(stays, np.full(stays, 1 / stays), size=BOOTSTRAP)
-    observed, resampled = [], np.zeros(BOOTSTRAP)
+    observed, resampled, identical = [], np.zeros(BOOTSTRAP), True
     for unit in ours:
         baseline = by_unit.get((unit.split, unit.seed), by_split[unit.split]).predictions
         joined = unit.predictions.merge(baseline, on="stay_id", suffixes=("", "_baseline"))
@@ -136,11 +136,13 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
             raise ValueError(f"{unit.method} and the baseline do not share the test stays of split {unit.split}")
         joined = joined.set_index("stay_id").loc[baseline["stay_id"]]  # the order the draws count in
         labels, risk, other = (joined[c].to_numpy() for c in ("label", "risk", "risk_baseline"))
+        identical &= bool(np.array_equal(risk, other))
         everyone = np.ones((1, len(labels)))
         observed.append(float(score(risk, labels, everyone)[0] - score(other, labels, everyone)[0]))
         resampled += score(risk, labels, draws[unit.split]) - score(other, labels, draws[unit.split])
     resampled /= len(ours)
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(resampled[np.isfinite(resampled)], [tail, 100 - tail])  # a one-class draw scores nothing
-    verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
+    # The same risks on every split: nothing was compared (the two are one model), which a "tie" would hide.
+    verdict = "identical" if identical else "win" if low > 0 else "loss" if high < 0 else "tie"
     return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}

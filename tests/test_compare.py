@@ -219,17 +219,21 @@ def unit(method, split, risk, labels):
     return compare.Unit(method, "p", split, None, "run", "settings", {}, predictions)
 
 
-def test_paired_difference_calls_a_clear_gain_a_win_and_no_change_a_tie():
+def test_paired_difference_calls_a_clear_gain_a_win_noise_a_tie_and_the_same_risks_identical():
     generator = np.random.default_rng(7)
     labels = (generator.random(400) < 0.2).astype(int)
     noise = generator.random(400)
     baseline = [unit("base", 0, noise + 0.3 * labels, labels)]
     better = [unit("ours", 0, noise + 2.0 * labels, labels)]
+    nearly = [unit("ours", 0, noise + 0.3 * labels + 0.05 * generator.random(400), labels)]
     same = [unit("ours", 0, noise + 0.3 * labels, labels)]
     win = stats.paired_difference(better, baseline, "auroc")
     assert win["verdict"] == "win" and 0 < win["ci_low"] <= win["difference"] <= win["ci_high"]
-    tie = stats.paired_difference(same, baseline, "auprc")
-    assert tie == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "verdict": "tie"}
+    tie = stats.paired_difference(nearly, baseline, "auprc")
+    assert tie["verdict"] == "tie" and tie["ci_low"] < 0 < tie["ci_high"]
+    # One model twice is no comparison: "identical", not a tie that looks measured.
+    identical = stats.paired_difference(same, baseline, "auprc")
+    assert identical == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "verdict": "identical"}
     with pytest.raises(ValueError, match="do not share the test stays"):
         stats.paired_difference([unit("ours", 0, noise[:300], labels[:300])], baseline, "auroc")
 
