@@ -52,9 +52,20 @@ from preprocessing.tensors import load_tensors
 INFERENCE_PASSES = 5
 FLOP_SAMPLE_BATCHES = 8
 PAPER = {"physionet2012": {"auroc": (86.40, 0.86), "auprc": (56.89, 1.75)}}
-SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "threads", "training_stays", "batch_size", "epoch_seconds",
+SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "cpu", "threads", "training_stays", "batch_size", "epoch_seconds",
                  "gflop_per_epoch", "matmul_gflops", "floor_seconds", "stays_per_second", "epochs_run", "best_epoch",
                  "run_seconds", "test_auroc", "test_auprc", "command"]  # fmt: skip
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows: the machines behind this
+    project's rows have differed, and a row's seconds mean little without its machine."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
@@ -135,31 +146,32 @@ def full_run(config: Config, split_index: int, data_root: Path, store: Path, pre
 
 
 def keep_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
-    """``path``'s rows with ``rows`` in place of those of the same preset, dataset, protocol, split and threads."""
+    """``path``'s rows with ``rows`` in place of those of the same preset, dataset, protocol, split, CPU and threads."""
     new = pd.DataFrame(rows, columns=SPEED_COLUMNS)
     if path.is_file():
         old = pd.read_csv(path)
-        key = ["preset", "dataset", "protocol", "split", "threads"]
+        key = ["preset", "dataset", "protocol", "split", "cpu", "threads"]
         replaced = old.set_index(key).index.isin(new.set_index(key).index)
         new = pd.concat([old[~replaced], new], ignore_index=True)
     return new
 
 
 def speed_report(frame: pd.DataFrame) -> str:
-    lines = ["# Speed", "", "Each row is one measurement on this project's CPU machine (the command is in its row's "
+    lines = ["# Speed", "", "Each row is one measurement on one of this project's CPU machines, named in its row "
+             "(they have differed between sessions: compare rows of the same CPU; the command is in the row's "
              "`command` column of `speed.csv`): one training epoch in the reconstruction stage (the costlier stage), "
              "the matrix-product work of that epoch (forward and backward) and the seconds it would take at this "
              "machine's measured 2048 x 2048 matrix-multiply rate (the floor), inference over the split's validation "
              "and test stays (median of 5 passes) and, where a whole run was timed, its wall time (train, select, "
              "test, explanations and logging) and the epochs it ran.", "",
-             "| preset | dataset | protocol / split | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | "
+             "| preset | dataset | protocol / split | CPU | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | "
              "floor s / epoch | inference stays/s | epochs run (best) | s / run | test AUROC / AUPRC |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in frame.itertuples():
         run = "" if pd.isna(row.run_seconds) else f"{row.run_seconds:.0f}"
         epochs = "" if pd.isna(row.epochs_run) else f"{row.epochs_run:.0f} ({row.best_epoch:.0f})"
         test = "" if pd.isna(row.test_auroc) else f"{row.test_auroc:.3f} / {row.test_auprc:.3f}"
-        lines.append(f"| {row.preset} | {row.dataset} | {row.protocol} / {row.split} | {row.threads} | "
+        lines.append(f"| {row.preset} | {row.dataset} | {row.protocol} / {row.split} | {row.cpu} | {row.threads} | "
                      f"{row.epoch_seconds:.1f} | {row.gflop_per_epoch:.0f} | {row.matmul_gflops:.0f} | "
                      f"{row.floor_seconds:.1f} | "
                      f"{row.stays_per_second:.0f} | {epochs} | {run} | {test} |")  # fmt: skip
@@ -218,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
         config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
         configs = {None: config.override([*protocol, *args.set])}
     threads = torch.get_num_threads()
-    print(f"torch {torch.__version__}, {threads} threads, {platform.processor() or platform.machine()}")
+    cpu = cpu_name()
+    print(f"torch {torch.__version__}, {threads} threads, {cpu}")
     rate = matmul_gflops() if args.out else None
     command = "python -m experiments.benchmark_training " + shlex.join(argv if argv is not None else sys.argv[1:])
     rows = []
@@ -227,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
         speed = measure_speed(config, args.data_root, args.batches, args.split, count_flops=args.out is not None)
         print_speed(config, speed)
         row = {"preset": name, "dataset": config.dataset, "protocol": config.split_protocol, "split": args.split,
-               "threads": threads, "training_stays": speed["training_stays"], "batch_size": config.batch_size,
+               "cpu": cpu, "threads": threads, "training_stays": speed["training_stays"],
+               "batch_size": config.batch_size,
                "epoch_seconds": speed["epoch_seconds"], "stays_per_second": speed["stays_per_second"],
                "command": command}  # fmt: skip
         if rate is not None:

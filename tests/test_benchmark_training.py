@@ -49,5 +49,18 @@ def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_
     assert first.gflop_per_epoch > 0 and first.floor_seconds == pytest.approx(first.gflop_per_epoch / 100.0)
     assert "python -m experiments.benchmark_training --presets synthetic --full-run" in first.command
     report = (tmp_path / "out" / "speed.md").read_text()
-    assert "| synthetic | synthetic | five-split / 0 |" in report
+    assert first.cpu == benchmark_training.cpu_name() and first.cpu  # rows of different machines stay apart
+    assert f"| synthetic | synthetic | five-split / 0 | {first.cpu} |" in report
     assert "| physionet2012-fast | synthetic | five-split / 0 |" in report
+
+
+def test_a_speed_row_replaces_only_the_row_of_the_same_machine(tmp_path):
+    base = {"preset": "physionet2012-fast", "dataset": "physionet2012", "protocol": "raindrop", "split": 0,
+            "threads": 2}
+    path = tmp_path / "speed.csv"
+    benchmark_training.keep_rows(path, [base | {"cpu": "EPYC", "epoch_seconds": 17.2}]).to_csv(path, index=False)
+    kept = benchmark_training.keep_rows(path, [base | {"cpu": "Xeon", "epoch_seconds": 18.7}])
+    assert kept[["cpu", "epoch_seconds"]].values.tolist() == [["EPYC", 17.2], ["Xeon", 18.7]]
+    kept.to_csv(path, index=False)
+    again = benchmark_training.keep_rows(path, [base | {"cpu": "Xeon", "epoch_seconds": 18.0}])
+    assert again[["cpu", "epoch_seconds"]].values.tolist() == [["EPYC", 17.2], ["Xeon", 18.0]]
