@@ -8,7 +8,8 @@ Methods:
   the static features); GRU-D, decay + GRU or a newly registered model when asked;
 - GARLIC presets (``--presets``, files of ``experiments/configs/``; a row is named by the file's stem, e.g.
   ``physionet2012`` for the paper config), trained through ``garlic.runs.train``, the one train-select-test-log
-  path: one run per split and model seed of the protocol.
+  path: one run per split and model seed of the protocol (``--seeds`` gives other model seeds, for every protocol:
+  ``experiments.seed_ensemble`` then scores their ensemble from the run archive).
 
 Protocols (``--protocols``, default: every one that applies to the dataset): a protocol that does not apply (a
 published one naming stays the dataset lacks, e.g. ``raindrop`` on synthetic data) is refused before anything trains.
@@ -170,14 +171,15 @@ def settings_digest(config: Config) -> str:
 
 
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
-                 train: bool, archive: RunArchive | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
-    """The preset's units on the protocol, from the stores, else from ``archive``, else trained (unless not
-    ``train``); and what is missing."""
+                 train: bool, archive: RunArchive | None = None,
+                 seeds: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
+    """The preset's units on the protocol, one per split and model seed (``seeds``, else the protocol's, else the
+    config's), from the stores, else from ``archive``, else trained (unless not ``train``); and what is missing."""
     chosen = protocol(protocol_name)
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
     for index in chosen.splits:
-        for seed in chosen.seeds or (config.seed,):
+        for seed in seeds or chosen.seeds or (config.seed,):
             unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
             settings = settings_digest(unit_config)
             split_name = f"{protocol_name}/split_{index}"
@@ -508,6 +510,9 @@ def main(argv: list[str] | None = None) -> None:
                         default=list(BASELINES), help="methods of the registry (garlic.methods.registry); GARLIC: --presets")
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="K",
+                        help="model seeds of every GARLIC preset on every protocol, in place of the protocol's (five on "
+                             "garlic-reference, the preset's one elsewhere): the runs of a seed ensemble")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
@@ -543,7 +548,8 @@ def main(argv: list[str] | None = None) -> None:
     if in_workers:
         pending = [unit for protocol_name in args.protocols
                    for name, config in configs[datasets[protocol_name]].items()
-                   for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False)[1]]
+                   for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False,
+                                            seeds=args.seeds)[1]]
         train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, deadline)
     archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
     units, missing = [], []
@@ -555,7 +561,8 @@ def main(argv: list[str] | None = None) -> None:
         missing += lacking
         for name, config in configs[dataset].items():
             train = not (args.no_train or in_workers)
-            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive)
+            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive,
+                                          args.seeds)
             units += found
             missing += lacking
     summary = table(units, args.protocols, args.dataset)

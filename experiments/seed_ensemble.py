@@ -4,7 +4,8 @@
         --presets physionet2012-fast physionet2012-reference-fast --against gbm_static --out docs/results
 
 For each preset and each split of the protocol with two or more model seeds in the archive
-(``OUT/<dataset>-runs``, kept by ``experiments.compare --out``), the ensemble's risk for a stay is the mean of its
+(``OUT/<dataset>-runs``, kept by ``experiments.compare --out``; ``compare --seeds 0 1 2 3 4`` trains them on a
+protocol of one seed per split, such as ``raindrop``), the ensemble's risk for a stay is the mean of its
 seeds' risks. It is scored on the split's test stays beside the seeds scored alone, and paired with the ``--against``
 method on the same stays (``experiments.stats.paired_difference``: the mean difference over splits and a 95%
 bootstrap interval over test stays; an interval holding 0 is a tie). An ensemble of K seeds costs K models'

@@ -115,6 +115,18 @@ def test_a_unit_another_process_is_training_is_not_trained_twice(compared, tmp_p
     assert "synthetic tiny/split_0 seed 1" in list(map(str, missing))
 
 
+def test_seeds_replace_the_protocols_model_seeds_for_every_preset(compared, tmp_path):
+    root, store, _, _, _ = compared  # seeds 0 and 1 trained
+    out = tmp_path / "results"
+    compare_tiny(root, store, out, "--no-train", "--seeds", "1", "2")
+    table = pd.read_csv(out / "synthetic.csv").set_index("method")
+    assert table.loc["synthetic", "runs"] == 1  # seed 1 found; seed 0 not asked for
+    report = (out / "synthetic.md").read_text()
+    assert "- synthetic tiny/split_0 seed 2" in report and "seed 0" not in report
+    kept = pd.read_csv(out / "synthetic-runs" / "runs.csv").query("method == 'synthetic'")
+    assert kept["seed"].tolist() == [1]
+
+
 def test_no_train_gathers_the_baselines_it_has_and_names_the_others_without_training_them(compared, tmp_path):
     root, store, _, _, _ = compared
     out = tmp_path / "results"
