@@ -52,9 +52,9 @@ from preprocessing.tensors import load_tensors
 INFERENCE_PASSES = 5
 FLOP_SAMPLE_BATCHES = 8
 PAPER = {"physionet2012": {"auroc": (86.40, 0.86), "auprc": (56.89, 1.75)}}
-SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "cpu", "threads", "training_stays", "batch_size", "epoch_seconds",
-                 "gflop_per_epoch", "matmul_gflops", "floor_seconds", "stays_per_second", "epochs_run", "best_epoch",
-                 "run_seconds", "test_auroc", "test_auprc", "command"]  # fmt: skip
+SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "cpu", "threads", "training_stays", "batch_size",
+                 "epoch_seconds", "gflop_per_epoch", "matmul_gflops", "floor_seconds", "stays_per_second", "epochs_run",
+                 "best_epoch", "run_seconds", "test_auroc", "test_auprc", "command"]  # fmt: skip
 
 
 def cpu_name() -> str:

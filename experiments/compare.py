@@ -511,8 +511,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--seeds", type=int, nargs="+", metavar="K",
-                        help="model seeds of every GARLIC preset on every protocol, in place of the protocol's (five on "
-                             "garlic-reference, the preset's one elsewhere): the runs of a seed ensemble")
+                        help="model seeds of every GARLIC preset on every protocol, in place of the protocol's "
+                             "(five on garlic-reference, the preset's one elsewhere): the runs of a seed ensemble")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
