@@ -16,6 +16,7 @@ from garlic.models.compact import (
     TemporalAttention,
     VariableEncoder,
     at_last_step,
+    fast_tanh,
     graph_penalty,
     lag_offsets,
     reconstruction_loss,
@@ -140,6 +141,16 @@ def test_parameter_groups_partition_the_model_and_ablations_build():
         assert ablated(values, mask, times, lengths, static).logits.shape == (B,)
     assert float(graph_penalty(small_model(use_graph=False))) == 0.0
     assert not hasattr(model, "use_static")  # the config says it, once
+
+
+def test_fast_tanh_matches_tanh_and_its_gradient():
+    x = torch.linspace(-30.0, 30.0, 20_001).requires_grad_()
+    y = fast_tanh(x)
+    torch.testing.assert_close(y, torch.tanh(x), atol=3e-7, rtol=0.0)
+    (gradient,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(gradient, 1 - torch.tanh(x.detach()) ** 2, atol=1e-6, rtol=0.0)
+    with torch.no_grad():  # the in-place path of inference
+        torch.testing.assert_close(fast_tanh(x), torch.tanh(x), atol=3e-7, rtol=0.0)
 
 
 def test_running_summary_equals_a_plain_loop_over_stays_steps_and_variables():

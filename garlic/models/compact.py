@@ -23,9 +23,9 @@ One path leads to a logit: ``per_step`` (stages 1, 2 and the signal attention, s
 cache-sized chunks of stays and keeps only the logits; ``encode`` stops before ``classify``, so that the dashboard
 can classify every prefix of a stay from one pass.
 
-Some layers compute their formula in a rearranged but equal form that runs faster on a CPU (the folded key of
-``LagAttention``, the transposed products of ``GraphMessagePassing``); tests/test_model.py checks each against a plain
-implementation of the formula in its docstring.
+Some layers compute their formula in a rearranged but equal form that runs faster on a CPU (``fast_tanh``, the
+folded key of ``LagAttention``, the transposed products of ``GraphMessagePassing``); tests/test_model.py checks each
+against a plain implementation of the formula in its docstring.
 """
 from __future__ import annotations
 
@@ -70,6 +70,13 @@ class GarlicOutput(PerStep):
     logits: Tensor  # [B]
     temporal_attention: Tensor  # [B, T] weight of each step (sums to 1 over a stay's real steps)
     step_mask: Tensor  # [B, T] True for real (non-padding) steps
+
+
+def fast_tanh(x: Tensor) -> Tensor:
+    """tanh(x) as 2 sigmoid(2x) - 1, within 2e-7 of ``torch.tanh``. On CPU, PyTorch's tanh takes 4x the time of its
+    sigmoid, and tanh over [B, T, D, F] was the costliest elementwise pass of inference."""
+    sigmoid = torch.sigmoid(2 * x)
+    return 2 * sigmoid - 1 if sigmoid.requires_grad else sigmoid.mul_(2).sub_(1)
 
 
 def step_mask(lengths: Tensor, steps: int) -> Tensor:
@@ -144,7 +151,7 @@ class VariableEncoder(nn.Module):
         features = torch.addcmul(self.bias, values[..., None], self.weight[:, 0])
         if self.use_mask:
             features.addcmul_(mask[..., None], self.weight[:, 1])
-        return torch.tanh(features)
+        return fast_tanh(features)
 
 
 class LagAttention(nn.Module):
@@ -272,7 +279,7 @@ class SignalAttention(nn.Module):
         self.score = nn.Linear(feature_dim, 1, bias=False)
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax(self.score(torch.tanh(self.project(features)))[..., 0], dim=-1)
+        weights = torch.softmax(self.score(fast_tanh(self.project(features)))[..., 0], dim=-1)
         weighted = features * (weights * features.shape[2])[..., None]
         return weighted.flatten(2), weights
 
@@ -288,7 +295,7 @@ class StepwiseProjection(nn.Module):
         self.layer = nn.Linear(input_dim, hidden_dim)
 
     def forward(self, inputs: Tensor) -> tuple[Tensor, None]:
-        return torch.tanh(self.layer(inputs)), None
+        return fast_tanh(self.layer(inputs)), None
 
 
 class TemporalAttention(nn.Module):
@@ -305,7 +312,7 @@ class TemporalAttention(nn.Module):
         self.score = nn.Linear(hidden_dim, 1, bias=False)
 
     def forward(self, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        scores = self.score(torch.tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf"))
+        scores = self.score(fast_tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
         return torch.einsum("bt,bth->bh", weights, states), weights
 
