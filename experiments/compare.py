@@ -131,6 +131,12 @@ def finished_unit(
     return None
 
 
+def model_seeds(protocol_name: str, config: Config, seeds: list[int] | None = None) -> tuple[int, ...]:
+    """The model seeds a preset trains on each split of the protocol: ``seeds`` if given, else the protocol's, else
+    the config's one."""
+    return tuple(seeds or protocol(protocol_name).seeds or (config.seed,))
+
+
 def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
                 data_root: Path) -> list[tuple[int, int, Path, mlflow.entities.Run]]:  # fmt: skip
     """(split, seed, store, run) of every finished run of preset ``name`` on the protocol's splits and seeds that
@@ -140,7 +146,7 @@ def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(dataset, data_root)))
     found = []
     for index in chosen.splits:
-        for seed in chosen.seeds or (config.seed,):
+        for seed in model_seeds(protocol_name, config):
             unit = config.override({"split_protocol": protocol_name, "seed": seed})
             held = finished_unit(stores, unit, f"{protocol_name}/split_{index}", digest)
             if held is not None:
@@ -179,7 +185,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
     for index in chosen.splits:
-        for seed in seeds or chosen.seeds or (config.seed,):
+        for seed in model_seeds(protocol_name, config, seeds):
             unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
             settings = settings_digest(unit_config)
             split_name = f"{protocol_name}/split_{index}"
