@@ -23,7 +23,11 @@ with the hidden values:
   grid's resolution, which the per-step methods above do not have. Sizes: ``FIELD_IMPUTERS``.
 
 Each run's errors are kept in ``OUT/imputation-<dataset>-<protocol>-by-run/`` as it finishes, and read back when
-the same command runs again: a long study (PyPOTS's imputers take minutes a split) resumes where it stopped.
+the same command runs again: a long study (PyPOTS's imputers take minutes a split) resumes where it stopped. Only
+``garlic`` reads the run's model; the other methods read the split's stays and its training normalisation alone, so
+a run trained again is imputed again by ``garlic`` and keeps the other methods' errors. ``--splits K ...`` trains the
+missing PyPOTS imputers on those splits only (two processes can share a study's splits; ``--splits`` with no split
+trains none and remakes the tables): the tables then give each method's errors over the runs that hold it.
 
 Errors: ``mae`` on the original scale (overall it is dominated by the variables of large units), ``mre`` = sum |error|
 / sum |value|, and ``normalised_mae``, the errors divided by the training standard deviation after the training
@@ -167,31 +171,42 @@ def impute_split(trained, tensors, split, seed: int, imputers: list[str] = ()) -
     return overall | {"hidden": int(hidden.sum())}, pd.concat(per_variable, ignore_index=True)
 
 
-def imputed_already(done: Path, run_id: str, methods: tuple[str, ...]) -> bool:
-    """Whether ``done``'s files hold every one of ``methods`` imputed with run ``run_id``'s model (a run trained
-    again is imputed again)."""
-    if not all(Path(f"{done}-{kind}.csv").is_file() for kind in ("overall", "variables")):
-        return False
-    overall = pd.read_csv(f"{done}-overall.csv")
-    return set(overall["run_id"]) == {run_id} and set(methods) <= set(overall["method"])
+def kept_errors(done: Path, run_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The overall and per-variable errors that ``done``'s files hold and that still stand for run ``run_id``: every
+    method's, except ``garlic``'s when they came from another run's model (empty tables when nothing is kept)."""
+    paths = [Path(f"{done}-{kind}.csv") for kind in ("overall", "variables")]
+    if not all(path.is_file() for path in paths):
+        return pd.DataFrame(columns=["method"]), pd.DataFrame(columns=["method"])
+    overall, variables = (pd.read_csv(path) for path in paths)
+    if (overall["method"].eq("garlic") & overall["run_id"].ne(run_id)).any():
+        overall, variables = overall[overall["method"].ne("garlic")], variables[variables["method"].ne("garlic")]
+    return overall, variables
+
+
+def merged(kept: pd.DataFrame, new: pd.DataFrame, methods: tuple[str, ...]) -> pd.DataFrame:
+    """``kept``'s rows of the methods that ``new`` lacks, and ``new``'s, in the order of ``methods`` (the others
+    after them)."""
+    rows = new if kept.empty else pd.concat([kept[~kept["method"].isin(new["method"])], new], ignore_index=True)
+    order = {method: position for position, method in enumerate(methods)}
+    return rows.sort_values("method", key=lambda m: m.map(order).fillna(len(order)), kind="stable", ignore_index=True)
 
 
 def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
     lines = [f"# Imputation: {title}", "", "Made by:", "", "```bash", command, "```", "",
              f"{runs['run'].nunique()} runs; on each, {HIDDEN_SHARE:.0%} of the test stays' observed values hidden "
              f"({int(runs['hidden'].iloc[0]):,} on the first), imputed from the rest. Mean +/- std over the runs.", "",
-             "| method | normalised MAE | MAE (original units) | MRE |", "|---|---|---|---|"]  # fmt: skip
+             "| method | runs | normalised MAE | MAE (original units) | MRE |", "|---|---|---|---|---|"]  # fmt: skip
     for method, group in runs.groupby("method", sort=False):
-        lines.append(f"| {method} | {mean_std(group['normalised_mae'])} | {mean_std(group['mae'])} | "
+        lines.append(f"| {method} | {len(group)} | {mean_std(group['normalised_mae'])} | {mean_std(group['mae'])} | "
                      f"{mean_std(group['mre'])} |")  # fmt: skip
     for name, value in published.IMPUTATION_NMAE.get(dataset, {}).items():
-        lines.append(f"| published: {name} (its own preprocessing) | {value:.3f} |  |  |")
+        lines.append(f"| published: {name} (its own preprocessing) |  | {value:.3f} |  |  |")
     by_run = runs.pivot(index="run", columns="method", values="normalised_mae")
     best = by_run.drop(columns="garlic").mean().idxmin()
     lines.append("")
     # locf reads the same past as the head; the best method may read later values too (linear does).
     for other, why in (("locf", "which reads the same past"), (best, "the best other method")):
-        difference = by_run["garlic"] - by_run[other]
+        difference = (by_run["garlic"] - by_run[other]).dropna()  # over the runs that hold both
         lines.append(f"- GARLIC against {other} ({why}), normalised MAE per run: "
                      + ", ".join(f"{d:+.3f}" for d in difference) + f"; mean {difference.mean():+.3f} (negative: "
                      "GARLIC closer).")  # fmt: skip
@@ -211,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--imputers", nargs="*", choices=sorted(FIELD_IMPUTERS), default=[],
                         help="PyPOTS's imputers to train beside the others (the pypots extra; minutes a split on a CPU)")
+    parser.add_argument("--splits", type=int, nargs="*", metavar="K",
+                        help="train the missing --imputers on these splits only (default: every split)")
     args = parser.parse_args(argv)
     found = stored_runs(args.preset, args.dataset, args.protocol, args.mlruns, args.data_root)
     if not found:
@@ -224,17 +241,20 @@ def main(argv: list[str] | None = None) -> None:
     for index, seed, store, run in found:
         name = f"split_{index}/seed_{seed}"
         done = Path(f"{stem}-by-run") / f"split_{index}-seed_{seed}"
-        if not imputed_already(done, run.info.run_id, methods):
+        overall, per_variable = kept_errors(done, run.info.run_id)
+        trainable = args.splits is None or index in args.splits
+        to_train = [m for m in args.imputers if trainable and m not in set(overall["method"])]
+        if to_train or not set(METHODS) <= set(overall["method"]):
             trained = load_run_model(run.info.run_id, store)
-            overall, per_variable = impute_split(trained, tensors, splits[index], seed=index, imputers=args.imputers)
-            scored = pd.DataFrame([{"run": name, "run_id": run.info.run_id, "method": m, "hidden": overall["hidden"],
-                                    **overall[m]} for m in methods])  # fmt: skip
-            for kind, table in (("overall", scored), ("variables", per_variable.assign(run=name))):
+            scores, errors = impute_split(trained, tensors, splits[index], seed=index, imputers=to_train)
+            scored = pd.DataFrame([{"run": name, "run_id": run.info.run_id, "method": m, "hidden": scores["hidden"],
+                                   **scores[m]} for m in (*METHODS, *to_train)])  # fmt: skip
+            overall = merged(overall, scored, methods)
+            per_variable = merged(per_variable, errors.assign(run=name), methods)
+            for kind, table in (("overall", overall), ("variables", per_variable)):
                 with atomic_file(Path(f"{done}-{kind}.csv"), "w") as file:
                     table.to_csv(file, index=False)
-        overall = pd.read_csv(f"{done}-overall.csv")
         rows += overall[overall["method"].isin(methods)].drop(columns="run_id").to_dict("records")
-        per_variable = pd.read_csv(f"{done}-variables.csv")
         variables.append(per_variable[per_variable["method"].isin(methods)])
     runs = pd.DataFrame(rows)
     per_variable = pd.concat(variables).groupby(["method", "variable"], as_index=False)["error"].mean()

@@ -5,6 +5,7 @@ import importlib.util
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -92,3 +93,31 @@ def test_the_study_keeps_each_runs_errors_and_reads_them_back_when_run_again(tmp
     monkeypatch.setattr(imputation, "impute_split", lambda *args, **kwargs: pytest.fail("imputed again"))
     imputation.main(arguments)
     assert (tmp_path / "imputation-synthetic-five-split.md").read_text() == first
+
+
+def test_a_run_trained_again_is_imputed_again_by_garlic_alone_and_splits_bound_the_imputers_trained(
+        tmp_path_factory, tmp_path, monkeypatch):  # fmt: skip
+    run = tiny_run(tmp_path_factory)
+    use_store(run.store)
+    monkeypatch.setattr(imputation, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
+    arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
+                 str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
+    imputation.main(arguments)
+    kept = tmp_path / "imputation-synthetic-five-split-by-run" / "split_0-seed_0"
+    overall, variables = (pd.read_csv(f"{kept}-{kind}.csv") for kind in ("overall", "variables"))
+    # as if SAITS had been trained with an earlier run of this split, whose model the runs' store no longer holds
+    saits = overall[overall["method"] == "locf"].assign(method="saits", normalised_mae=0.123)
+    overall = pd.concat([overall, saits]).assign(run_id="an-earlier-run")
+    overall.to_csv(f"{kept}-overall.csv", index=False)
+    pd.concat([variables, variables[variables["method"] == "locf"].assign(method="saits")]).to_csv(
+        f"{kept}-variables.csv", index=False)
+    monkeypatch.setattr(imputation, "field_imputation", lambda *args: pytest.fail("a PyPOTS imputer trained"))
+    imputation.main([*arguments, "--imputers", "saits", "brits", "--splits"])  # --splits alone: train none
+    again = pd.read_csv(f"{kept}-overall.csv")
+    assert list(again["method"]) == ["garlic", "locf", "linear", "mean", "saits"]
+    assert again.set_index("method").loc["garlic", "run_id"] == run.run_id  # the run's own model imputed again
+    assert again.set_index("method").loc["saits", "normalised_mae"] == 0.123  # kept: it reads no model
+    table = (tmp_path / "imputation-synthetic-five-split.md").read_text()
+    assert "| saits | 1 | 0.1230 ± " in table and "| brits |" not in table
+    with pytest.raises(pytest.fail.Exception, match="a PyPOTS imputer trained"):
+        imputation.main([*arguments, "--imputers", "brits", "--splits", "0"])
