@@ -78,13 +78,20 @@ def test_pypots_imputers_guess_each_hidden_cell_from_its_hour_on_the_grid(name, 
     np.testing.assert_allclose(guess[shared], known[shared], rtol=1e-5, atol=1e-5)
 
 
-def test_the_study_keeps_each_runs_errors_and_reads_them_back_when_run_again(tmp_path_factory, tmp_path, monkeypatch):
+@pytest.fixture
+def study(tmp_path_factory, tmp_path, monkeypatch):
+    """The tiny run, and the study's arguments on it with ``tmp_path`` as ``--out``."""
     run = tiny_run(tmp_path_factory)
     use_store(run.store)
     # the tiny run is not the shipped preset, which is what the study looks for (as the comparison finds runs)
     monkeypatch.setattr(imputation, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
     arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
                  str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
+    return run, arguments
+
+
+def test_the_study_keeps_each_runs_errors_and_reads_them_back_when_run_again(study, tmp_path, monkeypatch):
+    _, arguments = study
     imputation.main(arguments)
     kept = tmp_path / "imputation-synthetic-five-split-by-run" / "split_0-seed_0-overall.csv"
     first = (tmp_path / "imputation-synthetic-five-split.md").read_text()
@@ -96,12 +103,8 @@ def test_the_study_keeps_each_runs_errors_and_reads_them_back_when_run_again(tmp
 
 
 def test_a_run_trained_again_is_imputed_again_by_garlic_alone_and_splits_bound_the_imputers_trained(
-        tmp_path_factory, tmp_path, monkeypatch):  # fmt: skip
-    run = tiny_run(tmp_path_factory)
-    use_store(run.store)
-    monkeypatch.setattr(imputation, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
-    arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
-                 str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
+        study, tmp_path, monkeypatch):  # fmt: skip
+    run, arguments = study
     imputation.main(arguments)
     kept = tmp_path / "imputation-synthetic-five-split-by-run" / "split_0-seed_0"
     overall, variables = (pd.read_csv(f"{kept}-{kind}.csv") for kind in ("overall", "variables"))
