@@ -551,13 +551,13 @@ def main(argv: list[str] | None = None) -> None:
                for dataset in dict.fromkeys(datasets.values())}  # fmt: skip
     deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     in_workers = args.workers > 1 and not args.no_train
-    if in_workers:
+    archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
+    if in_workers:  # the units that neither a store nor the run archive holds
         pending = [unit for protocol_name in args.protocols
                    for name, config in configs[datasets[protocol_name]].items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False,
-                                            seeds=args.seeds)[1]]
+                                            archives.get(datasets[protocol_name]), args.seeds)[1]]
         train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, deadline)
-    archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
     units, missing = [], []
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])

@@ -187,6 +187,15 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
     assert trained[1][0] < trained[0][1]  # the first two trained at the same time, in two processes
 
 
+def test_workers_train_nothing_that_the_run_archive_holds(compared, tmp_path):
+    root, _, out, first, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    compare_tiny(root, tmp_path / "empty", moved, "--workers", "2")
+    assert not (tmp_path / "empty" / "logs").exists()  # no unit went to a worker process
+    assert (moved / "synthetic.csv").read_text() == first[1]
+
+
 def test_the_table_is_made_again_from_the_run_archive_when_the_stores_are_gone(compared, tmp_path):
     root, store, out, first, _ = compared
     kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")
