@@ -11,7 +11,6 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
-import skops.io
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
@@ -58,6 +57,8 @@ def summary_features(tensors: IrregularTensors) -> tuple[np.ndarray, list[str]]:
 
 def load_skops(path: Path):
     """The scikit-learn model in ``path``, refused unless every type it would build is trusted (``SKOPS_TRUSTED``)."""
+    import skops.io  # here, not at the top: importing it costs about a second, which every command would pay
+
     unreadable = (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile)  # a skops file is a zip archive
     try:
         data = Path(path).read_bytes()
@@ -126,6 +127,8 @@ class SummaryModel:
         return self.model_.predict_proba(self.features(dataset)[:, self.kept_])[:, 1]
 
     def save_fitted(self, folder: Path) -> None:
+        import skops.io  # as in load_skops
+
         check_fitted(self)
         with atomic_file(folder / SKOPS_FILE) as out:
             out.write(skops.io.dumps(self.model_))
