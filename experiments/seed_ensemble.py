@@ -11,6 +11,10 @@ method on the same stays (``experiments.stats.paired_difference``: the mean diff
 bootstrap interval over test stays; an interval holding 0 is a tie). An ensemble of K seeds costs K models'
 inference per stay. The test parts were read when the seeds were tested; combining the archived risks reads them
 again, so the ensemble is a diagnosis of a direction, not a model selected on validation.
+
+With ``--blend`` a second table blends each split's ensemble with the ``--against`` method: the mean of the two
+risks per stay, equal weights, nothing fitted (one fixed rule, so no choice is made on the test stays). It is a
+row of its own, not a GARLIC model: it asks whether GARLIC's risks carry anything that gradient boosting's lack.
 """
 from __future__ import annotations
 
@@ -38,38 +42,69 @@ def archived(archive: RunArchive, method: str, protocol: str) -> list[Unit]:
     return [unit for unit in units if unit is not None]
 
 
-def ensemble(seeds: list[Unit]) -> Unit:
-    """The mean of the seeds' risks per stay (the seeds of one split, on the same test stays)."""
-    first = seeds[0]
-    risks = pd.concat([unit.predictions.set_index("stay_id")["risk"] for unit in seeds], axis=1)  # [stays, seeds]
+def mean_risk(units: list[Unit], method: str) -> Unit:
+    """The mean of ``units``' risks per stay (runs of one split, on the same test stays), scored as ``method``."""
+    first = units[0]
+    risks = pd.concat([unit.predictions.set_index("stay_id")["risk"] for unit in units], axis=1)  # [stays, units]
     if risks.isna().any().any() or len(risks) != len(first.predictions):
-        raise ValueError(f"the seeds of {first.method} {first.protocol}/split_{first.split} do not share test stays")
+        names = " and ".join(sorted({unit.method for unit in units}))
+        raise ValueError(f"the runs of {names} on {first.protocol}/split_{first.split} do not share test stays")
     mean = risks.mean(axis=1).loc[first.predictions["stay_id"]].to_numpy()
     predictions = first.predictions[["stay_id", "label"]].assign(risk=mean)
     metrics = binary_metrics(predictions["label"].to_numpy(), predictions["risk"].to_numpy())
-    return Unit(f"{first.method} ensemble of {len(seeds)}", first.protocol, first.split, None, "", first.settings,
-                metrics, predictions)  # fmt: skip
+    return Unit(method, first.protocol, first.split, None, "", first.settings, metrics, predictions)
+
+
+def ensemble(seeds: list[Unit]) -> Unit:
+    """The mean of the seeds' risks per stay (the seeds of one split, on the same test stays)."""
+    return mean_risk(seeds, f"{seeds[0].method} ensemble of {len(seeds)}")
+
+
+def by_split(seeds: list[Unit]) -> dict[int, list[Unit]]:
+    """The seeds of each split that has two or more (an ensemble's splits)."""
+    splits: dict[int, list[Unit]] = {}
+    for unit in seeds:
+        splits.setdefault(unit.split, []).append(unit)
+    kept = {split: units for split, units in splits.items() if len(units) > 1}
+    if not kept:
+        raise ValueError(f"{seeds[0].method} on {seeds[0].protocol}: no split has two or more seeds archived")
+    return kept
+
+
+def paired_text(units: list[Unit], baseline: list[Unit], metric: str) -> str:
+    """``units`` minus ``baseline`` in ``metric``, paired: ``+0.0012 [-0.0040, +0.0065] tie``."""
+    paired = paired_difference(units, baseline, metric)
+    return f"{paired['difference']:+.4f} [{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}] {paired['verdict']}"
 
 
 def ensemble_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
     """One preset on one protocol: its seeds alone, their ensembles per split, and both paired with ``baseline``."""
-    by_split: dict[int, list[Unit]] = {}
-    for unit in seeds:
-        by_split.setdefault(unit.split, []).append(unit)
-    ensembles = [ensemble(units) for units in by_split.values() if len(units) > 1]
-    if not ensembles:
-        raise ValueError(f"{seeds[0].method} on {seeds[0].protocol}: no split has two or more seeds archived")
-    counts = sorted({len(units) for units in by_split.values() if len(units) > 1})
+    splits = by_split(seeds)
+    ensembles = [ensemble(units) for units in splits.values()]
+    counts = sorted({len(units) for units in splits.values()})
     row = {"preset": seeds[0].method, "protocol": seeds[0].protocol, "splits": len(ensembles),
            "seeds": "/".join(map(str, counts))}  # fmt: skip
     for metric in ("auroc", "auprc"):
-        alone = [unit.metrics[metric] for units in by_split.values() if len(units) > 1 for unit in units]
+        alone = [unit.metrics[metric] for units in splits.values() for unit in units]
         row[f"single_{metric}"] = f"{np.mean(alone):.4f} ± {np.std(alone):.4f}"
         row[f"ensemble_{metric}"] = round(float(np.mean([unit.metrics[metric] for unit in ensembles])), 4)
     for metric in ("auroc", "auprc"):
-        paired = paired_difference(ensembles, baseline, metric)
-        row[f"{metric}_vs_{against}"] = (f"{paired['difference']:+.4f} [{paired['ci_low']:+.4f}, "
-                                         f"{paired['ci_high']:+.4f}] {paired['verdict']}")  # fmt: skip
+        row[f"{metric}_vs_{against}"] = paired_text(ensembles, baseline, metric)
+    return row
+
+
+def blend_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
+    """Each split's ensemble blended with ``baseline``'s run of that split (the mean risk), paired with ``baseline``."""
+    theirs = {unit.split: unit for unit in baseline}
+    ensembles = [ensemble(units) for split, units in by_split(seeds).items() if split in theirs]
+    blends = [mean_risk([mine, theirs[mine.split]], f"{mine.method} + {against}") for mine in ensembles]
+    if not blends:
+        raise ValueError(f"{against} has no run on a split of {seeds[0].method}'s ensembles")
+    row = {"blend": f"{blends[0].method} (mean risk)", "protocol": seeds[0].protocol, "splits": len(blends)}
+    for metric in ("auroc", "auprc"):
+        row[f"blend_{metric}"] = round(float(np.mean([unit.metrics[metric] for unit in blends])), 4)
+    for metric in ("auroc", "auprc"):
+        row[f"{metric}_vs_{against}"] = paired_text(blends, baseline, metric)
     return row
 
 
@@ -81,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presets", nargs="+", required=True, help="GARLIC presets kept in the archive")
     parser.add_argument("--against", default="gbm_static", help="the method to pair with (default gbm_static)")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--blend", action="store_true", help="also each ensemble blended with --against (the mean "
+                        "risk per stay), as a table of its own")
     parser.add_argument("--out", type=Path, default=Path("docs/results"),
                         help="the folder holding <dataset>-runs; ensemble-<dataset>.md is written there")
     args = parser.parse_args(argv)
@@ -88,19 +125,25 @@ def main(argv: list[str] | None = None) -> None:
     baseline = archived(archive, args.against, args.protocol)
     if not baseline:
         raise SystemExit(f"{archive.folder} keeps no {args.against} run on {args.protocol}")
-    rows = []
+    presets = {}
     for preset in args.presets:
-        seeds = archived(archive, preset, args.protocol)
-        if not seeds:
+        presets[preset] = archived(archive, preset, args.protocol)
+        if not presets[preset]:
             raise SystemExit(f"{archive.folder} keeps no {preset} run on {args.protocol}")
-        rows.append(ensemble_row(seeds, baseline, args.against))
-    table = pd.DataFrame(rows)
+    name = f"ensemble-{args.dataset}-{args.protocol}"
+    tables = {name: pd.DataFrame([ensemble_row(seeds, baseline, args.against) for seeds in presets.values()])}
+    if args.blend:
+        tables[f"{name}-blend"] = pd.DataFrame([blend_row(seeds, baseline, args.against) for seeds in presets.values()])
     command = "python -m experiments.seed_ensemble " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = (f"# Seed ensembles: {args.dataset} {args.protocol}\n\nMade by (from the run archive, nothing trained):\n\n"
-            f"```bash\n{command}\n```\n\n{study.markdown(table)}\n")  # fmt: skip
-    name = f"ensemble-{args.dataset}-{args.protocol}"
-    with atomic_file(args.out / f"{name}.csv", "w") as file:
-        table.to_csv(file, index=False)
+            f"```bash\n{command}\n```\n\n{study.markdown(tables[name])}\n")  # fmt: skip
+    if args.blend:
+        text += (f"\n## Blended with {args.against}\n\nThe mean of the ensemble's and {args.against}'s risks per stay "
+                 f"(equal weights, nothing fitted), paired with {args.against} on the same test stays. A row of its "
+                 f"own, not a GARLIC model.\n\n{study.markdown(tables[f'{name}-blend'])}\n")  # fmt: skip
+    for table_name, table in tables.items():
+        with atomic_file(args.out / f"{table_name}.csv", "w") as file:
+            table.to_csv(file, index=False)
     with atomic_file(args.out / f"{name}.md", "w") as file:
         file.write(text)
     print(text)

@@ -7,7 +7,7 @@ import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from experiments.run_archive import RunArchive, Unit
-from experiments.seed_ensemble import archived, ensemble, ensemble_row
+from experiments.seed_ensemble import archived, blend_row, ensemble, ensemble_row
 
 STAYS = np.arange(100, 300)
 
@@ -61,3 +61,20 @@ def test_seeds_on_other_stays_or_a_single_seed_are_refused(archive):
         ensemble([*seeds, elsewhere])
     with pytest.raises(ValueError, match="no split has two or more seeds"):
         ensemble_row(seeds[:1], archived(kept, "gbm_static", "garlic-reference"), "gbm_static")
+
+
+def test_a_blend_is_the_mean_of_the_ensembles_and_the_baselines_risks_paired_with_the_baseline(archive):
+    kept, unit = archive
+    seeds, baseline = archived(kept, "preset", "garlic-reference"), archived(kept, "gbm_static", "garlic-reference")
+    row = blend_row(seeds, baseline, "gbm_static")
+    ensembled = ensemble(seeds).predictions.set_index("stay_id")["risk"]
+    theirs = baseline[0].predictions.set_index("stay_id")["risk"]
+    labels = baseline[0].predictions.set_index("stay_id")["label"]
+    blended = roc_auc_score(labels, (ensembled + theirs.loc[ensembled.index]) / 2)
+    assert row["blend"] == "preset ensemble of 3 + gbm_static (mean risk)" and row["splits"] == 1
+    assert row["blend_auroc"] == round(blended, 4)
+    assert row["auroc_vs_gbm_static"].startswith(f"{blended - baseline[0].metrics['auroc']:+.4f} [")
+    elsewhere = [Unit("gbm_static", "garlic-reference", 1, None, "x", "settings", baseline[0].metrics,
+                      baseline[0].predictions)]  # fmt: skip
+    with pytest.raises(ValueError, match="gbm_static has no run on a split of preset's ensembles"):
+        blend_row(seeds, elsewhere, "gbm_static")
