@@ -10,6 +10,8 @@ screening splits: the study maximises that. **The test parts are never read**: a
 theirs. Confirm the best configuration on every split with ``experiments.compare``, where each protocol's test parts
 are read once per final configuration.
 
+- **The starting point**: a new study's first trial is the preset's own values (where they lie in the space), so
+  that the report can say how far the best trial is from where the search began, on the same splits.
 - **Pruning**: after every epoch of the first screening split, a trial reports its validation AUROC; Optuna's
   median pruner stops it when it falls below the median of earlier trials at that epoch (after
   ``PRUNE_AFTER_TRIALS`` trials and ``PRUNE_AFTER_EPOCHS`` epochs).
@@ -148,10 +150,17 @@ def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: 
     return run_trial
 
 
-def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None) -> optuna.Study:
+def in_space(name: str, value) -> bool:
+    kind, *bounds = SPACE[name]
+    return value in bounds[0] if kind == "choice" else bounds[0] <= value <= bounds[1]
+
+
+def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None,
+               start: dict | None = None) -> optuna.Study:
     """The study ``name`` in ``storage`` (made when new), after checking that it searches what ``identity`` says
     (preset, dataset, protocol, screening splits, searched names, fixed settings); trials whose process died are
-    marked FAILED (``GRACE_SECONDS``)."""
+    marked FAILED (``GRACE_SECONDS``). A new study's first trial is ``start`` (the preset's own values) when it lies
+    in the space: every later trial is then compared with the starting point on the same splits."""
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9; we rely on no detail of them
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
@@ -161,6 +170,8 @@ def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None
     known = searched.user_attrs.get("identity")
     if known is None:
         searched.set_user_attr("identity", identity)
+        if start and all(in_space(key, value) for key, value in start.items()):
+            searched.enqueue_trial(start, user_attrs={"starting_point": True})
     elif known != identity:
         changed = sorted(key for key in identity.keys() | known.keys() if identity.get(key) != known.get(key))
         raise SystemExit(f"study {name!r} in {storage.url} searches other settings ({', '.join(changed)}): "
@@ -189,6 +200,10 @@ def summary(searched: optuna.Study) -> str:
         best = searched.best_trial
         lines.append(f"best: trial {best.number}, {OBJECTIVE} {best.value:.4f}, {json.dumps(best.params)}")
     return "\n".join(lines)
+
+
+def starting_point(searched: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in searched.trials if t.user_attrs.get("starting_point")), None)
 
 
 def trials_table(searched: optuna.Study) -> pd.DataFrame:
@@ -231,6 +246,11 @@ def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str
         lines += [f"**Best:** trial {best.number}, validation AUROC {best.value:.4f}, "
                   + ", ".join(f"`{key}={value:.4g}`" if isinstance(value, float) else f"`{key}={value}`"
                               for key, value in best.params.items()) + ".", ""]  # fmt: skip
+        start = starting_point(searched)
+        if start is not None and start.value is not None:
+            lines += [f"**Starting point** (the preset's own values): trial {start.number}, validation AUROC "
+                      f"{start.value:.4f}; the best is {best.value - start.value:+.4f} from it, on the same splits.",
+                      ""]  # fmt: skip
     lines += ["## Importance of each parameter", ""]
     if isinstance(weights, str):
         lines += [weights, ""]
@@ -295,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     unsearched = base.override({name: getattr(Config, name) for name in names}).to_dict() | {"device": None}
     identity = {"preset": args.preset, "dataset": args.dataset, "protocol": protocol,
                 "splits": [split.index for split in cohort.splits], "space": sorted(names), "settings": unsearched}
-    searched = open_study(name, storage, identity, args.sampler_seed)
+    searched = open_study(name, storage, identity, args.sampler_seed, {key: getattr(base, key) for key in names})
     study.open_experiment(f"search-{args.dataset}", args.mlruns)
     if args.trials:
         searched.optimize(objective(base, cohort, names, name), n_trials=args.trials,

@@ -53,6 +53,9 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     found = optuna.load_study(study_name="search-synthetic-five-split", storage=storage)
     assert [t.state for t in found.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert set(found.best_params) == {"lr_cls", "dropout"}
+    # the first trial is the preset itself, so that every other is compared with it on the same splits
+    assert found.trials[0].params == {"lr_cls": 1e-3, "dropout": 0.2} and found.trials[0].user_attrs["starting_point"]
+    assert found.trials[1].params != found.trials[0].params and not found.trials[1].user_attrs
 
     use_store(store)
     runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
@@ -87,6 +90,7 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     page = (report_dir / "search-synthetic.md").read_text()
     assert "3 trials (3 complete)" in page and f"**Best:** trial {found.best_trial.number}," in page
     assert "--trials 0" in page and "| lr_cls |" in page and "| dropout |" in page
+    assert f"**Starting point** (the preset's own values): trial 0, validation AUROC {found.trials[0].value:.4f}" in page
     trials = pd.read_csv(report_dir / "search-synthetic-trials.csv")
     assert trials["validation_auroc"].tolist() == pytest.approx([t.value for t in found.trials])
     assert (report_dir / "search-synthetic-history.png").read_bytes().startswith(b"\x89PNG")
