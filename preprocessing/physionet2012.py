@@ -113,8 +113,9 @@ def _parse_line(line: bytes) -> tuple[float, str, float] | str:
     return int(match.group(1)) + int(match.group(2)) / 60.0, parameter, value
 
 
-def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.DataFrame:
-    """Line-by-line parse of one record that broke a rule, reporting each rejected line."""
+def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> list[tuple[int, float, str, float]]:
+    """Line-by-line parse of one record that broke a rule, reporting each rejected line; its rows as tuples (one
+    frame for all such records is made by the caller: a frame per record cost more than the parsing)."""
     rows = []
     lines = record.text.replace(b"\r\n", b"\n").split(b"\n")
     for number, line in enumerate(lines[1:], start=2):
@@ -125,17 +126,19 @@ def _parse_record_slowly(index: int, record: Record, skips: list[Skip]) -> pd.Da
             skips.append(Skip(record.origin, number, parsed))
         else:
             rows.append((index, *parsed))
-    frame = pd.DataFrame(rows, columns=["record", "time", "parameter", "value"])
-    # Typed even when every line was rejected: an empty untyped frame would turn the record column into objects.
-    return frame.astype({"record": "int64", "time": "float64", "value": "float64"})
+    return rows
 
 
-def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
-    """Parse all records in one pyarrow pass; return the rows and the indices of records needing a slow look."""
+def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int], list[tuple[int, int]]]:
+    """Parse all records in one pyarrow pass; return the rows, the indices of records needing a slow look, and the
+    (record index, line number) of each nameless line (``NAMELESS_PARAMETER``) left out of the rows.
+
+    A nameless line is the one fault read here: in a record with no other fault, every line is one row in order,
+    so a row's line number is its place in its record plus 2 (the header is line 1)."""
     data, suspicious = prefixed_rows(records, HEADER, b",")
     if not data:  # every record is empty or was set aside: nothing for the CSV reader
         columns = {"record": np.zeros(0, "int64"), "time": np.zeros(0), "parameter": np.zeros(0, object)}
-        return pd.DataFrame({**columns, "value": np.zeros(0)}), suspicious
+        return pd.DataFrame({**columns, "value": np.zeros(0)}), suspicious, []
 
     def on_invalid_row(row) -> str:
         suspicious.add(int(row.text.split(",", 1)[0]))
@@ -174,9 +177,17 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
         clock = pc.cast(parts, pa.float64()).to_numpy().reshape(-1, 2)
         hours[well_formed] = clock[:, 0] + clock[:, 1] / 60.0
 
-    bad |= ~pc.is_in(table["parameter"], value_set=pa.array(sorted(KNOWN_PARAMETERS))).to_numpy(zero_copy_only=False)
+    # As the line-by-line parse reads a line: its time first, then its parameter, then its value.
+    nameless = well_formed & pc.equal(table["parameter"], "").to_numpy(zero_copy_only=False)
+    bad &= ~nameless
+    bad |= ~nameless & ~pc.is_in(table["parameter"], value_set=pa.array(sorted(KNOWN_PARAMETERS))).to_numpy(
+        zero_copy_only=False
+    )
     suspicious.update(np.unique(record[bad]).tolist())
 
+    starts, first_row = np.unique(record, return_index=True)  # the rows are in record order
+    line = np.arange(len(record)) - first_row[np.searchsorted(starts, record)] + 2
+    dropped = nameless & ~np.isin(record, list(suspicious))
     rows = pd.DataFrame(
         {
             "record": record,
@@ -184,26 +195,32 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int]]:
             "parameter": table["parameter"].to_pandas(),
             "value": value,
         }
-    )
-    return rows, suspicious
+    )[~nameless].reset_index(drop=True)
+    return rows, suspicious, list(zip(record[dropped].tolist(), line[dropped].tolist()))
 
 
 def parse_records(records: list[Record], strict: bool = False) -> tuple[pd.DataFrame, list[Skip]]:
     """All records -> one long frame (record index, time in hours, parameter, value) and the skipped lines."""
-    rows, suspicious = _fast_parse(records)
-    skips: list[Skip] = []
+    rows, suspicious, nameless = _fast_parse(records)
+    found = [(index, Skip(records[index].origin, line, NAMELESS_PARAMETER)) for index, line in nameless]
     if suspicious:
         slow = []
         for index in sorted(suspicious):
-            record = records[index]
+            record, skips = records[index], []
             header = record.text.replace(b"\r\n", b"\n").partition(b"\n")[0]
             if header.strip() != HEADER:
                 # Not quoted: the file may be anything (a link to a system file), and its text is not ours to show.
                 skips.append(Skip(record.origin, 1, header_differs(header, "Time,Parameter,Value")))
-                continue
-            slow.append(_parse_record_slowly(index, record, skips))
-        rows = pd.concat([rows[~rows["record"].isin(suspicious)], *slow], ignore_index=True)
+            else:
+                slow += _parse_record_slowly(index, record, skips)
+            found += [(index, skip) for skip in skips]
+        # Typed even when every line was rejected: an empty untyped frame would turn the record column into objects.
+        slow = pd.DataFrame(slow, columns=["record", "time", "parameter", "value"])
+        slow = slow.astype({"record": "int64", "time": "float64", "value": "float64"})
+        rows = pd.concat([rows[~rows["record"].isin(suspicious)], slow], ignore_index=True)
         rows = rows.sort_values("record", kind="stable", ignore_index=True)
+    # In the order of the records and their lines, however each was read.
+    skips = [skip for _, skip in sorted(found, key=lambda pair: (pair[0], pair[1].line or 0))]
     damage = [skip for skip in skips if skip.reason != NAMELESS_PARAMETER]
     if damage and strict:
         raise PhysioNet2012Error(str(damage[0]))

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from preprocessing.physionet2012 import PhysioNet2012Error, preprocess
+from preprocessing.physionet2012 import NAMELESS_PARAMETER as NAMELESS, PhysioNet2012Error, preprocess
 from preprocessing.tables import MANIFEST, DatasetNotFoundError, read_manifest, read_processed
 from preprocessing.tensors import load_tensors
 from helpers import P12, P12_TIME_SERIES, assert_frames_equal, raw_series, requires_p12
@@ -254,6 +254,21 @@ def test_strict_lets_the_releases_nameless_parameter_lines_through(tmp_path):
     records[1002] = record_text(1002, ["00:20,HR,abc"])
     with pytest.raises(PhysioNet2012Error, match=r"set-c/1002\.txt line 8: unparseable value 'abc'"):
         preprocess(make_release(tmp_path / "damaged", records, letter="c"), tmp_path / "damaged-out", strict=True)
+
+
+def test_nameless_lines_are_skipped_alike_in_a_clean_record_and_in_one_read_line_by_line(tmp_path):
+    # 1001 has no other fault (its nameless lines are dropped from the one-pass parse); 1002 also has a bad time,
+    # so it is read line by line. Both report every skipped line, in the order of the records and their lines.
+    records = {1001: record_text(1001, ["10:45,,1.9", "00:10,HR,80", "11:00,,abc"]),
+               1002: record_text(1002, ["00:20,,5", "0x:20,HR,80", "00:30,HR,81"])}  # fmt: skip
+    manifest = preprocess(make_release(tmp_path / "source", records, letter="c"), tmp_path / "out")
+    origin = "set-c.tar.gz:set-c/{}.txt line {}: "
+    assert manifest["skipped_lines"] == [origin.format(1001, 8) + NAMELESS, origin.format(1001, 10) + NAMELESS,
+                                         origin.format(1002, 8) + NAMELESS,
+                                         origin.format(1002, 9) + "unparseable time '0x:20' (expected HH:MM)"]  # fmt: skip
+    obs = read_processed(tmp_path / "out").observations
+    hr = obs[obs["variable"] == "HR"].groupby("stay_id")["value"].apply(list).to_dict()
+    assert hr == {1001: [80], 1002: [81]}
 
 
 def test_urine_at_one_time_is_summed_and_other_repeats_keep_the_later_reading(tmp_path):
