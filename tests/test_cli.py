@@ -58,7 +58,7 @@ def trained(tmp_path_factory):
 
 def test_train_reports_test_metrics_and_leaves_a_run(trained):
     root, run_id, result = trained
-    assert "test auroc" in result.stdout and "mlflow ui --backend-store-uri" in result.stdout
+    assert "test auroc" in result.stdout and "mlflow ui --workers 1 --backend-store-uri" in result.stdout
     use_store(root / "mlruns")
     run = mlflow.MlflowClient().get_run(run_id)
     assert run.info.status == "FINISHED"
