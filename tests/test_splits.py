@@ -158,10 +158,10 @@ def independent_stats(dataset, stays):
     percentiles, from the long table."""
     obs = dataset.observations
     obs = obs[obs["stay_id"].isin(stays)].drop_duplicates(["stay_id", "time", "variable"], keep="last")
-    value, variable = obs["value"].astype("float64"), obs["variable"].astype(str)
-    by_variable = value.groupby(variable)
-    low, high = variable.map(by_variable.quantile(0.001)), variable.map(by_variable.quantile(0.999))
-    grouped = value.clip(lower=low, upper=high).groupby(variable)
+    value, variable = obs["value"].astype("float64"), obs["variable"]  # categorical: grouped by its codes
+    by_variable = value.groupby(variable, observed=True)
+    low, high = by_variable.transform("quantile", 0.001), by_variable.transform("quantile", 0.999)
+    grouped = value.clip(lower=low, upper=high).groupby(variable, observed=True)
     return (grouped.mean().reindex(dataset.variables).to_numpy(),
             grouped.std(ddof=0).reindex(dataset.variables).to_numpy())  # fmt: skip
 
