@@ -102,19 +102,6 @@ def serving(tmp_path: Path, env_extra: dict[str, str] | None = None) -> Iterator
 
 
 @pytest.mark.slow
-def test_the_dashboard_listens_on_loopback_only_and_sigterm_stops_its_server(tmp_path):
-    with serving(tmp_path) as (dashboard, port, _):
-        loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
-        assert listening_addresses(port) and listening_addresses(port) <= loopback, listening_addresses(port)
-        (server,) = children(dashboard.pid)
-        dashboard.send_signal(signal.SIGTERM)  # as a service manager stops it
-        assert dashboard.wait(timeout=30) == 0
-    assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived `garlic dashboard`"
-    assert not listening_addresses(port) and not healthy(port)
-    assert not (tmp_path / "mlruns").exists()  # the dashboard reads the store; it does not make one
-
-
-@pytest.mark.slow
 def test_a_sigkill_of_garlic_dashboard_stops_its_server_and_frees_the_port(tmp_path):
     with serving(tmp_path) as (dashboard, port, _):
         (server,) = children(dashboard.pid)
@@ -156,7 +143,7 @@ def test_token_guesses_are_limited_per_address_and_overall():
 
 
 @pytest.mark.slow
-def test_with_a_token_set_nothing_but_the_login_page_is_served_to_a_session_that_has_not_given_it(tmp_path):
+def test_on_loopback_with_a_token_only_the_login_page_is_served_without_it_and_sigterm_stops_the_server(tmp_path):
     def status(port: int, path: str, method: str = "GET", data: bytes | None = None) -> int:
         request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=data)
         try:
@@ -165,13 +152,20 @@ def test_with_a_token_set_nothing_but_the_login_page_is_served_to_a_session_that
         except urllib.error.HTTPError as exc:
             return exc.code
 
+    # One server for both checks: each start costs seconds of imports before it listens.
     with serving(tmp_path, {"GARLIC_DASHBOARD_TOKEN": "3f9a1c0e7b2d4a68c5"}) as (dashboard, port, log):
+        loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
+        assert listening_addresses(port) and listening_addresses(port) <= loopback, listening_addresses(port)
         assert status(port, "/") == 200  # the login page
         assert status(port, "/_stcore/metrics") == 403  # once served to anyone
         assert status(port, "/media/0123abcd.png") == 403  # a model plot's address
         # 200 PUTs of 1 MB were once accepted on a session that never gave the token
         assert status(port, "/_stcore/upload_file/some-session/some-file", "PUT", b"x" * 1000) == 403
-        dashboard.terminate()
-        dashboard.wait(timeout=30)
+        (server,) = children(dashboard.pid)
+        dashboard.send_signal(signal.SIGTERM)  # as a service manager stops it
+        assert dashboard.wait(timeout=30) == 0
+    assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived `garlic dashboard`"
+    assert not listening_addresses(port) and not healthy(port)
+    assert not (tmp_path / "mlruns").exists()  # the dashboard reads the store; it does not make one
     assert "refused PUT /_stcore/upload_file/...: an upload from a session that has not given the token" in \
         log.read_text()
