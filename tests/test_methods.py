@@ -84,10 +84,10 @@ def test_a_registered_model_is_trained_tested_and_logged_by_garlic_train(toy, ro
 
 def test_a_registered_model_has_its_row_in_the_baselines_table_and_the_comparison(toy, root, tmp_path, capsys):
     store, out = tmp_path / "mlruns", tmp_path / "results"
-    baselines_main(["--dataset", "synthetic", "--splits", "0", "1", "--methods", "toy", "gbm", "--data-root", str(root),
+    baselines_main(["--dataset", "synthetic", "--splits", "0", "1", "--methods", "toy", "--data-root", str(root),
                     "--mlruns", str(store)])  # fmt: skip
     assert "| toy | 2 |" in capsys.readouterr().out
-    compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--methods", "toy", "gbm", "--presets",
+    compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--methods", "toy", "--presets",
                   "--data-root", str(root), "--mlruns", str(store), "--out", str(out)])  # fmt: skip
     table = pd.read_csv(out / "synthetic.csv")
     row = table[table["method"] == "toy"].iloc[0]
