@@ -77,21 +77,18 @@ def test_evaluate_recomputes_the_logged_test_metrics(trained):
     assert evaluated["brier"] == pytest.approx(logged["test_brier"], abs=1e-9)
 
 
-def test_evaluate_reads_the_dataset_under_data_root_from_any_folder(trained, tmp_path):
+def test_evaluate_reads_the_dataset_under_data_root_from_any_folder(trained, tmp_path, monkeypatch, capsys):
     root, run_id, _ = trained
     # The data moved (as a folder recorded relative to where training ran is, seen from elsewhere): evaluate finds it
     # under --data-root, from another folder.
     moved = tmp_path / "moved"
     (root / "data").rename(moved)
+    monkeypatch.chdir(tmp_path)
     try:
-        result = subprocess.run([sys.executable, "-m", "garlic.cli", "--data-root", str(moved), "--mlruns",
-                                 str(root / "mlruns"), "evaluate", "--run", run_id], cwd=tmp_path,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                                timeout=300)  # fmt: skip
+        main(["--data-root", str(moved), "--mlruns", str(root / "mlruns"), "evaluate", "--run", run_id])
     finally:
         moved.rename(root / "data")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["n_test"] == 30
+    assert json.loads(capsys.readouterr().out)["n_test"] == 30
 
 
 def test_predict_on_record_files_matches_the_runs_own_test_predictions(trained, tmp_path):
