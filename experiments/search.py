@@ -26,9 +26,11 @@ are read once per final configuration.
   is printed, beside the best trial.
 
 ``--write-preset NAME`` writes the best trial's configuration as ``experiments/configs/NAME.json`` (or a path).
-``--out DIR`` writes the study's report, ``DIR/search-<dataset>.md``: the command, what was searched, the budget
-spent, the best trial, each parameter's importance (Optuna's fANOVA) and every trial (also as ``-trials.csv``),
-with a figure of the history (``-history.png``). ``--trials 0`` only writes the report of the study as it stands.
+``--out DIR`` writes the study's report, ``DIR/<study>.md``: the command, what was searched, the budget spent, the
+best trial, each parameter's importance (Optuna's fANOVA) and every trial (also as ``-trials.csv``), with a figure
+of the history (``-history.png``); and the study itself, its settings and finished trials, as an Optuna journal
+(``DIR/<study>.jsonl``, JSON lines). A storage without the study takes it from that journal first, so a search
+kept in the repository goes on from any machine. ``--trials 0`` only writes the report of the study as it stands.
 """
 from __future__ import annotations
 
@@ -265,9 +267,33 @@ def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str
     return "\n".join(lines)
 
 
-def write_report(folder: Path, dataset: str, command: str, searched: optuna.Study) -> Path:
-    """``folder/search-<dataset>.md``, ``-trials.csv`` and ``-history.png``; returns the page's path."""
-    name = f"search-{dataset}"
+def archive_study(searched: optuna.Study, path: Path) -> None:
+    """The study's settings and finished trials as an Optuna journal (JSON lines) at ``path``, written whole: kept
+    beside its report, it outlives the machine and its storage (``restore_study``)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.unlink(missing_ok=True)
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(partial)))
+    kept = optuna.create_study(study_name=searched.study_name, storage=journal, direction="maximize")
+    for key, value in searched.user_attrs.items():
+        kept.set_user_attr(key, value)
+    kept.add_trials([trial for trial in searched.trials if trial.state.is_finished()])
+    partial.replace(path)
+
+
+def restore_study(name: str, storage: str, path: Path) -> int:
+    """Copy study ``name`` from its journal at ``path`` into ``storage`` where that has no such study; returns the
+    number of trials copied (0: nothing to restore)."""
+    if not path.is_file() or name in optuna.get_all_study_names(storage):
+        return 0
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    optuna.copy_study(from_study_name=name, from_storage=journal, to_storage=storage)
+    return len(optuna.load_study(study_name=name, storage=storage).trials)
+
+
+def write_report(folder: Path, command: str, searched: optuna.Study) -> Path:
+    """``folder/<study>.md``, ``-trials.csv`` and ``-history.png``, and the study itself as ``<study>.jsonl``
+    (``archive_study``); returns the page's path."""
+    name = searched.study_name
     folder.mkdir(parents=True, exist_ok=True)
     trials = trials_table(searched)
     with atomic_file(folder / f"{name}-trials.csv", "w") as file:
@@ -280,6 +306,7 @@ def write_report(folder: Path, dataset: str, command: str, searched: optuna.Stud
     plt.close(axes.figure)
     with atomic_file(folder / f"{name}.md", "w") as file:
         file.write(report(command, searched, trials, name))
+    archive_study(searched, folder / f"{name}.jsonl")
     return folder / f"{name}.md"
 
 
@@ -315,6 +342,9 @@ def main(argv: list[str] | None = None) -> None:
     unsearched = base.override({name: getattr(Config, name) for name in names}).to_dict() | {"device": None}
     identity = {"preset": args.preset, "dataset": args.dataset, "protocol": protocol,
                 "splits": [split.index for split in cohort.splits], "space": sorted(names), "settings": unsearched}
+    restored = 0 if args.out is None else restore_study(name, storage, args.out / f"{name}.jsonl")
+    if restored:
+        print(f"study {name} restored from {args.out / f'{name}.jsonl'}: {restored} trials")
     searched = open_study(name, storage, identity, args.sampler_seed, {key: getattr(base, key) for key in names})
     study.open_experiment(f"search-{args.dataset}", args.mlruns)
     if args.trials:
@@ -323,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     print(summary(searched))
     if args.out is not None:
         command = "python -m experiments.search " + shlex.join(argv if argv is not None else sys.argv[1:])
-        print(f"report written to {write_report(args.out, args.dataset, command, searched)}")
+        print(f"report written to {write_report(args.out, command, searched)}")
     if args.write_preset and any(t.state == optuna.trial.TrialState.COMPLETE for t in searched.trials):
         kept = {key: base.to_dict()[key] for key in (assignment.partition("=")[0] for assignment in fixed)}
         path = write_preset(args.write_preset, args.preset, kept, searched.best_params)

@@ -87,13 +87,23 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "0", "--out", str(report_dir)))
     found = optuna.load_study(study_name="search-synthetic-five-split", storage=storage)
     assert len(found.trials) == 3
-    page = (report_dir / "search-synthetic.md").read_text()
+    page = (report_dir / "search-synthetic-five-split.md").read_text()
     assert "3 trials (3 complete)" in page and f"**Best:** trial {found.best_trial.number}," in page
     assert "--trials 0" in page and "| lr_cls |" in page and "| dropout |" in page
     assert f"**Starting point** (the preset's own values): trial 0, validation AUROC {found.trials[0].value:.4f}" in page
-    trials = pd.read_csv(report_dir / "search-synthetic-trials.csv")
+    trials = pd.read_csv(report_dir / "search-synthetic-five-split-trials.csv")
     assert trials["validation_auroc"].tolist() == pytest.approx([t.value for t in found.trials])
-    assert (report_dir / "search-synthetic-history.png").read_bytes().startswith(b"\x89PNG")
+    assert (report_dir / "search-synthetic-five-split-history.png").read_bytes().startswith(b"\x89PNG")
+
+    # The study is kept beside its report: a new machine's empty store takes it from there and adds to it.
+    elsewhere = tmp_path / "elsewhere"
+    search.main(arguments(data_root, elsewhere, "--splits", "0", "1", "--trials", "1", "--out", str(report_dir)))
+    assert "restored from" in capsys.readouterr().out
+    moved = optuna.load_study(study_name="search-synthetic-five-split", storage=f"sqlite:///{elsewhere / 'optuna.db'}")
+    assert [(t.params, t.value) for t in moved.trials[:3]] == [(t.params, t.value) for t in found.trials]
+    assert len(moved.trials) == 4 and moved.trials[0].user_attrs["starting_point"]
+    assert moved.user_attrs["identity"] == found.user_attrs["identity"]
+    assert "4 trials (4 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
 
 
 def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part):
