@@ -7,8 +7,7 @@ run as written except that:
 - ``bin/setup && ...`` runs what follows: the Python running this walk is the set-up venv (the set-up itself is
   timed by ``experiments/benchmark_first_run.py --setup``); the test-suite line is skipped (CI runs it);
 - ``.venv/bin/garlic`` and ``.venv/bin/python`` are this checkout's command line and Python;
-- servers (the dashboard, ``mlflow ui``) get a free port, must answer on it, and are then stopped; consecutive
-  server lines are started together (each spends its start importing, on a core of its own);
+- servers (the dashboard, ``mlflow ui``) get a free port, must answer on it, and are then stopped;
 - lines that read ``../shared/data`` are skipped, saying so, when that folder is absent;
 - with ``--quick`` (the test suite's walk) the trainings run one epoch of a small model (``--set`` appended: the
   line's command and options are the README's), and the PhysioNet 2012 lines are skipped: a P12 preprocessing and
@@ -65,44 +64,29 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _serve(commands: list[list[str]], paths: list[str], env: dict, work: Path, timeout: float = 180.0) -> list[float]:
-    """Start servers together, wait until each one's ``path`` answers 200 on its port, stop them all; returns the
-    seconds each took to answer. Together, because each spends its start importing, on a core of its own."""
-    start = time.monotonic()
-    running = []  # (command, port, process, log)
+def _serve(command: list[str], path: str, env: dict, work: Path, timeout: float = 180.0) -> str:
+    """Start a server, wait until ``path`` answers 200 on its port, stop it; returns what it printed."""
+    port = _free_port()
+    process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
     try:
-        for number, command in enumerate(commands):
-            port, log = _free_port(), work / f"server-{number}.log"
-            with open(log, "wb") as sink:
-                process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=sink,
-                                           stderr=subprocess.STDOUT)  # fmt: skip
-            running.append((command, port, process, log))
-        answered: dict[int, float] = {}
-        while len(answered) < len(running):
-            for number, ((command, port, process, log), path) in enumerate(zip(running, paths)):
-                if number in answered:
-                    continue
-                if process.poll() is not None:
-                    raise RuntimeError(f"{shlex.join(command)} stopped with exit code {process.returncode}:\n"
-                                       f"{log.read_text()[-3000:]}")  # fmt: skip
-                if time.monotonic() - start > timeout:
-                    raise RuntimeError(f"{shlex.join(command)} did not answer on port {port} within {timeout:.0f} s")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-                        if answer.status == 200:
-                            answered[number] = time.monotonic() - start
-                except OSError:
-                    pass
-            time.sleep(0.5)
-        return [answered[number] for number in range(len(running))]
-    finally:
-        for _, _, process, _ in running:
-            process.terminate()
-        for _, _, process, _ in running:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{shlex.join(command)} stopped with exit code {process.returncode}")
             try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                    if answer.status == 200:
+                        return f"answered on port {port}"
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"{shlex.join(command)} did not answer on port {port} within {timeout:.0f} s")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = SHARED, say=print) -> list[Step]:
@@ -111,16 +95,6 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     run_ids: dict[str, str] = {}
     steps = []
-    servers: list[tuple[str, list[str], str]] = []  # (line, command, health path): started together at the next line
-
-    def serve_waiting() -> None:
-        if servers:
-            seconds = _serve([words for _, words, _ in servers], [path for _, _, path in servers], env, work)
-            for (line, words, _), took in zip(servers, seconds):
-                steps.append(Step(line, shlex.join(words), "", took, "answered"))
-                say(f"      {line}: answered in {took:.1f} s")
-            servers.clear()
-
     for line in readme_lines(readme):
         command, skipped = line.removeprefix("bin/setup && "), ""
         if "-m pytest" in command:
@@ -135,7 +109,6 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
         if not skipped and re.search(r"\b(P12_)?RUN_ID\b", command):
             skipped = "no training before it printed its run id"
         if skipped:
-            serve_waiting()
             steps.append(Step(line, "", skipped))
             say(f"skip  {line}  ({skipped})")
             continue
@@ -144,25 +117,23 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
         words = program.get(words[0], [words[0]]) + words[1:]
         if quick and words[3:4] == ["train"]:
             words += QUICK_TRAINING
-        server = next((path for key, path in SERVERS.items() if f" {key}" in command), None)
-        if server is not None:
-            say(f"serve {shlex.join(words)}")
-            servers.append((line, words, server))
-            continue
-        serve_waiting()
         say(f"run   {shlex.join(words)}")
         start = time.perf_counter()
-        result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
-        if result.returncode != 0:
-            raise RuntimeError(f"README line {line!r} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-        if words[3:4] == ["train"]:
-            found = re.search(r"^run ([0-9a-f]{32})$", result.stdout, flags=re.MULTILINE)
-            if found is None:
-                raise RuntimeError(f"README line {line!r} printed no run id:\n{result.stdout[-2000:]}")
-            run_ids["P12_RUN_ID" if "physionet2012" in words else "RUN_ID"] = found.group(1)
-        steps.append(Step(line, shlex.join(words), "", time.perf_counter() - start, result.stdout))
+        server = next((path for key, path in SERVERS.items() if f" {key}" in command), None)
+        if server is not None:
+            output = _serve(words, server, env, work)
+        else:
+            result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+            output = result.stdout
+            if result.returncode != 0:
+                raise RuntimeError(f"README line {line!r} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+            if words[3:4] == ["train"]:
+                found = re.search(r"^run ([0-9a-f]{32})$", result.stdout, flags=re.MULTILINE)
+                if found is None:
+                    raise RuntimeError(f"README line {line!r} printed no run id:\n{result.stdout[-2000:]}")
+                run_ids["P12_RUN_ID" if "physionet2012" in words else "RUN_ID"] = found.group(1)
+        steps.append(Step(line, shlex.join(words), "", time.perf_counter() - start, output))
         say(f"      done in {steps[-1].seconds:.1f} s")
-    serve_waiting()
     return steps
 
 
