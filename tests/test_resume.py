@@ -20,6 +20,7 @@ import torch
 
 from garlic.tracking import run_contract
 from garlic import runs
+from garlic.cli import main
 from garlic.config import Config
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import RunInUseError, use_experiment, use_store
@@ -131,7 +132,7 @@ def _logged(store: Path, run_id: str) -> dict:
 
 @pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupted_run(
-    cohort, uninterrupted, tmp_path, sent
+    cohort, uninterrupted, tmp_path, sent, capsys
 ):
     root, _, _ = cohort
     store = tmp_path / "mlruns"
@@ -140,11 +141,13 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     # SIGTERM ends the run cleanly enough for MLflow to mark it failed; SIGKILL leaves it "running". Both resume.
     assert mlflow.MlflowClient().get_run(run_id).info.status == ("RUNNING" if sent == signal.SIGKILL else "FAILED")
 
-    if sent == signal.SIGKILL:  # through the command line once; in this process otherwise (it starts faster)
-        command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id]
-        resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
-        assert resumed.returncode == 0, resumed.stderr[-2000:]
-        assert f"run {run_id}" in resumed.stdout
+    if sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
+        on_sigterm = signal.getsignal(signal.SIGTERM)
+        try:
+            main(["--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id])
+        finally:
+            signal.signal(signal.SIGTERM, on_sigterm)  # `garlic train` sets its own
+        assert f"run {run_id}" in capsys.readouterr().out
     else:
         assert runs.resume(run_id, root, store)[0] == run_id
 
