@@ -177,12 +177,10 @@ def _fast_parse(records: list[Record]) -> tuple[pd.DataFrame, set[int], list[tup
         clock = pc.cast(parts, pa.float64()).to_numpy().reshape(-1, 2)
         hours[well_formed] = clock[:, 0] + clock[:, 1] / 60.0
 
-    # As the line-by-line parse reads a line: its time first, then its parameter, then its value.
+    bad |= ~pc.is_in(table["parameter"], value_set=pa.array(sorted(KNOWN_PARAMETERS))).to_numpy(zero_copy_only=False)
+    # A nameless line as the line-by-line parse reads it: a good time, then no name (its value is never read).
     nameless = well_formed & pc.equal(table["parameter"], "").to_numpy(zero_copy_only=False)
     bad &= ~nameless
-    bad |= ~nameless & ~pc.is_in(table["parameter"], value_set=pa.array(sorted(KNOWN_PARAMETERS))).to_numpy(
-        zero_copy_only=False
-    )
     suspicious.update(np.unique(record[bad]).tolist())
 
     starts, first_row = np.unique(record, return_index=True)  # the rows are in record order
