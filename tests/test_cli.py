@@ -6,6 +6,7 @@ import json
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -36,21 +37,24 @@ def garlic_here(*args: str, root) -> subprocess.CompletedProcess:
     spend seconds importing what this one has loaded. Its log lines are not captured; the command as a process is
     ``garlic`` above and the README walk."""
     out, err = io.StringIO(), io.StringIO()
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     with redirect_stdout(out), redirect_stderr(err):
         try:
             main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
             code = 0
         except SystemExit as stopped:
             code = stopped.code
+        finally:
+            signal.signal(signal.SIGTERM, on_sigterm)  # `garlic train` sets its own
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    made = garlic("preprocess", "synthetic", "--stays", "300", "--seed", "3", root=root)
+    made = garlic_here("preprocess", "synthetic", "--stays", "300", "--seed", "3", root=root)
     assert made.returncode == 0, made.stderr
-    result = garlic("train", "--dataset", "synthetic", *SMALL, root=root)
+    result = garlic_here("train", "--dataset", "synthetic", *SMALL, root=root)
     assert result.returncode == 0, result.stderr
     run_id = re.search(r"^run ([0-9a-f]{32})", result.stdout, re.MULTILINE).group(1)
     return root, run_id, result
