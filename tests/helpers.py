@@ -118,6 +118,20 @@ def record_files(processed: Path, stay_ids, folder: Path) -> list[str]:
     return paths
 
 
+def garlic_main(argv: list[str]) -> None:
+    """``garlic`` (``garlic.cli.main``) run in this process, with the SIGTERM handler that ``garlic train`` sets put
+    back after: a test spends no process start-up on what this process has imported."""
+    import signal
+
+    from garlic.cli import main
+
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def run_without_model(store: Path) -> str:
     """A run that stopped before logging its model."""
     import mlflow

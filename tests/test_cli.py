@@ -6,7 +6,6 @@ import json
 import pickle
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -19,7 +18,7 @@ import pytest
 
 from garlic.cli import _config, main, parser
 from garlic.tracking.store import use_store
-from helpers import record_files
+from helpers import garlic_main, record_files
 from preprocessing import physionet2012
 from preprocessing.tables import read_processed
 
@@ -37,15 +36,12 @@ def garlic_here(*args: str, root) -> subprocess.CompletedProcess:
     spend seconds importing what this one has loaded. Its log lines are not captured; the command as a process is
     ``garlic`` above and the README walk."""
     out, err = io.StringIO(), io.StringIO()
-    on_sigterm = signal.getsignal(signal.SIGTERM)
     with redirect_stdout(out), redirect_stderr(err):
         try:
-            main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
+            garlic_main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
             code = 0
         except SystemExit as stopped:
             code = stopped.code
-        finally:
-            signal.signal(signal.SIGTERM, on_sigterm)  # `garlic train` sets its own
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 

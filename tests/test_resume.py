@@ -20,13 +20,12 @@ import torch
 
 from garlic.tracking import run_contract
 from garlic import runs
-from garlic.cli import main
 from garlic.config import Config
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import RunInUseError, use_experiment, use_store
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import AlternatingTrainer
-from helpers import synthetic_cohort
+from helpers import garlic_main, synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
 GARLIC = [sys.executable, "-m", "garlic.cli"]
@@ -142,11 +141,7 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     assert mlflow.MlflowClient().get_run(run_id).info.status == ("RUNNING" if sent == signal.SIGKILL else "FAILED")
 
     if sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
-        on_sigterm = signal.getsignal(signal.SIGTERM)
-        try:
-            main(["--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id])
-        finally:
-            signal.signal(signal.SIGTERM, on_sigterm)  # `garlic train` sets its own
+        garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id])
         assert f"run {run_id}" in capsys.readouterr().out
     else:
         assert runs.resume(run_id, root, store)[0] == run_id
