@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
@@ -122,9 +123,29 @@ def _units(args: argparse.Namespace, config: Config) -> tuple[list[int], list[in
     return [0 if args.split is None else args.split], None
 
 
-def _stop_on_sigterm(number, frame) -> None:
-    # An exception, unlike the default handler, lets MLflow mark the run as failed; `--resume` takes it up.
-    raise SystemExit(128 + number)
+class _Sigterm:
+    """SIGTERM ends the process as ``SystemExit(143)``: an exception, unlike the default handler, lets MLflow mark the
+    run as failed, and ``--resume`` takes it up. Python drops an exception raised while it runs a finaliser or a weakref
+    callback, and the signal can land there (it did, in SQLAlchemy's: a worker stopped at its deadline trained on to
+    its last epoch). So the signal is also kept, and raised again at the end of every epoch (``checked``)."""
+
+    def __init__(self):
+        self.received: int | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, number: int, frame) -> None:
+        self.received = number
+        raise SystemExit(128 + number)
+
+    def checked(self, on_epoch: Callable[[str, object], None]) -> Callable[[str, object], None]:
+        """``on_epoch(split, record)`` that first raises a signal received earlier."""
+
+        def checked_on_epoch(split: str, record) -> None:
+            if self.received is not None:
+                raise SystemExit(128 + self.received)
+            on_epoch(split, record)
+
+        return checked_on_epoch
 
 
 def _stage_spans(run_id: str) -> str:
@@ -264,18 +285,19 @@ def _train(args: argparse.Namespace) -> None:
 
     from garlic.training import distributed
     from garlic import runs
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    sigterm = _Sigterm()
     with distributed.process_group(config.device if config else args.device or "auto"):
         if args.resume:
             with _Progress(None, enabled=distributed.is_main()) as progress:  # the run's config is read later
-                run_id, results = runs.resume(args.resume, args.data_root, store, progress, args.device)
+                run_id, results = runs.resume(args.resume, args.data_root, store, sigterm.checked(progress),
+                                              args.device)  # fmt: skip
         else:
             with distributed.main_first():
                 if distributed.is_main():
                     _prepare(config, args.data_root)
             with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
-                run_id, results = runs.train(config, indices, args.data_root, store, progress, seeds=seeds,
-                                             preset=preset_name)  # fmt: skip
+                run_id, results = runs.train(config, indices, args.data_root, store, sigterm.checked(progress),
+                                             seeds=seeds, preset=preset_name)  # fmt: skip
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     import mlflow

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import mlflow
@@ -18,6 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
+import garlic.cli
 from garlic.tracking import run_contract
 from garlic import runs
 from garlic.config import Config
@@ -156,6 +158,41 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     assert not run_contract.training_state_path(store, run_id).parent.exists()  # a finished run keeps no state
     with pytest.raises(ValueError, match="has finished; there is nothing to resume"):
         runs.resume(run_id, root, store)
+
+
+def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_at_the_next_epoch(cohort, tmp_path,
+                                                                                                monkeypatch):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    dropped, progress = [], garlic.cli._Progress.__call__
+
+    def signalled_inside_a_weakref_callback(self, split: str, record) -> None:
+        progress(self, split, record)
+        if record.epoch == 1:  # as when SIGTERM lands in SQLAlchemy's clean-up of a collected object
+            class Collected:
+                pass
+
+            def callback(_) -> None:
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(1000))  # the handler runs here, between two of the callback's instructions
+
+            collected = Collected()
+            reference = weakref.ref(collected, callback)
+            del collected
+            assert reference() is None
+
+    monkeypatch.setattr(garlic.cli._Progress, "__call__", signalled_inside_a_weakref_callback)
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+    settings = [item for key, value in {**SMALL, "max_epochs": 6}.items() for item in ("--set", f"{key}={value}")]
+    with pytest.raises(SystemExit) as stopped:
+        garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", *settings])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert [type(event.exc_value) for event in dropped] == [SystemExit]  # Python dropped the handler's exception
+    use_store(store)
+    (run,) = [run for run in mlflow.search_runs(search_all_experiments=True, output_format="list")
+              if run_contract.SPLIT_DIGEST in run.data.params]  # fmt: skip
+    assert run.info.status == "FAILED"  # resumable
+    assert [m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_auroc")] == [1, 2]
 
 
 def test_resuming_a_run_that_is_still_training_is_refused_and_its_history_stays_whole(cohort, tmp_path):
