@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 
 import mlflow
@@ -35,7 +34,7 @@ import pandas as pd
 from experiments import published, study
 from experiments.run_archive import Unit
 from experiments.stats import paired_difference
-from experiments.workers import Job, run_jobs
+from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 from garlic.cli import die_with_parent
 from garlic.config import Config
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
@@ -87,7 +86,7 @@ def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, varia
 
 
 def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
-                     workers: int, store, deadline: float | None, archive: study.StudyArchive) -> None:  # fmt: skip
+                     workers: int, store, minutes: float | None, archive: study.StudyArchive) -> None:  # fmt: skip
     """The units finished neither in the store nor in the ``archive``, each as this command (``argv``) narrowed to
     it, in ``workers`` processes."""
     jobs = []
@@ -102,7 +101,7 @@ def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, expe
                        str(split.index), "--workers", "1", "--train-only"]  # fmt: skip
             jobs.append(Job(f"{name}/split_{split.index}", command, Path(store) / "locks" / unit,
                             Path(store) / "logs" / f"{unit}.log"))  # fmt: skip
-    run_jobs(jobs, workers, deadline)
+    run_jobs(jobs, workers, minutes)
 
 
 def paired_against_full(records: pd.DataFrame, predictions: study.Predictions) -> pd.DataFrame:
@@ -139,14 +138,10 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     study.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--workers", type=int, default=1, metavar="N", help="train the unfinished units in N "
-                        "parallel processes (default 1: one at a time, in this one)")
-    parser.add_argument("--deadline", type=float, metavar="MINUTES", help="with --workers: start no unit after "
-                        "MINUTES and stop the running ones then (they are trained anew by the next call)")
+    add_worker_arguments(parser, "the unfinished units")
     parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
     args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
+    check_worker_arguments(parser, args, worker=args.train_only)
     if args.train_only:
         die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -155,9 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     experiment_id = study.open_experiment(f"ablations-{args.dataset}", args.mlruns)
     archive = study.StudyArchive(args.out, "ablation_runs", args.dataset, args.data_root)
     if args.workers > 1:
-        deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
-                         args.workers, args.mlruns, deadline, archive)  # fmt: skip
+                         args.workers, args.mlruns, args.deadline, archive)  # fmt: skip
     records = run_variants(config, cohort, experiment_id, args.variants, args.workers == 1, archive)
     if args.train_only:
         return

@@ -45,7 +45,6 @@ import argparse
 import logging
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +58,7 @@ from experiments.baselines.run import Baselines
 from experiments.run_archive import RunArchive, Unit, dataset_outcomes
 from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
-from experiments.workers import Job, run_jobs
+from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 from garlic import runs
 from garlic.config import CONFIG_DIR, Config
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
@@ -227,11 +226,11 @@ def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: in
 
 
 def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
-                     deadline: float | None = None) -> None:  # fmt: skip
+                     minutes: float | None = None) -> None:  # fmt: skip
     """Train ``pending`` in ``workers`` parallel ``garlic train`` processes (``experiments.workers``: the CPU threads
     shared out evenly, each unit claimed by its ``unit_lock``, output in ``store/logs/``), all into ``store``. A unit
-    whose process fails is reported and stays missing; at ``deadline`` (a ``time.monotonic()`` value) no unit
-    starts any more and the running ones are stopped, their runs FAILED and trained anew by a later call."""
+    whose process fails is reported and stays missing; after ``minutes`` (``--deadline``) no unit starts any more
+    and the running ones are stopped, their runs FAILED and trained anew by a later call."""
     jobs = []
     for unit in pending:
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
@@ -241,7 +240,7 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
         log_name = f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
         jobs.append(Job(str(unit), command, unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
                         Path(store) / "logs" / log_name))  # fmt: skip
-    run_jobs(jobs, workers, deadline)
+    run_jobs(jobs, workers, minutes)
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores: list[Path], data_root: Path,
@@ -524,11 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
                         help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="train the missing GARLIC units in N parallel processes (default 1: one at a time)")
-    parser.add_argument("--deadline", type=float, metavar="MINUTES",
-                        help="with --workers: start no unit after MINUTES and stop the running ones then (they "
-                             "resume later), then write the table of what finished")  # fmt: skip
+    add_worker_arguments(parser, "the missing GARLIC units")
     parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
                                                              "--presets), on the same splits and model seeds")
     parser.add_argument("--out", type=Path, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
@@ -539,17 +534,13 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [*args.set, *([f"device={args.device}"] if args.device else [])]
     presets = [args.dataset] if args.presets is None else args.presets
 
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
-    if args.deadline is not None and not (args.deadline > 0 and args.workers > 1):
-        parser.error("--deadline takes a positive number of minutes, with --workers 2 or more")
+    check_worker_arguments(parser, args)
     if args.against is not None and args.against not in presets:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
     datasets = {name: protocol_dataset(args.dataset, name) for name in args.protocols}  # protocol -> its dataset
     configs = {dataset: {name: preset_config(name, dataset, overrides) for name in presets}
                for dataset in dict.fromkeys(datasets.values())}  # fmt: skip
-    deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     in_workers = args.workers > 1 and not args.no_train
     archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
     if in_workers:  # the units that neither a store nor the run archive holds
@@ -557,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
                    for name, config in configs[datasets[protocol_name]].items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False,
                                             archives.get(datasets[protocol_name]), args.seeds)[1]]
-        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, deadline)
+        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, args.deadline)
     units, missing = [], []
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])

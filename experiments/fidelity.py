@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
 import matplotlib.pyplot as plt
 import mlflow
@@ -52,7 +51,7 @@ from garlic.methods.summary import STATISTICS, SummaryModel
 from experiments.removal import keep_mask, reduce
 from experiments.run_archive import Unit
 from experiments.stats import page_trend, paired_comparisons, paired_difference
-from experiments.workers import Job, run_jobs
+from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 from garlic.cli import die_with_parent
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
@@ -369,14 +368,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.5], help="kept fractions, e.g. 0.1 0.3 0.5")
     parser.add_argument("--ig-steps", type=int, default=DEFAULT_STEPS, help="Integrated Gradients path steps")
-    parser.add_argument("--workers", type=int, default=1, metavar="N", help="run the unfinished splits in N "
-                        "parallel processes (default 1: one at a time, in this one)")
-    parser.add_argument("--deadline", type=float, metavar="MINUTES", help="with --workers: start no split after "
-                        "MINUTES and stop the running ones then (their unfinished runs are trained by the next call)")
+    add_worker_arguments(parser, "the unfinished splits")
     parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
     args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
+    check_worker_arguments(parser, args, worker=args.train_only)
     if args.train_only:
         die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -396,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
                            "--workers", "1", "--train-only"]  # fmt: skip
                 jobs.append(Job(f"split_{split.index}", command, args.mlruns / "locks" / unit,
                                 args.mlruns / "logs" / f"{unit}.log"))  # fmt: skip
-        run_jobs(jobs, args.workers, None if args.deadline is None else time.monotonic() + 60 * args.deadline)
+        run_jobs(jobs, args.workers, args.deadline)
     records = runner.run()
     if args.train_only:
         return

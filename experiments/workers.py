@@ -8,6 +8,7 @@ and the running ones get SIGTERM: their MLflow runs end FAILED, and the next cal
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import time
@@ -19,6 +20,26 @@ from garlic.cli import PARENT_ENV
 from preprocessing.locks import LockHeld, acquire, release
 
 
+def add_worker_arguments(parser: argparse.ArgumentParser, units: str) -> None:
+    """``--workers N`` and ``--deadline MINUTES``, alike in every command that trains its ``units`` in workers."""
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help=f"train {units} in N parallel processes (default 1: one at a time, in this one)")
+    parser.add_argument("--deadline", type=float, metavar="MINUTES",
+                        help="with --workers: start none after MINUTES of training and stop the running ones then "
+                             "(the next call trains them anew), then write the tables of what finished")  # fmt: skip
+
+
+def check_worker_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, worker: bool = False) -> None:
+    """``add_worker_arguments``'s values checked, ``parser.error`` naming the bad one; a ``worker``'s ``--deadline``
+    is not (a job of ``run_jobs``: its command repeats its parent's, ``--deadline`` included, with ``--workers 1``, and
+    the parent enforces the deadline)."""
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.deadline is not None and not worker and not (args.deadline >= 0 and args.workers > 1):
+        parser.error(f"--deadline takes minutes (0 or more), with --workers 2 or more; got --deadline "
+                     f"{args.deadline} with --workers {args.workers}")  # fmt: skip
+
+
 @dataclass
 class Job:
     name: str  # what the report calls it
@@ -27,10 +48,10 @@ class Job:
     log: Path  # its stdout and stderr
 
 
-def run_jobs(jobs: list[Job], workers: int, deadline: float | None = None) -> dict[str, str]:
+def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None) -> dict[str, str]:
     """Run ``jobs``, ``workers`` at a time; returns each job's outcome by name ("done" when its command succeeded).
-
-    ``deadline`` is a ``time.monotonic()`` value."""
+    ``minutes`` from now is the deadline (none without)."""
+    deadline = None if minutes is None else time.monotonic() + 60 * minutes
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, PARENT_ENV: str(os.getpid())}
 
