@@ -5,23 +5,26 @@
 
 Each trial takes the preset (``--preset``, with ``--set`` applied) and draws the values of ``SPACE`` (or of the
 names given to ``--space``); it is trained on each screening split (``--splits`` of ``--protocol``), its best epoch
-selected on validation as every run's is, and scored by the validation AUROC at that epoch, averaged over the
-screening splits: the study maximises that. **The test parts are never read**: a trial's splits are built without
+selected on validation as every run's is, and scored at that epoch (``--objective``), averaged over the screening
+splits: the study maximises that. **The test parts are never read**: a trial's splits are built without
 theirs. Confirm the best configuration on every split with ``experiments.compare``, where each protocol's test parts
 are read once per final configuration.
 
 - **The starting point**: a new study's first trial is the preset's own values (where they lie in the space), so
   that the report can say how far the best trial is from where the search began, on the same splits.
-- **Pruning**: after every epoch of the first screening split, a trial reports its validation AUROC; Optuna's
-  median pruner stops it when it falls below the median of earlier trials at that epoch (after
+- **The objective** (``--objective``): the validation AUROC of the selected epoch (the default), or the mean of its
+  validation AUROC and AUPRC (``auroc+auprc``: a model is compared with the others in both). A study keeps its own.
+- **Pruning**: after every epoch of the first screening split, a trial reports that epoch's score; Optuna's median
+  pruner stops it when it falls below the median of earlier trials at that epoch (after
   ``PRUNE_AFTER_TRIALS`` trials and ``PRUNE_AFTER_EPOCHS`` epochs).
 - **The study** lives in an Optuna storage: ``sqlite:///<--mlruns>/optuna.db`` by default, or any database URL
   (``--storage postgresql://...``). Several processes, on one machine or many, can run this command on the same
   ``--study`` at once: each adds its ``--trials``, and the sampler sees them all. A study remembers its preset,
   protocol and screening splits, and refuses a process that names others.
 - **Tracking**: every trial is an MLflow run of the experiment ``search-<dataset>`` in ``--mlruns``, tagged with the
-  study and trial number, its parameters the trial's values, its metric the objective (``validation_auroc``); each
-  screening split is a nested run with the per-epoch curves. A pruned trial's runs end KILLED and tagged ``pruned``.
+  study and trial number, its parameters the trial's values, its metric the objective (``validation_auroc`` or
+  ``validation_auroc_auprc``); each screening split is a nested run with the per-epoch curves. A pruned trial's
+  runs end KILLED and tagged ``pruned``.
 - **The budget** is ``--trials`` per process (and ``--timeout`` minutes); what was tried (complete, pruned, failed)
   is printed, beside the best trial.
 
@@ -40,6 +43,7 @@ import logging
 import shlex
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -82,7 +86,13 @@ PRUNE_AFTER_EPOCHS = 3
 # FAILED when a process opens the study, instead of staying "running" in the study for ever.
 HEARTBEAT_SECONDS = 60
 GRACE_SECONDS = 300
-OBJECTIVE = "validation_auroc"
+# What a trial is scored by (``--objective``), at its selected epoch: the metric it logs, its wording, the score of
+# an epoch's record. Each epoch's score is also what the pruner compares.
+OBJECTIVES = {
+    "auroc": ("validation_auroc", "validation AUROC", lambda record: record.val_auroc),
+    "auroc+auprc": ("validation_auroc_auprc", "mean of validation AUROC and AUPRC",
+                    lambda record: (record.val_auroc + record.val_auprc) / 2),  # fmt: skip
+}
 log = logging.getLogger("experiments")
 
 
@@ -114,24 +124,27 @@ def tracked_run(**start):
         mlflow.end_run(status)
 
 
-def validation_score(config: Config, tensors: IrregularTensors, split: Split, trial: optuna.Trial | None) -> float:
-    """Fit on the split's training part, select on its validation part (reporting each epoch to ``trial`` for
-    pruning), and return the validation AUROC of the selected epoch. The test part is not built."""
+def validation_score(config: Config, tensors: IrregularTensors, split: Split, trial: optuna.Trial | None,
+                     score: Callable[[EpochRecord], float]) -> float:  # fmt: skip
+    """Fit on the split's training part, select on its validation part (reporting each epoch's ``score`` to ``trial``
+    for pruning), and return the ``score`` of the selected epoch. The test part is not built."""
     train, validation = (IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
                          for part in ("train", "validation"))  # fmt: skip
 
     def report(record: EpochRecord) -> None:
-        trial.report(record.val_auroc, record.epoch)
+        trial.report(score(record), record.epoch)
         if trial.should_prune():
-            raise optuna.TrialPruned(f"validation AUROC {record.val_auroc:.4f} at epoch {record.epoch}")
+            raise optuna.TrialPruned(f"score {score(record):.4f} at epoch {record.epoch}")
 
     estimator = GarlicEstimator(config, explain=False, keep_model=False, on_epoch=None if trial is None else report)
     estimator.fit(train, validation)
     result = estimator.fit_result_
-    return next(r.val_auroc for r in result.history if r.epoch == result.best_epoch)
+    return next(score(r) for r in result.history if r.epoch == result.best_epoch)
 
 
-def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: str):
+def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: str, goal: str):
+    metric, _, score = OBJECTIVES[goal]
+
     def run_trial(trial: optuna.Trial) -> float:
         values = draw(trial, names)
         config = base.override(values)
@@ -142,11 +155,11 @@ def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: 
             for position, split in enumerate(cohort.splits):
                 with tracked_run(run_name=split.name, nested=True, tags=tags):
                     mlflow.log_param("split", split.name)
-                    score = validation_score(config, cohort.tensors, split, trial if position == 0 else None)
-                    mlflow.log_metric(OBJECTIVE, score)
-                scores.append(score)
+                    scored = validation_score(config, cohort.tensors, split, trial if position == 0 else None, score)
+                    mlflow.log_metric(metric, scored)
+                scores.append(scored)
             value = sum(scores) / len(scores)
-            mlflow.log_metric(OBJECTIVE, value)
+            mlflow.log_metric(metric, value)
         return value
 
     return run_trial
@@ -157,12 +170,17 @@ def in_space(name: str, value) -> bool:
     return value in bounds[0] if kind == "choice" else bounds[0] <= value <= bounds[1]
 
 
+def goal_of(searched: optuna.Study) -> str:
+    """The study's ``OBJECTIVES`` key: studies made before it was a choice searched AUROC."""
+    return searched.user_attrs.get("identity", {}).get("objective", "auroc")
+
+
 def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None,
                start: dict | None = None) -> optuna.Study:
     """The study ``name`` in ``storage`` (made when new), after checking that it searches what ``identity`` says
-    (preset, dataset, protocol, screening splits, searched names, fixed settings); trials whose process died are
-    marked FAILED (``GRACE_SECONDS``). A new study's first trial is ``start`` (the preset's own values) when it lies
-    in the space: every later trial is then compared with the starting point on the same splits."""
+    (preset, dataset, protocol, screening splits, objective, searched names, fixed settings); trials whose process
+    died are marked FAILED (``GRACE_SECONDS``). A new study's first trial is ``start`` (the preset's own values) when
+    it lies in the space: every later trial is then compared with the starting point on the same splits."""
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9; we rely on no detail of them
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
@@ -170,6 +188,8 @@ def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None
                                    sampler=optuna.samplers.TPESampler(seed=sampler_seed),
                                    pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))  # fmt: skip
     known = searched.user_attrs.get("identity")
+    if known is not None:  # a study made before the objective was a choice searched AUROC (``goal_of``)
+        known, identity = ({"objective": "auroc", **settings} for settings in (known, identity))
     if known is None:
         searched.set_user_attr("identity", identity)
         if start and all(in_space(key, value) for key, value in start.items()):
@@ -200,7 +220,8 @@ def summary(searched: optuna.Study) -> str:
     lines = [f"study {searched.study_name}: {len(states)} trials ({', '.join(f'{n} {s}' for s, n in counts.items())})"]
     if counts.get("complete"):
         best = searched.best_trial
-        lines.append(f"best: trial {best.number}, {OBJECTIVE} {best.value:.4f}, {json.dumps(best.params)}")
+        metric = OBJECTIVES[goal_of(searched)][0]
+        lines.append(f"best: trial {best.number}, {metric} {best.value:.4f}, {json.dumps(best.params)}")
     return "\n".join(lines)
 
 
@@ -209,13 +230,13 @@ def starting_point(searched: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def trials_table(searched: optuna.Study) -> pd.DataFrame:
-    """One row per trial: its state, objective (a pruned trial: its last reported validation AUROC and epoch) and
-    drawn values."""
+    """One row per trial: its state, objective (a pruned trial: its last reported score and epoch) and drawn
+    values."""
     rows = []
     for trial in searched.trials:
         last_epoch = max(trial.intermediate_values, default=None)
         rows.append({"trial": trial.number, "state": trial.state.name.lower(),
-                     OBJECTIVE: trial.value, "last_reported_epoch": last_epoch,
+                     OBJECTIVES[goal_of(searched)][0]: trial.value, "last_reported_epoch": last_epoch,
                      "last_reported": None if last_epoch is None else trial.intermediate_values[last_epoch],
                      "minutes": None if trial.duration is None else round(trial.duration.total_seconds() / 60, 1),
                      **trial.params})  # fmt: skip
@@ -233,24 +254,25 @@ def importances(searched: optuna.Study) -> dict[str, float] | str:
 
 def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str) -> str:
     identity = searched.user_attrs.get("identity", {})
+    wording = OBJECTIVES[goal_of(searched)][1]
     weights = importances(searched)
     lines = [f"# Search: {identity.get('preset')} on {identity.get('dataset')} {identity.get('protocol')}", "",
              "Made by (the study lives in its Optuna storage; `--trials 0` remakes this page from it):", "",
              "```bash", command, "```", "",
              f"Study `{searched.study_name}`: each trial trains the preset with the drawn values on the screening "
              f"splits {identity.get('splits')} of `{identity.get('protocol')}`, selects its epoch on validation and "
-             f"is scored by the mean validation AUROC of that epoch. No test part was read. Searched: "
+             f"is scored by its {wording} at that epoch, averaged over the splits. No test part was read. Searched: "
              f"{', '.join(f'`{n}`' for n in identity.get('space', []))}.", "",
              f"**Budget:** {summary(searched)}.", ""]  # fmt: skip
     complete = trials[trials.state == "complete"]
     if len(complete):
         best = searched.best_trial
-        lines += [f"**Best:** trial {best.number}, validation AUROC {best.value:.4f}, "
+        lines += [f"**Best:** trial {best.number}, {wording} {best.value:.4f}, "
                   + ", ".join(f"`{key}={value:.4g}`" if isinstance(value, float) else f"`{key}={value}`"
                               for key, value in best.params.items()) + ".", ""]  # fmt: skip
         start = starting_point(searched)
         if start is not None and start.value is not None:
-            lines += [f"**Starting point** (the preset's own values): trial {start.number}, validation AUROC "
+            lines += [f"**Starting point** (the preset's own values): trial {start.number}, {wording} "
                       f"{start.value:.4f}; the best is {best.value - start.value:+.4f} from it, on the same splits.",
                       ""]  # fmt: skip
     lines += ["## Importance of each parameter", ""]
@@ -300,7 +322,7 @@ def write_report(folder: Path, command: str, searched: optuna.Study) -> Path:
         trials.to_csv(file, index=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVE)
+        axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVES[goal_of(searched)][0])
     with atomic_file(folder / f"{name}-history.png") as file:
         axes.figure.savefig(file, format="png", dpi=120, bbox_inches="tight")
     plt.close(axes.figure)
@@ -322,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--study", help="the study's name (default: search-<preset>-<protocol>)")
     parser.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
     parser.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default: none)")
+    parser.add_argument("--objective", choices=list(OBJECTIVES), default="auroc", help="what a trial is scored by "
+                        "at its selected epoch: validation AUROC (default), or the mean of validation AUROC and AUPRC")
     parser.add_argument("--write-preset", metavar="NAME", help="write the best trial's configuration as a preset")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -340,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     args.mlruns.mkdir(parents=True, exist_ok=True)
     storage = args.storage or f"sqlite:///{(args.mlruns / 'optuna.db').resolve()}"
     unsearched = base.override({name: getattr(Config, name) for name in names}).to_dict() | {"device": None}
-    identity = {"preset": args.preset, "dataset": args.dataset, "protocol": protocol,
+    identity = {"preset": args.preset, "dataset": args.dataset, "protocol": protocol, "objective": args.objective,
                 "splits": [split.index for split in cohort.splits], "space": sorted(names), "settings": unsearched}
     restored = 0 if args.out is None else restore_study(name, storage, args.out / f"{name}.jsonl")
     if restored:
@@ -348,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     searched = open_study(name, storage, identity, args.sampler_seed, {key: getattr(base, key) for key in names})
     study.open_experiment(f"search-{args.dataset}", args.mlruns)
     if args.trials:
-        searched.optimize(objective(base, cohort, names, name), n_trials=args.trials,
+        searched.optimize(objective(base, cohort, names, name, goal_of(searched)), n_trials=args.trials,
                           timeout=None if args.timeout is None else 60 * args.timeout, catch=())  # fmt: skip
     print(summary(searched))
     if args.out is not None:

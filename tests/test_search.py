@@ -106,12 +106,42 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     assert "4 trials (4 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
 
 
+def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it_began_with(data_root, tmp_path,
+                                                                                              no_test_part):
+    store, report_dir = tmp_path / "mlruns", tmp_path / "report"
+    mixed = ["--splits", "0", "--study", "mixed", "--out", str(report_dir)]
+    search.main(arguments(data_root, store, *mixed, "--trials", "1", "--objective", "auroc+auprc"))
+    storage = f"sqlite:///{store / 'optuna.db'}"
+    (trial,) = optuna.load_study(study_name="mixed", storage=storage).trials
+    use_store(store)
+    runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
+    (split_run,) = [run for run in runs if not run.info.run_name.startswith("trial_")]
+    client = mlflow.MlflowClient()
+    auroc, auprc = ({m.step: m.value for m in client.get_metric_history(split_run.info.run_id, name)}
+                    for name in ("val_auroc", "val_auprc"))  # fmt: skip
+    assert any(trial.value == pytest.approx((auroc[epoch] + auprc[epoch]) / 2) for epoch in auroc)
+    assert not any(trial.value == pytest.approx(value) for value in auroc.values())
+    assert split_run.data.metrics["validation_auroc_auprc"] == pytest.approx(trial.value)
+    assert "scored by its mean of validation AUROC and AUPRC at that epoch" in (report_dir / "mixed.md").read_text()
+    assert "validation_auroc_auprc" in pd.read_csv(report_dir / "mixed-trials.csv").columns
+
+    with pytest.raises(SystemExit, match="searches other settings \\(objective\\)"):
+        search.main(arguments(data_root, store, *mixed, "--trials", "0"))
+    # a study made before the objective was a choice searched AUROC, and goes on as such
+    found = optuna.load_study(study_name="mixed", storage=storage)
+    identity = found.user_attrs["identity"]
+    found.set_user_attr("identity", {key: value for key, value in identity.items() if key != "objective"})
+    search.main(arguments(data_root, store, *mixed, "--trials", "0"))
+    with pytest.raises(SystemExit, match="searches other settings \\(objective\\)"):
+        search.main(arguments(data_root, store, *mixed, "--trials", "0", "--objective", "auroc+auprc"))
+
+
 def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part):
     base = study.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
     cohort = study.load_cohort("synthetic", data_root, "five-split", [0])
     study.open_experiment("search-synthetic", tmp_path / "mlruns")
     always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
-    always.optimize(search.objective(base, cohort, ["dropout"], "pruned"), n_trials=1)
+    always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc"), n_trials=1)
     (trial,) = always.trials
     assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.intermediate_values) == [1]
     runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
