@@ -46,6 +46,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -86,13 +87,23 @@ PRUNE_AFTER_EPOCHS = 3
 # FAILED when a process opens the study, instead of staying "running" in the study for ever.
 HEARTBEAT_SECONDS = 60
 GRACE_SECONDS = 300
-# What a trial is scored by (``--objective``), at its selected epoch: the metric it logs, its wording, the score of
-# an epoch's record. Each epoch's score is also what the pruner compares.
+
+
+class Objective(NamedTuple):
+    """What a trial is scored by (``--objective``), at its selected epoch; each epoch's score is also what the pruner
+    compares."""
+
+    metric: str  # the MLflow metric and the trials table's column
+    wording: str  # how the report names it
+    score: Callable[[EpochRecord], float]
+
+
 OBJECTIVES = {
-    "auroc": ("validation_auroc", "validation AUROC", lambda record: record.val_auroc),
-    "auroc+auprc": ("validation_auroc_auprc", "mean of validation AUROC and AUPRC",
-                    lambda record: (record.val_auroc + record.val_auprc) / 2),  # fmt: skip
+    "auroc": Objective("validation_auroc", "validation AUROC", lambda record: record.val_auroc),
+    "auroc+auprc": Objective("validation_auroc_auprc", "mean of validation AUROC and AUPRC",
+                             lambda record: (record.val_auroc + record.val_auprc) / 2),  # fmt: skip
 }
+DEFAULT_OBJECTIVE = "auroc"  # also what every study made before ``--objective`` existed searched
 log = logging.getLogger("experiments")
 
 
@@ -172,7 +183,7 @@ def in_space(name: str, value) -> bool:
 
 def goal_of(searched: optuna.Study) -> str:
     """The study's ``OBJECTIVES`` key: studies made before it was a choice searched AUROC."""
-    return searched.user_attrs.get("identity", {}).get("objective", "auroc")
+    return searched.user_attrs.get("identity", {}).get("objective", DEFAULT_OBJECTIVE)
 
 
 def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None,
@@ -189,7 +200,7 @@ def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None
                                    pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))  # fmt: skip
     known = searched.user_attrs.get("identity")
     if known is not None:  # a study made before the objective was a choice searched AUROC (``goal_of``)
-        known, identity = ({"objective": "auroc", **settings} for settings in (known, identity))
+        known, identity = ({"objective": DEFAULT_OBJECTIVE, **settings} for settings in (known, identity))
     if known is None:
         searched.set_user_attr("identity", identity)
         if start and all(in_space(key, value) for key, value in start.items()):
@@ -220,7 +231,7 @@ def summary(searched: optuna.Study) -> str:
     lines = [f"study {searched.study_name}: {len(states)} trials ({', '.join(f'{n} {s}' for s, n in counts.items())})"]
     if counts.get("complete"):
         best = searched.best_trial
-        metric = OBJECTIVES[goal_of(searched)][0]
+        metric = OBJECTIVES[goal_of(searched)].metric
         lines.append(f"best: trial {best.number}, {metric} {best.value:.4f}, {json.dumps(best.params)}")
     return "\n".join(lines)
 
@@ -236,7 +247,7 @@ def trials_table(searched: optuna.Study) -> pd.DataFrame:
     for trial in searched.trials:
         last_epoch = max(trial.intermediate_values, default=None)
         rows.append({"trial": trial.number, "state": trial.state.name.lower(),
-                     OBJECTIVES[goal_of(searched)][0]: trial.value, "last_reported_epoch": last_epoch,
+                     OBJECTIVES[goal_of(searched)].metric: trial.value, "last_reported_epoch": last_epoch,
                      "last_reported": None if last_epoch is None else trial.intermediate_values[last_epoch],
                      "minutes": None if trial.duration is None else round(trial.duration.total_seconds() / 60, 1),
                      **trial.params})  # fmt: skip
@@ -254,7 +265,7 @@ def importances(searched: optuna.Study) -> dict[str, float] | str:
 
 def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str) -> str:
     identity = searched.user_attrs.get("identity", {})
-    wording = OBJECTIVES[goal_of(searched)][1]
+    wording = OBJECTIVES[goal_of(searched)].wording
     weights = importances(searched)
     lines = [f"# Search: {identity.get('preset')} on {identity.get('dataset')} {identity.get('protocol')}", "",
              "Made by (the study lives in its Optuna storage; `--trials 0` remakes this page from it):", "",
@@ -322,7 +333,7 @@ def write_report(folder: Path, command: str, searched: optuna.Study) -> Path:
         trials.to_csv(file, index=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVES[goal_of(searched)][0])
+        axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVES[goal_of(searched)].metric)
     with atomic_file(folder / f"{name}-history.png") as file:
         axes.figure.savefig(file, format="png", dpi=120, bbox_inches="tight")
     plt.close(axes.figure)
@@ -344,8 +355,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--study", help="the study's name (default: search-<preset>-<protocol>)")
     parser.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
     parser.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default: none)")
-    parser.add_argument("--objective", choices=list(OBJECTIVES), default="auroc", help="what a trial is scored by "
-                        "at its selected epoch: validation AUROC (default), or the mean of validation AUROC and AUPRC")
+    parser.add_argument("--objective", choices=list(OBJECTIVES), default=DEFAULT_OBJECTIVE,
+                        help="what a trial is scored by at its selected epoch: validation AUROC (default), or the mean "
+                             "of validation AUROC and AUPRC")  # fmt: skip
     parser.add_argument("--write-preset", metavar="NAME", help="write the best trial's configuration as a preset")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
