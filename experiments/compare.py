@@ -240,6 +240,7 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
         log_name = f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
         jobs.append(Job(str(unit), command, unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
                         Path(store) / "logs" / log_name))  # fmt: skip
+    use_store(store)  # made once, here, rather than by the first worker while the deadline's clock runs
     run_jobs(jobs, workers, minutes)
 
 

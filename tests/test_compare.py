@@ -298,8 +298,9 @@ def test_at_the_deadline_the_running_units_stop_and_the_table_names_them_not_yet
     started = time.monotonic()
     compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods",
                   "--set", "max_epochs=1000", "--set", "early_stopping=1000", "--data-root", str(tmp_path),
-                  "--mlruns", str(store), "--out", str(out), "--workers", "2", "--deadline", "0.25"])  # fmt: skip
-    assert time.monotonic() - started < 60  # 15 s of training, then the table, not 1,000 epochs
+                  "--mlruns", str(store), "--out", str(out), "--workers", "2", "--deadline", "0.4"])  # fmt: skip
+    # 24 s: a worker starts its run 7-15 s in (imports, the splits; longer on a loaded machine), then trains.
+    assert time.monotonic() - started < 70  # 24 s of training, then the table, not 1,000 epochs
     printed = capsys.readouterr().out
     assert printed.count("stopped at the deadline") == 2 and printed.count("not started: the deadline had passed") == 3
     assert "## Not yet run\n\n" + "".join(f"- synthetic five-split/split_{k} seed 0\n" for k in range(5)) in printed
@@ -307,6 +308,8 @@ def test_at_the_deadline_the_running_units_stop_and_the_table_names_them_not_yet
     stopped = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FAILED'",
                                  output_format="list")  # fmt: skip
     assert len(stopped) >= 2  # each unit's split run (and its parent) marked FAILED: resumable
+    assert not mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'RUNNING'",
+                                  output_format="list")  # fmt: skip
 
 
 def test_a_unit_that_another_process_trains_is_skipped(tmp_path, capsys):
