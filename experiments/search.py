@@ -32,8 +32,10 @@ are read once per final configuration.
 ``--out DIR`` writes the study's report, ``DIR/<study>.md``: the command, what was searched, the budget spent, the
 best trial, each parameter's importance (Optuna's fANOVA) and every trial (also as ``-trials.csv``), with a figure
 of the history (``-history.png``); and the study itself, its settings and finished trials, as an Optuna journal
-(``DIR/<study>.jsonl``, JSON lines). A storage without the study takes it from that journal first, so a search
-kept in the repository goes on from any machine. ``--trials 0`` only writes the report of the study as it stands.
+(``DIR/<study>.jsonl``, JSON lines), again after every trial, so that a search stopped half-way loses only the
+trials it was running. A storage without the study takes it from that journal first, so a search kept in the
+repository goes on from any machine. ``--trials 0`` only writes the report of the study as it stands. Each trial
+that ends prints one line: complete (with its score) or pruned, and the best so far.
 """
 from __future__ import annotations
 
@@ -343,6 +345,29 @@ def write_report(folder: Path, command: str, searched: optuna.Study) -> Path:
     return folder / f"{name}.md"
 
 
+def after_each_trial(out: Path | None, command: str) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """Optuna's callback after every trial of this process: a line saying how it ended and where the study stands,
+    and, with ``out``, the report and journal written again (``write_report``), so that a search stopped half-way (a
+    lost machine, Ctrl-C) has every finished trial in the repository already."""
+
+    def report_trial(searched: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        metric = OBJECTIVES[goal_of(searched)].metric
+        ended = trial.state.name.lower()
+        if trial.value is not None:
+            ended += f", {metric} {trial.value:.4f}"
+        elif trial.intermediate_values:
+            epoch = max(trial.intermediate_values)
+            ended += f" at epoch {epoch} ({trial.intermediate_values[epoch]:.4f})"
+        complete = [t for t in searched.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        best = max(complete, key=lambda t: t.value) if complete else None
+        standing = f"; best so far trial {best.number}, {best.value:.4f}" if best else ""
+        print(f"trial {trial.number}: {ended}{standing}", flush=True)
+        if out is not None:
+            write_report(out, command, searched)
+
+    return report_trial
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -383,12 +408,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"study {name} restored from {args.out / f'{name}.jsonl'}: {restored} trials")
     searched = open_study(name, storage, identity, args.sampler_seed, {key: getattr(base, key) for key in names})
     study.open_experiment(f"search-{args.dataset}", args.mlruns)
+    command = "python -m experiments.search " + shlex.join(argv if argv is not None else sys.argv[1:])
     if args.trials:
         searched.optimize(objective(base, cohort, names, name, goal_of(searched)), n_trials=args.trials,
-                          timeout=None if args.timeout is None else 60 * args.timeout, catch=())  # fmt: skip
+                          timeout=None if args.timeout is None else 60 * args.timeout, catch=(),
+                          callbacks=[after_each_trial(args.out, command)])  # fmt: skip
     print(summary(searched))
     if args.out is not None:
-        command = "python -m experiments.search " + shlex.join(argv if argv is not None else sys.argv[1:])
         print(f"report written to {write_report(args.out, command, searched)}")
     if args.write_preset and any(t.state == optuna.trial.TrialState.COMPLETE for t in searched.trials):
         kept = {key: base.to_dict()[key] for key in (assignment.partition("=")[0] for assignment in fixed)}

@@ -106,6 +106,31 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     assert "4 trials (4 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
 
 
+def test_each_finished_trial_is_printed_and_kept_in_the_report_before_the_search_ends(data_root, tmp_path, capsys,
+                                                                                     monkeypatch):
+    scored = search.validation_score
+
+    def lost_in_the_second_trial(config, tensors, split, trial, score):
+        if trial is not None and trial.number == 1:
+            raise KeyboardInterrupt  # Ctrl-C, or the machine gone, half-way through the search
+        return scored(config, tensors, split, trial, score)
+
+    monkeypatch.setattr(search, "validation_score", lost_in_the_second_trial)
+    report_dir = tmp_path / "report"
+    with pytest.raises(KeyboardInterrupt):
+        search.main(arguments(data_root, tmp_path / "mlruns", "--splits", "0", "--trials", "3", "--out",
+                              str(report_dir)))  # fmt: skip
+    first = optuna.load_study(study_name="search-synthetic-five-split",
+                              storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}").trials[0]  # fmt: skip
+    assert f"trial 0: complete, validation_auroc {first.value:.4f}; best so far trial 0, {first.value:.4f}" in (
+        capsys.readouterr().out)
+    assert "1 trials (1 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
+    journal = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(report_dir / "search-synthetic-five-split.jsonl")))
+    kept = optuna.load_study(study_name="search-synthetic-five-split", storage=journal).trials
+    assert [(t.params, t.value) for t in kept] == [(first.params, first.value)]
+
+
 def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it_began_with(data_root, tmp_path,
                                                                                               no_test_part):
     store, report_dir = tmp_path / "mlruns", tmp_path / "report"
