@@ -66,6 +66,7 @@ from garlic.data.splits import Split  # noqa: E402
 from garlic.methods.garlic import GarlicEstimator  # noqa: E402
 from garlic.training.trainer import EpochRecord  # noqa: E402
 from preprocessing.atomic import atomic_file  # noqa: E402
+from preprocessing.locks import locked  # noqa: E402
 from preprocessing.tensors import IrregularTensors  # noqa: E402
 
 # What a trial draws: (kind, low, high) for a float ('log': on a log scale) or ('choice', options).
@@ -330,18 +331,21 @@ def write_report(folder: Path, command: str, searched: optuna.Study) -> Path:
     (``archive_study``); returns the page's path."""
     name = searched.study_name
     folder.mkdir(parents=True, exist_ok=True)
-    trials = trials_table(searched)
-    with atomic_file(folder / f"{name}-trials.csv", "w") as file:
-        trials.to_csv(file, index=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVES[goal_of(searched)].metric)
-    with atomic_file(folder / f"{name}-history.png") as file:
-        axes.figure.savefig(file, format="png", dpi=120, bbox_inches="tight")
-    plt.close(axes.figure)
-    with atomic_file(folder / f"{name}.md", "w") as file:
-        file.write(report(command, searched, trials, name))
-    archive_study(searched, folder / f"{name}.jsonl")
+    # The processes of a study each write after their own trials: one at a time, each from the study as it is then,
+    # so that the files written last hold every finished trial (and the journal's temporary is one writer's).
+    with locked(folder):
+        trials = trials_table(searched)
+        with atomic_file(folder / f"{name}-trials.csv", "w") as file:
+            trials.to_csv(file, index=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            axes = optuna_plots.plot_optimization_history(searched, target_name=OBJECTIVES[goal_of(searched)].metric)
+        with atomic_file(folder / f"{name}-history.png") as file:
+            axes.figure.savefig(file, format="png", dpi=120, bbox_inches="tight")
+        plt.close(axes.figure)
+        with atomic_file(folder / f"{name}.md", "w") as file:
+            file.write(report(command, searched, trials, name))
+        archive_study(searched, folder / f"{name}.jsonl")
     return folder / f"{name}.md"
 
 
