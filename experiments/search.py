@@ -357,7 +357,7 @@ def after_each_trial(out: Path | None, command: str) -> Callable[[optuna.Study, 
     def report_trial(searched: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         metric = OBJECTIVES[goal_of(searched)].metric
         ended = trial.state.name.lower()
-        if trial.value is not None:
+        if trial.state == optuna.trial.TrialState.COMPLETE:
             ended += f", {metric} {trial.value:.4f}"
         elif trial.intermediate_values:
             epoch = max(trial.intermediate_values)

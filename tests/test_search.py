@@ -161,14 +161,16 @@ def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it
         search.main(arguments(data_root, store, *mixed, "--trials", "0", "--objective", "auroc+auprc"))
 
 
-def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part):
+def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part, capsys):
     base = study.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
     cohort = study.load_cohort("synthetic", data_root, "five-split", [0])
     study.open_experiment("search-synthetic", tmp_path / "mlruns")
     always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
-    always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc"), n_trials=1)
+    always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc"), n_trials=1,
+                    callbacks=[search.after_each_trial(None, "")])  # fmt: skip
     (trial,) = always.trials
     assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.intermediate_values) == [1]
+    assert f"trial 0: pruned at epoch 1 ({trial.intermediate_values[1]:.4f})\n" in capsys.readouterr().out
     runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
     assert len(runs) == 2 and all(r.info.status == "KILLED" and r.data.tags["pruned"] == "true" for r in runs)
 
