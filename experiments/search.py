@@ -362,8 +362,8 @@ def after_each_trial(out: Path | None, command: str) -> Callable[[optuna.Study, 
         elif trial.intermediate_values:
             epoch = max(trial.intermediate_values)
             ended += f" at epoch {epoch} ({trial.intermediate_values[epoch]:.4f})"
-        complete = [t for t in searched.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        best = max(complete, key=lambda t: t.value) if complete else None
+        finished = any(t.state == optuna.trial.TrialState.COMPLETE for t in searched.trials)
+        best = searched.best_trial if finished else None  # Optuna's best_trial raises before a trial completes
         standing = f"; best so far trial {best.number}, {best.value:.4f}" if best else ""
         print(f"trial {trial.number}: {ended}{standing}", flush=True)
         if out is not None:
