@@ -139,7 +139,8 @@ def test_playing_a_high_risk_stay_shows_the_risk_chart_and_a_warning(run, dashbo
     assert hour == last_hour
     warning = wait_for(lambda: alerts(browser, "Warning: risk"), 30, "the warning at the end of the stay")
     assert "above the alert threshold" in warning[0].text and "Driven by" in warning[0].text
-    assert drawn_charts(browser)
+    # The end of the replay reruns the whole page, and Vega redraws its canvas after the alert text is in: poll.
+    wait_for(lambda: drawn_charts(browser), 30, "the risk chart to be drawn again after the replay stopped")
 
     SCREENSHOT.parent.mkdir(exist_ok=True)
     browser.execute_script("window.scrollTo(0, 0)")
