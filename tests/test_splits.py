@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -234,6 +235,25 @@ def test_normalisation_on_synthetic_train_part(synthetic):
     mean, std = independent_stats(dataset, split.train)
     np.testing.assert_allclose(split.normalisation.value_mean, mean, rtol=1e-4)
     np.testing.assert_allclose(split.normalisation.value_std, std, rtol=1e-3)
+
+
+def test_a_column_without_a_training_value_is_named_once_and_fitted_as_0_and_1(synthetic, caplog):
+    _, tensors = synthetic
+    train = tensors.subset(np.arange(200))
+    train.mask[..., 1] = False
+    train.values[..., 1] = 0.0
+    train.static[:, 0] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice" is not what a user should read
+        norm = Normalisation.fit(train)
+    named = [r.getMessage() for r in caplog.records if "no value in the training part" in r.getMessage()]
+    assert len(named) == 1
+    assert f"variable {tensors.variables[1]}" in named[0] and f"static feature {tensors.static_features[0]}" in named[0]
+    assert (norm.value_mean[1], norm.value_std[1], norm.static_mean[0], norm.static_std[0]) == (0, 1, 0, 1)
+    np.testing.assert_allclose(norm.static_mean[1:], np.nanmean(train.static[:, 1:], axis=0), rtol=1e-6)
+    caplog.clear()
+    Normalisation.fit(tensors.subset(np.arange(200)))
+    assert not [r for r in caplog.records if "no value in the training part" in r.getMessage()]
 
 
 def test_dataset_and_collate(synthetic):

@@ -32,6 +32,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
+import warnings
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -41,6 +43,8 @@ import numpy as np
 from preprocessing.physionet2019 import hospital_systems
 from preprocessing.tables import write_json_atomic
 from preprocessing.tensors import IrregularTensors
+
+log = logging.getLogger(__name__)
 
 PUBLISHED = Path(__file__).resolve().parent / "protocols"
 PARTS = ("train", "validation", "test")
@@ -130,8 +134,16 @@ class Normalisation:
         # One variable at a time: each observed column is small, where a masked percentile over [N, T, D] is not.
         columns = (train.values[..., d][train.mask[..., d]] for d in range(train.values.shape[-1]))
         low, high, mean, std = np.array([_clipped_statistics(c, cls.CLIP_PERCENTILES) for c in columns]).T
-        static_mean = np.nan_to_num(np.nanmean(train.static, axis=0)) if len(train) else np.zeros(0)
-        static_std = np.nan_to_num(np.nanstd(train.static, axis=0), nan=1.0)
+        with warnings.catch_warnings():  # a column with no value: said once below, not as numpy's empty-slice warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            static_mean = np.nan_to_num(np.nanmean(train.static, axis=0)) if len(train) else np.zeros(0)
+            static_std = np.nan_to_num(np.nanstd(train.static, axis=0), nan=1.0)
+        static_seen = (~np.isnan(train.static)).any(axis=0)
+        unseen = [f"variable {name}" for name, seen in zip(train.variables, train.mask.any(axis=(0, 1))) if not seen]
+        unseen += [f"static feature {name}" for name, seen in zip(train.static_features, static_seen) if not seen]
+        if unseen:
+            log.warning("no value in the training part for %s: fitted as mean 0, standard deviation 1",
+                        ", ".join(unseen))
         return cls(
             value_mean=mean.astype("float32"),
             value_std=_positive(std).astype("float32"),
