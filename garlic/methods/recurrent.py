@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from garlic.data.batches import IrregularDataset, loader
 from garlic.methods.contract import check_fitted
 from garlic.models.compact import DecayImputation, step_mask
+from garlic.models.fused import FusedGRU
 from garlic.models.predict import in_length_order
 from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
@@ -83,7 +84,7 @@ class DecayGRU(nn.Module):
     def __init__(self, num_variables: int, hidden_dim: int = 64, dropout: float = 0.2):
         super().__init__()
         self.decay = DecayImputation(num_variables)
-        self.gru = nn.GRU(2 * num_variables, hidden_dim, num_layers=2, batch_first=True, dropout=dropout)
+        self.gru = FusedGRU(2 * num_variables, hidden_dim, num_layers=2, batch_first=True, dropout=dropout)
         self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_dim, 1))
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> Tensor:

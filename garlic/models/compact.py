@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import Config
+from garlic.models.fused import FusedGRU, FusedLayerNorm
 
 # 4 MiB of float32 activations. Inference that ran the per-step layers on chunks of this many cells predicted 1.2x the
 # stays per second of whole batches of 128 on P12 (a 2-core EPYC: 2 MiB of L2 per core, 32 MiB of L3).
@@ -402,12 +403,12 @@ class Garlic(nn.Module):
         self.graph = GraphMessagePassing(d, f, learn_graph=config.use_graph)
         self.reconstruction_weight = nn.Parameter(torch.randn(d, f) / math.sqrt(f))
         self.reconstruction_bias = nn.Parameter(torch.zeros(d))
-        self.norm = nn.LayerNorm(f)
+        self.norm = FusedLayerNorm(f)
         # 3. cross-dimensional sequential attention
         self.signal_attention = SignalAttention(f)
         self.sequence_input = nn.Linear(d * f, h)
         self.sequence = (
-            nn.GRU(h, h, num_layers=2, batch_first=True, dropout=config.dropout)
+            FusedGRU(h, h, num_layers=2, batch_first=True, dropout=config.dropout)
             if config.use_gru
             else StepwiseProjection(h, h)
         )

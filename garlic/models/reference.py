@@ -63,6 +63,7 @@ from torch import Tensor, nn
 
 from garlic.config import Config, ConfigError
 from garlic.models.compact import CACHE_CELLS, StepwiseProjection, step_mask
+from garlic.models.fused import FusedGRU
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
@@ -308,7 +309,7 @@ class ReferenceGarlic(nn.Module):
         self.lag_attention = WindowAttention(d, f, config.window_size)
         self.graph = ReferenceGraph(d, f, learn_graph=config.use_graph)
         self.signal_attention = SignalAttention(d, f)
-        self.sequence = nn.GRU(f, h, num_layers=2, batch_first=True) if config.use_gru else StepwiseProjection(f, h)
+        self.sequence = FusedGRU(f, h, num_layers=2, batch_first=True) if config.use_gru else StepwiseProjection(f, h)
         self.temporal_attention = TemporalAttention(h)
         self.classifier = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
         self.register_buffer("logit_offset", torch.zeros(()))  # as in ``Garlic``: set by ``balance_classes``

@@ -1,0 +1,147 @@
+"""Two of PyTorch's layers with fused CPU kernels behind them, for the shapes GARLIC gives them.
+
+On a CPU, a training batch of the compact model spent more time in two layers than their arithmetic asks for:
+``nn.GRU``, whose backward pass autograd runs step by step in several small operations (with hidden 64, a third of a
+batch), and ``nn.LayerNorm`` over F = 8 features of every variable and step, whose kernels are built for long rows
+(an eighth of a batch, its backward pass most of it). ``garlic/models/fused.cpp`` writes both out: each GRU step's
+elementwise work in one loop, the recurrent weight's gradient in one product over all steps, the layer norm one
+short row at a time. The layers below are those PyTorch layers, with the same parameters and state-dict keys; on
+float CPU tensors they run the fused kernels, elsewhere (a GPU, where cuDNN does this already) PyTorch's own.
+
+    FusedGRU:       nn.GRU(batch_first=True); forward outputs equal nn.GRU's, gradients within rounding
+    FusedLayerNorm: nn.LayerNorm over the last axis; equal within rounding
+
+The kernels compile on first use (``torch.utils.cpp_extension``, half a minute, cached by PyTorch under
+``~/.cache/torch_extensions``; ``bin/setup`` builds them). Where they cannot be built, a warning says why and the
+layers are PyTorch's own, slower but the same model. ``fused_kernels(False)`` turns them off for a comparison.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+_enabled = True
+
+
+@functools.cache
+def kernels():
+    """The compiled module, or None (with one warning saying why) where it cannot be built."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load("garlic_fused", [str(SOURCE)], extra_cflags=["-O3"])
+    except Exception as error:  # a missing compiler or ninja, a failed build: the PyTorch layers still work
+        log.warning("fused CPU kernels unavailable (%s: %s); using PyTorch's GRU and layer norm",
+                    type(error).__name__, str(error).strip().splitlines()[-1] if str(error).strip() else "")  # fmt: skip
+        return None
+
+
+@contextlib.contextmanager
+def fused_kernels(enabled: bool):
+    """Within the block, the layers below use the fused kernels (where available) or not: for before/after timings
+    and the tests that compare both."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def _fused_for(*tensors: Tensor) -> bool:
+    """Whether these tensors go through the fused kernels: float CPU tensors, kernels enabled and built."""
+    first = tensors[0]
+    return (_enabled and first.device.type == "cpu" and first.dtype in (torch.float32, torch.float64)
+            and kernels() is not None)  # fmt: skip
+
+
+class _GRULayer(torch.autograd.Function):
+    """One GRU layer: gi [B, T, 3H] (x W_ih^T + b_ih), h0 [B, H], w_hh [3H, H], b_hh [3H] -> outputs [B, T, H]."""
+
+    @staticmethod
+    def forward(ctx, gi: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor) -> Tensor:
+        keep = torch.is_grad_enabled() or any(ctx.needs_input_grad)
+        out, gates = kernels().gru_layer_forward(gi.contiguous(), h0.contiguous(), w_hh.contiguous(), b_hh, keep)
+        ctx.save_for_backward(h0, w_hh, out, gates)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor):
+        h0, w_hh, out, gates = ctx.saved_tensors
+        return tuple(kernels().gru_layer_backward(d_out.contiguous(), h0.contiguous(), w_hh.contiguous(), out, gates))
+
+
+class FusedGRU(nn.GRU):
+    """``nn.GRU`` (batch first, one direction) whose layers run ``_GRULayer`` on a CPU:
+
+        r = sigmoid(W_ir x + b_ir + W_hr h + b_hr),  z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+        n = tanh(W_in x + b_in + r (W_hn h + b_hn)),  h' = (1 - z) n + z h
+
+    with dropout on each layer's outputs but the last, as ``nn.GRU``. input [B, T, I], hx [L, B, H] or None ->
+    (output [B, T, H], h_n [L, B, H])
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.batch_first or self.bidirectional or not self.bias or self.proj_size:
+            raise ValueError("FusedGRU is batch first, one direction, with biases and no projection")
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if not isinstance(input, Tensor) or input.dim() != 3 or input.shape[1] == 0 or not _fused_for(input):
+            return super().forward(input, hx)
+        layer_input, last_states = input, []
+        for layer in range(self.num_layers):
+            weights = [getattr(self, f"{name}_l{layer}") for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")]
+            h0 = hx[layer] if hx is not None else input.new_zeros(len(input), self.hidden_size)
+            out = _GRULayer.apply(F.linear(layer_input, weights[0], weights[1]), h0, weights[2], weights[3])
+            last_states.append(out[:, -1])
+            layer_input = out
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                # Dropped on the time-major outputs, as nn.GRU drops them: the same draws from the same seed.
+                layer_input = F.dropout(out.transpose(0, 1).contiguous(), self.dropout).transpose(0, 1)
+        return layer_input, torch.stack(last_states)
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+        x = x.contiguous()
+        y, statistics = kernels().layer_norm_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        ctx.save_for_backward(x, weight, statistics)
+        return y
+
+    @staticmethod
+    def backward(ctx, d_y: Tensor):
+        x, weight, statistics = ctx.saved_tensors
+        d_x, d_weight, d_bias = kernels().layer_norm_backward(d_y.contiguous(), x, weight.contiguous(), statistics)
+        return d_x, d_weight, d_bias, None
+
+
+class FusedLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` over the last axis, with weight and bias, whose CPU pass runs ``_LayerNorm``:
+
+        y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias      (mean and biased var over the last axis)
+
+    x [..., F] -> y [..., F]
+    """
+
+    def __init__(self, features: int, eps: float = 1e-5):
+        super().__init__(features, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() == 0 or not _fused_for(x):
+            return super().forward(x)
+        return _LayerNorm.apply(x, self.weight, self.bias, self.eps)
+
+
+if __name__ == "__main__":  # bin/setup builds the kernels here, so that no training or test waits for the compiler
+    print("garlic: fused CPU kernels", "built" if kernels() is not None else "unavailable; PyTorch's layers will run")
