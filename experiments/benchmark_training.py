@@ -4,6 +4,8 @@
     python -m experiments.benchmark_training --config experiments/configs/physionet2012-reference.json --batches 20
     python -m experiments.benchmark_training --presets physionet2012-best physionet2012-fast --protocol raindrop \\
         --full-run --out docs/results                                           # the speed table, docs/results/speed.md
+    python -m experiments.benchmark_training --presets physionet2012-fast --protocol raindrop --batches 60 \\
+        --compare-kernels 3                                                     # fused kernels against PyTorch's
     python -m experiments.benchmark_training --dataset physionet2012 --accuracy # five full trainings
 
 Speed: one training epoch (or its first ``--batches N``) in the reconstruction stage (all parameters, the costlier
@@ -14,6 +16,10 @@ training stays), and stays per second when predicting the split's validation and
 seen to differ by 20%. The work of the epoch is counted in floating-point operations of its matrix products, forward
 and backward (``torch.utils.flop_counter``, on a sample of batches scaled to the epoch's padded steps), beside the
 rate at which this machine multiplies two 2048 x 2048 matrices: their ratio is the epoch's floor.
+
+``--compare-kernels R`` measures the same (the first ``--batches N``) with PyTorch's GRU and layer norm and with the
+fused CPU kernels that stand in for them (``garlic.models.fused``), alternated R times in one process, and prints the
+medians and their ratio: a before/after on a shared machine, where the hour moves single timings by a quarter.
 
 ``--full-run`` also trains, selects and tests the split once (``garlic train``, into ``--mlruns``): its wall time and
 the epochs it ran. ``--out DIR`` keeps one row per preset, protocol, split and thread count in ``DIR/speed.csv``
@@ -42,6 +48,7 @@ from garlic.data.batches import IrregularDataset, loader
 from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed
 from garlic.data.splits import load_splits
 from garlic.metrics import METRICS
+from garlic.models.fused import fused_kernels, kernels
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import DEFAULT_STORE
 from garlic.training.losses import RECONSTRUCTION, stage_losses
@@ -133,6 +140,27 @@ def measure_speed(config: Config, data_root: Path, batches: int | None = None, s
     }
 
 
+def compare_kernels(config: Config, data_root: Path, batches: int | None, split_index: int, rounds: int) -> pd.DataFrame:
+    """``measure_speed`` with PyTorch's layers and with the fused kernels, alternated ``rounds`` times: one row each."""
+    rows = []
+    for round_ in range(rounds):
+        for fused in (False, True):
+            with fused_kernels(fused):
+                speed = measure_speed(config, data_root, batches, split_index)
+            rows.append({"round": round_, "kernels": "fused" if fused else "pytorch",
+                         "epoch_seconds": speed["epoch_seconds"], "stays_per_second": speed["stays_per_second"]})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def print_kernel_comparison(frame: pd.DataFrame) -> None:
+    for name, timings in frame.groupby("kernels", sort=False):
+        print(f"{name:8s} training {', '.join(f'{s:.2f}' for s in timings['epoch_seconds'])} s; inference "
+              f"{', '.join(f'{r:.0f}' for r in timings['stays_per_second'])} stays/s")  # fmt: skip
+    fused, pytorch = (frame[frame["kernels"] == name].median(numeric_only=True) for name in ("fused", "pytorch"))
+    print(f"fused / pytorch, medians: training time x{fused['epoch_seconds'] / pytorch['epoch_seconds']:.2f}, "
+          f"inference rate x{fused['stays_per_second'] / pytorch['stays_per_second']:.2f}")  # fmt: skip
+
+
 def full_run(config: Config, split_index: int, data_root: Path, store: Path, preset: str) -> dict:
     """Train, select and test one split as ``garlic train`` does: wall time, epochs run, best epoch, test metrics."""
     epochs = []
@@ -209,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", type=int, default=0, metavar="K", help="the split to time on (default 0)")
     parser.add_argument("--batches", type=int, metavar="N", help="time the epoch's first N batches only")
     parser.add_argument("--full-run", action="store_true", help="also train, select and test the split once")
+    parser.add_argument("--compare-kernels", type=int, metavar="R", help="time PyTorch's layers against the fused "
+                        "kernels instead, alternated R times")  # fmt: skip
     parser.add_argument("--out", type=Path, help="keep the rows in DIR/speed.csv and write DIR/speed.md")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE)
@@ -217,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.batches is not None and args.batches < 1:
         parser.error(f"--batches must be at least 1, got {args.batches}")
+    if args.compare_kernels is not None and (args.compare_kernels < 1 or args.out or args.full_run or args.accuracy):
+        parser.error("--compare-kernels R (R >= 1) only times: no --out, --full-run or --accuracy")
     if args.out is not None and (args.presets is None or args.batches is not None):
         parser.error("--out keeps whole-epoch rows of named presets: give --presets and no --batches")
     protocol = [f"split_protocol={args.protocol}"] if args.protocol else []
@@ -231,12 +263,17 @@ def main(argv: list[str] | None = None) -> None:
         configs = {None: config.override([*protocol, *args.set])}
     threads = torch.get_num_threads()
     cpu = cpu_name()
+    kernels()  # built (or found unavailable) before anything is timed
     print(f"torch {torch.__version__}, {threads} threads, {cpu}")
     rate = matmul_gflops() if args.out else None
     command = "python -m experiments.benchmark_training " + shlex.join(argv if argv is not None else sys.argv[1:])
     rows = []
     for name, config in configs.items():
         print(f"{name or config.dataset}: {config.split_protocol} split {args.split}, device {config.device}")
+        if args.compare_kernels:
+            print_kernel_comparison(compare_kernels(config, args.data_root, args.batches, args.split,
+                                                    args.compare_kernels))  # fmt: skip
+            continue
         speed = measure_speed(config, args.data_root, args.batches, args.split, count_flops=args.out is not None)
         print_speed(config, speed)
         row = {"preset": name, "dataset": config.dataset, "protocol": config.split_protocol, "split": args.split,

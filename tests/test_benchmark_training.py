@@ -68,3 +68,28 @@ def test_a_speed_row_replaces_only_the_row_of_the_same_machine(tmp_path):
     kept.to_csv(path, index=False)
     again = benchmark_training.keep_rows(path, [base | {"cpu": "Xeon", "epoch_seconds": 18.0}])
     assert again[["cpu", "epoch_seconds"]].values.tolist() == [["EPYC", 17.2], ["Xeon", 18.0]]
+
+
+def test_compare_kernels_alternates_pytorch_layers_and_fused_kernels(tmp_path, monkeypatch, capsys):
+    from garlic.models import fused
+
+    if fused.kernels() is None:
+        pytest.skip("the fused CPU kernels could not be built here (no C++ compiler or ninja)")
+    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 1)
+    synthetic.generate(processed_folder("synthetic", tmp_path), n_stays=300, seed=0)
+    calls = []
+    layer_norm = fused._LayerNorm.apply
+    monkeypatch.setattr(fused._LayerNorm, "apply", lambda *a: calls.append(1) or layer_norm(*a))
+    config = Config(dataset="synthetic", hidden_dim=8, feature_dim=4, device="cpu")
+    frame = benchmark_training.compare_kernels(config, tmp_path, batches=1, split_index=0, rounds=2)
+    assert frame["kernels"].tolist() == ["pytorch", "fused"] * 2 and (frame["epoch_seconds"] > 0).all()
+    runs_with_kernels = len(calls)
+    assert runs_with_kernels > 0
+    with fused.fused_kernels(False):
+        benchmark_training.measure_speed(config, tmp_path, batches=1)
+    assert len(calls) == runs_with_kernels  # PyTorch's layer norm only
+    benchmark_training.main(["--presets", "synthetic", "--data-root", str(tmp_path), "--batches", "1",
+                             "--compare-kernels", "1", "--set", "hidden_dim=8", "--set", "device=cpu"])
+    assert "fused / pytorch, medians: training time x" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        benchmark_training.main(["--presets", "synthetic", "--compare-kernels", "1", "--full-run"])

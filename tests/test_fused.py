@@ -70,6 +70,10 @@ def test_gru_inference_keeps_no_gates_and_matches():
         with fused_kernels(False):
             plain = gru(x)[0]
     torch.testing.assert_close(ours, plain)
+    gi, h0, w_hh, b_hh = torch.randn(5, 7, 18), torch.randn(5, 6), torch.randn(18, 6), torch.randn(18)
+    kept, gates = fused.kernels().gru_layer_forward(gi, h0, w_hh, b_hh, True)
+    alone, none = fused.kernels().gru_layer_forward(gi, h0, w_hh, b_hh, False)
+    assert gates.shape == (5, 7, 24) and none.numel() == 0 and torch.equal(kept, alone)
 
 
 @needs_kernels

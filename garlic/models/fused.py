@@ -69,7 +69,7 @@ class _GRULayer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gi: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor) -> Tensor:
-        keep = torch.is_grad_enabled() or any(ctx.needs_input_grad)
+        keep = any(ctx.needs_input_grad)  # the gates only for a backward pass: none under no_grad or inference
         out, gates = kernels().gru_layer_forward(gi.contiguous(), h0.contiguous(), w_hh.contiguous(), b_hh, keep)
         ctx.save_for_backward(h0, w_hh, out, gates)
         return out

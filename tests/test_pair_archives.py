@@ -1,0 +1,52 @@
+"""experiments.pair_archives: a preset's runs from two archives, paired split by split on the same test stays."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from experiments import compare, pair_archives
+from experiments.run_archive import RunArchive, Unit
+
+STAYS = np.arange(100, 400)
+
+
+@pytest.fixture
+def archives(tmp_path, monkeypatch):
+    """Two archives of one dataset: "before" with splits 0-2 of a preset, "after" with splits 1-3, better risks."""
+    generator = np.random.default_rng(0)
+    labels = pd.Series((generator.random(len(STAYS)) < 0.3).astype(int), index=STAYS)
+    kept = {name: RunArchive(tmp_path / name / "synthetic-runs", "digest", labels) for name in ("before", "after")}
+    monkeypatch.setattr(compare, "open_archive", lambda out, dataset, data_root: kept[out.name])
+
+    def unit(split: int, signal: float) -> Unit:
+        risk = labels.to_numpy() * signal + generator.random(len(STAYS))
+        predictions = pd.DataFrame({"stay_id": STAYS, "label": labels.to_numpy(), "risk": risk})
+        metrics = {"auroc": roc_auc_score(labels, risk), "auprc": 0.5, "brier": 0.0, "ece": 0.0}
+        return Unit("preset", "raindrop", split, 0, f"run-{split}", "settings", metrics, predictions)
+
+    kept["before"].keep([unit(split, 0.2) for split in (0, 1, 2)])
+    kept["after"].keep([unit(split, 0.6) for split in (1, 2, 3)])
+    return tmp_path, kept
+
+
+def test_only_the_shared_runs_are_paired_after_minus_before(archives):
+    tmp_path, kept = archives
+    table = pair_archives.pair("synthetic", "preset", tmp_path / "before", tmp_path / "after", tmp_path)
+    row = table.iloc[0]
+    assert (row["protocol"], row["runs"]) == ("raindrop", 2)
+    shared = lambda name: kept[name].runs[kept[name].runs["split"].isin([1, 2])]["auroc"]  # noqa: E731
+    assert row["before_auroc"] == round(shared("before").mean(), 4)
+    assert row["after_auroc"] == round(shared("after").mean(), 4)
+    difference = shared("after").mean() - shared("before").mean()
+    assert row["auroc_after_minus_before"].startswith(f"{difference:+.4f} [") and difference > 0.1
+    assert row["auroc_after_minus_before"].endswith("win")
+
+
+def test_an_archive_against_itself_is_identical_and_nothing_shared_is_refused(archives):
+    tmp_path, _ = archives
+    same = pair_archives.pair("synthetic", "preset", tmp_path / "after", tmp_path / "after", tmp_path)
+    assert same.iloc[0]["auprc_after_minus_before"] == "+0.0000 [+0.0000, +0.0000] identical"
+    with pytest.raises(ValueError, match="share no run of other"):
+        pair_archives.pair("synthetic", "other", tmp_path / "before", tmp_path / "after", tmp_path)
