@@ -20,27 +20,28 @@ std::vector<at::Tensor> gru_layer_forward(const at::Tensor& gi, const at::Tensor
   const int64_t B = gi.size(0), T = gi.size(1), H = h0.size(1);
   auto out = at::empty({B, T, H}, gi.options());
   auto gates = at::empty({keep_gates ? B : 0, T, 4 * H}, gi.options());
-  auto hidden = at::empty({B, 3 * H}, gi.options());  // W_hh h + b_hh at this step
+  auto hidden = at::empty({B, 3 * H}, gi.options());  // W_hh h at this step
   auto reset_update = at::empty({B, 2 * H}, gi.options());
   auto candidate = at::empty({B, H}, gi.options());
   const auto w_hh_t = w_hh.t();
   AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_layer_forward", [&] {
     const scalar_t* gi_p = gi.data_ptr<scalar_t>();
     const scalar_t* hidden_p = hidden.data_ptr<scalar_t>();
+    const scalar_t* b_p = b_hh.data_ptr<scalar_t>();
     scalar_t* rz_p = reset_update.data_ptr<scalar_t>();
     scalar_t* n_p = candidate.data_ptr<scalar_t>();
     scalar_t* out_p = out.data_ptr<scalar_t>();
     scalar_t* gates_p = gates.data_ptr<scalar_t>();
     for (int64_t t = 0; t < T; ++t) {
       const at::Tensor previous = t == 0 ? h0 : out.select(1, t - 1);
-      at::addmm_out(hidden, b_hh, previous, w_hh_t);
+      at::mm_out(hidden, previous, w_hh_t);  // the bias is added below: addmm would first copy it into hidden
       const scalar_t* prev_p = previous.data_ptr<scalar_t>();
       const int64_t prev_stride = previous.stride(0);
       for (int64_t b = 0; b < B; ++b) {
         const scalar_t* gi_row = gi_p + (b * T + t) * 3 * H;
         const scalar_t* hidden_row = hidden_p + b * 3 * H;
         scalar_t* rz_row = rz_p + b * 2 * H;
-        for (int64_t j = 0; j < 2 * H; ++j) rz_row[j] = gi_row[j] + hidden_row[j];
+        for (int64_t j = 0; j < 2 * H; ++j) rz_row[j] = gi_row[j] + (hidden_row[j] + b_p[j]);
       }
       reset_update.sigmoid_();
       for (int64_t b = 0; b < B; ++b) {
@@ -48,7 +49,9 @@ std::vector<at::Tensor> gru_layer_forward(const at::Tensor& gi, const at::Tensor
         const scalar_t* hidden_row = hidden_p + b * 3 * H;
         const scalar_t* rz_row = rz_p + b * 2 * H;
         scalar_t* n_row = n_p + b * H;
-        for (int64_t j = 0; j < H; ++j) n_row[j] = gi_row[2 * H + j] + rz_row[j] * hidden_row[2 * H + j];
+        for (int64_t j = 0; j < H; ++j) {
+          n_row[j] = gi_row[2 * H + j] + rz_row[j] * (hidden_row[2 * H + j] + b_p[2 * H + j]);
+        }
       }
       candidate.tanh_();
       for (int64_t b = 0; b < B; ++b) {
@@ -62,7 +65,7 @@ std::vector<at::Tensor> gru_layer_forward(const at::Tensor& gi, const at::Tensor
           scalar_t* gates_row = gates_p + (b * T + t) * 4 * H;
           for (int64_t j = 0; j < 2 * H; ++j) gates_row[j] = rz_row[j];
           for (int64_t j = 0; j < H; ++j) gates_row[2 * H + j] = n_row[j];
-          for (int64_t j = 0; j < H; ++j) gates_row[3 * H + j] = hidden_row[2 * H + j];
+          for (int64_t j = 0; j < H; ++j) gates_row[3 * H + j] = hidden_row[2 * H + j] + b_p[2 * H + j];
         }
       }
     }
@@ -78,8 +81,9 @@ std::vector<at::Tensor> gru_layer_backward(const at::Tensor& d_out, const at::Te
   const int64_t B = out.size(0), T = out.size(1), H = out.size(2);
   auto d_gi = at::empty({B, T, 3 * H}, out.options());
   auto d_hidden = at::empty({B, T, 3 * H}, out.options());  // the gradient at W_hh h + b_hh
-  auto d_state = at::zeros({B, H}, out.options());          // the gradient reaching h_t from the later steps
-  auto through_update = at::empty({B, H}, out.options());   // its part that passes the update gate: d z
+  // The gradient reaching h_t from the later steps, in two parts: through W_hh, and past the update gate (d z).
+  auto through_weights = at::zeros({B, H}, out.options());
+  auto through_update = at::zeros({B, H}, out.options());
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_layer_backward", [&] {
     const scalar_t* d_out_p = d_out.data_ptr<scalar_t>();
     const scalar_t* out_p = out.data_ptr<scalar_t>();
@@ -87,7 +91,7 @@ std::vector<at::Tensor> gru_layer_backward(const at::Tensor& d_out, const at::Te
     const scalar_t* gates_p = gates.data_ptr<scalar_t>();
     scalar_t* d_gi_p = d_gi.data_ptr<scalar_t>();
     scalar_t* d_hidden_p = d_hidden.data_ptr<scalar_t>();
-    const scalar_t* d_state_p = d_state.data_ptr<scalar_t>();
+    const scalar_t* weights_p = through_weights.data_ptr<scalar_t>();
     scalar_t* through_p = through_update.data_ptr<scalar_t>();
     for (int64_t t = T - 1; t >= 0; --t) {
       for (int64_t b = 0; b < B; ++b) {
@@ -98,7 +102,7 @@ std::vector<at::Tensor> gru_layer_backward(const at::Tensor& d_out, const at::Te
         scalar_t* d_hidden_row = d_hidden_p + (b * T + t) * 3 * H;
         for (int64_t j = 0; j < H; ++j) {
           const scalar_t r = g[j], z = g[H + j], n = g[2 * H + j], hidden_n = g[3 * H + j];
-          const scalar_t d = d_state_p[b * H + j] + d_out_row[j];
+          const scalar_t d = weights_p[b * H + j] + through_p[b * H + j] + d_out_row[j];
           const scalar_t d_n = d * (1 - z) * (1 - n * n);
           const scalar_t d_z = d * (prev[j] - n) * z * (1 - z);
           const scalar_t d_r = d_n * hidden_n * r * (1 - r);
@@ -111,13 +115,13 @@ std::vector<at::Tensor> gru_layer_backward(const at::Tensor& d_out, const at::Te
           through_p[b * H + j] = d * z;
         }
       }
-      at::addmm_out(d_state, through_update, d_hidden.select(1, t), w_hh);
+      at::mm_out(through_weights, d_hidden.select(1, t), w_hh);  // addmm would first copy through_update
     }
   });
   const auto previous = at::cat({h0.unsqueeze(1), out.narrow(1, 0, T - 1)}, 1);
   auto d_w_hh = at::mm(d_hidden.view({B * T, 3 * H}).t(), previous.reshape({B * T, H}));
   auto d_b_hh = d_hidden.sum({0, 1});
-  return {d_gi, d_state, d_w_hh, d_b_hh};
+  return {d_gi, through_weights + through_update, d_w_hh, d_b_hh};
 }
 
 // Layer norm over the last axis of x [N, F]: y = (x - mean) / sqrt(var + eps) * w + b, one row at a time.
