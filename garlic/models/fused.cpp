@@ -14,7 +14,7 @@ namespace {
 //   gi [B, T, 3H] = x W_ih^T + b_ih (gates r, z, n), h0 [B, H], w_hh [3H, H], b_hh [3H]
 // -> out [B, T, H], and (keep_gates) gates [B, T, 4H]: r, z, n and the hidden part of n, W_hn h + b_hn, at every
 // step, which the backward pass reads. Each step runs the operations of PyTorch's CPU GRU cell in its order, so the
-// outputs equal nn.GRU's.
+// outputs equal nn.GRU's (to the last bit where the products round alike, as at GARLIC's sizes).
 std::vector<at::Tensor> gru_layer_forward(const at::Tensor& gi, const at::Tensor& h0, const at::Tensor& w_hh,
                                           const at::Tensor& b_hh, bool keep_gates) {
   const int64_t B = gi.size(0), T = gi.size(1), H = h0.size(1);

@@ -8,7 +8,8 @@ elementwise work in one loop, the recurrent weight's gradient in one product ove
 short row at a time. The layers below are those PyTorch layers, with the same parameters and state-dict keys; on
 float CPU tensors they run the fused kernels, elsewhere (a GPU, where cuDNN does this already) PyTorch's own.
 
-    FusedGRU:       nn.GRU(batch_first=True); forward outputs equal nn.GRU's, gradients within rounding
+    FusedGRU:       nn.GRU(batch_first=True); the same outputs (to the last bit at GARLIC's sizes), gradients
+                    within rounding
     FusedLayerNorm: nn.LayerNorm over the last axis; equal within rounding
 
 The kernels compile on first use (``torch.utils.cpp_extension``, half a minute, cached by PyTorch under
@@ -57,11 +58,9 @@ def fused_kernels(enabled: bool):
         _enabled = previous
 
 
-def _fused_for(*tensors: Tensor) -> bool:
-    """Whether these tensors go through the fused kernels: float CPU tensors, kernels enabled and built."""
-    first = tensors[0]
-    return (_enabled and first.device.type == "cpu" and first.dtype in (torch.float32, torch.float64)
-            and kernels() is not None)  # fmt: skip
+def _fused_for(x: Tensor) -> bool:
+    """Whether ``x`` goes through the fused kernels: a float CPU tensor, the kernels enabled and built."""
+    return _enabled and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and kernels() is not None
 
 
 class _GRULayer(torch.autograd.Function):
