@@ -1,5 +1,7 @@
 """The fused CPU kernels (garlic.models.fused) against the PyTorch layers they stand in for."""
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +149,17 @@ def test_gru_refuses_what_it_does_not_implement():
         FusedGRU(3, 4)
     with pytest.raises(ValueError, match="one direction"):
         FusedGRU(3, 4, batch_first=True, bidirectional=True)
+
+
+def test_the_ninja_package_is_put_on_path_where_none_is(tmp_path, monkeypatch):
+    """PyTorch runs ninja by name; an unactivated virtual environment has the package's ninja off PATH."""
+    import shutil
+
+    import ninja
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert shutil.which("ninja") is None
+    fused.ninja_on_path()
+    assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
+    fused.ninja_on_path()  # once there, PATH is left alone
+    assert os.environ["PATH"].count(ninja.BIN_DIR) == 1

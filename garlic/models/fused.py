@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -33,12 +35,22 @@ SOURCE = Path(__file__).with_suffix(".cpp")
 _enabled = True
 
 
+def ninja_on_path() -> None:
+    """Put the ninja of the ``ninja`` package on PATH where none is: PyTorch runs ``ninja`` by name, and a virtual
+    environment's scripts are not on PATH unless it is activated (``.venv/bin/python -m pytest`` does not)."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
 @functools.cache
 def kernels():
     """The compiled module, or None (with one warning saying why) where it cannot be built."""
     try:
         from torch.utils.cpp_extension import load
 
+        ninja_on_path()
         return load("garlic_fused", [str(SOURCE)], extra_cflags=["-O3"])
     except Exception as error:  # a missing compiler or ninja, a failed build: the PyTorch layers still work
         log.warning("fused CPU kernels unavailable (%s: %s); using PyTorch's GRU and layer norm",
