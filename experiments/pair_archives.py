@@ -27,9 +27,11 @@ from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
 from preprocessing.atomic import atomic_file
 
 
-def paired_row(before: list[Unit], after: list[Unit]) -> dict:
-    """One protocol: both archives' means over the shared runs and after - before, paired."""
+def paired_row(before: list[Unit], after: list[Unit]) -> dict | None:
+    """One protocol: both archives' means over the shared runs and after - before, paired; None if none is shared."""
     shared = {(unit.split, unit.seed) for unit in before} & {(unit.split, unit.seed) for unit in after}
+    if not shared:
+        return None
     before = [unit for unit in before if (unit.split, unit.seed) in shared]
     after = [unit for unit in after if (unit.split, unit.seed) in shared]
     row = {"protocol": after[0].protocol, "runs": len(after)}
@@ -44,11 +46,8 @@ def paired_row(before: list[Unit], after: list[Unit]) -> dict:
 def pair(dataset: str, method: str, before: Path, after: Path, data_root: Path) -> pd.DataFrame:
     archives = [compare.open_archive(folder, dataset, data_root) for folder in (before, after)]
     protocols = sorted(set.intersection(*(set(a.runs.loc[a.runs["method"].eq(method), "protocol"]) for a in archives)))
-    rows = []
-    for protocol in protocols:
-        units = [archived(archive, method, protocol) for archive in archives]
-        if {(u.split, u.seed) for u in units[0]} & {(u.split, u.seed) for u in units[1]}:
-            rows.append(paired_row(*units))
+    rows = [paired_row(*(archived(archive, method, protocol) for archive in archives)) for protocol in protocols]
+    rows = [row for row in rows if row is not None]
     if not rows:
         raise ValueError(f"{before} and {after} share no run of {method} on {dataset}")
     return pd.DataFrame(rows)

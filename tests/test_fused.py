@@ -29,7 +29,6 @@ def gru_gradients(gru: nn.GRU, x: Tensor, use_fused: bool, hx=None) -> list:
     return [output, last, x.grad] + [p.grad.clone() for p in gru.parameters()]
 
 
-
 @needs_kernels
 @pytest.mark.parametrize("dropout, train", [(0.0, False), (0.4, True)])
 def test_gru_equals_pytorch_forward_and_backward(dropout, train):
