@@ -3,7 +3,7 @@
     python experiments/benchmark_dashboard.py --mlruns STORE --data-root DATA [--run RUN_ID]
         [--p12-source ../shared/data/physionet2012] [--repeats 20] [--no-browser]
 
-1. Risk curve: the risk after every whole hour of one stay from one forward pass (``app.replay``), beside the
+1. Risk curve: the risk after every whole hour of one stay from one forward pass (``garlic.app.replay``), beside the
    explanation of one hour and the naive way (all hourly prefixes as one batch through the whole model). Timed
    for the run's longest test stay, and, where the PhysioNet 2012 release is at hand, for the longest of its
    first 400 set-a records under a P12-sized model (36 variables, the physionet2012 preset). That model is
@@ -39,8 +39,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app import sources  # noqa: E402
-from app.replay import explain_hour, prefix_batch, replay_stay, risk_curve  # noqa: E402
+from garlic.app import sources  # noqa: E402
+from garlic.app.replay import explain_hour, prefix_batch, replay_stay, risk_curve  # noqa: E402
 from garlic.config import Config  # noqa: E402
 from garlic.data.batches import IrregularDataset  # noqa: E402
 from garlic.data.splits import Normalisation  # noqa: E402
@@ -49,7 +49,7 @@ from garlic.models.compact import Garlic  # noqa: E402
 from garlic.tracking.saved_model import TrainedModel  # noqa: E402
 from garlic.tracking.store import RunNotFoundError  # noqa: E402
 from garlic.training.losses import forward  # noqa: E402
-from preprocessing import physionet2012  # noqa: E402
+from garlic.sources import physionet2012  # noqa: E402
 
 TARGET_CURVE_MS = 200.0
 TARGET_INTERACTIVE_S = 3.0

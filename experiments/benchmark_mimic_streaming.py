@@ -2,7 +2,7 @@
 
 Generates a MIMIC-III-shaped folder (ICUSTAYS, ADMISSIONS, PATIENTS, a small LABEVENTS and a CHARTEVENTS of
 ``--rows`` rows with the real table's 15 upper-case columns) in a temporary folder, then runs
-``preprocessing.mimic3.preprocess`` on it in a child process and reports the child's wall time, rows per second
+``garlic.sources.mimic3.preprocess`` on it in a child process and reports the child's wall time, rows per second
 and peak resident memory (``ru_maxrss``). Measuring in a child keeps the generator's own memory out of the number.
 
     python -m experiments.benchmark_mimic_streaming --rows 20000000
@@ -114,7 +114,7 @@ def write_synthetic_mimic(
 
 def measure(folder: Path, cohort: str, block_size: int) -> dict:
     """Preprocess ``folder`` in this process and report time and this process's peak memory."""
-    from preprocessing.mimic3 import preprocess
+    from garlic.sources.mimic3 import preprocess
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as output:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from preprocessing.physionet2019 import COHORTS, preprocess
+from garlic.sources.physionet2019 import COHORTS, preprocess
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared" / "data" / "physionet2019"
 

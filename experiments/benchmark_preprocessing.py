@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from preprocessing.physionet2012 import preprocess  # noqa: E402
-from preprocessing.tensors import TENSORS, load_tensors  # noqa: E402
+from garlic.sources.physionet2012 import preprocess  # noqa: E402
+from garlic.io.tensors import TENSORS, load_tensors  # noqa: E402
 
 TARGET_PARSE_AND_TENSORS_S = 60.0
 TARGET_RELOAD_S = 5.0

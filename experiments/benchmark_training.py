@@ -1,7 +1,7 @@
 """Training and inference speed of GARLIC's presets on a processed dataset, and (with --accuracy) the five-split result.
 
     python -m experiments.benchmark_training --dataset physionet2012            # one epoch + inference, minutes
-    python -m experiments.benchmark_training --config experiments/configs/physionet2012-reference.json --batches 20
+    python -m experiments.benchmark_training --config garlic/configs/physionet2012-reference.json --batches 20
     python -m experiments.benchmark_training --presets physionet2012-best physionet2012-fast --protocol raindrop \\
         --full-run --out docs/results                                           # the speed table, docs/results/speed.md
     python -m experiments.benchmark_training --presets physionet2012-fast --protocol raindrop --batches 60 \\
@@ -53,8 +53,8 @@ from garlic.models.predict import predict_proba
 from garlic.tracking.store import DEFAULT_STORE
 from garlic.training.losses import RECONSTRUCTION, stage_losses
 from garlic.training.trainer import make_trainer
-from preprocessing.atomic import atomic_file
-from preprocessing.tensors import load_tensors
+from garlic.io.atomic import atomic_file
+from garlic.io.tensors import load_tensors
 
 INFERENCE_PASSES = 5
 FLOP_SAMPLE_BATCHES = 8
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="physionet2012")
     parser.add_argument("--config", type=Path, help="a JSON config (default: the dataset's shipped one)")
-    parser.add_argument("--presets", nargs="+", metavar="NAME", help="shipped presets (experiments/configs/NAME.json)")
+    parser.add_argument("--presets", nargs="+", metavar="NAME", help="shipped presets (garlic/configs/NAME.json)")
     parser.add_argument("--protocol", help="the split protocol (default: the config's)")
     parser.add_argument("--split", type=int, default=0, metavar="K", help="the split to time on (default 0)")
     parser.add_argument("--batches", type=int, metavar="N", help="time the epoch's first N batches only")

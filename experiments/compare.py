@@ -6,7 +6,7 @@ Methods:
 - the methods of the registry (``garlic.methods.registry``, ``--methods``): by default the severity scores (SAPS-I, SOFA)
   and the simple baselines (logistic regression and gradient boosting on per-stay summaries, each with and without
   the static features); GRU-D, decay + GRU or a newly registered model when asked;
-- GARLIC presets (``--presets``, files of ``experiments/configs/``; a row is named by the file's stem, e.g.
+- GARLIC presets (``--presets``, files of ``garlic/configs/``; a row is named by the file's stem, e.g.
   ``physionet2012`` for the paper config), trained through ``garlic.runs.train``, the one train-select-test-log
   path: one run per split and model seed of the protocol (``--seeds`` gives other model seeds, for every protocol:
   ``experiments.seed_ensemble`` then scores their ensemble from the run archive).
@@ -67,10 +67,10 @@ from garlic.methods import registry
 from garlic.metrics import METRICS
 from garlic.tracking import run_contract
 from garlic.tracking.store import DEFAULT_STORE, use_store
-from preprocessing.atomic import atomic_file
-from preprocessing.locks import LockHeld, acquire, release
-from preprocessing.tables import LABELS, DatasetNotFoundError, read_manifest
-from preprocessing.tensors import load_tensors
+from garlic.io.atomic import atomic_file
+from garlic.io.locks import LockHeld, acquire, release
+from garlic.io.tables import LABELS, DatasetNotFoundError, read_manifest
+from garlic.io.tensors import load_tensors
 
 log = logging.getLogger("experiments")
 

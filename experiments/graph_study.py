@@ -46,8 +46,8 @@ from garlic.data.splits import load_splits  # noqa: E402
 from garlic.explain.built_in import normalised_adjacency  # noqa: E402
 from garlic.tracking import plots, run_contract  # noqa: E402
 from garlic.tracking.store import use_store  # noqa: E402
-from preprocessing.atomic import atomic_file  # noqa: E402
-from preprocessing.tensors import load_tensors  # noqa: E402
+from garlic.io.atomic import atomic_file  # noqa: E402
+from garlic.io.tensors import load_tensors  # noqa: E402
 
 CORRELATION_STAYS = 5000  # training stays the lag-one correlations are computed on (the first run's split, seeded)
 

@@ -57,8 +57,8 @@ from garlic.data.splits import load_splits
 from garlic.evaluation.fit_and_test import split_parts
 from garlic.methods.field import hourly_grid
 from garlic.tracking.store import load_run_model
-from preprocessing.atomic import atomic_file
-from preprocessing.tensors import load_tensors
+from garlic.io.atomic import atomic_file
+from garlic.io.tensors import load_tensors
 
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")

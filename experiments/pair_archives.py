@@ -24,7 +24,7 @@ from experiments import compare, study
 from experiments.run_archive import Unit
 from experiments.seed_ensemble import archived, paired_text
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
-from preprocessing.atomic import atomic_file
+from garlic.io.atomic import atomic_file
 
 
 def paired_row(before: list[Unit], after: list[Unit]) -> dict | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocessing.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors
 
 CONDITIONS = ("top", "random", "bottom")
 

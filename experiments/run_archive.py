@@ -10,7 +10,7 @@ Under ``FOLDER`` (``docs/results/<dataset>-runs/``):
 - ``<method>/<protocol>-split_<k>[-seed_<s>].csv.gz``: the unit's test risks, ``stay_id, risk``. No outcomes: they
   stay in the dataset and are joined back from its label table when a unit is read.
 
-Every file is written atomically (``preprocessing.atomic``): a killed write leaves the previous record whole.
+Every file is written atomically (``garlic.io.atomic``): a killed write leaves the previous record whole.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 from garlic.data.datasets import ensure_processed
 from garlic.metrics import METRICS
 from garlic.tracking import run_contract
-from preprocessing.atomic import atomic_file
-from preprocessing.tables import LABELS, read_manifest
+from garlic.io.atomic import atomic_file
+from garlic.io.tables import LABELS, read_manifest
 
 RUNS = "runs.csv"
 RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", *METRICS]

@@ -28,7 +28,7 @@ are read once per final configuration.
 - **The budget** is ``--trials`` per process (and ``--timeout`` minutes); what was tried (complete, pruned, failed)
   is printed, beside the best trial.
 
-``--write-preset NAME`` writes the best trial's configuration as ``experiments/configs/NAME.json`` (or a path).
+``--write-preset NAME`` writes the best trial's configuration as ``garlic/configs/NAME.json`` (or a path).
 ``--out DIR`` writes the study's report, ``DIR/<study>.md``: the command, what was searched, the budget spent, the
 best trial, each parameter's importance (Optuna's fANOVA) and every trial (also as ``-trials.csv``), with a figure
 of the history (``-history.png``); and the study itself, its settings and finished trials, as an Optuna journal
@@ -65,9 +65,9 @@ from garlic.data.batches import IrregularDataset  # noqa: E402
 from garlic.data.splits import Split  # noqa: E402
 from garlic.methods.garlic import GarlicEstimator  # noqa: E402
 from garlic.training.trainer import EpochRecord  # noqa: E402
-from preprocessing.atomic import atomic_file  # noqa: E402
-from preprocessing.locks import locked  # noqa: E402
-from preprocessing.tensors import IrregularTensors  # noqa: E402
+from garlic.io.atomic import atomic_file  # noqa: E402
+from garlic.io.locks import locked  # noqa: E402
+from garlic.io.tensors import IrregularTensors  # noqa: E402
 
 # What a trial draws: (kind, low, high) for a float ('log': on a log scale) or ('choice', options).
 SPACE = {
@@ -220,7 +220,7 @@ def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None
 
 def write_preset(target: str, preset: str, fixed: dict, best: dict) -> Path:
     """The preset's file with the settings fixed for the search (``--set``) and the best trial's values:
-    ``experiments/configs/<target>.json``, or the path given."""
+    ``garlic/configs/<target>.json``, or the path given."""
     path = Path(target) if target.endswith(".json") else CONFIG_DIR / f"{target}.json"
     settings = json.loads((CONFIG_DIR / f"{preset}.json").read_text()) | fixed | best
     with atomic_file(path, "w") as file:

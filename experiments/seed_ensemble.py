@@ -31,7 +31,7 @@ from experiments.run_archive import RunArchive, Unit
 from experiments.stats import paired_difference
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
 from garlic.metrics import binary_metrics
-from preprocessing.atomic import atomic_file
+from garlic.io.atomic import atomic_file
 
 
 def archived(archive: RunArchive, method: str, protocol: str) -> list[Unit]:

@@ -33,8 +33,8 @@ from garlic.tracking import run_contract  # noqa: E402
 from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
 from experiments.run_archive import dataset_outcomes, read_risks, write_risks  # noqa: E402
 from experiments.stats import mean_std  # noqa: E402
-from preprocessing.tables import read_manifest  # noqa: E402
-from preprocessing.tensors import IrregularTensors, load_tensors  # noqa: E402
+from garlic.io.tables import read_manifest  # noqa: E402
+from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
 
 log = logging.getLogger("experiments")
 
@@ -42,7 +42,7 @@ log = logging.getLogger("experiments")
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default="synthetic")
     parser.add_argument("--splits", type=int, nargs="+", metavar="K", help="split indices (default: all five)")
-    parser.add_argument("--preset", help="a shipped preset (experiments/configs/NAME.json; default: the dataset's)")
+    parser.add_argument("--preset", help="a shipped preset (garlic/configs/NAME.json; default: the dataset's)")
     parser.add_argument("--max-epochs", type=int, help="cap on training epochs, for quick looks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -53,7 +53,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
-    """The shipped preset ``experiments/configs/NAME.json`` for ``dataset``, ``overrides`` applied; a preset made for
+    """The shipped preset ``garlic/configs/NAME.json`` for ``dataset``, ``overrides`` applied; a preset made for
     another dataset is refused."""
     path = CONFIG_DIR / f"{name}.json"
     if not path.is_file():

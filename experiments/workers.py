@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from garlic.cli import PARENT_ENV
-from preprocessing.locks import LockHeld, acquire, release
+from garlic.io.locks import LockHeld, acquire, release
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, units: str) -> None:

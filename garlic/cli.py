@@ -24,13 +24,12 @@ from garlic.config import Config, ConfigError
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
 
 log = logging.getLogger("garlic")
-DASHBOARD_SERVER = Path(__file__).resolve().parents[1] / "app" / "serve.py"
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
 STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.store.use_store)
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}  # a full disk, a read-only store: one line
 LEFT_OUT = 3  # exit status of a `garlic predict` that wrote its risks but left records out (2: nothing written)
 # Errors that bad input causes, reported in one line: (module, class), looked up only once the module is loaded.
-USER_ERRORS = (("garlic.tracking.store", "RunNotFoundError"), ("preprocessing.download", "DownloadError"))
+USER_ERRORS = (("garlic.tracking.store", "RunNotFoundError"), ("garlic.io.download", "DownloadError"))
 
 
 def _say(message: str) -> None:
@@ -83,7 +82,7 @@ def port_number(text: str) -> int:
 
 
 def _download(args: argparse.Namespace) -> None:
-    from preprocessing.download import download
+    from garlic.io.download import download
 
     for outcome in download(args.dataset, args.to, args.base_url, args.only):
         print(f"{outcome.name}: {outcome.status}, SHA-256 {outcome.sha256}")
@@ -166,9 +165,9 @@ def _stage_spans(run_id: str) -> str:
 def _prepare(config: Config, data_root: Path) -> None:
     """Say what the first run of a dataset makes (the synthetic cohort, the tensor cache, the splits) as it starts."""
     from garlic.data.datasets import ensure_processed
-    from preprocessing.synthetic import EXAMPLE_RECORDS
-    from preprocessing.tables import MANIFEST
-    from preprocessing.tensors import TENSORS
+    from garlic.sources.synthetic import EXAMPLE_RECORDS
+    from garlic.io.tables import MANIFEST
+    from garlic.io.tensors import TENSORS
 
     folder = processed_folder(config.dataset, data_root)
     if config.dataset == "synthetic" and not (folder / MANIFEST).is_file():
@@ -347,8 +346,8 @@ def _predict(args: argparse.Namespace) -> None:
 
     from garlic.inference import predict_tables
     from garlic.runs import load_predictor
-    from preprocessing.raw import LeftOut
-    from preprocessing.records import read_record_files
+    from garlic.sources.raw import LeftOut
+    from garlic.sources.records import read_record_files
 
     trained = load_predictor(args.run, _existing_store(args))
     left_out: list[LeftOut] = []  # one record without an observation blocks no other
@@ -365,7 +364,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _dashboard(args: argparse.Namespace) -> None:
-    command = [sys.executable, str(DASHBOARD_SERVER), "--host", args.host, "--port", str(args.port),
+    command = [sys.executable, "-m", "garlic.app.serve", "--host", args.host, "--port", str(args.port),
                "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
     if args.run:
         command += ["--run", args.run]
@@ -423,7 +422,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--protocol", metavar="NAME",
                        help="five-split, raindrop or garlic-reference; alone, it runs the whole protocol")  # fmt: skip
     train.add_argument("--config", type=Path, help="a JSON config, or a shipped preset's name (physionet2012-fast; "
-                                                   "default: experiments/configs/DATASET.json)")
+                                                   "default: garlic/configs/DATASET.json)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
     train.add_argument("--method", default="garlic", metavar="NAME",

@@ -1,4 +1,4 @@
-"""One flat, typed configuration for a training run; shipped presets live in ``experiments/configs/``.
+"""One flat, typed configuration for a training run; shipped presets live in ``garlic/configs/``.
 
 Every value is checked when a config is built, for its type and against ``CHECKS`` (ranges, choices): a bad value
 fails before any data is read, naming its key. A new key adds one line to ``CHECKS``.
@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 class ConfigError(ValueError):

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 
 from garlic.methods.saved import Predictor
-from preprocessing.tables import ProcessedDataset
-from preprocessing.tensors import IrregularTensors, tensorize
+from garlic.io.tables import ProcessedDataset
+from garlic.io.tensors import IrregularTensors, tensorize
 
 
 def tensors_for_model(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:

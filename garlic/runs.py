@@ -38,8 +38,8 @@ from garlic.tracking.store import (DEFAULT_STORE, claim_run, download_run_model,
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
-from preprocessing.tables import LABELS, read_manifest
-from preprocessing.tensors import IrregularTensors, load_tensors
+from garlic.io.tables import LABELS, read_manifest
+from garlic.io.tensors import IrregularTensors, load_tensors
 
 
 @dataclass

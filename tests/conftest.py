@@ -42,7 +42,7 @@ def p12_processed(tmp_path_factory) -> Path:
     """The whole release preprocessed once per session (about 10 s)."""
     if not HAVE_P12:
         pytest.skip(f"the PhysioNet 2012 release is not at {P12}")
-    from preprocessing.physionet2012 import preprocess
+    from garlic.sources.physionet2012 import preprocess
 
     destination = tmp_path_factory.mktemp("processed") / "physionet2012"  # as ``processed/<dataset>``
     preprocess(P12, destination)
@@ -51,13 +51,13 @@ def p12_processed(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def p12_dataset(p12_processed):
-    from preprocessing.tables import read_processed
+    from garlic.io.tables import read_processed
 
     return read_processed(p12_processed)
 
 
 @pytest.fixture(scope="session")
 def p12_tensors(p12_processed):
-    from preprocessing.tensors import load_tensors
+    from garlic.io.tensors import load_tensors
 
     return load_tensors(p12_processed)

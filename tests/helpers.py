@@ -3,7 +3,7 @@ where the real data are, the synthetic cohort, the dashboard's tiny tracked run,
 PhysioNet 2012 release, and random model batches. The fixtures built on them live in ``conftest.py``.
 
 The raw reader parses the archives with ``tarfile`` and plain string splitting, without any code from
-``preprocessing``, so that tests can check the preprocessor against the release itself. The project's modules are
+``garlic.sources``, so that tests can check the preprocessor against the release itself. The project's modules are
 imported inside the helpers, so that collecting a test that needs none of them stays quick.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ requires_p12 = pytest.mark.skipif(
 
 def synthetic_root(tmp_path_factory, n_stays: int, seed: int) -> Path:
     """A fresh data root whose ``processed/synthetic`` holds the synthetic cohort of ``n_stays`` stays from ``seed``."""
-    from preprocessing import synthetic
+    from garlic.sources import synthetic
 
     root = tmp_path_factory.mktemp("data")
     synthetic.generate(root / "processed" / "synthetic", n_stays=n_stays, seed=seed)
@@ -39,7 +39,7 @@ class SyntheticCohort:
     training statistics."""
 
     root: Path  # the data root (``synthetic_root``)
-    tensors: object  # preprocessing.tensors.IrregularTensors
+    tensors: object  # garlic.io.tensors.IrregularTensors
     split: object  # garlic.data.splits.Split
     parts: dict  # "train", "validation", "test" -> garlic.data.batches.IrregularDataset
 
@@ -47,7 +47,7 @@ class SyntheticCohort:
 def synthetic_cohort(tmp_path_factory, n_stays: int, seed: int) -> SyntheticCohort:
     from garlic.data.batches import IrregularDataset
     from garlic.data.splits import load_splits
-    from preprocessing.tensors import load_tensors
+    from garlic.io.tensors import load_tensors
 
     root = synthetic_root(tmp_path_factory, n_stays, seed)
     tensors = load_tensors(root / "processed" / "synthetic")
@@ -70,7 +70,7 @@ def tiny_run(tmp_path_factory, architecture: str = "compact") -> TinyRun:
     from garlic import runs
     from garlic.config import Config
     from garlic.data.datasets import processed_folder
-    from preprocessing import synthetic
+    from garlic.sources import synthetic
 
     folder = tmp_path_factory.getbasetemp() / ("dashboard-run" if architecture == "compact" else f"{architecture}-run")
     done = folder / "run_id"
@@ -89,7 +89,7 @@ def tiny_method_run(tmp_path_factory, method: str) -> TinyRun:
     from garlic import runs
     from garlic.config import Config
     from garlic.data.datasets import processed_folder
-    from preprocessing import synthetic
+    from garlic.sources import synthetic
 
     folder = tmp_path_factory.getbasetemp() / f"{method}-run"
     done = folder / "run_id"
@@ -104,8 +104,8 @@ def tiny_method_run(tmp_path_factory, method: str) -> TinyRun:
 def record_files(processed: Path, stay_ids, folder: Path) -> list[str]:
     """The processed stays ``stay_ids`` of ``processed`` written back as PhysioNet 2012 record files in ``folder``
     (what ``garlic predict`` reads); their paths."""
-    from preprocessing import physionet2012
-    from preprocessing.tables import read_processed
+    from garlic.sources import physionet2012
+    from garlic.io.tables import read_processed
 
     tables = read_processed(processed)
     static = tables.static.set_index("stay_id")

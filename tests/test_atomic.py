@@ -1,4 +1,4 @@
-"""The one way files are written atomically (preprocessing.atomic), and the writers that use it."""
+"""The one way files are written atomically (garlic.io.atomic), and the writers that use it."""
 import json
 import os
 from types import SimpleNamespace
@@ -8,7 +8,7 @@ import torch
 
 from garlic.tracking import saved_model
 from garlic.training import state as training_state
-from preprocessing import atomic
+from garlic.io import atomic
 
 
 def leftovers(folder):

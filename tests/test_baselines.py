@@ -13,9 +13,9 @@ from garlic.config import Config
 from garlic.evaluation.fit_and_test import TEST_METRICS
 from garlic.methods.summary import SeverityScore, summary_features
 from garlic.tracking import run_contract
-from preprocessing import synthetic
-from preprocessing.tables import write_processed
-from preprocessing.tensors import IrregularTensors
+from garlic.sources import synthetic
+from garlic.io.tables import write_processed
+from garlic.io.tensors import IrregularTensors
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
 

@@ -6,7 +6,7 @@ from experiments import benchmark_training
 from garlic.config import Config
 from garlic.data.datasets import processed_folder
 from garlic.models.reference import ReferenceGarlic
-from preprocessing import synthetic
+from garlic.sources import synthetic
 
 
 def test_speed_benchmark_reports_an_epoch_and_the_median_inference_rate(tmp_path, monkeypatch):

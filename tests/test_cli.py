@@ -19,8 +19,8 @@ import pytest
 from garlic.cli import _config, main, parser
 from garlic.tracking.store import use_store
 from helpers import garlic_main, record_files
-from preprocessing import physionet2012
-from preprocessing.tables import read_processed
+from garlic.sources import physionet2012
+from garlic.io.tables import read_processed
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "max_epochs=2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
@@ -63,7 +63,7 @@ def test_train_reports_test_metrics_and_leaves_a_run(trained):
     run = mlflow.MlflowClient().get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["max_epochs"] == "2" and run.data.params["hidden_dim"] == "16"
-    assert run.data.tags["preset"] == "synthetic"  # experiments/configs/synthetic.json, under the --set overrides
+    assert run.data.tags["preset"] == "synthetic"  # garlic/configs/synthetic.json, under the --set overrides
 
 
 def test_evaluate_recomputes_the_logged_test_metrics(trained):
@@ -217,7 +217,7 @@ def test_help_and_argument_errors_import_nothing_heavy(argv):
 def test_parsing_a_training_command_imports_nothing_heavy():
     probe = (
         "import sys\nfrom garlic.cli import _config, parser\n"
-        "_config(parser().parse_args(['train', '--config', 'experiments/configs/synthetic.json', '--set', 'dropout=0']))"
+        "_config(parser().parse_args(['train', '--config', 'garlic/configs/synthetic.json', '--set', 'dropout=0']))"
         "\n"
         "print('heavy:', sorted(m for m in ('torch', 'mlflow', 'streamlit') if m in sys.modules))"
     )
@@ -228,11 +228,11 @@ def test_parsing_a_training_command_imports_nothing_heavy():
 @pytest.mark.parametrize(
     "argv, dataset",
     [
-        (["train", "--config", "experiments/configs/physionet2012.json"], "physionet2012"),  # the file beats default
-        (["train", "--config", "experiments/configs/physionet2012.json", "--dataset", "synthetic"], "synthetic"),
+        (["train", "--config", "garlic/configs/physionet2012.json"], "physionet2012"),  # the file beats default
+        (["train", "--config", "garlic/configs/physionet2012.json", "--dataset", "synthetic"], "synthetic"),
         (["train"], "synthetic"),
         (["train", "--dataset", "physionet2019-early"], "physionet2019-early"),
-        (["train", "--config", "experiments/configs/physionet2019.json", "--dataset", "physionet2019-early"],
+        (["train", "--config", "garlic/configs/physionet2019.json", "--dataset", "physionet2019-early"],
          "physionet2019-early"),  # fmt: skip
     ],
 )
@@ -240,7 +240,7 @@ def test_an_explicit_flag_beats_the_config_file_which_beats_the_default(argv, da
     monkeypatch.chdir(ROOT)
     config = _config(parser().parse_args(argv))
     assert config.dataset == dataset
-    if "experiments/configs/physionet2012.json" in argv:  # the file's hyper-parameters are kept either way
+    if "garlic/configs/physionet2012.json" in argv:  # the file's hyper-parameters are kept either way
         assert config.window_size == 3 and config.lr_cls == pytest.approx(1e-4)
 
 

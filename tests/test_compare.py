@@ -21,9 +21,9 @@ from garlic.cli import PARENT_ENV
 from garlic.data.splits import PROTOCOLS, Protocol
 from garlic.tracking import run_contract
 from garlic.tracking.store import use_store
-from preprocessing import synthetic
-from preprocessing.locks import acquire, release
-from preprocessing.tables import read_manifest
+from garlic.sources import synthetic
+from garlic.io.locks import acquire, release
+from garlic.io.tables import read_manifest
 
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
 
@@ -397,7 +397,7 @@ def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tm
 def two_hospital_records(folder: Path, stays_each: int = 100) -> None:
     """PhysioNet 2019 record files for both hospital systems: heart rate a little higher before sepsis, and in
     system B higher for everyone (so a model moved from one system to the other loses some of its skill)."""
-    from preprocessing.physionet2019 import COLUMNS, HEADER
+    from garlic.sources.physionet2019 import COLUMNS, HEADER
 
     generator = np.random.default_rng(7)
     for system, first_id, shift in (("A", 1, 0.0), ("B", 100_001, 6.0)):
@@ -416,7 +416,7 @@ def two_hospital_records(folder: Path, stays_each: int = 100) -> None:
 
 
 def test_cross_hospital_rows_and_the_drop_from_the_models_own_hospital(tmp_path, capsys):
-    from preprocessing.physionet2019 import preprocess
+    from garlic.sources.physionet2019 import preprocess
 
     two_hospital_records(tmp_path / "source")
     preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
@@ -447,7 +447,7 @@ def test_a_sources_preset_runs_on_each_of_its_cohorts_and_nowhere_else():
 
 
 def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_path):
-    from preprocessing.physionet2019 import preprocess
+    from garlic.sources.physionet2019 import preprocess
 
     two_hospital_records(tmp_path / "source")  # septic stays are labelled from hour 15 of their 20
     for cohort in ("garlic", "raindrop"):  # the first 48 hours, labelled rows too; the rows before the label
@@ -469,7 +469,7 @@ def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
     assert compare.protocol_dataset("physionet2019", "raindrop") == "physionet2019-raindrop"
     assert compare.protocol_dataset("physionet2019", "cross-hospital") == "physionet2019-raindrop"
     assert compare.protocol_dataset("physionet2012", "raindrop") == "physionet2012"
-    from preprocessing.physionet2019 import preprocess
+    from garlic.sources.physionet2019 import preprocess
 
     two_hospital_records(tmp_path / "source")
     preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
@@ -493,7 +493,7 @@ def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_workers_train_a_sources_preset_on_the_cohort_named(tmp_path):
-    from preprocessing.physionet2019 import preprocess
+    from garlic.sources.physionet2019 import preprocess
 
     two_hospital_records(tmp_path / "source", stays_each=60)
     preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")

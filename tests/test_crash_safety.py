@@ -19,10 +19,10 @@ import pytest
 
 from garlic.data.datasets import ensure_processed
 from garlic.tracking.store import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
-from preprocessing import synthetic
-from preprocessing.locks import acquire, release
-from preprocessing.tables import MANIFEST, atomic_directory, recover
-from preprocessing.tensors import TENSORS, load_tensors
+from garlic.sources import synthetic
+from garlic.io.locks import acquire, release
+from garlic.io.tables import MANIFEST, atomic_directory, recover
+from garlic.io.tensors import TENSORS, load_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -105,7 +105,7 @@ def test_a_preprocessing_killed_while_writing_leaves_a_staging_folder_that_the_n
     killed("""
         import os, signal, sys
         import pyarrow.parquet as pq
-        from preprocessing import synthetic
+        from garlic.sources import synthetic
         write = pq.write_table
         def write_then_die(*args, **kwargs):
             write(*args, **kwargs)
@@ -129,7 +129,8 @@ def test_a_preprocessing_killed_between_its_two_renames_gets_the_dataset_back_no
     killed("""
         import os, signal, sys
         from pathlib import Path
-        from preprocessing import synthetic, tables
+        from garlic.io import tables
+        from garlic.sources import synthetic
         destination, replace = Path(sys.argv[1]), os.replace
         def replace_then_die(source, target):
             replace(source, target)
@@ -151,7 +152,7 @@ def test_a_tensor_cache_write_killed_midway_leaves_a_temporary_that_the_next_loa
     killed("""
         import os, signal, sys
         import numpy as np
-        from preprocessing import tensors
+        from garlic.io import tensors
         def write_some_then_die(out, **arrays):
             out.write(b"x" * 4096)
             out.flush()

@@ -10,13 +10,13 @@ import pytest
 from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
-from app import sources
-from app.threshold import threshold_at_sensitivity
-from preprocessing.physionet2012 import format_record
-from preprocessing.tables import read_processed
+from garlic.app import sources
+from garlic.app.threshold import threshold_at_sensitivity
+from garlic.sources.physionet2012 import format_record
+from garlic.io.tables import read_processed
 from helpers import run_without_model, tiny_method_run, tiny_run
 
-PAGE = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+PAGE = Path(__file__).resolve().parents[1] / "garlic" / "app" / "dashboard.py"
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +197,12 @@ def test_with_a_token_set_the_page_asks_for_it_and_opens_only_for_the_right_one(
 
 
 def test_an_unexpected_error_is_a_plain_line_in_the_page_and_its_trace_goes_to_the_log(page, monkeypatch, caplog):
-    import app.replay
+    import garlic.app.replay
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom in /srv/secret/garlic/app/replay.py")
 
-    monkeypatch.setattr(app.replay, "explain_hour", broken)
+    monkeypatch.setattr(garlic.app.replay, "explain_hour", broken)
     at = page()
     assert not at.exception  # no traceback in the page
     assert any("Something went wrong on the server" in e.value for e in at.error)
@@ -220,12 +220,12 @@ def test_an_upload_over_the_size_limit_is_refused(page):
 
 
 def test_after_too_many_wrong_tokens_not_even_the_right_one_is_checked(page, listening_on, monkeypatch, caplog):
-    import app.access
+    import garlic.app.access
 
     token = "3f9a1c0e7b2d4a68c5e1"
     monkeypatch.setenv("GARLIC_DASHBOARD_TOKEN", token)
     # AppTest gives every run another visitor address, so this page meets the overall limit (per address: unit test)
-    monkeypatch.setattr(app.access, "ATTEMPTS", app.access.Attempts(per_client=2, overall=2))
+    monkeypatch.setattr(garlic.app.access, "ATTEMPTS", garlic.app.access.Attempts(per_client=2, overall=2))
     monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the second a wrong guess costs
     listening_on("0.0.0.0")
     at = page()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from app import sources
-from app.threshold import threshold_at_sensitivity
+from garlic.app import sources
+from garlic.app.threshold import threshold_at_sensitivity
 from helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from app import sources
-from app.replay import (
+from garlic.app import sources
+from garlic.app.replay import (
     drivers_at,
     edges_at,
     explain_hour,
@@ -21,7 +21,7 @@ from app.replay import (
     signal_bars,
     signals_at,
 )
-from app.summary import (
+from garlic.app.summary import (
     FALLING,
     NO_RECENT_READING,
     ONE_READING,
@@ -34,17 +34,17 @@ from app.summary import (
     risk_trend,
     value_direction,
 )
-from app.threshold import alert_since, threshold_at_sensitivity
+from garlic.app.threshold import alert_since, threshold_at_sensitivity
 from garlic.config import Config
 from garlic.data.batches import collate
 from garlic.data.datasets import processed_folder
 from garlic.models.compact import Garlic
 from garlic.tracking.store import RunNotFoundError, use_store
 from garlic.training.losses import forward
-from preprocessing import physionet2019
-from preprocessing.physionet2012 import format_record
-from preprocessing.records import READERS
-from preprocessing.tables import DatasetNotFoundError, read_processed
+from garlic.sources import physionet2019
+from garlic.sources.physionet2012 import format_record
+from garlic.sources.records import READERS
+from garlic.io.tables import DatasetNotFoundError, read_processed
 from helpers import TinyRun, run_without_model, tiny_run
 
 

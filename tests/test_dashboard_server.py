@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from app.access import AccessError, Attempts, is_loopback, required_token
+from garlic.app.access import AccessError, Attempts, is_loopback, required_token
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = range(8615, 8620)
@@ -115,7 +115,7 @@ def test_a_sigkill_of_garlic_dashboard_stops_its_server_and_frees_the_port(tmp_p
 
 
 def test_warm_up_leaves_a_damaged_store_for_the_page_to_report(tmp_path):
-    from app import serve
+    from garlic.app import serve
 
     (tmp_path / "mlflow.db").write_bytes(b"\x00not sqlite\xff" * 4096)
     serve.warm_up(serve.settings(["--mlruns", str(tmp_path)]))  # once: the server died before it listened

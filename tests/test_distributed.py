@@ -17,7 +17,7 @@ from garlic import runs
 from garlic.config import Config
 from garlic.data.batches import LengthBucketSampler
 from garlic.tracking.store import use_store
-from preprocessing import synthetic
+from garlic.sources import synthetic
 
 # dropout 0: with dropout on, each rank draws its own masks, so the runs agree only in distribution.
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "max_epochs": 2, "dropout": 0.0}

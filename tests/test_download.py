@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from garlic import cli
-from preprocessing.download import (
+from garlic.io.download import (
     PHYSIONET2012_SHA256,
     DownloadError,
     download,
@@ -214,7 +214,7 @@ def test_physionet2019_files_are_checked_against_the_release_checksum_list(serve
     for path, data in files.items():
         assert (tmp_path / path.removeprefix("training/")).read_bytes() == data
 
-    from preprocessing.physionet2019 import locate_sets
+    from garlic.sources.physionet2019 import locate_sets
 
     assert set(locate_sets(tmp_path)) == {"A"}
 
@@ -306,7 +306,7 @@ def test_two_downloads_of_one_file_at_once_leave_the_verified_bytes(server, tmp_
 def test_bytes_changed_after_the_check_are_caught_in_place(server, tmp_path, monkeypatch):
     data = b"0123456789" * 100
     server.routes["/f.bin"] = data
-    from preprocessing import download as module
+    from garlic.sources import ; from garlic.io import 
 
     replace = os.replace
 

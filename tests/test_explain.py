@@ -13,8 +13,8 @@ from garlic.models.architectures import build_model
 from garlic.models.compact import Garlic
 from garlic.tracking.saved_model import TrainedModel
 from garlic.tracking.store import use_experiment, use_store
-from preprocessing import synthetic
-from preprocessing.tensors import load_tensors
+from garlic.sources import synthetic
+from garlic.io.tensors import load_tensors
 from helpers import synthetic_root
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "dropout": 0.0}

@@ -16,7 +16,7 @@ from garlic.data.splits import draw_split
 from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
 from garlic.metrics import binary_metrics
 from garlic.models.compact import Garlic
-from preprocessing.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors
 from helpers import synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}

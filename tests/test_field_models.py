@@ -14,7 +14,7 @@ from garlic.methods import registry
 from garlic.methods.field import hourly_grid
 from garlic.tracking.store import use_store
 from helpers import synthetic_root
-from preprocessing.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors
 
 HAVE_PYPOTS = importlib.util.find_spec("pypots") is not None
 needs_pypots = pytest.mark.skipif(not HAVE_PYPOTS, reason="needs the pypots extra: bin/setup pypots")

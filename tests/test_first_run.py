@@ -7,10 +7,10 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import load_splits
 from garlic.training.trainer import AlternatingTrainer
-from preprocessing import synthetic
-from preprocessing.records import read_record_files
-from preprocessing.tables import read_processed
-from preprocessing.tensors import load_tensors
+from garlic.sources import synthetic
+from garlic.sources.records import read_record_files
+from garlic.io.tables import read_processed
+from garlic.io.tensors import load_tensors
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preprocessing import mimic3, physionet2012, physionet2019, raw, records
-from preprocessing.download import DownloadError, parse_checksums
-from preprocessing.tables import MANIFEST, NoUsableStayError, read_processed
-from preprocessing.tensors import load_tensors
+from garlic.sources import mimic3, physionet2012, physionet2019, raw, records
+from garlic.io.download import DownloadError, parse_checksums
+from garlic.io.tables import MANIFEST, NoUsableStayError, read_processed
+from garlic.io.tensors import load_tensors
 
 # Derandomised, so that the suite is repeatable; a whole release per example costs about a second, so those
 # tests draw fewer examples than the ones that parse a single file.

@@ -5,8 +5,8 @@ from pathlib import Path
 import garlic
 
 # Lowest first: a module may import its own package and those before it, never one after it.
-LAYERS = ("metrics", "data", "config", "models", "training", "tracking", "explain", "methods", "evaluation",
-          "runs", "inference", "cli")  # fmt: skip
+LAYERS = ("io", "sources", "metrics", "data", "config", "models", "training", "tracking", "explain", "methods",
+          "evaluation", "runs", "inference", "cli", "app")  # fmt: skip
 PACKAGE = Path(garlic.__file__).parent
 
 

@@ -119,7 +119,7 @@ def test_the_simple_baselines_are_the_registrys_and_a_model_the_data_cannot_feed
 def test_a_method_run_is_never_taken_for_a_garlic_unit_by_the_comparison(toy, root, tmp_path):
     from garlic.tracking import run_contract
     from garlic.config import Config
-    from preprocessing.tables import read_manifest
+    from garlic.io.tables import read_manifest
 
     store = tmp_path / "mlruns"
     garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--method", "toy", "--dataset", "synthetic",

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from experiments.benchmark_mimic_streaming import measure_in_child, write_synthetic_mimic
-from preprocessing.mimic3 import BENCHMARK_VARIABLES, GARLIC_VARIABLES, MimicError, preprocess
-from preprocessing.tables import read_processed
-from preprocessing.tensors import load_tensors
+from garlic.sources.mimic3 import BENCHMARK_VARIABLES, GARLIC_VARIABLES, MimicError, preprocess
+from garlic.io.tables import read_processed
+from garlic.io.tensors import load_tensors
 from helpers import SHARED
 
 DEMO = SHARED / "mimic3-demo"

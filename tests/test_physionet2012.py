@@ -15,9 +15,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from preprocessing.physionet2012 import NAMELESS_PARAMETER as NAMELESS, PhysioNet2012Error, preprocess
-from preprocessing.tables import MANIFEST, DatasetNotFoundError, read_manifest, read_processed
-from preprocessing.tensors import load_tensors
+from garlic.sources.physionet2012 import NAMELESS_PARAMETER as NAMELESS, PhysioNet2012Error, preprocess
+from garlic.io.tables import MANIFEST, DatasetNotFoundError, read_manifest, read_processed
+from garlic.io.tensors import load_tensors
 from helpers import P12, P12_TIME_SERIES, assert_frames_equal, raw_series, requires_p12
 
 REPO = Path(__file__).resolve().parents[1]
@@ -428,7 +428,7 @@ def write_table(*args, **kwargs):
     original(*args, **kwargs)
     os._exit(9)  # the process dies after the first table: no clean-up runs
 pq.write_table = write_table
-from preprocessing.physionet2012 import preprocess
+from garlic.sources.physionet2012 import preprocess
 preprocess(sys.argv[1], sys.argv[2])
 """
 
@@ -485,7 +485,7 @@ def test_manifest_is_json_with_provenance(tmp_path):
 
 
 def test_a_source_of_records_without_a_value_leaves_the_dataset_there_as_it_was(tmp_path):
-    from preprocessing import synthetic
+    from garlic.sources import synthetic
 
     destination = tmp_path / "processed"
     synthetic.generate(destination, n_stays=20, seed=0)

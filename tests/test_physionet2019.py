@@ -14,10 +14,10 @@ from garlic.cli import main
 from garlic.config import Config
 from garlic.data.datasets import processed_folder
 from garlic.data.splits import load_splits, not_applicable, published_ids
-from preprocessing import physionet2019
-from preprocessing.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
-from preprocessing.tables import DatasetNotFoundError, read_manifest, read_processed
-from preprocessing.tensors import load_tensors
+from garlic.sources import physionet2019
+from garlic.sources.physionet2019 import COLUMNS, HEADER, PhysioNet2019Error, preprocess
+from garlic.io.tables import DatasetNotFoundError, read_manifest, read_processed
+from garlic.io.tensors import load_tensors
 from helpers import SHARED
 
 P19 = SHARED / "physionet2019"

@@ -5,7 +5,7 @@ import io
 import pytest
 
 from experiments.readme_walk import readme_lines, walk
-from preprocessing.synthetic import EXAMPLE_IDS
+from garlic.sources.synthetic import EXAMPLE_IDS
 
 
 @pytest.mark.slow

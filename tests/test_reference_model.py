@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import garlic.training.trainer
-from app.replay import risk_curve
+from garlic.app.replay import risk_curve
 from experiments.ablations import VARIANTS
 from garlic.config import Config, ConfigError
 from garlic.data.batches import collate
@@ -32,7 +32,7 @@ from garlic.models.reference import (
 from garlic.models.predict import predict_proba
 from garlic.training.losses import PREDICTION, RECONSTRUCTION
 from garlic.training.trainer import AlternatingTrainer, ReferenceTrainer, make_trainer
-from preprocessing import synthetic
+from garlic.sources import synthetic
 from helpers import random_batch, synthetic_cohort
 
 B, T, D, S, W, FEATURES = 5, 12, 4, 3, 3, 4

@@ -4,15 +4,15 @@ import shutil
 import mlflow
 import pytest
 
-from app import sources
+from garlic.app import sources
 from garlic import runs
 from garlic.config import Config
 from garlic.data.splits import load_splits
 from garlic.tracking import run_contract
 from garlic.tracking.run_contract import StaleRunDataError, parse_split_name
 from garlic.tracking.store import load_run_model, use_store
-from preprocessing import synthetic
-from preprocessing.tensors import load_tensors
+from garlic.sources import synthetic
+from garlic.io.tensors import load_tensors
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64, "max_epochs": 1}
 

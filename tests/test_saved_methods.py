@@ -12,8 +12,8 @@ import skops.io
 import torch
 from sklearn.preprocessing import FunctionTransformer
 
-from app.replay import method_risk_curve, prefix_tensors, replay_stay
-from app import sources
+from garlic.app.replay import method_risk_curve, prefix_tensors, replay_stay
+from garlic.app import sources
 from garlic import runs
 from garlic.cli import main as garlic_main
 from garlic.config import Config

@@ -14,7 +14,7 @@ from garlic.config import Config
 from garlic.data.datasets import processed_folder
 from garlic.data.splits import Split
 from garlic.tracking.store import use_store
-from preprocessing import synthetic
+from garlic.sources import synthetic
 
 TINY = ["--max-epochs", "2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
 

@@ -12,8 +12,8 @@ import torch
 from helpers import P12, requires_p12
 from garlic.data.batches import IrregularDataset, collate, loader
 from garlic.data.splits import PROTOCOLS, PUBLISHED, Normalisation, Split, draw_split, load_splits, published_ids
-from preprocessing.synthetic import generate
-from preprocessing.tensors import IrregularTensors, load_tensors
+from garlic.sources.synthetic import generate
+from garlic.io.tensors import IrregularTensors, load_tensors
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_statistics_without_bounds_apply_no_clipping():
 
 def test_normalisation_on_synthetic_train_part(synthetic):
     folder, tensors = synthetic
-    from preprocessing.tables import read_processed
+    from garlic.io.tables import read_processed
 
     dataset = read_processed(folder)
     split = draw_split(tensors, "five-split", 1)

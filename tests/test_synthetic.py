@@ -8,9 +8,9 @@ from sklearn.metrics import roc_auc_score
 
 from helpers import assert_frames_equal
 from garlic.data.splits import load_splits
-from preprocessing.synthetic import HOURS, LABS, PLANTED_GRAPH, SCALE, VARIABLES, VITALS, generate, simulate
-from preprocessing.tables import read_processed
-from preprocessing.tensors import load_tensors
+from garlic.sources.synthetic import HOURS, LABS, PLANTED_GRAPH, SCALE, VARIABLES, VITALS, generate, simulate
+from garlic.io.tables import read_processed
+from garlic.io.tensors import load_tensors
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from helpers import P12_TIME_SERIES, requires_p12
-from preprocessing.tables import ProcessedDataset, write_processed
-from preprocessing.tensors import TENSORS, load_tensors, tensorize
+from garlic.io.tables import ProcessedDataset, write_processed
+from garlic.io.tensors import TENSORS, load_tensors, tensorize
 
 
 def check_against_long_table(tensors, observations: pd.DataFrame, static: pd.DataFrame, labels: pd.DataFrame):

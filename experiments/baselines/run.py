@@ -35,7 +35,7 @@ from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
 from garlic.methods.contract import Method
 from garlic.tracking.run_contract import manifest_digest
-from preprocessing.tables import LABELS, read_manifest
+from garlic.io.tables import LABELS, read_manifest
 
 STUDY = "baseline"
 

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from garlic.data.splits import Normalisation
-from preprocessing.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors
 
 
 @dataclass

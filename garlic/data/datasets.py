@@ -1,21 +1,19 @@
 """The datasets the project knows: how each is preprocessed, and where its processed tables live.
 
-``SOURCES`` is the registry, one entry per source of data, saying which options of ``garlic preprocess`` it takes
-(``--source``, ``--cohort`` and its choices, ``--strict``, the generator's ``--stays`` and ``--seed``). A source
-with cohorts gives one dataset per cohort, named ``SOURCE-COHORT`` (``physionet2019-early``), each in its own
-folder, so that preprocessing one cohort never replaces another; the plain source name (``physionet2019``) is
-not a dataset, and training must name the cohort. ``DATASETS`` lists every dataset name. A new dataset is one
-entry in ``SOURCES``.
+``SOURCES`` is the registry, one entry per module of ``garlic.sources`` (its ``SOURCE``), saying which options of
+``garlic preprocess`` it takes (``--source``, ``--cohort`` and its choices, ``--strict``, the generator's ``--stays``
+and ``--seed``). A source with cohorts gives one dataset per cohort, named ``SOURCE-COHORT``
+(``physionet2019-early``), each in its own folder, so that preprocessing one cohort never replaces another; the plain
+source name (``physionet2019``) is not a dataset, and training must name the cohort. ``DATASETS`` lists every dataset
+name. A new source of data is one module in ``garlic/sources/``.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from preprocessing import mimic3, physionet2012, physionet2019, synthetic
-from preprocessing.tables import MANIFEST, DatasetNotFoundError, recover
+from garlic.io.tables import MANIFEST, DatasetNotFoundError, recover
+from garlic.sources import Source, discovered, synthetic
 
 DEFAULT_DATA_ROOT = Path(os.environ.get("GARLIC_DATA_ROOT", "data"))
 
@@ -24,68 +22,13 @@ class PreprocessOptionError(ValueError):
     """An option of ``garlic preprocess`` that the chosen source does not take, or a required one left out."""
 
 
-@dataclass(frozen=True)
-class Source:
-    """One source of data. ``write(destination, **options)`` builds its processed tables and returns the manifest;
-    ``options`` names the keyword options it takes besides ``cohort`` (``source``, ``strict``, ``stays``, ``seed``),
-    ``required`` those without which it cannot run, and ``cohorts`` its cohort names (the first is the default)."""
-
-    name: str
-    write: Callable[..., dict]
-    options: frozenset[str]
-    required: frozenset[str] = frozenset()
-    cohorts: tuple[str, ...] = ()
-    source_help: str = ""
-
-    def dataset(self, cohort: str | None) -> str:
-        """The dataset name of one of this source's cohorts (the default cohort when None)."""
-        if not self.cohorts:
-            return self.name
-        return f"{self.name}-{cohort or self.cohorts[0]}"
-
-    @property
-    def datasets(self) -> tuple[str, ...]:
-        return tuple(self.dataset(c) for c in self.cohorts) if self.cohorts else (self.name,)
-
-
-SOURCES = {
-    source.name: source
-    for source in [
-        Source(
-            "synthetic",
-            lambda destination, stays=2000, seed=0: synthetic.generate(destination, n_stays=stays, seed=seed),
-            options=frozenset({"stays", "seed"}),
-        ),
-        Source(
-            "physionet2012",
-            lambda destination, source, strict=False: physionet2012.preprocess(source, destination, strict=strict),
-            options=frozenset({"source", "strict"}),
-            required=frozenset({"source"}),
-            source_help="the folder with set-a/b/c and Outcomes-a/b/c.txt",
-        ),
-        Source(
-            "physionet2019",
-            lambda destination, source, cohort, strict=False: physionet2019.preprocess(
-                source, destination, cohort=cohort, strict=strict
-            ),
-            options=frozenset({"source", "strict"}),
-            required=frozenset({"source"}),
-            cohorts=tuple(physionet2019.COHORTS),
-            source_help="the folder with training_setA and/or training_setB (folders, .zip or .tar.gz)",
-        ),
-        Source(
-            "mimic3",
-            lambda destination, source, cohort, strict=False: mimic3.preprocess(
-                source, destination, cohort=cohort, strict=strict
-            ),
-            options=frozenset({"source", "strict"}),
-            required=frozenset({"source"}),
-            cohorts=tuple(mimic3.COHORTS),
-            source_help="the folder with the MIMIC-III v1.4 tables (TABLE.csv or TABLE.csv.gz)",
-        ),
-    ]
-}
+SOURCES = discovered()
 DATASETS = tuple(name for source in SOURCES.values() for name in source.datasets)
+
+
+def source_of(dataset: str) -> Source:
+    """The source a dataset was built from (``physionet2019-early`` -> ``physionet2019``'s)."""
+    return SOURCES[dataset.partition("-")[0]]
 
 
 def processed_folder(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocessing.physionet2019 import hospital_systems
-from preprocessing.tables import write_json_atomic
-from preprocessing.tensors import IrregularTensors
+from garlic.data.datasets import SOURCES, source_of
+from garlic.io.tables import write_json_atomic
+from garlic.io.tensors import IrregularTensors
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ PROTOCOLS = {
         Protocol("in-hospital", (0, 1), hospital=True),
     )
 }
-HOSPITAL_SYSTEMS = {"physionet2019": hospital_systems}  # per source: stay ids -> hospital system
 DIRECTIONS = (("A", "B"), ("B", "A"))  # cross-hospital split k: (trained and selected on, tested on)
 RENAMED = {"reference": "garlic-reference"}  # ``reference`` was our split 0 with validation and test swapped
 
@@ -243,7 +242,7 @@ def hospital_split(tensors: IrregularTensors, protocol: str, index: int, dataset
     from sklearn.model_selection import train_test_split
 
     source, target = DIRECTIONS[index]
-    systems = HOSPITAL_SYSTEMS[dataset.partition("-")[0]](tensors.stay_ids)
+    systems = source_of(dataset).hospital_systems(tensors.stay_ids)
     home = systems == source
     train, rest, _, rest_labels = train_test_split(
         tensors.stay_ids[home], tensors.labels[home], test_size=0.2, stratify=tensors.labels[home], random_state=0
@@ -273,10 +272,11 @@ def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str) -> st
     naming stays it lacks), None when it can: a check that needs no split to be made."""
     chosen = protocol(protocol_name)
     if chosen.hospital:
-        source = dataset.partition("-")[0]
-        if source not in HOSPITAL_SYSTEMS:
-            return f"protocol {protocol_name!r} needs hospital systems, which only {', '.join(HOSPITAL_SYSTEMS)} has"
-        held = set(HOSPITAL_SYSTEMS[source](stay_ids).tolist())
+        hospital_systems = source_of(dataset).hospital_systems
+        if hospital_systems is None:
+            with_systems = ", ".join(name for name, source in SOURCES.items() if source.hospital_systems)
+            return f"protocol {protocol_name!r} needs hospital systems, which only {with_systems} has"
+        held = set(hospital_systems(stay_ids).tolist())
         return None if held == {"A", "B"} else f"protocol {protocol_name!r} needs stays of both hospital systems"
     if not chosen.published:
         return None

@@ -24,7 +24,7 @@ from garlic.evaluation.calibration import logits_from_probabilities, scale, temp
 from garlic.methods.contract import Method
 from garlic.metrics import binary_metrics
 from garlic.tracking import plots, run_contract
-from preprocessing.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors
 
 PARTS = ("train", "validation", "test")
 # Every test look's metrics (``log_fitted`` may add its own).

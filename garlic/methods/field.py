@@ -23,7 +23,7 @@ from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted
 from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
-from preprocessing.atomic import write_json_atomic
+from garlic.io.atomic import write_json_atomic
 
 MODELS = ("raindrop", "seft", "brits")
 

@@ -35,7 +35,7 @@ from garlic.models.predict import in_length_order
 from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
 from garlic.training.trainer import Progress, Trainer
-from preprocessing.atomic import write_json_atomic
+from garlic.io.atomic import write_json_atomic
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:

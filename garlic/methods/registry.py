@@ -31,7 +31,7 @@ from garlic.methods.summary import SeverityScore, SummaryModel
 @dataclass(frozen=True)
 class MethodContext:
     """What a method is built from: the run's config (dataset, seed, device, epochs) and the dataset's label table
-    (``preprocessing.tables.LABELS``, where the severity scores are)."""
+    (``garlic.io.tables.LABELS``, where the severity scores are)."""
 
     config: Config
     labels: pd.DataFrame

@@ -25,8 +25,8 @@ from garlic.data.splits import Normalisation
 from garlic.methods import registry
 from garlic.methods.contract import Method, can_be_saved
 from garlic.tracking.saved_model import ModelFileError, TrainedModel, model_input
-from preprocessing.atomic import write_json_atomic
-from preprocessing.tensors import IrregularTensors
+from garlic.io.atomic import write_json_atomic
+from garlic.io.tensors import IrregularTensors
 
 METHOD_DESCRIPTION = "method.json"
 

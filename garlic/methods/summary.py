@@ -21,8 +21,8 @@ from sklearn.preprocessing import StandardScaler
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted
 from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
-from preprocessing.atomic import atomic_file, write_json_atomic
-from preprocessing.tensors import IrregularTensors
+from garlic.io.atomic import atomic_file, write_json_atomic
+from garlic.io.tensors import IrregularTensors
 
 STATISTICS = ("first", "last", "min", "max", "mean", "count")
 LOGISTIC_C = (0.01, 0.1, 1.0)

@@ -10,7 +10,7 @@ Every split run (the run that holds a model) logs these parameters:
 - ``data_digest``: SHA-256 of the dataset's ``manifest.json`` content (files read, their checksums, counts).
 
 A run that groups several splits (or seeds) also logs ``split_indices`` and ``seeds``, what ``--resume`` needs.
-A run trained from a config file (``garlic train``, a preset of ``experiments/configs``) carries the tag ``preset``:
+A run trained from a config file (``garlic train``, a preset of ``garlic/configs``) carries the tag ``preset``:
 the file's stem (``physionet2012-best``), which names the run in the dashboard; its settings are the params above.
 
 Artifacts (paths inside a run; the names below own them):

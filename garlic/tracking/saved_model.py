@@ -19,8 +19,8 @@ from garlic.data.splits import Normalisation
 from garlic.models.architectures import build_model
 from garlic.models.compact import Garlic
 from garlic.models.predict import predict_proba
-from preprocessing.atomic import atomic_file, write_json_atomic
-from preprocessing.tensors import IrregularTensors
+from garlic.io.atomic import atomic_file, write_json_atomic
+from garlic.io.tensors import IrregularTensors
 
 WEIGHTS = "weights.pt"
 DESCRIPTION = "model.json"

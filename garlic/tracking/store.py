@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 
 from garlic.tracking import run_contract
 from garlic.tracking.saved_model import TrainedModel, load_model, save_model
-from preprocessing.locks import LockHeld, acquire, is_held, locked, release
+from garlic.io.locks import LockHeld, acquire, is_held, locked, release
 
 DEFAULT_STORE = Path(os.environ.get("GARLIC_MLRUNS", "mlruns"))
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # progress bars are noise for a local copy

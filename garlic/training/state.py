@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from preprocessing.atomic import atomic_file
+from garlic.io.atomic import atomic_file
 
 
 def save_training_state(path: Path, state: dict) -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from preprocessing.physionet2012 import format_record
-from preprocessing.tables import atomic_directory, read_manifest, write_processed
+from garlic.io.tables import atomic_directory, read_manifest, write_processed
+from garlic.sources import Source
+from garlic.sources.physionet2012 import format_record
 
 HOURS = 48
 VITALS = ["HR", "SysABP", "RespRate", "Temp", "SaO2"]
@@ -142,7 +143,7 @@ def generate(destination: Path, n_stays: int = 2000, seed: int = 0) -> dict:
     observations, static, labels = simulate(n_stays, seed)
     manifest = {
         "dataset": "synthetic",
-        "source": {"generator": "preprocessing.synthetic", "n_stays": n_stays, "seed": seed},
+        "source": {"generator": "garlic.sources.synthetic", "n_stays": n_stays, "seed": seed},
         "window_hours": float(HOURS),
         "label": "deterioration outcome",
         "ground_truth_graph": [edge.__dict__ for edge in PLANTED_GRAPH],
@@ -167,3 +168,10 @@ def write_example_records(folder: Path, seed: int = 0) -> list[Path]:
             record = format_record(new_id, observations[observations["stay_id"] == stay], values)
             (staging / f"{new_id}.txt").write_text(record)
     return [folder / f"{new_id}.txt" for new_id in EXAMPLE_IDS]
+
+
+SOURCE = Source(
+    "synthetic",
+    lambda destination, stays=2000, seed=0: generate(destination, n_stays=stays, seed=seed),
+    options=frozenset({"stays", "seed"}),
+)

@@ -35,8 +35,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.atomic import write_json_atomic
-from preprocessing.locks import acquire, is_held, locked, release
+from garlic.io.atomic import write_json_atomic
+from garlic.io.locks import acquire, is_held, locked, release
 
 log = logging.getLogger(__name__)
 

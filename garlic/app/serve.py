@@ -1,12 +1,12 @@
-"""Start the dashboard server: check who may reach it, load what the page needs, then serve ``app/dashboard.py``.
+"""Start the dashboard server: check who may reach it, load what the page needs, then serve ``garlic/app/dashboard.py``.
 
-    python app/serve.py [--host 127.0.0.1] [--port 8501] [--mlruns STORE] [--data-root DATA] [--run RUN_ID]
+    python -m garlic.app.serve [--host 127.0.0.1] [--port 8501] [--mlruns STORE] [--data-root DATA] [--run RUN_ID]
 
 ``garlic dashboard`` runs this. The heavy imports (torch, MLflow: 8.5 s) and opening the MLflow store (2-3 s) were
 most of a first visit's 16 s (measured in-process on a busy 2-core machine); done here, before the server listens,
 the first visitor finds them done. Streamlit then runs in this process with the settings the page needs: bound
 to ``--host`` (loopback by default), uploads capped at 1 MB, no developer toolbar, no error details in the page,
-no file watcher; with a login token, behind ``app.access.Gate``.
+no file watcher; with a login token, behind ``garlic.app.access.Gate``.
 """
 from __future__ import annotations
 
@@ -16,14 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: this checkout's modules, not whichever `app` the folder holds
-    sys.path.insert(0, str(REPO))
+from garlic.app.access import AccessError, Gate, required_token
+from garlic.cli import database_error, die_with_parent, port_number
 
-from app.access import AccessError, Gate, required_token  # noqa: E402
-from garlic.cli import database_error, die_with_parent, port_number  # noqa: E402
-
-PAGE = REPO / "app" / "dashboard.py"
+PAGE = Path(__file__).resolve().parent / "dashboard.py"
 MAX_UPLOAD_MB = 1  # a PhysioNet 2012 record is under 100 kB, a 2019 one under 50 kB
 log = logging.getLogger("garlic.dashboard")
 
@@ -41,7 +37,7 @@ def settings(argv: list[str] | None) -> argparse.Namespace:
 
 
 def streamlit_arguments(options: argparse.Namespace) -> list[str]:
-    """``streamlit run`` arguments for the page (the same settings as app/.streamlit/config.toml, made explicit)."""
+    """``streamlit run`` arguments for the page (the settings of garlic/app/.streamlit/config.toml, made explicit)."""
     page = ["--mlruns", str(options.mlruns), "--data-root", str(options.data_root)]
     page += ["--run", options.run] if options.run else []
     return ["run", str(PAGE), "--server.address", options.host, "--server.port", str(options.port),
@@ -57,7 +53,7 @@ def warm_up(options: argparse.Namespace) -> None:
     """
     import torch
 
-    from app import charts, replay, sources  # noqa: F401  (imported for the page)
+    from garlic.app import charts, replay, sources  # noqa: F401  (imported for the page)
     from garlic.tracking.store import RunNotFoundError
 
     torch.set_num_threads(1)  # as the page runs
@@ -70,7 +66,7 @@ def warm_up(options: argparse.Namespace) -> None:
 
 
 def guard(token: str | None) -> None:
-    """With a login token set, put ``app.access.Gate`` in front of every request Streamlit's server takes."""
+    """With a login token set, put ``garlic.app.access.Gate`` in front of every request Streamlit's server takes."""
     if token is None:
         return
     from starlette.middleware import Middleware

@@ -69,7 +69,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
+from garlic.io.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
+from garlic.sources import Source
 
 log = logging.getLogger(__name__)
 
@@ -860,3 +861,13 @@ def preprocess(
     write_processed(destination, observations, static, labels, variables, manifest)
     log.info("mimic3/%s: %d stays kept (%d deaths)", cohort, len(labels), positives)
     return read_manifest(destination)  # as written: with the stay, observation and positive counts
+
+
+SOURCE = Source(
+    "mimic3",
+    lambda destination, source, cohort, strict=False: preprocess(source, destination, cohort=cohort, strict=strict),
+    options=frozenset({"source", "strict"}),
+    required=frozenset({"source"}),
+    cohorts=tuple(COHORTS),
+    source_help="the folder with the MIMIC-III v1.4 tables (TABLE.csv or TABLE.csv.gz)",
+)

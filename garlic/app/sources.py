@@ -25,9 +25,9 @@ from garlic.tracking import run_contract
 from garlic.methods.saved import Predictor
 from garlic.runs import load_predictor
 from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, use_store
-from preprocessing.records import read_record_files
-from preprocessing.tables import read_manifest
-from preprocessing.tensors import load_tensors
+from garlic.sources.records import read_record_files
+from garlic.io.tables import read_manifest
+from garlic.io.tensors import load_tensors
 
 STORE_DATABASE = "mlflow.db"
 UPLOAD_NAME = re.compile(r"^(\d+\.txt|p\d+\.psv)$")

@@ -1,9 +1,9 @@
 """The bedside dashboard: replay one ICU stay hour by hour with its risk, warnings and their explanations.
 
-Started by ``garlic dashboard [--run RUN_ID]``, which runs app/serve.py: it serves
-``streamlit run app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID]`` on 127.0.0.1 unless told
-otherwise, and then only to visitors who give the token (app/access.py). The page reads only the MLflow store, the
-data root and uploaded files. A stay comes from the run's test split (``?stay=ID`` in the URL picks one) or from an
+Started by ``garlic dashboard [--run RUN_ID]``, which runs ``garlic.app.serve``: it serves
+``streamlit run garlic/app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID]`` on 127.0.0.1 unless told
+otherwise, and then only to visitors who give the token (``garlic.app.access``). The page reads only the MLflow store,
+the data root and uploaded files. A stay comes from the run's test split (``?stay=ID`` in the URL picks one) or from an
 uploaded PhysioNet 2012 ``.txt`` / 2019 ``.psv`` record. What goes wrong is said in the page without server paths
 or tracebacks; the details go to the server's log.
 """
@@ -24,12 +24,12 @@ import streamlit as st
 import torch
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from app import charts, sources
-from app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
-from app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
+from garlic.app import charts, sources
+from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
+from garlic.app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
                         signals_at)  # fmt: skip
-from app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
-from app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
+from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
+from garlic.app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
 from garlic.cli import database_error
 from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
@@ -37,7 +37,7 @@ from garlic.explain.built_in import BUILT_IN
 from garlic.tracking import run_contract
 from garlic.methods.saved import Predictor
 from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
-from preprocessing.tables import DatasetNotFoundError
+from garlic.io.tables import DatasetNotFoundError
 
 TEST_SPLIT, UPLOAD = "Test split of the run", "Upload a record"
 SPEEDS = {"1 h/s": 1.0, "2 h/s": 2.0, "4 h/s": 4.0, "8 h/s": 8.0}
@@ -395,7 +395,7 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
         elif image is None:
             column.warning(f"The run logged no {path}.")
         else:
-            # Inline, not through Streamlit's /media/ route, which a login token closes (app.access.Gate).
+            # Inline, not through Streamlit's /media/ route, which a login token closes (garlic.app.access.Gate).
             column.html(f'<img src="data:image/png;base64,{base64.b64encode(image).decode()}" style="width:100%">')
             column.caption(caption)
 

@@ -46,7 +46,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from preprocessing.raw import (
+from garlic.io.tables import read_manifest, sha256_of, write_processed
+from garlic.sources import Source
+from garlic.sources.raw import (
     MAX_MEASUREMENT,
     LeftOut,
     Record,
@@ -65,7 +67,6 @@ from preprocessing.raw import (
     tar_records,
     too_large,
 )
-from preprocessing.tables import read_manifest, sha256_of, write_processed
 
 log = logging.getLogger(__name__)
 
@@ -540,3 +541,16 @@ def preprocess(
     write_processed(destination, observations, static_table(rows, kept), labels, TIME_SERIES, manifest)
     log.info("physionet2019/%s: %d stays kept (%d septic), %d lines skipped", cohort, len(kept), positives, len(skips))
     return read_manifest(destination)  # as written: with the stay, observation and positive counts
+
+
+SOURCE = Source(
+    "physionet2019",
+    lambda destination, source, cohort, strict=False: preprocess(source, destination, cohort=cohort, strict=strict),
+    options=frozenset({"source", "strict"}),
+    required=frozenset({"source"}),
+    cohorts=tuple(COHORTS),
+    source_help="the folder with training_setA and/or training_setB (folders, .zip or .tar.gz)",
+    record_suffix=".psv",
+    read_record_files=read_record_files,
+    hospital_systems=hospital_systems,
+)

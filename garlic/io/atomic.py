@@ -6,7 +6,7 @@ its temporary. A writer killed outright (SIGKILL) cannot: with ``locked=True`` i
 written, so that ``remove_stale_temporaries`` can tell a dead writer's leftovers from a live writer's work.
 Published files are readable by all (0644), as the files around them.
 
-Folders (a processed dataset) are published the same way, by ``preprocessing.tables.atomic_directory``.
+Folders (a processed dataset) are published the same way, by ``garlic.io.tables.atomic_directory``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
-from preprocessing.locks import acquire, is_held, locked, release
+from garlic.io.locks import acquire, is_held, locked, release
 
 
 def _temporary_pattern(path: Path, suffix: str) -> str:

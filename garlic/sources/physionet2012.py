@@ -23,7 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from preprocessing.raw import (
+from garlic.io.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
+from garlic.sources import Source
+from garlic.sources.raw import (
     FLOAT32_MAX,
     MAX_MEASUREMENT,
     LeftOut,
@@ -43,7 +45,6 @@ from preprocessing.raw import (
     refuse_repeated_stays,
     tar_records,
 )
-from preprocessing.tables import read_manifest, sha256_of, sum_simultaneous, write_processed
 
 log = logging.getLogger(__name__)
 
@@ -402,3 +403,14 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     write_processed(destination, observations, static, labels, TIME_SERIES, manifest)
     log.info("physionet2012: %d stays kept, %d dropped, %d lines skipped", len(kept), len(dropped), len(skips))
     return read_manifest(destination)  # as written, with the counts and variable list that write_processed adds
+
+
+SOURCE = Source(
+    "physionet2012",
+    lambda destination, source, strict=False: preprocess(source, destination, strict=strict),
+    options=frozenset({"source", "strict"}),
+    required=frozenset({"source"}),
+    source_help="the folder with set-a/b/c and Outcomes-a/b/c.txt",
+    record_suffix=".txt",
+    read_record_files=read_record_files,
+)

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from preprocessing.locks import locked
+from garlic.io.locks import locked
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from app.summary import value_direction
+from garlic.app.summary import value_direction
 from garlic.data.batches import Batch, IrregularDataset
 from garlic.explain.built_in import Explanation, explain
 from garlic.explain.integrated_gradients import gradient_explanation
 from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
 from garlic.methods.saved import Predictor, SavedMethod
-from preprocessing.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 

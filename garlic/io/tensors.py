@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from preprocessing.atomic import atomic_file, remove_stale_temporaries
-from preprocessing.tables import LABELS, MANIFEST, OBSERVATIONS, STATIC, ProcessedDataset, read_manifest, read_processed
+from garlic.io.atomic import atomic_file, remove_stale_temporaries
+from garlic.io.tables import LABELS, MANIFEST, OBSERVATIONS, STATIC, ProcessedDataset, read_manifest, read_processed
 
 TENSORS = "tensors.npz"
 
