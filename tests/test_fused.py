@@ -162,3 +162,94 @@ def test_the_ninja_package_is_put_on_path_where_none_is(tmp_path, monkeypatch):
     assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
     fused.ninja_on_path()  # once there, PATH is left alone
     assert os.environ["PATH"].count(ninja.BIN_DIR) == 1
+
+
+def raised_by(call) -> tuple[type, str]:
+    """The type and message of the error ``call()`` raises (the test fails where it raises none)."""
+    with pytest.raises(Exception) as caught:
+        call()
+    return caught.type, str(caught.value)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bad_input", [
+    torch.randn(2, 1000),  # a longer last axis: the kernel read past the 8 weights
+    torch.randn(2, 4),  # a shorter one: normalised with the first 4 weights, silently
+    torch.randn(2, 8, dtype=torch.float64),  # float64 input, float32 weights
+    torch.tensor(1.0),  # no axis at all
+], ids=["longer", "shorter", "dtype", "scalar"])  # fmt: skip
+def test_layer_norm_refuses_what_nn_layer_norm_refuses(bad_input):
+    norm, plain = FusedLayerNorm(8), nn.LayerNorm(8)
+    assert raised_by(lambda: norm(bad_input)) == raised_by(lambda: plain(bad_input))
+
+
+@needs_kernels
+def test_layer_norm_refuses_weights_on_another_device():
+    norm, plain = FusedLayerNorm(8).to("meta"), nn.LayerNorm(8, device="meta")
+    x = torch.randn(3, 8)
+    assert raised_by(lambda: norm(x)) == raised_by(lambda: plain(x))
+
+
+@needs_kernels
+@pytest.mark.parametrize("x, hx", [
+    (torch.randn(20, 7, 5), torch.randn(1, 1, 16)),  # hx for another batch size: garbage, a resize warning at most
+    (torch.randn(20, 7, 5), torch.randn(2, 20, 16)),  # hx for two layers of a one-layer GRU
+    (torch.randn(20, 7, 5), torch.randn(20, 16)),  # hx without its layer axis
+    (torch.randn(20, 7, 5), torch.randn(1, 20, 8)),  # hx of another hidden size
+    (torch.randn(20, 7, 5), torch.randn(1, 20, 16, dtype=torch.float64)),
+    (torch.randn(20, 7, 6), None),  # more input features than the GRU's input size
+    (torch.randn(20, 7, 5, dtype=torch.float64), None),
+    (torch.randn(2, 20, 7, 5), None),
+], ids=["hx-batch", "hx-layers", "hx-2d", "hx-hidden", "hx-dtype", "features", "dtype", "4d"])  # fmt: skip
+def test_gru_refuses_what_nn_gru_refuses(x, hx):
+    torch.manual_seed(0)
+    gru, plain = FusedGRU(5, 16, batch_first=True), nn.GRU(5, 16, batch_first=True)
+    plain.load_state_dict(gru.state_dict())
+    assert raised_by(lambda: gru(x, hx)) == raised_by(lambda: plain(x, hx))
+
+
+@needs_kernels
+def test_gru_refuses_hx_on_another_device():
+    gru, plain = FusedGRU(5, 16, batch_first=True), nn.GRU(5, 16, batch_first=True)
+    x, hx = torch.randn(4, 3, 5), torch.randn(1, 4, 16, device="meta")
+    assert raised_by(lambda: gru(x, hx)) == raised_by(lambda: plain(x, hx))
+
+
+@needs_kernels
+@pytest.mark.parametrize("size", ["batch", "hidden", "w_hh", "b_hh", "gi"])
+def test_gru_kernel_checks_its_sizes(size):
+    """The kernel itself refuses sizes that would make it read or write out of bounds (a caller past the layer)."""
+    b, t, h = 3, 4, 5
+    args = {"gi": torch.randn(b, t, 3 * h), "h0": torch.randn(b, h), "w_hh": torch.randn(3 * h, h),
+            "b_hh": torch.randn(3 * h)}  # fmt: skip
+    wrong = {"batch": ("h0", torch.randn(1, h)), "hidden": ("h0", torch.randn(b, h + 1)),
+             "w_hh": ("w_hh", torch.randn(3 * h, h + 1)), "b_hh": ("b_hh", torch.randn(h)),
+             "gi": ("gi", torch.randn(b, t, 2 * h))}  # fmt: skip
+    name, tensor = wrong[size]
+    args[name] = tensor
+    with pytest.raises(RuntimeError, match="gru_layer_forward"):
+        fused.kernels().gru_layer_forward(args["gi"], args["h0"], args["w_hh"], args["b_hh"], True)
+
+
+@needs_kernels
+def test_layer_norm_kernel_checks_its_sizes():
+    with pytest.raises(RuntimeError, match="layer_norm_forward"):
+        fused.kernels().layer_norm_forward(torch.randn(2, 1000), torch.randn(8), torch.randn(8), 1e-5)
+    x = torch.randn(2, 8)
+    y, statistics = fused.kernels().layer_norm_forward(x, torch.ones(8), torch.zeros(8), 1e-5)
+    with pytest.raises(RuntimeError, match="layer_norm_backward"):
+        fused.kernels().layer_norm_backward(torch.randn(2, 1000), x, torch.ones(8), statistics)
+
+
+@needs_kernels
+def test_traced_gru_follows_the_batch_size():
+    """A trace records the zero initial state for the batch it is given; later batches of another size get theirs."""
+    torch.manual_seed(0)
+    gru = FusedGRU(5, 16, num_layers=2, batch_first=True).eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(gru, torch.randn(3, 7, 5))
+        for batch in (3, 6):
+            x = torch.randn(batch, 7, 5)
+            for expected, got in zip(gru(x), traced(x)):
+                torch.testing.assert_close(got, expected)
+

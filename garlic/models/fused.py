@@ -15,6 +15,10 @@ float CPU tensors they run the fused kernels, elsewhere (a GPU, where cuDNN does
 The kernels compile on first use (``torch.utils.cpp_extension``, half a minute, cached by PyTorch under
 ``~/.cache/torch_extensions``; ``bin/setup`` builds them). Where they cannot be built, a warning says why and the
 layers are PyTorch's own, slower but the same model. ``fused_kernels(False)`` turns them off for a comparison.
+
+The layers hand the kernels only what the kernels take (float CPU tensors whose shapes, dtypes and devices match the
+parameters); anything else goes to PyTorch's layer, which computes it or refuses it with its own error. The kernels
+check the sizes they index by as well, for any other caller.
 """
 from __future__ import annotations
 
@@ -81,7 +85,8 @@ class _GRULayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gi: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor) -> Tensor:
         keep = any(ctx.needs_input_grad)  # the gates only for a backward pass: none under no_grad or inference
-        out, gates = kernels().gru_layer_forward(gi.contiguous(), h0.contiguous(), w_hh.contiguous(), b_hh, keep)
+        tensors = [tensor.contiguous() for tensor in (gi, h0, w_hh, b_hh)]
+        out, gates = kernels().gru_layer_forward(*tensors, keep)
         ctx.save_for_backward(h0, w_hh, out, gates)
         return out
 
@@ -107,11 +112,12 @@ class FusedGRU(nn.GRU):
             raise ValueError("FusedGRU is batch first, one direction, with biases and no projection")
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        if not isinstance(input, Tensor) or input.dim() != 3 or input.shape[1] == 0 or not _fused_for(input):
+        # A trace runs nn.GRU, whose zero initial state follows the batch size: ours would be recorded for one size.
+        if torch.jit.is_tracing() or not self._fits_kernel(input, hx):
             return super().forward(input, hx)
         layer_input, last_states = input, []
         for layer in range(self.num_layers):
-            weights = [getattr(self, f"{name}_l{layer}") for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")]
+            weights = self._layer_weights(layer)
             h0 = hx[layer] if hx is not None else input.new_zeros(len(input), self.hidden_size)
             out = _GRULayer.apply(F.linear(layer_input, weights[0], weights[1]), h0, weights[2], weights[3])
             last_states.append(out[:, -1])
@@ -120,6 +126,22 @@ class FusedGRU(nn.GRU):
                 # Dropped on the time-major outputs, as nn.GRU drops them: the same draws from the same seed.
                 layer_input = F.dropout(out.transpose(0, 1).contiguous(), self.dropout).transpose(0, 1)
         return layer_input, torch.stack(last_states)
+
+    def _layer_weights(self, layer: int) -> list[Tensor]:
+        return [getattr(self, f"{name}_l{layer}") for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")]
+
+    def _fits_kernel(self, input: Tensor, hx: Tensor | None) -> bool:
+        """Whether the kernels take ``input`` and ``hx`` as they are. Anything else (other shapes, dtypes or devices,
+        an empty sequence) goes to nn.GRU, which computes it or refuses it with its own error."""
+        if not isinstance(input, Tensor) or input.dim() != 3 or input.shape[1] == 0 or not _fused_for(input):
+            return False
+        if input.shape[2] != self.input_size:
+            return False
+        if hx is not None and (not isinstance(hx, Tensor) or hx.shape != (self.num_layers, len(input), self.hidden_size)
+                               or hx.dtype != input.dtype or hx.device != input.device):  # fmt: skip
+            return False
+        weights = [w for layer in range(self.num_layers) for w in self._layer_weights(layer)]
+        return all(w.dtype == input.dtype and w.device == input.device for w in weights)
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -149,9 +171,18 @@ class FusedLayerNorm(nn.LayerNorm):
         super().__init__(features, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.numel() == 0 or not _fused_for(x):
+        if not self._fits_kernel(x):
             return super().forward(x)
         return _LayerNorm.apply(x, self.weight, self.bias, self.eps)
+
+    def _fits_kernel(self, x: Tensor) -> bool:
+        """Whether the kernels take ``x`` as it is. Anything else (another last axis, dtype or device, no elements)
+        goes to nn.LayerNorm, which computes it or refuses it with its own error."""
+        if not isinstance(x, Tensor) or x.numel() == 0 or x.dim() == 0 or not _fused_for(x):
+            return False
+        if self.weight is None or self.bias is None or x.shape[-1:] != tuple(self.normalized_shape):
+            return False
+        return all(p.dtype == x.dtype and p.device == x.device for p in (self.weight, self.bias))
 
 
 if __name__ == "__main__":  # bin/setup builds the kernels here, so that no training or test waits for the compiler
