@@ -10,6 +10,17 @@
 
 namespace {
 
+// The kernels index raw pointers by the sizes they are given, so each first checks that every tensor is what its
+// sizes promise (the Python layers send anything else to PyTorch's own; these guard other callers of the module).
+void check_tensor(const char* kernel, const char* name, const at::Tensor& tensor, at::IntArrayRef sizes,
+                  const at::Tensor& like) {
+  TORCH_CHECK(tensor.sizes() == sizes, kernel, ": ", name, " has size ", tensor.sizes(), ", expected ", sizes);
+  TORCH_CHECK(tensor.scalar_type() == like.scalar_type(), kernel, ": ", name, " is ", tensor.scalar_type(),
+              ", expected ", like.scalar_type());
+  TORCH_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(), kernel, ": ", name,
+              " must be a contiguous CPU tensor");
+}
+
 // One GRU layer over T steps, batch-major, with the input products precomputed for every step:
 //   gi [B, T, 3H] = x W_ih^T + b_ih (gates r, z, n), h0 [B, H], w_hh [3H, H], b_hh [3H]
 // -> out [B, T, H], and (keep_gates) gates [B, T, 4H]: r, z, n and the hidden part of n, W_hn h + b_hn, at every
@@ -17,7 +28,13 @@ namespace {
 // outputs equal nn.GRU's (to the last bit where the products round alike, as at GARLIC's sizes).
 std::vector<at::Tensor> gru_layer_forward(const at::Tensor& gi, const at::Tensor& h0, const at::Tensor& w_hh,
                                           const at::Tensor& b_hh, bool keep_gates) {
+  TORCH_CHECK(gi.dim() == 3 && h0.dim() == 2, "gru_layer_forward: gi must be [B, T, 3H] and h0 [B, H]; got ",
+              gi.sizes(), " and ", h0.sizes());
   const int64_t B = gi.size(0), T = gi.size(1), H = h0.size(1);
+  check_tensor("gru_layer_forward", "gi", gi, {B, T, 3 * H}, gi);
+  check_tensor("gru_layer_forward", "h0", h0, {B, H}, gi);
+  check_tensor("gru_layer_forward", "w_hh", w_hh, {3 * H, H}, gi);
+  check_tensor("gru_layer_forward", "b_hh", b_hh, {3 * H}, gi);
   auto out = at::empty({B, T, H}, gi.options());
   auto gates = at::empty({keep_gates ? B : 0, T, 4 * H}, gi.options());
   auto hidden = at::empty({B, 3 * H}, gi.options());  // W_hh h at this step
@@ -78,7 +95,14 @@ std::vector<at::Tensor> gru_layer_forward(const at::Tensor& gi, const at::Tensor
 // would, but with each step's elementwise work in one loop and the weight gradients in one product over all steps.
 std::vector<at::Tensor> gru_layer_backward(const at::Tensor& d_out, const at::Tensor& h0, const at::Tensor& w_hh,
                                            const at::Tensor& out, const at::Tensor& gates) {
+  TORCH_CHECK(out.dim() == 3 && out.size(1) > 0, "gru_layer_backward: out must be [B, T, H] with T > 0; got ",
+              out.sizes());
   const int64_t B = out.size(0), T = out.size(1), H = out.size(2);
+  check_tensor("gru_layer_backward", "out", out, {B, T, H}, out);
+  check_tensor("gru_layer_backward", "d_out", d_out, {B, T, H}, out);
+  check_tensor("gru_layer_backward", "h0", h0, {B, H}, out);
+  check_tensor("gru_layer_backward", "w_hh", w_hh, {3 * H, H}, out);
+  check_tensor("gru_layer_backward", "gates", gates, {B, T, 4 * H}, out);
   auto d_gi = at::empty({B, T, 3 * H}, out.options());
   auto d_hidden = at::empty({B, T, 3 * H}, out.options());  // the gradient at W_hh h + b_hh
   // The gradient reaching h_t from the later steps, in two parts: through W_hh, and past the update gate (d z).
@@ -128,7 +152,12 @@ std::vector<at::Tensor> gru_layer_backward(const at::Tensor& d_out, const at::Te
 // -> y [N, F], statistics [N, 2] (mean and 1 / sqrt(var + eps) per row, for the backward pass).
 std::vector<at::Tensor> layer_norm_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                            double eps) {
+  TORCH_CHECK(x.dim() > 0 && x.numel() > 0, "layer_norm_forward: x must have a last axis and elements; got ",
+              x.sizes());
   const int64_t F = x.size(-1), N = x.numel() / F;
+  check_tensor("layer_norm_forward", "x", x, x.sizes(), x);
+  check_tensor("layer_norm_forward", "w", w, {F}, x);
+  check_tensor("layer_norm_forward", "b", b, {F}, x);
   auto y = at::empty_like(x);
   auto statistics = at::empty({N, 2}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_forward", [&] {
@@ -159,7 +188,13 @@ std::vector<at::Tensor> layer_norm_forward(const at::Tensor& x, const at::Tensor
 // -> d_x [N, F], d_w [F], d_b [F]. The row sums are summed per thread, then across threads.
 std::vector<at::Tensor> layer_norm_backward(const at::Tensor& d_y, const at::Tensor& x, const at::Tensor& w,
                                             const at::Tensor& statistics) {
+  TORCH_CHECK(x.dim() > 0 && x.numel() > 0, "layer_norm_backward: x must have a last axis and elements; got ",
+              x.sizes());
   const int64_t F = x.size(-1), N = x.numel() / F;
+  check_tensor("layer_norm_backward", "x", x, x.sizes(), x);
+  check_tensor("layer_norm_backward", "d_y", d_y, x.sizes(), x);
+  check_tensor("layer_norm_backward", "w", w, {F}, x);
+  check_tensor("layer_norm_backward", "statistics", statistics, {N, 2}, x);
   auto d_x = at::empty_like(x);
   auto partial = at::zeros({at::get_num_threads(), 2, F}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_backward", [&] {
