@@ -320,7 +320,7 @@ def test_a_killed_build_leaves_nothing_that_blocks_the_next(tmp_path, capsys):
 def test_a_live_build_is_waited_for(tmp_path, capsys, publishes):
     """Another process's build in progress is waited for, saying so; its library is used, or, where that build ended
     without one, this process builds it."""
-    from preprocessing.locks import acquire, release
+    from garlic.io.locks import acquire, release
 
     library = tmp_path / "garlic_fused_x" / "garlic_fused_x.so"
     library.parent.mkdir()
@@ -342,7 +342,7 @@ def test_a_live_build_is_waited_for(tmp_path, capsys, publishes):
 
 
 def test_the_wait_for_another_build_is_bounded(tmp_path, monkeypatch):
-    from preprocessing.locks import acquire, release
+    from garlic.io.locks import acquire, release
 
     monkeypatch.setattr(fused, "BUILD_WAIT_SECONDS", 1.0)
     library = tmp_path / "garlic_fused_x" / "garlic_fused_x.so"

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from preprocessing.locks import LockHeld, acquire, release
+from garlic.io.locks import LockHeld, acquire, release
 
 log = logging.getLogger(__name__)
 
