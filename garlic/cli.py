@@ -253,9 +253,7 @@ class _Progress:
 
 
 def _train(args: argparse.Namespace) -> None:
-    if args.method != "garlic":
-        _train_method(args)
-        return
+    """``garlic train [--method NAME]``: any method of the registry, GARLIC by default, through ``garlic.runs.train``."""
     if args.resume and (args.set or args.config or args.all_splits or args.split is not None or args.protocol):
         raise ConfigError(
             "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
@@ -266,7 +264,8 @@ def _train(args: argparse.Namespace) -> None:
         _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
         config, preset_name = None, None
     else:
-        _say("training GARLIC; loading torch, scikit-learn and MLflow ...")  # before the imports: a few seconds
+        shown = "GARLIC" if args.method == "garlic" else args.method
+        _say(f"training {shown}; loading torch, scikit-learn and MLflow ...")  # before the imports: a few seconds
         config = _config(args)
         indices, seeds = _units(args, config)
         which = f"split {indices[0]}" if len(indices) == 1 else f"splits {', '.join(map(str, indices))}"
@@ -275,6 +274,12 @@ def _train(args: argparse.Namespace) -> None:
         preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
         _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
              f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
+        from garlic.methods import registry
+
+        spec = registry.method(args.method)  # an unknown method or a missing extra is named before any work
+        spec.check_installed()
+        if not spec.seeded:  # a method other than GARLIC: one run per split, whatever seeds the protocol names
+            seeds, preset_name = None, None
     from garlic.training.device import resolve_device
 
     resolve_device(config.device if config else args.device or "auto")  # before a store is made or data read
@@ -296,42 +301,27 @@ def _train(args: argparse.Namespace) -> None:
                     _prepare(config, args.data_root)
             with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
                 run_id, results = runs.train(config, indices, args.data_root, store, sigterm.checked(progress),
-                                             seeds=seeds, preset=preset_name)  # fmt: skip
+                                             seeds=seeds, preset=preset_name, method=args.method)  # fmt: skip
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     import mlflow
 
     for result in results:
         scores = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items())
+        if result.best_epoch is None:  # a method without epochs
+            print(f"{result.split} (run {result.run_id}): test {scores}")
+            continue
         spans = _stage_spans(result.run_id)
         mlflow.MlflowClient().set_tag(result.run_id, "stages", spans)
         print(f"{result.split} (run {result.run_id}, best epoch {result.best_epoch}): test {scores}")
-        print(f"{result.split} stages by epoch: {spans}")
+        if spans:
+            print(f"{result.split} stages by epoch: {spans}")
     garlic = " ".join([_program("garlic"), *where])
     print(f"run {run_id}")
     print(f"next: the bedside dashboard on this run: {garlic} dashboard --run {run_id}   (http://localhost:8501)")
     # One server process, not MLflow's default four: one reader needs no more, and it answers twice as soon.
     print(f"      every metric and plot in MLflow: {_program('python')} -m mlflow ui --workers 1 --backend-store-uri "
           f"sqlite:///{store.resolve() / STORE_FILE}")  # fmt: skip
-
-
-def _train_method(args: argparse.Namespace) -> None:
-    """``garlic train --method NAME``: a registered method other than GARLIC (``garlic.methods.registry``) on the splits."""
-    if args.resume:
-        raise ConfigError("--resume continues a GARLIC run; a --method run is started again instead")
-    _say(f"training {args.method}; loading torch, scikit-learn and MLflow ...")
-    config = _config(args)
-    indices, _ = _units(args, config)  # a method is deterministic given its seed: one run per split
-    from garlic import runs
-    from garlic.training.device import resolve_device
-
-    resolve_device(config.device)
-    store = _store(args)
-    _prepare(config, args.data_root)
-    run_id, results = runs.train_method(args.method, config, indices, args.data_root, store)
-    for result in results:
-        print(f"{result.split} (run {result.run_id}): test " + ", ".join(f"{k} {v:.4f}" for k, v in result.test.items()))
-    print(f"run {run_id}")
 
 
 def _evaluate(args: argparse.Namespace) -> None:

@@ -4,11 +4,13 @@ One MLflow run per training; with several splits or model seeds (a whole protoco
 a parent run holds one nested run per split and seed, and the mean +/- std of their test metrics. What a run
 records about its data is ``garlic.tracking.run_contract``'s.
 
-Each split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of a ``garlic.methods.garlic.GarlicEstimator`` (``train``), or of
-another registered method (``train_method``, ``garlic.methods.registry``). After every epoch the
-state of the fit (``garlic.training.state``) is saved to ``run_contract.training_state_path`` (atomically; deleted
-once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends as the
-uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
+Every method of the registry (``garlic.methods.registry``), GARLIC included, goes through the one ``train``: each
+split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of the method, which is then saved with the run where
+it can be (``garlic.methods.saved``). A method that can resume (``garlic.methods.contract.can_resume``: GARLIC)
+saves the state of its fit (``garlic.training.state``) after every epoch to ``run_contract.training_state_path``
+(atomically; deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow
+run and ends as the uninterrupted run would have; another method's unfinished split starts again, its finished
+splits kept. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
 """
 from __future__ import annotations
 
@@ -27,8 +29,7 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_
 from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
-from garlic.methods.contract import can_be_saved
-from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.contract import can_be_saved, can_resume
 from garlic.methods.saved import METHOD_DESCRIPTION, Predictor, SavedMethod, load_method, save_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
@@ -51,35 +52,43 @@ class SplitResult:
 
 
 def train_split(
-    config: Config,
+    spec: registry.MethodSpec,
+    context: registry.MethodContext,
     tensors: IrregularTensors,
     split: Split,
     on_epoch: Callable[[EpochRecord], None] | None = None,
-    planted_graph: list[dict] | None = None,
     state_path: Path | None = None,
     data_record: dict[str, str] | None = None,
 ) -> SplitResult:
-    """Train, select and test on one split inside the active MLflow run (``planted_graph``: a known truth), through
-    ``garlic.evaluation.fit_and_test.fit_and_test``.
+    """Fit, select and test the method on one split inside the active MLflow run, through
+    ``garlic.evaluation.fit_and_test.fit_and_test``, and log the fitted method where it can be saved.
 
-    With ``state_path``, the fit's state is saved there after every epoch, and a state found there is continued.
-    ``data_record`` (``run_contract.split_params``) ties the run to the stays it used.
+    A method that can resume (``contract.can_resume``: GARLIC) saves the fit's state at ``state_path`` after every
+    epoch and continues a state found there; another one starts its split again. ``data_record``
+    (``run_contract.split_params``) ties the run to the stays it used.
     """
-    resume = load_training_state(state_path) if state_path is not None and state_path.is_file() else None
+    method = spec.create(context)
+    resumes = can_resume(method) and state_path is not None
+    resume = load_training_state(state_path) if resumes and state_path.is_file() else None
     distributed.broadcast_state({"resume": resume})
     if resume is None:
         mlflow.log_params(data_record or {run_contract.SPLIT: split.name})
 
     def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
-        if state_path is not None:
-            save_training_state(state_path, state)
+        save_training_state(state_path, state)
 
-    estimator = GarlicEstimator(config, planted_graph, on_epoch=on_epoch, on_state=save, resume=resume)
-    metrics = fit_and_test(estimator, split_parts(tensors, split))
-    if state_path is not None:
+    if can_resume(method):
+        method.set_training_hooks(on_epoch=on_epoch, on_state=save if resumes else None, resume=resume)
+    metrics = fit_and_test(method, split_parts(tensors, split))
+    if can_be_saved(method):
+        saved = SavedMethod(spec.name, method, context.config, list(tensors.variables), list(tensors.static_features),
+                            split.normalisation)  # fmt: skip
+        log_model_folder(lambda folder: save_method(folder, saved))
+    if resumes:
         shutil.rmtree(state_path.parent, ignore_errors=True)
     run = mlflow.active_run().info
-    return SplitResult(run.run_id, run.run_name, estimator.fit_result_.best_epoch,
+    best_epoch = metrics.get("best_epoch")
+    return SplitResult(run.run_id, run.run_name, None if best_epoch is None else int(best_epoch),
                        {metric: metrics[f"test_{metric}"] for metric in METRICS})  # fmt: skip
 
 
@@ -92,89 +101,53 @@ def train(
     resume_run: str | None = None,
     seeds: list[int] | None = None,
     preset: str | None = None,
+    method: str = "garlic",
 ) -> tuple[str | None, list[SplitResult]]:
-    """Train on the chosen splits (default: the first) of the config's dataset, each with every one of ``seeds``
-    (default: the config's seed); returns the run id and results. ``preset`` names the config file the config came
-    from (``run_contract.PRESET``).
+    """Train the registered ``method`` (default GARLIC of ``config``) on the chosen splits (default: the first) of the
+    config's dataset, each with every one of ``seeds`` (default: the config's seed); returns the run id and results.
+    ``preset`` names the config file the config came from (``run_contract.PRESET``).
 
     ``resume_run`` continues that run (see ``resume``). Inside ``distributed.process_group`` (``garlic train``
     under ``torchrun``), ranks other than 0 help fit and return ``(None, [])``.
     """
+    spec = registry.method(method)
+    spec.check_installed()  # before any data is read
     with distributed.main_first():  # rank 0 builds the caches (tensors, splits) that the others then read
         folder = ensure_processed(config.dataset, data_root)
         tensors = load_tensors(folder)
         splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
+    context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas(),
+                                     read_manifest(folder).get("ground_truth_graph"))  # fmt: skip
+    if not spec.available(context.labels):
+        raise ValueError(f"method {method} needs the {spec.needs_column} column, which {config.dataset} does not have")
     seeds = seeds or [config.seed]
     if len(seeds) == 1:
         config = config.override({"seed": seeds[0]})
     units = [(split, config.override({"seed": seed})) for split in chosen for seed in seeds]
     if not distributed.is_main():
         for split, unit_config in units:
-            _help_fit(unit_config, tensors, split)
+            _help_fit(spec, context.with_config(unit_config), tensors, split)
         return None, []
-    return _tracked_train(config, tensors, units, seeds, folder, store, on_epoch, resume_run, preset)
+    return _tracked_train(spec, context.with_config(config), tensors, units, seeds, folder, store, on_epoch,
+                          resume_run, preset)  # fmt: skip
 
 
-def train_method(
-    name: str,
-    config: Config,
-    split_indices: list[int] | None = None,
-    data_root: Path = DEFAULT_DATA_ROOT,
-    store: Path = DEFAULT_STORE,
-) -> tuple[str, list[SplitResult]]:
-    """A registered method other than GARLIC (``garlic.methods.registry``) on the chosen splits (default: the first) of the
-    config's dataset and protocol, through ``fit_and_test`` as GARLIC is: one MLflow run tagged with the method, its
-    settings as params, a nested run per split (one split: the run itself) and the mean and std of their test
-    metrics. These methods fit in minutes, so a killed run is started again rather than resumed. A method that can
-    be saved (``garlic.methods.contract.can_be_saved``) logs its fitted model with each split run, for ``garlic
-    predict``, ``garlic evaluate`` and the dashboard (``load_predictor``). Returns the run id and results."""
-    spec = registry.method(name)
-    spec.check_installed()  # before any data is read
-    folder = ensure_processed(config.dataset, data_root)
-    tensors = load_tensors(folder)
-    splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
-    chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
-    context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
-    if not spec.available(context.labels):
-        raise ValueError(f"method {name} needs the {spec.needs_column} column, which {config.dataset} does not have")
-    use_store(store)
-    use_experiment(config.dataset, store)
-    manifest = read_manifest(folder)
-    with mlflow.start_run(run_name=f"{name}-{config.dataset}", tags={run_contract.METHOD: name}) as parent:
-        mlflow.log_params({run_contract.DATASET: config.dataset, "split_protocol": config.split_protocol,
-                           run_contract.METHOD: name, **spec.settings(context)})  # fmt: skip
-        mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
-        results = []
-        for split in chosen:
-            nested = {"run_name": split.name, "nested": True, "tags": {run_contract.METHOD: name}}
-            with mlflow.start_run(**nested) if len(chosen) > 1 else nullcontext():
-                mlflow.log_params(run_contract.split_params(split, folder, manifest))
-                method = spec.create(context)
-                metrics = fit_and_test(method, split_parts(tensors, split))
-                if can_be_saved(method):
-                    saved = SavedMethod(name, method, config, list(tensors.variables), list(tensors.static_features),
-                                        split.normalisation)  # fmt: skip
-                    log_model_folder(lambda folder: save_method(folder, saved))
-                results.append(SplitResult(mlflow.active_run().info.run_id, split.name, None,
-                                           {metric: metrics[f"test_{metric}"] for metric in METRICS}))  # fmt: skip
-        if len(chosen) > 1:
-            _log_mean_and_std(results)
-    return parent.info.run_id, results
-
-
-def _help_fit(config: Config, tensors: IrregularTensors, split: Split) -> None:
+def _help_fit(spec: registry.MethodSpec, context: registry.MethodContext, tensors: IrregularTensors,
+              split: Split) -> None:  # fmt: skip
     """A rank other than 0: fit beside rank 0, from the state it sends, unless it says the split is done."""
     plan = distributed.broadcast_state(None)
     if not plan.get("finished"):
         parts = split_parts(tensors, split)
+        method = spec.create(context)
         # Every rank takes part in gathering the epoch's state (``AlternatingTrainer.state``); rank 0 writes it.
-        estimator = GarlicEstimator(config, resume=plan["resume"], on_state=lambda state: None)
-        estimator.fit(parts["train"], parts["validation"])
+        method.set_training_hooks(on_state=lambda state: None, resume=plan["resume"])
+        method.fit(parts["train"], parts["validation"])
 
 
 def _tracked_train(
-    config: Config,
+    spec: registry.MethodSpec,
+    context: registry.MethodContext,
     tensors: IrregularTensors,
     units: list[tuple[Split, Config]],
     seeds: list[int],
@@ -186,23 +159,26 @@ def _tracked_train(
 ) -> tuple[str, list[SplitResult]]:
     """The parent run's life: started (or resumed) and claimed, described, each unit trained in it (one split: in the
     parent itself; several: each in a nested run), and the mean and std of the units' test metrics logged."""
+    config = context.config
     use_store(store)
     use_experiment(config.dataset, store)
     manifest = read_manifest(folder)
-    tags = {run_contract.PRESET: preset} if preset else None
-    begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}", "tags": tags}
+    tags = run_contract.method_tags(spec.name) | ({run_contract.PRESET: preset} if preset else {})
+    begin = ({"run_id": resume_run} if resume_run else
+             {"run_name": f"{spec.name}-{config.dataset}", "tags": tags})  # fmt: skip
     # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
     with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
         if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
-            _describe(config, tensors, units, seeds, folder, manifest)
+            _describe(spec, context, tensors, units, seeds, folder, manifest)
         nested = len(units) > 1
         earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
         results = []
         for split, unit_config in units:
             name = split.name if len(seeds) == 1 else f"{split.name}/seed_{unit_config.seed}"
             report = (lambda record, name=name: on_epoch(name, record)) if on_epoch else None
-            results.append(_train_unit(unit_config, tensors, split, folder, manifest, store, parent.info.run_id,
-                                       nested, earlier.get(name), resume_run is not None, name, tags, report))  # fmt: skip
+            results.append(_train_unit(spec, context.with_config(unit_config), tensors, split, folder, manifest,
+                                       store, parent.info.run_id, nested, earlier.get(name), resume_run is not None,
+                                       name, tags, report))  # fmt: skip
         if nested:
             _log_mean_and_std(results)
     return parent.info.run_id, results
@@ -215,11 +191,13 @@ def _log_mean_and_std(results: list[SplitResult]) -> None:
         mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
 
 
-def _describe(config: Config, tensors: IrregularTensors, units: list[tuple[Split, Config]], seeds: list[int],
-              folder: Path, manifest: dict) -> None:  # fmt: skip
-    """Log what the parent run trains on: the config, the data (size, folder, manifest), its splits and seeds."""
+def _describe(spec: registry.MethodSpec, context: registry.MethodContext, tensors: IrregularTensors,
+              units: list[tuple[Split, Config]], seeds: list[int], folder: Path, manifest: dict) -> None:  # fmt: skip
+    """Log what the parent run trains: the config, the method's settings, the data (size, folder, manifest), its
+    splits and seeds."""
+    config = context.config
     mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
-    mlflow.log_params(config.to_dict())
+    mlflow.log_params(run_contract.method_params(spec.name, config.to_dict(), spec.settings(context)))
     indices = list(dict.fromkeys(split.index for split, _ in units))
     mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
                        run_contract.DATA_FOLDER: str(folder),
@@ -228,9 +206,10 @@ def _describe(config: Config, tensors: IrregularTensors, units: list[tuple[Split
     mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
 
 
-def _train_unit(config: Config, tensors: IrregularTensors, split: Split, folder: Path, manifest: dict, store: Path,
-                parent_id: str, nested: bool, previous: mlflow.entities.Run | None, resuming: bool, name: str,
-                tags: dict | None, report: Callable[[EpochRecord], None] | None) -> SplitResult:  # fmt: skip
+def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tensors: IrregularTensors, split: Split,
+                folder: Path, manifest: dict, store: Path, parent_id: str, nested: bool,
+                previous: mlflow.entities.Run | None, resuming: bool, name: str, tags: dict,
+                report: Callable[[EpochRecord], None] | None) -> SplitResult:  # fmt: skip
     """One split and seed of the parent run: reused when its nested run finished before, else trained (resuming its
     run where one was started), in the parent itself or in its nested run, with its training state beside it."""
     record = run_contract.split_params(split, folder, manifest)
@@ -240,16 +219,15 @@ def _train_unit(config: Config, tensors: IrregularTensors, split: Split, folder:
     resumed = parent_id if not nested else previous.info.run_id if previous is not None else None
     if resuming and resumed is not None:
         run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
-    graph = manifest.get("ground_truth_graph")
     if not nested:
-        return train_split(config, tensors, split, report, graph, run_contract.training_state_path(store, parent_id),
+        return train_split(spec, context, tensors, split, report, run_contract.training_state_path(store, parent_id),
                            record)  # fmt: skip
     begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
     with mlflow.start_run(**begin, nested=True) as child:
         if previous is None:
-            mlflow.log_params(config.to_dict())
+            mlflow.log_params(run_contract.method_params(spec.name, context.config.to_dict(), spec.settings(context)))
         state_path = run_contract.training_state_path(store, child.info.run_id)
-        return train_split(config, tensors, split, report, graph, state_path, record)
+        return train_split(spec, context, tensors, split, report, state_path, record)
 
 
 def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
@@ -261,8 +239,8 @@ def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
 
 def _finished_result(run: mlflow.entities.Run) -> SplitResult:
     metrics = run.data.metrics
-    return SplitResult(run.info.run_id, run.info.run_name, int(metrics["best_epoch"]),
-                       {k: metrics[f"test_{k}"] for k in METRICS})  # fmt: skip
+    best_epoch = int(metrics["best_epoch"]) if "best_epoch" in metrics else None
+    return SplitResult(run.info.run_id, run.info.run_name, best_epoch, {k: metrics[f"test_{k}"] for k in METRICS})
 
 
 def resume(
@@ -292,7 +270,7 @@ def resume(
         if device is not None:
             config = config.override({"device": device})
         return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id,
-                     seeds=plan["seeds"], preset=plan["preset"])  # fmt: skip
+                     seeds=plan["seeds"], preset=plan["preset"], method=plan["method"])  # fmt: skip
 
 
 def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
@@ -313,7 +291,7 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
     seeds = run.data.params.get(run_contract.SEEDS)
     return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")],
             "seeds": [int(s) for s in seeds.split(",")] if seeds else None,
-            "preset": run.data.tags.get(run_contract.PRESET)}  # fmt: skip
+            "preset": run.data.tags.get(run_contract.PRESET), "method": run_contract.method_of(run)}  # fmt: skip
 
 
 def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEFAULT_DATA_ROOT) -> dict:

@@ -96,7 +96,7 @@ def tiny_method_run(tmp_path_factory, method: str) -> TinyRun:
     if not done.is_file():
         synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
         config = Config.for_dataset("synthetic").override({"max_epochs": 2, "device": "cpu"})
-        run_id, _ = runs.train_method(method, config, [0], folder / "data", folder / "mlruns")
+        run_id, _ = runs.train(config, [0], folder / "data", folder / "mlruns", method=method)
         done.write_text(run_id)
     return TinyRun(folder / "data", folder / "mlruns", done.read_text())
 

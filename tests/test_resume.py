@@ -255,3 +255,37 @@ def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when
     got, want = _logged(store, run.info.run_id), _logged(*uninterrupted)
     assert got["run"].info.status == "FINISHED" and got["history"] == want["history"]
     assert got["run"].data.metrics["test_auroc"] == want["run"].data.metrics["test_auroc"]
+
+
+def test_a_method_run_killed_between_splits_resumes_keeping_its_finished_split(cohort, tmp_path, monkeypatch):
+    # Every method goes through the one tracked path: a GRU-D run over two splits that died in its second split is
+    # taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other trained again.
+    from garlic.methods.recurrent import RecurrentModel
+
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    config = Config.for_dataset("synthetic").override({"max_epochs": 1, "device": "cpu"})
+    fit, calls = RecurrentModel.fit, []
+
+    def dies_in_the_second_split(self, train, validation):
+        calls.append(len(train))
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return fit(self, train, validation)
+
+    monkeypatch.setattr(RecurrentModel, "fit", dies_in_the_second_split)
+    with pytest.raises(KeyboardInterrupt):
+        runs.train(config, [0, 1], data_root=root, store=store, method="grud")
+    monkeypatch.setattr(RecurrentModel, "fit", fit)
+    use_store(store)
+    (parent,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                   filter_string="tags.method = 'grud' and attributes.run_name = 'grud-synthetic'")
+    first = runs._split_runs(parent.info.run_id)["five-split/split_0"]
+    assert first.info.status == "FINISHED"
+
+    run_id, results = runs.resume(parent.info.run_id, data_root=root, store=store)
+    assert run_id == parent.info.run_id
+    assert [r.split for r in results] == ["five-split/split_0", "five-split/split_1"]
+    assert results[0].run_id == first.info.run_id and results[0].test["auroc"] == first.data.metrics["test_auroc"]
+    assert mlflow.get_run(run_id).info.status == "FINISHED"
+    assert mlflow.get_run(results[1].run_id).data.tags[run_contract.METHOD] == "grud"

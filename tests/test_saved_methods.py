@@ -66,7 +66,7 @@ def method_runs(tmp_path_factory):
     root = synthetic_root(tmp_path_factory, n_stays=300, seed=3)
     store = tmp_path_factory.mktemp("method-runs") / "mlruns"
     config = Config.for_dataset("synthetic").override({"max_epochs": 2, "device": "cpu"})
-    trained = {name: runs.train_method(name, config, [0], root, store)[0] for name in ("gbm_static", "grud")}
+    trained = {name: runs.train(config, [0], root, store, method=name)[0] for name in ("gbm_static", "grud")}
     return root, store, trained
 
 

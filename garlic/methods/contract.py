@@ -7,7 +7,11 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 method shows beyond its risks
                                                                                 (settings chosen, graph, model),
                                                                                 return its metrics
-    save_fitted(folder: Path) -> None                                            optional, both or neither: write
+    set_training_hooks(on_epoch, on_state, resume) -> None                      optional: the method resumes; it
+                                                                                reports each epoch, hands out the
+                                                                                state of its fit after each, and
+                                                                                continues from such a state
+    save_fitted(folder: Path) -> None                                           optional, both or neither: write
     restore_fitted(folder: Path) -> None                                        what was fitted into a folder
                                                                                 (tensors loaded weights-only, JSON,
                                                                                 scikit-learn models in skops's
@@ -42,6 +46,11 @@ def check_fitted(method: Method) -> None:
     scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
     if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
         raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")
+
+
+def can_resume(method: Method) -> bool:
+    """Whether ``method`` continues a killed fit from its last epoch's state (``set_training_hooks``)."""
+    return hasattr(method, "set_training_hooks")
 
 
 def can_be_saved(method: Method) -> bool:

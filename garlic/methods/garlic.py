@@ -29,23 +29,24 @@ class GarlicEstimator:
     """GARLIC of ``config``, fitted on a training part, its best epoch chosen on a validation part.
 
     - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;
-    - ``explain``, ``keep_model``: whether ``log_fitted`` logs the explanations of the test part and the model;
-    - ``on_epoch``: called after every epoch (per-epoch metrics go to the active MLflow run in any case);
-    - ``on_state``, ``resume``: the fit's state after every epoch, and a state to continue from
-      (``garlic.training.state``).
+    - ``explain``, ``keep_model``: whether ``log_fitted`` logs the explanations of the test part and the model.
+
+    It resumes (``garlic.methods.contract.can_resume``): ``set_training_hooks`` gives it what to call after every
+    epoch (per-epoch metrics go to the active MLflow run in any case), where to hand the fit's state after every
+    epoch, and a state to continue from (``garlic.training.state``).
     """
 
-    def __init__(
+    def __init__(self, config: Config, planted: list[dict] | None = None, explain: bool = True,
+                 keep_model: bool = True):  # fmt: skip
+        self.config, self.planted, self.explain, self.keep_model = config, planted, explain, keep_model
+        self.on_epoch = self.on_state = self.resume = None
+
+    def set_training_hooks(
         self,
-        config: Config,
-        planted: list[dict] | None = None,
-        explain: bool = True,
-        keep_model: bool = True,
         on_epoch: Callable[[EpochRecord], None] | None = None,
         on_state: Callable[[dict], None] | None = None,
         resume: dict | None = None,
-    ):
-        self.config, self.planted, self.explain, self.keep_model = config, planted, explain, keep_model
+    ) -> None:
         self.on_epoch, self.on_state, self.resume = on_epoch, on_state, resume
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "GarlicEstimator":

@@ -15,7 +15,7 @@ once its runs are archived. The published numbers of the field live in one table
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import pandas as pd
@@ -30,11 +30,16 @@ from garlic.methods.summary import SeverityScore, SummaryModel
 
 @dataclass(frozen=True)
 class MethodContext:
-    """What a method is built from: the run's config (dataset, seed, device, epochs) and the dataset's label table
-    (``garlic.io.tables.LABELS``, where the severity scores are)."""
+    """What a method is built from: the run's config (dataset, seed, device, epochs), the dataset's label table
+    (``garlic.io.tables.LABELS``, where the severity scores are) and the graph planted in a synthetic cohort (its
+    manifest's ``ground_truth_graph``, which GARLIC's learned graph is scored against; None for real data)."""
 
     config: Config
     labels: pd.DataFrame
+    planted: list[dict] | None = None
+
+    def with_config(self, config: Config) -> "MethodContext":
+        return replace(self, config=config)
 
     @property
     def recurrent(self) -> RecurrentSettings:
@@ -52,7 +57,8 @@ class MethodContext:
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method: ``build`` a fresh, unfitted one; ``settings`` of a unit (hashed into its identity);
-    ``simple``: a simple baseline; ``needs_column``: a label-table column it cannot run without; ``needs_package``:
+    ``simple``: a simple baseline; ``seeded``: trained once per model seed that a protocol names (GARLIC), where the
+    others train once per split; ``needs_column``: a label-table column it cannot run without; ``needs_package``:
     the optional extra it cannot run without (``pyproject.toml``). Build one with ``create``."""
 
     name: str
@@ -60,6 +66,7 @@ class MethodSpec:
     build: Callable[[MethodContext], Method]
     settings: Callable[[MethodContext], dict]
     simple: bool = False
+    seeded: bool = False
     needs_column: str | None = None
     needs_package: str | None = None
 
@@ -145,7 +152,7 @@ for _spec in (
     _field("seft", "SeFT (Horn et al. 2020)"),
     _field("brits", "BRITS (Cao et al. 2018)"),
     MethodSpec("garlic", "GARLIC with the config's settings",
-               build=lambda context: GarlicEstimator(context.config, explain=False, keep_model=False),
-               settings=lambda context: context.config.to_dict()),
+               build=lambda context: GarlicEstimator(context.config, context.planted),
+               settings=lambda context: context.config.to_dict(), seeded=True),
 ):
     register(_spec)

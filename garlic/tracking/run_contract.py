@@ -57,6 +57,25 @@ GRAPH = "graph/adjacency.csv"
 EXPLANATIONS = "explanations"
 EXPLANATIONS_TAG = "explanations"
 TRAINING_STATE = "training.pt"
+GARLIC = "garlic"  # the registry's name of GARLIC, whose runs carry no ``METHOD`` tag
+
+
+def method_tags(method: str) -> dict[str, str]:
+    """The tags that name a run's method: none for GARLIC, whose runs predate the other methods'."""
+    return {} if method == GARLIC else {METHOD: method}
+
+
+def method_of(run) -> str:
+    """The registered method an MLflow run trained (``method_tags`` read back)."""
+    return run.data.tags.get(METHOD, GARLIC)
+
+
+def method_params(method: str, config: dict, settings: dict) -> dict:
+    """A run's parameters for its method: GARLIC's are its config (``settings``); another method's are the dataset
+    and protocol it ran on, its name and its settings."""
+    if method == GARLIC:
+        return settings
+    return {DATASET: config[DATASET], "split_protocol": config["split_protocol"], METHOD: method, **settings}
 
 
 def training_state_path(store: Path, run_id: str) -> Path:
