@@ -11,7 +11,7 @@ from garlic.methods.recurrent import GRUD, DecayGRU, last_observed_before
 from experiments.baselines.run import Baselines, main
 from garlic.config import Config
 from garlic.evaluation.fit_and_test import TEST_METRICS
-from garlic.methods.summary import SeverityScore, summary_features
+from garlic.methods.summary import InputHours, SeverityScore, summary_features
 from garlic.tracking import run_contract
 from garlic.sources import synthetic
 from garlic.io.tables import write_processed
@@ -33,6 +33,37 @@ def test_summary_features_against_hand_computed_values():
     assert [by_name[f"v0_{s}"] for s in ("first", "last", "min", "max", "mean", "count")] == [5, 1, 1, 5, 3, 2]
     assert all(np.isnan(by_name[f"v1_{s}"]) for s in ("first", "last", "min", "max", "mean"))
     assert by_name["v1_count"] == 0
+
+
+def hours_dataset(last_hours: np.ndarray, labels: np.ndarray):
+    """Stays with one variable seen hourly up to ``last_hours``, as the methods receive them."""
+    from garlic.data.batches import IrregularDataset
+    from garlic.data.splits import Normalisation
+
+    steps = int(last_hours.max()) + 1
+    times = np.tile(np.arange(steps, dtype="float32"), (len(last_hours), 1))
+    mask = times[:, :, None] <= last_hours[:, None, None]
+    tensors = IrregularTensors(np.arange(len(labels)), np.where(mask, 1.0, 0.0).astype("float32"), mask, times,
+                               mask[:, :, 0].sum(axis=1), np.zeros((len(labels), 0), "float32"),
+                               labels.astype("float32"), ["v0"], [])  # fmt: skip
+    normalisation = Normalisation(np.zeros(1, "float32"), np.ones(1, "float32"), np.zeros(0, "float32"),
+                                  np.ones(0, "float32"))
+    return IrregularDataset(tensors, normalisation)
+
+
+def test_input_hours_reads_the_length_of_the_window_and_nothing_else():
+    rng = np.random.default_rng(0)
+    labels = (rng.random(400) < 0.3).astype(int)
+    # Positives cut before an onset (shorter windows), negatives kept whole: the length alone tells them apart.
+    leaky = hours_dataset(np.where(labels == 1, rng.integers(4, 30, 400), rng.integers(20, 60, 400)), labels)
+    assert InputHours().hours(leaky)[:, 0].tolist() == (leaky.tensors.lengths - 1).tolist()
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(labels, InputHours().fit(leaky, leaky).predict_proba(leaky)) > 0.85
+    # One window for every stay (P12's 48 hours): one risk for all, an AUROC of 0.5.
+    fixed = hours_dataset(np.full(400, 47), labels)
+    risk = InputHours().fit(fixed, fixed).predict_proba(fixed)
+    assert np.ptp(risk) == 0 and roc_auc_score(labels, risk) == 0.5
 
 
 def test_last_observation_before_each_step():

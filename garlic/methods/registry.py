@@ -25,7 +25,7 @@ from garlic.methods.contract import Method
 from garlic.methods.field import FieldModel, FieldSettings
 from garlic.methods.garlic import GarlicEstimator
 from garlic.methods.recurrent import RecurrentModel, RecurrentSettings
-from garlic.methods.summary import SeverityScore, SummaryModel
+from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,9 @@ for _spec in (
     _score("saps", "SAPS-I"),
     _score("sofa", "SOFA"),
     *(_summary(name) for name in ("logreg", "logreg_static", "gbm", "gbm_static")),
+    MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)",
+               build=lambda context: InputHours(context.config.seed),
+               settings=lambda context: {"method": "input_hours", "seed": context.config.seed}),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),
     _recurrent("decay_gru", "decay imputation + GRU, without the graph"),
     _field("raindrop", "Raindrop (Zhang et al. 2022)"),

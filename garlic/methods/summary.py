@@ -1,5 +1,6 @@
 """Classical baselines, as methods of ``garlic.evaluation.fit_and_test`` (fit / predict_proba): per-stay summary features with
-logistic regression and gradient boosting, and the admission severity scores of the outcomes file (SAPS-I, SOFA).
+logistic regression and gradient boosting, the admission severity scores of the outcomes file (SAPS-I, SOFA), and
+the length of the input alone (``InputHours``: what a protocol's windows give away before any value is read).
 
 Every model is fitted on the training part, its few settings chosen by validation AUROC, and tested once.
 """
@@ -179,3 +180,32 @@ class SeverityScore:
         unknown = int(np.isnan(self.known(parts["test"])).sum())
         mlflow.log_params({"chosen_train_median": self.median_, "chosen_test_unknown": unknown})
         return {}
+
+
+class InputHours:
+    """Logistic regression on one number: the hours of input a stay shows the model (the time of its last step).
+
+    Not a model to use but a check of a protocol: where the window's length depends on the label (P19 ``raindrop``
+    cuts a septic stay before its onset and keeps a negative one whole), this alone scores above chance; where every
+    stay has the same window (P12's 48 hours) it should score about 0.5.
+    """
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    @staticmethod
+    def hours(dataset: IrregularDataset) -> np.ndarray:
+        """[N, 1] the time of each stay's last step, in hours (0 for a stay without one)."""
+        tensors = dataset.tensors
+        last = np.maximum(tensors.lengths - 1, 0)
+        hours = np.take_along_axis(tensors.times, last[:, None], axis=1)
+        return np.where(tensors.lengths[:, None] > 0, hours, 0.0).astype("float64")
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "InputHours":
+        self.model_ = make_pipeline(StandardScaler(), LogisticRegression(random_state=self.seed))
+        self.model_.fit(self.hours(train), train.labels.numpy())
+        return self
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        check_fitted(self)
+        return self.model_.predict_proba(self.hours(dataset))[:, 1]
