@@ -283,8 +283,10 @@ def resume(
     main = distributed.is_main()
     if main:  # asked before the claim below makes a claim file for the run
         use_store(store)
-        get_run(run_id)  # an unknown id fails here
         started_by_train = was_claimed(store, run_id)
+        # Every refusal that needs no claim comes before it: a claim file would mark another process's run as one
+        # that `garlic train` holds, and the next `garlic train` would then judge that live run dead.
+        _refuse_unresumable(get_run(run_id), started_by_train)  # an unknown id fails here
     with claim_run(store, run_id) if main else nullcontext():
         plan = _resume_plan(run_id, store, started_by_train) if main else None
         plan = distributed.broadcast_state(plan)
@@ -295,17 +297,23 @@ def resume(
                      seeds=plan["seeds"], preset=plan["preset"])  # fmt: skip
 
 
-def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
-    use_store(store)
-    run = get_run(run_id)
+def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:
+    """Refuse a run that is not one ``resume`` continues: finished, a split run, or one ``garlic train`` never started."""
+    run_id = run.info.run_id
     if run.info.status == "FINISHED":
         raise ValueError(f"run {run_id} has finished; there is nothing to resume")
     parent = run.data.tags.get("mlflow.parentRunId")
     if parent:
         raise ValueError(f"run {run_id} is one split of run {parent}; resume that one")
-    if "split_indices" not in run.data.params:
-        if not started_by_train:
-            raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+    if "split_indices" not in run.data.params and not started_by_train:
+        raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+
+
+def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
+    use_store(store)
+    run = get_run(run_id)
+    _refuse_unresumable(run, started_by_train)  # again, now that the run is held: it may have finished meanwhile
+    if "split_indices" not in run.data.params:  # started by `garlic train`, which is gone (the claim was free)
         mlflow.MlflowClient().set_terminated(run_id, status="FAILED")
         raise ValueError(f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
                          "it is now marked FAILED: start a new run")  # fmt: skip

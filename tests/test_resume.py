@@ -24,7 +24,7 @@ from garlic.tracking import run_contract
 from garlic import runs
 from garlic.config import Config
 from garlic.models.predict import predict_proba
-from garlic.tracking.store import RunInUseError, use_experiment, use_store
+from garlic.tracking.store import RunInUseError, claim_run, use_experiment, use_store, was_claimed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import AlternatingTrainer
 from helpers import garlic_main, synthetic_cohort
@@ -211,6 +211,26 @@ def test_resuming_a_run_that_is_still_training_is_refused_and_its_history_stays_
     logged = _logged(store, run_id)
     assert logged["run"].info.status == "FINISHED" and sorted(logged["history"]) == [1, 2]
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(run_id, "val_auroc")] == [1, 2]
+
+
+def test_refusing_to_resume_another_processs_run_leaves_no_claim_and_never_changes_its_status(tmp_path, capsys):
+    store = tmp_path / "mlruns"
+    use_store(store)
+    experiment = use_experiment("synthetic", store)
+    client = mlflow.MlflowClient()
+    # A run that other code is logging (never claimed), and a split run of a run that `garlic train` trains now.
+    foreign = client.create_run(experiment).info.run_id
+    parent = client.create_run(experiment).info.run_id
+    split = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
+    with claim_run(store, parent):
+        for attempt in range(2):  # the second try once judged the first try's claim file a dead run's
+            for run_id, refusal in ((foreign, "was not started by `garlic train`"), (split, f"one split of run {parent}")):
+                with pytest.raises(SystemExit) as stopped:
+                    garlic_main(["--mlruns", str(store), "train", "--resume", run_id])
+                assert stopped.value.code == 2 and refusal in capsys.readouterr().err
+                assert not was_claimed(store, run_id)
+        use_experiment("synthetic", store)  # what the next `garlic train` does first: judges claimed runs
+        assert {client.get_run(r).info.status for r in (foreign, parent, split)} == {"RUNNING"}
 
 
 DIE_AFTER_LOGGING = """
