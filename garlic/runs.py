@@ -65,14 +65,14 @@ def train_split(
     With ``state_path``, the fit's state is saved there after every epoch, and a state found there is continued.
     ``data_record`` (``run_contract.split_params``) ties the run to the stays it used.
     """
-    resume = load_training_state(state_path) if state_path is not None and state_path.is_file() else None
+    resume = load_training_state(state_path, config) if state_path is not None and state_path.is_file() else None
     distributed.broadcast_state({"resume": resume})
     if resume is None:
         mlflow.log_params(data_record or {run_contract.SPLIT: split.name})
 
     def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
         if state_path is not None:
-            save_training_state(state_path, state)
+            save_training_state(state_path, state, config)
 
     estimator = GarlicEstimator(config, planted_graph, on_epoch=on_epoch, on_state=save, resume=resume)
     metrics = fit_and_test(estimator, split_parts(tensors, split))

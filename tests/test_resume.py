@@ -60,7 +60,7 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
     sizes = len(tensors.variables), len(tensors.static_features)
 
     def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do
-        save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state)
+        save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state, config)
 
     whole = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"], on_state=save)
     expected = predict_proba(whole.model, parts["validation"])
@@ -69,7 +69,7 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
     for epoch in (1, 2, 3):
         path = tmp_path / f"epoch{epoch}.pt"
         continued = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"],
-                                                           resume=load_training_state(path))  # fmt: skip
+                                                           resume=load_training_state(path, config))  # fmt: skip
         np.testing.assert_array_equal(predict_proba(continued.model, parts["validation"]), expected)
         assert continued.best_epoch == whole.best_epoch
         assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
@@ -79,16 +79,54 @@ def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     path = tmp_path / "training.pt"
     path.write_bytes(b"not a training state")
     with pytest.raises(ValueError, match=f"{path}: not a readable training state"):
-        load_training_state(path)
+        load_training_state(path, Config())
     # Arbitrary objects never load: weights_only=True refuses them.
     torch.save({"payload": Path("x")}, path)
     with pytest.raises(ValueError, match="not a readable training state"):
-        load_training_state(path)
+        load_training_state(path, Config())
+
+
+class Stopped(Exception):
+    """Raised after an epoch, as a crash would: the run fails, with the last epoch's training state kept."""
+
+
+def _stopped_run(root: Path, store: Path, settings: dict) -> Path:
+    """A run of ``settings`` stopped after its first epoch; the path of its training state."""
+
+    def stop(split: str, record) -> None:
+        if record.epoch == 2:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        runs.train(Config.for_dataset("synthetic").override(settings), [0], data_root=root, store=store, on_epoch=stop)
+    (state,) = (store / "training-states").glob(f"*/{run_contract.TRAINING_STATE}")
+    return state
+
+
+def test_resuming_with_another_configurations_state_or_a_wrong_one_is_one_line_naming_the_file(cohort, tmp_path,
+                                                                                                capsys):  # fmt: skip
+    root, _, _ = cohort
+    state = _stopped_run(root, tmp_path / "mlruns", SMALL)
+    other = _stopped_run(root, tmp_path / "other", {**SMALL, "hidden_dim": 8})
+    run_id = state.parent.name
+    resume = ["--data-root", str(root), "--mlruns", str(tmp_path / "mlruns"), "train", "--resume", run_id]
+    for written, message in [(lambda: state.write_bytes(other.read_bytes()),
+                              "a training state of another configuration (hidden_dim 8 there, 16 in this run)"),
+                             (lambda: torch.save({"model": {}}, state), "not a training state (lacks or garbles "
+                                                                        "progress, best_model")]:  # fmt: skip
+        written()
+        with pytest.raises(SystemExit) as stopped:
+            garlic_main(resume)
+        error = capsys.readouterr().err
+        assert stopped.value.code == 2 and "Traceback" not in error
+        assert error.strip().splitlines()[-1].startswith(f"garlic: error: {state}: {message}"), error[-2000:]
+    use_store(tmp_path / "mlruns")
+    assert mlflow.MlflowClient().get_run(run_id).info.status == "FAILED"  # refused, and resumable once mended
 
 
 def _epoch_of(state: Path) -> int:
     try:
-        return load_training_state(state)["progress"]["epoch"]
+        return load_training_state(state, Config.for_dataset("synthetic").override(SMALL))["progress"]["epoch"]
     except ValueError:
         return 0
 
