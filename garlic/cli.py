@@ -37,13 +37,23 @@ def _say(message: str) -> None:
     print(f"garlic: {message}", file=sys.stderr, flush=True)
 
 
+def _folder(path: Path, option: str, variable: str, given: bool) -> Path:
+    """The folder that ``option`` (``given``), else the environment's ``variable``, else the default names; refused in
+    one line when it is a file, where every later step would fail deep inside, with a traceback."""
+    if path.exists() and not path.is_dir():
+        named_by = option if given else f"${variable}" if variable in os.environ else f"the default {option}"
+        raise ConfigError(f"{named_by} {path} is a file, not a folder")
+    return path
+
+
 def _store(args: argparse.Namespace) -> Path:
     """The MLflow store folder: ``--mlruns``, else ``GARLIC_MLRUNS``, else ``mlruns`` (``garlic.tracking.store``)."""
-    if args.mlruns is None:
+    given = args.mlruns is not None
+    if not given:
         from garlic.tracking.store import DEFAULT_STORE
 
         args.mlruns = DEFAULT_STORE
-    return Path(args.mlruns)
+    return _folder(Path(args.mlruns), "--mlruns", "GARLIC_MLRUNS", given)
 
 
 def _existing_store(args: argparse.Namespace) -> Path:
@@ -474,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        _folder(Path(args.data_root), "--data-root", "GARLIC_DATA_ROOT", args.data_root is not DEFAULT_DATA_ROOT)
         args.handler(args)
     except Exception as exc:
         damaged = database_error(exc)

@@ -188,6 +188,22 @@ def test_bad_input_gives_a_clear_message_and_a_nonzero_exit(tmp_path, capsys, ar
     assert not (tmp_path / "mlruns").exists()  # reading runs leaves no empty store behind
 
 
+@pytest.mark.parametrize("option, command", [
+    ("--data-root", ["train", *SMALL]), ("--data-root", ["preprocess", "synthetic", "--stays", "50"]),
+    ("--data-root", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
+    ("--mlruns", ["train", *SMALL]), ("--mlruns", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
+])  # fmt: skip
+def test_a_folder_option_naming_a_file_is_one_line_saying_so(tmp_path, capsys, option, command):
+    file = tmp_path / "a-file"
+    file.write_text("not a folder")
+    folders = {"--data-root": str(tmp_path / "data"), "--mlruns": str(tmp_path / "mlruns"), option: str(file)}
+    with pytest.raises(SystemExit) as stopped:
+        garlic_main([item for pair in folders.items() for item in pair] + command)
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in error
+    assert error.strip().splitlines()[-1] == f"garlic: error: {option} {file} is a file, not a folder", error[-2000:]
+
+
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
 def test_an_unknown_run_in_an_existing_store_is_named(trained, capsys, command):
     root, _, _ = trained
