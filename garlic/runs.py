@@ -8,7 +8,8 @@ Each split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of a ``garlic.
 another registered method (``train_method``, ``garlic.methods.registry``). After every epoch the
 state of the fit (``garlic.training.state``) is saved to ``run_contract.training_state_path`` (atomically; deleted
 once the split run has finished), so that ``resume`` continues a killed run in the same MLflow run and ends as the
-uninterrupted run would have. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
+uninterrupted run would have. Ctrl-C ends the runs KILLED (``tracked_run``). Under ``torchrun`` every rank fits;
+only rank 0 logs and writes the training state.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
 from garlic.tracking.saved_model import load_model
 from garlic.tracking.store import (DEFAULT_STORE, claim_run, download_run_model, get_run, log_model_folder,
-                                   use_experiment, use_store, was_claimed)  # fmt: skip
+                                   tracked_run, use_experiment, use_store, was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
@@ -141,14 +142,14 @@ def train_method(
     use_store(store)
     use_experiment(config.dataset, store)
     manifest = read_manifest(folder)
-    with mlflow.start_run(run_name=f"{name}-{config.dataset}", tags={run_contract.METHOD: name}) as parent:
+    with tracked_run(run_name=f"{name}-{config.dataset}", tags={run_contract.METHOD: name}) as parent:
         mlflow.log_params({run_contract.DATASET: config.dataset, "split_protocol": config.split_protocol,
                            run_contract.METHOD: name, **spec.settings(context)})  # fmt: skip
         mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
         results = []
         for split in chosen:
             nested = {"run_name": split.name, "nested": True, "tags": {run_contract.METHOD: name}}
-            with mlflow.start_run(**nested) if len(chosen) > 1 else nullcontext():
+            with tracked_run(**nested) if len(chosen) > 1 else nullcontext():
                 mlflow.log_params(run_contract.split_params(split, folder, manifest))
                 method = spec.create(context)
                 metrics = fit_and_test(method, split_parts(tensors, split))
@@ -192,7 +193,7 @@ def _tracked_train(
     tags = {run_contract.PRESET: preset} if preset else None
     begin = {"run_id": resume_run} if resume_run else {"run_name": f"garlic-{config.dataset}", "tags": tags}
     # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
-    with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
+    with tracked_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
         if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
             _describe(config, tensors, units, seeds, folder, manifest)
         nested = len(units) > 1
@@ -245,7 +246,7 @@ def _train_unit(config: Config, tensors: IrregularTensors, split: Split, folder:
         return train_split(config, tensors, split, report, graph, run_contract.training_state_path(store, parent_id),
                            record)  # fmt: skip
     begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
-    with mlflow.start_run(**begin, nested=True) as child:
+    with tracked_run(**begin, nested=True) as child:
         if previous is None:
             mlflow.log_params(config.to_dict())
         state_path = run_contract.training_state_path(store, child.info.run_id)

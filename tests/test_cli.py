@@ -204,6 +204,28 @@ def test_a_folder_option_naming_a_file_is_one_line_saying_so(tmp_path, capsys, o
     assert error.strip().splitlines()[-1] == f"garlic: error: {option} {file} is a file, not a folder", error[-2000:]
 
 
+def test_ctrl_c_during_a_method_run_ends_it_killed_saying_so_in_one_line(trained, tmp_path, capsys, monkeypatch):
+    from garlic.methods.summary import SummaryModel
+
+    def interrupted(self, train, validation):
+        raise KeyboardInterrupt  # Ctrl-C as the method fits
+
+    monkeypatch.setattr(SummaryModel, "fit", interrupted)
+    root, _, _ = trained
+    with pytest.raises(SystemExit) as stopped:
+        garlic_main(["--data-root", str(root / "data"), "--mlruns", str(tmp_path / "mlruns"), "train", "--method",
+                     "logreg", "--all-splits"])  # fmt: skip
+    error = capsys.readouterr().err
+    assert stopped.value.code == 130 and "Traceback" not in error
+    said = re.fullmatch(r"garlic: interrupted: run ([0-9a-f]{32}) is marked KILLED; a --method run is started again, "
+                        r"not resumed", error.strip().splitlines()[-1])  # fmt: skip
+    assert said is not None, error[-2000:]
+    use_store(tmp_path / "mlruns")
+    (split,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                  filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'")  # fmt: skip
+    assert {mlflow.get_run(said.group(1)).info.status, split.info.status} == {"KILLED"}
+
+
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
 def test_an_unknown_run_in_an_existing_store_is_named(trained, capsys, command):
     root, _, _ = trained

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,8 +132,12 @@ def _epoch_of(state: Path) -> int:
         return 0
 
 
-def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> str:
-    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 training state exists; return the run id."""
+STOPPED_BY = {signal.SIGKILL: -signal.SIGKILL, signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+
+
+def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> tuple[str, str]:
+    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 training state exists; return the run id and
+    what the command wrote to its standard error."""
     settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
     command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", *settings]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
@@ -145,10 +150,10 @@ def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> str:
             break
         time.sleep(0.05)
     _, errors = process.communicate(timeout=60)
-    assert process.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM), errors.decode()[-2000:]
+    assert process.returncode == STOPPED_BY[sent], errors.decode()[-2000:]
     (state,) = states.glob(f"*/{run_contract.TRAINING_STATE}")
     assert 2 <= _epoch_of(state) < SMALL["max_epochs"]
-    return state.parent.name
+    return state.parent.name, errors.decode()
 
 
 @pytest.fixture(scope="module")
@@ -169,18 +174,27 @@ def _logged(store: Path, run_id: str) -> dict:
     return {"run": run, "tables": tables, "history": history}
 
 
-@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
 def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupted_run(
     cohort, uninterrupted, tmp_path, sent, capsys
 ):
     root, _, _ = cohort
     store = tmp_path / "mlruns"
-    run_id = _start_and_kill(root, store, sent)
+    run_id, errors = _start_and_kill(root, store, sent)
     use_store(store)
-    # SIGTERM ends the run cleanly enough for MLflow to mark it failed; SIGKILL leaves it "running". Both resume.
-    assert mlflow.MlflowClient().get_run(run_id).info.status == ("RUNNING" if sent == signal.SIGKILL else "FAILED")
+    # SIGTERM ends the run cleanly enough for MLflow to mark it failed, Ctrl-C marks it killed (by its user); SIGKILL
+    # leaves it "running". All resume.
+    status = {signal.SIGKILL: "RUNNING", signal.SIGTERM: "FAILED", signal.SIGINT: "KILLED"}[sent]
+    assert mlflow.MlflowClient().get_run(run_id).info.status == status
 
-    if sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
+    if sent == signal.SIGINT:  # one line, no traceback, saying how to go on; and that command goes on
+        assert "Traceback" not in errors
+        said = errors.strip().splitlines()[-1]
+        resume = re.fullmatch(rf"garlic: interrupted: run {run_id} is marked KILLED; continue it from its last "
+                              rf"finished epoch with: \S+ (--data-root \S+ --mlruns \S+ train --resume {run_id})", said)
+        assert resume is not None, said
+        garlic_main(resume.group(1).split())
+    elif sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
         garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id])
         assert f"run {run_id}" in capsys.readouterr().out
     else:
