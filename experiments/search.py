@@ -373,6 +373,32 @@ def after_each_trial(out: Path | None, command: str) -> Callable[[optuna.Study, 
     return report_trial
 
 
+def storage_url(text: str) -> str:
+    """An argparse type: an Optuna storage URL that can be opened here: one SQLAlchemy parses, of a database it knows,
+    with its driver installed and, for a SQLite file, its folder present (else the error came after the cohort had
+    loaded, as a traceback)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        raise argparse.ArgumentTypeError(f"is not a database URL: {text!r} (expected DATABASE://..., such as "
+                                         "sqlite:///PATH/optuna.db or postgresql://USER@HOST/NAME)") from None  # fmt: skip
+    try:
+        url.get_dialect().import_dbapi()
+    except NoSuchModuleError:
+        raise argparse.ArgumentTypeError(f"SQLAlchemy knows no database {url.get_backend_name()!r} in "
+                                         f"{url.render_as_string()!r}") from None  # fmt: skip
+    except ImportError as exc:
+        raise argparse.ArgumentTypeError(f"the driver of {url.drivername} is not installed ({exc.name}); install it "
+                                         "or use sqlite:///PATH") from None  # fmt: skip
+    folder = Path(url.database).parent if url.get_backend_name() == "sqlite" and url.database else None
+    if folder is not None and not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {folder} of the SQLite file does not exist")
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -383,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
                         "report the study)")
     parser.add_argument("--timeout", type=float, metavar="MINUTES", help="stop starting trials after this long")
     parser.add_argument("--study", help="the study's name (default: search-<preset>-<protocol>)")
-    parser.add_argument("--storage", help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
+    parser.add_argument("--storage", type=storage_url,
+                        help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
     parser.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default: none)")
     parser.add_argument("--objective", choices=list(OBJECTIVES), default=DEFAULT_OBJECTIVE,
                         help="what a trial is scored by at its selected epoch: validation AUROC (default), or the mean "

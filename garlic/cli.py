@@ -36,13 +36,22 @@ def _say(message: str) -> None:
     print(f"garlic: {message}", file=sys.stderr, flush=True)
 
 
+def _folder(path: Path, option: str, variable: str, given: bool) -> Path:
+    """The folder that ``option`` (``given``), else the environment's ``variable``, else the default names; refused in
+    one line when it is a file, where every later step would fail deep inside, with a traceback."""
+    if path.exists() and not path.is_dir():
+        named_by = option if given else f"${variable}" if variable in os.environ else f"the default {option}"
+        raise ConfigError(f"{named_by} {path} is a file, not a folder")
+    return path
+
+
 def _store(args: argparse.Namespace) -> Path:
     """The MLflow store folder: ``--mlruns``, else ``GARLIC_MLRUNS``, else ``mlruns`` (``garlic.tracking.store``)."""
-    if args.mlruns is None:
-        from garlic.tracking.store import DEFAULT_STORE
+    if args.mlruns is not None:
+        return _folder(Path(args.mlruns), "--mlruns", "GARLIC_MLRUNS", given=True)
+    from garlic.tracking.store import DEFAULT_STORE
 
-        args.mlruns = DEFAULT_STORE
-    return Path(args.mlruns)
+    return _folder(DEFAULT_STORE, "--mlruns", "GARLIC_MLRUNS", given=False)
 
 
 def _existing_store(args: argparse.Namespace) -> Path:
@@ -122,26 +131,34 @@ def _units(args: argparse.Namespace, config: Config) -> tuple[list[int], list[in
     return [0 if args.split is None else args.split], None
 
 
-class _Sigterm:
+class _Stopping:
     """SIGTERM ends the process as ``SystemExit(143)``: an exception, unlike the default handler, lets MLflow mark the
-    run as failed, and ``--resume`` takes it up. Python drops an exception raised while it runs a finaliser or a weakref
-    callback, and the signal can land there (it did, in SQLAlchemy's: a worker stopped at its deadline trained on to
-    its last epoch). So the signal is also kept, and raised again at the end of every epoch (``checked``)."""
+    run as failed, and ``--resume`` takes it up. SIGINT (Ctrl-C) ends it as ``KeyboardInterrupt``, which ends the run
+    KILLED (``garlic.tracking.store.tracked_run``); ``main`` says how to resume it. Python drops an exception raised
+    while it runs a finaliser or a weakref callback, and the signal can land there (it did, in SQLAlchemy's: a worker
+    stopped at its deadline trained on to its last epoch). So the signal is also kept, and raised again at the end of
+    every epoch (``checked``)."""
 
     def __init__(self):
         self.received: int | None = None
-        signal.signal(signal.SIGTERM, self._handle)
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame) -> None:
         self.received = number
-        raise SystemExit(128 + number)
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + self.received)
 
     def checked(self, on_epoch: Callable[[str, object], None]) -> Callable[[str, object], None]:
         """``on_epoch(split, record)`` that first raises a signal received earlier."""
 
         def checked_on_epoch(split: str, record) -> None:
             if self.received is not None:
-                raise SystemExit(128 + self.received)
+                self._stop()
             on_epoch(split, record)
 
         return checked_on_epoch
@@ -258,8 +275,6 @@ def _train(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
         )
-    where = [f"--data-root {args.data_root}"] if args.data_root != DEFAULT_DATA_ROOT else []
-    where += [f"--mlruns {args.mlruns}"] if args.mlruns is not None else []
     if args.resume:
         _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
         config, preset_name = None, None
@@ -289,18 +304,18 @@ def _train(args: argparse.Namespace) -> None:
 
     from garlic.training import distributed
     from garlic import runs
-    sigterm = _Sigterm()
+    stopping = _Stopping()
     with distributed.process_group(config.device if config else args.device or "auto"):
         if args.resume:
             with _Progress(None, enabled=distributed.is_main()) as progress:  # the run's config is read later
-                run_id, results = runs.resume(args.resume, args.data_root, store, sigterm.checked(progress),
+                run_id, results = runs.resume(args.resume, args.data_root, store, stopping.checked(progress),
                                               args.device)  # fmt: skip
         else:
             with distributed.main_first():
                 if distributed.is_main():
                     _prepare(config, args.data_root)
             with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
-                run_id, results = runs.train(config, indices, args.data_root, store, sigterm.checked(progress),
+                run_id, results = runs.train(config, indices, args.data_root, store, stopping.checked(progress),
                                              seeds=seeds, preset=preset_name, method=args.method)  # fmt: skip
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
@@ -316,12 +331,27 @@ def _train(args: argparse.Namespace) -> None:
         print(f"{result.split} (run {result.run_id}, best epoch {result.best_epoch}): test {scores}")
         if spans:
             print(f"{result.split} stages by epoch: {spans}")
-    garlic = " ".join([_program("garlic"), *where])
+    garlic = " ".join([_program("garlic"), *_where(args)])
     print(f"run {run_id}")
     print(f"next: the bedside dashboard on this run: {garlic} dashboard --run {run_id}   (http://localhost:8501)")
     # One server process, not MLflow's default four: one reader needs no more, and it answers twice as soon.
     print(f"      every metric and plot in MLflow: {_program('python')} -m mlflow ui --workers 1 --backend-store-uri "
           f"sqlite:///{store.resolve() / STORE_FILE}")  # fmt: skip
+
+
+def _where(args: argparse.Namespace) -> list[str]:
+    """The options that a later command on the same data and store needs (``--data-root``, ``--mlruns``)."""
+    where = [f"--data-root {args.data_root}"] if args.data_root != DEFAULT_DATA_ROOT else []
+    return where + ([f"--mlruns {args.mlruns}"] if args.mlruns is not None else [])
+
+
+def _interrupted(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
+    """What Ctrl-C stopped, in one line: the run it ended KILLED (``RunInterrupted``) and how to go on with it."""
+    run_id = getattr(interrupt, "run_id", None)
+    if run_id is None:
+        return "interrupted"
+    resume = " ".join([_program("garlic"), *_where(args), "train", "--resume", run_id])
+    return f"interrupted: run {run_id} is marked KILLED; continue it where it stopped with: {resume}"
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -463,7 +493,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        _folder(Path(args.data_root), "--data-root", "GARLIC_DATA_ROOT", args.data_root is not DEFAULT_DATA_ROOT)
         args.handler(args)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: what it stopped, not where in the code
+        _say(_interrupted(args, interrupt))
+        raise SystemExit(128 + signal.SIGINT) from None
     except Exception as exc:
         damaged = database_error(exc)
         if damaged is not None:

@@ -10,7 +10,8 @@ it can be (``garlic.methods.saved``). A method that can resume (``garlic.methods
 saves the state of its fit (``garlic.training.state``) after every epoch to ``run_contract.training_state_path``
 (atomically; deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow
 run and ends as the uninterrupted run would have; another method's unfinished split starts again, its finished
-splits kept. Under ``torchrun`` every rank fits; only rank 0 logs and writes the training state.
+splits kept. Ctrl-C ends the runs KILLED (``tracked_run``). Under ``torchrun`` every rank fits; only rank 0 logs
+and writes the training state.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
 from garlic.tracking.saved_model import load_model
 from garlic.tracking.store import (DEFAULT_STORE, claim_run, download_run_model, get_run, log_model_folder,
-                                   use_experiment, use_store, was_claimed)  # fmt: skip
+                                   tracked_run, use_experiment, use_store, was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
@@ -69,13 +70,13 @@ def train_split(
     """
     method = spec.create(context)
     resumes = can_resume(method) and state_path is not None
-    resume = load_training_state(state_path) if resumes and state_path.is_file() else None
+    resume = load_training_state(state_path, context.config) if resumes and state_path.is_file() else None
     distributed.broadcast_state({"resume": resume})
     if resume is None:
         mlflow.log_params(data_record or {run_contract.SPLIT: split.name})
 
     def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
-        save_training_state(state_path, state)
+        save_training_state(state_path, state, context.config)
 
     if can_resume(method):
         method.set_training_hooks(on_epoch=on_epoch, on_state=save if resumes else None, resume=resume)
@@ -167,7 +168,7 @@ def _tracked_train(
     begin = ({"run_id": resume_run} if resume_run else
              {"run_name": f"{spec.name}-{config.dataset}", "tags": tags})  # fmt: skip
     # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
-    with mlflow.start_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
+    with tracked_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
         if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
             _describe(spec, context, tensors, units, seeds, folder, manifest)
         nested = len(units) > 1
@@ -223,7 +224,7 @@ def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tens
         return train_split(spec, context, tensors, split, report, run_contract.training_state_path(store, parent_id),
                            record)  # fmt: skip
     begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
-    with mlflow.start_run(**begin, nested=True) as child:
+    with tracked_run(**begin, nested=True) as child:
         if previous is None:
             mlflow.log_params(run_contract.method_params(spec.name, context.config.to_dict(), spec.settings(context)))
         state_path = run_contract.training_state_path(store, child.info.run_id)
@@ -261,8 +262,10 @@ def resume(
     main = distributed.is_main()
     if main:  # asked before the claim below makes a claim file for the run
         use_store(store)
-        get_run(run_id)  # an unknown id fails here
         started_by_train = was_claimed(store, run_id)
+        # Every refusal that needs no claim comes before it: a claim file would mark another process's run as one
+        # that `garlic train` holds, and the next `garlic train` would then judge that live run dead.
+        _refuse_unresumable(get_run(run_id), started_by_train)  # an unknown id fails here
     with claim_run(store, run_id) if main else nullcontext():
         plan = _resume_plan(run_id, store, started_by_train) if main else None
         plan = distributed.broadcast_state(plan)
@@ -273,17 +276,23 @@ def resume(
                      seeds=plan["seeds"], preset=plan["preset"], method=plan["method"])  # fmt: skip
 
 
-def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
-    use_store(store)
-    run = get_run(run_id)
+def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:
+    """Refuse a run that is not one ``resume`` continues: finished, a split run, or one ``garlic train`` never started."""
+    run_id = run.info.run_id
     if run.info.status == "FINISHED":
         raise ValueError(f"run {run_id} has finished; there is nothing to resume")
     parent = run.data.tags.get("mlflow.parentRunId")
     if parent:
         raise ValueError(f"run {run_id} is one split of run {parent}; resume that one")
-    if "split_indices" not in run.data.params:
-        if not started_by_train:
-            raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+    if "split_indices" not in run.data.params and not started_by_train:
+        raise ValueError(f"run {run_id} was not started by `garlic train` (it has no split_indices parameter)")
+
+
+def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
+    use_store(store)
+    run = get_run(run_id)
+    _refuse_unresumable(run, started_by_train)  # again, now that the run is held: it may have finished meanwhile
+    if "split_indices" not in run.data.params:  # started by `garlic train`, which is gone (the claim was free)
         mlflow.MlflowClient().set_terminated(run_id, status="FAILED")
         raise ValueError(f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
                          "it is now marked FAILED: start a new run")  # fmt: skip

@@ -119,17 +119,18 @@ def record_files(processed: Path, stay_ids, folder: Path) -> list[str]:
 
 
 def garlic_main(argv: list[str]) -> None:
-    """``garlic`` (``garlic.cli.main``) run in this process, with the SIGTERM handler that ``garlic train`` sets put
-    back after: a test spends no process start-up on what this process has imported."""
+    """``garlic`` (``garlic.cli.main``) run in this process, with the SIGTERM and SIGINT handlers that ``garlic train``
+    sets put back after: a test spends no process start-up on what this process has imported."""
     import signal
 
     from garlic.cli import main
 
-    on_sigterm = signal.getsignal(signal.SIGTERM)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         main(argv)
     finally:
-        signal.signal(signal.SIGTERM, on_sigterm)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
 
 
 def run_without_model(store: Path) -> str:

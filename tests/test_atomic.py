@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from garlic.config import Config
 from garlic.tracking import saved_model
 from garlic.training import state as training_state
 from garlic.io import atomic
@@ -27,7 +28,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
 
 def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, monkeypatch):
     state = {"weights": torch.ones(3)}
-    training_state.save_training_state(tmp_path / "state.pt", state)
+    training_state.save_training_state(tmp_path / "state.pt", state, Config())
     assert os.stat(tmp_path / "state.pt").st_mode & 0o777 == 0o644  # readable like every other artifact
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / saved_model.WEIGHTS).write_bytes(b"the previous weights")
@@ -38,11 +39,11 @@ def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, mo
 
     monkeypatch.setattr(torch, "save", save_some_then_fail)
     with pytest.raises(SystemExit):
-        training_state.save_training_state(tmp_path / "state.pt", {"weights": torch.zeros(3)})
+        training_state.save_training_state(tmp_path / "state.pt", {"weights": torch.zeros(3)}, Config())
     with pytest.raises(SystemExit):
         saved_model.save_model(tmp_path / "model", SimpleNamespace(model=torch.nn.Linear(2, 1)))
     monkeypatch.undo()
-    torch.testing.assert_close(training_state.load_training_state(tmp_path / "state.pt")["weights"], torch.ones(3))
+    torch.testing.assert_close(torch.load(tmp_path / "state.pt", weights_only=True)["weights"], torch.ones(3))
     assert (tmp_path / "model" / saved_model.WEIGHTS).read_bytes() == b"the previous weights"
     assert leftovers(tmp_path) == [] and leftovers(tmp_path / "model") == []
 

@@ -188,6 +188,52 @@ def test_bad_input_gives_a_clear_message_and_a_nonzero_exit(tmp_path, capsys, ar
     assert not (tmp_path / "mlruns").exists()  # reading runs leaves no empty store behind
 
 
+@pytest.mark.parametrize("option, command", [
+    ("--data-root", ["train", *SMALL]), ("--data-root", ["preprocess", "synthetic", "--stays", "50"]),
+    ("--data-root", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
+    ("--mlruns", ["train", *SMALL]), ("--mlruns", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
+])  # fmt: skip
+def test_a_folder_option_naming_a_file_is_one_line_saying_so(tmp_path, capsys, option, command):
+    file = tmp_path / "a-file"
+    file.write_text("not a folder")
+    folders = {"--data-root": str(tmp_path / "data"), "--mlruns": str(tmp_path / "mlruns"), option: str(file)}
+    with pytest.raises(SystemExit) as stopped:
+        garlic_main([item for pair in folders.items() for item in pair] + command)
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in error
+    assert error.strip().splitlines()[-1] == f"garlic: error: {option} {file} is a file, not a folder", error[-2000:]
+
+
+def test_ctrl_c_during_a_method_run_ends_it_killed_and_the_command_it_prints_finishes_it(trained, tmp_path, capsys,
+                                                                                         monkeypatch):
+    from garlic.methods.summary import SummaryModel
+
+    fit = SummaryModel.fit
+
+    def interrupted(self, train, validation):
+        raise KeyboardInterrupt  # Ctrl-C as the method fits
+
+    monkeypatch.setattr(SummaryModel, "fit", interrupted)
+    root, _, _ = trained
+    with pytest.raises(SystemExit) as stopped:
+        garlic_main(["--data-root", str(root / "data"), "--mlruns", str(tmp_path / "mlruns"), "train", "--method",
+                     "logreg", "--all-splits"])  # fmt: skip
+    error = capsys.readouterr().err
+    assert stopped.value.code == 130 and "Traceback" not in error
+    said = re.fullmatch(r"garlic: interrupted: run ([0-9a-f]{32}) is marked KILLED; continue it where it stopped "
+                        r"with: \S+ (--data-root \S+ --mlruns \S+ train --resume \1)", error.strip().splitlines()[-1])
+    assert said is not None, error[-2000:]
+    use_store(tmp_path / "mlruns")
+    (split,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                  filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'")  # fmt: skip
+    assert {mlflow.get_run(said.group(1)).info.status, split.info.status} == {"KILLED"}
+    monkeypatch.setattr(SummaryModel, "fit", fit)
+    garlic_main(said.group(2).split())  # every method resumes: its splits run in the same MLflow run
+    assert mlflow.get_run(said.group(1)).info.status == "FINISHED"
+    assert len(mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                  filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'")) == 5
+
+
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
 def test_an_unknown_run_in_an_existing_store_is_named(trained, capsys, command):
     root, _, _ = trained

@@ -68,6 +68,8 @@ def test_demo_cohort_stays_deaths_and_variables(demo, cohort, stays, deaths, var
     tensors = load_tensors(folder)
     assert tensors.values.shape[0] == stays and tensors.static_features == ["Age", "Gender"]
     assert dataset.manifest["tables"]["CHARTEVENTS"]["rows_read"] == 758_355
+    assert {report["repeated_rows"] for report in dataset.manifest["tables"].values()} == {0}  # the demo has none
+    assert counts["dropped_stays"]["OUTTIME before INTIME"] == 0
 
 
 @needs_demo
@@ -275,6 +277,64 @@ def test_outputs_charted_at_one_time_are_summed(tmp_path):
     column = tensors.variables.index("Urine output")
     observed = tensors.values[0][tensors.mask[0][:, column], column]
     assert observed.tolist() == [400, 50]  # not the later 0
+
+
+def _outputs(*rows: tuple[int, float, int]) -> dict[str, pd.DataFrame]:
+    """The tiny database with OUTPUTEVENTS rows (ROW_ID, hour, mL of Foley urine) and empty input tables, for the
+    garlic cohort, which reads OUTPUTEVENTS."""
+    tables = _tiny_tables()
+    tables["OUTPUTEVENTS"] = pd.DataFrame({
+        "ROW_ID": [r[0] for r in rows], "SUBJECT_ID": [1] * len(rows), "HADM_ID": [11] * len(rows),
+        "ICUSTAY_ID": [101] * len(rows), "CHARTTIME": [_at(r[1]) for r in rows], "ITEMID": [40055] * len(rows),
+        "VALUE": [r[2] for r in rows], "VALUEUOM": ["mL"] * len(rows), "ISERROR": [None] * len(rows),
+    })  # fmt: skip
+    empty = {"ROW_ID": [], "SUBJECT_ID": [], "HADM_ID": [], "ICUSTAY_ID": [], "ITEMID": [], "AMOUNT": [],
+             "AMOUNTUOM": []}  # fmt: skip
+    tables["INPUTEVENTS_CV"] = pd.DataFrame({**empty, "CHARTTIME": []})
+    tables["INPUTEVENTS_MV"] = pd.DataFrame({**empty, "STARTTIME": [], "ENDTIME": [], "STATUSDESCRIPTION": []})
+    return tables
+
+
+def test_a_row_repeated_with_its_row_id_is_read_once_and_counted_even_blocks_apart(tmp_path):
+    # Urine 200 mL at hour 2, its row repeated at the end of the file: summed as outputs at one time are, the
+    # repeat made it 400 mL. The repeated heart rate row added an observation.
+    tables = _outputs(*[(row, 2 + row / 10, 200 if row == 0 else 10) for row in range(40)], (0, 2, 200))
+    chart = tables["CHARTEVENTS"]
+    tables["CHARTEVENTS"] = pd.concat([chart, chart.iloc[[1]]], ignore_index=True)
+    folder = _write(tmp_path / "db", tables)
+    block = 256  # the repeats lie several blocks after their first reading
+    assert (folder / "OUTPUTEVENTS.csv").stat().st_size > 4 * block
+    manifest = preprocess(folder, tmp_path / "out", cohort="garlic", block_size=block)
+    urine = read_processed(tmp_path / "out").observations.query("variable == 'Urine output'")
+    assert urine.sort_values("time")["value"].tolist() == [200] + [10] * 39
+    assert manifest["counts"]["observations_per_variable"]["Heart rate"] == 5  # stay 101's 4, 102's 1: no repeat
+    assert manifest["tables"]["OUTPUTEVENTS"]["repeated_rows"] == 1
+    assert manifest["tables"]["CHARTEVENTS"]["repeated_rows"] == 1
+    assert manifest["tables"]["LABEVENTS"]["repeated_rows"] == 0
+
+
+def test_an_icu_stay_that_ends_before_it_begins_is_dropped_and_counted_or_refused_under_strict(tmp_path):
+    tables = _outputs()  # the garlic cohort below reads OUTPUTEVENTS
+    stays = tables["ICUSTAYS"].copy()
+    stays.loc[0, "OUTTIME"] = _at(-1)  # stay 101 (the benchmark cohort's only one) ends an hour before it begins
+    folder = _write(tmp_path / "db", {**tables, "ICUSTAYS": stays})
+    with pytest.raises(MimicError, match=r"ICUSTAYS\.csv line 2: ICUSTAY_ID 101 ends \(OUTTIME 2150-01-01 "
+                                         r"09:00:00\) before it begins \(INTIME 2150-01-01 10:00:00\)"):
+        preprocess(folder, tmp_path / "strict-out", strict=True)
+    manifest = preprocess(folder, tmp_path / "out", cohort="garlic")
+    assert manifest["dropped_stays"]["OUTTIME before INTIME"] == [101]
+    assert manifest["counts"]["dropped_stays"]["OUTTIME before INTIME"] == 1
+    assert read_processed(tmp_path / "out").labels["stay_id"].tolist() == [102]
+
+
+@pytest.mark.parametrize("table", ["CHARTEVENTS", "ICUSTAYS"])
+def test_a_column_named_twice_in_two_cases_is_refused_naming_file_and_column(tmp_path, table):
+    tables = _tiny_tables()
+    twice = tables[table].assign(subject_id=tables[table]["SUBJECT_ID"])
+    _write(tmp_path / "db", {**tables, table: twice})
+    with pytest.raises(MimicError, match=rf"{table}\.csv: column SUBJECT_ID appears twice in the header "
+                                         r"\('SUBJECT_ID' and 'subject_id'\)"):  # fmt: skip
+        preprocess(tmp_path / "db", tmp_path / "out")
 
 
 def test_variable_tables_map_each_itemid_once():

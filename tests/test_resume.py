@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from garlic.tracking import run_contract
 from garlic import runs
 from garlic.config import Config
 from garlic.models.predict import predict_proba
-from garlic.tracking.store import RunInUseError, use_experiment, use_store
+from garlic.tracking.store import RunInUseError, claim_run, use_experiment, use_store, was_claimed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import AlternatingTrainer
 from helpers import garlic_main, synthetic_cohort
@@ -60,7 +61,7 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
     sizes = len(tensors.variables), len(tensors.static_features)
 
     def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do
-        save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state)
+        save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state, config)
 
     whole = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"], on_state=save)
     expected = predict_proba(whole.model, parts["validation"])
@@ -69,7 +70,7 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
     for epoch in (1, 2, 3):
         path = tmp_path / f"epoch{epoch}.pt"
         continued = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"],
-                                                           resume=load_training_state(path))  # fmt: skip
+                                                           resume=load_training_state(path, config))  # fmt: skip
         np.testing.assert_array_equal(predict_proba(continued.model, parts["validation"]), expected)
         assert continued.best_epoch == whole.best_epoch
         assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
@@ -79,22 +80,64 @@ def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     path = tmp_path / "training.pt"
     path.write_bytes(b"not a training state")
     with pytest.raises(ValueError, match=f"{path}: not a readable training state"):
-        load_training_state(path)
+        load_training_state(path, Config())
     # Arbitrary objects never load: weights_only=True refuses them.
     torch.save({"payload": Path("x")}, path)
     with pytest.raises(ValueError, match="not a readable training state"):
-        load_training_state(path)
+        load_training_state(path, Config())
+
+
+class Stopped(Exception):
+    """Raised after an epoch, as a crash would: the run fails, with the last epoch's training state kept."""
+
+
+def _stopped_run(root: Path, store: Path, settings: dict) -> Path:
+    """A run of ``settings`` stopped after its first epoch; the path of its training state."""
+
+    def stop(split: str, record) -> None:
+        if record.epoch == 2:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        runs.train(Config.for_dataset("synthetic").override(settings), [0], data_root=root, store=store, on_epoch=stop)
+    (state,) = (store / "training-states").glob(f"*/{run_contract.TRAINING_STATE}")
+    return state
+
+
+def test_resuming_with_another_configurations_state_or_a_wrong_one_is_one_line_naming_the_file(cohort, tmp_path,
+                                                                                                capsys):  # fmt: skip
+    root, _, _ = cohort
+    state = _stopped_run(root, tmp_path / "mlruns", SMALL)
+    other = _stopped_run(root, tmp_path / "other", {**SMALL, "hidden_dim": 8})
+    run_id = state.parent.name
+    resume = ["--data-root", str(root), "--mlruns", str(tmp_path / "mlruns"), "train", "--resume", run_id]
+    for written, message in [(lambda: state.write_bytes(other.read_bytes()),
+                              "a training state of another configuration (hidden_dim 8 there, 16 in this run)"),
+                             (lambda: torch.save({"model": {}}, state), "not a training state (lacks or garbles "
+                                                                        "progress, best_model")]:  # fmt: skip
+        written()
+        with pytest.raises(SystemExit) as stopped:
+            garlic_main(resume)
+        error = capsys.readouterr().err
+        assert stopped.value.code == 2 and "Traceback" not in error
+        assert error.strip().splitlines()[-1].startswith(f"garlic: error: {state}: {message}"), error[-2000:]
+    use_store(tmp_path / "mlruns")
+    assert mlflow.MlflowClient().get_run(run_id).info.status == "FAILED"  # refused, and resumable once mended
 
 
 def _epoch_of(state: Path) -> int:
     try:
-        return load_training_state(state)["progress"]["epoch"]
+        return load_training_state(state, Config.for_dataset("synthetic").override(SMALL))["progress"]["epoch"]
     except ValueError:
         return 0
 
 
-def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> str:
-    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 training state exists; return the run id."""
+STOPPED_BY = {signal.SIGKILL: -signal.SIGKILL, signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+
+
+def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> tuple[str, str]:
+    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 training state exists; return the run id and
+    what the command wrote to its standard error."""
     settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
     command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", *settings]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
@@ -107,10 +150,10 @@ def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> str:
             break
         time.sleep(0.05)
     _, errors = process.communicate(timeout=60)
-    assert process.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM), errors.decode()[-2000:]
+    assert process.returncode == STOPPED_BY[sent], errors.decode()[-2000:]
     (state,) = states.glob(f"*/{run_contract.TRAINING_STATE}")
     assert 2 <= _epoch_of(state) < SMALL["max_epochs"]
-    return state.parent.name
+    return state.parent.name, errors.decode()
 
 
 @pytest.fixture(scope="module")
@@ -131,18 +174,27 @@ def _logged(store: Path, run_id: str) -> dict:
     return {"run": run, "tables": tables, "history": history}
 
 
-@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
 def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupted_run(
     cohort, uninterrupted, tmp_path, sent, capsys
 ):
     root, _, _ = cohort
     store = tmp_path / "mlruns"
-    run_id = _start_and_kill(root, store, sent)
+    run_id, errors = _start_and_kill(root, store, sent)
     use_store(store)
-    # SIGTERM ends the run cleanly enough for MLflow to mark it failed; SIGKILL leaves it "running". Both resume.
-    assert mlflow.MlflowClient().get_run(run_id).info.status == ("RUNNING" if sent == signal.SIGKILL else "FAILED")
+    # SIGTERM ends the run cleanly enough for MLflow to mark it failed, Ctrl-C marks it killed (by its user); SIGKILL
+    # leaves it "running". All resume.
+    status = {signal.SIGKILL: "RUNNING", signal.SIGTERM: "FAILED", signal.SIGINT: "KILLED"}[sent]
+    assert mlflow.MlflowClient().get_run(run_id).info.status == status
 
-    if sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
+    if sent == signal.SIGINT:  # one line, no traceback, saying how to go on; and that command goes on
+        assert "Traceback" not in errors
+        said = errors.strip().splitlines()[-1]
+        resume = re.fullmatch(rf"garlic: interrupted: run {run_id} is marked KILLED; continue it where it stopped "
+                              rf"with: \S+ (--data-root \S+ --mlruns \S+ train --resume {run_id})", said)
+        assert resume is not None, said
+        garlic_main(resume.group(1).split())
+    elif sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
         garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--resume", run_id])
         assert f"run {run_id}" in capsys.readouterr().out
     else:
@@ -211,6 +263,26 @@ def test_resuming_a_run_that_is_still_training_is_refused_and_its_history_stays_
     logged = _logged(store, run_id)
     assert logged["run"].info.status == "FINISHED" and sorted(logged["history"]) == [1, 2]
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(run_id, "val_auroc")] == [1, 2]
+
+
+def test_refusing_to_resume_another_processs_run_leaves_no_claim_and_never_changes_its_status(tmp_path, capsys):
+    store = tmp_path / "mlruns"
+    use_store(store)
+    experiment = use_experiment("synthetic", store)
+    client = mlflow.MlflowClient()
+    # A run that other code is logging (never claimed), and a split run of a run that `garlic train` trains now.
+    foreign = client.create_run(experiment).info.run_id
+    parent = client.create_run(experiment).info.run_id
+    split = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
+    with claim_run(store, parent):
+        for attempt in range(2):  # the second try once judged the first try's claim file a dead run's
+            for run_id, refusal in ((foreign, "was not started by `garlic train`"), (split, f"one split of run {parent}")):
+                with pytest.raises(SystemExit) as stopped:
+                    garlic_main(["--mlruns", str(store), "train", "--resume", run_id])
+                assert stopped.value.code == 2 and refusal in capsys.readouterr().err
+                assert not was_claimed(store, run_id)
+        use_experiment("synthetic", store)  # what the next `garlic train` does first: judges claimed runs
+        assert {client.get_run(r).info.status for r in (foreign, parent, split)} == {"RUNNING"}
 
 
 DIE_AFTER_LOGGING = """

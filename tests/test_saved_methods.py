@@ -3,6 +3,10 @@
 import io
 import json
 import os
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
 
 import mlflow
 import numpy as np
@@ -24,7 +28,8 @@ from garlic.methods.saved import SavedMethod, load_method, save_method
 from garlic.methods.summary import SKOPS_FILE, load_skops
 from garlic.tracking.saved_model import ModelFileError
 from garlic.tracking.store import get_run, use_store
-from helpers import record_files, synthetic_cohort, synthetic_root
+from garlic.io.tables import read_processed
+from helpers import garlic_main, record_files, synthetic_cohort, synthetic_root
 
 SAVED = ["logreg", "gbm_static", "grud", "decay_gru"]  # every core method but the severity scores
 
@@ -112,3 +117,78 @@ def test_a_method_replay_ends_at_the_runs_test_risk_and_each_hour_sees_only_its_
     alone = predictor.predict_proba(IrregularDataset(cut, predictor.normalisation))[0]
     assert replay.risk[middle] == pytest.approx(alone, abs=1e-6)
     np.testing.assert_array_equal(method_risk_curve(predictor, tensors, replay.hours), replay.risk)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A saved folder that was edited: refused in one line naming the file, never scored otherwise than it was fitted
+
+
+@pytest.fixture(scope="module")
+def static_run(tmp_path_factory):
+    """logreg_static (which reads the variables and the static features) trained on split 0 by ``garlic train``."""
+    root = synthetic_root(tmp_path_factory, n_stays=200, seed=5)
+    store = tmp_path_factory.mktemp("static-run") / "mlruns"
+    run_id = runs.train(Config.for_dataset("synthetic"), [0], root, store, method="logreg_static")[0]
+    return root, store, run_id
+
+
+@pytest.fixture
+def edit_model(static_run, tmp_path):
+    """``edit(file, change)`` applies ``change`` to the JSON ``file`` of the run's model folder in its store; the
+    folder is put back as it was after the test."""
+    root, store, run_id = static_run
+    use_store(store)
+    folder = Path(urlparse(get_run(run_id).info.artifact_uri).path) / "model"
+    shutil.copytree(folder, tmp_path / "original")
+
+    def edit(name: str, change) -> None:
+        path = folder / name
+        description = json.loads(path.read_text())
+        change(description)
+        path.write_text(json.dumps(description))
+
+    yield edit
+    shutil.rmtree(folder)
+    shutil.copytree(tmp_path / "original", folder)
+
+
+def _predict_fails(static_run, tmp_path, capsys) -> str:
+    root, store, run_id = static_run
+    processed = root / "processed" / "synthetic"
+    paths = record_files(processed, read_processed(processed).labels["stay_id"].head(2), tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        garlic_main(["--data-root", str(root), "--mlruns", str(store), "predict", "--run", run_id, "--input", *paths])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in error
+    (line,) = error.strip().splitlines()
+    return line
+
+
+def _reversed(key: str):
+    return lambda description: description.update({key: description[key][::-1]})
+
+
+@pytest.mark.parametrize("key", ["variables", "static_features"])
+def test_a_saved_method_whose_input_order_was_edited_is_refused_naming_the_file(static_run, edit_model, tmp_path,
+                                                                                  capsys, key):  # fmt: skip
+    edit_model("method.json", _reversed(key))  # read in this order, every value went into another one's column
+    line = _predict_fails(static_run, tmp_path, capsys)
+    assert re.fullmatch(rf"garlic: error: \S+/model/method\.json: its {key} are not those the model was fitted on, "
+                        r"in their order: \['.+'\] at position 0, where \S+/model/fitted\.json has \['.+'\]; .*",
+                        line), line  # fmt: skip
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("method.json", lambda d: d.update(method="logreg"), r"method\.json names method logreg, but \S+/fitted\.json "
+                                                         "was written by logreg_static"),
+    ("method.json", lambda d: d.update(method="gbm_static"), "names method gbm_static, but .* by logreg_static"),
+    ("method.json", lambda d: d.update(method="grud"), "names method grud, but .* by logreg_static"),
+    ("fitted.json", lambda d: d.update(kept=d["kept"][:-3]), r"fitted\.json: 'kept' marks \d+ of \d+ columns, but "
+                                                             r"the model reads \d+ of the \d+ summary columns"),
+])  # fmt: skip
+def test_a_saved_method_renamed_or_with_a_short_kept_list_is_one_line_naming_the_file(static_run, edit_model,
+                                                                                       tmp_path, capsys, name,
+                                                                                       change, message):  # fmt: skip
+    edit_model(name, change)
+    line = _predict_fails(static_run, tmp_path, capsys)
+    assert line.startswith("garlic: error: ") and re.search(message, line), line

@@ -188,3 +188,18 @@ def test_a_trial_whose_process_died_is_marked_failed_when_the_study_is_opened_an
     first._storage.record_heartbeat(alive._trial_id)
     states = [t.state for t in search.open_study("search", url, identity, 0).trials]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING]
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("optuna.db", "is not a database URL"),
+    ("nosuchdb://host/study", "SQLAlchemy knows no database 'nosuchdb'"),
+    ("sqlite:////no/such/folder/optuna.db", "the folder /no/such/folder of the SQLite file does not exist"),
+    ("mysql://user@localhost/study", "the driver of mysql is not installed"),
+])  # fmt: skip
+def test_a_storage_url_that_cannot_be_opened_is_one_line_before_anything_loads(tmp_path, capsys, url, reason):
+    with pytest.raises(SystemExit) as stopped:
+        search.main(arguments(tmp_path / "no-data", tmp_path / "mlruns", "--storage", url))
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in error
+    assert error.strip().splitlines()[-1].startswith(f"python -m experiments.search: error: argument --storage: {reason}")
+    assert not (tmp_path / "no-data").exists() and not (tmp_path / "mlruns").exists()

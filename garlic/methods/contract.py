@@ -20,7 +20,10 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 same settings
 
 A method that can be saved (``can_be_saved``) is saved with its run by ``garlic train --method``
-(``garlic.methods.saved``), so that ``garlic predict`` and the dashboard use it as they use a GARLIC model.
+(``garlic.methods.saved``), so that ``garlic predict`` and the dashboard use it as they use a GARLIC model. Its
+``fitted.json`` records its ``name`` and the inputs it was fitted on (``fitted_inputs``), which reading the folder
+back checks against the folder's description: a variable order edited there would read every value into another
+variable's column, and a method renamed there would read what another method fitted.
 """
 from __future__ import annotations
 
@@ -51,6 +54,12 @@ def check_fitted(method: Method) -> None:
 def can_resume(method: Method) -> bool:
     """Whether ``method`` continues a killed fit from its last epoch's state (``set_training_hooks``)."""
     return hasattr(method, "set_training_hooks")
+
+
+def fitted_inputs(dataset: IrregularDataset) -> dict[str, list[str]]:
+    """The inputs a method is fitted on, in their order: the variables and the static features."""
+    tensors = dataset.tensors
+    return {"variables": list(tensors.variables), "static_features": list(tensors.static_features)}
 
 
 def can_be_saved(method: Method) -> bool:

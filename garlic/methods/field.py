@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from garlic.data.batches import IrregularDataset
-from garlic.methods.contract import check_fitted
+from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
 from garlic.io.atomic import write_json_atomic
@@ -107,6 +107,7 @@ class FieldModel:
         self.hours_ = max(1, math.ceil(float(last.max())))
         grids = {part: hourly_grid(data, self.hours_) for part, data in (("train", train), ("val", validation))}
         self.num_variables_ = grids["train"].shape[-1]
+        self.inputs_ = fitted_inputs(train)
         self.model_ = build(self.name, self.settings, self.hours_, self.num_variables_)
         self.model_.fit({"X": grids["train"], "y": train.labels.numpy().astype(np.int64)},
                         {"X": grids["val"], "y": validation.labels.numpy().astype(np.int64)})  # fmt: skip
@@ -119,7 +120,8 @@ class FieldModel:
     def save_fitted(self, folder: Path) -> None:
         check_fitted(self)
         save_weights(folder / WEIGHTS, self.model_.model.state_dict())  # the torch module inside PyPOTS's model
-        write_json_atomic(folder / FITTED, {"hours": self.hours_, "num_variables": self.num_variables_})
+        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "hours": self.hours_,
+                                            "num_variables": self.num_variables_})  # fmt: skip
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)
@@ -127,3 +129,4 @@ class FieldModel:
         load_state(self.model_.model, folder / WEIGHTS)
         self.model_.model.eval()
         self.hours_, self.num_variables_ = fitted["hours"], fitted["num_variables"]
+        self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}

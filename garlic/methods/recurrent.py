@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.data.batches import IrregularDataset, loader
-from garlic.methods.contract import check_fitted
+from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.models.compact import DecayImputation, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import in_length_order
@@ -184,6 +184,7 @@ class RecurrentModel:
         model = MODELS[self.name](train.values.shape[-1], settings.hidden_dim, settings.dropout).to(device)
         self.model_ = RecurrentTrainer(model, settings, device).fit(train, validation).model
         self.num_variables_ = train.values.shape[-1]
+        self.inputs_ = fitted_inputs(train)
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
@@ -193,10 +194,12 @@ class RecurrentModel:
     def save_fitted(self, folder: Path) -> None:
         check_fitted(self)
         save_weights(folder / WEIGHTS, self.model_.state_dict())
-        write_json_atomic(folder / FITTED, {"num_variables": self.num_variables_})
+        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "num_variables": self.num_variables_})
 
     def restore_fitted(self, folder: Path) -> None:
-        num_variables = read_fitted(folder)["num_variables"]
+        fitted = read_fitted(folder)
+        num_variables = fitted["num_variables"]
         model = MODELS[self.name](num_variables, self.settings.hidden_dim, self.settings.dropout)
         load_state(model, folder / WEIGHTS)
         self.model_, self.num_variables_ = model.eval(), num_variables
+        self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}

@@ -3,7 +3,9 @@ saved GARLIC model (``garlic.tracking.saved_model``).
 
     method.json    the method's registry name, the run's config (from which the registry builds it again), the
                    variable order, the static features and the training split's normalisation
-    fitted.json    what the method wrote beside its parameters (``garlic.tracking.saved_model.FITTED``)
+    fitted.json    what the method wrote beside its parameters (``garlic.tracking.saved_model.FITTED``), with its
+                   name and the inputs it was fitted on: reading the folder back refuses a method.json that names
+                   another method or lists the inputs otherwise (``garlic.methods.contract``)
     weights.pt     a torch method's state dict, loaded with ``weights_only=True``; or
     model.skops    a scikit-learn model in skops's format (``garlic.methods.summary.load_skops``)
 
@@ -24,7 +26,7 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
 from garlic.methods import registry
 from garlic.methods.contract import Method, can_be_saved
-from garlic.tracking.saved_model import ModelFileError, TrainedModel, model_input
+from garlic.tracking.saved_model import FITTED, ModelFileError, TrainedModel, model_input, read_fitted
 from garlic.io.atomic import write_json_atomic
 from garlic.io.tensors import IrregularTensors
 
@@ -76,12 +78,41 @@ def load_method(folder: Path) -> SavedMethod:
         variables, static_features = list(description["variables"]), list(description["static_features"])
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
         raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: not a readable method description ({exc!r:.200})") from None
-    # an unknown method or a missing extra: the registry's own message names what to install
-    method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
+    try:  # an unknown method or a missing extra: the registry's own message names what to install
+        method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
+    except ValueError as exc:
+        raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: {exc}") from None
     if not can_be_saved(method):
         raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: method {name} cannot be read back from a folder")
-    method.restore_fitted(folder)
+    _check_fitted_by(folder, name, method, {"variables": variables, "static_features": static_features})
+    try:
+        method.restore_fitted(folder)
+    except (KeyError, TypeError) as exc:  # a field of fitted.json missing or of the wrong kind
+        raise ModelFileError(f"{folder / FITTED}: not what method {name} fits ({exc!r:.200})") from None
     return SavedMethod(name, method, config, variables, static_features, normalisation)
+
+
+def _check_fitted_by(folder: Path, name: str, method: Method, described: dict[str, list[str]]) -> None:
+    """Refuse a description that names another method than the one whose fit the folder holds (``name``: the one it
+    names), or lists the inputs (variables, static features) otherwise than they were fitted: read in another order,
+    each value would go into another input's column and every risk would change, silently."""
+    fitted = read_fitted(folder)
+    if "method" not in fitted:
+        raise ModelFileError(f"{folder / FITTED}: records neither the method that wrote it nor its inputs (saved by an "
+                             "older version); train the method again")  # fmt: skip
+    if fitted["method"] != method.name:
+        raise ModelFileError(f"{folder / METHOD_DESCRIPTION} names method {name}, but {folder / FITTED} was written by "
+                             f"{fitted['method']}")  # fmt: skip
+    for key, inputs in described.items():
+        recorded = fitted.get(key)
+        if inputs != recorded:
+            recorded = recorded if isinstance(recorded, list) else []
+            at = next((i for i, pair in enumerate(zip(inputs, recorded)) if pair[0] != pair[1]),
+                      min(len(inputs), len(recorded)))  # the first position that differs (or where one list ends)
+            raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: its {key} are not those the model was fitted on, in "
+                                 f"their order: {inputs[at : at + 1] or 'nothing'} at position {at}, where "
+                                 f"{folder / FITTED} has {recorded[at : at + 1] or 'nothing'}; use the run's own "
+                                 "model folder")  # fmt: skip
 
 
 # What ``garlic predict``, ``garlic evaluate`` and the dashboard score stays with: both give ``dataset(tensors)``,

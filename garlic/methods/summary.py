@@ -20,7 +20,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from garlic.data.batches import IrregularDataset
-from garlic.methods.contract import check_fitted
+from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
 from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tensors import IrregularTensors
@@ -105,6 +105,7 @@ class SummaryModel:
         if kind not in CANDIDATES:
             raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
         self.kind, self.with_static, self.seed = kind, with_static, seed
+        self.name = f"{kind}_static" if with_static else kind  # as the registry names it
 
     def features(self, dataset: IrregularDataset) -> np.ndarray:
         tensors = dataset.tensors
@@ -113,6 +114,7 @@ class SummaryModel:
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SummaryModel":
         features = self.features(train)
+        self.inputs_ = fitted_inputs(train)
         self.kept_ = ~np.isnan(features).all(axis=0)
         features, held_out = features[:, self.kept_], self.features(validation)[:, self.kept_]
         best_score = -np.inf
@@ -133,12 +135,21 @@ class SummaryModel:
         check_fitted(self)
         with atomic_file(folder / SKOPS_FILE) as out:
             out.write(skops.io.dumps(self.model_))
-        write_json_atomic(folder / FITTED, {"kept": self.kept_.tolist(), "chosen": self.chosen_})
+        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(),
+                                            "chosen": self.chosen_})  # fmt: skip
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)
         self.model_ = load_skops(folder / SKOPS_FILE)
+        self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}
         self.kept_, self.chosen_ = np.asarray(fitted["kept"], dtype=bool), fitted["chosen"]
+        # 'kept' marks which summary columns of the inputs the model reads: one of another length scores nothing
+        columns = len(STATISTICS) * len(self.inputs_["variables"])
+        columns += len(self.inputs_["static_features"]) if self.with_static else 0
+        if len(self.kept_) != columns or self.kept_.sum() != self.model_.n_features_in_:
+            raise ModelFileError(f"{folder / FITTED}: 'kept' marks {self.kept_.sum()} of {len(self.kept_)} columns, "
+                                 f"but the model reads {self.model_.n_features_in_} of the {columns} summary columns "
+                                 "of its inputs")  # fmt: skip
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         check_fitted(self)

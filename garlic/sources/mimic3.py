@@ -12,7 +12,10 @@ patients and the variables' ITEMIDs, then joined to the cohort's ICU stays (a pa
 to the observation window; only the rows that survive are kept, as four compact columns. Peak memory is thus one
 block plus the kept observations, whatever the table's size (measured by ``experiments/benchmark_mimic_streaming``).
 Rows that the CSV parser cannot split into the header's fields, and rows whose id or time cannot be read, are
-counted and skipped; the manifest lists the counts and the first examples per table.
+counted and skipped; the manifest lists the counts and the first examples per table. A row whose ROW_ID an earlier
+row of its table had (a file concatenated twice, an export repeated) is read once: a second OUTPUTEVENTS row would
+double a volume, which outputs at one time add up to; each table's ``repeated_rows`` counts them. A column named
+twice in a header (``SUBJECT_ID`` and ``subject_id``: names are matched ignoring case) is refused.
 
 Time is hours since the ICU stay's INTIME. The stay id is ICUSTAY_ID. An event belongs to a stay when it is the
 patient's, its time lies in the window [INTIME, INTIME + 48 h] (both ends included, as in mimic3-benchmarks), and
@@ -24,6 +27,8 @@ STATUSDESCRIPTION "Rewritten" (superseded orders) are dropped. A value of 0 is a
 (urine output of 0 mL, PEEP of 0 cmH2O): nothing is dropped for being zero. Outputs (OUTPUTEVENTS) charted for a
 stay at the same time (a Foley and a void together) are summed into one observation; the tensors keep the later
 of any other variable's simultaneous values.
+
+An ICU stay whose OUTTIME is before its INTIME is dropped and counted (``strict``: refused, naming its line).
 
 Cohorts (``COHORTS``), both with label = death in hospital (DEATHTIME, or else DOD, between ADMITTIME and
 DISCHTIME, the mimic3-benchmarks rule), window = first 48 h of the ICU stay, static features Age (years at INTIME;
@@ -348,7 +353,7 @@ class EventTable:
     @property
     def columns(self) -> list[str]:
         optional = [self.text, self.unit, self.end_time, self.error, self.status]
-        return ["subject_id", "itemid", self.time, self.number, *[c for c in optional if c]] + (
+        return ["row_id", "subject_id", "itemid", self.time, self.number, *[c for c in optional if c]] + (
             ["icustay_id"] if self.icustay else []
         )
 
@@ -404,8 +409,14 @@ def read_header(path: Path) -> list[str]:
 
 
 def column_names(path: Path, table: str, wanted: list[str]) -> dict[str, str]:
-    """Lower-case column name -> the file's own spelling; a missing column is an error naming table and column."""
-    actual = {c.lower(): c for c in read_header(path)}
+    """Lower-case column name -> the file's own spelling; a missing column, or one named twice (names are matched
+    ignoring case, so ``SUBJECT_ID`` beside ``subject_id`` is twice), is an error naming file, table and column."""
+    actual: dict[str, str] = {}
+    for name in read_header(path):
+        if name.lower() in actual:
+            raise MimicError(f"{path}: column {name.upper()} appears twice in the header ({actual[name.lower()]!r} and "
+                             f"{name!r}); table {table} must have one")  # fmt: skip
+        actual[name.lower()] = name
     missing = [c.upper() for c in wanted if c not in actual]
     if missing:
         raise MimicError(f"{path}: table {table} lacks required column(s) {missing}")
@@ -451,13 +462,20 @@ def _integers(frame: pd.DataFrame, columns: list[str], table: str) -> pd.DataFra
     return frame
 
 
-def load_stays(source: Path) -> tuple[pd.DataFrame, dict[str, Path]]:
-    """ICU stays joined with their admission and patient: one row per ICUSTAY_ID, with age, LOS and mortality."""
+def load_stays(source: Path, strict: bool = False) -> tuple[pd.DataFrame, dict[str, Path]]:
+    """ICU stays joined with their admission and patient: one row per ICUSTAY_ID, with age, LOS and mortality.
+    ``strict``: a stay that ends before it begins is an error naming its line (else ``select_stays`` drops it)."""
     icustays, icu_path = read_small_table(source, "ICUSTAYS")
     admissions, adm_path = read_small_table(source, "ADMISSIONS")
     patients, pat_path = read_small_table(source, "PATIENTS")
     icustays = _datetimes(_integers(icustays, ["subject_id", "hadm_id", "icustay_id"], "ICUSTAYS"),
                           ["intime", "outtime"], "ICUSTAYS")  # fmt: skip
+    backwards = np.flatnonzero((icustays["outtime"] < icustays["intime"]).to_numpy())
+    if strict and len(backwards):
+        stay = icustays.iloc[backwards[0]]
+        raise MimicError(f"{icu_path} line {backwards[0] + 2}: ICUSTAY_ID {stay['icustay_id']} ends (OUTTIME "
+                         f"{stay['outtime']}) before it begins (INTIME {stay['intime']}) (--strict stops at the first "
+                         "one)")  # fmt: skip
     admissions = _datetimes(_integers(admissions, ["hadm_id"], "ADMISSIONS"),
                             ["admittime", "dischtime", "deathtime"], "ADMISSIONS")  # fmt: skip
     patients = _datetimes(_integers(patients, ["subject_id"], "PATIENTS"), ["dob", "dod"], "PATIENTS")
@@ -514,7 +532,9 @@ COHORTS = {
 
 def select_stays(stays: pd.DataFrame, cohort: Cohort) -> tuple[pd.DataFrame, dict[str, list[int]]]:
     """Apply the cohort's stay rules in order; every excluded stay is listed under the first rule it fails."""
-    rules: list[tuple[str, Callable[[pd.DataFrame], pd.Series]]] = []
+    rules: list[tuple[str, Callable[[pd.DataFrame], pd.Series]]] = [
+        ("OUTTIME before INTIME", lambda s: s["outtime"] < s["intime"]),  # a damaged row: neither time can be trusted
+    ]
     if cohort.single_stay_admissions:
         rules.append(("ICU transfer (first and last care unit or ward differ)",
                       lambda s: (s["first_careunit"] != s["last_careunit"]) | (s["first_wardid"] != s["last_wardid"])))
@@ -581,6 +601,7 @@ class TableReport:
     malformed: int = 0
     examples: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    repeated: int = 0  # rows read once already: their ROW_ID came earlier in the table
 
     def add_malformed(self, count: int, example: str) -> None:
         if self.strict and count:
@@ -595,7 +616,7 @@ class TableReport:
 
     def to_json(self) -> dict:
         return {"rows_read": self.rows_read, "malformed_rows": self.malformed, "malformed_examples": self.examples,
-                "dropped_rows": self.dropped}  # fmt: skip
+                "repeated_rows": self.repeated, "dropped_rows": self.dropped}  # fmt: skip
 
 
 def iter_batches(path: Path, names: dict[str, str], block_size: int, report: TableReport) -> Iterator[pa.RecordBatch]:
@@ -658,15 +679,18 @@ def _prefilter(batch: pa.RecordBatch, table: EventTable, itemids: pa.Array, subj
 
 
 def _parse_rows(rows: pa.Table, table: EventTable, report: TableReport) -> pd.DataFrame:
-    """Strings -> numbers and seconds; rows whose time or ICUSTAY_ID cannot be read are malformed."""
+    """Strings -> numbers and seconds; rows whose ROW_ID, time or ICUSTAY_ID cannot be read are malformed."""
+    row_text = pc.utf8_trim_whitespace(rows["row_id"])
+    row_readable = pc.fill_null(pc.match_substring_regex(row_text, r"^[0-9]{1,18}$"), False)  # fits an int64
     frame = pd.DataFrame(
         {
+            "row_id": pc.cast(pc.if_else(row_readable, row_text, "0"), pa.int64()).to_numpy(),
             "subject_id": pc.cast(rows["subject_id"], pa.int64()).to_numpy(),
             "itemid": pc.cast(rows["itemid"], pa.int64()).to_numpy(),
             "number": _numbers(rows[table.number].to_pandas()),
         }
     )
-    broken = np.zeros(len(frame), dtype=bool)
+    broken = ~row_readable.to_numpy(zero_copy_only=False)
     for role, column in (("time", table.time), ("end_time", table.end_time)):
         if column:
             seconds = pc.strptime(rows[column], format=TIME_FORMAT, unit="s", error_is_null=True)
@@ -682,7 +706,7 @@ def _parse_rows(rows: pa.Table, table: EventTable, report: TableReport) -> pd.Da
     if broken.any():
         first = int(np.flatnonzero(broken)[0])
         example = {c: rows[c][first].as_py() for c in rows.column_names}
-        report.add_malformed(int(broken.sum()), f"unreadable time or ICUSTAY_ID: {example}")
+        report.add_malformed(int(broken.sum()), f"unreadable ROW_ID, time or ICUSTAY_ID: {example}")
         frame = frame[~broken]
     return frame
 
@@ -724,6 +748,7 @@ def _values(frame: pd.DataFrame, lookup: ItemLookup, report: TableReport) -> pd.
     keep = ~missing & in_range
     return pd.DataFrame(
         {
+            "row_id": frame["row_id"].to_numpy()[keep],
             "stay_id": frame["stay_id"].to_numpy()[keep],
             "time": frame["hours"].to_numpy("float32")[keep],
             "code": code[keep],
@@ -761,9 +786,15 @@ def stream_table(
             frame = _attach_to_stays(_parse_rows(rows, table, report), join, table)
             if len(frame):
                 kept.append(_values(frame, lookup, report))
-    columns = {"stay_id": "int64", "time": "float32", "code": "int16", "value": "float32"}
+    columns = {"row_id": "int64", "stay_id": "int64", "time": "float32", "code": "int16", "value": "float32"}
     observations = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=list(columns))
-    return observations.astype(columns), report
+    # A repeat may come any number of blocks after its first reading, so it is looked for among the kept rows, once
+    # the table is read: their ROW_IDs cost 8 bytes a row beside the 14 the rows take anyway (a set of every ROW_ID
+    # read would grow with CHARTEVENTS' 330 million rows). A row attached to two stays is one (ROW_ID, stay) each.
+    repeated = observations.duplicated(["row_id", "stay_id"]).to_numpy()
+    report.repeated = int(repeated.sum())
+    observations = observations.astype(columns)[~repeated].drop(columns="row_id")
+    return observations.reset_index(drop=True), report
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -793,7 +824,7 @@ def preprocess(
     sources_needed = {s for v in definition.variables for s in v.items}
     event_tables = [t for t in EVENT_TABLES if t.source in sources_needed]
     paths = {t.name: find_table(source, t.name) for t in event_tables}  # fail early, before any long read
-    stays, stay_paths = load_stays(source)
+    stays, stay_paths = load_stays(source, strict)
     paths.update(stay_paths)
     cohort_stays, dropped = select_stays(stays, definition)
 

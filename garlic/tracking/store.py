@@ -83,6 +83,26 @@ class RunInUseError(ValueError):
     """The run is being trained by a live process."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during a tracked run, which was ended KILLED; ``run_id``: the outermost one of nested runs."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
+@contextmanager
+def tracked_run(**begin) -> Iterator[mlflow.ActiveRun]:
+    """``mlflow.start_run(**begin)``, except that Ctrl-C ends the run KILLED (stopped by its user; ``resume`` takes
+    it up), where MLflow would mark it FAILED, and goes on as ``RunInterrupted`` naming it."""
+    with mlflow.start_run(**begin) as run:
+        try:
+            yield run
+        except KeyboardInterrupt:  # a nested run's RunInterrupted too: the run around it is ended, and named, next
+            mlflow.end_run("KILLED")  # ended here, MLflow's own exit leaves it as it is
+            raise RunInterrupted(run.info.run_id) from None
+
+
 def _run_lock(store: Path, run_id: str) -> Path:
     return Path(store).resolve() / "locks" / run_id
 

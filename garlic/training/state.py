@@ -1,5 +1,9 @@
 """The state of an unfinished fit (weights, optimisers, schedules, sampler, random state, progress), saved after every
-epoch so that a killed run goes on where it stopped. Not the trained model: that is ``garlic.tracking.saved_model``'s."""
+epoch so that a killed run goes on where it stopped. Not the trained model: that is ``garlic.tracking.saved_model``'s.
+
+A state records the config it was made under; a state of another run's config (copied into this run's folder, or
+left by another version of the run) or a file of another structure is refused in one line naming the file, before
+it is loaded into the model."""
 from __future__ import annotations
 
 import pickle  # for its exception type only: torch.load(weights_only=True) refuses content with UnpicklingError
@@ -7,17 +11,36 @@ from pathlib import Path
 
 import torch
 
+from garlic.config import Config
 from garlic.io.atomic import atomic_file
 
+# The parts of a state (``garlic.training.trainer.Trainer.state``, and the config beside it) and their types.
+PARTS = {"progress": dict, "model": dict, "best_model": dict, "optimisers": dict, "schedulers": dict,
+         "sampler_epoch": int, "rng": list, "cuda_rng": list, "config": dict}  # fmt: skip
+ELSEWHERE = {"device"}  # config keys a run may resume with another value of (on another machine)
 
-def save_training_state(path: Path, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically: a reader (or a resumed run) sees the previous state or this one."""
+
+def save_training_state(path: Path, state: dict, config: Config) -> None:
+    """Write ``state`` of a fit of ``config`` to ``path`` atomically: a reader (or a resumed run) sees the previous
+    state or this one."""
     with atomic_file(path) as out:
-        torch.save(state, out)
+        torch.save({**state, "config": config.to_dict()}, out)
 
 
-def load_training_state(path: Path) -> dict:
+def load_training_state(path: Path, config: Config) -> dict:
+    """The state in ``path``, refused (``ValueError`` naming the file) unless it is one, made under ``config``."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"{path}: not a readable training state ({exc})") from exc
+    garbled = [key for key, kind in PARTS.items() if not isinstance(state, dict) or not isinstance(state.get(key), kind)]
+    if garbled:
+        raise ValueError(f"{path}: not a training state (lacks or garbles {', '.join(garbled)}); remove it to train "
+                         "this split from its first epoch")  # fmt: skip
+    recorded, expected = state.pop("config"), config.to_dict()
+    differing = [key for key in expected if key not in ELSEWHERE and recorded.get(key) != expected[key]]
+    if differing:
+        shown = ", ".join(f"{key} {recorded.get(key)!r} there, {expected[key]!r} in this run" for key in differing)
+        raise ValueError(f"{path}: a training state of another configuration ({shown}); it is not this run's: remove "
+                         "it to train this split from its first epoch")  # fmt: skip
+    return state
