@@ -52,7 +52,7 @@ from garlic.models.fused import fused_kernels, kernels
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import DEFAULT_STORE
 from garlic.training.losses import RECONSTRUCTION, stage_losses
-from garlic.training.trainer import make_trainer
+from garlic.training.schedules import make_trainer
 from garlic.io.atomic import atomic_file
 from garlic.io.tensors import load_tensors
 

@@ -48,7 +48,7 @@ class Config:
     wd_rec: float = 5e-4
     lambda_cls: float = 0.1
     lambda_graph: float = 1e-2
-    balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.training.trainer)
+    balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.training.alternating)
     stage_patience: int = 3
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
     lr_schedule: str = "plateau"  # plateau (halve a group's rate without progress) | cosine (over max_epochs)
@@ -200,8 +200,8 @@ CHECKS: dict[str, Callable] = {
     "split_protocol": _one_of(_protocols),
     "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.models.architectures.ARCHITECTURES (torch)
     "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.models.reference.SIGNAL_LAYOUTS
-    "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.training.trainer.TRAINERS
-    "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.training.trainer.AlternatingTrainer
+    "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.training.schedules.TRAINERS
+    "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.training.alternating.AlternatingTrainer
     "window_size": _from_to(1, 512),
     "hidden_dim": _from_to(1, 4096),
     "feature_dim": _from_to(1, 1024),

@@ -10,7 +10,7 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
 from garlic.models.compact import Garlic, StepwiseProjection
 from garlic.training.losses import PREDICTION, RECONSTRUCTION
-from garlic.training.trainer import make_trainer
+from garlic.training.schedules import make_trainer
 from helpers import synthetic_cohort, synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}

@@ -74,7 +74,7 @@ def test_every_check_belongs_to_a_config_key():
 def test_the_model_and_schedule_choices_are_those_the_factories_know():
     from garlic.models.architectures import ARCHITECTURES
     from garlic.models.reference import SIGNAL_LAYOUTS
-    from garlic.training.trainer import TRAINERS
+    from garlic.training.schedules import TRAINERS
 
     for key, known in (("architecture", ARCHITECTURES), ("signal_layout", SIGNAL_LAYOUTS), ("schedule", TRAINERS)):
         for choice in known:

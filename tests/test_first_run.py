@@ -6,7 +6,7 @@ import pytest
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import load_splits
-from garlic.training.trainer import AlternatingTrainer
+from garlic.training.alternating import AlternatingTrainer
 from garlic.sources import synthetic
 from garlic.sources.records import read_record_files
 from garlic.io.tables import read_processed

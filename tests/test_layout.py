@@ -62,3 +62,10 @@ def test_the_check_reports_an_upward_import(tmp_path):
         "garlic.models.bad (line 2) imports garlic.training.trainer",
         "garlic.models.bad (line 6) imports garlic.methods",
     ]
+
+
+def test_the_fit_loop_imports_no_model():
+    # The loop is one module; GARLIC's schedules and the baselines' build their models and plug in as hooks.
+    loop = PACKAGE / "training" / "trainer.py"
+    imported = [name for name, _ in imported_garlic_modules(ast.parse(loop.read_text()))]
+    assert imported and not [name for name in imported if layer_of(name) in ("models", "methods")]

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import garlic.training.trainer
+import garlic.training.losses
+import garlic.training.reference_schedule
 from garlic.app.replay import risk_curve
 from experiments.ablations import VARIANTS
 from garlic.config import Config, ConfigError
@@ -31,7 +32,9 @@ from garlic.models.reference import (
 )
 from garlic.models.predict import predict_proba
 from garlic.training.losses import PREDICTION, RECONSTRUCTION
-from garlic.training.trainer import AlternatingTrainer, ReferenceTrainer, make_trainer
+from garlic.training.alternating import AlternatingTrainer
+from garlic.training.reference_schedule import ReferenceTrainer
+from garlic.training.schedules import make_trainer
 from garlic.sources import synthetic
 from helpers import random_batch, synthetic_cohort
 
@@ -324,7 +327,7 @@ def test_parameter_groups_are_the_references_and_bad_settings_are_refused():
     named = {name.split(".")[0] for name, p in model.named_parameters() if id(p) in prediction}
     assert named == {"signal_attention", "sequence", "temporal_attention", "classifier"}
     torch.testing.assert_close(model.graph.adjacency.detach(), torch.eye(D) + 0.2)
-    assert float(garlic.training.trainer.graph_penalty(model).detach()) > 0
+    assert float(garlic.training.losses.graph_penalty(model).detach()) > 0
     with pytest.raises(ConfigError, match="signal_layout"):
         reference_model(signal_layout="rows")
     with pytest.raises(ConfigError, match="use_static"):
@@ -408,7 +411,7 @@ def scripted_fit(cohort, monkeypatch, bces, train_aurocs, **overrides):
         return {"probabilities": np.full(len(dataset), 0.5), "losses": {"bce": next(bces), "mse": 0.0}}
 
     monkeypatch.setattr(trainer, "train_epoch", train_epoch)
-    monkeypatch.setattr(garlic.training.trainer, "evaluate", evaluate)
+    monkeypatch.setattr(garlic.training.reference_schedule, "evaluate", evaluate)
     on_epoch = lambda r: rates.append([g["lr"] for g in trainer.optimisers["both"].param_groups])  # noqa: E731
     fitted = trainer.fit(parts["train"], parts["validation"], on_epoch=on_epoch)
     return fitted, at_start, rates, float(weight.detach()) - at_start[0]
@@ -451,7 +454,7 @@ def test_reference_stages_train_the_references_parameter_groups(cohort):
     tensors, _, parts = cohort
     trainer = make_trainer(Config().override(FAST), len(tensors.variables), len(tensors.static_features))
     model = trainer.model
-    batches = garlic.training.trainer.loader(parts["train"], 64, shuffle=True)
+    batches = garlic.training.reference_schedule.loader(parts["train"], 64, shuffle=True)
 
     def snapshot():
         return [p.detach().clone() for p in model.reconstruction_parameters()], [

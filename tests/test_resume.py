@@ -27,7 +27,7 @@ from garlic.config import Config
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import RunInUseError, claim_run, use_experiment, use_store, was_claimed
 from garlic.training.state import load_training_state, save_training_state
-from garlic.training.trainer import AlternatingTrainer
+from garlic.training.alternating import AlternatingTrainer
 from helpers import garlic_main, synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}

@@ -16,7 +16,9 @@ from garlic.tracking.saved_model import WEIGHTS, TrainedModel, load_model, save_
 from garlic.tracking.store import load_run_model, use_store
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
 import garlic.training.trainer
-from garlic.training.trainer import WARMUP, AlternatingTrainer, cosine_factor, evaluate
+from garlic.training.alternating import AlternatingTrainer
+from garlic.training.losses import evaluate
+from garlic.training.trainer import WARMUP, cosine_factor
 from helpers import synthetic_cohort
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}

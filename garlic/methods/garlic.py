@@ -2,7 +2,7 @@
 risks (the learned graph, the saved model, the explanations, the best epoch).
 
     estimator = GarlicEstimator(config)                 # config: garlic.config.Config
-    estimator.fit(train, validation)                    # the config's trainer (garlic.training.trainer.make_trainer)
+    estimator.fit(train, validation)                    # the config's trainer (garlic.training.schedules.make_trainer)
     risk = estimator.predict_proba(test)                # [N], in dataset order
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ from garlic.models.predict import predict_proba
 from garlic.tracking import plots, run_contract
 from garlic.tracking.saved_model import TrainedModel
 from garlic.tracking.store import log_model
-from garlic.training.trainer import EpochRecord, make_trainer
+from garlic.training.schedules import make_trainer
+from garlic.training.trainer import EpochRecord
 
 
 class GarlicEstimator:

@@ -124,6 +124,8 @@ class RecurrentTrainer(Trainer):
     """The recurrent baselines' plain loop on ``garlic.training.trainer.Trainer``: BCE and Adam, one stage, the epoch of best
     validation AUROC kept, stopped after ``settings.early_stopping`` epochs without a better one."""
 
+    stages = ("training",)
+
     def __init__(self, model: nn.Module, settings: RecurrentSettings, device: torch.device):
         self.config, self.model, self.device = settings, model, device
         self.optimisers = {"model": torch.optim.Adam(model.parameters(), lr=settings.lr,

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from garlic.config import Config
+from garlic.data.batches import IrregularDataset
 from garlic.models.compact import Garlic, GarlicOutput, graph_penalty
+from garlic.models.predict import INFERENCE_BATCH, in_length_order
 
 RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 
@@ -50,3 +52,21 @@ def stage_losses(
         RECONSTRUCTION: mse + config.lambda_cls * bce + config.lambda_graph * graph_penalty(model),
         PREDICTION: bce,
     }
+
+
+@torch.no_grad()
+def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_size: int = INFERENCE_BATCH) -> dict:
+    """Risk per stay (in dataset order) and the mean loss parts and stage objectives over ``dataset``."""
+    model.eval()
+    probabilities = torch.empty(len(dataset))
+    totals = {"bce": 0.0, "mse": 0.0}
+    for positions, batch in in_length_order(model, dataset, batch_size):
+        output = forward(model, batch)
+        probabilities[positions] = torch.sigmoid(output.logits).cpu()
+        totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.labels, reduction="sum"))
+        totals["mse"] += float(model.reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
+    losses = {k: v / max(len(dataset), 1) for k, v in totals.items()}
+    penalty = float(graph_penalty(model))
+    losses[RECONSTRUCTION] = losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty
+    losses[PREDICTION] = losses["bce"]
+    return {"probabilities": probabilities.numpy(), "losses": losses}
