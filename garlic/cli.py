@@ -22,6 +22,7 @@ from pathlib import Path
 
 from garlic.config import Config, ConfigError
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
+from garlic.training.threads import adapt_threads, watch_cpus
 
 log = logging.getLogger("garlic")
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
@@ -363,6 +364,7 @@ def _predict(args: argparse.Namespace) -> None:
     observations, static = read_record_files(args.input, left_out=left_out)
     stays = static["stay_id"].nunique()
     _say(f"scoring {stays} stay{'s' if stays != 1 else ''} ...")
+    adapt_threads()
     risks = predict_tables(trained, observations, static).assign(left_out="")
     unscored = pd.DataFrame({"stay_id": [r.stay_id for r in left_out], "risk": np.nan,
                              "left_out": [r.reason for r in left_out]})  # fmt: skip
@@ -480,6 +482,7 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    watch_cpus()  # torch's threads are chosen from the CPUs' use from here on (garlic.training.threads)
     die_with_parent()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")

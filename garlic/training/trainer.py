@@ -44,6 +44,7 @@ from garlic.models.predict import INFERENCE_BATCH, in_length_order
 from garlic.training import distributed
 from garlic.training.device import resolve_device
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, forward, stage_losses
+from garlic.training.threads import adapt_threads
 
 GRADIENT_CLIP = 5.0
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
@@ -178,6 +179,7 @@ class Trainer:
             progress, best_state = self.restore(resume, batches.batch_sampler)
         while not progress.stopped and progress.epoch < config.max_epochs:
             progress.epoch += 1
+            adapt_threads()  # from the CPUs other processes used since the last epoch (or the command's start)
             start = time.perf_counter()
             trained = self.run_epoch(batches, progress)
             checked = self.validate(validation)
