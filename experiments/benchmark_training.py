@@ -23,7 +23,8 @@ medians and their ratio: a before/after on a shared machine, where the hour move
 
 ``--full-run`` also trains, selects and tests the split once (``garlic train``, into ``--mlruns``): its wall time and
 the epochs it ran. ``--out DIR`` keeps one row per preset, protocol, split and thread count in ``DIR/speed.csv``
-(rows of other presets stay) and writes ``DIR/speed.md`` from it.
+(rows of other presets stay) and writes the table of ``DIR/speed.md`` from it; the sections after the table
+(``## ...``: ``experiments.benchmark_load``'s, one written by hand) stay.
 
 Accuracy: ``garlic train --all-splits`` with the shipped config, test AUROC/AUPRC mean +/- std beside the paper's.
 """
@@ -184,6 +185,13 @@ def keep_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
     return new
 
 
+def sections_after_the_table(report: Path) -> str:
+    """The ``## `` sections that follow the table in ``report`` (from its first such heading on), or nothing."""
+    text = report.read_text() if report.is_file() else ""
+    start = text.find("\n## ")
+    return "" if start < 0 else text[start:]
+
+
 def speed_report(frame: pd.DataFrame) -> str:
     lines = ["# Speed", "", "Each row is one measurement on one of this project's CPU machines, named in its row "
              "(they have differed between sessions: compare rows of the same CPU; the command is in the row's "
@@ -298,8 +306,9 @@ def main(argv: list[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         with atomic_file(args.out / "speed.csv", "w") as out:
             frame.to_csv(out, index=False, float_format="%.4g")
+        sections = sections_after_the_table(args.out / "speed.md")
         with atomic_file(args.out / "speed.md", "w") as out:
-            out.write(speed_report(frame))
+            out.write(speed_report(frame) + sections)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from garlic.config import Config, ConfigError
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
+from garlic.training.threads import adapt_threads, watch_cpus
 
 log = logging.getLogger("garlic")
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
@@ -49,7 +50,7 @@ def _store(args: argparse.Namespace) -> Path:
     """The MLflow store folder: ``--mlruns``, else ``GARLIC_MLRUNS``, else ``mlruns`` (``garlic.tracking.store``)."""
     if args.mlruns is not None:
         return _folder(Path(args.mlruns), "--mlruns", "GARLIC_MLRUNS", given=True)
-    from garlic.tracking.store import DEFAULT_STORE
+    from garlic.tracking.local_store import DEFAULT_STORE
 
     return _folder(DEFAULT_STORE, "--mlruns", "GARLIC_MLRUNS", given=False)
 
@@ -355,23 +356,35 @@ def _interrupted(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+    store = _existing_store(args)
+    _say(f"evaluating run {args.run}; loading torch, scikit-learn and MLflow ...")  # before the imports: seconds
     from garlic.runs import evaluate_run
 
-    print(json.dumps(evaluate_run(args.run, _existing_store(args), args.data_root), indent=2))
+    print(json.dumps(evaluate_run(args.run, store, args.data_root, say=_say), indent=2))
 
 
 def _predict(args: argparse.Namespace) -> None:
+    store = _existing_store(args)
+    # The model code, not MLflow's nor scikit-learn's: a one-stay predict (a user's first try, a live service) reads
+    # the model's folder straight from the store (garlic.tracking.local_store).
+    _say(f"predicting with run {args.run}; loading torch and the model code ...")
     import numpy as np
     import pandas as pd
 
     from garlic.inference import predict_tables
-    from garlic.runs import load_predictor
+    from garlic.methods.saved import load_predictor
     from garlic.sources.raw import LeftOut
     from garlic.sources.records import read_record_files
 
-    trained = load_predictor(args.run, _existing_store(args))
+    _say(f"reading run {args.run}'s model from {_shown(store)} ...")
+    trained = load_predictor(args.run, store)
+    shown = [_shown(path) for path in args.input]
+    _say(f"reading the records in {', '.join(shown[:3])}{f' and {len(shown) - 3} more' if len(shown) > 3 else ''} ...")
     left_out: list[LeftOut] = []  # one record without an observation blocks no other
     observations, static = read_record_files(args.input, left_out=left_out)
+    stays = static["stay_id"].nunique()
+    _say(f"scoring {stays} stay{'s' if stays != 1 else ''} ...")
+    adapt_threads()
     risks = predict_tables(trained, observations, static).assign(left_out="")
     unscored = pd.DataFrame({"stay_id": [r.stay_id for r in left_out], "risk": np.nan,
                              "left_out": [r.reason for r in left_out]})  # fmt: skip
@@ -489,6 +502,7 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    watch_cpus()  # torch's threads are chosen from the CPUs' use from here on (garlic.training.threads)
     die_with_parent()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")

@@ -31,14 +31,14 @@ from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
 from garlic.methods.contract import can_be_saved, can_resume
-from garlic.methods.saved import METHOD_DESCRIPTION, Predictor, SavedMethod, load_method, save_method
+from garlic.methods.saved import SavedMethod, load_predictor, save_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
-from garlic.tracking.saved_model import load_model
-from garlic.tracking.store import (DEFAULT_STORE, claim_run, download_run_model, get_run, log_model_folder,
-                                   tracked_run, use_experiment, use_store, was_claimed)  # fmt: skip
+from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, log_model_folder, tracked_run, use_experiment,
+                                   use_store, was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
+from garlic.training.threads import adapt_threads
 from garlic.training.trainer import EpochRecord
 from garlic.io.tables import LABELS, read_manifest
 from garlic.io.tensors import IrregularTensors, load_tensors
@@ -303,24 +303,25 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
             "preset": run.data.tags.get(run_contract.PRESET), "method": run_contract.method_of(run)}  # fmt: skip
 
 
-def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEFAULT_DATA_ROOT) -> dict:
+def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEFAULT_DATA_ROOT,
+                 say: Callable[[str], None] = lambda message: None) -> dict:  # fmt: skip
     """Re-compute a finished split run's test metrics from its logged model and its saved split, read from the run's
-    dataset under ``data_root`` (as training and the dashboard find it, from any folder).
+    dataset under ``data_root`` (as training and the dashboard find it, from any folder); ``say`` is told each step
+    before it is taken (reading the model, reading the stays, scoring them).
 
     Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
     """
+    use_store(store)
+    say(f"reading run {run_id}'s model ...")
     trained = load_predictor(run_id, store)
     params = get_run(run_id).data.params
     folder = processed_folder(params[run_contract.DATASET], data_root)
     split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
+    say(f"reading the {params[run_contract.DATASET]} stays in {folder} ...")
     tensors = load_tensors(folder)
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
+    say(f"scoring the {len(test)} test stays of {params['split']} ...")
+    adapt_threads()
     probabilities = trained.predict_proba(test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),
             **binary_metrics(test.labels.numpy(), probabilities)}  # fmt: skip
-
-
-def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> Predictor:
-    """The model split run ``run_id`` logged: GARLIC's (``TrainedModel``) or another method's (``SavedMethod``)."""
-    folder = download_run_model(run_id, store)
-    return load_method(folder) if (folder / METHOD_DESCRIPTION).is_file() else load_model(folder)

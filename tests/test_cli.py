@@ -45,6 +45,13 @@ def garlic_here(*args: str, root) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
+def error_line(stderr: str) -> str:
+    """The one line of a refusal: the last, after the lines that said what the command was loading."""
+    *steps, error = stderr.strip().splitlines()
+    assert all(line.startswith("garlic: ") and line.endswith(" ...") for line in steps), stderr
+    return error
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
@@ -120,8 +127,7 @@ def test_predict_leaves_out_a_record_without_an_observation_in_48_h_naming_it(tr
         main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "predict", "--run", run_id,
               "--input", str(late)])  # fmt: skip
     assert stopped.value.code == 2
-    error = capsys.readouterr().err.strip()
-    assert error.startswith(f"garlic: error: {late}: no observation") and "\n" not in error
+    assert error_line(capsys.readouterr().err).startswith(f"garlic: error: {late}: no observation")
     # Among others (a folder of a hospital's stays): left out with a warning naming it, and the others predicted
     # (once a risk made of nothing, then one empty stay blocking all the others).
     # It is in the output too, as a row without a risk, and in the exit status: never dropped silently.
@@ -153,7 +159,7 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
                 main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "evaluate", "--run", run_id])
             assert stopped.value.code == 2
             captured = capsys.readouterr()
-            assert re.fullmatch(rf"garlic: error: \S*weights\.pt: {reason}.*\n", captured.err), captured.err
+            assert re.fullmatch(rf"garlic: error: \S*weights\.pt: {reason}.*", error_line(captured.err)), captured.err
             assert "planted pickle ran" not in captured.out
     finally:
         weights.write_bytes(original)
@@ -311,6 +317,49 @@ def test_predict_reads_the_example_records_written_beside_the_cohort(trained):
     assert predicted["risk"].between(0, 1).all()
 
 
+def test_a_one_stay_predict_says_what_it_loads_as_it_goes(trained):
+    root, run_id, _ = trained
+    record = root / "data" / "processed" / "synthetic" / "example-records" / "900001.txt"
+    result = garlic_here("predict", "--run", run_id, "--input", str(record), root=root)
+    assert result.returncode == 0, result.stderr
+    said = result.stderr.splitlines()
+    expected = [f"garlic: predicting with run {run_id}; loading torch and the model code ...",
+                f"garlic: reading run {run_id}'s model from ", f"garlic: reading the records in {record} ...",
+                "garlic: scoring 1 stay ..."]  # fmt: skip
+    assert len(said) == len(expected) and all(line.startswith(start) for line, start in zip(said, expected)), said
+
+
+def test_evaluate_says_what_it_loads_as_it_goes(trained):
+    root, run_id, _ = trained
+    result = garlic_here("evaluate", "--run", run_id, root=root)
+    assert result.returncode == 0, result.stderr
+    folder = root / "data" / "processed" / "synthetic"
+    assert result.stderr.splitlines() == [
+        f"garlic: evaluating run {run_id}; loading torch, scikit-learn and MLflow ...",
+        f"garlic: reading run {run_id}'s model ...",
+        f"garlic: reading the synthetic stays in {folder} ...",
+        "garlic: scoring the 30 test stays of five-split/split_0 ...",
+    ]
+
+
+def test_a_one_stay_predict_loads_neither_mlflow_nor_scikit_learn_nor_plotting(trained):
+    # A fresh interpreter, as a user's first try and a live service start one: what a one-stay predict imported.
+    root, run_id, _ = trained
+    record = root / "data" / "processed" / "synthetic" / "example-records" / "900001.txt"
+    unused = ("mlflow", "sqlalchemy", "alembic", "sklearn", "scipy", "matplotlib", "captum", "streamlit")
+    probe = (
+        "import sys\nfrom garlic.cli import main\nmain(sys.argv[1:])\n"
+        f"print('unused:', sorted(m for m in {unused!r} if m in sys.modules))"
+    )
+    arguments = ["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "predict", "--run", run_id,
+                 "--input", str(record)]  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", probe, *arguments], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("stay_id,risk,left_out\n900001,0.") and "unused: []" in result.stdout, (
+        result.stdout + result.stderr)
+
+
 def test_train_says_what_it_does_and_names_the_next_steps(trained):
     _, run_id, result = trained
     assert result.stderr.startswith("garlic: training GARLIC")  # printed before torch is imported
@@ -334,8 +383,8 @@ def test_a_damaged_store_is_one_line_naming_it(trained, tmp_path, damage, comman
     arguments = ["--run", run_id] + (["--input", str(tmp_path)] if command == "predict" else [])
     result = subprocess.run([sys.executable, "-m", "garlic.cli", "--mlruns", str(store), "--data-root",
                              str(root / "data"), command, *arguments], capture_output=True, text=True)  # fmt: skip
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert result.stderr.startswith(f"garlic: error: the MLflow store {store} cannot be used: ")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).startswith(f"garlic: error: the MLflow store {store} cannot be used: ")
 
 
 def refused_training(tmp_path: Path, capsys) -> str:

@@ -22,8 +22,7 @@ from garlic.data.datasets import processed_folder
 from garlic.data.splits import split_path
 from garlic.inference import tensors_for_model
 from garlic.tracking import run_contract
-from garlic.methods.saved import Predictor
-from garlic.runs import load_predictor
+from garlic.methods.saved import Predictor, load_predictor
 from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, use_store
 from garlic.sources.records import read_record_files
 from garlic.io.tables import read_manifest

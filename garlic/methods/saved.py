@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,11 +25,13 @@ import pandas as pd
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
-from garlic.methods import registry
-from garlic.methods.contract import Method, can_be_saved
-from garlic.tracking.saved_model import FITTED, ModelFileError, TrainedModel, model_input, read_fitted
+from garlic.tracking.local_store import DEFAULT_STORE, stored_model_folder
+from garlic.tracking.saved_model import FITTED, ModelFileError, TrainedModel, load_model, model_input, read_fitted
 from garlic.io.atomic import write_json_atomic
 from garlic.io.tensors import IrregularTensors
+
+if TYPE_CHECKING:
+    from garlic.methods.contract import Method
 
 METHOD_DESCRIPTION = "method.json"
 
@@ -78,6 +81,11 @@ def load_method(folder: Path) -> SavedMethod:
         variables, static_features = list(description["variables"]), list(description["static_features"])
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
         raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: not a readable method description ({exc!r:.200})") from None
+    # Here, not above: the registry imports every method (scikit-learn, MLflow, plotting), and a GARLIC model, the one
+    # a one-stay `garlic predict` usually reads, needs none of them.
+    from garlic.methods import registry
+    from garlic.methods.contract import can_be_saved
+
     try:  # an unknown method or a missing extra: the registry's own message names what to install
         method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
     except ValueError as exc:
@@ -118,3 +126,16 @@ def _check_fitted_by(folder: Path, name: str, method: Method, described: dict[st
 # What ``garlic predict``, ``garlic evaluate`` and the dashboard score stays with: both give ``dataset(tensors)``,
 # ``predict_proba(dataset)``, ``config``, ``variables``, ``static_features`` and ``explains``.
 Predictor = TrainedModel | SavedMethod
+
+
+def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> Predictor:
+    """The model split run ``run_id`` logged: GARLIC's (``TrainedModel``) or another method's (``SavedMethod``).
+
+    Read from its folder in the local store when the store's database names one (``stored_model_folder``: no MLflow
+    to import and open), else through MLflow, which also names what is wrong with the run."""
+    folder = stored_model_folder(run_id, store)
+    if folder is None:
+        from garlic.tracking.store import download_run_model
+
+        folder = download_run_model(run_id, store)
+    return load_method(folder) if (folder / METHOD_DESCRIPTION).is_file() else load_model(folder)

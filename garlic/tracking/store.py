@@ -15,13 +15,11 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from garlic.tracking import run_contract
+from garlic.tracking.local_store import DATABASE, DEFAULT_STORE, MODEL_ARTIFACT
 from garlic.tracking.saved_model import TrainedModel, load_model, save_model
 from garlic.io.locks import LockHeld, acquire, is_held, locked, release
 
-DEFAULT_STORE = Path(os.environ.get("GARLIC_MLRUNS", "mlruns"))
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # progress bars are noise for a local copy
-MODEL_ARTIFACT = run_contract.MODEL
-DATABASE = "mlflow.db"
 
 
 class RunNotFoundError(LookupError):

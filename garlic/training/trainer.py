@@ -20,6 +20,7 @@ import torch
 from garlic.data.batches import IrregularDataset
 from garlic.metrics import binary_metrics
 from garlic.training import distributed
+from garlic.training.threads import adapt_threads
 
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
 WARMUP = 0.05
@@ -133,6 +134,7 @@ class Trainer:
             progress, best_state = self.restore(resume, batches.batch_sampler)
         while not progress.stopped and progress.epoch < config.max_epochs:
             progress.epoch += 1
+            adapt_threads()  # from the CPUs other processes used since the last epoch (or the command's start)
             start = time.perf_counter()
             trained = self.run_epoch(batches, progress)
             checked = self.validate(validation)
