@@ -214,3 +214,10 @@ def random_batch(seed: int = 0, lengths=(12, 7, 3, 1, 9), variables: int = 4, st
     times = torch.cumsum(torch.rand(batch, steps, generator=generator) * 2, dim=1) * real
     static = torch.randn(batch, static_features, generator=generator)
     return values, mask, times, lengths, static
+
+
+def error_line(stderr: str) -> str:
+    """The one line of a refusal: the last, after the lines that said what the command was loading."""
+    *steps, error = stderr.strip().splitlines()
+    assert all(line.startswith("garlic: ") and line.endswith(" ...") for line in steps), stderr
+    return error

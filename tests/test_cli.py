@@ -18,7 +18,7 @@ import pytest
 
 from garlic.cli import _config, main, parser
 from garlic.tracking.store import use_store
-from helpers import garlic_main, record_files
+from helpers import error_line, garlic_main, record_files
 from garlic.sources import physionet2012
 from garlic.io.tables import read_processed
 
@@ -43,13 +43,6 @@ def garlic_here(*args: str, root) -> subprocess.CompletedProcess:
         except SystemExit as stopped:
             code = stopped.code
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
-def error_line(stderr: str) -> str:
-    """The one line of a refusal: the last, after the lines that said what the command was loading."""
-    *steps, error = stderr.strip().splitlines()
-    assert all(line.startswith("garlic: ") and line.endswith(" ...") for line in steps), stderr
-    return error
 
 
 @pytest.fixture(scope="module")

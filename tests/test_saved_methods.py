@@ -29,7 +29,7 @@ from garlic.methods.summary import SKOPS_FILE, load_skops
 from garlic.tracking.saved_model import ModelFileError
 from garlic.tracking.store import get_run, use_store
 from garlic.io.tables import read_processed
-from helpers import garlic_main, record_files, synthetic_cohort, synthetic_root
+from helpers import error_line, garlic_main, record_files, synthetic_cohort, synthetic_root
 
 SAVED = ["logreg", "gbm_static", "grud", "decay_gru"]  # every core method but the severity scores
 
@@ -160,7 +160,7 @@ def _predict_fails(static_run, tmp_path, capsys) -> str:
         garlic_main(["--data-root", str(root), "--mlruns", str(store), "predict", "--run", run_id, "--input", *paths])
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and "Traceback" not in error
-    (line,) = error.strip().splitlines()
+    line = error_line(error)
     return line
 
 
