@@ -24,6 +24,7 @@ With ``--out``, every unit of the table is also kept in ``OUT/<dataset>-runs/`` 
 metrics and risks, no outcomes), to be committed beside the table. A unit that no store holds is read back from
 there, so the table can be made again, and extended, after the stores that trained it are gone. A row of the
 table already at ``OUT`` that neither gives (measured before the archive existed) is kept, and the report names it.
+A damaged archive (``experiments.run_archive.DamagedArchiveError``) is refused in one line.
 
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
 FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
@@ -55,7 +56,7 @@ import pyarrow.parquet as pq
 
 from experiments import published, study
 from experiments.baselines.run import Baselines
-from experiments.run_archive import RunArchive, Unit, dataset_outcomes
+from experiments.run_archive import DamagedArchiveError, RunArchive, Unit, dataset_outcomes
 from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
 from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
@@ -506,6 +507,13 @@ def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_roo
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        compare_command(argv)
+    except DamagedArchiveError as error:
+        raise SystemExit(str(error)) from None
+
+
+def compare_command(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--dataset", choices=[*DATASETS, *TABLE_COHORTS], default="physionet2012",

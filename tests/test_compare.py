@@ -365,7 +365,7 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     old = [unit("old", seed, risk) for seed, risk in enumerate(risks)]
     same = [unit("new", seed, risk) for seed, risk in enumerate(risks)]  # each seed equals the old one's
     baseline = [unit("logreg", None, risks[1])]
-    paired = compare.comparisons(old + same + baseline, ["old", "new"], ["garlic-reference"], against="old")
+    paired = compare.comparisons(old + same + baseline, ["old", "new"], ["garlic-reference"], against=["old"])
     rows = paired.set_index(["preset", "baseline", "metric"])
     for metric in ("auroc", "auprc"):
         tie = rows.loc[("new", "old", metric)]
@@ -512,3 +512,24 @@ def test_published_rows_come_from_the_one_table_of_published_numbers():
         assert (shown.loc[row.method, "auroc_mean"], shown.loc[row.method, "auprc_std"]) == (row.auroc[0], row.auprc[1])
     assert {"published: KEDGN", "published: ISTS-PLM"} <= set(shown.index)  # the best published on these splits
     assert "published: GARLIC" not in shown.index  # published on garlic-reference, not asked for
+
+
+def test_a_damaged_archive_is_refused_in_one_line_and_nothing_is_written_back(compared, tmp_path):
+    root, _, out, _, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    risks = moved / "synthetic-runs" / "synthetic" / "tiny-split_0-seed_1.csv.gz"
+    damaged = pd.read_csv(risks)
+    damaged.loc[2, "risk"] = float("nan")
+    damaged.to_csv(risks, index=False, compression="gzip")
+    written = {path: path.read_bytes() for path in moved.rglob("*") if path.is_file()}
+    with pytest.raises(SystemExit) as refused:
+        compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    assert str(refused.value) == f"{risks}, line 4: risk nan is not a number in [0, 1]"
+    index = moved / "synthetic-runs" / "runs.csv"
+    lines = index.read_text().splitlines()
+    index.write_text("\n".join([*lines, lines[1]]) + "\n")
+    written[index] = index.read_bytes()
+    with pytest.raises(SystemExit, match=f"^{index}, line {len(lines) + 1} repeats line 2 \\(method "):
+        compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    assert {path: path.read_bytes() for path in moved.rglob("*") if path.is_file()} == written
