@@ -533,3 +533,42 @@ def test_a_damaged_archive_is_refused_in_one_line_and_nothing_is_written_back(co
     with pytest.raises(SystemExit, match=f"^{index}, line {len(lines) + 1} repeats line 2 \\(method "):
         compare_tiny(root, tmp_path / "empty", moved, "--no-train")
     assert {path: path.read_bytes() for path in moved.rglob("*") if path.is_file()} == written
+
+
+def test_a_call_naming_fewer_methods_keeps_the_others_rows_from_the_run_archive(compared, tmp_path):
+    root, _, out, first, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    with tiny_protocol():  # one baseline of the three methods kept
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", *TINY,
+                      "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
+                      "--no-train"])  # fmt: skip
+    assert (moved / "synthetic.csv").read_text() == first[1]
+    assert pd.read_csv(moved / "synthetic-paired.csv").equals(pd.read_csv(out / "synthetic-paired.csv"))
+    report = (moved / "synthetic.md").read_text()
+    assert "## Read from the run archive, not named by the command\n" in report
+    assert "- tiny: gbm, synthetic\n" in report
+
+
+def test_a_call_naming_one_protocol_keeps_the_other_protocols_rows_from_the_run_archive(compared, tmp_path):
+    root, _, out, _, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    archive = moved / "synthetic-runs"
+    runs = pd.read_csv(archive / "runs.csv", dtype=str, keep_default_na=False)
+    for row in runs.itertuples():  # the same units kept as a second protocol's too
+        seed = f"-seed_{row.seed}" if row.seed else ""
+        shutil.copy(archive / row.method / f"tiny-split_0{seed}.csv.gz",
+                    archive / row.method / f"tiny2-split_0{seed}.csv.gz")
+    pd.concat([runs, runs.assign(protocol="tiny2")]).to_csv(archive / "runs.csv", index=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny2", Protocol("tiny2", (0,), seeds=(0, 1)))
+        compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    table = pd.read_csv(moved / "synthetic.csv")
+    assert table[["method", "protocol"]].values.tolist() == [[method, name] for name in ("tiny", "tiny2")
+                                                             for method in ("logreg", "gbm", "synthetic")]
+    numbers = table.drop(columns="protocol")
+    assert numbers.iloc[:3].reset_index(drop=True).equals(numbers.iloc[3:].reset_index(drop=True))
+    paired = pd.read_csv(moved / "synthetic-paired.csv")
+    assert sorted(set(paired["protocol"])) == ["tiny", "tiny2"]
+    assert "- tiny2: logreg, gbm, synthetic\n" in (moved / "synthetic.md").read_text()
