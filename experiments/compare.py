@@ -24,6 +24,9 @@ With ``--out``, every unit of the table is also kept in ``OUT/<dataset>-runs/`` 
 metrics and risks, no outcomes), to be committed beside the table. A unit that no store holds is read back from
 there, so the table can be made again, and extended, after the stores that trained it are gone. A row of the
 table already at ``OUT`` that neither gives (measured before the archive existed) is kept, and the report names it.
+A call naming fewer methods, presets or protocols than the table at ``OUT`` holds (one new method, say) extends it
+rather than cutting it: the rows it does not name are made from the units the run archive keeps of them, and the
+report names them. A damaged archive (``experiments.run_archive.DamagedArchiveError``) is refused in one line.
 
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
 FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
@@ -55,7 +58,7 @@ import pyarrow.parquet as pq
 
 from experiments import published, study
 from experiments.baselines.run import Baselines
-from experiments.run_archive import RunArchive, Unit, dataset_outcomes
+from experiments.run_archive import RUNS, DamagedArchiveError, RunArchive, Unit, dataset_outcomes
 from experiments.stats import BOOTSTRAP, paired_difference
 from experiments.study import preset_config
 from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
@@ -327,9 +330,9 @@ PAIRED_COLUMNS = ["preset", "protocol", "metric", "baseline", "runs", "differenc
 
 
 def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
-                against: str | None = None) -> pd.DataFrame:  # fmt: skip
-    """Every preset against the protocol's best simple baseline (per metric) and, with ``against``, against that
-    preset too (unit by unit: the same split and model seed)."""
+                against: list[str] = ()) -> pd.DataFrame:  # fmt: skip
+    """Every preset against the protocol's best simple baseline (per metric) and against each preset of ``against``
+    too (unit by unit: the same split and model seed)."""
     rows = []
     summary = table(units, protocols)
     is_simple = summary["method"].isin(registry.simple_baselines())
@@ -339,7 +342,7 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
             ours = [u for u in units if u.method == name and u.protocol == protocol_name]
             for metric in ("auroc", "auprc"):
                 baselines = [] if simple.empty else [simple.loc[simple[f"{metric}_mean"].idxmax(), "method"]]
-                for baseline in baselines + ([against] if against not in (None, name) else []):
+                for baseline in baselines + [other for other in against if other != name]:
                     theirs = [u for u in units if u.method == baseline and u.protocol == protocol_name]
                     if ours and theirs:
                         rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": baseline,
@@ -377,6 +380,84 @@ def in_protocol_order(rows: pd.DataFrame, key: str, names: list[str], protocols:
 
 def open_archive(out: Path, dataset: str, data_root: Path) -> RunArchive:
     return RunArchive(out / f"{dataset}-runs", *dataset_outcomes(dataset, data_root))
+
+
+def table_archives(out: Path, table_name: str, data_root: Path, opened: dict[str, RunArchive]) -> dict[str, RunArchive]:
+    """``opened`` and the run archives at ``out`` of the table's other cohorts (a source's table: ``TABLE_COHORTS``),
+    but those whose dataset is not on this machine (their rows are kept from the previous table)."""
+    archives = dict(opened)
+    for dataset in dict.fromkeys(protocol_dataset(table_name, name) for name in PROTOCOLS):
+        if dataset not in archives and (out / f"{dataset}-runs" / RUNS).is_file():
+            try:
+                archives[dataset] = open_archive(out, dataset, data_root)
+            except DatasetNotFoundError as exc:
+                log.warning("%s: its rows are kept from the previous table", exc)
+    return archives
+
+
+def not_named(archives: dict[str, RunArchive], table_name: str, names: list[str], protocols: list[str]) -> list[Unit]:
+    """The units the run archives keep, on their data, of the methods or protocols a call does not name (each as it
+    was kept, with its own settings)."""
+    units = []
+    for dataset, archive in archives.items():
+        for row in archive.runs[archive.runs["data_digest"].eq(archive.data_digest)].itertuples():
+            named = row.method in names and row.protocol in protocols
+            if named or row.protocol not in PROTOCOLS or protocol_dataset(table_name, row.protocol) != dataset:
+                continue
+            seed = None if pd.isna(row.seed) else int(row.seed)
+            units.append(archive.find(row.method, row.protocol, int(row.split), seed, row.settings))
+    return units
+
+
+def row_order(rows: pd.DataFrame) -> list[str]:
+    """The methods of a table in its order: each protocol lists some of them in one order, so a method comes after
+    every method it follows in some protocol (the first seen first where none orders two)."""
+    seen = list(dict.fromkeys(rows["method"]))
+    follows = {name: set() for name in seen}
+    for _, group in rows.groupby("protocol", sort=False):
+        for earlier, later in zip(group["method"], group["method"].iloc[1:]):
+            follows[later].add(earlier)
+    order: list[str] = []
+    while len(order) < len(seen):
+        left = [name for name in seen if name not in order]
+        order.append(next((name for name in left if follows[name] <= set(order)), left[0]))
+    return order
+
+
+def widened(*names: list[str]) -> list[str]:
+    """Every name of ``names``, once, in first-seen order."""
+    return list(dict.fromkeys(name for group in names for name in group))
+
+
+@dataclass
+class Extent:
+    """What a table holds: its baselines and presets, its protocols, the presets it pairs every preset with
+    (``--against``), and the archived units of what the call that makes it does not name."""
+
+    methods: list[str]
+    presets: list[str]
+    protocols: list[str]
+    against: list[str]
+    unnamed: list[Unit]
+
+
+def extent(out: Path, table_name: str, archives: dict[str, RunArchive], methods: list[str], presets: list[str],
+           protocols: list[str], against: str | None) -> Extent:  # fmt: skip
+    """The table at ``out`` extended by a call naming ``methods``, ``presets``, ``protocols`` and ``against``: what
+    it holds stays, in its order, made from the run ``archives`` (a call naming fewer, such as one new method on
+    one protocol, extends the table rather than cutting it); what the call adds comes after."""
+    unnamed = not_named(archives, table_name, [*methods, *presets], protocols)
+    previous = out / f"{table_name}.csv"
+    rows = pd.read_csv(previous).dropna(subset=["runs"]) if previous.is_file() else pd.DataFrame(columns=COLUMNS)
+    names = widened(row_order(rows), [*methods, *presets], [unit.method for unit in unnamed])
+    ours = [name for name in names if name not in registry.METHODS]
+    paired = out / f"{table_name}-paired.csv"
+    baselines = pd.read_csv(paired)["baseline"] if paired.is_file() else []
+    return Extent([name for name in names if name in registry.METHODS], ours,
+                  [name for name in widened(rows["protocol"], protocols, [unit.protocol for unit in unnamed])
+                   if name in PROTOCOLS],
+                  widened([against] if against else [], [name for name in baselines if name in ours]),
+                  unnamed)  # fmt: skip
 
 
 def with_rows_kept(previous: Path, summary: pd.DataFrame, paired: pd.DataFrame, missing: list[Pending],
@@ -435,7 +516,7 @@ def what_the_model_sees(dataset: str, data_root: Path, protocols: list[str]) -> 
 
 
 def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
-           command: str, dataset: str, seen: list[str]) -> str:  # fmt: skip
+           command: str, dataset: str, seen: list[str], unnamed: dict[str, list[str]]) -> str:  # fmt: skip
     lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
@@ -465,6 +546,11 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
                   "system (`in-hospital`) and on every stay of the other (`cross-hospital`): the same model, "
                   "so the drop is what moving to another hospital costs it.", "",
                   study.markdown(shown), ""]  # fmt: skip
+    if unnamed:
+        lines += ["## Read from the run archive, not named by the command", "",
+                  "The command above does not name these methods on these protocols: their rows are made from the "
+                  "units the run archive keeps of them, so that a command naming fewer extends the table rather than "
+                  "cutting it.", "", *[f"- {name}: {', '.join(methods)}" for name, methods in unnamed.items()], ""]
     if kept:
         lines += ["## Kept from the previous table", "",
                   "These rows' runs are in none of the stores above and not in the run archive (they were measured "
@@ -506,6 +592,13 @@ def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_roo
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        compare_command(argv)
+    except DamagedArchiveError as error:
+        raise SystemExit(str(error)) from None
+
+
+def compare_command(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--dataset", choices=[*DATASETS, *TABLE_COHORTS], default="physionet2012",
@@ -563,19 +656,30 @@ def main(argv: list[str] | None = None) -> None:
                                           args.seeds)
             units += found
             missing += lacking
-    summary = table(units, args.protocols, args.dataset)
-    paired = comparisons(units, presets, args.protocols, args.against)
+    shown = Extent(args.methods, presets, args.protocols, [args.against] if args.against else [], [])
+    if args.out is not None:
+        archives = table_archives(args.out, args.dataset, args.data_root, archives)
+        shown = extent(args.out, args.dataset, archives, args.methods, presets, args.protocols, args.against)
+    methods, presets, protocols, unnamed = shown.methods, shown.presets, shown.protocols, shown.unnamed
+    datasets |= {name: protocol_dataset(args.dataset, name) for name in protocols}
+    summary = table(units + unnamed, protocols, args.dataset)
+    paired = comparisons(units + unnamed, presets, protocols, shown.against)
     kept = []
     if args.out is not None:
         for dataset, archive in archives.items():
             archive.keep([unit for unit in units if datasets[unit.protocol] == dataset])
         summary, paired, missing, kept = with_rows_kept(args.out / args.dataset, summary, paired, missing,
-                                                        [*args.methods, *presets], presets, args.protocols)  # fmt: skip
+                                                        [*methods, *presets], presets, protocols)  # fmt: skip
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
-    drops = hospital_drops(units)
-    seen = [line for dataset in configs for line in what_the_model_sees(
-        dataset, args.data_root, [name for name in args.protocols if datasets[name] == dataset])]
-    text = report(summary, paired, drops, missing, kept, command, args.dataset, seen)
+    drops = hospital_drops(units + unnamed)
+    readable = set(configs) | set(archives)  # the datasets on this machine
+    seen = [line for dataset in dict.fromkeys(datasets[name] for name in protocols) if dataset in readable
+            for line in what_the_model_sees(dataset, args.data_root,
+                                            [name for name in protocols if datasets[name] == dataset])]  # fmt: skip
+    by_protocol = {name: list(dict.fromkeys(unit.method for unit in unnamed if unit.protocol == name))
+                   for name in protocols}  # fmt: skip
+    text = report(summary, paired, drops, missing, kept, command, args.dataset, seen,
+                  {name: found for name, found in by_protocol.items() if found})
     experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     study.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})

@@ -10,13 +10,17 @@ Under ``FOLDER`` (``docs/results/<dataset>-runs/``):
 - ``<method>/<protocol>-split_<k>[-seed_<s>].csv.gz``: the unit's test risks, ``stay_id, risk``. No outcomes: they
   stay in the dataset and are joined back from its label table when a unit is read.
 
-Every file is written atomically (``garlic.io.atomic``): a killed write leaves the previous record whole.
+Every file is written atomically (``garlic.io.atomic``): a killed write leaves the previous record whole. Every
+file is checked as it is read (``DamagedArchiveError``): a risk or a metric that is not a number in [0, 1], a stay
+repeated in a risks file or a unit repeated in ``runs.csv`` is refused, naming the file and line, rather than read
+into a wrong table.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -29,6 +33,37 @@ from garlic.io.tables import LABELS, read_manifest
 RUNS = "runs.csv"
 RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", *METRICS]
 GZIP = {"method": "gzip", "mtime": 0}  # the same risks give the same bytes, so git sees no change
+
+
+class DamagedArchiveError(ValueError):
+    """A file of a run archive that does not hold what it must: refused, rather than read into wrong numbers."""
+
+
+def _line(position: int) -> int:
+    """The line of a CSV file holding row ``position`` (the header is line 1; read with ``skip_blank_lines=False``,
+    so that the count holds)."""
+    return position + 2
+
+
+def check_probabilities(path: Path, table: pd.DataFrame, columns) -> None:
+    """Refuse a value of ``columns`` that is not a number in [0, 1] (NaN, infinite, text, out of range)."""
+    for column in columns:
+        outside = ~pd.to_numeric(table[column], errors="coerce").between(0, 1)
+        if outside.any():
+            position = int(np.flatnonzero(outside.to_numpy())[0])
+            raise DamagedArchiveError(f"{path}, line {_line(position)}: {column} {table[column].iloc[position]} is "
+                                      "not a number in [0, 1]")  # fmt: skip
+
+
+def check_unique(path: Path, table: pd.DataFrame, key: list[str]) -> None:
+    """Refuse a row repeating the ``key`` of an earlier one: it would be counted twice."""
+    repeats = table.duplicated(key)
+    if repeats.any():
+        position = int(np.flatnonzero(repeats.to_numpy())[0])
+        groups = table.groupby(key, dropna=False, sort=False).ngroup().to_numpy()  # a baseline's seed is NA
+        first = int(np.flatnonzero(groups == groups[position])[0])
+        named = ", ".join(f"{column} {table[column].iloc[position]}" for column in key)
+        raise DamagedArchiveError(f"{path}, line {_line(position)} repeats line {_line(first)} ({named})")
 
 
 @dataclass
@@ -65,13 +100,15 @@ def write_risks(path: Path, predictions: pd.DataFrame) -> None:
 
 def read_risks(path: Path, labels: pd.Series) -> pd.DataFrame:
     """The risks written at ``path`` with their outcomes joined back from ``labels``: ``stay_id, label, risk``."""
-    risks = pd.read_csv(path)
+    risks = pd.read_csv(path, skip_blank_lines=False)
     if list(risks.columns) != ["stay_id", "risk"]:
-        raise ValueError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
-    risks["stay_id"] = risks["stay_id"].astype(labels.index.dtype)
+        raise DamagedArchiveError(f"{path}: columns {list(risks.columns)}, expected ['stay_id', 'risk']")
+    check_probabilities(path, risks, ["risk"])
+    check_unique(path, risks, ["stay_id"])
+    risks = risks.astype({"stay_id": labels.index.dtype, "risk": float})
     unknown = ~risks["stay_id"].isin(labels.index)
     if unknown.any():
-        raise ValueError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
+        raise DamagedArchiveError(f"{path}: stay {risks['stay_id'][unknown].iloc[0]} is not in the dataset's labels")
     return risks.assign(label=labels.loc[risks["stay_id"]].to_numpy())[["stay_id", "label", "risk"]]
 
 
@@ -87,11 +124,15 @@ class RunArchive:
         index = self.folder / RUNS
         # a digest of digits alone would otherwise read as a number
         text = dict.fromkeys(["method", "protocol", "run_id", "settings", "data_digest"], str)
-        self.runs = pd.read_csv(index, dtype=text) if index.is_file() else pd.DataFrame(columns=RUN_COLUMNS)
-        missing = set(RUN_COLUMNS) - set(self.runs.columns)
+        runs = pd.read_csv(index, dtype=text, skip_blank_lines=False) if index.is_file() else pd.DataFrame(
+            columns=RUN_COLUMNS)
+        missing = set(RUN_COLUMNS) - set(runs.columns)
         if missing:
-            raise ValueError(f"{index}: no column(s) {sorted(missing)}; expected {RUN_COLUMNS}")
-        self.runs["seed"] = self.runs["seed"].astype("Int64")
+            raise DamagedArchiveError(f"{index}: no column(s) {sorted(missing)}; expected {RUN_COLUMNS}")
+        check_probabilities(index, runs, METRICS)
+        runs["seed"] = runs["seed"].astype("Int64")
+        check_unique(index, runs, ["method", "protocol", "split", "seed"])
+        self.runs = runs.astype({name: float for name in METRICS})
 
     def _row(self, method: str, protocol: str, split: int, seed: int | None) -> pd.Series | None:
         runs = self.runs

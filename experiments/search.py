@@ -18,17 +18,22 @@ are read once per final configuration.
   pruner stops it when it falls below the median of earlier trials at that epoch (after
   ``PRUNE_AFTER_TRIALS`` trials and ``PRUNE_AFTER_EPOCHS`` epochs).
 - **The study** lives in an Optuna storage: ``sqlite:///<--mlruns>/optuna.db`` by default, or any database URL
-  (``--storage postgresql://...``). Several processes, on one machine or many, can run this command on the same
-  ``--study`` at once: each adds its ``--trials``, and the sampler sees them all. A study remembers its preset,
-  protocol and screening splits, and refuses a process that names others.
+  (``--storage postgresql://...``; its password is shown as ``***`` in the report and in every message). Several
+  processes, on one machine or many, can run this command on the same ``--study`` at once, starting together on a
+  new storage too (``rdb_storage``): each adds its ``--trials``, and the sampler sees them all. A study remembers
+  its preset, protocol and screening splits, and refuses a process that names others.
 - **Tracking**: every trial is an MLflow run of the experiment ``search-<dataset>`` in ``--mlruns``, tagged with the
   study and trial number, its parameters the trial's values, its metric the objective (``validation_auroc`` or
   ``validation_auroc_auprc``); each screening split is a nested run with the per-epoch curves. A pruned trial's
-  runs end KILLED and tagged ``pruned``.
+  runs end KILLED and tagged ``pruned``; an interrupted one's (Ctrl-C, SIGTERM) FAILED. A trial run is claimed
+  (``garlic.tracking.store.claim_run``) while it trains, so that the runs a killed process left RUNNING are marked
+  FAILED when the next search starts.
 - **The budget** is ``--trials`` per process (and ``--timeout`` minutes); what was tried (complete, pruned, failed)
   is printed, beside the best trial.
 
-``--write-preset NAME`` writes the best trial's configuration as ``garlic/configs/NAME.json`` (or a path).
+``--write-preset NAME`` writes the best trial's configuration as ``garlic/configs/NAME.json``: NAME is a plain
+name (letters, digits, '-', '_'), and a preset that exists, a shipped one or an earlier search's, is refused before
+anything is searched (choose another name, or delete it).
 ``--out DIR`` writes the study's report, ``DIR/<study>.md``: the command, what was searched, the budget spent, the
 best trial, each parameter's importance (Optuna's fANOVA) and every trial (also as ``-trials.csv``), with a figure
 of the history (``-history.png``); and the study itself, its settings and finished trials, as an Optuna journal
@@ -42,7 +47,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shlex
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -58,12 +65,14 @@ import mlflow  # noqa: E402
 import optuna  # noqa: E402
 import optuna.visualization.matplotlib as optuna_plots  # noqa: E402
 import pandas as pd  # noqa: E402
+import sqlalchemy  # noqa: E402
 
 from experiments import study  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.data.batches import IrregularDataset  # noqa: E402
 from garlic.data.splits import Split  # noqa: E402
 from garlic.methods.garlic import GarlicEstimator  # noqa: E402
+from garlic.tracking.store import claim_run  # noqa: E402
 from garlic.training.trainer import EpochRecord  # noqa: E402
 from garlic.io.atomic import atomic_file  # noqa: E402
 from garlic.io.locks import locked  # noqa: E402
@@ -90,6 +99,7 @@ PRUNE_AFTER_EPOCHS = 3
 # FAILED when a process opens the study, instead of staying "running" in the study for ever.
 HEARTBEAT_SECONDS = 60
 GRACE_SECONDS = 300
+PRESET_NAME = re.compile(r"[A-Za-z0-9_-]+")  # what --write-preset takes: a file of CONFIG_DIR, never a path
 
 
 class Objective(NamedTuple):
@@ -124,11 +134,12 @@ def draw(trial: optuna.Trial, names: list[str]) -> dict:
 
 @contextmanager
 def tracked_run(**start):
-    """An MLflow run that ends FINISHED, KILLED (a pruned trial) or FAILED."""
-    mlflow.start_run(**start)
+    """An MLflow run that ends FINISHED, KILLED (a pruned trial) or FAILED (an error, Ctrl-C or SIGTERM:
+    ``sigterm_as_exit``)."""
+    run = mlflow.start_run(**start)
     status = "FAILED"
     try:
-        yield
+        yield run
         status = "FINISHED"
     except optuna.TrialPruned:
         mlflow.set_tag("pruned", "true")
@@ -157,14 +168,16 @@ def validation_score(config: Config, tensors: IrregularTensors, split: Split, tr
     return next(score(r) for r in result.history if r.epoch == result.best_epoch)
 
 
-def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: str, goal: str):
+def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: str, goal: str, store: Path):
+    """A trial: its runs in the MLflow ``store``, the trial's run claimed while it trains, so that a search started
+    after this process was killed marks them FAILED (``garlic.tracking.store.mark_dead_runs_failed``)."""
     metric, _, score = OBJECTIVES[goal]
 
     def run_trial(trial: optuna.Trial) -> float:
         values = draw(trial, names)
         config = base.override(values)
         tags = {"study": "search", "optuna_study": study_name, "trial": str(trial.number)}
-        with tracked_run(run_name=f"trial_{trial.number}", tags=tags):
+        with tracked_run(run_name=f"trial_{trial.number}", tags=tags) as run, claim_run(store, run.info.run_id):
             mlflow.log_params(values)
             scores = []
             for position, split in enumerate(cohort.splits):
@@ -190,43 +203,99 @@ def goal_of(searched: optuna.Study) -> str:
     return searched.user_attrs.get("identity", {}).get("objective", DEFAULT_OBJECTIVE)
 
 
-def open_study(name: str, storage: str, identity: dict, sampler_seed: int | None,
+def without_password(text: str) -> str:
+    """``text`` (a database URL, or ``--option=URL``) with the URL's password shown as ``***``: no report, message
+    or log line holds one."""
+    option, equals, url = text.partition("=") if text.startswith("-") else ("", "", text)
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:  # not a URL
+        return text
+    return text if parsed.password is None else option + equals + parsed.render_as_string(hide_password=True)
+
+
+@contextmanager
+def one_at_a_time(url: str):
+    """Hold the lock of the SQLite file at ``url`` (``.NAME.lock`` beside it) for the ``with`` block, so that
+    processes starting together on it open it one at a time; nothing for a database server, which processes on other
+    machines open too (``rdb_storage``)."""
+    database = sqlalchemy.engine.make_url(url)
+    if database.get_backend_name() != "sqlite" or database.database in (None, "", ":memory:"):
+        yield
+        return
+    path = Path(database.database)
+    with locked(path.with_name(f".{path.name}.lock")):
+        yield
+
+
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """The Optuna storage at ``url``, its trials sending heartbeats (``HEARTBEAT_SECONDS``).
+
+    Optuna makes a new storage's schema in steps that two processes starting together both take, and the second
+    then dies on a duplicate (an ``IntegrityError`` on ``alembic_version``): a SQLite file is opened
+    ``one_at_a_time``; a database server is opened again after that error, the schema being there by then."""
+
+    def opened() -> optuna.storages.RDBStorage:
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9; we rely on no detail
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
+
+    try:
+        return opened()
+    except sqlalchemy.exc.IntegrityError:
+        return opened()
+
+
+def open_study(name: str, url: str, identity: dict, sampler_seed: int | None,
                start: dict | None = None) -> optuna.Study:
-    """The study ``name`` in ``storage`` (made when new), after checking that it searches what ``identity`` says
-    (preset, dataset, protocol, screening splits, objective, searched names, fixed settings); trials whose process
-    died are marked FAILED (``GRACE_SECONDS``). A new study's first trial is ``start`` (the preset's own values) when
-    it lies in the space: every later trial is then compared with the starting point on the same splits."""
-    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9; we rely on no detail of them
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
-    searched = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                   sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-                                   pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))  # fmt: skip
-    known = searched.user_attrs.get("identity")
+    """The study ``name`` in the storage at ``url`` (made when new), after checking that it searches what
+    ``identity`` says (preset, dataset, protocol, screening splits, objective, searched names, fixed settings);
+    trials whose process died are marked FAILED (``GRACE_SECONDS``). A new study's first trial is ``start`` (the
+    preset's own values) when it lies in the space: every later trial is then compared with the starting point on
+    the same splits."""
+    with one_at_a_time(url):  # a new storage's schema, and a new study's identity and starting point, made once
+        searched = optuna.create_study(study_name=name, storage=rdb_storage(url), direction="maximize",
+                                       load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+                                       pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))
+        known = searched.user_attrs.get("identity")
+        if known is None:
+            searched.set_user_attr("identity", identity)
+            if start and all(in_space(key, value) for key, value in start.items()):
+                searched.enqueue_trial(start, user_attrs={"starting_point": True})
     if known is not None:  # a study made before the objective was a choice searched AUROC (``goal_of``)
         known, identity = ({"objective": DEFAULT_OBJECTIVE, **settings} for settings in (known, identity))
-    if known is None:
-        searched.set_user_attr("identity", identity)
-        if start and all(in_space(key, value) for key, value in start.items()):
-            searched.enqueue_trial(start, user_attrs={"starting_point": True})
-    elif known != identity:
-        changed = sorted(key for key in identity.keys() | known.keys() if identity.get(key) != known.get(key))
-        raise SystemExit(f"study {name!r} in {storage.url} searches other settings ({', '.join(changed)}): "
-                         "name another --study, or repeat the first process's arguments")  # fmt: skip
+        if known != identity:
+            changed = sorted(key for key in identity.keys() | known.keys() if identity.get(key) != known.get(key))
+            raise SystemExit(f"study {name!r} in {without_password(url)} searches other settings "
+                             f"({', '.join(changed)}): name another --study, or repeat the first process's "
+                             "arguments")  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(searched)
     return searched
 
 
+def preset_refusal(name: str) -> str | None:
+    """Why ``--write-preset NAME`` is refused (a path, or a preset that exists: a shipped one is never overwritten),
+    or None."""
+    if not PRESET_NAME.fullmatch(name):
+        return f"--write-preset {name}: a preset's name is letters, digits, '-' and '_'"
+    path = CONFIG_DIR / f"{name}.json"
+    return f"--write-preset {name}: {path} exists; choose another name, or delete it" if path.exists() else None
+
+
 def write_preset(target: str, preset: str, fixed: dict, best: dict) -> Path:
     """The preset's file with the settings fixed for the search (``--set``) and the best trial's values:
-    ``garlic/configs/<target>.json``, or the path given."""
-    path = Path(target) if target.endswith(".json") else CONFIG_DIR / f"{target}.json"
+    ``garlic/configs/<target>.json``, made new (``preset_refusal``: another process of the study may have
+    written it since this one started)."""
     settings = json.loads((CONFIG_DIR / f"{preset}.json").read_text()) | fixed | best
-    with atomic_file(path, "w") as file:
-        file.write(json.dumps(settings, indent=2) + "\n")
-    return path
+    with locked(CONFIG_DIR):
+        refusal = preset_refusal(target)
+        if refusal is not None:
+            raise SystemExit(refusal)
+        with atomic_file(CONFIG_DIR / f"{target}.json", "w") as file:
+            file.write(json.dumps(settings, indent=2) + "\n")
+    return CONFIG_DIR / f"{target}.json"
 
 
 def summary(searched: optuna.Study) -> str:
@@ -317,14 +386,18 @@ def archive_study(searched: optuna.Study, path: Path) -> None:
     partial.replace(path)
 
 
-def restore_study(name: str, storage: str, path: Path) -> int:
-    """Copy study ``name`` from its journal at ``path`` into ``storage`` where that has no such study; returns the
-    number of trials copied (0: nothing to restore)."""
-    if not path.is_file() or name in optuna.get_all_study_names(storage):
+def restore_study(name: str, url: str, path: Path) -> int:
+    """Copy study ``name`` from its journal at ``path`` into the storage at ``url`` where that has no such study;
+    returns the number of trials copied (0: nothing to restore)."""
+    if not path.is_file():
         return 0
-    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
-    optuna.copy_study(from_study_name=name, from_storage=journal, to_storage=storage)
-    return len(optuna.load_study(study_name=name, storage=storage).trials)
+    with one_at_a_time(url):  # copied once, by the first of the processes starting together
+        storage = rdb_storage(url)
+        if name in optuna.get_all_study_names(storage):
+            return 0
+        journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+        optuna.copy_study(from_study_name=name, from_storage=journal, to_storage=storage)
+        return len(optuna.load_study(study_name=name, storage=storage).trials)
 
 
 def write_report(folder: Path, command: str, searched: optuna.Study) -> Path:
@@ -399,6 +472,21 @@ def storage_url(text: str) -> str:
     return text
 
 
+@contextmanager
+def sigterm_as_exit():
+    """SIGTERM raises ``SystemExit(143)`` in the ``with`` block, as Ctrl-C raises ``KeyboardInterrupt``: the runs of
+    the trial under way end FAILED (``tracked_run``) instead of staying RUNNING."""
+
+    def stop(number: int, frame) -> None:
+        raise SystemExit(128 + number)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -423,6 +511,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--trials must be 0 (only report) or more")
     if not args.preset:
         parser.error("--preset is required: the configuration the search starts from")
+    if args.write_preset is not None and preset_refusal(args.write_preset):
+        parser.error(preset_refusal(args.write_preset))
     fixed = [*args.set, *([f"max_epochs={args.max_epochs}"] if args.max_epochs else [])]
     base = study.study_config(args)
     protocol = args.protocol or base.split_protocol
@@ -440,11 +530,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"study {name} restored from {args.out / f'{name}.jsonl'}: {restored} trials")
     searched = open_study(name, storage, identity, args.sampler_seed, {key: getattr(base, key) for key in names})
     study.open_experiment(f"search-{args.dataset}", args.mlruns)
-    command = "python -m experiments.search " + shlex.join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m experiments.search " + shlex.join(map(without_password, given))
     if args.trials:
-        searched.optimize(objective(base, cohort, names, name, goal_of(searched)), n_trials=args.trials,
-                          timeout=None if args.timeout is None else 60 * args.timeout, catch=(),
-                          callbacks=[after_each_trial(args.out, command)])  # fmt: skip
+        with sigterm_as_exit():
+            searched.optimize(objective(base, cohort, names, name, goal_of(searched), args.mlruns),
+                              n_trials=args.trials, timeout=None if args.timeout is None else 60 * args.timeout,
+                              catch=(), callbacks=[after_each_trial(args.out, command)])  # fmt: skip
     print(summary(searched))
     if args.out is not None:
         print(f"report written to {write_report(args.out, command, searched)}")

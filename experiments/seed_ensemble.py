@@ -108,6 +108,23 @@ def blend_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
     return row
 
 
+def ensemble_tables(args: argparse.Namespace, name: str) -> dict[str, pd.DataFrame]:
+    """The table ``name`` (each preset's ensembles) and, with ``--blend``, ``name-blend``, from the run archive."""
+    archive = compare.open_archive(args.out, args.dataset, args.data_root)
+    baseline = archived(archive, args.against, args.protocol)
+    if not baseline:
+        raise SystemExit(f"{archive.folder} keeps no {args.against} run on {args.protocol}")
+    presets = {}
+    for preset in args.presets:
+        presets[preset] = archived(archive, preset, args.protocol)
+        if not presets[preset]:
+            raise SystemExit(f"{archive.folder} keeps no {preset} run on {args.protocol}")
+    tables = {name: pd.DataFrame([ensemble_row(seeds, baseline, args.against) for seeds in presets.values()])}
+    if args.blend:
+        tables[f"{name}-blend"] = pd.DataFrame([blend_row(seeds, baseline, args.against) for seeds in presets.values()])
+    return tables
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.seed_ensemble", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -121,19 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results"),
                         help="the folder holding <dataset>-runs; ensemble-<dataset>.md is written there")
     args = parser.parse_args(argv)
-    archive = compare.open_archive(args.out, args.dataset, args.data_root)
-    baseline = archived(archive, args.against, args.protocol)
-    if not baseline:
-        raise SystemExit(f"{archive.folder} keeps no {args.against} run on {args.protocol}")
-    presets = {}
-    for preset in args.presets:
-        presets[preset] = archived(archive, preset, args.protocol)
-        if not presets[preset]:
-            raise SystemExit(f"{archive.folder} keeps no {preset} run on {args.protocol}")
     name = f"ensemble-{args.dataset}-{args.protocol}"
-    tables = {name: pd.DataFrame([ensemble_row(seeds, baseline, args.against) for seeds in presets.values()])}
-    if args.blend:
-        tables[f"{name}-blend"] = pd.DataFrame([blend_row(seeds, baseline, args.against) for seeds in presets.values()])
+    try:  # a damaged archive, or runs that cannot make an ensemble: one line, not a traceback
+        tables = ensemble_tables(args, name)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     command = "python -m experiments.seed_ensemble " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = (f"# Seed ensembles: {args.dataset} {args.protocol}\n\nMade by (from the run archive, nothing trained):\n\n"
             f"```bash\n{command}\n```\n\n{study.markdown(tables[name])}\n")  # fmt: skip

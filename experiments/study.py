@@ -29,9 +29,11 @@ from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
 from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.evaluation.fit_and_test import TEST_METRICS  # noqa: E402
+from garlic.metrics import METRICS  # noqa: E402
 from garlic.tracking import run_contract  # noqa: E402
 from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
-from experiments.run_archive import dataset_outcomes, read_risks, write_risks  # noqa: E402
+from experiments.run_archive import (check_probabilities, check_unique, dataset_outcomes, read_risks,  # noqa: E402
+                                     write_risks)
 from experiments.stats import mean_std  # noqa: E402
 from garlic.io.tables import read_manifest  # noqa: E402
 from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
@@ -137,7 +139,13 @@ class StudyArchive:
         # read once: the study writes its runs table only after every lookup
         runs = pd.DataFrame()
         if runs_path is not None and runs_path.is_file():
-            runs = pd.read_csv(runs_path, dtype={"run_id": str, "settings": str, "data_digest": str})
+            runs = pd.read_csv(runs_path, dtype={"run_id": str, "settings": str, "data_digest": str},
+                               skip_blank_lines=False)  # fmt: skip
+            # checked as the comparison's archive is (``experiments.run_archive``): a run counted twice or a test
+            # metric that is no probability would make wrong tables
+            if "run_id" in runs:
+                check_unique(runs_path, runs, ["run_id"])
+            check_probabilities(runs_path, runs, [f"test_{name}" for name in METRICS if f"test_{name}" in runs])
         self._archived = runs if {"settings", "data_digest"} <= set(runs.columns) else pd.DataFrame()
 
     def archived(self) -> pd.DataFrame:

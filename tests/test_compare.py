@@ -365,7 +365,7 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     old = [unit("old", seed, risk) for seed, risk in enumerate(risks)]
     same = [unit("new", seed, risk) for seed, risk in enumerate(risks)]  # each seed equals the old one's
     baseline = [unit("logreg", None, risks[1])]
-    paired = compare.comparisons(old + same + baseline, ["old", "new"], ["garlic-reference"], against="old")
+    paired = compare.comparisons(old + same + baseline, ["old", "new"], ["garlic-reference"], against=["old"])
     rows = paired.set_index(["preset", "baseline", "metric"])
     for metric in ("auroc", "auprc"):
         tie = rows.loc[("new", "old", metric)]
@@ -512,3 +512,63 @@ def test_published_rows_come_from_the_one_table_of_published_numbers():
         assert (shown.loc[row.method, "auroc_mean"], shown.loc[row.method, "auprc_std"]) == (row.auroc[0], row.auprc[1])
     assert {"published: KEDGN", "published: ISTS-PLM"} <= set(shown.index)  # the best published on these splits
     assert "published: GARLIC" not in shown.index  # published on garlic-reference, not asked for
+
+
+def test_a_damaged_archive_is_refused_in_one_line_and_nothing_is_written_back(compared, tmp_path):
+    root, _, out, _, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    risks = moved / "synthetic-runs" / "synthetic" / "tiny-split_0-seed_1.csv.gz"
+    damaged = pd.read_csv(risks)
+    damaged.loc[2, "risk"] = float("nan")
+    damaged.to_csv(risks, index=False, compression="gzip")
+    written = {path: path.read_bytes() for path in moved.rglob("*") if path.is_file()}
+    with pytest.raises(SystemExit) as refused:
+        compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    assert str(refused.value) == f"{risks}, line 4: risk nan is not a number in [0, 1]"
+    index = moved / "synthetic-runs" / "runs.csv"
+    lines = index.read_text().splitlines()
+    index.write_text("\n".join([*lines, lines[1]]) + "\n")
+    written[index] = index.read_bytes()
+    with pytest.raises(SystemExit, match=f"^{index}, line {len(lines) + 1} repeats line 2 \\(method "):
+        compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    assert {path: path.read_bytes() for path in moved.rglob("*") if path.is_file()} == written
+
+
+def test_a_call_naming_fewer_methods_keeps_the_others_rows_from_the_run_archive(compared, tmp_path):
+    root, _, out, first, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    with tiny_protocol():  # one baseline of the three methods kept
+        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", *TINY,
+                      "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
+                      "--no-train"])  # fmt: skip
+    assert (moved / "synthetic.csv").read_text() == first[1]
+    assert pd.read_csv(moved / "synthetic-paired.csv").equals(pd.read_csv(out / "synthetic-paired.csv"))
+    report = (moved / "synthetic.md").read_text()
+    assert "## Read from the run archive, not named by the command\n" in report
+    assert "- tiny: gbm, synthetic\n" in report
+
+
+def test_a_call_naming_one_protocol_keeps_the_other_protocols_rows_from_the_run_archive(compared, tmp_path):
+    root, _, out, _, _ = compared
+    moved = tmp_path / "results"
+    shutil.copytree(out, moved)
+    archive = moved / "synthetic-runs"
+    runs = pd.read_csv(archive / "runs.csv", dtype=str, keep_default_na=False)
+    for row in runs.itertuples():  # the same units kept as a second protocol's too
+        seed = f"-seed_{row.seed}" if row.seed else ""
+        shutil.copy(archive / row.method / f"tiny-split_0{seed}.csv.gz",
+                    archive / row.method / f"tiny2-split_0{seed}.csv.gz")
+    pd.concat([runs, runs.assign(protocol="tiny2")]).to_csv(archive / "runs.csv", index=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROTOCOLS, "tiny2", Protocol("tiny2", (0,), seeds=(0, 1)))
+        compare_tiny(root, tmp_path / "empty", moved, "--no-train")
+    table = pd.read_csv(moved / "synthetic.csv")
+    assert table[["method", "protocol"]].values.tolist() == [[method, name] for name in ("tiny", "tiny2")
+                                                             for method in ("logreg", "gbm", "synthetic")]
+    numbers = table.drop(columns="protocol")
+    assert numbers.iloc[:3].reset_index(drop=True).equals(numbers.iloc[3:].reset_index(drop=True))
+    paired = pd.read_csv(moved / "synthetic-paired.csv")
+    assert sorted(set(paired["protocol"])) == ["tiny", "tiny2"]
+    assert "- tiny2: logreg, gbm, synthetic\n" in (moved / "synthetic.md").read_text()

@@ -1,12 +1,14 @@
 """The comparison's committed record of its units: read back only for the same settings and data, whole or not at
 all, with the outcomes joined back from the dataset."""
 import gzip
+import io
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.run_archive import RUNS, RunArchive, Unit, risks_path
+from experiments import study
+from experiments.run_archive import RUNS, RunArchive, Unit, risks_path, write_risks
 
 LABELS = pd.Series([0, 1, 0, 1], index=pd.Index([11, 12, 13, 14], name="stay_id"), name="label")
 
@@ -55,3 +57,59 @@ def test_a_damaged_archive_is_an_error_that_names_the_file(tmp_path):
     (tmp_path / RUNS).write_text("method,protocol\npreset,five-split\n")
     with pytest.raises(ValueError, match=f"{tmp_path / RUNS}: no column"):
         RunArchive(tmp_path, "data-1", LABELS)
+
+
+@pytest.mark.parametrize("risk, shown", [("nan", "nan"), ("inf", "inf"), ("1.5", "1.5"), ("-0.1", "-0.1"),
+                                         ("high", "high")])  # fmt: skip
+def test_a_risk_that_is_not_a_probability_is_refused_naming_the_file_and_line(tmp_path, risk, shown):
+    RunArchive(tmp_path, "data-1", LABELS).keep([unit()])
+    path = tmp_path / risks_path("preset", "five-split", 2, 0)
+    with gzip.open(path, "wt") as out:
+        out.write(f"stay_id,risk\n11,0.1\n12,{risk}\n13,0.3\n14,0.6\n")
+    with pytest.raises(ValueError, match=f"^{path}, line 3: risk {shown} is not a number in \\[0, 1\\]$"):
+        RunArchive(tmp_path, "data-1", LABELS).find("preset", "five-split", 2, 0, "abc")
+
+
+def test_a_stay_repeated_in_a_risks_file_is_refused(tmp_path):
+    RunArchive(tmp_path, "data-1", LABELS).keep([unit()])
+    path = tmp_path / risks_path("preset", "five-split", 2, 0)
+    with gzip.open(path, "wt") as out:
+        out.write("stay_id,risk\n11,0.1\n12,0.8\n11,0.3\n14,0.6\n")
+    with pytest.raises(ValueError, match=f"^{path}, line 4 repeats line 2 \\(stay_id 11\\)$"):
+        RunArchive(tmp_path, "data-1", LABELS).find("preset", "five-split", 2, 0, "abc")
+
+
+def test_a_repeated_unit_or_a_metric_out_of_range_in_runs_csv_is_refused_naming_the_line(tmp_path):
+    RunArchive(tmp_path, "data-1", LABELS).keep([unit(), unit(seed=1)])
+    index = tmp_path / RUNS
+    good = index.read_text()
+    lines = good.splitlines()
+    index.write_text("\n".join([*lines, lines[1]]) + "\n")  # the first unit again, as line 4
+    with pytest.raises(ValueError, match=f"^{index}, line 4 repeats line 2 \\(method preset, protocol five-split, "
+                                         "split 2, seed 0\\)$"):
+        RunArchive(tmp_path, "data-1", LABELS)
+    for value in ("nan", "inf", "1.2", "-0.5"):
+        runs = pd.read_csv(io.StringIO(good)).astype({"brier": object})
+        runs.loc[1, "brier"] = value
+        runs.to_csv(index, index=False)
+        with pytest.raises(ValueError, match=f"^{index}, line 3: brier {value} is not a number in \\[0, 1\\]$"):
+            RunArchive(tmp_path, "data-1", LABELS)
+
+
+def test_a_studys_archive_refuses_a_repeated_run_a_metric_out_of_range_and_a_bad_risk(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "dataset_outcomes", lambda dataset, data_root: ("data-1", LABELS))
+    table = tmp_path / "fidelity_runs.csv"
+    runs = pd.DataFrame({"split": [0, 1], "run_id": ["a", "b"], "settings": ["s", "s"], "test_auroc": [0.8, 0.7],
+                         "data_digest": ["data-1", "data-1"]})  # fmt: skip
+    runs.to_csv(table, index=False)
+    archive = study.StudyArchive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
+    assert len(archive.runs()) == 2
+    write_risks(tmp_path / "risks" / "a.csv.gz", pd.DataFrame({"stay_id": [11, 12], "risk": [0.2, float("nan")]}))
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'risks' / 'a.csv.gz'}, line 3: risk nan is not a number"):
+        archive.predictions(tmp_path, "a")
+    runs.assign(run_id="a").to_csv(table, index=False)
+    with pytest.raises(ValueError, match=f"^{table}, line 3 repeats line 2 \\(run_id a\\)$"):
+        study.StudyArchive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
+    runs.assign(test_auroc=[0.8, 1.3]).to_csv(table, index=False)
+    with pytest.raises(ValueError, match=f"^{table}, line 3: test_auroc 1.3 is not a number in \\[0, 1\\]$"):
+        study.StudyArchive(tmp_path, "fidelity_runs", "synthetic", tmp_path)

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mlflow
 import optuna
 import pandas as pd
 import pytest
+import sqlalchemy
 
 from experiments import search, study
 from garlic.config import Config
@@ -17,6 +23,7 @@ from garlic.tracking.store import use_store
 from garlic.sources import synthetic
 
 TINY = ["--max-epochs", "2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +45,25 @@ def no_test_part(monkeypatch):
     monkeypatch.setattr(Split, "positions", guarded)
 
 
+@pytest.fixture
+def presets(tmp_path, monkeypatch):
+    """The shipped presets, copied to a folder the search writes its presets into (``search.CONFIG_DIR``)."""
+    folder = tmp_path / "repository" / "experiments" / "configs"
+    shutil.copytree(search.CONFIG_DIR, folder)
+    monkeypatch.setattr(search, "CONFIG_DIR", folder)
+    return folder
+
+
 def arguments(data_root, store, *extra):
     return ["--dataset", "synthetic", "--preset", "synthetic", "--data-root", str(data_root), "--mlruns", str(store),
             "--space", "lr_cls", "dropout", "--sampler-seed", "0", *TINY, *extra]  # fmt: skip
 
 
 def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_to_the_study(
-    data_root, tmp_path, no_test_part, capsys
+    data_root, tmp_path, no_test_part, capsys, presets
 ):
     store = tmp_path / "mlruns"
-    search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "2", "--write-preset",
-                          str(tmp_path / "best.json")))  # fmt: skip
+    search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "2", "--write-preset", "best"))
     storage = f"sqlite:///{store / 'optuna.db'}"
     found = optuna.load_study(study_name="search-synthetic-five-split", storage=storage)
     assert [t.state for t in found.trials] == [optuna.trial.TrialState.COMPLETE] * 2
@@ -72,9 +87,9 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     assert {r.data.params["split"] for r in splits} == {"five-split/split_0", "five-split/split_1"}
     assert all("val_auroc" in r.data.metrics for r in splits)  # the per-epoch curves
 
-    written = json.loads((tmp_path / "best.json").read_text())
+    written = json.loads((presets / "best.json").read_text())
     assert written["lr_cls"] == found.best_params["lr_cls"] and written["max_epochs"] == 2
-    assert Config.load(tmp_path / "best.json").hidden_dim == 16
+    assert Config.load(presets / "best.json").hidden_dim == 16
     assert "2 trials (2 complete)" in capsys.readouterr().out
 
     search.main(arguments(data_root, store, "--splits", "0", "1", "--trials", "1"))
@@ -166,7 +181,7 @@ def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_pa
     cohort = study.load_cohort("synthetic", data_root, "five-split", [0])
     study.open_experiment("search-synthetic", tmp_path / "mlruns")
     always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
-    always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc"), n_trials=1,
+    always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc", tmp_path / "mlruns"), n_trials=1,
                     callbacks=[search.after_each_trial(None, "")])  # fmt: skip
     (trial,) = always.trials
     assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.intermediate_values) == [1]
@@ -203,3 +218,118 @@ def test_a_storage_url_that_cannot_be_opened_is_one_line_before_anything_loads(t
     assert stopped.value.code == 2 and "Traceback" not in error
     assert error.strip().splitlines()[-1].startswith(f"python -m experiments.search: error: argument --storage: {reason}")
     assert not (tmp_path / "no-data").exists() and not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("name, refusal", [
+    ("synthetic", "--write-preset synthetic: {folder}/synthetic.json exists; choose another name, or delete it"),
+    ("../../../x", "--write-preset ../../../x: a preset's name is letters, digits, '-' and '_'"),
+    ("x.json", "--write-preset x.json: a preset's name is letters, digits, '-' and '_'"),
+])  # fmt: skip
+def test_write_preset_refuses_an_existing_preset_and_a_path_before_anything_is_searched(
+    data_root, tmp_path, presets, capsys, name, refusal
+):
+    shipped = {path.name: path.read_bytes() for path in presets.iterdir()}
+    with pytest.raises(SystemExit):
+        search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "1", "--write-preset", name))
+    assert refusal.format(folder=presets) in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in presets.iterdir()} == shipped
+    assert not list(tmp_path.rglob("x.json")) and not (tmp_path / "mlruns" / "optuna.db").exists()  # nothing searched
+
+
+def test_the_report_and_a_refusal_show_the_storage_without_its_password(data_root, tmp_path, monkeypatch, capsys):
+    local = f"sqlite:///{tmp_path / 'optuna.db'}"
+    made = search.rdb_storage
+    monkeypatch.setattr(search, "rdb_storage", lambda url: made(local))  # a database server, here a file
+    server = "postgresql://searcher:s3cret@db.example.org:5432/optuna"
+    report_dir = tmp_path / "report"
+    search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "0", "--storage", server, "--out",
+                          str(report_dir)))  # fmt: skip
+    page = (report_dir / "search-synthetic-five-split.md").read_text()
+    assert "--storage 'postgresql://searcher:***@db.example.org:5432/optuna'" in page
+    with pytest.raises(SystemExit) as refused:
+        search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "0", f"--storage={server}", "--splits",
+                              "1"))  # fmt: skip
+    assert "in postgresql://searcher:***@db.example.org:5432/optuna searches other settings" in str(refused.value)
+    everything = [page, str(refused.value), *capsys.readouterr()]
+    everything += [path.read_text() for path in report_dir.iterdir() if path.suffix in (".md", ".csv", ".jsonl")]
+    assert not [text for text in everything if "s3cret" in text]
+
+
+START_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from alembic.runtime.migration import MigrationContext
+from experiments import search
+
+heads = MigrationContext.get_current_heads
+def slowly_read_heads(self):  # a slow disk: the other process reads the new schema's version meanwhile
+    read = heads(self)
+    time.sleep(1)
+    return read
+MigrationContext.get_current_heads = slowly_read_heads
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.01)
+search.open_study("together", sys.argv[1], {"preset": "synthetic"}, 0, {"dropout": 0.2})
+"""
+
+
+def test_two_processes_starting_together_on_a_new_sqlite_storage_both_open_the_study(tmp_path):
+    url, go = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "go"
+    processes = [subprocess.Popen([sys.executable, "-c", START_AT_ONCE, url, str(go)], cwd=REPOSITORY,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    time.sleep(1)
+    go.touch()
+    errors = [process.communicate(timeout=120)[1] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], errors
+    together = optuna.load_study(study_name="together", storage=url)
+    assert together.user_attrs["identity"] == {"preset": "synthetic"}
+    assert [trial.system_attrs["fixed_params"] for trial in together.trials] == [{"dropout": 0.2}]  # not one each
+
+
+INTERRUPTED = """
+import sys, time
+from pathlib import Path
+from experiments import search
+
+def held(config, tensors, split, trial, score):  # a trial that takes long
+    Path(sys.argv[1]).touch()
+    time.sleep(300)
+
+search.validation_score = held
+search.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_search_leaves_no_trial_run_running(data_root, tmp_path, signal_number):
+    store, started = tmp_path / "mlruns", tmp_path / "started"
+    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(started),
+                                *arguments(data_root, store, "--trials", "1")], cwd=REPOSITORY)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started.exists(), "the trial never started"
+    process.send_signal(signal_number)
+    assert process.wait(timeout=60) == (143 if signal_number == signal.SIGTERM else -signal.SIGKILL)
+    use_store(store)
+    runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
+    assert sorted(run.info.run_name for run in runs) == ["five-split/split_0", "trial_0"]
+    if signal_number == signal.SIGKILL:  # nothing could end them: the next search's start does
+        assert {run.info.status for run in runs} == {"RUNNING"}
+        study.open_experiment("search-synthetic", store)
+        runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
+    assert {run.info.status for run in runs} == {"FAILED"}
+
+
+def test_a_database_server_is_opened_again_when_another_process_made_its_schema_meanwhile(monkeypatch):
+    opened = []
+
+    def racing(url, **settings):  # the second of two processes that made the schema at once
+        opened.append(url)
+        if len(opened) == 1:
+            raise sqlalchemy.exc.IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE failed"))
+        return "the storage"
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    assert search.rdb_storage("postgresql://searcher:s3cret@db.example.org/optuna") == "the storage"
+    assert len(opened) == 2

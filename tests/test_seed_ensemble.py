@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from experiments.run_archive import RunArchive, Unit
+from experiments import compare, seed_ensemble
+from experiments.run_archive import RUNS, RunArchive, Unit, risks_path
 from experiments.seed_ensemble import archived, blend_row, ensemble, ensemble_row
 
 STAYS = np.arange(100, 300)
@@ -23,9 +24,9 @@ def archive(tmp_path):
         metrics = {"auroc": roc_auc_score(predictions["label"], risk), "auprc": 0.0, "brier": 0.0, "ece": 0.0}
         return Unit(method, "garlic-reference", 0, seed, f"{method}-{seed}", "settings", metrics, predictions)
 
-    signal = labels.to_numpy() * 0.4
-    kept.keep([unit("preset", seed, signal + generator.random(len(STAYS))) for seed in range(3)]
-              + [unit("gbm_static", None, signal + generator.random(len(STAYS)))])  # fmt: skip
+    signal = labels.to_numpy() * 0.4  # risks: signal + a draw in [0, 1), divided by 1.4 to be probabilities
+    kept.keep([unit("preset", seed, (signal + generator.random(len(STAYS))) / 1.4) for seed in range(3)]
+              + [unit("gbm_static", None, (signal + generator.random(len(STAYS))) / 1.4)])  # fmt: skip
     return kept, unit
 
 
@@ -78,3 +79,33 @@ def test_a_blend_is_the_mean_of_the_ensembles_and_the_baselines_risks_paired_wit
                       baseline[0].predictions)]  # fmt: skip
     with pytest.raises(ValueError, match="gbm_static has no run on a split of preset's ensembles"):
         blend_row(seeds, elsewhere, "gbm_static")
+
+
+def ensemble_command(kept, monkeypatch, tmp_path):
+    """The command on the archive ``kept``, read from disk as the command reads it."""
+    monkeypatch.setattr(compare, "open_archive", lambda out, dataset, data_root: RunArchive(
+        kept.folder, kept.data_digest, kept.labels))
+    seed_ensemble.main(["--dataset", "synthetic", "--protocol", "garlic-reference", "--presets", "preset",
+                        "--out", str(tmp_path / "out")])  # fmt: skip
+
+
+def test_a_nan_risk_or_a_repeated_run_is_refused_by_the_command_in_one_line(archive, monkeypatch, tmp_path, capsys):
+    kept, _ = archive
+    path = kept.folder / risks_path("preset", "garlic-reference", 0, 1)
+    good = path.read_bytes()
+    risks = pd.read_csv(path)
+    risks.loc[0, "risk"] = float("nan")
+    risks.to_csv(path, index=False, compression="gzip")
+    with pytest.raises(SystemExit) as refused:
+        ensemble_command(kept, monkeypatch, tmp_path)
+    assert str(refused.value) == f"{path}, line 2: risk nan is not a number in [0, 1]"
+    path.write_bytes(good)
+    ensemble_command(kept, monkeypatch, tmp_path)  # whole again
+    assert "| preset | garlic-reference | 1 | 3 |" in capsys.readouterr().out
+    index = kept.folder / RUNS
+    lines = index.read_text().splitlines()
+    index.write_text("\n".join([*lines, lines[2]]) + "\n")
+    with pytest.raises(SystemExit) as refused:
+        ensemble_command(kept, monkeypatch, tmp_path)
+    assert str(refused.value) == (f"{index}, line 6 repeats line 3 (method preset, protocol garlic-reference, "
+                                  "split 0, seed 1)")
