@@ -31,7 +31,9 @@ report names them. A damaged archive (``experiments.run_archive.DamagedArchiveEr
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
 FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
 in parallel into separate stores are gathered by listing every store; new work goes into the first, and a GARLIC
-unit that another live process trains into it (``unit_lock``) is left to that process. Baselines reuse
+unit that another live process trains into it (``unit_lock``) is left to that process. A unit whose run stopped
+half-way in the first store (killed, or its machine gone) with its training state kept is resumed from its last
+epoch (``interrupted_unit``), in the same MLflow run, not trained again from the start. Baselines reuse
 their finished runs the same way (``experiments.study.resumable``). ``--no-train`` only gathers, and names what is
 missing.
 
@@ -110,6 +112,25 @@ def matches(params: dict[str, str], config: Config) -> bool:
         elif params[key] != str(value):
             return False
     return True
+
+
+def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: str) -> str | None:
+    """The newest run of ``config`` on ``split_name`` in ``store`` that stopped before it finished (killed, failed,
+    or left RUNNING by a process that died with its machine) and kept its training state, to be resumed where it
+    stopped rather than trained from its first epoch; None when there is none."""
+    if not (Path(store) / "mlflow.db").is_file():
+        return None
+    use_store(store)
+    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
+             f"and params.seed = '{config.seed}' and attributes.status != 'FINISHED'")  # fmt: skip
+    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
+                               order_by=["attributes.start_time DESC"])  # fmt: skip
+    for run in found:
+        if (run_contract.METHOD not in run.data.tags and "mlflow.parentRunId" not in run.data.tags
+                and matches(run.data.params, config)
+                and run_contract.training_state_path(store, run.info.run_id).is_file()):  # fmt: skip
+            return run.info.run_id
+    return None
 
 
 def finished_unit(
@@ -205,10 +226,14 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                 else:
                     try:  # it may have finished while this process waited for it
                         found = finished_unit(stores[:1], unit_config, split_name, digest)
-                        if found is None:
+                        interrupted = interrupted_unit(stores[0], unit_config, split_name, digest)
+                        if found is None and interrupted is not None:
+                            log.info("resuming %s on %s, seed %d (run %s)", name, split_name, seed, interrupted)
+                            runs.resume(interrupted, data_root, stores[0])
+                        elif found is None:
                             log.info("training %s on %s, seed %d", name, split_name, seed)
                             runs.train(unit_config, [index], data_root, stores[0], preset=name)
-                            found = finished_unit(stores[:1], unit_config, split_name, digest)
+                        found = finished_unit(stores[:1], unit_config, split_name, digest)
                     finally:
                         release(claim)
             if found is None:
@@ -219,6 +244,16 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
                               study.test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
+
+
+def interrupted_pending(unit: Pending, store: Path, data_root: Path, overrides: list[str]) -> str | None:
+    """``interrupted_unit`` of a pending unit in ``store`` (None while the store has no database yet)."""
+    if not (Path(store) / "mlflow.db").is_file():
+        return None
+    config = preset_config(unit.preset, unit.dataset, overrides).override(
+        {"split_protocol": unit.protocol, "seed": unit.seed})
+    digest = run_contract.manifest_digest(read_manifest(ensure_processed(unit.dataset, data_root)))
+    return interrupted_unit(store, config, f"{unit.protocol}/split_{unit.split}", digest)
 
 
 def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: int) -> Path:
@@ -237,9 +272,13 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
     jobs = []
     for unit in pending:
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
-        command = [sys.executable, "-m", "garlic.cli", "--data-root", str(data_root), "--mlruns", str(store), "train",
-                   "--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--dataset", unit.dataset, "--protocol",
-                   unit.protocol, "--split", str(unit.split), *settings]  # fmt: skip
+        interrupted = interrupted_pending(unit, store, data_root, overrides)
+        command = [sys.executable, "-m", "garlic.cli", "--data-root", str(data_root), "--mlruns", str(store), "train"]
+        if interrupted is not None:  # a run stopped half-way (its machine gone) goes on from its last epoch
+            command += ["--resume", interrupted]
+        else:
+            command += ["--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--dataset", unit.dataset, "--protocol",
+                        unit.protocol, "--split", str(unit.split), *settings]  # fmt: skip
         log_name = f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
         jobs.append(Job(str(unit), command, unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
                         Path(store) / "logs" / log_name))  # fmt: skip

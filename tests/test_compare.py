@@ -572,3 +572,33 @@ def test_a_call_naming_one_protocol_keeps_the_other_protocols_rows_from_the_run_
     paired = pd.read_csv(moved / "synthetic-paired.csv")
     assert sorted(set(paired["protocol"])) == ["tiny", "tiny2"]
     assert "- tiny2: logreg, gbm, synthetic\n" in (moved / "synthetic.md").read_text()
+
+
+def test_a_unit_stopped_half_way_is_resumed_in_its_own_run_not_trained_again(tmp_path):
+    # A machine that went away mid-run leaves the unit's run unfinished with its training state: the next compare
+    # goes on from the state's epoch in that MLflow run, and the unit's row is that run.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
+    store = tmp_path / "mlruns"
+    config = compare.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=8", "feature_dim=4"])
+    config = config.override({"split_protocol": "five-split"})
+
+    def dies_in_the_second_epoch(split, record):  # after epoch 1's state was saved, before epoch 2's
+        if record.epoch == 2:
+            raise KeyboardInterrupt("the machine went away")
+
+    with pytest.raises(KeyboardInterrupt):
+        runs.train(config, [0], data_root=tmp_path, store=store, on_epoch=dies_in_the_second_epoch, preset="synthetic")
+    use_store(store)
+    (stopped,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert stopped.info.status == "KILLED"
+    assert run_contract.training_state_path(store, stopped.info.run_id).is_file()
+    units, missing = compare.garlic_units("synthetic", config, "five-split", [store], tmp_path, train=True)
+    assert missing == [] and [u.split for u in units if u.split == 0] == [0]
+    (unit,) = [u for u in units if u.split == 0]
+    assert unit.run_id == stopped.info.run_id and len(split_runs(store)) == 5
+    use_store(store)
+    resumed = mlflow.get_run(stopped.info.run_id)
+    assert resumed.info.status == "FINISHED"
+    # epoch 1 was trained once, before the stop; epoch 2 again from epoch 1's state, then epoch 3
+    history = mlflow.MlflowClient().get_metric_history(stopped.info.run_id, "val_auroc")
+    assert sorted(m.step for m in history) == [1, 2, 2, 3]

@@ -240,6 +240,7 @@ def test_the_report_and_a_refusal_show_the_storage_without_its_password(data_roo
     local = f"sqlite:///{tmp_path / 'optuna.db'}"
     made = search.rdb_storage
     monkeypatch.setattr(search, "rdb_storage", lambda url: made(local))  # a database server, here a file
+    monkeypatch.setattr(search, "storage_url", lambda text: text)  # whose driver (psycopg) is not installed here
     server = "postgresql://searcher:s3cret@db.example.org:5432/optuna"
     report_dir = tmp_path / "report"
     search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "0", "--storage", server, "--out",
