@@ -12,10 +12,10 @@ a process of its own, because OpenMP reads its wait policy once, as torch loads.
 them. The variants:
 
     before      torch's own thread count and OpenMP's default wait (spinning, then sleeping): garlic before #56
-    passive     torch's own thread count, waiting passively (what garlic sets now, unless OMP_WAIT_POLICY is set)
+    passive     torch's own thread count, waiting passively (OMP_WAIT_POLICY=PASSIVE)
     one         one thread (OMP_NUM_THREADS=1)
-    automatic   what `garlic train` does now: waiting passively, threads chosen from the CPUs that other processes
-                left free since the process started (garlic.training.threads), as before every epoch
+    automatic   what `garlic train` does now: OpenMP's default wait, threads chosen from the CPUs that other
+                processes left free since the process started (garlic.training.threads), as before every epoch
 
 ``--out DIR`` writes the table, the machine and the command as the "Under load" section of ``DIR/speed.md`` (the
 speed table of ``experiments.benchmark_training`` above it stays).
@@ -56,7 +56,7 @@ VARIANTS = {v.name: v for v in [
     Variant("before", "torch's thread count, OpenMP's default wait (garlic before #56)", {}, torch_first=True),
     Variant("passive", "torch's thread count, passive wait", {"OMP_WAIT_POLICY": "PASSIVE"}),
     Variant("one", "one thread", {"OMP_NUM_THREADS": "1"}),
-    Variant("automatic", "garlic now: passive wait, threads chosen from the free CPUs", {}),
+    Variant("automatic", "garlic now: OpenMP's default wait, threads chosen from the free CPUs", {}),
 ]}  # fmt: skip
 
 

@@ -11,6 +11,10 @@ again before each epoch, ``evaluate`` and ``predict`` before they score (``adapt
 where the user chose (``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``, or ``torch.set_num_threads`` after a choice of
 ours) and where there is no ``/proc/stat``.
 
+OpenMP's wait is left at its default (spin a while, then sleep): a passive wait (``OMP_WAIT_POLICY=PASSIVE``) made
+an idle epoch's first 40 batches 4.4-5.1 s against 3.8 s, and beside busy processes this module leaves one thread,
+which waits for no other (``docs/results/speed.md``, "Under load").
+
 Imports nothing heavy (torch only inside ``ThreadChooser.adapt``): ``watch_cpus`` runs before torch is loaded.
 """
 from __future__ import annotations
