@@ -7,18 +7,18 @@ split, settings), reused when already finished. Three tables are logged as artif
 - ``ablation_results``: mean +/- std over splits of test AUROC, AUPRC, Brier, ECE before/after temperature scaling
   (on the synthetic cohort also the planted-edge recovery AUROC), with the paper's AUROC beside it (P12, P19);
 - ``ablation_paired``: each variant against the full model, paired on the same splits and test stays: the mean
-  difference and a 95% bootstrap interval over test stays (``experiments.stats.paired_difference``; an interval
+  difference and a 95% bootstrap interval over test stays (``garlic.evaluation.stats.paired_difference``; an interval
   holding 0 is a tie, and a variant whose risks equal the full model's on every split is ``identical``: a switch
   that changed nothing, such as ``joint_training`` on a schedule whose first stage never ends);
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
-With ``--out``, that folder is also the study's run archive (``study.StudyArchive``: the runs table and each run's
+With ``--out``, that folder is also the study's run archive (``studies.StudyArchive``: the runs table and each run's
 test risks), read where the store lacks a run: the tables are made again from the repository alone.
 
     python -m experiments.ablations --dataset synthetic --splits 0 1 --max-epochs 3
 
 ``--workers N`` trains the unfinished (variant, split) units in N parallel processes, each this command narrowed
-to its unit (``experiments.workers``: one per core on a CPU; many on one GPU with ``--device cuda``, and
+to its unit (``garlic.training.workers``: one per core on a CPU; many on one GPU with ``--device cuda``, and
 ``--deadline MINUTES`` to start none after that), then writes the tables of what finished.
 """
 from __future__ import annotations
@@ -31,14 +31,15 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from experiments import published, study
-from experiments.run_archive import Unit
-from experiments.stats import paired_difference
-from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
-from garlic.cli import die_with_parent
+from garlic import studies
+from garlic.training.workers import die_with_parent
 from garlic.config import Config
+from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
+from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
+from garlic.tracking.archive import Unit
+from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
 STUDY = "ablation"
 # Variant name -> the config switches it turns off; "full" is the paper's model.
@@ -56,11 +57,11 @@ VARIANTS = {
 def unit_tags(config: Config, variant: str, split: int) -> dict:
     """What identifies the run of ``variant`` on ``split`` (its settings by digest)."""
     return {"study": STUDY, "dataset": config.dataset, "variant": variant, "split": split,
-            "settings": study.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
+            "settings": studies.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
 
 
-def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
-                 train: bool = True, archive: study.StudyArchive | None = None) -> pd.DataFrame:  # fmt: skip
+def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, variants: list[str],
+                 train: bool = True, archive: studies.StudyArchive | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per (variant, split) with its test metrics: a finished run of the store, else one of the ``archive``,
     else (with ``train``) trained now."""
     records = []
@@ -73,27 +74,27 @@ def run_variants(config: Config, cohort: study.Cohort, experiment_id: str, varia
                 return fit_and_test(estimator, split_parts(cohort.tensors, split))
 
             tags = unit_tags(config, name, split.index)
-            if study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
+            if studies.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
                 kept = archive.find(variant=name, split=split.index, settings=tags["settings"]) if archive else None
                 if kept is not None:
                     records.append(kept)
                 if kept is not None or not train:
                     continue
-            metrics, run_id, _ = study.resumable(experiment_id, tags, f"{name}/split_{split.index}", work)
+            metrics, run_id, _ = studies.resumable(experiment_id, tags, f"{name}/split_{split.index}", work)
             records.append({"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"],
                             **metrics})  # fmt: skip
     return pd.DataFrame(records)
 
 
-def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, experiment_id: str, variants: list[str],
-                     workers: int, store, minutes: float | None, archive: study.StudyArchive) -> None:  # fmt: skip
+def train_in_workers(argv: list[str], config: Config, cohort: studies.Cohort, experiment_id: str, variants: list[str],
+                     workers: int, store, minutes: float | None, archive: studies.StudyArchive) -> None:  # fmt: skip
     """The units finished neither in the store nor in the ``archive``, each as this command (``argv``) narrowed to
     it, in ``workers`` processes."""
     jobs = []
     for split in cohort.splits:  # split by split, so that a deadline leaves whole splits to pair
         for name in variants:
             tags = unit_tags(config, name, split.index)
-            if (study.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
+            if (studies.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
                     or archive.find(variant=name, split=split.index, settings=tags["settings"]) is not None):
                 continue
             unit = f"ablation-{config.dataset}-{name}-split_{split.index}-{tags['settings']}"
@@ -104,7 +105,7 @@ def train_in_workers(argv: list[str], config: Config, cohort: study.Cohort, expe
     run_jobs(jobs, workers, minutes)
 
 
-def paired_against_full(records: pd.DataFrame, predictions: study.Predictions) -> pd.DataFrame:
+def paired_against_full(records: pd.DataFrame, predictions: studies.Predictions) -> pd.DataFrame:
     """Each variant minus the full model, per metric, over the splits both ran: the mean difference and its 95%
     bootstrap interval over test stays, each split's stays drawn once for both (``stats.paired_difference``)."""
     units: dict[str, list[Unit]] = {}
@@ -136,7 +137,7 @@ def with_published(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.ablations", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    study.add_common_arguments(parser)
+    studies.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     add_worker_arguments(parser, "the unfinished units")
     parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
@@ -145,10 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.train_only:
         die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    config = study.study_config(args)
-    cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
-    experiment_id = study.open_experiment(f"ablations-{args.dataset}", args.mlruns)
-    archive = study.StudyArchive(args.out, "ablation_runs", args.dataset, args.data_root)
+    config = studies.study_config(args)
+    cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
+    experiment_id = studies.open_experiment(f"ablations-{args.dataset}", args.mlruns)
+    archive = studies.StudyArchive(args.out, "ablation_runs", args.dataset, args.data_root)
     if args.workers > 1:
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
                          args.workers, args.mlruns, args.deadline, archive)  # fmt: skip
@@ -157,15 +158,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     if records.empty:
         raise SystemExit(f"no ablation run has finished in {args.mlruns} or {args.out}: nothing to tabulate")
-    table = study.results_table(records, ["variant"], TEST_METRICS + ("edge_recovery_auroc",))
+    table = studies.results_table(records, ["variant"], TEST_METRICS + ("edge_recovery_auroc",))
     paired = paired_against_full(records, lambda run_id: archive.predictions(args.mlruns, run_id))
     tables = {"ablation_results": with_published(table, args.dataset), "ablation_paired": paired,
               "ablation_runs": archive.runs_table(records, ["variant", "split", "settings"])}  # fmt: skip
-    summary = study.log_summary(experiment_id, "summary", tables, {},
+    summary = studies.log_summary(experiment_id, "summary", tables, {},
                                 {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
-    study.write_tables(args.out, tables)
+    studies.write_tables(args.out, tables)
     for name in ("ablation_results", "ablation_paired"):
-        print(f"{name}\n{study.markdown(tables[name])}\n")
+        print(f"{name}\n{studies.markdown(tables[name])}\n")
     print(f"summary run {summary} in experiment ablations-{args.dataset}")
 
 

@@ -20,13 +20,13 @@ on ``physionet2019-raindrop``, ``garlic-reference`` on ``physionet2019-garlic``,
 With ``--workers N`` the missing GARLIC units are trained first, in N parallel ``garlic train`` processes (the CPU
 threads shared out evenly; one per core is the fastest on a CPU), all into the first store.
 
-With ``--out``, every unit of the table is also kept in ``OUT/<dataset>-runs/`` (``experiments.run_archive``: test
+With ``--out``, every unit of the table is also kept in ``OUT/<dataset>-runs/`` (``garlic.tracking.archive``: test
 metrics and risks, no outcomes), to be committed beside the table. A unit that no store holds is read back from
 there, so the table can be made again, and extended, after the stores that trained it are gone. A row of the
 table already at ``OUT`` that neither gives (measured before the archive existed) is kept, and the report names it.
 A call naming fewer methods, presets or protocols than the table at ``OUT`` holds (one new method, say) extends it
 rather than cutting it: the rows it does not name are made from the units the run archive keeps of them, and the
-report names them. A damaged archive (``experiments.run_archive.DamagedArchiveError``) is refused in one line.
+report names them. A damaged archive (``garlic.tracking.archive.DamagedArchiveError``) is refused in one line.
 
 Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
 FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
@@ -34,7 +34,7 @@ in parallel into separate stores are gathered by listing every store; new work g
 unit that another live process trains into it (``unit_lock``) is left to that process. A unit whose run stopped
 half-way in the first store (killed, or its machine gone) with its training state kept is resumed from its last
 epoch (``interrupted_unit``), in the same MLflow run, not trained again from the start. Baselines reuse
-their finished runs the same way (``experiments.study.resumable``). ``--no-train`` only gathers, and names what is
+their finished runs the same way (``garlic.studies.resumable``). ``--no-train`` only gathers, and names what is
 missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
@@ -53,29 +53,28 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from experiments import published, study
-from experiments.baselines.run import Baselines
-from experiments.run_archive import RUNS, DamagedArchiveError, RunArchive, Unit, dataset_outcomes
-from experiments.stats import BOOTSTRAP, paired_difference
-from experiments.study import preset_config
-from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
+from garlic import studies
 from garlic import runs
 from garlic.config import CONFIG_DIR, Config
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
 from garlic.data.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
-from garlic.methods import registry
-from garlic.metrics import METRICS
-from garlic.tracking import run_contract
-from garlic.tracking.store import DEFAULT_STORE, use_store
+from garlic.evaluation import published
+from garlic.evaluation.stats import BOOTSTRAP, paired_difference
 from garlic.io.atomic import atomic_file
 from garlic.io.locks import LockHeld, acquire, release
 from garlic.io.tables import LABELS, DatasetNotFoundError, read_manifest
 from garlic.io.tensors import load_tensors
+from garlic.methods import registry
+from garlic.metrics import METRICS
+from garlic.studies import preset_config
+from garlic.tracking import run_contract
+from garlic.tracking.archive import RUNS, DamagedArchiveError, RunArchive, Unit, open_archive
+from garlic.tracking.store import DEFAULT_STORE, use_store
+from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
 log = logging.getLogger("experiments")
 
@@ -85,12 +84,6 @@ COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean"
 # A source's table (``--dataset physionet2019``) runs each protocol on its own cohort: a published one on the cohort it
 # was published for (``garlic-reference`` on ``physionet2019-garlic``), any other on this one.
 TABLE_COHORTS = {"physionet2019": "physionet2019-raindrop"}
-IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
-# Config keys added after units were archived, with the value that trains as before: at that value they stay out of
-# the settings digest, so that the archived units of unchanged presets are still found.
-LATER_KEYS = {"lr_schedule": "plateau"}
-
-
 def protocol_dataset(table: str, protocol_name: str) -> str:
     """The dataset a protocol of the table ``table`` (a dataset, or a source of ``TABLE_COHORTS``) runs on."""
     if table in DATASETS:
@@ -98,83 +91,6 @@ def protocol_dataset(table: str, protocol_name: str) -> str:
     chosen = protocol(protocol_name)
     cohorts = [d for d in published_for(chosen.published) if d.startswith(f"{table}-")] if chosen.published else []
     return cohorts[0] if cohorts else TABLE_COHORTS[table]
-
-
-def matches(params: dict[str, str], config: Config) -> bool:
-    """Whether a run's logged params are ``config`` (keys the run predates must be at their default)."""
-    defaults = Config().to_dict()
-    for key, value in config.to_dict().items():
-        if key in IGNORED_PARAMS:
-            continue
-        if key not in params:
-            if value != defaults[key]:
-                return False
-        elif params[key] != str(value):
-            return False
-    return True
-
-
-def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: str) -> str | None:
-    """The newest run of ``config`` on ``split_name`` in ``store`` that stopped before it finished (killed, failed,
-    or left RUNNING by a process that died with its machine) and kept its training state, to be resumed where it
-    stopped rather than trained from its first epoch; None when there is none."""
-    if not (Path(store) / "mlflow.db").is_file():
-        return None
-    use_store(store)
-    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
-             f"and params.seed = '{config.seed}' and attributes.status != 'FINISHED'")  # fmt: skip
-    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
-                               order_by=["attributes.start_time DESC"])  # fmt: skip
-    for run in found:
-        if (run_contract.METHOD not in run.data.tags and "mlflow.parentRunId" not in run.data.tags
-                and matches(run.data.params, config)
-                and run_contract.training_state_path(store, run.info.run_id).is_file()):  # fmt: skip
-            return run.info.run_id
-    return None
-
-
-def finished_unit(
-    stores: list[Path], config: Config, split_name: str, data_digest: str
-) -> tuple[Path, mlflow.entities.Run] | None:
-    """A FINISHED split run of ``config`` on ``split_name`` of the data ``data_digest`` in any of ``stores`` (the
-    newest), or None."""
-    for store in stores:
-        if not (Path(store) / "mlflow.db").is_file():
-            continue
-        use_store(store)
-        query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
-                 f"and params.seed = '{config.seed}' and attributes.status = 'FINISHED'")  # fmt: skip
-        found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
-                                   order_by=["attributes.start_time DESC"])  # fmt: skip
-        for run in found:
-            if run_contract.METHOD in run.data.tags:  # another method's run (garlic train --method), not GARLIC's
-                continue
-            if "test_auroc" in run.data.metrics and matches(run.data.params, config):
-                return Path(store), run
-    return None
-
-
-def model_seeds(protocol_name: str, config: Config, seeds: list[int] | None = None) -> tuple[int, ...]:
-    """The model seeds a preset trains on each split of the protocol: ``seeds`` if given, else the protocol's, else
-    the config's one."""
-    return tuple(seeds or protocol(protocol_name).seeds or (config.seed,))
-
-
-def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
-                data_root: Path) -> list[tuple[int, int, Path, mlflow.entities.Run]]:  # fmt: skip
-    """(split, seed, store, run) of every finished run of preset ``name`` on the protocol's splits and seeds that
-    ``stores`` hold, found as the table finds them: for the studies that read the trained models."""
-    config = preset_config(name, dataset, [])
-    chosen = protocol(protocol_name)
-    digest = run_contract.manifest_digest(read_manifest(ensure_processed(dataset, data_root)))
-    found = []
-    for index in chosen.splits:
-        for seed in model_seeds(protocol_name, config):
-            unit = config.override({"split_protocol": protocol_name, "seed": seed})
-            held = finished_unit(stores, unit, f"{protocol_name}/split_{index}", digest)
-            if held is not None:
-                found.append((index, seed, *held))
-    return found
 
 
 @dataclass(frozen=True)
@@ -193,12 +109,6 @@ class Pending:
         return f"{self.preset} {self.protocol}/split_{self.split}{seed}"
 
 
-def settings_digest(config: Config) -> str:
-    settings = config.to_dict().items()
-    return study.settings_digest({k: v for k, v in settings
-                                  if k not in IGNORED_PARAMS and not (k in LATER_KEYS and LATER_KEYS[k] == v)})
-
-
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
                  train: bool, archive: RunArchive | None = None,
                  seeds: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
@@ -208,11 +118,11 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
     for index in chosen.splits:
-        for seed in model_seeds(protocol_name, config, seeds):
+        for seed in studies.model_seeds(protocol_name, config, seeds):
             unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
-            settings = settings_digest(unit_config)
+            settings = studies.config_digest(unit_config)
             split_name = f"{protocol_name}/split_{index}"
-            found = finished_unit(stores, unit_config, split_name, digest)
+            found = studies.finished_unit(stores, unit_config, split_name, digest)
             if found is None and archive is not None:
                 kept = archive.find(name, protocol_name, index, seed, settings)
                 if kept is not None:
@@ -225,15 +135,15 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                     log.warning("%s on %s, seed %d: another process is training it; left out", name, split_name, seed)
                 else:
                     try:  # it may have finished while this process waited for it
-                        found = finished_unit(stores[:1], unit_config, split_name, digest)
-                        interrupted = interrupted_unit(stores[0], unit_config, split_name, digest)
+                        found = studies.finished_unit(stores[:1], unit_config, split_name, digest)
+                        interrupted = studies.interrupted_unit(stores[0], unit_config, split_name, digest)
                         if found is None and interrupted is not None:
                             log.info("resuming %s on %s, seed %d (run %s)", name, split_name, seed, interrupted)
                             runs.resume(interrupted, data_root, stores[0])
                         elif found is None:
                             log.info("training %s on %s, seed %d", name, split_name, seed)
                             runs.train(unit_config, [index], data_root, stores[0], preset=name)
-                        found = finished_unit(stores[:1], unit_config, split_name, digest)
+                        found = studies.finished_unit(stores[:1], unit_config, split_name, digest)
                     finally:
                         release(claim)
             if found is None:
@@ -242,7 +152,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             store, run = found
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
-                              study.test_predictions(store, run.info.run_id)))  # fmt: skip
+                              studies.test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
 
 
@@ -253,7 +163,7 @@ def interrupted_pending(unit: Pending, store: Path, data_root: Path, overrides: 
     config = preset_config(unit.preset, unit.dataset, overrides).override(
         {"split_protocol": unit.protocol, "seed": unit.seed})
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(unit.dataset, data_root)))
-    return interrupted_unit(store, config, f"{unit.protocol}/split_{unit.split}", digest)
+    return studies.interrupted_unit(store, config, f"{unit.protocol}/split_{unit.split}", digest)
 
 
 def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: int) -> Path:
@@ -265,7 +175,7 @@ def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: in
 
 def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
                      minutes: float | None = None) -> None:  # fmt: skip
-    """Train ``pending`` in ``workers`` parallel ``garlic train`` processes (``experiments.workers``: the CPU threads
+    """Train ``pending`` in ``workers`` parallel ``garlic train`` processes (``garlic.training.workers``: the CPU threads
     shared out evenly, each unit claimed by its ``unit_lock``, output in ``store/logs/``), all into ``store``. A unit
     whose process fails is reported and stays missing; after ``minutes`` (``--deadline``) no unit starts any more
     and the running ones are stopped, their runs FAILED and trained anew by a later call."""
@@ -296,12 +206,12 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
     if not methods:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
-    cohort = study.load_cohort(dataset, data_root, protocol_name, None)
+    cohort = studies.load_cohort(dataset, data_root, protocol_name, None)
     name = f"baselines-{dataset}"
-    first = Baselines(config, cohort, study.open_experiment(name, stores[0]), data_root)
+    first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root)
     units, to_run = [], []
     for method in first.available(methods):
-        settings = study.settings_digest(first.settings(method))
+        settings = studies.settings_digest(first.settings(method))
         kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
                 for split in cohort.splits]  # fmt: skip
         if all(unit is not None for unit in kept):
@@ -309,15 +219,15 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
         else:
             to_run.append(method)
     # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
-    others = [(store, study.existing_experiment(name, store)) for store in stores[1:]]
-    runners = [(store, Baselines(config, cohort, found, data_root)) for store, found in others if found is not None]
+    others = [(store, studies.existing_experiment(name, store)) for store in stores[1:]]
+    runners = [(store, studies.Baselines(config, cohort, found, data_root)) for store, found in others if found is not None]
     for store, runner in [*runners, (stores[0], first)]:
         use_store(store)
         held = {(unit.method, unit.split) for unit in units}
         for record in runner.run(to_run, train and runner is first, skip=held).to_dict("records"):
-            predictions = study.test_predictions(store, record["run_id"])
+            predictions = studies.test_predictions(store, record["run_id"])
             metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
-            settings = study.settings_digest(runner.settings(record["method"]))
+            settings = studies.settings_digest(runner.settings(record["method"]))
             units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings,
                               metrics, predictions))  # fmt: skip
     done = {(unit.method, unit.split) for unit in units}
@@ -415,10 +325,6 @@ def in_protocol_order(rows: pd.DataFrame, key: str, names: list[str], protocols:
     position = {name: i for i, name in enumerate(names)}
     order = rows["protocol"].map(protocols.index) * len(names) + rows[key].map(position)
     return rows.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
-
-
-def open_archive(out: Path, dataset: str, data_root: Path) -> RunArchive:
-    return RunArchive(out / f"{dataset}-runs", *dataset_outcomes(dataset, data_root))
 
 
 def table_archives(out: Path, table_name: str, data_root: Path, opened: dict[str, RunArchive]) -> dict[str, RunArchive]:
@@ -563,7 +469,7 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
              "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
              "protocol names (its splits times its seeds) is partial; what it lacks is listed at the end, and its "
              "paired differences cover only the runs it has.", "",
-             study.markdown(formatted(summary)), ""]  # fmt: skip
+             studies.markdown(formatted(summary)), ""]  # fmt: skip
     if seen:
         lines += ["## What the model sees", "", *seen]
     if len(paired):
@@ -575,7 +481,7 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
                   f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie. The "
                   f"baseline is the protocol's best simple baseline in that metric, or a preset named with "
                   f"`--against` (then paired run by run: the same split and model seed).", "",
-                  study.markdown(shown), ""]  # fmt: skip
+                  studies.markdown(shown), ""]  # fmt: skip
     if len(drops):
         shown = drops.copy()
         for column in ("in_hospital", "cross_hospital", "drop"):
@@ -584,7 +490,7 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
                   "Each method trained and selected on one hospital system, tested on the held-out tenth of that "
                   "system (`in-hospital`) and on every stay of the other (`cross-hospital`): the same model, "
                   "so the drop is what moving to another hospital costs it.", "",
-                  study.markdown(shown), ""]  # fmt: skip
+                  studies.markdown(shown), ""]  # fmt: skip
     if unnamed:
         lines += ["## Read from the run archive, not named by the command", "",
                   "The command above does not name these methods on these protocols: their rows are made from the "
@@ -719,9 +625,9 @@ def compare_command(argv: list[str] | None) -> None:
                    for name in protocols}  # fmt: skip
     text = report(summary, paired, drops, missing, kept, command, args.dataset, seen,
                   {name: found for name, found in by_protocol.items() if found})
-    experiment_id = study.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
+    experiment_id = studies.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
-    study.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})
+    studies.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         for name, write in [(".md", lambda out: out.write(text)),

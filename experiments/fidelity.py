@@ -12,11 +12,11 @@ Per split k, all on the saved split k:
    variable; ``variable_importance``).
 3. For each kept fraction f: per stay, keep the top f, the bottom f (per method) or a random f (once, shared by
    the methods; seeded by config seed, split and fraction) of the observed values, the rest made missing
-   (experiments.removal). Normalisation is refitted on the reduced training part, a fresh GARLIC is trained and
+   (garlic.explain.removal). Normalisation is refitted on the reduced training part, a fresh GARLIC is trained and
    selected exactly as in 1. and tested once on the reduced test part.
 
 The paper's claim: full > top 50% > random 50% > bottom 50% in test AUROC/AUPRC; checked with Page's L test across
-splits (experiments.stats), and "top f is as good as full" with an equivalence test (TOST, ``EQUIVALENCE_MARGIN``):
+splits (garlic.evaluation.stats), and "top f is as good as full" with an equivalence test (TOST, ``EQUIVALENCE_MARGIN``):
 paired on the same test stays (a reduced test part keeps every stay), the 90% bootstrap interval of top - full must
 lie inside the margin, which is the two one-sided tests at 5% each. Which ranking keeps the most signal: each other
 method's top f against the first method's, paired on the same test stays with a 95% bootstrap interval
@@ -27,10 +27,10 @@ reused when already finished.
     python -m experiments.fidelity --dataset synthetic --splits 0 1 --max-epochs 3 --fractions 0.5
 
 ``--workers N`` runs the splits with an unfinished condition in N parallel processes, each this command narrowed to
-its split (``experiments.workers``; ``--deadline MINUTES`` starts none after that), then writes the tables over the
+its split (``garlic.training.workers``; ``--deadline MINUTES`` starts none after that), then writes the tables over the
 splits whose conditions have all finished.
 
-With ``--out``, that folder is also the study's run archive (``study.StudyArchive``: ``fidelity_runs`` and each run's
+With ``--out``, that folder is also the study's run archive (``studies.StudyArchive``: ``fidelity_runs`` and each run's
 test risks): a split whose runs the store lacks is read from it when it has them all, so the tables are made again
 from the repository alone.
 """
@@ -46,23 +46,24 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
-from experiments import published, study
-from garlic.methods.summary import STATISTICS, SummaryModel
-from experiments.removal import keep_mask, reduce
-from experiments.run_archive import Unit
-from experiments.stats import page_trend, paired_comparisons, paired_difference
-from experiments.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
-from garlic.cli import die_with_parent
+from garlic import studies
+from garlic.training.workers import die_with_parent
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
 from garlic.data.splits import Normalisation, Split
+from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
+from garlic.evaluation.stats import page_trend, paired_comparisons, paired_difference
 from garlic.explain.built_in import explain
 from garlic.explain.integrated_gradients import DEFAULT_STEPS, ig_importance
+from garlic.explain.removal import keep_mask, reduce
 from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.summary import STATISTICS, SummaryModel
 from garlic.models.compact import Garlic
+from garlic.tracking.archive import Unit
 from garlic.tracking.store import load_run_model
 from garlic.training.device import resolve_device
+from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
 log = logging.getLogger("experiments.fidelity")
 
@@ -125,9 +126,9 @@ def random_seed(config: Config, split: Split, fraction: float) -> list[int]:
 class FidelityStudy:
     """The conditions of one data set, run split by split; ``records`` collects one row per (condition, split)."""
 
-    def __init__(self, config: Config, cohort: study.Cohort, experiment_id: str, store, methods, fractions,
+    def __init__(self, config: Config, cohort: studies.Cohort, experiment_id: str, store, methods, fractions,
                  ig_steps: int = DEFAULT_STEPS, train: bool = True,
-                 archive: study.StudyArchive | None = None):  # fmt: skip
+                 archive: studies.StudyArchive | None = None):  # fmt: skip
         """Without ``train``, ``run`` only gathers the splits whose conditions have all finished, in the store or
         all in the ``archive``."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, store
@@ -143,7 +144,7 @@ class FidelityStudy:
 
     def finished_runs(self, split: Split) -> list[mlflow.entities.Run | None]:
         """The finished run of each of ``plan()`` on ``split``, None where there is none yet."""
-        return [study.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
+        return [studies.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
                 for unit in self.plan()]  # fmt: skip
 
     def archived_runs(self, split: Split) -> list[dict | None]:
@@ -165,7 +166,7 @@ class FidelityStudy:
     def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
         settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
         return {"study": STUDY, "dataset": self.config.dataset, "condition": condition, "split": split.index,
-                "fraction": f"{fraction:g}", "method": method, "settings": study.settings_digest(settings)}  # fmt: skip
+                "fraction": f"{fraction:g}", "method": method, "settings": studies.settings_digest(settings)}  # fmt: skip
 
     def _record(self, split: Split, condition: str, method: str, fraction: float, metrics: dict, run_id: str) -> None:
         settings = self.tags(split, condition, method, fraction)["settings"]
@@ -184,7 +185,7 @@ class FidelityStudy:
             return metrics
 
         tags = self.tags(split, "full", "garlic", 1.0)
-        metrics, full_run, reused = study.resumable(self.experiment_id, tags, f"full/split_{split.index}", full)
+        metrics, full_run, reused = studies.resumable(self.experiment_id, tags, f"full/split_{split.index}", full)
         self._record(split, "full", "garlic", 1.0, metrics, full_run)
         importance: dict[str, np.ndarray] = {}
 
@@ -219,7 +220,7 @@ class FidelityStudy:
 
             tags = self.tags(split, condition, method, fraction)
             name = f"{condition}-{method}-{fraction:g}/split_{split.index}"
-            metrics, run_id, _ = study.resumable(self.experiment_id, tags, name, reduced)
+            metrics, run_id, _ = studies.resumable(self.experiment_id, tags, name, reduced)
             self._record(split, condition, method, fraction, metrics, run_id)
 
     def run(self) -> pd.DataFrame:
@@ -266,7 +267,7 @@ def ordering_tests(records: pd.DataFrame, methods, fractions) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _units(records: pd.DataFrame, predictions: study.Predictions) -> dict[tuple, list[Unit]]:
+def _units(records: pd.DataFrame, predictions: studies.Predictions) -> dict[tuple, list[Unit]]:
     """The runs of ``records`` with their test predictions, by (condition, method, fraction); ``full`` by
     ("full",)."""
     groups: dict[tuple, list[Unit]] = {}
@@ -278,7 +279,7 @@ def _units(records: pd.DataFrame, predictions: study.Predictions) -> dict[tuple,
     return groups
 
 
-def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: study.Predictions) -> pd.DataFrame:
+def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: studies.Predictions) -> pd.DataFrame:
     """TOST of top f against full, per method, fraction and metric: the mean over splits of top - full on the same
     test stays, its 90% bootstrap interval over those stays, and "equivalent" when the interval lies inside
     +/- ``EQUIVALENCE_MARGIN`` ("not shown" otherwise: too wide an interval, or a real difference)."""
@@ -298,7 +299,7 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: st
     return pd.DataFrame(rows)
 
 
-def ranking_comparison(records: pd.DataFrame, methods, fractions, predictions: study.Predictions) -> pd.DataFrame:
+def ranking_comparison(records: pd.DataFrame, methods, fractions, predictions: studies.Predictions) -> pd.DataFrame:
     """Which ranking keeps the most signal: each other method's top f against the first method's (the built-in
     importance), paired on the same test stays (a reduced test part keeps every stay): the mean difference over
     splits and its 95% bootstrap interval (an interval holding 0 is a tie)."""
@@ -327,7 +328,7 @@ def results_table(records: pd.DataFrame, dataset: str) -> pd.DataFrame:
     full and 50% rows (``published.FIDELITY``, AUROC / AUPRC)."""
     ordered = records.assign(order=records["condition"].map(CLAIMED_ORDER.index))
     ordered = ordered.sort_values(["fraction", "order", "method"], ascending=[False, True, True], kind="stable")
-    table = study.results_table(ordered, ["method", "condition", "fraction"])
+    table = studies.results_table(ordered, ["method", "condition", "fraction"])
     paper = published.FIDELITY.get(dataset)
     if paper is None:
         return table
@@ -364,7 +365,7 @@ def fraction_figure(records: pd.DataFrame, methods) -> plt.Figure:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.fidelity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    study.add_common_arguments(parser)
+    studies.add_common_arguments(parser)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.5], help="kept fractions, e.g. 0.1 0.3 0.5")
     parser.add_argument("--ig-steps", type=int, default=DEFAULT_STEPS, help="Integrated Gradients path steps")
@@ -375,10 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.train_only:
         die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    config = study.study_config(args)
-    cohort = study.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
-    experiment_id = study.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
-    archive = study.StudyArchive(args.out, "fidelity_runs", args.dataset, args.data_root)
+    config = studies.study_config(args)
+    cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
+    experiment_id = studies.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
+    archive = studies.StudyArchive(args.out, "fidelity_runs", args.dataset, args.data_root)
     runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps,
                            train=args.workers == 1, archive=archive)  # fmt: skip
     if args.workers > 1:
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs = []
         for split in cohort.splits:
             if runner.from_archive(split) is None and any(run is None for run in runner.finished_runs(split)):
-                unit = f"fidelity-{args.dataset}-split_{split.index}-{study.settings_digest(config.to_dict())}"
+                unit = f"fidelity-{args.dataset}-split_{split.index}-{studies.settings_digest(config.to_dict())}"
                 command = [sys.executable, "-m", "experiments.fidelity", *argv, "--splits", str(split.index),
                            "--workers", "1", "--train-only"]  # fmt: skip
                 jobs.append(Job(f"split_{split.index}", command, args.mlruns / "locks" / unit,
@@ -407,12 +408,12 @@ def main(argv: list[str] | None = None) -> None:
               "fidelity_rankings": ranking_comparison(records, args.methods, runner.fractions, predictions),
               "fidelity_runs": archive.runs_table(runs_table(records), ["split", "method", "condition", "fraction",
                                                                         "settings"])}  # fmt: skip
-    summary = study.log_summary(experiment_id, "summary", tables,
+    summary = studies.log_summary(experiment_id, "summary", tables,
                                 {"fidelity_by_fraction.png": fraction_figure(records, args.methods)},
                                 {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
-    study.write_tables(args.out, tables)
+    studies.write_tables(args.out, tables)
     for name, table in tables.items():
-        print(f"\n{name}\n{study.markdown(table)}")
+        print(f"\n{name}\n{studies.markdown(table)}")
     print(f"\nsummary run {summary} in experiment {STUDY}-{args.dataset}")
 
 

@@ -39,15 +39,15 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from experiments.compare import stored_runs  # noqa: E402
 from garlic.data.batches import IrregularDataset  # noqa: E402
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
 from garlic.data.splits import load_splits  # noqa: E402
 from garlic.explain.built_in import normalised_adjacency  # noqa: E402
-from garlic.tracking import plots, run_contract  # noqa: E402
-from garlic.tracking.store import use_store  # noqa: E402
 from garlic.io.atomic import atomic_file  # noqa: E402
 from garlic.io.tensors import load_tensors  # noqa: E402
+from garlic.studies import stored_runs  # noqa: E402
+from garlic.tracking import plots, run_contract  # noqa: E402
+from garlic.tracking.store import use_store  # noqa: E402
 
 CORRELATION_STAYS = 5000  # training stays the lag-one correlations are computed on (the first run's split, seeded)
 

@@ -48,17 +48,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments import published
-from experiments.compare import stored_runs
-from experiments.stats import mean_std
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
 from garlic.data.batches import IrregularDataset
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
 from garlic.data.splits import load_splits
+from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import split_parts
-from garlic.methods.field import hourly_grid
-from garlic.tracking.store import load_run_model
+from garlic.evaluation.stats import mean_std
 from garlic.io.atomic import atomic_file
 from garlic.io.tensors import load_tensors
+from garlic.methods.field import hourly_grid
+from garlic.studies import stored_runs
+from garlic.tracking.store import load_run_model
 
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")

@@ -7,7 +7,7 @@
 ``--before`` and ``--after`` are folders holding ``<dataset>-runs`` (``experiments.compare --out``). For every
 protocol on which both keep runs of ``--method`` (the same splits and model seeds), the table gives each archive's
 mean test AUROC and AUPRC and the paired difference, after minus before, with its 95% bootstrap interval over test
-stays (``experiments.stats.paired_difference``; an interval holding 0 is a tie, and runs whose risks are equal to
+stays (``garlic.evaluation.stats.paired_difference``; an interval holding 0 is a tie, and runs whose risks are equal to
 the last bit are "identical"). Nothing is trained: it reads the risks the runs were tested with.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import compare, study
-from experiments.run_archive import Unit
-from experiments.seed_ensemble import archived, paired_text
+from garlic import studies
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
+from garlic.evaluation.stats import paired_text
 from garlic.io.atomic import atomic_file
+from garlic.tracking.archive import Unit, archived, open_archive
 
 
 def paired_row(before: list[Unit], after: list[Unit]) -> dict | None:
@@ -44,7 +44,7 @@ def paired_row(before: list[Unit], after: list[Unit]) -> dict | None:
 
 
 def pair(dataset: str, method: str, before: Path, after: Path, data_root: Path) -> pd.DataFrame:
-    archives = [compare.open_archive(folder, dataset, data_root) for folder in (before, after)]
+    archives = [open_archive(folder, dataset, data_root) for folder in (before, after)]
     protocols = sorted(set.intersection(*(set(a.runs.loc[a.runs["method"].eq(method), "protocol"]) for a in archives)))
     rows = [paired_row(*(archived(archive, method, protocol) for archive in archives)) for protocol in protocols]
     rows = [row for row in rows if row is not None]
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(str(error)) from None
     command = "python -m experiments.pair_archives " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = (f"# {args.method} on {args.dataset}: new runs against the archived ones\n\nMade by (from two run "
-            f"archives, nothing trained):\n\n```bash\n{command}\n```\n\n{study.markdown(table)}\n")  # fmt: skip
+            f"archives, nothing trained):\n\n```bash\n{command}\n```\n\n{studies.markdown(table)}\n")  # fmt: skip
     print(text)
     if args.out:
         with atomic_file(args.out, "w") as out:

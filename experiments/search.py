@@ -67,16 +67,16 @@ import optuna.visualization.matplotlib as optuna_plots  # noqa: E402
 import pandas as pd  # noqa: E402
 import sqlalchemy  # noqa: E402
 
-from experiments import study  # noqa: E402
+from garlic import studies  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.data.batches import IrregularDataset  # noqa: E402
 from garlic.data.splits import Split  # noqa: E402
-from garlic.methods.garlic import GarlicEstimator  # noqa: E402
-from garlic.tracking.store import claim_run  # noqa: E402
-from garlic.training.trainer import EpochRecord  # noqa: E402
 from garlic.io.atomic import atomic_file  # noqa: E402
 from garlic.io.locks import locked  # noqa: E402
 from garlic.io.tensors import IrregularTensors  # noqa: E402
+from garlic.methods.garlic import GarlicEstimator  # noqa: E402
+from garlic.tracking.store import claim_run  # noqa: E402
+from garlic.training.trainer import EpochRecord  # noqa: E402
 
 # What a trial draws: (kind, low, high) for a float ('log': on a log scale) or ('choice', options).
 SPACE = {
@@ -168,7 +168,7 @@ def validation_score(config: Config, tensors: IrregularTensors, split: Split, tr
     return next(score(r) for r in result.history if r.epoch == result.best_epoch)
 
 
-def objective(base: Config, cohort: study.Cohort, names: list[str], study_name: str, goal: str, store: Path):
+def objective(base: Config, cohort: studies.Cohort, names: list[str], study_name: str, goal: str, store: Path):
     """A trial: its runs in the MLflow ``store``, the trial's run claimed while it trains, so that a search started
     after this process was killed marks them FAILED (``garlic.tracking.store.mark_dead_runs_failed``)."""
     metric, _, score = OBJECTIVES[goal]
@@ -364,12 +364,12 @@ def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str
         lines += [weights, ""]
     else:
         table = pd.DataFrame({"parameter": list(weights), "importance": [f"{v:.3f}" for v in weights.values()]})
-        lines += [study.markdown(table), ""]
+        lines += [studies.markdown(table), ""]
     shown = trials.copy()
     for column in shown.columns:
         if shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
-    lines += ["## History", "", f"![history]({name}-history.png)", "", "## Every trial", "", study.markdown(shown), ""]
+    lines += ["## History", "", f"![history]({name}-history.png)", "", "## Every trial", "", studies.markdown(shown), ""]
     return "\n".join(lines)
 
 
@@ -490,7 +490,7 @@ def sigterm_as_exit():
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    study.add_common_arguments(parser)
+    studies.add_common_arguments(parser)
     parser.add_argument("--protocol", help="the screening splits' protocol (default: the preset's)")
     parser.add_argument("--space", nargs="+", choices=sorted(SPACE), help="search these names only (default: all)")
     parser.add_argument("--trials", type=int, default=20, help="trials this process adds (default 20; 0: only "
@@ -514,10 +514,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_preset is not None and preset_refusal(args.write_preset):
         parser.error(preset_refusal(args.write_preset))
     fixed = [*args.set, *([f"max_epochs={args.max_epochs}"] if args.max_epochs else [])]
-    base = study.study_config(args)
+    base = studies.study_config(args)
     protocol = args.protocol or base.split_protocol
     base = base.override({"split_protocol": protocol})
-    cohort = study.load_cohort(args.dataset, args.data_root, protocol, args.splits or [0])
+    cohort = studies.load_cohort(args.dataset, args.data_root, protocol, args.splits or [0])
     names = args.space or list(SPACE)
     name = args.study or f"search-{args.preset}-{protocol}"
     args.mlruns.mkdir(parents=True, exist_ok=True)
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     if restored:
         print(f"study {name} restored from {args.out / f'{name}.jsonl'}: {restored} trials")
     searched = open_study(name, storage, identity, args.sampler_seed, {key: getattr(base, key) for key in names})
-    study.open_experiment(f"search-{args.dataset}", args.mlruns)
+    studies.open_experiment(f"search-{args.dataset}", args.mlruns)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m experiments.search " + shlex.join(map(without_password, given))
     if args.trials:

@@ -7,7 +7,7 @@ For each preset and each split of the protocol with two or more model seeds in t
 (``OUT/<dataset>-runs``, kept by ``experiments.compare --out``; ``compare --seeds 0 1 2 3 4`` trains them on a
 protocol of one seed per split, such as ``raindrop``), the ensemble's risk for a stay is the mean of its
 seeds' risks. It is scored on the split's test stays beside the seeds scored alone, and paired with the ``--against``
-method on the same stays (``experiments.stats.paired_difference``: the mean difference over splits and a 95%
+method on the same stays (``garlic.evaluation.stats.paired_difference``: the mean difference over splits and a 95%
 bootstrap interval over test stays; an interval holding 0 is a tie). An ensemble of K seeds costs K models'
 inference per stay. The test parts were read when the seeds were tested; combining the archived risks reads them
 again, so the ensemble is a diagnosis of a direction, not a model selected on validation.
@@ -26,20 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import compare, study
-from experiments.run_archive import RunArchive, Unit
-from experiments.stats import paired_difference
+from garlic import studies
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
-from garlic.metrics import binary_metrics
+from garlic.evaluation.stats import paired_text
 from garlic.io.atomic import atomic_file
-
-
-def archived(archive: RunArchive, method: str, protocol: str) -> list[Unit]:
-    """Every unit of ``method`` on ``protocol`` that the archive keeps for its data, with its test risks."""
-    rows = archive.runs[archive.runs["method"].eq(method) & archive.runs["protocol"].eq(protocol)]
-    units = [archive.find(method, protocol, int(row.split), None if pd.isna(row.seed) else int(row.seed),
-                          row.settings) for row in rows.itertuples()]  # fmt: skip
-    return [unit for unit in units if unit is not None]
+from garlic.metrics import binary_metrics
+from garlic.tracking.archive import Unit, archived, open_archive
 
 
 def mean_risk(units: list[Unit], method: str) -> Unit:
@@ -69,12 +61,6 @@ def by_split(seeds: list[Unit]) -> dict[int, list[Unit]]:
     if not kept:
         raise ValueError(f"{seeds[0].method} on {seeds[0].protocol}: no split has two or more seeds archived")
     return kept
-
-
-def paired_text(units: list[Unit], baseline: list[Unit], metric: str) -> str:
-    """``units`` minus ``baseline`` in ``metric``, paired: ``+0.0012 [-0.0040, +0.0065] tie``."""
-    paired = paired_difference(units, baseline, metric)
-    return f"{paired['difference']:+.4f} [{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}] {paired['verdict']}"
 
 
 def ensemble_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
@@ -110,7 +96,7 @@ def blend_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
 
 def ensemble_tables(args: argparse.Namespace, name: str) -> dict[str, pd.DataFrame]:
     """The table ``name`` (each preset's ensembles) and, with ``--blend``, ``name-blend``, from the run archive."""
-    archive = compare.open_archive(args.out, args.dataset, args.data_root)
+    archive = open_archive(args.out, args.dataset, args.data_root)
     baseline = archived(archive, args.against, args.protocol)
     if not baseline:
         raise SystemExit(f"{archive.folder} keeps no {args.against} run on {args.protocol}")
@@ -145,11 +131,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(str(error)) from None
     command = "python -m experiments.seed_ensemble " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = (f"# Seed ensembles: {args.dataset} {args.protocol}\n\nMade by (from the run archive, nothing trained):\n\n"
-            f"```bash\n{command}\n```\n\n{study.markdown(tables[name])}\n")  # fmt: skip
+            f"```bash\n{command}\n```\n\n{studies.markdown(tables[name])}\n")  # fmt: skip
     if args.blend:
         text += (f"\n## Blended with {args.against}\n\nThe mean of the ensemble's and {args.against}'s risks per stay "
                  f"(equal weights, nothing fitted), paired with {args.against} on the same test stays. A row of its "
-                 f"own, not a GARLIC model.\n\n{study.markdown(tables[f'{name}-blend'])}\n")  # fmt: skip
+                 f"own, not a GARLIC model.\n\n{studies.markdown(tables[f'{name}-blend'])}\n")  # fmt: skip
     for table_name, table in tables.items():
         with atomic_file(args.out / f"{table_name}.csv", "w") as file:
             table.to_csv(file, index=False)

@@ -6,7 +6,6 @@ option answer at once, and each command imports what it uses.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import errno
 import json
 import logging
@@ -23,6 +22,7 @@ from pathlib import Path
 from garlic.config import Config, ConfigError
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
 from garlic.training.threads import adapt_threads, watch_cpus
+from garlic.training.workers import PARENT_ENV, die_with_parent
 
 log = logging.getLogger("garlic")
 DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
@@ -487,20 +487,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 # Set by a program that runs ``garlic`` as its worker (``experiments.compare --workers``): the worker ends with it.
-PARENT_ENV = "GARLIC_PARENT_PID"
-
-
-def die_with_parent() -> None:
-    """Under a parent that set ``PARENT_ENV``, on Linux: have the kernel send SIGTERM when the parent dies, and stop
-    at once if it already has (elsewhere a worker, or the dashboard's server, outlives a killed parent)."""
-    parent = os.environ.get(PARENT_ENV)
-    if parent is None or not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    if str(os.getppid()) != parent:
-        raise SystemExit(f"garlic: the parent process {parent} is gone; stopping")
-
-
 def main(argv: list[str] | None = None) -> None:
     watch_cpus()  # torch's threads are chosen from the CPUs' use from here on (garlic.training.threads)
     die_with_parent()

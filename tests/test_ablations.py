@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import study
 from experiments.ablations import VARIANTS, main, run_variants, with_published
+from garlic import studies
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
 from garlic.models.compact import Garlic, StepwiseProjection
@@ -33,7 +33,7 @@ def command_config() -> Config:
 
 
 def test_every_variant_switches_off_exactly_its_part(data_root):
-    loaded = study.load_cohort("synthetic", data_root, "five-split", [0])
+    loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
     tensors, split = loaded.tensors, loaded.splits[0]
     batch = collate([IrregularDataset(tensors, split.normalisation)[i] for i in range(8)])
     base = Config().override(TINY)
@@ -72,8 +72,8 @@ def test_joint_training_stays_in_the_reconstruction_stage_and_trains_the_graph_e
 
 @pytest.mark.slow
 def test_variants_run_on_the_same_split_and_resume(data_root, store):
-    loaded = study.load_cohort("synthetic", data_root, "five-split", [0])
-    experiment = study.open_experiment("ablations-synthetic", store)
+    loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
+    experiment = studies.open_experiment("ablations-synthetic", store)
     records = run_variants(command_config(), loaded, experiment, ["full", "no_graph"])
     assert list(records["variant"]) == ["full", "no_graph"]
     assert np.isfinite(records["test_auroc"]).all() and np.isfinite(records["test_ece_scaled"]).all()
@@ -131,7 +131,7 @@ def test_the_tables_are_made_again_from_the_run_archive_without_the_store(data_r
     with pytest.raises(SystemExit, match="no ablation run has finished"):
         main([*arguments, "--mlruns", str(empty), "--variants", "full", "--workers", "2", "--deadline", "0"])
     # nor dropped from it when a run on this data is added
-    archive = study.StudyArchive(out, "ablation_runs", "synthetic", data_root)
+    archive = studies.StudyArchive(out, "ablation_runs", "synthetic", data_root)
     assert archive.runs().empty and len(archive.archived()) == 2
     table = archive.runs_table(pd.DataFrame([{"variant": "full", "split": 0, "settings": "new", "run_id": "r"}]),
                                ["variant", "split", "settings"])  # fmt: skip

@@ -6,16 +6,16 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import study
-from garlic.methods.recurrent import GRUD, DecayGRU, last_observed_before
-from experiments.baselines.run import Baselines, main
+from experiments.baselines.run import main
+from garlic import studies
 from garlic.config import Config
 from garlic.evaluation.fit_and_test import TEST_METRICS
-from garlic.methods.summary import InputHours, SeverityScore, summary_features
-from garlic.tracking import run_contract
-from garlic.sources import synthetic
 from garlic.io.tables import write_processed
 from garlic.io.tensors import IrregularTensors
+from garlic.methods.recurrent import GRUD, DecayGRU, last_observed_before
+from garlic.methods.summary import InputHours, SeverityScore, summary_features
+from garlic.sources import synthetic
+from garlic.tracking import run_contract
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
 
@@ -116,9 +116,9 @@ def data_root(tmp_path_factory):
 @pytest.mark.slow
 def test_every_baseline_runs_end_to_end_on_the_synthetic_cohort(data_root, tmp_path):
     config = Config().override(TINY)
-    loaded = study.load_cohort("synthetic", data_root, "five-split", [0])
-    experiment = study.open_experiment("baselines-test", tmp_path / "mlruns")
-    runner = Baselines(config, loaded, experiment, data_root)
+    loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
+    experiment = studies.open_experiment("baselines-test", tmp_path / "mlruns")
+    runner = studies.Baselines(config, loaded, experiment, data_root)
     methods = ["saps", "sofa", "logreg", "gbm", "grud", "decay_gru", "garlic"]
     records = runner.run(methods)
     assert list(records["method"]) == methods

@@ -14,16 +14,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import compare, published, stats
-from experiments.run_archive import RunArchive
-from garlic import runs
-from garlic.cli import PARENT_ENV
+from experiments import compare
+from garlic import runs, studies
+from garlic.training.workers import PARENT_ENV
 from garlic.data.splits import PROTOCOLS, Protocol
-from garlic.tracking import run_contract
-from garlic.tracking.store import use_store
-from garlic.sources import synthetic
+from garlic.evaluation import published
+from garlic.evaluation import stats
 from garlic.io.locks import acquire, release
 from garlic.io.tables import read_manifest
+from garlic.sources import synthetic
+from garlic.tracking import run_contract
+from garlic.tracking.archive import RunArchive
+from garlic.tracking.store import use_store
 
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
 
@@ -269,7 +271,7 @@ def test_paired_difference_calls_a_clear_gain_a_win_noise_a_tie_and_the_same_ris
 def test_weighted_scores_equal_sklearns_with_sample_weights_ties_included():
     from sklearn.metrics import average_precision_score, roc_auc_score
 
-    from experiments.stats import weighted_auroc, weighted_average_precision
+    from garlic.evaluation.stats import weighted_auroc, weighted_average_precision
 
     generator = np.random.default_rng(1)
     labels = (generator.random(300) < 0.25).astype(int)
@@ -287,8 +289,8 @@ def test_a_key_added_since_a_unit_was_archived_leaves_its_digest_alone_at_the_va
     kept = pd.read_csv(archive, dtype=str).set_index(["method", "protocol", "split"])
     config = compare.preset_config("physionet2012-best", "physionet2012", []).override({"split_protocol": "raindrop"})
     # The unit was archived before ``lr_schedule`` existed; at "plateau" it trains as it did then.
-    assert compare.settings_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
-    assert compare.settings_digest(config.override({"lr_schedule": "cosine"})) != kept.loc[
+    assert studies.config_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
+    assert studies.config_digest(config.override({"lr_schedule": "cosine"})) != kept.loc[
         ("physionet2012-best", "raindrop", "0"), "settings"]
 
 
@@ -328,7 +330,7 @@ def test_a_unit_that_another_process_trains_is_skipped(tmp_path, capsys):
 def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", (
         "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.cli import die_with_parent; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.training.workers import die_with_parent; "
         "die_with_parent(); print(\"ready\", flush=True); time.sleep(120)'],\n"
         f"    env=os.environ | {{'{PARENT_ENV}': str(os.getpid())}}, stdout=open({str(tmp_path / 'child')!r}, 'w'))\n"
         "print(child.pid, flush=True)\n"
@@ -351,7 +353,7 @@ def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
 
 
 def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_seed():
-    from experiments.run_archive import Unit
+    from garlic.tracking.archive import Unit
 
     generator = np.random.default_rng(4)
     labels = (generator.random(200) < 0.3).astype(int)

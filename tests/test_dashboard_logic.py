@@ -43,7 +43,7 @@ from garlic.tracking.store import RunNotFoundError, use_store
 from garlic.training.losses import forward
 from garlic.sources import physionet2019
 from garlic.sources.physionet2012 import format_record
-from garlic.sources.records import READERS
+from garlic.sources.records import readers
 from garlic.io.tables import DatasetNotFoundError, read_processed
 from helpers import TinyRun, run_without_model, tiny_run
 
@@ -338,7 +338,7 @@ def test_a_physionet2019_record_is_read_and_its_unknown_variables_named(loaded, 
             {"HR": 99, "Age": 60, "Gender": 1, "ICULOS": 49, "SepsisLabel": 1}]  # fmt: skip
     path = tmp_path / "p000042.psv"
     path.write_bytes(psv_record(rows))
-    assert READERS[".psv"] is physionet2019.read_record_files
+    assert readers()[".psv"] is physionet2019.read_record_files
     observations, static = physionet2019.read_record_files([path])
     assert observations[["stay_id", "time", "variable", "value"]].astype({"variable": str}).values.tolist() == [
         [42, 1.0, "HR", 80.0], [42, 1.0, "O2Sat", 97.0], [42, 2.0, "HR", 90.0], [42, 2.0, "Temp", 37.5]

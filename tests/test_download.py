@@ -306,7 +306,7 @@ def test_two_downloads_of_one_file_at_once_leave_the_verified_bytes(server, tmp_
 def test_bytes_changed_after_the_check_are_caught_in_place(server, tmp_path, monkeypatch):
     data = b"0123456789" * 100
     server.routes["/f.bin"] = data
-    from garlic.sources import ; from garlic.io import 
+    from garlic.io import download as module
 
     replace = os.replace
 

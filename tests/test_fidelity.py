@@ -3,20 +3,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import study
+from garlic import studies
 from garlic.methods.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
                                   ordering_tests, ranking_comparison, results_table, variable_importance)
 from experiments.fidelity import main as fidelity_main
-from experiments.removal import keep_count, keep_highest, keep_mask, reduce
-from experiments.stats import page_l, page_trend, paired_comparisons
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import draw_split
 from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
+from garlic.evaluation.stats import page_l, page_trend, paired_comparisons
+from garlic.explain.removal import keep_count, keep_highest, keep_mask, reduce
+from garlic.io.tensors import IrregularTensors
 from garlic.metrics import binary_metrics
 from garlic.models.compact import Garlic
-from garlic.io.tensors import IrregularTensors
 from helpers import synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
@@ -183,7 +183,7 @@ def small_cohort(tmp_path_factory):
 
 
 def test_importance_maps_cover_every_stay_and_only_observed_cells(small_cohort):
-    loaded = study.load_cohort("synthetic", small_cohort, "five-split", [0])
+    loaded = studies.load_cohort("synthetic", small_cohort, "five-split", [0])
     tensors, split = loaded.tensors, loaded.splits[0]
     model = Garlic(len(tensors.variables), 0, Config().override(TINY))
     dataset = IrregularDataset(tensors, split.normalisation)
@@ -196,10 +196,10 @@ def test_importance_maps_cover_every_stay_and_only_observed_cells(small_cohort):
 
 @pytest.mark.slow
 def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_cohort, tmp_path):
-    loaded = study.load_cohort("synthetic", small_cohort, "five-split", [0])
+    loaded = studies.load_cohort("synthetic", small_cohort, "five-split", [0])
     config = Config().override(TINY)
     store = tmp_path / "mlruns"
-    experiment = study.open_experiment("fidelity-test", store)
+    experiment = studies.open_experiment("fidelity-test", store)
     first = FidelityStudy(config, loaded, experiment, store, ["garlic"], [0.5]).run()
     assert sorted(first["condition"]) == ["bottom", "full", "random", "top"]
     assert np.isfinite(first["test_auroc"]).all() and "edge_recovery_auroc" in first
@@ -219,7 +219,7 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 6
 
     # the equivalence test reads the runs' logged test risks: one split, so its difference is that split's
-    equivalence = equivalence_tests(first, ["garlic"], [0.5], lambda run_id: study.test_predictions(store, run_id))
+    equivalence = equivalence_tests(first, ["garlic"], [0.5], lambda run_id: studies.test_predictions(store, run_id))
     equivalence = equivalence.set_index("metric")
     by_condition = first.set_index("condition")
     for metric in ("auroc", "auprc"):

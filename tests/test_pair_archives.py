@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from experiments import compare, pair_archives
-from experiments.run_archive import RUNS, RunArchive, Unit, risks_path
+from experiments import pair_archives
+from garlic.tracking.archive import RUNS, RunArchive, Unit, risks_path
 
 STAYS = np.arange(100, 400)
 
@@ -19,7 +19,7 @@ def archives(tmp_path, monkeypatch):
     labels = pd.Series((generator.random(len(STAYS)) < 0.3).astype(int), index=STAYS)
     kept = {name: RunArchive(tmp_path / name / "synthetic-runs", "digest", labels) for name in ("before", "after")}
     # read from disk at each call, as the command does
-    monkeypatch.setattr(compare, "open_archive", lambda out, dataset, data_root: RunArchive(
+    monkeypatch.setattr(pair_archives, "open_archive", lambda out, dataset, data_root: RunArchive(
         out / "synthetic-runs", "digest", labels))
 
     def unit(split: int, signal: float) -> Unit:

@@ -15,12 +15,13 @@ import pandas as pd
 import pytest
 import sqlalchemy
 
-from experiments import search, study
+from experiments import search
+from garlic import studies
 from garlic.config import Config
 from garlic.data.datasets import processed_folder
 from garlic.data.splits import Split
-from garlic.tracking.store import use_store
 from garlic.sources import synthetic
+from garlic.tracking.store import use_store
 
 TINY = ["--max-epochs", "2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -177,9 +178,9 @@ def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it
 
 
 def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_path, no_test_part, capsys):
-    base = study.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
-    cohort = study.load_cohort("synthetic", data_root, "five-split", [0])
-    study.open_experiment("search-synthetic", tmp_path / "mlruns")
+    base = studies.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=16", "feature_dim=4"])
+    cohort = studies.load_cohort("synthetic", data_root, "five-split", [0])
+    studies.open_experiment("search-synthetic", tmp_path / "mlruns")
     always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
     always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc", tmp_path / "mlruns"), n_trials=1,
                     callbacks=[search.after_each_trial(None, "")])  # fmt: skip
@@ -317,7 +318,7 @@ def test_an_interrupted_search_leaves_no_trial_run_running(data_root, tmp_path, 
     assert sorted(run.info.run_name for run in runs) == ["five-split/split_0", "trial_0"]
     if signal_number == signal.SIGKILL:  # nothing could end them: the next search's start does
         assert {run.info.status for run in runs} == {"RUNNING"}
-        study.open_experiment("search-synthetic", store)
+        studies.open_experiment("search-synthetic", store)
         runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
     assert {run.info.status for run in runs} == {"FAILED"}
 

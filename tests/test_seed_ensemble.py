@@ -6,9 +6,10 @@ import pandas as pd
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from experiments import compare, seed_ensemble
-from experiments.run_archive import RUNS, RunArchive, Unit, risks_path
-from experiments.seed_ensemble import archived, blend_row, ensemble, ensemble_row
+from experiments import seed_ensemble
+from experiments.seed_ensemble import blend_row, ensemble, ensemble_row
+from garlic.tracking.archive import RUNS, RunArchive, Unit, risks_path
+from garlic.tracking.archive import archived
 
 STAYS = np.arange(100, 300)
 
@@ -83,7 +84,7 @@ def test_a_blend_is_the_mean_of_the_ensembles_and_the_baselines_risks_paired_wit
 
 def ensemble_command(kept, monkeypatch, tmp_path):
     """The command on the archive ``kept``, read from disk as the command reads it."""
-    monkeypatch.setattr(compare, "open_archive", lambda out, dataset, data_root: RunArchive(
+    monkeypatch.setattr(seed_ensemble, "open_archive", lambda out, dataset, data_root: RunArchive(
         kept.folder, kept.data_digest, kept.labels))
     seed_ensemble.main(["--dataset", "synthetic", "--protocol", "garlic-reference", "--presets", "preset",
                         "--out", str(tmp_path / "out")])  # fmt: skip

@@ -1,30 +1,30 @@
-"""experiments.study's configuration: a study runs the dataset's config, or a shipped preset with --preset."""
+"""garlic.studies' configuration: a study runs the dataset's config, or a shipped preset with --preset."""
 from __future__ import annotations
 
 import argparse
 
 import pytest
 
-from experiments import study
+from garlic import studies
 
 
 def parsed(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    study.add_common_arguments(parser)
+    studies.add_common_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def test_a_study_trains_the_preset_it_is_given_with_its_overrides():
-    config = study.study_config(parsed("--dataset", "physionet2012", "--preset", "physionet2012-fast",
+    config = studies.study_config(parsed("--dataset", "physionet2012", "--preset", "physionet2012-fast",
                                        "--max-epochs", "3", "--set", "dropout=0.1"))  # fmt: skip
     assert (config.dataset, config.lr_schedule, config.hidden_dim) == ("physionet2012", "cosine", 64)
     assert (config.max_epochs, config.dropout) == (3, 0.1)
-    assert study.study_config(parsed("--dataset", "physionet2012")).lr_schedule == "plateau"  # the paper config
+    assert studies.study_config(parsed("--dataset", "physionet2012")).lr_schedule == "plateau"  # the paper config
 
 
 def test_a_preset_for_another_dataset_is_refused():
     with pytest.raises(ValueError, match="preset 'physionet2012-fast' is for dataset 'physionet2012'"):
-        study.study_config(parsed("--dataset", "synthetic", "--preset", "physionet2012-fast"))
+        studies.study_config(parsed("--dataset", "synthetic", "--preset", "physionet2012-fast"))
 
 
 def test_a_unit_trained_on_a_gpu_has_the_digest_of_the_same_unit_on_a_cpu():
@@ -35,4 +35,4 @@ def test_a_unit_trained_on_a_gpu_has_the_digest_of_the_same_unit_on_a_cpu():
     on_gpu = unit_tags(config.override({"device": "cuda"}), "no_graph", 0)
     assert on_gpu == unit_tags(config, "no_graph", 0) == unit_tags(config.override({"device": "cpu"}), "no_graph", 0)
     assert on_gpu != unit_tags(config.override({"device": "cuda", "window_size": 7}), "no_graph", 0)
-    assert study.settings_digest({"lr": 1}) != study.settings_digest({"lr": 2})
+    assert studies.settings_digest({"lr": 1}) != studies.settings_digest({"lr": 2})

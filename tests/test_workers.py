@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from experiments.workers import add_worker_arguments, check_worker_arguments
+from garlic.training.workers import add_worker_arguments, check_worker_arguments
 
 STUDIES = ["experiments.compare", "experiments.ablations", "experiments.fidelity"]
 

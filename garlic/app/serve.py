@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from garlic.app.access import AccessError, Gate, required_token
-from garlic.cli import database_error, die_with_parent, port_number
+from garlic.cli import database_error, port_number
+from garlic.training.workers import die_with_parent
 
 PAGE = Path(__file__).resolve().parent / "dashboard.py"
 MAX_UPLOAD_MB = 1  # a PhysioNet 2012 record is under 100 kB, a 2019 one under 50 kB

@@ -10,7 +10,7 @@ experiments.compare --methods NAME`` read it, so that a new model is one entry (
 A method is anything with ``garlic.evaluation.fit_and_test``'s ``fit`` and ``predict_proba``; ``settings`` is what, hashed, tells
 one trained unit from another (a run with other settings is never reused), so an entry's settings must not change
 once its runs are archived. The published numbers of the field live in one table of their own,
-``experiments.published``.
+``garlic.evaluation.published``.
 """
 from __future__ import annotations
 

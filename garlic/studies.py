@@ -1,6 +1,8 @@
-"""What the studies (fidelity, ablations, baselines, the comparison table) share around ``garlic.evaluation.fit_and_test`` (the
-one path that fits, selects, tests and logs a method on a split): the common arguments, the cohort and its splits,
-resumable MLflow runs, and mean +/- std tables.
+"""What the studies (fidelity, ablations, baselines, the comparison table) share around
+``garlic.evaluation.fit_and_test`` (the one path that fits, selects, tests and logs a method on a split): the common
+arguments, the cohort and its splits, resumable MLflow runs, mean +/- std tables, the queries that find a GARLIC
+unit's runs in the stores (``finished_unit``, ``interrupted_unit``, ``stored_runs``) and the registered methods on a
+cohort's splits (``Baselines``). The scripts of ``experiments/`` import it, never one another.
 
 Resuming: every unit of work (one condition on one split) is an MLflow run tagged with what identifies it (study,
 condition, split, ... and a digest of its settings). Before a unit runs, the experiment is searched for a FINISHED
@@ -25,17 +27,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
+import pyarrow.parquet as pq  # noqa: E402
+
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
-from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
-from garlic.evaluation.fit_and_test import TEST_METRICS  # noqa: E402
+from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed, processed_folder  # noqa: E402
+from garlic.data.splits import Split, chosen_splits, load_splits, protocol  # noqa: E402
+from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts  # noqa: E402
+from garlic.methods import registry  # noqa: E402
+from garlic.methods.contract import Method  # noqa: E402
 from garlic.metrics import METRICS  # noqa: E402
 from garlic.tracking import run_contract  # noqa: E402
 from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
-from experiments.run_archive import (check_probabilities, check_unique, dataset_outcomes, read_risks,  # noqa: E402
+from garlic.tracking.archive import (check_probabilities, check_unique, dataset_outcomes, read_risks,  # noqa: E402
                                      write_risks)
-from experiments.stats import mean_std  # noqa: E402
-from garlic.io.tables import read_manifest  # noqa: E402
+from garlic.evaluation.stats import mean_std  # noqa: E402
+from garlic.io.tables import LABELS, read_manifest  # noqa: E402
 from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
 
 log = logging.getLogger("experiments")
@@ -141,7 +147,7 @@ class StudyArchive:
         if runs_path is not None and runs_path.is_file():
             runs = pd.read_csv(runs_path, dtype={"run_id": str, "settings": str, "data_digest": str},
                                skip_blank_lines=False)  # fmt: skip
-            # checked as the comparison's archive is (``experiments.run_archive``): a run counted twice or a test
+            # checked as the comparison's archive is (``garlic.tracking.archive``): a run counted twice or a test
             # metric that is no probability would make wrong tables
             if "run_id" in runs:
                 check_unique(runs_path, runs, ["run_id"])
@@ -269,3 +275,144 @@ def write_tables(folder: Path | None, tables: dict[str, pd.DataFrame]) -> None:
     for table_name, table in tables.items():
         table.to_csv(folder / f"{table_name}.csv", index=False)
         (folder / f"{table_name}.md").write_text(markdown(table) + "\n")
+
+
+# Run queries: which runs of a store are a GARLIC unit's (a preset on a split and seed, on the same data).
+IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
+# Config keys added after units were archived, with the value that trains as before: at that value they stay out of
+# the settings digest, so that the archived units of unchanged presets are still found.
+LATER_KEYS = {"lr_schedule": "plateau"}
+
+
+
+def matches(params: dict[str, str], config: Config) -> bool:
+    """Whether a run's logged params are ``config`` (keys the run predates must be at their default)."""
+    defaults = Config().to_dict()
+    for key, value in config.to_dict().items():
+        if key in IGNORED_PARAMS:
+            continue
+        if key not in params:
+            if value != defaults[key]:
+                return False
+        elif params[key] != str(value):
+            return False
+    return True
+
+
+def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: str) -> str | None:
+    """The newest run of ``config`` on ``split_name`` in ``store`` that stopped before it finished (killed, failed,
+    or left RUNNING by a process that died with its machine) and kept its training state, to be resumed where it
+    stopped rather than trained from its first epoch; None when there is none."""
+    if not (Path(store) / "mlflow.db").is_file():
+        return None
+    use_store(store)
+    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
+             f"and params.seed = '{config.seed}' and attributes.status != 'FINISHED'")  # fmt: skip
+    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
+                               order_by=["attributes.start_time DESC"])  # fmt: skip
+    for run in found:
+        if (run_contract.METHOD not in run.data.tags and "mlflow.parentRunId" not in run.data.tags
+                and matches(run.data.params, config)
+                and run_contract.training_state_path(store, run.info.run_id).is_file()):  # fmt: skip
+            return run.info.run_id
+    return None
+
+
+def finished_unit(
+    stores: list[Path], config: Config, split_name: str, data_digest: str
+) -> tuple[Path, mlflow.entities.Run] | None:
+    """A FINISHED split run of ``config`` on ``split_name`` of the data ``data_digest`` in any of ``stores`` (the
+    newest), or None."""
+    for store in stores:
+        if not (Path(store) / "mlflow.db").is_file():
+            continue
+        use_store(store)
+        query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
+                 f"and params.seed = '{config.seed}' and attributes.status = 'FINISHED'")  # fmt: skip
+        found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
+                                   order_by=["attributes.start_time DESC"])  # fmt: skip
+        for run in found:
+            if run_contract.METHOD in run.data.tags:  # another method's run (garlic train --method), not GARLIC's
+                continue
+            if "test_auroc" in run.data.metrics and matches(run.data.params, config):
+                return Path(store), run
+    return None
+
+
+def model_seeds(protocol_name: str, config: Config, seeds: list[int] | None = None) -> tuple[int, ...]:
+    """The model seeds a preset trains on each split of the protocol: ``seeds`` if given, else the protocol's, else
+    the config's one."""
+    return tuple(seeds or protocol(protocol_name).seeds or (config.seed,))
+
+
+def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
+                data_root: Path) -> list[tuple[int, int, Path, mlflow.entities.Run]]:  # fmt: skip
+    """(split, seed, store, run) of every finished run of preset ``name`` on the protocol's splits and seeds that
+    ``stores`` hold, found as the table finds them: for the studies that read the trained models."""
+    config = preset_config(name, dataset, [])
+    chosen = protocol(protocol_name)
+    digest = run_contract.manifest_digest(read_manifest(ensure_processed(dataset, data_root)))
+    found = []
+    for index in chosen.splits:
+        for seed in model_seeds(protocol_name, config):
+            unit = config.override({"split_protocol": protocol_name, "seed": seed})
+            held = finished_unit(stores, unit, f"{protocol_name}/split_{index}", digest)
+            if held is not None:
+                found.append((index, seed, *held))
+    return found
+
+
+def config_digest(config: Config) -> str:
+    """The settings digest of a GARLIC config (``settings_digest``), as the run archive keys its units: keys that
+    do not change what a run is (``IGNORED_PARAMS``) and later keys at their old value (``LATER_KEYS``) left out."""
+    settings = config.to_dict().items()
+    return settings_digest({k: v for k, v in settings
+                                  if k not in IGNORED_PARAMS and not (k in LATER_KEYS and LATER_KEYS[k] == v)})
+
+
+BASELINE_STUDY = "baseline"  # the study tag of ``Baselines``' runs
+
+
+class Baselines:
+    """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run."""
+
+    def __init__(self, config: Config, cohort: Cohort, experiment_id: str, data_root):
+        self.config, self.cohort, self.experiment_id = config, cohort, experiment_id
+        folder = processed_folder(config.dataset, data_root)
+        self.context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
+        self.data_digest = run_contract.manifest_digest(read_manifest(folder))  # a run on other data is never reused
+
+    def available(self, methods: list[str]) -> list[str]:
+        """``methods`` less those the dataset cannot feed (the severity scores: only PhysioNet 2012 ships them)."""
+        missing = [m for m in methods if not registry.method(m).available(self.context.labels)]
+        if missing:
+            logging.getLogger("experiments").warning("%s has no column for %s; skipped", self.config.dataset, missing)
+        return [m for m in methods if m not in missing]
+
+    def settings(self, method: str) -> dict:
+        return registry.method(method).settings(self.context)
+
+    def method(self, name: str) -> Method:
+        """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""
+        return registry.method(name).create(self.context)
+
+    def run(self, methods: list[str], train: bool = True, skip: set[tuple[str, int]] = frozenset()) -> pd.DataFrame:
+        """One record per method and split: reused from a finished run of the experiment, else fitted and tested
+        (with ``train`` False, left out); a (method, split index) in ``skip`` (found elsewhere) is left out."""
+        records = []
+        for method in self.available(methods):
+            for split in self.cohort.splits:
+                if (method, split.index) in skip:
+                    continue
+                def work(method=method, split=split) -> dict[str, float]:
+                    mlflow.log_params(self.settings(method) | {"split_name": split.name})
+                    return fit_and_test(self.method(method), split_parts(self.cohort.tensors, split))
+
+                tags = {"study": BASELINE_STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
+                        "method": method, "split": split.name,
+                        "settings": settings_digest(self.settings(method))}  # fmt: skip
+                if not train and finished_run(self.experiment_id, tags) is None:
+                    continue
+                metrics, run_id, _ = resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work)
+                records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
+        return pd.DataFrame(records)

@@ -25,10 +25,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from garlic.data.datasets import ensure_processed
-from garlic.metrics import METRICS
-from garlic.tracking import run_contract
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import LABELS, read_manifest
+from garlic.metrics import METRICS
+from garlic.tracking import run_contract
 
 RUNS = "runs.csv"
 RUN_COLUMNS = ["method", "protocol", "split", "seed", "run_id", "settings", "data_digest", *METRICS]
@@ -167,3 +167,15 @@ class RunArchive:
         self.runs = kept.drop_duplicates(["method", "protocol", "split", "seed"], keep="last")[RUN_COLUMNS]
         with atomic_file(self.folder / RUNS, "w") as out:
             self.runs.to_csv(out, index=False)
+
+
+def open_archive(out: Path, dataset: str, data_root: Path) -> RunArchive:
+    return RunArchive(out / f"{dataset}-runs", *dataset_outcomes(dataset, data_root))
+
+
+def archived(archive: RunArchive, method: str, protocol: str) -> list[Unit]:
+    """Every unit of ``method`` on ``protocol`` that the archive keeps for its data, with its test risks."""
+    rows = archive.runs[archive.runs["method"].eq(method) & archive.runs["protocol"].eq(protocol)]
+    units = [archive.find(method, protocol, int(row.split), None if pd.isna(row.seed) else int(row.seed),
+                          row.settings) for row in rows.itertuples()]  # fmt: skip
+    return [unit for unit in units if unit is not None]

@@ -3,20 +3,22 @@
 A job is one unit's command (``garlic train ...`` for the comparison table, the study's own command narrowed to the
 unit for the ablations), run with the CPU threads shared out evenly among the ``workers`` running at a time. Each
 job holds a lock while its child lives, so that a second command on the same store skips the unit; its output goes
-to a log file; the child dies with this process (``garlic.cli.PARENT_ENV``). At a deadline no job starts any more
+to a log file; the child dies with this process (``PARENT_ENV``, ``die_with_parent``). At a deadline no job starts any more
 and the running ones get SIGTERM: their MLflow runs end FAILED, and the next call trains those units anew.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from garlic.cli import PARENT_ENV
 from garlic.io.locks import LockHeld, acquire, release
 
 
@@ -85,3 +87,17 @@ def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None) -> dic
     for name, outcome in outcomes.items():
         print(f"{name}: {outcome}")
     return outcomes
+
+
+PARENT_ENV = "GARLIC_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """Under a parent that set ``PARENT_ENV``, on Linux: have the kernel send SIGTERM when the parent dies, and stop
+    at once if it already has (elsewhere a worker, or the dashboard's server, outlives a killed parent)."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if str(os.getppid()) != parent:
+        raise SystemExit(f"garlic: the parent process {parent} is gone; stopping")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from experiments.run_archive import Unit
+from garlic.tracking.archive import Unit
 
 # Resamples of the test stays behind every paired interval.
 BOOTSTRAP = 1000
@@ -146,3 +146,9 @@ def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: i
     # The same risks on every split: nothing was compared (the two are one model), which a "tie" would hide.
     verdict = "identical" if identical else "win" if low > 0 else "loss" if high < 0 else "tie"
     return {"difference": float(np.mean(observed)), "ci_low": float(low), "ci_high": float(high), "verdict": verdict}
+
+
+def paired_text(units: list[Unit], baseline: list[Unit], metric: str) -> str:
+    """``units`` minus ``baseline`` in ``metric``, paired: ``+0.0012 [-0.0040, +0.0065] tie``."""
+    paired = paired_difference(units, baseline, metric)
+    return f"{paired['difference']:+.4f} [{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}] {paired['verdict']}"
