@@ -299,20 +299,27 @@ def matches(params: dict[str, str], config: Config) -> bool:
     return True
 
 
+def unit_runs(store: Path, config: Config, split_name: str, data_digest: str, finished: bool) -> list:
+    """GARLIC's runs of ``config`` on ``split_name`` of the data ``data_digest`` in ``store``, the newest first: the
+    FINISHED ones, or (``finished`` False) those that stopped before the end."""
+    if not (Path(store) / "mlflow.db").is_file():
+        return []
+    use_store(store)
+    status = "=" if finished else "!="
+    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
+             f"and params.seed = '{config.seed}' and attributes.status {status} 'FINISHED'")  # fmt: skip
+    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
+                               order_by=["attributes.start_time DESC"])  # fmt: skip
+    # a run tagged with a method is another method's (garlic train --method), not GARLIC's
+    return [run for run in found if run_contract.METHOD not in run.data.tags and matches(run.data.params, config)]
+
+
 def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: str) -> str | None:
     """The newest run of ``config`` on ``split_name`` in ``store`` that stopped before it finished (killed, failed,
     or left RUNNING by a process that died with its machine) and kept its training state, to be resumed where it
     stopped rather than trained from its first epoch; None when there is none."""
-    if not (Path(store) / "mlflow.db").is_file():
-        return None
-    use_store(store)
-    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
-             f"and params.seed = '{config.seed}' and attributes.status != 'FINISHED'")  # fmt: skip
-    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
-                               order_by=["attributes.start_time DESC"])  # fmt: skip
-    for run in found:
-        if (run_contract.METHOD not in run.data.tags and "mlflow.parentRunId" not in run.data.tags
-                and matches(run.data.params, config)
+    for run in unit_runs(store, config, split_name, data_digest, finished=False):
+        if ("mlflow.parentRunId" not in run.data.tags
                 and run_contract.training_state_path(store, run.info.run_id).is_file()):  # fmt: skip
             return run.info.run_id
     return None
@@ -324,17 +331,8 @@ def finished_unit(
     """A FINISHED split run of ``config`` on ``split_name`` of the data ``data_digest`` in any of ``stores`` (the
     newest), or None."""
     for store in stores:
-        if not (Path(store) / "mlflow.db").is_file():
-            continue
-        use_store(store)
-        query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
-                 f"and params.seed = '{config.seed}' and attributes.status = 'FINISHED'")  # fmt: skip
-        found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
-                                   order_by=["attributes.start_time DESC"])  # fmt: skip
-        for run in found:
-            if run_contract.METHOD in run.data.tags:  # another method's run (garlic train --method), not GARLIC's
-                continue
-            if "test_auroc" in run.data.metrics and matches(run.data.params, config):
+        for run in unit_runs(store, config, split_name, data_digest, finished=True):
+            if "test_auroc" in run.data.metrics:
                 return Path(store), run
     return None
 
