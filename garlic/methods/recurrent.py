@@ -31,7 +31,7 @@ from garlic.data.batches import IrregularDataset, loader
 from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.models.compact import DecayImputation, step_mask
 from garlic.models.fused import FusedGRU
-from garlic.models.predict import in_length_order
+from garlic.models.predict import predict_proba
 from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
 from garlic.training.trainer import Progress, Trainer
@@ -77,6 +77,10 @@ class GRUD(nn.Module):
             hidden = torch.where(real[:, t, None], updated, hidden)  # padding steps leave the state as it is
         return self.classifier(hidden)[:, 0]
 
+    def predict_logits(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> Tensor:
+        """The logits as ``garlic.models.predict`` asks every model for them (no static features here)."""
+        return self(values, mask, times, lengths)
+
 
 class DecayGRU(nn.Module):
     """GARLIC's decay imputation, the mask beside it, a 2-layer GRU and a classifier on the last real state."""
@@ -93,6 +97,10 @@ class DecayGRU(nn.Module):
         last = (lengths - 1).clamp(min=0)
         return self.classifier(states[torch.arange(len(states)), last])[:, 0]
 
+    def predict_logits(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> Tensor:
+        """The logits as ``garlic.models.predict`` asks every model for them (no static features here)."""
+        return self(values, mask, times, lengths)
+
 
 MODELS = {"grud": GRUD, "decay_gru": DecayGRU}
 
@@ -108,16 +116,6 @@ class RecurrentSettings:
     early_stopping: int = 5
     seed: int = 0
     device: str = "auto"
-
-
-@torch.no_grad()
-def predict(model: nn.Module, dataset: IrregularDataset, batch_size: int = 256) -> np.ndarray:
-    """Risk per stay, in dataset order."""
-    model.eval()
-    risk = torch.empty(len(dataset))
-    for positions, batch in in_length_order(model, dataset, batch_size):
-        risk[positions] = torch.sigmoid(model(batch.values, batch.mask, batch.times, batch.lengths)).cpu()
-    return risk.numpy()
 
 
 class RecurrentTrainer(Trainer):
@@ -152,7 +150,7 @@ class RecurrentTrainer(Trainer):
         return {"loss": mean, "bce": mean, "mse": math.nan}  # no reconstruction here
 
     def validate(self, validation: IrregularDataset) -> dict:
-        risks = predict(self.model, validation)
+        risks = predict_proba(self.model, validation)
         bce = F.binary_cross_entropy(torch.from_numpy(risks).double().clamp(1e-7, 1 - 1e-7),
                                      validation.labels.double())  # fmt: skip
         return {"probabilities": risks, "losses": {"bce": float(bce), "mse": math.nan}}
@@ -191,7 +189,7 @@ class RecurrentModel:
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         check_fitted(self)
-        return predict(self.model_, dataset)
+        return predict_proba(self.model_, dataset)
 
     def save_fitted(self, folder: Path) -> None:
         check_fitted(self)

@@ -25,7 +25,8 @@ def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int
 
 @torch.inference_mode()  # a few % faster than no_grad on P12 here: no version counters or view tracking
 def predict_proba(model: nn.Module, dataset: IrregularDataset, batch_size: int = INFERENCE_BATCH) -> np.ndarray:
-    """Risk per stay, in dataset order (``model``: GARLIC of either architecture)."""
+    """Risk per stay, in dataset order, of any network with ``predict_logits(values, mask, times, lengths, static)``:
+    GARLIC of either architecture, the recurrent baselines."""
     model.eval()
     probabilities = torch.empty(len(dataset))
     for positions, batch in in_length_order(model, dataset, batch_size):
