@@ -118,8 +118,9 @@ def train(
         tensors = load_tensors(folder)
         splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
+    manifest = read_manifest(folder)
     context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas(),
-                                     read_manifest(folder).get("ground_truth_graph"))  # fmt: skip
+                                     manifest.get("ground_truth_graph"))  # fmt: skip
     if not spec.available(context.labels):
         raise ValueError(f"method {method} needs the {spec.needs_column} column, which {config.dataset} does not have")
     seeds = seeds or [config.seed]
@@ -130,7 +131,7 @@ def train(
         for split, unit_config in units:
             _help_fit(spec, context.with_config(unit_config), tensors, split)
         return None, []
-    return _tracked_train(spec, context.with_config(config), tensors, units, seeds, folder, store, on_epoch,
+    return _tracked_train(spec, context.with_config(config), tensors, units, seeds, folder, manifest, store, on_epoch,
                           resume_run, preset)  # fmt: skip
 
 
@@ -153,6 +154,7 @@ def _tracked_train(
     units: list[tuple[Split, Config]],
     seeds: list[int],
     folder: Path,
+    manifest: dict,
     store: Path,
     on_epoch: Callable[[str, EpochRecord], None] | None,
     resume_run: str | None,
@@ -163,7 +165,6 @@ def _tracked_train(
     config = context.config
     use_store(store)
     use_experiment(config.dataset, store)
-    manifest = read_manifest(folder)
     tags = run_contract.method_tags(spec.name) | ({run_contract.PRESET: preset} if preset else {})
     begin = ({"run_id": resume_run} if resume_run else
              {"run_name": f"{spec.name}-{config.dataset}", "tags": tags})  # fmt: skip
