@@ -1,4 +1,4 @@
-"""The ``garlic`` command: download, preprocess, train, evaluate, predict, dashboard.
+"""The ``garlic`` command: download, preprocess, train, evaluate, predict, score-utility, dashboard.
 
 Parsing the command line imports nothing heavy (no torch, MLflow, pandas or Streamlit): ``--help`` and a mistyped
 option answer at once, and each command imports what it uses.
@@ -396,6 +396,12 @@ def _predict(args: argparse.Namespace) -> None:
         raise SystemExit(LEFT_OUT)
 
 
+def _score_utility(args: argparse.Namespace) -> None:
+    from garlic.evaluation.utility import read_folders
+
+    print(read_folders(args.labels, args.predictions).scores().table())
+
+
 def _dashboard(args: argparse.Namespace) -> None:
     command = [sys.executable, "-m", "garlic.app.serve", "--host", args.host, "--port", str(args.port),
                "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
@@ -475,6 +481,14 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--input", nargs="+", required=True, type=Path, help="PhysioNet 2012 .txt / 2019 .psv")
     predict.add_argument("--output", type=Path, help="CSV file (default: standard output)")
     predict.set_defaults(handler=_predict)
+
+    score = commands.add_parser(
+        "score-utility", help="the PhysioNet 2019 Challenge's scores of hourly predictions (AUROC, AUPRC, accuracy, "
+        "F-measure, normalised utility), printed as its evaluation prints them")
+    score.add_argument("--labels", required=True, type=Path, help="folder of label files pNNNNNN.psv (SepsisLabel)")
+    score.add_argument("--predictions", required=True, type=Path,
+                       help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
+    score.set_defaults(handler=_score_utility)
 
     dashboard = commands.add_parser("dashboard", help="the bedside dashboard (Streamlit)")
     dashboard.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
