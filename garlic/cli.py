@@ -397,7 +397,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _score_utility(args: argparse.Namespace) -> None:
-    from garlic.evaluation.utility import read_folders
+    from garlic.metrics.utility import read_folders
 
     print(read_folders(args.labels, args.predictions).scores().table())
 

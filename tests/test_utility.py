@@ -1,4 +1,4 @@
-"""The PhysioNet 2019 Challenge's scores (garlic.evaluation.utility) against its own evaluation code, a per-stay loop
+"""The PhysioNet 2019 Challenge's scores (garlic.metrics.utility) against its own evaluation code, a per-stay loop
 written here from its definition, and a brute-force threshold search; its files and ``garlic score-utility``.
 
 The expected numbers were computed by running the Challenge's evaluate_sepsis_score.py (github.com/
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from garlic.evaluation.utility import (ChallengeFileError, challenge_auroc_auprc, choose_threshold, normalised_utility,
-                                       read_folders, read_labels, read_predictions, stay_utilities, write_labels,
-                                       write_predictions)  # fmt: skip
+from garlic.metrics.utility import (ChallengeFileError, challenge_auroc_auprc, choose_threshold, normalised_utility,
+                                    read_folders, read_labels, read_predictions, stay_lengths, stay_utilities,
+                                    warning_report, write_labels, write_predictions)  # fmt: skip
 from helpers import garlic_main
 
 
@@ -258,3 +258,22 @@ def test_of_thresholds_that_tie_the_highest_is_chosen_never_alarming_included():
     assert choice.threshold > 0.9 and choice.alarms == 0 and choice.normalised_utility == 0
     with pytest.raises(ValueError, match="no septic stay"):
         choose_threshold([0, 0, 0], [0.1, 0.2, 0.3], [3])
+
+
+def test_warning_report_counts_what_a_ward_sees():
+    # A: never septic, 10 h, alarmed at hours 3 and 4 (two false alarms). B: labelled from hour 20 (onset 26), 30 h,
+    # alarmed at hour 5 (21 h before onset: a false alarm) and 18 (8 h before: in time). C: labelled from hour 10
+    # (onset 16), 20 h, never alarmed.
+    labels = np.r_[np.zeros(10), np.zeros(20), np.ones(10), np.zeros(10), np.ones(10)].astype(int)
+    alarms = np.zeros(60, dtype=int)
+    alarms[[3, 4, 10 + 5, 10 + 18]] = 1
+    report = warning_report(labels, alarms, np.array([10, 30, 20]))
+    assert report["warned_in_time"] == 0.5
+    assert report["median_warning_hours"] == 8
+    assert report["false_alarms_per_100_days"] == pytest.approx(100 * 3 / (60 / 24))
+    assert report["utility"] == normalised_utility(labels, alarms, np.array([10, 30, 20]))
+
+
+def test_stay_lengths_are_the_runs_of_each_stay():
+    assert stay_lengths(np.array([0, 0, 0, 2, 2, 5])).tolist() == [3, 2, 1]
+    assert stay_lengths(np.array([], dtype=int)).tolist() == []

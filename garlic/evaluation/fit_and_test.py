@@ -11,6 +11,11 @@ What ``fit_and_test`` logs (names of ``garlic.tracking.run_contract``): the part
 validation (``temperature``) and the test Brier and ECE after it (``test_brier_scaled``, ``test_ece_scaled``), and
 what ``log_fitted`` returns; ``predictions/validation.csv`` and ``predictions/test.csv`` (``stay_id, label, risk``);
 the plots ``roc_pr.png``, ``calibration.png`` and ``calibration_scaled.png``.
+
+On a dataset with prediction times (a tasks table: ``garlic.io.tables.TASKS``) the method must answer a risk at each
+(``at_prediction_times``), the metrics are over prediction times and the prediction files have a ``time`` column;
+on a task scored by the Sepsis Challenge's utility, the alarm threshold is the one that maximises it on validation
+(``threshold``) and the test look adds ``test_utility`` and the warning counts of ``garlic.metrics.utility``.
 """
 from __future__ import annotations
 
@@ -21,10 +26,11 @@ import pandas as pd
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation, Split
 from garlic.evaluation.calibration import logits_from_probabilities, scale, temperature_report
-from garlic.methods.contract import Method
+from garlic.methods.contract import Method, answers_prediction_times
 from garlic.metrics import binary_metrics
+from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths, warning_report
 from garlic.tracking import plots, run_contract
-from garlic.io.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors, PredictionTimes
 
 PARTS = ("train", "validation", "test")
 # Every test look's metrics (``log_fitted`` may add its own).
@@ -44,18 +50,36 @@ def split_parts(
 def fit_and_test(method: Method, parts: dict[str, IrregularDataset]) -> dict[str, float]:
     """Fit ``method`` on ``parts["train"]`` (selecting on ``parts["validation"]``), test it once on ``parts["test"]``,
     and log sizes, metrics, predictions and plots to the active MLflow run; returns the logged metrics."""
+    timed = parts["train"].tensors.task is not None
+    if timed and not answers_prediction_times(method):
+        raise ValueError(f"{type(method).__name__} gives one risk per stay, but this dataset asks for a risk at each of "
+                         "its prediction times; use a method that answers them (the hourly ones)")  # fmt: skip
     mlflow.log_params({f"n_{part}": len(parts[part]) for part in PARTS})
     method.fit(parts["train"], parts["validation"])
+    times = {part: parts[part].prediction_times for part in ("validation", "test")}
     risks = {part: method.predict_proba(parts[part]) for part in ("validation", "test")}
-    labels = {part: parts[part].labels.numpy() for part in ("validation", "test")}
+    labels = {part: times[part].label for part in ("validation", "test")}
     for part, risk in risks.items():
-        table = pd.DataFrame({"stay_id": parts[part].stay_ids, "label": labels[part], "risk": risk})
+        stay_ids = parts[part].stay_ids[times[part].stay]
+        at = {"time": times[part].time} if timed else {}
+        table = pd.DataFrame({"stay_id": stay_ids, **at, "label": labels[part], "risk": risk})
         mlflow.log_text(table.to_csv(index=False), run_contract.predictions(part))
     metrics = test_metrics(labels, risks)
+    if times["test"].score == SEPSIS_UTILITY:
+        metrics |= warning_metrics(times, risks)
     if hasattr(method, "log_fitted"):
         metrics |= method.log_fitted(parts)
     mlflow.log_metrics(metrics)
     return metrics
+
+
+def warning_metrics(times: dict[str, PredictionTimes], risks: dict[str, np.ndarray]) -> dict[str, float]:
+    """The alarm threshold that maximises the Sepsis Challenge's utility on validation, and the test look's
+    utility and warning counts at it (``garlic.metrics.utility.warning_report``)."""
+    validation, test = times["validation"], times["test"]
+    threshold = choose_threshold(validation.label, risks["validation"], stay_lengths(validation.stay)).threshold
+    report = warning_report(test.label, risks["test"] >= threshold, stay_lengths(test.stay))
+    return {"threshold": threshold, **{f"test_{key}": value for key, value in report.items()}}
 
 
 def test_metrics(labels: dict[str, np.ndarray], risks: dict[str, np.ndarray]) -> dict[str, float]:

@@ -47,6 +47,7 @@ _FALL = -MAX_U_TP / (DT_LATE - DT_OPTIMAL)  # an alarm, after DT_OPTIMAL
 _MISS = MIN_U_FN / (DT_LATE - DT_OPTIMAL)  # no alarm, after DT_OPTIMAL
 _RISE_AT_0, _FALL_AT_0, _MISS_AT_0 = -_RISE * DT_EARLY, -_FALL * DT_LATE, -_MISS * DT_OPTIMAL
 
+SEPSIS_UTILITY = "sepsis-utility"  # a task's ``score`` (the processed manifest's ``task``) scored here
 LABEL_COLUMN = "SepsisLabel"
 PROBABILITY_COLUMN, PREDICTION_COLUMN = "PredictedProbability", "PredictedLabel"
 SUFFIX = ".psv"
@@ -227,6 +228,42 @@ def challenge_scores(labels, probabilities, predictions, lengths) -> ChallengeSc
     accuracy = (tp + tn) / (tp + fp + fn + tn)
     f_measure = 2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else 1.0
     return ChallengeScores(auroc, auprc, accuracy, f_measure, _normalised(worth, predictions))
+
+
+def stay_lengths(stay: np.ndarray) -> np.ndarray:
+    """The number of hours of each stay, from the stay of every hour (hours grouped by stay, in order)."""
+    stay = np.asarray(stay)
+    starts = np.flatnonzero(np.r_[True, stay[1:] != stay[:-1]]) if len(stay) else np.zeros(0, np.int64)
+    return np.diff(np.r_[starts, len(stay)]).astype(np.int64)
+
+
+def warning_report(labels, alarms, lengths) -> dict[str, float]:
+    """What a ward sees of ``alarms`` (one 0/1 per hour): the normalised utility; the share of septic stays alarmed
+    in time (at an hour the utility rewards, from 12 h before onset to 3 h after: ``warned_in_time``); the median
+    hours from the first such alarm to onset over those stays (``median_warning_hours``, negative: after onset);
+    and the false alarms (an alarmed hour of a stay never septic, or more than 12 h before onset) per 100
+    patient-days of the stays (``false_alarms_per_100_days``)."""
+    worth = hour_worth(labels, lengths)
+    alarms = _checked_alarms(alarms, len(worth.stay))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    hour = np.arange(len(alarms)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rewarded = alarms & worth.best  # the best predictor's hours are exactly the utility's window of each onset
+    septic = np.unique(worth.stay[worth.best])
+    in_time = np.unique(worth.stay[rewarded], return_index=True)
+    onset_hour = np.full(len(lengths), np.nan)
+    labelled = np.flatnonzero(np.asarray(labels).astype(bool))
+    first_stay, first = np.unique(worth.stay[labelled], return_index=True)
+    onset_hour[first_stay] = hour[labelled[first]] - DT_OPTIMAL
+    first_alarm = hour[np.flatnonzero(rewarded)[in_time[1]]]
+    lead = onset_hour[in_time[0]] - first_alarm
+    false_alarms = alarms & ~worth.best & (worth.alarmed == U_FP)
+    days = len(alarms) / 24
+    return {
+        "utility": _normalised(worth, alarms),
+        "warned_in_time": len(in_time[0]) / len(septic) if len(septic) else float("nan"),
+        "median_warning_hours": float(np.median(lead)) if len(lead) else float("nan"),
+        "false_alarms_per_100_days": 100 * int(false_alarms.sum()) / days if days else float("nan"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
