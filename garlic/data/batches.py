@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -38,18 +39,34 @@ class Batch:
 
 
 class IrregularDataset(Dataset):
-    """The stays of one split, normalised up front with statistics from the training split."""
+    """The stays of one split, normalised with statistics from the training split, and the times at which a risk
+    is asked for (``prediction_times``: one per stay, or the dataset's task rows).
+
+    The normalised model inputs are made on first use: a method that reads the raw ``tensors`` (the summary and
+    hourly baselines) never pays for them, which on a long-stay cohort is gigabytes.
+    """
 
     def __init__(self, tensors: IrregularTensors, normalisation: Normalisation):
         self.tensors, self.normalisation = tensors, normalisation
         self.stay_ids = tensors.stay_ids
-        self.values = torch.from_numpy(np.where(tensors.mask, normalisation.standardise(tensors.values), 0.0))
-        self.mask = torch.from_numpy(tensors.mask.astype("float32"))
         self.times = torch.from_numpy(tensors.times)
         self.lengths = torch.from_numpy(tensors.lengths)
-        static = (tensors.static - normalisation.static_mean) / normalisation.static_std
-        self.static = torch.from_numpy(np.nan_to_num(static, nan=0.0).astype("float32"))
         self.labels = torch.from_numpy(tensors.labels)
+        self.prediction_times = tensors.prediction_times()
+
+    @cached_property
+    def values(self) -> torch.Tensor:
+        tensors = self.tensors
+        return torch.from_numpy(np.where(tensors.mask, self.normalisation.standardise(tensors.values), 0.0))
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        return torch.from_numpy(self.tensors.mask.astype("float32"))
+
+    @cached_property
+    def static(self) -> torch.Tensor:
+        static = (self.tensors.static - self.normalisation.static_mean) / self.normalisation.static_std
+        return torch.from_numpy(np.nan_to_num(static, nan=0.0).astype("float32"))
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -3,7 +3,8 @@ training part.
 
 Protocols (``PROTOCOLS``; each says which splits and which model seeds it runs):
 - ``five-split``: five stratified 80/10/10 splits, split k drawn with ``random_state=k``; one model seed (the
-  config's) per split.
+  config's) per split. Stratified on the stay's label, or on what the dataset's manifest names in
+  ``split_strata`` (the P19 ``hourly`` cohort: the label and the hospital system).
 - ``raindrop``: the five published 80/10/10 splits of Raindrop (Zhang et al., ICLR 2022), the protocol of
   Raindrop, ViTST, KEDGN, ISTS-PLM and MTM on P12 (``physionet2012``) and P19 (its 38,803 stays: the
   ``physionet2019-raindrop`` cohort); split k is the file's split k + 1. One model seed per split.
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from garlic.data.datasets import SOURCES, source_of
-from garlic.io.tables import write_json_atomic
+from garlic.io.tables import MANIFEST, write_json_atomic
 from garlic.io.tensors import IrregularTensors
 
 log = logging.getLogger(__name__)
@@ -225,11 +226,27 @@ class Split:
         )
 
 
-def draw_split(tensors: IrregularTensors, protocol: str, index: int) -> Split:
-    """Stratified 80/10/10 split of the stays, drawn with ``random_state=index``."""
+STRATA = ("label", "hospital_system")
+
+
+def strata(tensors: IrregularTensors, names: list[str], dataset: str) -> np.ndarray:
+    """Each stay's stratum: its values of ``names`` (of ``STRATA``) joined, e.g. "1|B"."""
+    unknown = [name for name in names if name not in STRATA]
+    if unknown:
+        raise ValueError(f"cannot stratify splits on {unknown}; known: {', '.join(STRATA)}")
+    columns = {"label": lambda: tensors.labels.astype(int).astype(str),
+               "hospital_system": lambda: np.asarray(source_of(dataset).hospital_systems(tensors.stay_ids), str)}
+    keys = [columns[name]() for name in names]
+    return np.array(["|".join(parts) for parts in zip(*keys)]) if keys else np.zeros(len(tensors), str)
+
+
+def draw_split(tensors: IrregularTensors, protocol: str, index: int, stratum: np.ndarray | None = None) -> Split:
+    """80/10/10 split of the stays, drawn with ``random_state=index``, stratified on ``stratum`` (default: the
+    label)."""
     from sklearn.model_selection import train_test_split  # 2.5 s to import: only where a split is drawn
 
-    stay_ids, labels = tensors.stay_ids, tensors.labels
+    stay_ids = tensors.stay_ids
+    labels = tensors.labels if stratum is None else stratum
     train, rest, _, rest_labels = train_test_split(
         stay_ids, labels, test_size=0.2, stratify=labels, random_state=index
     )
@@ -293,8 +310,11 @@ def published_split(tensors: IrregularTensors, name: str, index: int, dataset: s
     return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
 
 
-def made_split(tensors: IrregularTensors, chosen: Protocol, index: int, dataset: str) -> Split:
-    """Split ``index`` of the protocol, made from its published ids, by hospital system, or drawn."""
+def made_split(
+    tensors: IrregularTensors, chosen: Protocol, index: int, dataset: str, strata_names: list[str] | None = None
+) -> Split:
+    """Split ``index`` of the protocol, made from its published ids, by hospital system, or drawn (stratified on
+    ``strata_names``, default the label)."""
     if chosen.published:
         return published_split(tensors, chosen.published, index, dataset)
     if chosen.hospital:
@@ -302,7 +322,8 @@ def made_split(tensors: IrregularTensors, chosen: Protocol, index: int, dataset:
         if reason:
             raise ValueError(reason)
         return hospital_split(tensors, chosen.name, index, dataset)
-    return draw_split(tensors, chosen.name, index)
+    stratum = None if strata_names in (None, ["label"]) else strata(tensors, strata_names, dataset)
+    return draw_split(tensors, chosen.name, index, stratum)
 
 
 def fitted_split(tensors: IrregularTensors, protocol: str, index: int, *parts: np.ndarray) -> Split:
@@ -327,16 +348,19 @@ def load_splits(
     """The protocol's splits of ``dataset``'s ``tensors``, read from ``folder/splits`` or made and saved there on
     first use. ``dataset`` defaults to the folder's name (``processed/<dataset>``).
 
-    A published protocol's saved split must still hold the published stays; one that does not is refused.
+    A published protocol's saved split must still hold the published stays; one that does not is refused. A
+    drawn split is stratified on what the manifest's ``split_strata`` names (default: the label).
     """
     chosen = protocol(protocol_name)
     dataset = dataset or Path(folder).name
+    manifest = Path(folder) / MANIFEST
+    strata_names = json.loads(manifest.read_text()).get("split_strata") if manifest.is_file() else None
     splits = []
     for index in chosen.splits:
         path = split_path(folder, chosen.name, index)
         split = read_split(folder, chosen.name, index)
         if split is None:
-            split = made_split(tensors, chosen, index, dataset)
+            split = made_split(tensors, chosen, index, dataset, strata_names)
             write_json_atomic(path, split.to_json())
         elif chosen.published and split.digest() != published_split_digest(chosen.published, index, dataset):
             raise ValueError(f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "

@@ -11,6 +11,11 @@ A processed dataset is one folder holding:
   Volumes (``manifest["summed_variables"]``: P12 ``Urine``, MIMIC-III output events) recorded more than once at
   one time are one row holding their sum (``sum_simultaneous``): two outputs charted together are both output.
   Any other variable may repeat at one time; the tensors keep its later row (see ``tensors``).
+- ``tasks.parquet`` (optional): the prediction times, one row per (stay, time) at which a risk is asked for, as
+  MEDS label files have them: ``stay_id`` (int64), ``time`` (float32, hours since ICU admission: the input is the
+  stay's observations up to that time) and ``label`` (int8). Sorted by stay, then time. Without it a dataset asks
+  for one risk per stay, from its whole input, with the stay's ``labels.label`` (``tensors.PredictionTimes``).
+  With it, the manifest's ``task`` says what the rows are and how they are scored.
 - ``manifest.json``: what was read (files and SHA-256), the preprocessing version, the variable list, counts and
   every dropped stay or skipped row with its reason. It is written last: a folder without it is incomplete.
 
@@ -31,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -45,6 +51,7 @@ PREPROCESSING_VERSION = "1"
 OBSERVATIONS = "observations.parquet"
 STATIC = "static.parquet"
 LABELS = "labels.parquet"
+TASKS = "tasks.parquet"
 MANIFEST = "manifest.json"
 
 OBSERVATION_SCHEMA = pa.schema(
@@ -77,6 +84,7 @@ class ProcessedDataset:
     labels: pd.DataFrame
     variables: list[str]
     manifest: dict = field(default_factory=dict)
+    tasks: pd.DataFrame | None = None
 
     @property
     def static_features(self) -> list[str]:
@@ -193,12 +201,15 @@ def write_processed(
     labels: pd.DataFrame,
     variables: list[str],
     manifest: dict,
+    tasks: pd.DataFrame | None = None,
 ) -> Path:
-    """Write the three tables and the manifest into ``destination``, atomically; a dataset without a stay is refused,
-    so that a source with no usable record never replaces a good dataset (nor its saved splits).
+    """Write the three tables (four with ``tasks``) and the manifest into ``destination``, atomically; a dataset
+    without a stay is refused, so that a source with no usable record never replaces a good dataset (nor its saved
+    splits).
 
     ``observations`` needs columns stay_id, time, variable, value; ``static`` and ``labels`` need ``stay_id``,
     and ``labels`` a 0/1 ``label`` column. Every stay in ``observations`` must have a label and a static row.
+    ``tasks``, when given, needs stay_id, time and a 0/1 label, and every labelled stay at least one row.
     """
     if labels.empty:
         raise NoUsableStayError(f"no usable stay in the source ({_what_was_dropped(manifest)}); nothing was written: "
@@ -213,6 +224,8 @@ def write_processed(
     if not labels["label"].isin([0, 1]).all():
         raise ValueError("labels.label must be 0 or 1")
 
+    if tasks is not None:
+        tasks = _checked_tasks(tasks, labels)
     static = static.astype({c: "float32" for c in static.columns if c != "stay_id"})
     labels = labels.astype({"label": "int8"})
     manifest = {
@@ -225,6 +238,8 @@ def write_processed(
             "stays": int(labels["stay_id"].nunique()),
             "observations": int(len(observations)),
             "positives": int(labels["label"].sum()),
+            **({} if tasks is None else {"prediction_times": len(tasks), "positive_prediction_times":
+                                         int(tasks["label"].sum())}),
         },
     }
     destination = Path(destination)
@@ -232,8 +247,30 @@ def write_processed(
         pq.write_table(_observation_table(observations, variables), staging / OBSERVATIONS)
         pq.write_table(pa.Table.from_pandas(static, preserve_index=False), staging / STATIC)
         pq.write_table(pa.Table.from_pandas(labels, preserve_index=False), staging / LABELS)
+        if tasks is not None:
+            pq.write_table(pa.Table.from_pandas(tasks, preserve_index=False), staging / TASKS)
         write_json_atomic(staging / MANIFEST, manifest)
     return destination
+
+
+def _checked_tasks(tasks: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """``tasks`` as stored (stay_id int64, time float32, label int8, sorted by stay and time), or a ValueError
+    naming the first row that breaks the contract."""
+    missing = [c for c in ("stay_id", "time", "label") if c not in tasks]
+    if missing:
+        raise ValueError(f"tasks table lacks column(s) {missing}")
+    tasks = tasks[["stay_id", "time", "label"]].astype({"stay_id": "int64", "time": "float32"})
+    for what, bad in (("label is not 0 or 1", ~tasks["label"].isin([0, 1])),
+                      ("time is not a finite number of hours", ~np.isfinite(tasks["time"].to_numpy())),
+                      ("stay has no row in the labels table", ~tasks["stay_id"].isin(labels["stay_id"])),
+                      ("repeats a (stay_id, time) pair", tasks.duplicated(["stay_id", "time"]))):  # fmt: skip
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise ValueError(f"tasks table row {row} (stay {tasks['stay_id'].iloc[row]}): {what}")
+    without = np.setdiff1d(labels["stay_id"].to_numpy(), tasks["stay_id"].to_numpy())
+    if len(without):
+        raise ValueError(f"{len(without)} stays have no prediction time in the tasks table, e.g. {without[:5].tolist()}")
+    return tasks.astype({"label": "int8"}).sort_values(["stay_id", "time"], kind="stable", ignore_index=True)
 
 
 def _what_was_dropped(manifest: dict) -> str:
@@ -268,6 +305,7 @@ def read_processed(folder: Path) -> ProcessedDataset:
         labels=pq.read_table(folder / LABELS).to_pandas(),
         variables=manifest["variables"],
         manifest=manifest,
+        tasks=pq.read_table(folder / TASKS).to_pandas() if (folder / TASKS).is_file() else None,
     )
 
 

@@ -4,6 +4,9 @@ Per stay the time axis is the sorted union of its observation times; a cell with
 value 0. A stay with no observation at all (a cohort may keep one for its static features, as Raindrop's P19
 cohort does) is a single step at hour 0 with nothing observed. When a variable is recorded twice at the same time,
 the later row wins; volumes, which add up, reach here already summed (``tables.sum_simultaneous``).
+
+The prediction times of a dataset with a tasks table (``tables.TASKS``) ride along as flat arrays
+(``PredictionTimes``); a dataset without one asks for a risk per stay at the end of its input.
 """
 from __future__ import annotations
 
@@ -15,9 +18,47 @@ import numpy as np
 import pandas as pd
 
 from garlic.io.atomic import atomic_file, remove_stale_temporaries
-from garlic.io.tables import LABELS, MANIFEST, OBSERVATIONS, STATIC, ProcessedDataset, read_manifest, read_processed
+from garlic.io.tables import (
+    LABELS,
+    MANIFEST,
+    OBSERVATIONS,
+    STATIC,
+    TASKS,
+    ProcessedDataset,
+    read_manifest,
+    read_processed,
+)
 
 TENSORS = "tensors.npz"
+
+
+@dataclass
+class PredictionTimes:
+    """The times at which a risk is asked for, M of them, sorted by stay and then time.
+
+    stay  [M] int64   the stay's position in its tensors
+    time  [M] float32 hours since admission: the input is what the stay recorded up to this time
+    label [M] float32 0/1 the outcome to predict at that time
+    score how the risks at these times are scored beyond AUROC and AUPRC: the manifest's ``task["score"]``
+          ("sepsis-utility": the Sepsis Challenge's utility over each stay's hours), "" for none
+    """
+
+    stay: np.ndarray
+    time: np.ndarray
+    label: np.ndarray
+    score: str = ""
+
+    def __len__(self) -> int:
+        return len(self.stay)
+
+    def of_stays(self, index: np.ndarray, stays: int) -> "PredictionTimes":
+        """The rows of the stays at positions ``index`` (of ``stays``), renumbered to their order in ``index``."""
+        position = np.full(stays, -1, dtype="int64")
+        position[np.asarray(index)] = np.arange(len(index))
+        new_stay = position[self.stay]
+        kept = np.flatnonzero(new_stay >= 0)
+        kept = kept[np.argsort(new_stay[kept], kind="stable")]  # time order within a stay is kept
+        return PredictionTimes(new_stay[kept], self.time[kept], self.label[kept], self.score)
 
 
 @dataclass
@@ -30,6 +71,7 @@ class IrregularTensors:
     lengths [N]       int64 number of real time steps
     static  [N, S]    float32, NaN where unknown
     labels  [N]       float32 0/1
+    task    the dataset's prediction times (``PredictionTimes``), or None: one risk per stay from its whole input
     """
 
     stay_ids: np.ndarray
@@ -41,11 +83,23 @@ class IrregularTensors:
     labels: np.ndarray
     variables: list[str]
     static_features: list[str]
+    task: PredictionTimes | None = None
 
     def __len__(self) -> int:
         return len(self.stay_ids)
 
+    def prediction_times(self) -> PredictionTimes:
+        """Where a risk is asked for: the task's rows, or one per stay at the end of its input with its label."""
+        if self.task is not None:
+            return self.task
+        stays = np.arange(len(self))
+        end = self.times[stays, np.maximum(self.lengths - 1, 0)] if self.times.size else np.zeros(len(self), "float32")
+        return PredictionTimes(stays, end.astype("float32"), self.labels.astype("float32"))
+
     def subset(self, index: np.ndarray) -> "IrregularTensors":
+        index = np.asarray(index)
+        if index.dtype == bool:
+            index = np.flatnonzero(index)
         return IrregularTensors(
             stay_ids=self.stay_ids[index],
             values=self.values[index],
@@ -56,6 +110,7 @@ class IrregularTensors:
             labels=self.labels[index],
             variables=self.variables,
             static_features=self.static_features,
+            task=None if self.task is None else self.task.of_stays(index, len(self)),
         )
 
 
@@ -106,17 +161,31 @@ def tensorize(dataset: ProcessedDataset) -> IrregularTensors:
         labels=labels["label"].to_numpy("float32"),
         variables=list(dataset.variables),
         static_features=list(dataset.static_features),
+        task=None if dataset.tasks is None else _prediction_times(dataset, stay_ids),
+    )
+
+
+def _prediction_times(dataset: ProcessedDataset, stay_ids: np.ndarray) -> PredictionTimes:
+    tasks = dataset.tasks.sort_values(["stay_id", "time"], kind="stable")
+    return PredictionTimes(
+        stay=np.searchsorted(stay_ids, tasks["stay_id"].to_numpy("int64")),
+        time=tasks["time"].to_numpy("float32"),
+        label=tasks["label"].to_numpy("float32"),
+        score=dataset.manifest.get("task", {}).get("score", ""),
     )
 
 
 def _fingerprint(folder: Path) -> str:
-    """A digest of the manifest and the three tables: any change to what the tensors are built from shows."""
+    """A digest of the manifest and the tables: any change to what the tensors are built from shows."""
     digest = hashlib.sha256()
-    for name in (MANIFEST, OBSERVATIONS, STATIC, LABELS):
+    for name in (MANIFEST, OBSERVATIONS, STATIC, LABELS, *([TASKS] if (folder / TASKS).is_file() else [])):
         data = (folder / name).read_bytes()
         digest.update(b"%s %d\n" % (name.encode(), len(data)))
         digest.update(data)
     return digest.hexdigest()
+
+
+TASK_ARRAYS = ("stay", "time", "label", "score")
 
 
 def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> None:
@@ -134,6 +203,8 @@ def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> Non
             variables=np.array(tensors.variables, dtype=str),
             static_features=np.array(tensors.static_features, dtype=str),
             fingerprint=np.array(fingerprint),
+            **({} if tensors.task is None else {f"task_{key}": np.asarray(getattr(tensors.task, key))
+                                                for key in TASK_ARRAYS}),
         )
 
 
@@ -153,7 +224,10 @@ def load_tensors(folder: Path) -> IrregularTensors:
                 arrays = {key: stored[key] for key in stored.files if key != "fingerprint"}
                 arrays["variables"] = arrays["variables"].tolist()
                 arrays["static_features"] = arrays["static_features"].tolist()
-                return IrregularTensors(**arrays)
+                task = {key: arrays.pop(f"task_{key}") for key in TASK_ARRAYS if f"task_{key}" in arrays}
+                if task:
+                    task["score"] = str(task["score"])
+                return IrregularTensors(**arrays, task=PredictionTimes(**task) if task else None)
     tensors = tensorize(read_processed(folder))
     save_tensors(tensors, cache, fingerprint)
     return tensors

@@ -21,6 +21,11 @@ Cohorts (``COHORTS``; each rule is copied into the manifest with its counts):
   sees a labelled hour. Kept: stays with 1 to 60 such rows and a known HospAdmTime. Label: SepsisLabel ever 1.
   Stays with no time-series value in any row are dropped; the 65 whose input rows hold none are kept, as Raindrop
   keeps them, and a model sees only their static features.
+- ``hourly``: the Challenge's own task, every stay of the sets read. Input: every row; a prediction time at every
+  ICU hour (row), whose input is the rows up to it and whose label is that row's SepsisLabel (the tasks table,
+  ``garlic.io.tables.TASKS``); scored by the Challenge's utility. The stay's label (``labels.label``) is
+  SepsisLabel ever 1, which the splits stratify on with the hospital system. Stays with no time-series value in
+  any row are dropped.
 - ``early``: leakage-free, for real use. Prediction is made at the end of ICU hour 48 for patients still in the
   ICU. Input: rows with ICULOS <= 48. Excluded: stays with SepsisLabel 1 at some ICULOS <= 48 (already septic, or
   within six hours of onset, inside the window) and stays with no row after hour 48 (discharged or dead before
@@ -298,6 +303,7 @@ class Cohort:
     rule: str
     select: Callable[[pd.DataFrame, pd.DataFrame], tuple[np.ndarray, pd.Series, dict[str, pd.Series]]]
     keeps_empty_input: bool = False
+    hourly: bool = False  # a prediction time at every input row, labelled with that row's SepsisLabel
 
 
 def stay_summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -354,6 +360,10 @@ def _select_early(rows, summary):
     return _within_window(rows), label, excluded
 
 
+def _select_hourly(rows, summary):
+    return np.ones(len(rows), dtype=bool), summary["first_septic_hour"].notna(), {}
+
+
 COHORTS = {
     "garlic": Cohort(
         "garlic",
@@ -377,7 +387,29 @@ COHORTS = {
         f"some ICULOS > {WINDOW_HOURS}; dropped: stays with no time-series value in the window",
         _select_early,
     ),
+    "hourly": Cohort(
+        "hourly",
+        "input: every row (time = ICULOS hours); a prediction time at every row, labelled with its SepsisLabel, "
+        "its input the rows up to it; stay label: SepsisLabel 1 at any time; dropped: stays with no time-series "
+        "value in any row",
+        _select_hourly,
+        hourly=True,
+    ),
 }
+# What the ``hourly`` cohort's manifest says of its task (``garlic.io.tables.TASKS``) and of its splits.
+HOURLY_TASK = {
+    "prediction_times": "every ICU hour (each row of the record, at its ICULOS)",
+    "label": f"that row's {LABEL} (1 from 6 h before the clinical onset)",
+    "score": "sepsis-utility",
+}
+HOURLY_STRATA = ["label", "hospital_system"]
+
+
+def hourly_tasks(rows: pd.DataFrame, kept: np.ndarray) -> pd.DataFrame:
+    """One prediction time per row of the ``kept`` stays: (stay_id, ICULOS, SepsisLabel)."""
+    taken = rows["stay_id"].isin(kept).to_numpy()
+    return pd.DataFrame({"stay_id": rows["stay_id"].to_numpy()[taken], "time": rows[HOUR].to_numpy()[taken],
+                         "label": rows[LABEL].to_numpy()[taken].astype("int8")})  # fmt: skip
 
 
 def long_observations(rows: pd.DataFrame) -> pd.DataFrame:
@@ -538,7 +570,11 @@ def preprocess(
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
         "skipped_lines": [str(s) for s in skips],
     }
-    write_processed(destination, observations, static_table(rows, kept), labels, TIME_SERIES, manifest)
+    tasks = None
+    if COHORTS[cohort].hourly:
+        tasks = hourly_tasks(rows, kept)
+        manifest |= {"task": HOURLY_TASK, "split_strata": HOURLY_STRATA}
+    write_processed(destination, observations, static_table(rows, kept), labels, TIME_SERIES, manifest, tasks)
     log.info("physionet2019/%s: %d stays kept (%d septic), %d lines skipped", cohort, len(kept), positives, len(skips))
     return read_manifest(destination)  # as written: with the stay, observation and positive counts
 
