@@ -3,6 +3,10 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
 
     fit(train: IrregularDataset, validation: IrregularDataset) -> the method     selection on validation only
     predict_proba(dataset: IrregularDataset) -> np.ndarray [N]                  risk per stay, in dataset order
+    at_prediction_times = True                                                  optional: predict_proba gives a risk
+                                                                                at each of the dataset's prediction
+                                                                                times ([M]: dataset.prediction_times)
+                                                                                and the method trains on them
     log_fitted(parts: dict[str, IrregularDataset]) -> dict[str, float]          optional: log what the fitted
                                                                                 method shows beyond its risks
                                                                                 (settings chosen, graph, model),
@@ -49,6 +53,11 @@ def check_fitted(method: Method) -> None:
     scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
     if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
         raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")
+
+
+def answers_prediction_times(method: Method) -> bool:
+    """Whether ``method`` gives a risk at every prediction time of a dataset with a tasks table (an hourly task)."""
+    return getattr(method, "at_prediction_times", False)
 
 
 def can_resume(method: Method) -> bool:

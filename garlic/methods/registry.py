@@ -24,6 +24,7 @@ from garlic.config import Config
 from garlic.methods.contract import Method
 from garlic.methods.field import FieldModel, FieldSettings
 from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.hourly import AlarmAfterHour, HourlyModel
 from garlic.methods.recurrent import RecurrentModel, RecurrentSettings
 from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
 
@@ -149,6 +150,12 @@ for _spec in (
     MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)",
                build=lambda context: InputHours(context.config.seed),
                settings=lambda context: {"method": "input_hours", "seed": context.config.seed}),
+    *(MethodSpec(f"hourly_{kind}", f"{model} on features of the record up to each prediction time (hourly tasks)",
+                 build=lambda context, kind=kind: HourlyModel(kind, context.config.seed),
+                 settings=lambda context, kind=kind: {"method": f"hourly_{kind}", "seed": context.config.seed})
+      for kind, model in (("gbm", "gradient boosting"), ("logreg", "logistic regression"))),
+    MethodSpec("alarm_after_hour", "alarm at every hour from an ICU hour chosen on training (the utility's floor)",
+               build=lambda context: AlarmAfterHour(), settings=lambda context: {"method": "alarm_after_hour"}),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),
     _recurrent("decay_gru", "decay imputation + GRU, without the graph"),
     _field("raindrop", "Raindrop (Zhang et al. 2022)"),

@@ -1,0 +1,195 @@
+"""Baselines that give a risk at any prediction time (``IrregularDataset.prediction_times``), as the Sepsis
+Challenge's winners did: features of each stay's record up to that time, then gradient boosting or logistic
+regression over all the prediction times of the training part; and a floor that learns nothing about the patient.
+
+``hourly_features`` makes, per prediction time and variable, from the observations up to it: the last value, the
+hours since it, how many values so far, the last change (last minus the one before), and the mean over the last
+6 and 24 hours with the standard deviation over the last 24; then the static features and the prediction time
+itself (ICU hours so far). Vectorised over stays, steps and variables, a bounded chunk of stays at a time.
+
+Every method here answers one risk per prediction time; on a dataset without a tasks table that is one per stay at
+the end of its input, so they also run on the per-stay tasks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from garlic.data.batches import IrregularDataset
+from garlic.io.atomic import atomic_file, write_json_atomic
+from garlic.io.tensors import IrregularTensors, PredictionTimes
+from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
+from garlic.methods.contract import check_fitted, fitted_inputs
+from garlic.methods.summary import CANDIDATES, SKOPS_FILE, load_skops
+from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
+
+STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")
+CHUNK_STAYS = 512  # stays whose [steps, variables] arrays are held at once: about 100 MB at P19's longest stays
+
+
+def feature_names(tensors: IrregularTensors) -> list[str]:
+    per_variable = [f"{variable}_{statistic}" for statistic in STATISTICS for variable in tensors.variables]
+    return [*per_variable, *tensors.static_features, "hours"]
+
+
+def hourly_features(tensors: IrregularTensors, times: PredictionTimes | None = None) -> np.ndarray:
+    """[M, len(feature_names)] float32 features of each prediction time (default: the tensors' own), NaN where a
+    statistic has no value (a variable not yet measured, a window without a value)."""
+    times = tensors.prediction_times() if times is None else times
+    d = len(tensors.variables)
+    out = np.full((len(times), len(STATISTICS) * d + len(tensors.static_features) + 1), np.nan, dtype="float32")
+    bounds = np.searchsorted(times.stay, np.arange(0, len(tensors) + CHUNK_STAYS, CHUNK_STAYS))
+    for chunk, (first, last) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if first < last:
+            start = chunk * CHUNK_STAYS
+            stays = slice(start, min(start + CHUNK_STAYS, len(tensors)))
+            out[first:last, : len(STATISTICS) * d] = _chunk_features(tensors, stays, times.stay[first:last] - start,
+                                                                     times.time[first:last])  # fmt: skip
+    out[:, len(STATISTICS) * d : -1] = tensors.static[times.stay]
+    out[:, -1] = times.time
+    return out
+
+
+def _chunk_features(tensors: IrregularTensors, stays: slice, stay: np.ndarray, time: np.ndarray) -> np.ndarray:
+    """The per-variable statistics for prediction times of the stays ``stays`` (``stay``: position within them)."""
+    lengths = tensors.lengths[stays]
+    steps = max(int(lengths.max()), 1)
+    values = tensors.values[stays, :steps].astype("float64")
+    mask = tensors.mask[stays, :steps]
+    real = np.arange(steps)[None, :] < lengths[:, None]
+    step_times = np.where(real, tensors.times[stays, :steps], np.inf)  # padding never counts as "up to"
+
+    def steps_up_to(limit: np.ndarray) -> np.ndarray:
+        """Per prediction time, the number of its stay's steps at or before ``limit`` hours."""
+        return (step_times[stay] <= limit[:, None]).sum(axis=1)
+
+    at = steps_up_to(time) - 1  # the last step a prediction time sees (-1: none yet)
+    seen = at >= 0
+    at = np.maximum(at, 0)
+    step_index = np.where(mask, np.arange(steps)[None, :, None], -1)
+    last_step = np.maximum.accumulate(step_index, axis=1)  # [n, T, D] the last observed step up to each step
+    before = np.concatenate([np.full_like(last_step[:, :1], -1), last_step[:, :-1]], axis=1)
+    count = np.cumsum(mask, axis=1)
+    total = np.cumsum(np.where(mask, values, 0.0), axis=1)
+    squares = np.cumsum(np.where(mask, values**2, 0.0), axis=1)
+
+    last = last_step[stay, at]  # [M, D]
+    last = np.where(seen[:, None], last, -1)
+    has_last = last >= 0
+    rows = stay[:, None]
+    column = np.arange(values.shape[-1])[None, :]
+    last_value = np.where(has_last, values[rows, np.maximum(last, 0), column], np.nan)
+    hours_since = np.where(has_last, time[:, None] - tensors.times[stays][rows, np.maximum(last, 0)], np.nan)
+    previous = np.where(has_last, before[rows, np.maximum(last, 0), column], -1)
+    change = np.where(previous >= 0, last_value - values[rows, np.maximum(previous, 0), column], np.nan)
+    seen_count = np.where(seen[:, None], count[stay, at], 0)
+
+    def window(hours: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Count, sum and sum of squares of the values in (time - hours, time]."""
+        start = steps_up_to(time - hours) - 1  # the last step outside the window (-1: none)
+        outside = [np.where((start >= 0)[:, None], cumulative[stay, np.maximum(start, 0)], 0)
+                   for cumulative in (count, total, squares)]  # fmt: skip
+        inside = [np.where(seen[:, None], cumulative[stay, at], 0) for cumulative in (count, total, squares)]
+        return tuple(a - b for a, b in zip(inside, outside))
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n6, sum6, _ = window(6.0)
+        n24, sum24, squares24 = window(24.0)
+        mean6 = np.where(n6 > 0, sum6 / n6, np.nan)
+        mean24 = np.where(n24 > 0, sum24 / n24, np.nan)
+        std24 = np.where(n24 > 0, np.sqrt(np.maximum(squares24 / n24 - mean24**2, 0.0)), np.nan)
+    return np.concatenate([last_value, hours_since, seen_count, change, mean6, mean24, std24], axis=1)
+
+
+class HourlyModel:
+    """A classifier on ``hourly_features`` over every prediction time of the training part: ``kind`` 'gbm'
+    (scikit-learn's histogram gradient boosting) or 'logreg' (logistic regression after median imputation with
+    missingness indicators). ``fit`` fits every candidate setting (``garlic.methods.summary.CANDIDATES``) and keeps
+    the best validation AUROC over prediction times (the first on ties). A column with no value in the training
+    part is left out (``kept_``), as ``SummaryModel`` does."""
+
+    at_prediction_times = True
+
+    def __init__(self, kind: str, seed: int = 0):
+        if kind not in CANDIDATES:
+            raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
+        self.kind, self.seed = kind, seed
+        self.name = f"hourly_{kind}"  # as the registry names it
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "HourlyModel":
+        features = hourly_features(train.tensors)
+        self.inputs_ = fitted_inputs(train)
+        self.kept_ = ~np.isnan(features).all(axis=0)
+        features, held_out = features[:, self.kept_], hourly_features(validation.tensors)[:, self.kept_]
+        best_score = -np.inf
+        for setting, model in CANDIDATES[self.kind](self.seed):
+            model.fit(features, train.prediction_times.label)
+            score = roc_auc_score(validation.prediction_times.label, model.predict_proba(held_out)[:, 1])
+            if score > best_score:
+                self.model_, self.chosen_, best_score = model, setting | {"validation_auroc": score}, score
+        return self
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        check_fitted(self)
+        return self.model_.predict_proba(hourly_features(dataset.tensors)[:, self.kept_])[:, 1]
+
+    def save_fitted(self, folder: Path) -> None:
+        import skops.io  # as in garlic.methods.summary.load_skops
+
+        check_fitted(self)
+        with atomic_file(folder / SKOPS_FILE) as out:
+            out.write(skops.io.dumps(self.model_))
+        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(),
+                                            "chosen": self.chosen_})  # fmt: skip
+
+    def restore_fitted(self, folder: Path) -> None:
+        fitted = read_fitted(folder)
+        self.model_ = load_skops(folder / SKOPS_FILE)
+        self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}
+        self.kept_, self.chosen_ = np.asarray(fitted["kept"], dtype=bool), fitted["chosen"]
+        columns = len(STATISTICS) * len(self.inputs_["variables"]) + len(self.inputs_["static_features"]) + 1
+        if len(self.kept_) != columns or self.kept_.sum() != self.model_.n_features_in_:
+            raise ModelFileError(f"{folder / FITTED}: 'kept' marks {self.kept_.sum()} of {len(self.kept_)} columns, "
+                                 f"but the model reads {self.model_.n_features_in_} of the {columns} hourly feature "
+                                 "columns of its inputs")  # fmt: skip
+
+    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        check_fitted(self)
+        mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen_.items()})
+        mlflow.log_param("chosen_empty_columns", int((~self.kept_).sum()))
+        return {}
+
+
+class AlarmAfterHour:
+    """The floor: a risk of 1 at every prediction time from hour ``after_`` on and 0 before, the hour chosen on the
+    training part to maximise the Sepsis Challenge's utility (a task scored by it only). It learns nothing about the
+    patient: what it scores comes free from the task's timing (the utility rewards late alarms in long stays)."""
+
+    at_prediction_times = True
+    name = "alarm_after_hour"
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "AlarmAfterHour":
+        times = train.prediction_times
+        if times.score != SEPSIS_UTILITY:
+            raise ValueError(f"{self.name} chooses its hour by the Sepsis Challenge's utility; this task is scored by "
+                             f"{times.score or 'AUROC alone'}")  # fmt: skip
+        # Alarming from hour k on is alarming where time / longest >= k / longest: the utility's best threshold over
+        # these "probabilities" is the best hour, found exactly by one sort (``choose_threshold``).
+        longest = max(float(times.time.max()), 1.0)
+        choice = choose_threshold(times.label, np.clip(times.time / longest, 0, 1), stay_lengths(times.stay))
+        alarmed = times.time[times.time / longest >= choice.threshold]
+        self.after_ = float(alarmed.min()) if len(alarmed) else np.inf
+        self.train_utility_ = choice.normalised_utility
+        return self
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        check_fitted(self)
+        return (dataset.prediction_times.time >= self.after_).astype("float64")
+
+    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        check_fitted(self)
+        mlflow.log_params({"chosen_after_hour": self.after_, "chosen_train_utility": self.train_utility_})
+        return {}

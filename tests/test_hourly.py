@@ -1,0 +1,197 @@
+"""Tasks as prediction times: the tasks table, its tensors, the P19 ``hourly`` cohort, the hourly features and the
+one training path on an hourly task."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from garlic.cli import main
+from garlic.data.splits import load_splits
+from garlic.io.tables import read_processed, write_processed
+from garlic.io.tensors import IrregularTensors, PredictionTimes, load_tensors, tensorize
+from garlic.methods.hourly import STATISTICS, feature_names, hourly_features
+from garlic.sources.physionet2019 import COLUMNS, HEADER, preprocess
+
+VARIABLES = ["HR", "Temp"]
+
+
+def _psv(rows: list[list[object]]) -> bytes:
+    lines = [HEADER.decode()] + ["|".join("NaN" if v is None else str(v) for v in row) for row in rows]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _row(hour: int, label: int, hr: float | None) -> list[object]:
+    row: list[object] = [None] * len(COLUMNS)
+    row[0] = hr
+    row[COLUMNS.index("Age")], row[COLUMNS.index("Gender")], row[COLUMNS.index("HospAdmTime")] = 60, 1, -3.0
+    row[-2], row[-1] = hour, label
+    return row
+
+
+def _stays(count: int, first_id: int, rng: np.random.Generator) -> dict[str, bytes]:
+    """``count`` stays of 20-40 hours; every third becomes septic, its heart rate climbing from six hours before the
+    label turns 1; hour 2 of every stay has no value (a prediction time with nothing new)."""
+    files = {}
+    for i in range(count):
+        hours = range(1, int(rng.integers(20, 41)))
+        onset = 14 if i % 3 == 0 else None
+        rows = [_row(h, int(onset is not None and h >= onset),
+                     None if h == 2 else 80 + (5 * max(0, h - onset + 6) if onset else 0) + float(rng.normal(0, 2)))
+                for h in hours]  # fmt: skip
+        files[f"p{first_id + i:06d}.psv"] = _psv(rows)
+    return files
+
+
+@pytest.fixture(scope="module")
+def hourly_root(tmp_path_factory) -> Path:
+    """A data root with a small ``physionet2019-hourly`` dataset of 30 stays from each hospital system."""
+    root = tmp_path_factory.mktemp("hourly")
+    rng = np.random.default_rng(0)
+    for name, first_id in (("training_setA", 1), ("training_setB", 100_001)):
+        folder = root / "source" / name
+        folder.mkdir(parents=True)
+        for file, text in _stays(30, first_id, rng).items():
+            (folder / file).write_bytes(text)
+    preprocess(root / "source", root / "processed" / "physionet2019-hourly", cohort="hourly")
+    return root
+
+
+def test_hourly_cohort_asks_for_a_risk_at_every_row(hourly_root):
+    dataset = read_processed(hourly_root / "processed" / "physionet2019-hourly")
+    tasks, labels = dataset.tasks, dataset.labels
+    stay = dataset.labels["stay_id"].iloc[0]
+    raw = pd.read_csv(hourly_root / "source" / "training_setA" / f"p{stay:06d}.psv", sep="|")
+    mine = tasks[tasks["stay_id"] == stay]
+    assert mine["time"].tolist() == raw["ICULOS"].tolist()  # hour 2, with no value, is a prediction time too
+    assert mine["label"].tolist() == raw["SepsisLabel"].tolist()
+    assert len(tasks) == dataset.manifest["counts"]["prediction_times"]
+    assert (tasks.groupby("stay_id")["label"].max().to_numpy() == labels["label"].to_numpy()).all()
+    assert dataset.manifest["task"]["score"] == "sepsis-utility"
+    assert dataset.manifest["split_strata"] == ["label", "hospital_system"]
+
+
+def test_tasks_travel_with_the_tensors_through_cache_and_subset(hourly_root):
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    built = tensorize(read_processed(folder))
+    first, cached = load_tensors(folder), load_tensors(folder)  # the second reads the cache the first wrote
+    for tensors in (first, cached):
+        assert tensors.task.score == "sepsis-utility"
+        np.testing.assert_array_equal(tensors.task.time, built.task.time)
+        np.testing.assert_array_equal(tensors.task.stay, built.task.stay)
+    picked = np.array([5, 0, 40])
+    subset = built.subset(picked)
+    for new, old in enumerate(picked):
+        np.testing.assert_array_equal(subset.task.time[subset.task.stay == new], built.task.time[built.task.stay == old])
+        np.testing.assert_array_equal(subset.task.label[subset.task.stay == new],
+                                      built.task.label[built.task.stay == old])  # fmt: skip
+    assert np.all(np.diff(subset.task.stay) >= 0)
+
+
+def test_a_dataset_without_tasks_asks_once_per_stay_at_the_end_of_its_input():
+    times = np.array([[0.0, 2.0, 5.0], [1.0, 0.0, 0.0]], dtype="float32")
+    tensors = IrregularTensors(np.array([1, 2]), np.zeros((2, 3, 1), "float32"), np.ones((2, 3, 1), bool), times,
+                               np.array([3, 1]), np.zeros((2, 0), "float32"), np.array([0.0, 1.0], "float32"),
+                               ["x"], [])  # fmt: skip
+    at = tensors.prediction_times()
+    assert at.stay.tolist() == [0, 1] and at.time.tolist() == [5.0, 1.0] and at.label.tolist() == [0.0, 1.0]
+
+
+def test_splits_are_stratified_on_label_and_hospital(hourly_root):
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    split = load_splits(folder, tensors, "five-split")[0]
+    for part in ("validation", "test"):
+        ids = getattr(split, part)
+        septic = tensors.labels[np.searchsorted(tensors.stay_ids, ids)] == 1
+        systems = np.where(ids >= 100_001, "B", "A")
+        # 60 stays, a fifth in each of 4 strata of 10 and 20: every stratum appears in a part of 6
+        assert {(s, bool(y)) for s, y in zip(systems, septic)} == {("A", True), ("A", False), ("B", True),
+                                                                    ("B", False)}  # fmt: skip
+
+
+def _oracle(tensors: IrregularTensors, stay: int, time: float) -> np.ndarray:
+    """The per-variable statistics of one prediction time, from the definition, one variable at a time."""
+    steps = tensors.lengths[stay]
+    out = []
+    for statistic in STATISTICS:
+        for d in range(len(tensors.variables)):
+            seen = [(t, v) for t, v, m in zip(tensors.times[stay, :steps], tensors.values[stay, :steps, d],
+                                              tensors.mask[stay, :steps, d]) if m and t <= time]  # fmt: skip
+            window = {h: [v for t, v in seen if t > time - h] for h in (6, 24)}
+            value = {
+                "last": seen[-1][1] if seen else np.nan,
+                "hours_since": time - seen[-1][0] if seen else np.nan,
+                "count": len(seen),
+                "change": seen[-1][1] - seen[-2][1] if len(seen) > 1 else np.nan,
+                "mean_6h": np.mean(window[6]) if window[6] else np.nan,
+                "mean_24h": np.mean(window[24]) if window[24] else np.nan,
+                "std_24h": np.std(window[24]) if window[24] else np.nan,
+            }[statistic]
+            out.append(value)
+    return np.array(out)
+
+
+def test_hourly_features_equal_their_definition_on_random_stays(monkeypatch):
+    monkeypatch.setattr("garlic.methods.hourly.CHUNK_STAYS", 3)  # several chunks, one of them partly empty
+    rng = np.random.default_rng(1)
+    n, t = 8, 12
+    lengths = rng.integers(1, t + 1, n)
+    times = np.sort(rng.choice(np.arange(0, 60, 0.5), (n, t)), axis=1).astype("float32")
+    times[np.arange(t)[None, :] >= lengths[:, None]] = 0
+    mask = (rng.random((n, t, 2)) < 0.6) & (np.arange(t)[None, :, None] < lengths[:, None, None])
+    values = np.where(mask, rng.normal(80, 10, (n, t, 2)), 0).astype("float32")
+    stay = np.repeat(np.arange(n), 5)
+    when = rng.uniform(-1, 62, len(stay)).astype("float32")
+    order = np.lexsort((when, stay))
+    task = PredictionTimes(stay[order], when[order], np.zeros(len(stay), "float32"))
+    tensors = IrregularTensors(np.arange(n), values, mask, times, lengths, rng.normal(size=(n, 1)).astype("float32"),
+                               np.zeros(n, "float32"), VARIABLES, ["Age"], task)  # fmt: skip
+    features = hourly_features(tensors)
+    assert features.shape == (len(stay), len(feature_names(tensors)))
+    per_variable = len(STATISTICS) * len(VARIABLES)
+    for row, (s, time) in enumerate(zip(task.stay, task.time)):
+        np.testing.assert_allclose(features[row, :per_variable], _oracle(tensors, s, time), rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(features[:, -1], task.time)
+    np.testing.assert_array_equal(features[:, -2], tensors.static[task.stay, 0])
+
+
+def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, tmp_path, capsys):
+    args = ["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train",
+            "--dataset", "physionet2019-hourly", "--split", "0"]  # fmt: skip
+    with pytest.raises(SystemExit):  # a per-stay method cannot answer an hourly task
+        main([*args, "--method", "logreg"])
+    assert "asks for a risk at each of its prediction times" in capsys.readouterr().err
+    main([*args, "--method", "hourly_logreg"])
+    run_id = capsys.readouterr().out.split("(run ")[1].split(")")[0]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    predictions = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tasks = read_processed(folder).tasks
+    test = load_splits(folder, load_tensors(folder), "five-split")[0].test
+    expected = tasks[tasks["stay_id"].isin(test)].reset_index(drop=True)
+    assert list(predictions.columns) == ["stay_id", "time", "label", "risk"]
+    pd.testing.assert_frame_equal(predictions[["stay_id", "time", "label"]], expected, check_dtype=False)
+    metrics = mlflow.get_run(run_id).data.metrics
+    assert 0 <= metrics["threshold"] <= 1 and -2 <= metrics["test_utility"] <= 1
+
+
+def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):
+    from garlic.evaluation.fit_and_test import split_parts
+    from garlic.methods.hourly import AlarmAfterHour
+    from garlic.metrics.utility import normalised_utility, stay_lengths
+
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    parts = split_parts(tensors, load_splits(folder, tensors, "five-split")[0])
+    floor = AlarmAfterHour().fit(parts["train"], parts["validation"])
+    train = parts["train"].prediction_times
+    utility = {hour: normalised_utility(train.label, train.time >= hour, stay_lengths(train.stay))
+               for hour in np.unique(train.time)}  # fmt: skip
+    assert utility[floor.after_] == pytest.approx(max(utility.values()))
+    test = parts["test"].prediction_times
+    np.testing.assert_array_equal(floor.predict_proba(parts["test"]), (test.time >= floor.after_).astype(float))
