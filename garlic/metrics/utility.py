@@ -237,33 +237,73 @@ def stay_lengths(stay: np.ndarray) -> np.ndarray:
     return np.diff(np.r_[starts, len(stay)]).astype(np.int64)
 
 
-def warning_report(labels, alarms, lengths) -> dict[str, float]:
-    """What a ward sees of ``alarms`` (one 0/1 per hour): the normalised utility; the share of septic stays alarmed
-    in time (at an hour the utility rewards, from 12 h before onset to 3 h after: ``warned_in_time``); the median
-    hours from the first such alarm to onset over those stays (``median_warning_hours``, negative: after onset);
-    and the false alarms (an alarmed hour of a stay never septic, or more than 12 h before onset) per 100
-    patient-days of the stays (``false_alarms_per_100_days``)."""
+# Per stay, what every ward-level score below is summed from (``stay_parts``), so that a table keeps these and not
+# every hour, and a bootstrap over stays redraws rows.
+STAY_PARTS = ("hours", "observed", "inaction", "best", "septic", "warned", "warning_hours", "false_alarms")
+
+
+def stay_parts(labels, alarms, lengths) -> dict[str, np.ndarray]:
+    """Per stay (``STAY_PARTS``): its hours; its utility with ``alarms``, with none and with the best alarms; whether
+    it is septic, and alarmed in time (at an hour the utility rewards, from 12 h before onset to 3 h after); the
+    hours from the first such alarm to onset (negative: after onset; NaN: not warned); and its false alarms (alarmed
+    hours of a stay never septic, or more than 12 h before onset)."""
     worth = hour_worth(labels, lengths)
     alarms = _checked_alarms(alarms, len(worth.stay))
     lengths = np.asarray(lengths, dtype=np.int64)
+    stays = len(lengths)
     hour = np.arange(len(alarms)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+    def per_stay(values: np.ndarray) -> np.ndarray:
+        return np.bincount(worth.stay, weights=values, minlength=stays)
+
     rewarded = alarms & worth.best  # the best predictor's hours are exactly the utility's window of each onset
-    septic = np.unique(worth.stay[worth.best])
-    in_time = np.unique(worth.stay[rewarded], return_index=True)
-    onset_hour = np.full(len(lengths), np.nan)
+    warned_stay, first = np.unique(worth.stay[rewarded], return_index=True)
+    onset = np.full(stays, np.nan)
     labelled = np.flatnonzero(np.asarray(labels).astype(bool))
-    first_stay, first = np.unique(worth.stay[labelled], return_index=True)
-    onset_hour[first_stay] = hour[labelled[first]] - DT_OPTIMAL
-    first_alarm = hour[np.flatnonzero(rewarded)[in_time[1]]]
-    lead = onset_hour[in_time[0]] - first_alarm
-    false_alarms = alarms & ~worth.best & (worth.alarmed == U_FP)
-    days = len(alarms) / 24
+    septic_stay, first_label = np.unique(worth.stay[labelled], return_index=True)
+    onset[septic_stay] = hour[labelled[first_label]] - DT_OPTIMAL
+    warning_hours = np.full(stays, np.nan)
+    warning_hours[warned_stay] = onset[warned_stay] - hour[np.flatnonzero(rewarded)[first]]
+    false_alarm = alarms & ~worth.best & (worth.alarmed == U_FP)
     return {
-        "utility": _normalised(worth, alarms),
-        "warned_in_time": len(in_time[0]) / len(septic) if len(septic) else float("nan"),
-        "median_warning_hours": float(np.median(lead)) if len(lead) else float("nan"),
-        "false_alarms_per_100_days": 100 * int(false_alarms.sum()) / days if days else float("nan"),
+        "hours": lengths.astype(np.float64),
+        "observed": per_stay(np.where(alarms, worth.alarmed, worth.silent)),
+        "inaction": per_stay(worth.silent),
+        "best": per_stay(np.where(worth.best, worth.alarmed, worth.silent)),
+        "septic": per_stay(worth.best.astype(float)) > 0,
+        "warned": ~np.isnan(warning_hours),
+        "warning_hours": warning_hours,
+        "false_alarms": per_stay(false_alarm.astype(float)),
     }
+
+
+def ward_scores(parts: dict[str, np.ndarray], weights: np.ndarray | None = None) -> dict[str, float]:
+    """The scores of stays whose ``stay_parts`` are ``parts`` (each stay counted ``weights`` times, as a bootstrap
+    resample counts it): the normalised utility, the share of septic stays warned in time (``warned_in_time``),
+    the median hours of warning before onset over those (``median_warning_hours``) and the false alarms per 100
+    patient-days (``false_alarms_per_100_days``)."""
+    weights = np.ones(len(parts["hours"])) if weights is None else np.asarray(weights, dtype=np.float64)
+
+    def total(name: str) -> np.float64:
+        return np.float64(weights @ parts[name])
+
+    with np.errstate(divide="ignore", invalid="ignore"):  # no septic stay: as ``normalised_utility``
+        utility = (total("observed") - total("inaction")) / (total("best") - total("inaction"))
+    septic = weights @ parts["septic"]
+    warned = parts["warned"] & (weights > 0)
+    leads = np.repeat(parts["warning_hours"][warned], weights[warned].astype(np.int64))
+    days = total("hours") / 24
+    return {
+        "utility": float(utility),  # NaN or -inf without a septic stay, as the Challenge's
+        "warned_in_time": float(weights @ parts["warned"] / septic) if septic else float("nan"),
+        "median_warning_hours": float(np.median(leads)) if len(leads) else float("nan"),
+        "false_alarms_per_100_days": 100 * total("false_alarms") / days if days else float("nan"),
+    }
+
+
+def warning_report(labels, alarms, lengths) -> dict[str, float]:
+    """``ward_scores`` of ``alarms`` (one 0/1 per hour, flat over stays of ``lengths`` hours)."""
+    return ward_scores(stay_parts(labels, alarms, lengths))
 
 
 # ---------------------------------------------------------------------------------------------------------------
