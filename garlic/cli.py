@@ -376,6 +376,8 @@ def _predict(args: argparse.Namespace) -> None:
     from garlic.sources.raw import LeftOut
     from garlic.sources.records import read_record_files
 
+    if args.hourly:
+        return _predict_hourly(args, store)
     _say(f"reading run {args.run}'s model from {_shown(store)} ...")
     trained = load_predictor(args.run, store)
     shown = [_shown(path) for path in args.input]
@@ -394,6 +396,38 @@ def _predict(args: argparse.Namespace) -> None:
         print(f"garlic: {len(left_out)} of {len(risks)} records left out, with no risk (rows with an empty risk): "
               f"{', '.join(r.origin for r in left_out)}", file=sys.stderr)  # fmt: skip
         raise SystemExit(LEFT_OUT)
+
+
+def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
+    """``garlic predict --hourly``: the Sepsis Challenge's prediction files, one per record, in ``--output``."""
+    from garlic.inference import predict_hourly, write_hourly_predictions
+    from garlic.methods.saved import load_predictor
+    from garlic.sources.physionet2019 import read_hourly_record_files
+    from garlic.sources.records import record_files
+
+    if args.output is None:
+        raise ValueError("--hourly writes one prediction file per record: name their folder with --output")
+    threshold = args.threshold if args.threshold is not None else _run_threshold(args.run, store)
+    trained = load_predictor(args.run, store)
+    observations, static, tasks = read_hourly_record_files(record_files(args.input, ".psv"))
+    _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays, alarm at risk >= {threshold:.4g} ...")
+    adapt_threads()
+    written = write_hourly_predictions(args.output, predict_hourly(trained, observations, static, tasks), threshold)
+    _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
+
+
+def _run_threshold(run_id: str, store: Path) -> float:
+    """The alarm threshold the run chose on validation (its ``threshold`` metric)."""
+    from garlic.tracking.store import use_store
+
+    use_store(store)
+    import mlflow
+
+    threshold = mlflow.MlflowClient().get_run(run_id).data.metrics.get("threshold")
+    if threshold is None:
+        raise ValueError(f"run {run_id} logged no alarm threshold (it was not trained on an hourly task); give one "
+                         "with --threshold")  # fmt: skip
+    return threshold
 
 
 def _score_utility(args: argparse.Namespace) -> None:
@@ -479,7 +513,12 @@ def parser() -> argparse.ArgumentParser:
         "record had to be left out (a row with an empty risk and the reason names it)")
     predict.add_argument("--run", required=True, help="MLflow run id")
     predict.add_argument("--input", nargs="+", required=True, type=Path, help="PhysioNet 2012 .txt / 2019 .psv")
-    predict.add_argument("--output", type=Path, help="CSV file (default: standard output)")
+    predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder")
+    predict.add_argument("--hourly", action="store_true",
+                         help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
+                              "Challenge's prediction files (pNNNNNN.psv) in --output; needs an hourly run")
+    predict.add_argument("--threshold", type=float,
+                         help="with --hourly, alarm at risk >= this (default: the threshold the run chose)")
     predict.set_defaults(handler=_predict)
 
     score = commands.add_parser(

@@ -2,6 +2,8 @@
 (``garlic.tracking.saved_model.TrainedModel``) or another method's (``garlic.methods.saved.SavedMethod``)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -10,9 +12,11 @@ from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 
 
-def tensors_for_model(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
-    """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns);
-    every stay must have an observation."""
+def tensors_for_model(
+    trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame | None = None
+) -> IrregularTensors:
+    """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns), with
+    the prediction times of ``tasks`` when given; every stay must have an observation."""
     unknown = sorted(set(observations["variable"].astype(str)) - set(trained.variables))
     if unknown:
         raise ValueError(
@@ -27,6 +31,7 @@ def tensors_for_model(trained: Predictor, observations: pd.DataFrame, static: pd
         static=static.rename_axis("stay_id").reset_index(),
         labels=pd.DataFrame({"stay_id": stay_ids, "label": np.nan}),
         variables=trained.variables,
+        tasks=tasks,
     )
     tensors = tensorize(dataset)
     empty = tensors.stay_ids[tensors.lengths == 0]
@@ -40,3 +45,30 @@ def predict_tables(trained: Predictor, observations: pd.DataFrame, static: pd.Da
     tensors = tensors_for_model(trained, observations, static)
     risk = trained.predict_proba(trained.dataset(tensors))
     return pd.DataFrame({"stay_id": tensors.stay_ids, "risk": risk})
+
+
+def predict_hourly(
+    trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame
+) -> pd.DataFrame:
+    """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
+    model must answer prediction times (an hourly method)."""
+    from garlic.methods.contract import answers_prediction_times
+
+    method = getattr(trained, "method", trained)
+    if not answers_prediction_times(method):
+        raise ValueError(f"the run's model ({getattr(trained, 'name', 'GARLIC')}) gives one risk per stay, not one per "
+                         "hour; use a run of an hourly method (hourly_gbm, hourly_logreg, alarm_after_hour)")  # fmt: skip
+    tensors = tensors_for_model(trained, observations, static, tasks)
+    times = tensors.prediction_times()
+    risk = trained.predict_proba(trained.dataset(tensors))
+    return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
+
+
+def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float) -> list[Path]:
+    """The Sepsis Challenge's prediction files of ``predict_hourly``'s risks: one ``pNNNNNN.psv`` per stay, a row
+    per hour, ``PredictedProbability|PredictedLabel`` (alarm where the risk reaches ``threshold``)."""
+    from garlic.metrics.utility import write_predictions
+
+    return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(),
+                              (group["risk"].to_numpy() >= threshold).astype(int))
+            for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip

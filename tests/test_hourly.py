@@ -2,6 +2,7 @@
 one training path on an hourly task."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,19 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, tmp_p
     pd.testing.assert_frame_equal(predictions[["stay_id", "time", "label"]], expected, check_dtype=False)
     metrics = mlflow.get_run(run_id).data.metrics
     assert 0 <= metrics["threshold"] <= 1 and -2 <= metrics["test_utility"] <= 1
+
+    # The run's model on the test stays' own record files, as the Challenge's files: the same utility
+    records = tmp_path / "records"
+    records.mkdir()
+    for stay in test:
+        system = "training_setA" if stay < 100_001 else "training_setB"
+        shutil.copy(hourly_root / "source" / system / f"p{stay:06d}.psv", records)
+    main(["--mlruns", str(tmp_path / "mlruns"), "predict", "--run", run_id, "--hourly", "--input", str(records),
+          "--output", str(tmp_path / "predictions")])  # fmt: skip
+    capsys.readouterr()
+    main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
+    names, values = capsys.readouterr().out.strip().splitlines()
+    assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_utility"])
 
 
 def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):

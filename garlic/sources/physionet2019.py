@@ -461,6 +461,22 @@ def read_record_files(
     return observations, static_table(rows, np.sort(kept))
 
 
+def read_hourly_record_files(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Stand-alone ``pNNNNNN.psv`` files -> observations, static and tasks as the ``hourly`` cohort has them: every row
+    is input, and every row a prediction time (its ICULOS) labelled with its SepsisLabel. A file or line that cannot
+    be read is refused, naming it (a prediction file needs a row for every row of its record)."""
+    records = records_from_files(paths, _RECORD_NAME, PhysioNet2019Error, "pNNNNNN.psv (e.g. p000001.psv)")
+    skips: list[Skip] = []
+    frames = [_parse_record_slowly(index, record, skips) for index, record in enumerate(records)]
+    if skips:
+        raise PhysioNet2019Error(str(skips[0]))
+    rows = pd.concat(frames, ignore_index=True).astype({"record": "int64", **{c: "float64" for c in COLUMNS}})
+    stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
+    rows.insert(0, "stay_id", stay_ids[rows["record"].to_numpy()])
+    kept = np.unique(rows["stay_id"].to_numpy())
+    return long_observations(rows), static_table(rows, kept), hourly_tasks(rows, kept)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Entry point
 

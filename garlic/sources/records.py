@@ -23,14 +23,20 @@ def read_record_files(
     a folder stands for the record files in it. Given ``left_out``, a record without an observation in the model's
     window is added there, with a warning, instead of refused (while one is left)."""
     known = readers()
-    files = [file for path in map(Path, paths) for file in _record_files(path, known)]
+    files = record_files(paths, *known)
     suffixes = {file.suffix.lower() for file in files}
     if len(suffixes) != 1:
         raise ValueError(f"record files must all be one format, one of {sorted(known)}; got {sorted(suffixes)}")
     return known[suffixes.pop()](files, left_out=left_out)
 
 
-def _record_files(path: Path, known: dict[str, Callable]) -> list[Path]:
+def record_files(paths: list[Path], *suffixes: str) -> list[Path]:
+    """The files of ``paths`` (a folder stands for its files) whose names end in one of ``suffixes``; anything else
+    is refused, naming it."""
+    return [file for path in map(Path, paths) for file in _record_files(path, suffixes)]
+
+
+def _record_files(path: Path, known: tuple[str, ...] | dict[str, Callable]) -> list[Path]:
     if path.is_dir():
         found = sorted(file for file in path.iterdir() if file.suffix.lower() in known and file.is_file())
         if not found:
