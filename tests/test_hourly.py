@@ -11,7 +11,7 @@ import pytest
 
 from garlic.cli import main
 from garlic.data.splits import load_splits
-from garlic.io.tables import read_processed, write_processed
+from garlic.io.tables import read_processed
 from garlic.io.tensors import IrregularTensors, PredictionTimes, load_tensors, tensorize
 from garlic.methods.hourly import STATISTICS, feature_names, hourly_features
 from garlic.sources.physionet2019 import COLUMNS, HEADER, preprocess
