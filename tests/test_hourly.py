@@ -3,6 +3,7 @@ one training path on an hourly task."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +210,25 @@ def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):
     assert utility[floor.after_] == pytest.approx(max(utility.values()))
     test = parts["test"].prediction_times
     np.testing.assert_array_equal(floor.predict_proba(parts["test"]), (test.time >= floor.after_).astype(float))
+
+
+def test_the_replay_asks_an_hourly_model_at_each_hour(hourly_root):
+    from garlic.app.replay import method_risk_curve
+    from garlic.config import Config
+    from garlic.evaluation.fit_and_test import split_parts
+    from garlic.methods.hourly import HourlyModel
+    from garlic.methods.saved import SavedMethod
+
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    split = load_splits(folder, tensors, "five-split")[0]
+    parts = split_parts(tensors, split)
+    model = HourlyModel("logreg").fit(parts["train"], parts["validation"])
+    saved = SavedMethod("hourly_logreg", model, Config(), tensors.variables, tensors.static_features,
+                        split.normalisation)  # fmt: skip
+    test = parts["test"]
+    risks = model.predict_proba(test)
+    one = test.tensors.subset(np.array([0]))
+    asked = test.prediction_times.time[test.prediction_times.stay == 0]
+    curve = method_risk_curve(saved, replace(one, task=None), asked)
+    np.testing.assert_allclose(curve, risks[test.prediction_times.stay == 0])

@@ -13,7 +13,7 @@ built-in one, or integrated gradients for a model without one (the reference arc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,8 @@ from garlic.explain.integrated_gradients import gradient_explanation
 from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
 from garlic.methods.saved import Predictor, SavedMethod
-from garlic.io.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors, PredictionTimes
+from garlic.methods.contract import answers_prediction_times
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 
@@ -97,9 +98,17 @@ def risk_curve(model: Garlic, stay: Stay, hours: np.ndarray) -> np.ndarray:
 
 
 def method_risk_curve(trained: SavedMethod, tensors: IrregularTensors, hours: np.ndarray) -> np.ndarray:
-    """Risk after each of ``hours`` [H] from a method other than GARLIC, which need not be causal step by step: the
-    method scores the stay (``tensors``, one stay, as recorded) cut at each hour, all cuts as one dataset; NaN before
-    the first observation."""
+    """Risk after each of ``hours`` [H] from a method other than GARLIC, which need not be causal step by step: a
+    method that answers prediction times (an hourly one) is asked at each hour of the stay (``tensors``, one stay,
+    as recorded); another scores the stay cut at each hour, all cuts as one dataset. NaN before the first
+    observation."""
+    if answers_prediction_times(trained.method):
+        seen = hours >= tensors.times[0, 0]
+        asked = replace(tensors, task=PredictionTimes(np.zeros(seen.sum(), np.int64), hours[seen].astype("float32"),
+                                                      np.zeros(seen.sum(), "float32")))  # fmt: skip
+        risk = np.full(len(hours), np.nan)
+        risk[seen] = trained.predict_proba(IrregularDataset(asked, trained.normalisation))
+        return risk
     prefixes = prefix_tensors(tensors, hours)
     seen = np.flatnonzero(prefixes.lengths > 0)
     risk = np.full(len(hours), np.nan)
