@@ -3,6 +3,7 @@ one training path on an hourly task."""
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -160,17 +161,31 @@ def test_hourly_features_equal_their_definition_on_random_stays(monkeypatch):
     np.testing.assert_array_equal(features[:, -2], tensors.static[task.stay, 0])
 
 
-def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, tmp_path, capsys):
-    args = ["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train",
-            "--dataset", "physionet2019-hourly", "--split", "0"]  # fmt: skip
-    with pytest.raises(SystemExit):  # a per-stay method cannot answer an hourly task
-        main([*args, "--method", "logreg"])
-    assert "asks for a risk at each of its prediction times" in capsys.readouterr().err
-    main([*args, "--method", "hourly_logreg"])
-    run_id = capsys.readouterr().out.split("(run ")[1].split(")")[0]
+@pytest.fixture(scope="module")
+def hourly_run(hourly_root, tmp_path_factory):
+    """``garlic train --method hourly_logreg`` on split 0 of the small hourly dataset: (store, run id)."""
+    store = tmp_path_factory.mktemp("hourly-store")
+    main(["--data-root", str(hourly_root), "--mlruns", str(store), "train", "--dataset", "physionet2019-hourly",
+          "--split", "0", "--method", "hourly_logreg"])  # fmt: skip
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    (run_id,) = mlflow.search_runs(search_all_experiments=True, filter_string="metrics.threshold >= 0")["run_id"]
+    return store, run_id
+
+
+def test_a_per_stay_method_is_refused_on_an_hourly_task(hourly_root, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
+              "physionet2019-hourly", "--split", "0", "--method", "logreg"])  # fmt: skip
+    assert "asks for a risk at each of its prediction times" in capsys.readouterr().err
+
+
+def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys):
+    store, run_id = hourly_run
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
     predictions = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
     folder = hourly_root / "processed" / "physionet2019-hourly"
     tasks = read_processed(folder).tasks
@@ -187,12 +202,40 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, tmp_p
     for stay in test:
         system = "training_setA" if stay < 100_001 else "training_setB"
         shutil.copy(hourly_root / "source" / system / f"p{stay:06d}.psv", records)
-    main(["--mlruns", str(tmp_path / "mlruns"), "predict", "--run", run_id, "--hourly", "--input", str(records),
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
           "--output", str(tmp_path / "predictions")])  # fmt: skip
     capsys.readouterr()
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
     assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_utility"])
+
+
+def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(hourly_root, hourly_run, monkeypatch):
+    from streamlit import config as streamlit_config
+    from streamlit.testing.v1 import AppTest
+
+    store, run_id = hourly_run
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    labels = read_processed(folder).labels.set_index("stay_id")
+    test = load_splits(folder, load_tensors(folder), "five-split")[0].test
+    septic = next(int(stay) for stay in test if labels.loc[stay, "label"] == 1)
+    monkeypatch.delenv("GARLIC_DASHBOARD_TOKEN", raising=False)
+    page = Path(__file__).resolve().parents[1] / "garlic" / "app" / "dashboard.py"
+    monkeypatch.setattr(sys, "argv", [str(page), "--mlruns", str(store), "--data-root", str(hourly_root), "--run",
+                                      run_id])  # fmt: skip
+    before = streamlit_config.get_option("server.address")
+    streamlit_config.set_option("server.address", "127.0.0.1")  # as `garlic dashboard` serves it
+    try:
+        at = AppTest.from_file(str(page), default_timeout=60)
+        at.query_params = {"stay": str(septic)}
+        at.run()
+    finally:
+        streamlit_config.set_option("server.address", before)
+    assert not at.exception
+    assert any("highest utility on validation" in c.value for c in at.sidebar.caption)
+    onset = labels.loc[septic, "first_septic_hour"] + 6
+    assert any(c.value.startswith(f"Sepsis onset at hour {onset:g}") for c in at.caption)
+    assert any("Sepsis Challenge's utility on the test stays" in m.value for m in at.markdown)
 
 
 def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):

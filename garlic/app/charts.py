@@ -15,6 +15,7 @@ import pandas as pd
 
 ALERT_COLOUR = "#d62728"
 RISK_COLOUR = "#1f77b4"
+WINDOW_COLOUR = "#2ca02c"  # the utility window and the onset of a septic stay
 Spec = dict
 
 
@@ -22,8 +23,11 @@ def _quantitative(field: str, title: str | None, **options) -> dict:
     return {"field": field, "type": "quantitative", "title": title, **options}
 
 
-def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) -> tuple[pd.DataFrame, Spec]:
-    """The risk up to position ``now``, the alert threshold as a dashed line, hours above it in red."""
+def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int,
+               onset: float | None = None) -> tuple[pd.DataFrame, Spec]:  # fmt: skip
+    """The risk up to position ``now``, the alert threshold as a dashed line, hours above it in red; with a sepsis
+    ``onset`` (hours), the onset as a line and the hours an alarm earns the Sepsis Challenge's utility (12 h
+    before it to 3 h after) shaded, so that a warning in time shows."""
     seen = pd.DataFrame({"hour": hours[: now + 1].astype(float), "risk": risk[: now + 1].astype(float)}).dropna()
     seen["alert"] = np.where(seen["risk"] >= threshold, "above threshold", "below threshold")
     x = _quantitative("hour", "hours since ICU admission", scale={"domain": [0, float(hours[-1])]})
@@ -32,9 +36,20 @@ def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) 
     scale = {"domain": ["above threshold", "below threshold"], "range": [ALERT_COLOUR, RISK_COLOUR]}
     colour = {"field": "alert", "type": "nominal", "legend": None, "scale": scale}
     tooltip = [{"field": "hour", "type": "quantitative"}, {"field": "risk", "type": "quantitative", "format": ".3f"}]
+    window = [] if onset is None else [
+        {"data": {"values": [{"start": max(onset - 12, 0.0), "end": onset + 3}]},
+         "mark": {"type": "rect", "color": WINDOW_COLOUR, "opacity": 0.25},
+         "encoding": {"x": _quantitative("start", None), "x2": {"field": "end"}}},
+        {"data": {"values": [{"onset": onset, "text": f"sepsis onset, hour {onset:g}"}]},
+         "mark": {"type": "rule", "color": WINDOW_COLOUR}, "encoding": {"x": _quantitative("onset", None)}},
+        {"data": {"values": [{"onset": onset, "text": f"sepsis onset, hour {onset:g}"}]},
+         "mark": {"type": "text", "align": "right", "dx": -4, "y": 8, "color": WINDOW_COLOUR},
+         "encoding": {"x": _quantitative("onset", None), "text": {"field": "text", "type": "nominal"}}},
+    ]  # fmt: skip
     return seen, {
         "height": 260,
         "layer": [
+            *window,
             {"data": limit, "mark": {"type": "rule", "color": ALERT_COLOUR, "strokeDash": [6, 4]},
              "encoding": {"y": _quantitative("threshold", None)}},
             {"data": limit, "mark": {"type": "text", "align": "left", "dx": 4, "dy": -7, "color": ALERT_COLOUR},

@@ -91,6 +91,11 @@ def cached_artifact(store: str, run_id: str, path: str) -> bytes | None:
     return sources.artifact_bytes(Path(store), run_id, path)
 
 
+@st.cache_resource(show_spinner=False)
+def cached_onsets(store: str, run_id: str, data_root: str) -> pd.Series:
+    return sources.onset_hours(cached_run(store, run_id)[1], Path(data_root))
+
+
 @st.cache_resource(max_entries=64, show_spinner=False)
 def cached_test_replay(store: str, run_id: str, data_root: str, stay_id: int) -> Replay:
     trained, _ = cached_run(store, run_id)
@@ -187,7 +192,11 @@ def choose_run(store: Path, given: str | None) -> str | None:
 
 
 def default_threshold(store: str, run_id: str) -> tuple[float, str]:
-    """The threshold at the default sensitivity on the run's validation split, and how it was chosen."""
+    """The threshold the run chose on validation (an hourly run: by the Sepsis Challenge's utility), else the one
+    at the default sensitivity on the run's validation split; and how it was chosen."""
+    chosen = cached_run(store, run_id)[1].data.metrics.get("threshold")
+    if chosen is not None:
+        return round(chosen, 3), f"Default {chosen:.3f}: the alarm threshold of highest utility on validation"
     try:
         validation = cached_predictions(store, run_id, "validation")
         threshold = threshold_at_sensitivity(validation["label"], validation["risk"], DEFAULT_SENSITIVITY)
@@ -199,7 +208,7 @@ def default_threshold(store: str, run_id: str) -> tuple[float, str]:
 def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, str] | None:
     try:
         dataset = cached_test_split(store, run_id, data_root)
-        test = cached_predictions(store, run_id, "test").set_index("stay_id")
+        test = sources.per_stay(cached_predictions(store, run_id, "test")).set_index("stay_id")
     except (DatasetNotFoundError, RunNotFoundError, ValueError, OSError) as exc:
         log.warning("run %s: cannot read its test split: %s", run_id, exc)
         st.error(f"Cannot read this run's test split from the data root: {plain(exc)}")
@@ -278,7 +287,7 @@ def replayed_hour(last_hour: int, speed: float) -> int:
 
 @shown_plainly
 def bedside_view(replay: Replay, title: str, threshold: float, trained: Predictor, speed: float,
-                 timed: bool) -> None:  # fmt: skip
+                 timed: bool, onsets: pd.Series) -> None:  # fmt: skip
     last_hour = int(replay.hours[-1])
     if st.session_state.playing != timed:
         st.rerun()  # Play, Pause or the end of the replay: the whole page, to start or stop the timer
@@ -324,7 +333,11 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: Predicto
     else:
         st.info("No observation yet at this hour.")
     st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
-    st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now), width="stretch")
+    onset = onsets.get(replay.stay_id)
+    st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now, onset), width="stretch")
+    if onset is not None:
+        st.caption(f"Sepsis onset at hour {onset:g} (green line); an alarm in the shaded hours, 12 before it to 3 "
+                   "after, is the warning the Sepsis Challenge rewards.")
 
     st.subheader("Why")
     if explained.explanation is None:
@@ -383,8 +396,15 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
         positives = test["label"] == 1
         sensitivity = (flagged & positives).sum() / max(positives.sum(), 1)
         specificity = (~flagged & ~positives).sum() / max((~positives).sum(), 1)
+        rows = "hours" if "time" in test else "stays"  # an hourly run's predictions: one row per prediction time
         st.markdown(f"At the alert threshold {threshold:.2f} on the test split: sensitivity {sensitivity:.2f}, "
-                    f"specificity {specificity:.2f}, {flagged.mean():.0%} of stays flagged.")  # fmt: skip
+                    f"specificity {specificity:.2f}, {flagged.mean():.0%} of {rows} flagged.")  # fmt: skip
+    if "test_utility" in metrics:
+        st.markdown(f"At the threshold it chose on validation ({metrics['threshold']:.3f}), the Sepsis Challenge's "
+                    f"utility on the test stays is {metrics['test_utility']:.3f}: "
+                    f"{metrics['test_warned_in_time']:.0%} of septic stays warned in time, a median "
+                    f"{metrics['test_median_warning_hours']:g} h before onset, "
+                    f"{metrics['test_false_alarms_per_100_days']:.0f} false alarms per 100 patient-days.")  # fmt: skip
     params = run.data.params
     st.caption(f"Run {run.info.run_id} · dataset {params.get('dataset', '?')} · split {params.get('split', '?')}")
     for column, (path, caption) in zip(st.columns(2) * 2, MODEL_PLOTS.items()):
@@ -434,8 +454,9 @@ def page(config: argparse.Namespace) -> None:
         speed = SPEEDS[st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed",
                                                 on_change=restart_clock)]  # fmt: skip
         playing = st.session_state.playing
+        onsets = cached_onsets(store, run_id, data_root) if source == TEST_SPLIT else pd.Series(dtype=float)
         st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(replay, title, threshold, trained,
-                                                                              speed, playing)  # fmt: skip
+                                                                              speed, playing, onsets)  # fmt: skip
 
 
 def main() -> None:

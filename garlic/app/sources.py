@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlparse
 
 import mlflow
 import pandas as pd
+import pyarrow.parquet as pq
 from mlflow.exceptions import MlflowException
 
 from garlic.data.batches import IrregularDataset
@@ -25,7 +26,8 @@ from garlic.tracking import run_contract
 from garlic.methods.saved import Predictor, load_predictor
 from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, use_store
 from garlic.sources.records import read_record_files
-from garlic.io.tables import read_manifest
+from garlic.io.tables import LABELS, read_manifest
+from garlic.metrics.utility import DT_OPTIMAL
 from garlic.io.tensors import load_tensors
 
 STORE_DATABASE = "mlflow.db"
@@ -129,6 +131,28 @@ def predictions(store: Path, run_id: str, part: str) -> pd.DataFrame:
     except (MlflowException, OSError) as exc:
         raise RunNotFoundError(f"run {run_id} has no {run_contract.predictions(part)}") from exc
     return pd.read_csv(io.StringIO(text))
+
+
+def per_stay(predictions: pd.DataFrame) -> pd.DataFrame:
+    """A run's predictions one row per stay (stay_id, label, risk): an hourly run's (a row per prediction time, with
+    ``time``) as the stay's highest risk and whether any hour is labelled; a per-stay run's as they are."""
+    if "time" not in predictions:
+        return predictions
+    return predictions.groupby("stay_id", as_index=False, sort=False).agg(label=("label", "max"), risk=("risk", "max"))
+
+
+def onset_hours(run: mlflow.entities.Run, data_root: Path) -> pd.Series:
+    """The sepsis onset hour of each septic stay of the run's dataset (by stay id; empty for a dataset without
+    one): the first SepsisLabel 1 plus 6 hours, as the Sepsis Challenge places it (``garlic.metrics.utility``)."""
+    dataset = run.data.params.get(run_contract.DATASET)
+    if dataset is None:
+        return pd.Series(dtype=float)
+    path = inside(processed_folder(dataset, data_root), data_root, f"run {run.info.run_id}'s dataset") / LABELS
+    columns = pq.read_schema(path).names if path.is_file() else []
+    if "first_septic_hour" not in columns:
+        return pd.Series(dtype=float)
+    labels = pq.read_table(path, columns=["stay_id", "first_septic_hour"]).to_pandas().dropna()
+    return labels.set_index("stay_id")["first_septic_hour"] - DT_OPTIMAL
 
 
 def artifact_bytes(store: Path, run_id: str, path: str) -> bytes | None:
