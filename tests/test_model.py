@@ -389,3 +389,23 @@ def test_without_the_gru_a_state_depends_on_its_own_step_alone(use_gru):
     torch.testing.assert_close(changed_states[:, :4], states[:, :4])
     assert not torch.allclose(changed_states[:, 4], states[:, 4])
     assert torch.allclose(changed_states[:, 5:], states[:, 5:]) != use_gru
+
+
+@pytest.mark.parametrize("summary_branch", [False, True])
+def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch):
+    from garlic.data.batches import Queries
+
+    values, mask, times, lengths, static = random_batch()
+    model = small_model(use_static=True, summary_branch=summary_branch)
+    stay = torch.tensor([0, 0, 0, 2, 2, 4])
+    steps = torch.tensor([0, 1, int(lengths[0]), 3, int(lengths[2]), 2])  # 0: before the first step
+    queries = Queries(stay, steps, torch.arange(len(stay)), torch.zeros(len(stay)))
+    with torch.no_grad():
+        asked = model.predict_logits(values, mask, times, lengths, static, queries=queries)
+        torch.testing.assert_close(model(values, mask, times, lengths, static, queries=queries).logits, asked)
+        for row, (i, n) in enumerate(zip(stay.tolist(), steps.tolist())):
+            if n == 0:
+                continue
+            cut = model.predict_logits(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n],
+                                       torch.tensor([n]), static[i : i + 1])  # fmt: skip
+            torch.testing.assert_close(asked[row : row + 1], cut, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,26 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from garlic.data.splits import Normalisation
-from garlic.io.tensors import IrregularTensors
+from garlic.io.tensors import IrregularTensors, PredictionTimes
+
+
+@dataclass
+class Queries:
+    """The prediction times of a batch's stays (a dataset with a tasks table), P of them.
+
+    stay   [P] the stay's row in the batch
+    steps  [P] how many of its steps the prediction time sees (0: none yet)
+    index  [P] the prediction time's position in the dataset's ``prediction_times``
+    labels [P] 0/1 outcome at that time
+    """
+
+    stay: torch.Tensor
+    steps: torch.Tensor
+    index: torch.Tensor
+    labels: torch.Tensor
+
+    def to(self, device: torch.device | str) -> "Queries":
+        return Queries(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 @dataclass
@@ -22,6 +41,7 @@ class Batch:
     lengths [B]       real steps per stay
     static  [B, S]    normalised static features, 0 where unknown
     labels  [B]       0/1 outcome
+    queries the stays' prediction times (``Queries``), or None: one risk per stay, at its end
     """
 
     values: torch.Tensor
@@ -30,9 +50,16 @@ class Batch:
     lengths: torch.Tensor
     static: torch.Tensor
     labels: torch.Tensor
+    queries: Queries | None = None
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                        for f in fields(self)})  # fmt: skip
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """What the risks are compared with: the outcome at each prediction time, or each stay's."""
+        return self.labels if self.queries is None else self.queries.labels
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -53,6 +80,10 @@ class IrregularDataset(Dataset):
         self.lengths = torch.from_numpy(tensors.lengths)
         self.labels = torch.from_numpy(tensors.labels)
         self.prediction_times = tensors.prediction_times()
+        self.targets = torch.from_numpy(self.prediction_times.label.astype("float32"))
+        if tensors.task is not None:  # each stay's prediction times: rows first..last of ``prediction_times``
+            self.query_bounds = np.searchsorted(self.prediction_times.stay, np.arange(len(tensors) + 1))
+            self.query_steps = torch.from_numpy(steps_seen(tensors, self.prediction_times))
 
     @cached_property
     def values(self) -> torch.Tensor:
@@ -72,7 +103,7 @@ class IrregularDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {
+        item = {
             "values": self.values[index],
             "mask": self.mask[index],
             "times": self.times[index],
@@ -80,11 +111,35 @@ class IrregularDataset(Dataset):
             "static": self.static[index],
             "labels": self.labels[index],
         }
+        if self.tensors.task is not None:
+            rows = slice(int(self.query_bounds[index]), int(self.query_bounds[index + 1]))
+            item |= {"query_steps": self.query_steps[rows], "query_index": torch.arange(rows.start, rows.stop),
+                     "query_labels": self.targets[rows]}  # fmt: skip
+        return item
+
+
+def steps_seen(tensors: IrregularTensors, times: PredictionTimes) -> np.ndarray:
+    """[M] for each prediction time, how many of its stay's steps are at or before it (vectorised: one search over
+    every stay's steps, keyed by stay then time)."""
+    real = np.arange(tensors.times.shape[1])[None, :] < tensors.lengths[:, None]
+    stay_of_step = np.repeat(np.arange(len(tensors)), real.sum(axis=1))
+    span = float(max(tensors.times.max(initial=0.0), times.time.max(initial=0.0))) + 2.0
+    step_keys = stay_of_step * span + tensors.times[real].astype("float64")
+    query_keys = times.stay * span + np.clip(times.time.astype("float64"), -1.0, None)
+    first_step = np.concatenate([[0], np.cumsum(real.sum(axis=1))[:-1]])
+    return (np.searchsorted(step_keys, query_keys, side="right") - first_step[times.stay]).astype("int64")
 
 
 def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
     """Stack single stays into a batch cut to the longest stay, so short batches cost less."""
     steps = max(max(int(item["lengths"]) for item in items), 1)
+    queries = None
+    if "query_steps" in items[0]:
+        counts = torch.tensor([len(item["query_steps"]) for item in items])
+        queries = Queries(stay=torch.repeat_interleave(torch.arange(len(items)), counts),
+                          steps=torch.cat([item["query_steps"] for item in items]),
+                          index=torch.cat([item["query_index"] for item in items]),
+                          labels=torch.cat([item["query_labels"] for item in items]))  # fmt: skip
     return Batch(
         values=torch.stack([item["values"][:steps] for item in items]),
         mask=torch.stack([item["mask"][:steps] for item in items]),
@@ -92,6 +147,7 @@ def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
         lengths=torch.stack([item["lengths"] for item in items]),
         static=torch.stack([item["static"] for item in items]),
         labels=torch.stack([item["labels"] for item in items]),
+        queries=queries,
     )
 
 

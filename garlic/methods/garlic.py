@@ -42,6 +42,12 @@ class GarlicEstimator:
         self.config, self.planted, self.explain, self.keep_model = config, planted, explain, keep_model
         self.on_epoch = self.on_state = self.resume = None
 
+    @property
+    def at_prediction_times(self) -> bool:
+        """The compact network answers any prediction time (``Garlic.classify_queries``, one pass per stay); the
+        reference one gives one risk per stay."""
+        return self.config.architecture == "compact"
+
     def set_training_hooks(
         self,
         on_epoch: Callable[[EpochRecord], None] | None = None,

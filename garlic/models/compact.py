@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import Config
+from garlic.data.batches import Queries
 from garlic.models.fused import FusedGRU, FusedLayerNorm
 
 # 4 MiB of float32 activations. Inference that ran the per-step layers on chunks of this many cells predicted 1.2x the
@@ -317,6 +318,20 @@ class TemporalAttention(nn.Module):
         weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
         return torch.einsum("bt,bth->bh", weights, states), weights
 
+    def up_to_each_step(self, states: Tensor, mask: Tensor) -> Tensor:
+        """The context of every prefix at once: row t pools steps 0..t as ``forward`` pools a stay cut after step t.
+        A step's score depends on its own state only, so each prefix's softmax is a running sum:
+
+            context_t = sum_{s <= t} e^{a_s - m} h_s / sum_{s <= t} e^{a_s - m},   m = max_s a_s (per stay)
+
+        in float64, where a score 700 below the stay's highest still counts. states [B, T, H], mask [B, T] ->
+        contexts [B, T, H] (rows past a stay's end: its whole-stay context)"""
+        scores = self.score(fast_tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf")).double()
+        weights = torch.exp(scores - scores.max(dim=1, keepdim=True).values.detach())
+        totals = torch.cumsum(weights, dim=1)[..., None]
+        pooled = torch.cumsum(weights[..., None] * states.double(), dim=1)
+        return (pooled / totals.clamp(min=torch.finfo(torch.float64).tiny)).to(states.dtype)
+
 
 class RunningSummary(nn.Module):
     """Per variable, from the steps up to each step: first, last, lowest, highest and mean observed value,
@@ -490,10 +505,29 @@ class Garlic(nn.Module):
             context = torch.cat([context, static], dim=-1)
         return self.classifier(context)[:, 0] + self.logit_offset, temporal_weights
 
-    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor) -> GarlicOutput:
+    def classify_queries(self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None,
+                         queries: Queries) -> Tensor:  # fmt: skip
+        """The risk at each prediction time of ``queries``: ``classify`` of its stay cut after the steps it sees,
+        all at once (the layers before are causal: a stay's step states are its prefixes' step states). A time
+        before the stay's first step sees no state and no summary: zeros, and its static features.
+
+        states [B, T, H], real [B, T], static [B, S], summaries [B, T, 8 D] or None -> logits [P]
+        """
+        last = (queries.steps - 1).clamp(min=0)
+        seen = (queries.steps > 0)[:, None].to(states.dtype)
+        context = self.temporal_attention.up_to_each_step(states, real)[queries.stay, last] * seen
+        if summaries is not None:
+            context = torch.cat([context, self.summary_branch(summaries[queries.stay, last] * seen)], dim=-1)
+        if self.config.use_static:
+            context = torch.cat([context, static[queries.stay]], dim=-1)
+        return self.classifier(context)[:, 0] + self.logit_offset
+
+    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor,
+                queries: Queries | None = None) -> GarlicOutput:  # fmt: skip
         """Everything, for training and explanations: ``encode`` and ``classify`` with the reconstruction head, except
         that ``per_step`` runs on chunks of stays (``in_chunks``) and the running summary is computed at the last step
-        alone (``RunningSummary.at_end``), the one step the classifier reads.
+        alone (``RunningSummary.at_end``), the one step the classifier reads. With ``queries``, the logits are those
+        of its prediction times (``classify_queries``), and the attention still the whole stay's.
 
         values, mask [B, T, D], times [B, T], lengths [B], static [B, S] -> GarlicOutput
         """
@@ -503,6 +537,8 @@ class Garlic(nn.Module):
         states, _ = self.sequence(steps.sequence_input)
         summary = self.running_summary.at_end(values, mask, times, lengths) if self.config.summary_branch else None
         logits, temporal_weights = self.classify(states, real, static, summary)
+        if queries is not None:
+            logits = self.classify_queries(states, real, static, self.summaries(values, mask, times), queries)
         return GarlicOutput(
             **vars(steps),
             states=states,
@@ -525,14 +561,19 @@ class Garlic(nn.Module):
         return zip(values.split(max(stays, 1)), mask.split(max(stays, 1)), times.split(max(stays, 1)))
 
     def predict_logits(
-        self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor, chunk_cells: int = CACHE_CELLS
-    ) -> Tensor:
+        self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor,
+        queries: Queries | None = None, chunk_cells: int = CACHE_CELLS,
+    ) -> Tensor:  # fmt: skip
         """``forward(...).logits`` without the reconstruction head and the attention: the inference path.
 
-        ``per_step`` on chunks of stays (``in_chunks``), the GRU over the whole batch, then ``classify``.
+        ``per_step`` on chunks of stays (``in_chunks``), the GRU over the whole batch, then ``classify`` (or
+        ``classify_queries``: a logit per prediction time).
         """
         chunks = self.in_chunks(values, mask, times, chunk_cells)
         states, _ = self.sequence(torch.cat([self.per_step(*chunk).sequence_input for chunk in chunks]))
+        if queries is not None:
+            real = step_mask(lengths, values.shape[1])
+            return self.classify_queries(states, real, static, self.summaries(values, mask, times), queries)
         summary = self.running_summary.at_end(values, mask, times, lengths) if self.config.summary_branch else None
         logits, _ = self.classify(states, step_mask(lengths, values.shape[1]), static, summary)
         return logits

@@ -26,10 +26,12 @@ def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int
 @torch.inference_mode()  # a few % faster than no_grad on P12 here: no version counters or view tracking
 def predict_proba(model: nn.Module, dataset: IrregularDataset, batch_size: int = INFERENCE_BATCH) -> np.ndarray:
     """Risk per stay, in dataset order, of any network with ``predict_logits(values, mask, times, lengths, static)``:
-    GARLIC of either architecture, the recurrent baselines."""
+    GARLIC of either architecture, the recurrent baselines; on a dataset with prediction times, a risk at each (in
+    the order of ``dataset.prediction_times``), from a network that takes ``queries`` (GARLIC's compact one)."""
     model.eval()
-    probabilities = torch.empty(len(dataset))
+    probabilities = torch.empty(len(dataset.targets))
     for positions, batch in in_length_order(model, dataset, batch_size):
-        logits = model.predict_logits(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
-        probabilities[positions] = torch.sigmoid(logits).cpu()
+        asked = {} if batch.queries is None else {"queries": batch.queries}
+        logits = model.predict_logits(batch.values, batch.mask, batch.times, batch.lengths, batch.static, **asked)
+        probabilities[positions if batch.queries is None else batch.queries.index.cpu()] = torch.sigmoid(logits).cpu()
     return probabilities.numpy()

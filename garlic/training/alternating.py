@@ -106,7 +106,7 @@ class AlternatingTrainer(Trainer):
     def before_fit(self, train: IrregularDataset) -> None:
         self.model.prepare(train.times, train.lengths)
         if self.config.balance_classes:
-            self.class_weights = class_weights(train.labels)
+            self.class_weights = class_weights(train.targets)
             negative, positive = self.class_weights
             self.model.logit_offset.fill_(math.log(negative / positive))  # the training odds, n_pos / n_neg
 

@@ -20,7 +20,9 @@ RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 
 
 def forward(model: nn.Module, batch) -> GarlicOutput:
-    return model(batch.values, batch.mask, batch.times, batch.lengths, batch.static)
+    """The model on a batch; on one with prediction times (``batch.queries``), a logit for each of them."""
+    asked = {} if batch.queries is None else {"queries": batch.queries}
+    return model(batch.values, batch.mask, batch.times, batch.lengths, batch.static, **asked)
 
 
 def class_weights(labels: torch.Tensor) -> tuple[float, float]:
@@ -42,8 +44,9 @@ def stage_losses(
     ``network`` runs the forward pass when it wraps ``model`` (DDP). With class ``weights`` the BCE is weighted, on
     the logits before ``model.logit_offset``: the classifier learns the odds of a balanced cohort."""
     output = forward(network or model, batch)
-    per_stay = None if weights is None else torch.where(batch.labels > 0.5, weights[1], weights[0])
-    bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, batch.labels, per_stay)
+    targets = batch.targets  # each stay's outcome, or the outcome at each prediction time
+    per_target = None if weights is None else torch.where(targets > 0.5, weights[1], weights[0])
+    bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, targets, per_target)
     mse = model.reconstruction_loss(output, batch.values, batch.mask)
     return {
         "logits": output.logits.detach(),
@@ -56,16 +59,18 @@ def stage_losses(
 
 @torch.no_grad()
 def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_size: int = INFERENCE_BATCH) -> dict:
-    """Risk per stay (in dataset order) and the mean loss parts and stage objectives over ``dataset``."""
+    """Risk per stay, or per prediction time (in dataset order), and the mean loss parts and stage objectives over
+    ``dataset`` (the BCE per target, the reconstruction error per stay)."""
     model.eval()
-    probabilities = torch.empty(len(dataset))
+    probabilities = torch.empty(len(dataset.targets))
     totals = {"bce": 0.0, "mse": 0.0}
     for positions, batch in in_length_order(model, dataset, batch_size):
         output = forward(model, batch)
-        probabilities[positions] = torch.sigmoid(output.logits).cpu()
-        totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.labels, reduction="sum"))
+        targets = positions if batch.queries is None else batch.queries.index.cpu()
+        probabilities[targets] = torch.sigmoid(output.logits).cpu()
+        totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.targets, reduction="sum"))
         totals["mse"] += float(model.reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
-    losses = {k: v / max(len(dataset), 1) for k, v in totals.items()}
+    losses = {"bce": totals["bce"] / max(len(dataset.targets), 1), "mse": totals["mse"] / max(len(dataset), 1)}
     penalty = float(graph_penalty(model))
     losses[RECONSTRUCTION] = losses["mse"] + config.lambda_cls * losses["bce"] + config.lambda_graph * penalty
     losses[PREDICTION] = losses["bce"]

@@ -138,7 +138,7 @@ class Trainer:
             start = time.perf_counter()
             trained = self.run_epoch(batches, progress)
             checked = self.validate(validation)
-            scores = binary_metrics(validation.labels.numpy(), checked["probabilities"])
+            scores = binary_metrics(validation.targets.numpy(), checked["probabilities"])
             losses = checked["losses"]
             self.after_validation(progress, trained, losses)
             record = EpochRecord(
