@@ -3,10 +3,12 @@ Challenge scored it, within and across hospitals.
 
     python -m experiments.early_warning --mlruns STORE --out docs/results
 
-Every method of ``--methods`` (registry names: the hourly baselines and the floor by default) is trained on every
-split of every protocol of ``--protocols`` through the one fit-select-test-log path (``garlic.studies.Baselines``,
-resumable: a finished run is reused), on ``physionet2019-hourly`` (``garlic preprocess physionet2019 --cohort
-hourly``). Each run chooses its alarm threshold on validation, by utility, and is tested once.
+Every method of ``--methods`` (registry names: the hourly baselines and the floor by default) and GARLIC with each
+preset of ``--presets`` (files of ``garlic/configs/``, trained on every hour at once; a row named by the preset) is
+trained on every split of every protocol of ``--protocols`` through the one fit-select-test-log path
+(``garlic.studies.Baselines``, resumable: a finished run is reused), on ``physionet2019-hourly`` (``garlic
+preprocess physionet2019 --cohort hourly``). Each run chooses its alarm threshold on validation, by utility, and is
+tested once.
 
 With ``--out``, each unit is kept in ``OUT/physionet2019-hourly-runs/``: ``runs.csv`` (the unit's run, settings,
 threshold and hourly test AUROC and AUPRC) and, per unit, its test stays' ``garlic.metrics.utility.stay_parts`` at
@@ -69,19 +71,26 @@ def unit_parts(store: Path, run_id: str, threshold: float) -> pd.DataFrame:
     return pd.DataFrame({"stay_id": stay_ids[first_rows], **parts})
 
 
-def train_and_keep(methods: list[str], protocols: list[str], store: Path, data_root: Path, out: Path | None,
-                   train: bool) -> pd.DataFrame:  # fmt: skip
+def train_and_keep(methods: list[str], presets: list[str], protocols: list[str], store: Path, data_root: Path,
+                   out: Path | None, train: bool) -> pd.DataFrame:  # fmt: skip
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its stays' parts kept there."""
     digest = run_contract.manifest_digest(read_manifest(processed_folder(DATASET, data_root)))
     experiment = studies.open_experiment(f"baselines-{DATASET}", store)
     rows = []
     for protocol_name in protocols:
-        config = Config.for_dataset(DATASET).override({"split_protocol": protocol_name})
         cohort = studies.load_cohort(DATASET, data_root, protocol_name, None)
-        runner = studies.Baselines(config, cohort, experiment, data_root)
-        for record in runner.run(methods, train).to_dict("records"):
-            row = {"method": record["method"], "protocol": protocol_name, "split": record["split"],
-                   "run_id": record["run_id"], "settings": studies.settings_digest(runner.settings(record["method"])),
+        configs = {None: Config.for_dataset(DATASET)} | {
+            preset: studies.preset_config(preset, DATASET, []) for preset in presets}
+        records = []
+        for preset, config in configs.items():
+            runner = studies.Baselines(config.override({"split_protocol": protocol_name}), cohort, experiment,
+                                       data_root)  # fmt: skip
+            chosen = methods if preset is None else ["garlic"]
+            records += [(preset or record["method"], runner.settings(record["method"]), record)
+                        for record in runner.run(chosen, train).to_dict("records")]  # fmt: skip
+        for name, settings, record in records:
+            row = {"method": name, "protocol": protocol_name, "split": record["split"],
+                   "run_id": record["run_id"], "settings": studies.settings_digest(settings),
                    "data_digest": digest, "threshold": record["threshold"], "auroc": record["test_auroc"],
                    "auprc": record["test_auprc"]}  # fmt: skip
             rows.append(row)
@@ -167,7 +176,8 @@ def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
     for protocol_name, group in runs.groupby("protocol", sort=False):
         held = set(group["method"])
         splits = sorted(set(group["split"].astype(int)))
-        wanted = [(m, FLOOR) for m in held if m != FLOOR] + [("hourly_logreg", "hourly_gbm")]
+        wanted = [(m, FLOOR) for m in held if m != FLOOR] + [(m, "hourly_gbm") for m in held
+                                                              if m not in (FLOOR, "hourly_gbm")]  # fmt: skip
         for method, other in wanted:
             if {method, other} <= held:
                 rows.append(paired_utility(units, method, other, protocol_name, splits))
@@ -239,6 +249,7 @@ def merged_runs(out: Path, made: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--presets", nargs="*", default=[], help="GARLIC presets (garlic/configs/NAME.json)")
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS))
     parser.add_argument("--mlruns", type=Path, default=Path("mlruns"))
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
@@ -246,11 +257,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    made = train_and_keep(args.methods, args.protocols, args.mlruns, args.data_root, args.out, not args.no_train)
+    made = train_and_keep(args.methods, args.presets, args.protocols, args.mlruns, args.data_root, args.out,
+                          not args.no_train)  # fmt: skip
     if args.out is not None:
-        runs = merged_runs(args.out, made)
-        with atomic_file(archive_folder(args.out) / "runs.csv", mode="w", suffix=".csv") as handle:
-            runs.to_csv(handle, index=False, float_format="%.6g")
+        index = archive_folder(args.out) / "runs.csv"
+        with atomic_file(index, mode="w", suffix=".csv") as handle:
+            merged_runs(args.out, made).to_csv(handle, index=False, float_format="%.6g")
+        # The table from the archive as kept, so that it is made the same with or without the stores.
+        runs = pd.read_csv(index, dtype={"run_id": str, "settings": str, "data_digest": str})
         print(write_table(args.out, runs).to_string(index=False))
 
 

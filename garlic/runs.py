@@ -30,7 +30,7 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_
 from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
-from garlic.methods.contract import can_be_saved, can_resume
+from garlic.methods.contract import answers_prediction_times, can_be_saved, can_resume
 from garlic.methods.saved import SavedMethod, load_predictor, save_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
@@ -123,6 +123,10 @@ def train(
                                      manifest.get("ground_truth_graph"))  # fmt: skip
     if not spec.available(context.labels):
         raise ValueError(f"method {method} needs the {spec.needs_column} column, which {config.dataset} does not have")
+    if tensors.task is not None and not answers_prediction_times(spec.create(context)):
+        raise ValueError(f"method {method} gives one risk per stay, but {config.dataset} asks for a risk at each of its "
+                         "prediction times; use a method that answers them (hourly_gbm, hourly_logreg, "
+                         "alarm_after_hour, GARLIC's compact architecture)")  # fmt: skip
     seeds = seeds or [config.seed]
     if len(seeds) == 1:
         config = config.override({"seed": seeds[0]})

@@ -275,3 +275,33 @@ def test_the_replay_asks_an_hourly_model_at_each_hour(hourly_root):
     asked = test.prediction_times.time[test.prediction_times.stay == 0]
     curve = method_risk_curve(saved, replace(one, task=None), asked)
     np.testing.assert_allclose(curve, risks[test.prediction_times.stay == 0])
+
+
+def test_garlic_trains_on_every_hour_and_is_tested_by_utility(hourly_root, tmp_path, capsys):
+    main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
+          "physionet2019-hourly", "--split", "0", "--set", "max_epochs=1", "--set", "hidden_dim=8", "--set",
+          "feature_dim=4"])  # fmt: skip
+    run_id = capsys.readouterr().out.split("(run ")[1].split(",")[0]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    predictions = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    test = load_splits(folder, load_tensors(folder), "five-split")[0].test
+    assert len(predictions) == read_processed(folder).tasks["stay_id"].isin(test).sum()
+    assert predictions["risk"].nunique() > len(test)  # a risk of its own at each hour, not one per stay
+    assert "test_utility" in mlflow.get_run(run_id).data.metrics
+
+
+def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, tmp_path):
+    from experiments import early_warning
+
+    out = tmp_path / "out"
+    arguments = ["--data-root", str(hourly_root), "--out", str(out), "--protocols", "cross-hospital", "--methods",
+                 "hourly_logreg", "alarm_after_hour"]  # fmt: skip
+    early_warning.main([*arguments, "--mlruns", str(tmp_path / "store")])
+    made = {name: (out / name).read_text() for name in ("early-warning.md", "early-warning.csv")}
+    assert "| hourly_logreg | cross-hospital | 2 |" in made["early-warning.md"]
+    assert "| hourly_logreg | alarm_after_hour | cross-hospital | 2 |" in made["early-warning.md"]
+    early_warning.main([*arguments, "--mlruns", str(tmp_path / "empty-store"), "--no-train"])  # the store is gone
+    assert {name: (out / name).read_text() for name in made} == made
