@@ -248,7 +248,7 @@ def merged_runs(out: Path, made: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), help="registry methods (none: presets only)")
     parser.add_argument("--presets", nargs="*", default=[], help="GARLIC presets (garlic/configs/NAME.json)")
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS))
     parser.add_argument("--mlruns", type=Path, default=Path("mlruns"))
