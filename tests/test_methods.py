@@ -1,6 +1,8 @@
 """The method registry (``garlic.methods.registry``): a model registered once is trained by ``garlic train --method``, and
 tabulated and compared by the studies, with no other file touched. The toy model here is the worked example of
 ``docs/adding-a-model.md``: keep the two alike."""
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pandas as pd
@@ -129,3 +131,77 @@ def test_a_method_run_is_never_taken_for_a_garlic_unit_by_the_comparison(toy, ro
     # one split: the run itself holds the split's params and a seed, as a GARLIC split run does
     config = Config().override({"dataset": "synthetic"})
     assert studies.finished_unit([store], config, "five-split/split_0", digest) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A unit's settings are hashed into its identity (``studies.settings_digest``): the archived runs of
+# docs/results/*-runs/runs.csv and the MLflow runs of every store are matched on them. These literal values pin what
+# every entry produced before settings came from the methods' constructors: a change here orphans archived runs.
+
+RUN_SETTINGS = {"seed": 7, "max_epochs": 3, "early_stopping": 2, "device": "cpu"}
+PINNED = {
+    "default": {
+        "saps": {"method": "saps", "seed": 0},
+        "sofa": {"method": "sofa", "seed": 0},
+        "logreg": {"method": "logreg", "seed": 0},
+        "logreg_static": {"method": "logreg_static", "seed": 0},
+        "gbm": {"method": "gbm", "seed": 0},
+        "gbm_static": {"method": "gbm_static", "seed": 0},
+        "input_hours": {"method": "input_hours", "seed": 0},
+        "grud": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
+                 "max_epochs": 100, "early_stopping": 10, "seed": 0, "device": "auto"},
+        "decay_gru": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
+                      "max_epochs": 100, "early_stopping": 10, "seed": 0, "device": "auto"},
+        "pypots_raindrop": {"method": "pypots_raindrop", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
+                            "max_epochs": 100, "patience": 10, "seed": 0, "device": "auto"},
+        "pypots_seft": {"method": "pypots_seft", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
+                        "max_epochs": 100, "patience": 10, "seed": 0, "device": "auto"},
+        "pypots_brits": {"method": "pypots_brits", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
+                         "max_epochs": 100, "patience": 10, "seed": 0, "device": "auto"},
+    },
+    "run settings changed": {
+        "saps": {"method": "saps", "seed": 7},
+        "sofa": {"method": "sofa", "seed": 7},
+        "logreg": {"method": "logreg", "seed": 7},
+        "logreg_static": {"method": "logreg_static", "seed": 7},
+        "gbm": {"method": "gbm", "seed": 7},
+        "gbm_static": {"method": "gbm_static", "seed": 7},
+        "input_hours": {"method": "input_hours", "seed": 7},
+        "grud": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
+                 "max_epochs": 3, "early_stopping": 2, "seed": 7, "device": "cpu"},
+        "decay_gru": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
+                      "max_epochs": 3, "early_stopping": 2, "seed": 7, "device": "cpu"},
+        "pypots_raindrop": {"method": "pypots_raindrop", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
+                            "max_epochs": 3, "patience": 2, "seed": 7, "device": "cpu"},
+        "pypots_seft": {"method": "pypots_seft", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
+                        "max_epochs": 3, "patience": 2, "seed": 7, "device": "cpu"},
+        "pypots_brits": {"method": "pypots_brits", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
+                         "max_epochs": 3, "patience": 2, "seed": 7, "device": "cpu"},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("configured", list(PINNED))
+def test_every_entrys_settings_are_those_its_archived_runs_are_keyed_by(configured):
+    from garlic.config import Config
+
+    config = Config() if configured == "default" else Config().override(RUN_SETTINGS)
+    context = registry.MethodContext(config, pd.DataFrame({"stay_id": []}))
+    pinned = PINNED[configured]
+    for name in pinned:  # in order too: the params are logged in it
+        assert list(registry.method(name).settings(context).items()) == list(pinned[name].items()), name
+    # GARLIC's settings are its config, as its units are keyed (``studies.config_digest``)
+    assert registry.method("garlic").settings(context) == config.to_dict()
+
+
+def test_the_committed_run_archives_are_found_with_the_registrys_settings():
+    from garlic.config import Config
+
+    for runs_file in sorted(Path(__file__).resolve().parents[1].glob("docs/results/**/*-runs/runs.csv")):
+        dataset = runs_file.parent.name.removesuffix("-runs")
+        context = registry.MethodContext(Config.for_dataset(dataset), pd.DataFrame({"stay_id": []}))
+        archived = pd.read_csv(runs_file, dtype={"settings": str})
+        methods = archived[archived["method"].isin(registry.METHODS) & (archived["method"] != "garlic")]
+        assert len(methods), runs_file
+        for method, digest in methods[["method", "settings"]].drop_duplicates().itertuples(index=False):
+            assert studies.settings_digest(registry.method(method).settings(context)) == digest, (runs_file, method)
