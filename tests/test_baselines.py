@@ -176,14 +176,14 @@ def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(ki
 def test_every_method_says_it_is_not_fitted_before_fit(method):
     from sklearn.exceptions import NotFittedError
 
-    from garlic.methods.recurrent import RecurrentModel, RecurrentSettings
+    from garlic.methods.recurrent import RecurrentModel
     from garlic.methods.summary import SummaryModel
     from garlic.methods.garlic import GarlicEstimator
 
     unfitted = {
         "summary": lambda: SummaryModel("gbm"),
         "severity": lambda: SeverityScore(pd.Series(dtype=float)),
-        "recurrent": lambda: RecurrentModel("grud", RecurrentSettings()),
+        "recurrent": lambda: RecurrentModel("grud"),
         "garlic": lambda: GarlicEstimator(Config()),
     }[method]()
     with pytest.raises(NotFittedError, match=f"This {type(unfitted).__name__} instance is not fitted yet"):

@@ -36,8 +36,8 @@ def test_the_hourly_grid_holds_each_hours_last_value_and_nan_where_none():
 
 
 def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys):
-    spec = registry.MethodSpec("needs_extra", "a method of a missing package", build=lambda context: None,
-                              settings=lambda context: {}, needs_package="no_such_package_here")  # fmt: skip
+    spec = registry.MethodSpec("needs_extra", "a method of a missing package", registry.FieldModel,
+                              fixed={"name": "brits"}, needs_package="no_such_package_here")  # fmt: skip
     registry.register(spec)
     try:
         with pytest.raises(SystemExit):

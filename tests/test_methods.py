@@ -13,6 +13,7 @@ from experiments import compare
 from experiments.baselines.run import main as baselines_main
 from garlic import studies
 from garlic.cli import main as garlic_main
+from garlic.config import Config, ConfigError
 from garlic.data.batches import IrregularDataset
 from garlic.methods import registry
 from garlic.methods.contract import check_fitted
@@ -43,9 +44,7 @@ class LastValues:
         return self.model_.predict_proba(self.features(dataset))[:, 1]
 
 
-TOY = registry.MethodSpec("toy", "logistic regression on last values",
-                         build=lambda context: LastValues(seed=context.config.seed),
-                         settings=lambda context: {"method": "toy", "C": 1.0, "seed": context.config.seed})  # fmt: skip
+TOY = registry.MethodSpec("toy", "logistic regression on last values", LastValues)
 
 
 @pytest.fixture
@@ -63,14 +62,14 @@ def root(tmp_path_factory):
 def test_a_registered_model_is_trained_tested_and_logged_by_garlic_train(toy, root, tmp_path, capsys):
     store = tmp_path / "mlruns"
     garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--method", "toy", "--dataset",
-                 "synthetic", "--all-splits"])  # fmt: skip
+                 "synthetic", "--all-splits", "--set", "C=0.1"])  # fmt: skip
     printed = capsys.readouterr().out
     assert printed.count("five-split/split_") == 5
     use_store(store)
     runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.method = 'toy'", output_format="list")
     (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]  # the split runs are tagged too
     assert len(runs) == 6 and parent.info.status == "FINISHED"
-    assert parent.data.params["C"] == "1.0"
+    assert parent.data.params["C"] == "0.1"  # --set reached the method's own setting
     splits = mlflow.search_runs(search_all_experiments=True, output_format="list",
                                 filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
     assert sorted(run.data.params["split"] for run in splits) == [f"five-split/split_{k}" for k in range(5)]
@@ -110,6 +109,35 @@ def test_a_name_is_registered_once_and_an_unknown_one_is_refused_by_name(toy, ro
     with pytest.raises(SystemExit):
         garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "toys"])
     assert "unknown method 'toys'; registered: " in capsys.readouterr().err
+
+
+def test_a_method_setting_is_set_by_name_and_a_key_of_neither_it_nor_the_config_is_refused(root, tmp_path, capsys):
+    spec = registry.method("grud")
+    to_config, own = spec.parse_settings(["hidden_dim=8", "max_epochs=2", "dropout=0.5"])
+    assert own == {"hidden_dim": 8, "dropout": 0.5} and to_config == ["max_epochs=2"]
+    # PyPOTS's patience is the config's early stopping under another name: set there
+    assert registry.method("pypots_brits").parse_settings(["patience=3"]) == (["early_stopping=3"], {})
+    context = registry.MethodContext(Config(), pd.DataFrame({"stay_id": []}), settings=own)
+    assert spec.settings(context)["hidden_dim"] == 8 and spec.create(context).get_params()["hidden_dim"] == 8
+    with pytest.raises(ConfigError, match=r"grud's setting 'hidden_dim' must be from 1 to 4096, got 0"):
+        spec.parse_settings(["hidden_dim=0"])
+    with pytest.raises(ConfigError, match=r"grud's setting 'lr' expects a number, got 'x'"):
+        spec.parse_settings(["lr=x"])
+    with pytest.raises(SystemExit):
+        garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "grud", "--set",
+                     "C=1"])  # fmt: skip
+    assert ("unknown config key 'C', nor a setting of method grud (hidden_dim, dropout, lr, weight_decay, "
+            "batch_size); known config keys: alternating, architecture,") in capsys.readouterr().err
+
+
+def test_an_entry_naming_an_argument_its_class_lacks_or_leaving_one_unset_is_refused_as_written():
+    from garlic.methods.recurrent import RecurrentModel
+
+    with pytest.raises(ValueError, match="method grud2: RecurrentModel takes no argument patience"):
+        registry.MethodSpec("grud2", "", RecurrentModel, fixed={"name": "grud"},
+                            from_run={"patience": "early_stopping"})
+    with pytest.raises(ValueError, match="method grud2: nothing gives name, which RecurrentModel takes without a "):
+        registry.MethodSpec("grud2", "", RecurrentModel)
 
 
 def test_the_simple_baselines_are_the_registrys_and_a_model_the_data_cannot_feed_is_refused(root, tmp_path, capsys):
