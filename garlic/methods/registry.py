@@ -5,7 +5,7 @@ differences).
 ``garlic train --method NAME``, ``python -m experiments.baselines --methods NAME`` and ``python -m
 experiments.compare --methods NAME`` read it, so that a new model is one entry (``docs/adding-a-model.md``):
 
-    register(MethodSpec("input_hours", "logistic regression on the hours of input alone", InputHours))
+    register(MethodSpec("last_values", "logistic regression on each variable's last value", LastValues))
 
 A method's settings are its constructor's arguments (scikit-learn's ``get_params`` convention): an entry says which
 of them it fixes (``fixed``: what its name implies), which it takes from the run's config (``from_run``: the seed,
@@ -30,6 +30,7 @@ from garlic.methods.field import FieldModel
 from garlic.methods.garlic import GarlicEstimator
 from garlic.methods.recurrent import RecurrentModel
 from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
+from garlic.methods.template import LastValues
 
 CONFIG_KEYS = frozenset(item.name for item in fields(Config))
 WHOLE_CONFIG = "*"  # a ``from_run`` value: the argument takes the run's whole config (GARLIC's)
@@ -235,5 +236,7 @@ for _spec in (
     _field("brits", "BRITS (Cao et al. 2018)"),
     MethodSpec("garlic", "GARLIC with the config's settings", GarlicEstimator, from_run={"config": WHOLE_CONFIG},
                from_data={"planted": lambda context: context.planted}, seeded=True),
+    MethodSpec("last_values", "logistic regression on each variable's last value (garlic/methods/template.py)",
+               LastValues),
 ):
     register(_spec)
