@@ -64,7 +64,7 @@ HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")
 BATCH = 128
 # PyPOTS's imputers: small enough for a CPU (SAITS's paper used d_model 256 on a GPU), the epochs' budget and
-# patience of the field's classifiers (garlic.methods.field.FieldSettings).
+# patience of the field's classifiers (garlic.methods.field.FieldModel's defaults).
 FIELD_IMPUTERS = {
     "saits": {"n_layers": 2, "d_model": 64, "n_heads": 4, "d_k": 16, "d_v": 16, "d_ffn": 128, "dropout": 0.1},
     "brits": {"rnn_hidden_size": 64},

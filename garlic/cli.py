@@ -110,11 +110,12 @@ def _preprocess(args: argparse.Namespace) -> None:
     print(f"next: garlic train --dataset {dataset}")
 
 
-def _config(args: argparse.Namespace) -> Config:
-    """The run's config: ``--set`` and an explicit ``--dataset`` beat ``--config FILE``, which beats the preset."""
+def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> Config:
+    """The run's config: ``assignments`` (``--set``'s for the config; default: all of them) and an explicit
+    ``--dataset`` beat ``--config FILE``, which beats the preset."""
     given = {"dataset": args.dataset} if args.dataset else {}
     config = Config.load(args.config, **given) if args.config else Config.for_dataset(args.dataset or "synthetic")
-    overrides = list(args.set)
+    overrides = list(args.set if assignments is None else assignments)
     if args.protocol:
         overrides.append(f"split_protocol={args.protocol}")
     if args.device:
@@ -278,11 +279,16 @@ def _train(args: argparse.Namespace) -> None:
         )
     if args.resume:
         _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
-        config, preset_name = None, None
+        config, preset_name, method_settings = None, None, None
     else:
         shown = "GARLIC" if args.method == "garlic" else args.method
         _say(f"training {shown}; loading torch, scikit-learn and MLflow ...")  # before the imports: a few seconds
-        config = _config(args)
+        from garlic.methods import registry
+
+        spec = registry.method(args.method)  # an unknown method or a missing extra is named before any work
+        spec.check_installed()
+        assignments, method_settings = spec.parse_settings(args.set)  # the method's own settings, the config's
+        config = _config(args, assignments)
         indices, seeds = _units(args, config)
         which = f"split {indices[0]}" if len(indices) == 1 else f"splits {', '.join(map(str, indices))}"
         preset = Config.preset_path(config.dataset)
@@ -290,10 +296,6 @@ def _train(args: argparse.Namespace) -> None:
         preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
         _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
              f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
-        from garlic.methods import registry
-
-        spec = registry.method(args.method)  # an unknown method or a missing extra is named before any work
-        spec.check_installed()
         if not spec.seeded:  # a method other than GARLIC: one run per split, whatever seeds the protocol names
             seeds, preset_name = None, None
     from garlic.training.device import resolve_device
@@ -317,7 +319,8 @@ def _train(args: argparse.Namespace) -> None:
                     _prepare(config, args.data_root)
             with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
                 run_id, results = runs.train(config, indices, args.data_root, store, stopping.checked(progress),
-                                             seeds=seeds, preset=preset_name, method=args.method)  # fmt: skip
+                                             seeds=seeds, preset=preset_name, method=args.method,
+                                             method_settings=method_settings)  # fmt: skip
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     import mlflow
@@ -496,7 +499,8 @@ def parser() -> argparse.ArgumentParser:
                        help="five-split, raindrop or garlic-reference; alone, it runs the whole protocol")  # fmt: skip
     train.add_argument("--config", type=Path, help="a JSON config, or a shipped preset's name (physionet2012-fast; "
                                                    "default: garlic/configs/DATASET.json)")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, or one of the method's own settings (grud's hidden_dim)")
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
     train.add_argument("--method", default="garlic", metavar="NAME",
                        help="a method of the registry, garlic.methods.registry (gbm_static, grud, ...; default garlic)")

@@ -74,7 +74,7 @@ class Config:
 
     def override(self, assignments: list[str] | dict) -> "Config":
         """A copy with ``key=value`` strings (or a dict) applied, each value parsed as its field's type."""
-        items = assignments.items() if isinstance(assignments, dict) else (_split(a) for a in assignments)
+        items = assignments.items() if isinstance(assignments, dict) else (split_assignment(a) for a in assignments)
         types = {f.name: f.type for f in fields(self)}
         values = self.to_dict()
         for key, raw in items:
@@ -124,7 +124,8 @@ class Config:
         return None
 
 
-def _split(assignment: str) -> tuple[str, str]:
+def split_assignment(assignment: str) -> tuple[str, str]:
+    """A ``--set`` assignment, ``key=value``, as (key, value)."""
     key, sep, value = assignment.partition("=")
     if not sep:
         raise ConfigError(f"expected key=value, got {assignment!r}")
@@ -134,7 +135,7 @@ def _split(assignment: str) -> tuple[str, str]:
 KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
-def _parse(key: str, raw, kind: str):
+def _parse(key: str, raw, kind: str, owner: str = "config key"):
     if not isinstance(raw, str):
         return raw
     try:
@@ -144,16 +145,28 @@ def _parse(key: str, raw, kind: str):
             return raw.lower() in {"true", "1", "yes"}
         return {"int": int, "float": float, "str": str}[kind](raw)
     except ValueError as exc:
-        raise ConfigError(f"config key {key!r} expects {KINDS[kind]}, got {raw!r}") from exc
+        raise ConfigError(f"{owner} {key!r} expects {KINDS[kind]}, got {raw!r}") from exc
 
 
-def _typed(key: str, value, kind: str):
+def _typed(key: str, value, kind: str, owner: str = "config key"):
     """``value`` as a ``kind`` (an int is a float too), or a ConfigError: JSON files bypass ``_parse``."""
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     python = {"int": int, "float": float, "bool": bool, "str": str}[kind]
     if not isinstance(value, python) or (kind == "int" and isinstance(value, bool)):
-        raise ConfigError(f"config key {key!r} expects {KINDS[kind]}, got {value!r}")
+        raise ConfigError(f"{owner} {key!r} expects {KINDS[kind]}, got {value!r}")
+    return value
+
+
+def setting_value(key: str, raw, kind: str, owner: str):
+    """``raw`` (a ``--set`` string or a JSON value) as a ``kind`` ('int', 'float', 'bool', 'str'), held to the check of
+    the config key of the same name where there is one (``CHECKS``): a method's own ``hidden_dim`` or ``dropout``
+    means what GARLIC's does. Errors name the setting as ``owner`` says ("grud's setting")."""
+    value = _typed(key, _parse(key, raw, kind, owner), kind, owner)
+    check = CHECKS.get(key)
+    expected = check(value) if check is not None else None
+    if expected is not None:
+        raise ConfigError(f"{owner} {key!r} must be {expected}, got {value!r}")
     return value
 
 

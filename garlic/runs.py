@@ -83,7 +83,7 @@ def train_split(
     metrics = fit_and_test(method, split_parts(tensors, split))
     if can_be_saved(method):
         saved = SavedMethod(spec.name, method, context.config, list(tensors.variables), list(tensors.static_features),
-                            split.normalisation)  # fmt: skip
+                            split.normalisation, context.settings)  # fmt: skip
         log_model_folder(lambda folder: save_method(folder, saved))
     if resumes:
         shutil.rmtree(state_path.parent, ignore_errors=True)
@@ -103,10 +103,12 @@ def train(
     seeds: list[int] | None = None,
     preset: str | None = None,
     method: str = "garlic",
+    method_settings: dict | None = None,
 ) -> tuple[str | None, list[SplitResult]]:
     """Train the registered ``method`` (default GARLIC of ``config``) on the chosen splits (default: the first) of the
     config's dataset, each with every one of ``seeds`` (default: the config's seed); returns the run id and results.
-    ``preset`` names the config file the config came from (``run_contract.PRESET``).
+    ``preset`` names the config file the config came from (``run_contract.PRESET``); ``method_settings``, the
+    method's own settings where they are not its defaults (``MethodSpec.own_settings``).
 
     ``resume_run`` continues that run (see ``resume``). Inside ``distributed.process_group`` (``garlic train``
     under ``torchrun``), ranks other than 0 help fit and return ``(None, [])``.
@@ -120,7 +122,7 @@ def train(
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
     manifest = read_manifest(folder)
     context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas(),
-                                     manifest.get("ground_truth_graph"))  # fmt: skip
+                                     manifest.get("ground_truth_graph"), spec.checked_settings(method_settings or {}))
     if not spec.available(context.labels):
         raise ValueError(f"method {method} needs the {spec.needs_column} column, which {config.dataset} does not have")
     if tensors.task is not None and not answers_prediction_times(spec.create(context)):
@@ -278,7 +280,8 @@ def resume(
         if device is not None:
             config = config.override({"device": device})
         return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id,
-                     seeds=plan["seeds"], preset=plan["preset"], method=plan["method"])  # fmt: skip
+                     seeds=plan["seeds"], preset=plan["preset"], method=plan["method"],
+                     method_settings=plan["method_settings"])  # fmt: skip
 
 
 def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:
@@ -302,10 +305,14 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
         raise ValueError(f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
                          "it is now marked FAILED: start a new run")  # fmt: skip
     config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{run_contract.CONFIG}")
-    seeds = run.data.params.get(run_contract.SEEDS)
-    return {"config": config, "split_indices": [int(k) for k in run.data.params["split_indices"].split(",")],
+    params, method = run.data.params, run_contract.method_of(run)
+    seeds = params.get(run_contract.SEEDS)
+    # the method's own settings are among its params (``run_contract.method_params``): the splits trained again
+    # take the ones the finished splits took
+    own = {key: params[key] for key in registry.method(method).own_settings() if key in params}
+    return {"config": config, "split_indices": [int(k) for k in params["split_indices"].split(",")],
             "seeds": [int(s) for s in seeds.split(",")] if seeds else None,
-            "preset": run.data.tags.get(run_contract.PRESET), "method": run_contract.method_of(run)}  # fmt: skip
+            "preset": run.data.tags.get(run_contract.PRESET), "method": method, "method_settings": own}  # fmt: skip
 
 
 def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEFAULT_DATA_ROOT,

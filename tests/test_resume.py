@@ -331,7 +331,8 @@ def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when
 
 def test_a_method_run_killed_between_splits_resumes_keeping_its_finished_split(cohort, tmp_path, monkeypatch):
     # Every method goes through the one tracked path: a GRU-D run over two splits that died in its second split is
-    # taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other trained again.
+    # taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other trained again, with
+    # the run's own settings.
     from garlic.methods.recurrent import RecurrentModel
 
     root, _, _ = cohort
@@ -347,7 +348,7 @@ def test_a_method_run_killed_between_splits_resumes_keeping_its_finished_split(c
 
     monkeypatch.setattr(RecurrentModel, "fit", dies_in_the_second_split)
     with pytest.raises(KeyboardInterrupt):
-        runs.train(config, [0, 1], data_root=root, store=store, method="grud")
+        runs.train(config, [0, 1], data_root=root, store=store, method="grud", method_settings={"hidden_dim": 8})
     monkeypatch.setattr(RecurrentModel, "fit", fit)
     use_store(store)
     (parent,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
@@ -361,3 +362,5 @@ def test_a_method_run_killed_between_splits_resumes_keeping_its_finished_split(c
     assert results[0].run_id == first.info.run_id and results[0].test["auroc"] == first.data.metrics["test_auroc"]
     assert mlflow.get_run(run_id).info.status == "FINISHED"
     assert mlflow.get_run(results[1].run_id).data.tags[run_contract.METHOD] == "grud"
+    # the split trained again takes the method's own settings that the run was started with
+    assert runs.load_predictor(results[1].run_id, store).method.hidden_dim == 8

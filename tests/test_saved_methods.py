@@ -13,46 +13,18 @@ import numpy as np
 import pandas as pd
 import pytest
 import skops.io
-import torch
 from sklearn.preprocessing import FunctionTransformer
 
 from garlic.app.replay import method_risk_curve, prefix_tensors, replay_stay
 from garlic.app import sources
 from garlic import runs
-from garlic.cli import main as garlic_main
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
-from garlic.methods import registry
-from garlic.methods.contract import can_be_saved
-from garlic.methods.saved import SavedMethod, load_method, save_method
 from garlic.methods.summary import SKOPS_FILE, load_skops
 from garlic.tracking.saved_model import ModelFileError
 from garlic.tracking.store import get_run, use_store
 from garlic.io.tables import read_processed
-from helpers import error_line, garlic_main, record_files, synthetic_cohort, synthetic_root
-
-SAVED = ["logreg", "gbm_static", "grud", "decay_gru"]  # every core method but the severity scores
-
-
-@pytest.fixture(scope="module")
-def cohort(tmp_path_factory):
-    return synthetic_cohort(tmp_path_factory, n_stays=240, seed=8)
-
-
-@pytest.mark.parametrize("name", SAVED)
-def test_a_method_read_back_from_its_folder_scores_stays_exactly_as_fitted(name, cohort, tmp_path):
-    torch.set_num_threads(1)
-    config = Config().override({"dataset": "synthetic", "max_epochs": 2, "device": "cpu"})
-    method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
-    method.fit(cohort.parts["train"], cohort.parts["validation"])
-    assert can_be_saved(method)
-    tensors = cohort.tensors
-    saved = SavedMethod(name, method, config, list(tensors.variables), list(tensors.static_features),
-                        cohort.split.normalisation)  # fmt: skip
-    loaded = load_method(save_method(tmp_path / "model", saved))
-    assert type(loaded.method) is type(method) and loaded.name == name and not loaded.explains
-    test = loaded.dataset(cohort.tensors.subset(cohort.split.positions(cohort.tensors, "test")))
-    np.testing.assert_array_equal(loaded.predict_proba(test), method.predict_proba(cohort.parts["test"]))
+from helpers import error_line, garlic_main, record_files, synthetic_root
 
 
 def test_a_skops_file_naming_an_untrusted_type_is_refused_before_anything_is_built(tmp_path):

@@ -7,6 +7,8 @@ Methods (``--methods``; default: every one of the registry, ``garlic.methods.reg
   max, mean and count of each variable); ``logreg_static``, ``gbm_static``: the same with the dataset's static
   features (P12: age, gender, height, ICU type, weight) beside them;
 - ``grud``: GRU-D; ``decay_gru``: decay imputation + GRU, without the graph;
+- ``last_values``: logistic regression on each variable's last observed value (``garlic/methods/template.py``, the
+  method a new one is copied from);
 - ``garlic``: the full model with the dataset's preset, for reference;
 - ``pypots_raindrop``, ``pypots_seft``, ``pypots_brits``: the field's models from PyPOTS
   (``garlic.methods.field``; the ``pypots`` extra), when named;

@@ -40,8 +40,11 @@ from garlic.data.batches import IrregularDataset
 
 
 class Method(Protocol):
-    """scikit-learn's conventions: ``fit`` returns the method, what it learns goes in attributes ending in ``_``, and
-    using it before ``fit`` raises ``NotFittedError`` (``check_fitted``)."""
+    """scikit-learn's conventions: the constructor's arguments are the method's settings, each kept as an attribute of
+    the same name (``sklearn.base.BaseEstimator`` makes ``get_params`` of them; ``garlic.methods.registry`` reads its
+    settings from the constructor), ``fit`` returns the method, what it learns goes in attributes ending in ``_``, and
+    using it before ``fit`` raises ``NotFittedError`` (``check_fitted``). ``garlic/methods/template.py`` is one to
+    copy; ``tests/test_method_conformance.py`` holds every registered method to this."""
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "Method": ...
 

@@ -14,10 +14,10 @@ epochs without a lower one: selection on validation only. PyPOTS is an optional 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted, fitted_inputs
@@ -26,19 +26,6 @@ from garlic.training.device import resolve_device
 from garlic.io.atomic import write_json_atomic
 
 MODELS = ("raindrop", "seft", "brits")
-
-
-@dataclass
-class FieldSettings:
-    """What a PyPOTS model is trained with: its size, the epoch budget and patience, the batch, the seed."""
-
-    hidden_dim: int = 64
-    dropout: float = 0.2
-    batch_size: int = 64
-    max_epochs: int = 30
-    patience: int = 5
-    seed: int = 0
-    device: str = "auto"
 
 
 def hourly_grid(dataset: IrregularDataset, hours: int) -> np.ndarray:
@@ -70,8 +57,9 @@ def raindrop_on_pyg_scatter() -> None:
         layers.scatter, layers.SparseTensor = scatter, SparseTensor
 
 
-def build(name: str, settings: FieldSettings, steps: int, variables: int):
-    """A fresh PyPOTS classifier ``name`` for ``steps`` hourly bins of ``variables`` variables."""
+def build(settings: "FieldModel", steps: int, variables: int):
+    """A fresh PyPOTS classifier of ``settings`` (its name, size and training) for ``steps`` hourly bins of
+    ``variables`` variables."""
     from pypots.classification import BRITS, Raindrop, SeFT  # the optional extra
     from pypots.utils.random import set_random_seed
 
@@ -84,23 +72,26 @@ def build(name: str, settings: FieldSettings, steps: int, variables: int):
               "patience": settings.patience if settings.patience < settings.max_epochs else None,
               "device": str(resolve_device(settings.device)), "saving_path": None, "verbose": False}  # fmt: skip
     hidden = settings.hidden_dim
-    if name == "raindrop":  # d_model: a few features per variable, as in the Raindrop paper
+    if settings.name == "raindrop":  # d_model: a few features per variable, as in the Raindrop paper
         return Raindrop(n_layers=2, d_model=4 * variables, n_heads=2, d_ffn=hidden, dropout=settings.dropout,
                         **common)  # fmt: skip
-    if name == "seft":
+    if settings.name == "seft":
         return SeFT(n_layers=2, n_heads=2, d_model=hidden, d_ffn=2 * hidden, dropout=settings.dropout, **common)
-    if name == "brits":
+    if settings.name == "brits":
         return BRITS(rnn_hidden_size=hidden, **common)
-    raise ValueError(f"name must be one of {', '.join(MODELS)}, got {name!r}")
+    raise ValueError(f"name must be one of {', '.join(MODELS)}, got {settings.name!r}")
 
 
-class FieldModel:
-    """PyPOTS's ``name`` (one of ``MODELS``) as a method of ``garlic.evaluation.fit_and_test``."""
+class FieldModel(BaseEstimator):
+    """PyPOTS's ``name`` (one of ``MODELS``) as a method of ``garlic.evaluation.fit_and_test``: its size
+    (``hidden_dim``, ``dropout``), the batch, the epoch budget and ``patience``, the seed and the device."""
 
-    def __init__(self, name: str, settings: FieldSettings):
+    def __init__(self, name: str, hidden_dim: int = 64, dropout: float = 0.2, batch_size: int = 64,
+                 max_epochs: int = 30, patience: int = 5, seed: int = 0, device: str = "auto"):  # fmt: skip
         if name not in MODELS:
             raise ValueError(f"name must be one of {', '.join(MODELS)}, got {name!r}")
-        self.name, self.settings = name, settings
+        self.name, self.hidden_dim, self.dropout, self.batch_size = name, hidden_dim, dropout, batch_size
+        self.max_epochs, self.patience, self.seed, self.device = max_epochs, patience, seed, device
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "FieldModel":
         last = train.times.numpy()[np.arange(len(train)), np.maximum(train.lengths.numpy() - 1, 0)]
@@ -108,7 +99,7 @@ class FieldModel:
         grids = {part: hourly_grid(data, self.hours_) for part, data in (("train", train), ("val", validation))}
         self.num_variables_ = grids["train"].shape[-1]
         self.inputs_ = fitted_inputs(train)
-        self.model_ = build(self.name, self.settings, self.hours_, self.num_variables_)
+        self.model_ = build(self, self.hours_, self.num_variables_)
         self.model_.fit({"X": grids["train"], "y": train.labels.numpy().astype(np.int64)},
                         {"X": grids["val"], "y": validation.labels.numpy().astype(np.int64)})  # fmt: skip
         return self
@@ -125,7 +116,7 @@ class FieldModel:
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)
-        self.model_ = build(self.name, self.settings, fitted["hours"], fitted["num_variables"])
+        self.model_ = build(self, fitted["hours"], fitted["num_variables"])
         load_state(self.model_.model, folder / WEIGHTS)
         self.model_.model.eval()
         self.hours_, self.num_variables_ = fitted["hours"], fitted["num_variables"]

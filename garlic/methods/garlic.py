@@ -12,6 +12,7 @@ from typing import Callable
 import mlflow
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator
 
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
@@ -26,7 +27,7 @@ from garlic.training.schedules import make_trainer
 from garlic.training.trainer import EpochRecord
 
 
-class GarlicEstimator:
+class GarlicEstimator(BaseEstimator):
     """GARLIC of ``config``, fitted on a training part, its best epoch chosen on a validation part.
 
     - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+from sklearn.base import BaseEstimator
 from sklearn.metrics import roc_auc_score
 
 from garlic.data.batches import IrregularDataset
-from garlic.io.atomic import atomic_file, write_json_atomic
+from garlic.io.atomic import write_json_atomic
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.summary import CANDIDATES, SKOPS_FILE, load_skops
+from garlic.methods.summary import CANDIDATES, SKOPS_FILE, load_skops, save_skops
 from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
 
 STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")
@@ -104,7 +105,7 @@ def _chunk_features(tensors: IrregularTensors, stays: slice, stay: np.ndarray, t
     return np.concatenate([last_value, hours_since, seen_count, change, mean6, mean24, std24], axis=1)
 
 
-class HourlyModel:
+class HourlyModel(BaseEstimator):
     """A classifier on ``hourly_features`` over every prediction time of the training part: ``kind`` 'gbm'
     (scikit-learn's histogram gradient boosting) or 'logreg' (logistic regression after median imputation with
     missingness indicators). ``fit`` fits every candidate setting (``garlic.methods.summary.CANDIDATES``) and keeps
@@ -117,7 +118,11 @@ class HourlyModel:
         if kind not in CANDIDATES:
             raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
         self.kind, self.seed = kind, seed
-        self.name = f"hourly_{kind}"  # as the registry names it
+
+    @property
+    def name(self) -> str:
+        """As the registry names it (what fitted.json records)."""
+        return f"hourly_{self.kind}"
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "HourlyModel":
         features = hourly_features(train.tensors)
@@ -137,11 +142,8 @@ class HourlyModel:
         return self.model_.predict_proba(hourly_features(dataset.tensors)[:, self.kept_])[:, 1]
 
     def save_fitted(self, folder: Path) -> None:
-        import skops.io  # as in garlic.methods.summary.load_skops
-
         check_fitted(self)
-        with atomic_file(folder / SKOPS_FILE) as out:
-            out.write(skops.io.dumps(self.model_))
+        save_skops(folder / SKOPS_FILE, self.model_)
         write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(),
                                             "chosen": self.chosen_})  # fmt: skip
 
@@ -163,26 +165,32 @@ class HourlyModel:
         return {}
 
 
-class AlarmAfterHour:
+class AlarmAfterHour(BaseEstimator):
     """The floor: a risk of 1 at every prediction time from hour ``after_`` on and 0 before, the hour chosen on the
-    training part to maximise the Sepsis Challenge's utility (a task scored by it only). It learns nothing about the
-    patient: what it scores comes free from the task's timing (the utility rewards late alarms in long stays)."""
+    training part: on a task scored by the Sepsis Challenge's utility, the one of highest utility; on another, the
+    one whose alarms best part the outcomes (highest AUROC of the 0/1 alarm, on a per-stay task the input's length).
+    It learns nothing about the patient: what it scores comes free from the task's timing (the utility rewards late
+    alarms in long stays)."""
 
     at_prediction_times = True
     name = "alarm_after_hour"
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "AlarmAfterHour":
         times = train.prediction_times
-        if times.score != SEPSIS_UTILITY:
-            raise ValueError(f"{self.name} chooses its hour by the Sepsis Challenge's utility; this task is scored by "
-                             f"{times.score or 'AUROC alone'}")  # fmt: skip
-        # Alarming from hour k on is alarming where time / longest >= k / longest: the utility's best threshold over
-        # these "probabilities" is the best hour, found exactly by one sort (``choose_threshold``).
-        longest = max(float(times.time.max()), 1.0)
-        choice = choose_threshold(times.label, np.clip(times.time / longest, 0, 1), stay_lengths(times.stay))
-        alarmed = times.time[times.time / longest >= choice.threshold]
-        self.after_ = float(alarmed.min()) if len(alarmed) else np.inf
-        self.train_utility_ = choice.normalised_utility
+        if times.score == SEPSIS_UTILITY:
+            # Alarming from hour k on is alarming where time / longest >= k / longest: the utility's best threshold
+            # over these "probabilities" is the best hour, found exactly by one sort (``choose_threshold``).
+            longest = max(float(times.time.max()), 1.0)
+            choice = choose_threshold(times.label, np.clip(times.time / longest, 0, 1), stay_lengths(times.stay))
+            alarmed = times.time[times.time / longest >= choice.threshold]
+            self.after_ = float(alarmed.min()) if len(alarmed) else np.inf
+            self.train_score_ = choice.normalised_utility
+        else:
+            hours = np.unique(times.time)
+            positive, negative = np.sort(times.time[times.label == 1]), np.sort(times.time[times.label == 0])
+            alarmed = [1 - np.searchsorted(group, hours) / max(len(group), 1) for group in (positive, negative)]
+            auroc = (alarmed[0] + 1 - alarmed[1]) / 2  # the AUROC of a 0/1 risk: the mean of its TPR and TNR
+            self.after_, self.train_score_ = float(hours[np.argmax(auroc)]), float(np.max(auroc))
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
@@ -191,5 +199,5 @@ class AlarmAfterHour:
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         check_fitted(self)
-        mlflow.log_params({"chosen_after_hour": self.after_, "chosen_train_utility": self.train_utility_})
+        mlflow.log_params({"chosen_after_hour": self.after_, "chosen_train_score": self.train_score_})
         return {}

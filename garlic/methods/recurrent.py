@@ -19,12 +19,12 @@ vectorised path); everything else is vectorised over stays, steps and variables.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.base import BaseEstimator
 from torch import Tensor, nn
 
 from garlic.data.batches import IrregularDataset, loader
@@ -105,26 +105,14 @@ class DecayGRU(nn.Module):
 MODELS = {"grud": GRUD, "decay_gru": DecayGRU}
 
 
-@dataclass
-class RecurrentSettings:
-    hidden_dim: int = 64
-    dropout: float = 0.2
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    batch_size: int = 64
-    max_epochs: int = 30
-    early_stopping: int = 5
-    seed: int = 0
-    device: str = "auto"
-
-
 class RecurrentTrainer(Trainer):
     """The recurrent baselines' plain loop on ``garlic.training.trainer.Trainer``: BCE and Adam, one stage, the epoch of best
-    validation AUROC kept, stopped after ``settings.early_stopping`` epochs without a better one."""
+    validation AUROC kept, stopped after ``settings.early_stopping`` epochs without a better one (``settings``: the
+    ``RecurrentModel`` whose network it fits)."""
 
     stages = ("training",)
 
-    def __init__(self, model: nn.Module, settings: RecurrentSettings, device: torch.device):
+    def __init__(self, model: nn.Module, settings: "RecurrentModel", device: torch.device):
         self.config, self.model, self.device = settings, model, device
         self.optimisers = {"model": torch.optim.Adam(model.parameters(), lr=settings.lr,
                                                      weight_decay=settings.weight_decay)}  # fmt: skip
@@ -169,20 +157,26 @@ class RecurrentTrainer(Trainer):
         return False, progress.stale >= self.config.early_stopping
 
 
-class RecurrentModel:
-    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.evaluation.fit_and_test``, fitted by ``RecurrentTrainer``."""
+class RecurrentModel(BaseEstimator):
+    """``name`` ('grud' or 'decay_gru') as a method of ``garlic.evaluation.fit_and_test``, fitted by
+    ``RecurrentTrainer``: a network of ``hidden_dim`` units and ``dropout``, Adam at ``lr`` with ``weight_decay`` on
+    batches of ``batch_size``, at most ``max_epochs``, stopped after ``early_stopping`` epochs without a better
+    validation AUROC."""
 
-    def __init__(self, name: str, settings: RecurrentSettings):
+    def __init__(self, name: str, hidden_dim: int = 64, dropout: float = 0.2, lr: float = 1e-3,
+                 weight_decay: float = 1e-4, batch_size: int = 64, max_epochs: int = 30, early_stopping: int = 5,
+                 seed: int = 0, device: str = "auto"):  # fmt: skip
         if name not in MODELS:
             raise ValueError(f"name must be one of {', '.join(MODELS)}, got {name!r}")
-        self.name, self.settings = name, settings
+        self.name, self.hidden_dim, self.dropout, self.lr = name, hidden_dim, dropout, lr
+        self.weight_decay, self.batch_size, self.max_epochs = weight_decay, batch_size, max_epochs
+        self.early_stopping, self.seed, self.device = early_stopping, seed, device
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "RecurrentModel":
-        settings = self.settings
-        device = resolve_device(settings.device)
-        torch.manual_seed(settings.seed)
-        model = MODELS[self.name](train.values.shape[-1], settings.hidden_dim, settings.dropout).to(device)
-        self.model_ = RecurrentTrainer(model, settings, device).fit(train, validation).model
+        device = resolve_device(self.device)
+        torch.manual_seed(self.seed)
+        model = MODELS[self.name](train.values.shape[-1], self.hidden_dim, self.dropout).to(device)
+        self.model_ = RecurrentTrainer(model, self, device).fit(train, validation).model
         self.num_variables_ = train.values.shape[-1]
         self.inputs_ = fitted_inputs(train)
         return self
@@ -199,7 +193,7 @@ class RecurrentModel:
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)
         num_variables = fitted["num_variables"]
-        model = MODELS[self.name](num_variables, self.settings.hidden_dim, self.settings.dropout)
+        model = MODELS[self.name](num_variables, self.hidden_dim, self.dropout)
         load_state(model, folder / WEIGHTS)
         self.model_, self.num_variables_ = model.eval(), num_variables
         self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}

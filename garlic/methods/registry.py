@@ -1,75 +1,159 @@
-"""The method registry: every model the project trains, by name, with how to build it, the settings that identify a
-trained one, and whether it is a simple baseline (the reference of the comparison's paired differences).
+"""The method registry: every model the project trains, by name, with the class that builds it, how the run's config
+and the dataset feed its constructor, and whether it is a simple baseline (the reference of the comparison's paired
+differences).
 
 ``garlic train --method NAME``, ``python -m experiments.baselines --methods NAME`` and ``python -m
 experiments.compare --methods NAME`` read it, so that a new model is one entry (``docs/adding-a-model.md``):
 
-    register(MethodSpec("toy", "a toy", build=lambda context: Toy(context.config.seed),
-                        settings=lambda context: {"method": "toy", "seed": context.config.seed}))
+    register(MethodSpec("last_values", "logistic regression on each variable's last value", LastValues))
 
-A method is anything with ``garlic.evaluation.fit_and_test``'s ``fit`` and ``predict_proba``; ``settings`` is what, hashed, tells
-one trained unit from another (a run with other settings is never reused), so an entry's settings must not change
-once its runs are archived. The published numbers of the field live in one table of their own,
-``garlic.evaluation.published``.
+A method's settings are its constructor's arguments (scikit-learn's ``get_params`` convention): an entry says which
+of them it fixes (``fixed``: what its name implies), which it takes from the run's config (``from_run``: the seed,
+the epoch budget, the device) and which it reads from the dataset (``from_data``); the others keep their defaults
+unless ``garlic train --set KEY=VALUE`` gives them (``MethodContext.settings``). ``MethodSpec.settings``, hashed,
+tells one trained unit from another (a run with other settings is never reused), so an entry's settings must not
+change once its runs are archived (``tests/test_methods.py`` pins them). The published numbers of the field live in
+one table of their own, ``garlic.evaluation.published``.
 """
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict, dataclass, replace
+import inspect
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import pandas as pd
 
-from garlic.config import Config
+from garlic.config import Config, ConfigError, setting_value, split_assignment
 from garlic.methods.contract import Method
-from garlic.methods.field import FieldModel, FieldSettings
+from garlic.methods.field import FieldModel
 from garlic.methods.garlic import GarlicEstimator
 from garlic.methods.hourly import AlarmAfterHour, HourlyModel
-from garlic.methods.recurrent import RecurrentModel, RecurrentSettings
+from garlic.methods.recurrent import RecurrentModel
 from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
+from garlic.methods.template import LastValues
+
+CONFIG_KEYS = frozenset(item.name for item in fields(Config))
+WHOLE_CONFIG = "*"  # a ``from_run`` value: the argument takes the run's whole config (GARLIC's)
+EPOCHS = {"max_epochs": "max_epochs", "early_stopping": "early_stopping", "seed": "seed", "device": "device"}
 
 
 @dataclass(frozen=True)
 class MethodContext:
     """What a method is built from: the run's config (dataset, seed, device, epochs), the dataset's label table
-    (``garlic.io.tables.LABELS``, where the severity scores are) and the graph planted in a synthetic cohort (its
-    manifest's ``ground_truth_graph``, which GARLIC's learned graph is scored against; None for real data)."""
+    (``garlic.io.tables.LABELS``, where the severity scores are), the graph planted in a synthetic cohort (its
+    manifest's ``ground_truth_graph``, which GARLIC's learned graph is scored against; None for real data) and the
+    method's own settings that ``--set`` gave (``MethodSpec.own_settings``; the others keep their defaults)."""
 
     config: Config
     labels: pd.DataFrame
     planted: list[dict] | None = None
+    settings: dict = field(default_factory=dict)
 
     def with_config(self, config: Config) -> "MethodContext":
         return replace(self, config=config)
 
-    @property
-    def recurrent(self) -> RecurrentSettings:
-        config = self.config
-        return RecurrentSettings(max_epochs=config.max_epochs, early_stopping=config.early_stopping,
-                                 seed=config.seed, device=config.device)  # fmt: skip
-
-    @property
-    def field(self) -> FieldSettings:
-        config = self.config
-        return FieldSettings(max_epochs=config.max_epochs, patience=config.early_stopping, seed=config.seed,
-                             device=config.device)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: ``build`` a fresh, unfitted one; ``settings`` of a unit (hashed into its identity);
-    ``simple``: a simple baseline; ``seeded``: trained once per model seed that a protocol names (GARLIC), where the
-    others train once per split; ``needs_column``: a label-table column it cannot run without; ``needs_package``:
-    the optional extra it cannot run without (``pyproject.toml``). Build one with ``create``."""
+    """A registered method: ``make``, its class, called with its constructor's arguments: ``fixed`` ones (what the
+    entry's name implies: the kind of summary model), ``from_run`` ones (argument -> the run config's key it takes;
+    ``WHOLE_CONFIG``: the config itself), ``from_data`` ones (argument -> what reads it from the context: a severity
+    score column), and the others at their defaults or as ``--set`` gave them. ``named``: whether its settings begin
+    with its name (grud's and decay_gru's were archived without it). ``simple``: a simple baseline; ``seeded``:
+    trained once per model seed that a protocol names (GARLIC), where the others train once per split;
+    ``needs_column``: a label-table column it cannot run without; ``needs_package``: the optional extra it cannot run
+    without (``pyproject.toml``). Build one with ``create``."""
 
     name: str
     description: str
-    build: Callable[[MethodContext], Method]
-    settings: Callable[[MethodContext], dict]
+    make: Callable[..., Method]
+    fixed: dict = field(default_factory=dict)
+    from_run: dict[str, str] = field(default_factory=lambda: {"seed": "seed"})
+    from_data: dict[str, Callable[[MethodContext], object]] = field(default_factory=dict)
+    named: bool = True
     simple: bool = False
     seeded: bool = False
     needs_column: str | None = None
     needs_package: str | None = None
+
+    def __post_init__(self) -> None:
+        """An entry that names an argument its class does not take, or leaves one without a default unset, is
+        refused as it is written, not when a run first builds it."""
+        parameters = self.parameters()
+        given = [*self.fixed, *self.from_run, *self.from_data]
+        unknown = [name for name in given if name not in parameters]
+        unset = [name for name, parameter in parameters.items()
+                 if parameter.default is inspect.Parameter.empty and name not in given]  # fmt: skip
+        if unknown:
+            raise ValueError(f"method {self.name}: {self.make.__name__} takes no argument {', '.join(unknown)}")
+        if unset:
+            raise ValueError(f"method {self.name}: nothing gives {', '.join(unset)}, which {self.make.__name__} "
+                             "takes without a default")  # fmt: skip
+
+    def parameters(self) -> dict[str, inspect.Parameter]:
+        """The constructor's arguments, in order."""
+        return dict(inspect.signature(self.make).parameters)
+
+    def own_settings(self) -> list[str]:
+        """The settings ``--set`` gives the method itself: its constructor's arguments that the entry neither fixes,
+        nor takes from the run's config, nor reads from the dataset. GARLIC has none: its settings are the config's."""
+        if WHOLE_CONFIG in self.from_run.values():
+            return []
+        taken = {*self.fixed, *self.from_run, *self.from_data}
+        return [name for name in self.parameters() if name not in taken]
+
+    def checked_settings(self, settings: dict) -> dict:
+        """``settings`` (``--set`` strings, or the values a saved method or a run recorded) as the method's own
+        settings, each of its default's type and held to the config's check of that name (``setting_value``)."""
+        own, parameters = self.own_settings(), self.parameters()
+        checked = {}
+        for key, raw in settings.items():
+            if key not in own:
+                raise ConfigError(f"{key!r} is not a setting of method {self.name} "
+                                  f"(its settings: {', '.join(own) or 'none of its own'})")  # fmt: skip
+            kind = type(parameters[key].default).__name__
+            if kind not in ("int", "float", "bool", "str"):
+                raise ConfigError(f"{self.name}'s setting {key!r} cannot be set from the command line")
+            checked[key] = setting_value(key, raw, kind, f"{self.name}'s setting")
+        return checked
+
+    def parse_settings(self, assignments: list[str]) -> tuple[list[str], dict]:
+        """``--set KEY=VALUE`` assignments parted between the method and the run's config: a key of the method's own
+        settings sets it; one it takes from the config under another name (PyPOTS's ``patience``, the config's
+        ``early_stopping``) sets that config key; any other key of the config sets the config. A key that is neither
+        is refused, naming both. Returns the config's assignments and the method's checked settings."""
+        renamed = {argument: key for argument, key in self.from_run.items() if key in CONFIG_KEYS}
+        own, to_config = {}, []
+        for key, value in map(split_assignment, assignments):
+            if key in self.own_settings():
+                own[key] = value
+            elif key in CONFIG_KEYS or key in renamed:
+                to_config.append(f"{renamed.get(key, key)}={value}")
+            else:
+                own_keys = ", ".join(self.own_settings())
+                method_keys = f", nor a setting of method {self.name} ({own_keys})" if own_keys else ""
+                raise ConfigError(f"unknown config key {key!r}{method_keys}; known config keys: "
+                                  f"{', '.join(sorted(CONFIG_KEYS))}")  # fmt: skip
+        return to_config, self.checked_settings(own)
+
+    def arguments(self, context: MethodContext) -> dict:
+        """The constructor's arguments for a unit of ``context``, less the fixed ones and those read from the data:
+        the defaults, over them what the run gives (``from_run``), over that the method's own settings."""
+        config = context.config
+        arguments = {name: parameter.default for name, parameter in self.parameters().items()
+                     if name not in self.fixed and name not in self.from_data}  # fmt: skip
+        arguments |= {argument: config if key == WHOLE_CONFIG else getattr(config, key)
+                      for argument, key in self.from_run.items()}  # fmt: skip
+        return arguments | self.checked_settings(context.settings)
+
+    def settings(self, context: MethodContext) -> dict:
+        """What tells a trained unit from another (hashed: ``garlic.studies.settings_digest``): the method's name and
+        its arguments (``arguments``), which ``get_params`` of the method built gives back. A method that takes the
+        run's whole config (GARLIC) is identified by that config, as its units are (``studies.config_digest``)."""
+        if WHOLE_CONFIG in self.from_run.values():
+            return context.config.to_dict()
+        return ({"method": self.name} if self.named else {}) | self.arguments(context)
 
     def available(self, labels: pd.DataFrame) -> bool:
         return self.needs_column is None or self.needs_column in labels
@@ -86,7 +170,8 @@ class MethodSpec:
     def create(self, context: MethodContext) -> Method:
         """A fresh, unfitted method (``check_installed`` first)."""
         self.check_installed()
-        return self.build(context)
+        data = {argument: read(context) for argument, read in self.from_data.items()}
+        return self.make(**self.fixed, **data, **self.arguments(context))
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -118,8 +203,7 @@ def simple_baselines() -> list[str]:
 
 def _score(name: str, column: str) -> MethodSpec:
     return MethodSpec(name, f"the {column} score of the outcomes file, mapped to a risk by a logistic fit",
-                      build=lambda context: SeverityScore(context.labels.set_index("stay_id")[column]),
-                      settings=lambda context: {"method": name, "seed": context.config.seed},
+                      SeverityScore, from_data={"scores": lambda context: context.labels.set_index("stay_id")[column]},
                       needs_column=column)  # fmt: skip
 
 
@@ -127,20 +211,17 @@ def _summary(name: str) -> MethodSpec:
     kind, static = name.removesuffix("_static"), name.endswith("_static")
     model = {"logreg": "logistic regression", "gbm": "gradient boosting"}[kind]
     return MethodSpec(name, f"{model} on per-stay summaries{' and the static features' if static else ''}",
-                      build=lambda context: SummaryModel(kind, static, context.config.seed),
-                      settings=lambda context: {"method": name, "seed": context.config.seed}, simple=True)  # fmt: skip
+                      SummaryModel, fixed={"kind": kind, "with_static": static}, simple=True)  # fmt: skip
 
 
 def _recurrent(name: str, description: str) -> MethodSpec:
-    return MethodSpec(name, description, build=lambda context: RecurrentModel(name, context.recurrent),
-                      settings=lambda context: asdict(context.recurrent))  # fmt: skip
+    return MethodSpec(name, description, RecurrentModel, fixed={"name": name}, from_run=EPOCHS, named=False)
 
 
 def _field(name: str, description: str) -> MethodSpec:
-    return MethodSpec(f"pypots_{name}", f"{description}, PyPOTS's, on an hourly grid",
-                      build=lambda context: FieldModel(name, context.field),
-                      settings=lambda context: {"method": f"pypots_{name}", **asdict(context.field)},
-                      needs_package="pypots")  # fmt: skip
+    return MethodSpec(f"pypots_{name}", f"{description}, PyPOTS's, on an hourly grid", FieldModel, fixed={"name": name},
+                      from_run={"max_epochs": "max_epochs", "patience": "early_stopping", "seed": "seed",
+                                "device": "device"}, needs_package="pypots")  # fmt: skip
 
 
 for _spec in (
@@ -148,21 +229,20 @@ for _spec in (
     _score("sofa", "SOFA"),
     *(_summary(name) for name in ("logreg", "logreg_static", "gbm", "gbm_static")),
     MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)",
-               build=lambda context: InputHours(context.config.seed),
-               settings=lambda context: {"method": "input_hours", "seed": context.config.seed}),
+               InputHours),
     *(MethodSpec(f"hourly_{kind}", f"{model} on features of the record up to each prediction time (hourly tasks)",
-                 build=lambda context, kind=kind: HourlyModel(kind, context.config.seed),
-                 settings=lambda context, kind=kind: {"method": f"hourly_{kind}", "seed": context.config.seed})
+                 HourlyModel, fixed={"kind": kind})
       for kind, model in (("gbm", "gradient boosting"), ("logreg", "logistic regression"))),
     MethodSpec("alarm_after_hour", "alarm at every hour from an ICU hour chosen on training (the utility's floor)",
-               build=lambda context: AlarmAfterHour(), settings=lambda context: {"method": "alarm_after_hour"}),
+               AlarmAfterHour, from_run={}),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),
     _recurrent("decay_gru", "decay imputation + GRU, without the graph"),
     _field("raindrop", "Raindrop (Zhang et al. 2022)"),
     _field("seft", "SeFT (Horn et al. 2020)"),
     _field("brits", "BRITS (Cao et al. 2018)"),
-    MethodSpec("garlic", "GARLIC with the config's settings",
-               build=lambda context: GarlicEstimator(context.config, context.planted),
-               settings=lambda context: context.config.to_dict(), seeded=True),
+    MethodSpec("garlic", "GARLIC with the config's settings", GarlicEstimator, from_run={"config": WHOLE_CONFIG},
+               from_data={"planted": lambda context: context.planted}, seeded=True),
+    MethodSpec("last_values", "logistic regression on each variable's last value (garlic/methods/template.py)",
+               LastValues),
 ):
     register(_spec)

@@ -1,8 +1,9 @@
 """A fitted method other than GARLIC as a folder, so that ``garlic predict`` and the dashboard use it as they use a
 saved GARLIC model (``garlic.tracking.saved_model``).
 
-    method.json    the method's registry name, the run's config (from which the registry builds it again), the
-                   variable order, the static features and the training split's normalisation
+    method.json    the method's registry name, the run's config and the method's own settings that were set (from
+                   which the registry builds it again), the variable order, the static features and the training
+                   split's normalisation
     fitted.json    what the method wrote beside its parameters (``garlic.tracking.saved_model.FITTED``), with its
                    name and the inputs it was fitted on: reading the folder back refuses a method.json that names
                    another method or lists the inputs otherwise (``garlic.methods.contract``)
@@ -15,7 +16,7 @@ read a column of the outcomes file that new records do not have, so they are not
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,7 @@ class SavedMethod:
     variables: list[str]
     static_features: list[str]
     normalisation: Normalisation
+    settings: dict = field(default_factory=dict)  # the method's own settings, where not its defaults
     explains = False
 
     def dataset(self, tensors: IrregularTensors) -> IrregularDataset:
@@ -64,6 +66,7 @@ def save_method(folder: Path, saved: SavedMethod) -> Path:
     write_json_atomic(folder / METHOD_DESCRIPTION, {
         "method": saved.name,
         "config": saved.config.to_dict(),
+        "settings": saved.settings,
         "variables": saved.variables,
         "static_features": saved.static_features,
         "normalisation": saved.normalisation.to_json(),
@@ -77,6 +80,7 @@ def load_method(folder: Path) -> SavedMethod:
     try:
         description = json.loads((folder / METHOD_DESCRIPTION).read_text())
         name, config = description["method"], Config().override(description["config"])
+        settings = description.get("settings", {})  # a folder saved before methods had settings of their own: none
         normalisation = Normalisation.from_json(description["normalisation"])
         variables, static_features = list(description["variables"]), list(description["static_features"])
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
@@ -87,7 +91,8 @@ def load_method(folder: Path) -> SavedMethod:
     from garlic.methods.contract import can_be_saved
 
     try:  # an unknown method or a missing extra: the registry's own message names what to install
-        method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []})))
+        method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []}),
+                                                                     settings=settings))  # fmt: skip
     except ValueError as exc:
         raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: {exc}") from None
     if not can_be_saved(method):
@@ -97,7 +102,7 @@ def load_method(folder: Path) -> SavedMethod:
         method.restore_fitted(folder)
     except (KeyError, TypeError) as exc:  # a field of fitted.json missing or of the wrong kind
         raise ModelFileError(f"{folder / FITTED}: not what method {name} fits ({exc!r:.200})") from None
-    return SavedMethod(name, method, config, variables, static_features, normalisation)
+    return SavedMethod(name, method, config, variables, static_features, normalisation, settings)
 
 
 def _check_fitted_by(folder: Path, name: str, method: Method, described: dict[str, list[str]]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
@@ -56,6 +57,14 @@ def summary_features(tensors: IrregularTensors) -> tuple[np.ndarray, list[str]]:
     return features, names
 
 
+def save_skops(path: Path, model) -> None:
+    """The scikit-learn ``model`` into ``path`` in skops's format, atomically (``load_skops`` reads it back)."""
+    import skops.io  # here, not at the top: importing it costs about a second, which every command would pay
+
+    with atomic_file(path) as out:
+        out.write(skops.io.dumps(model))
+
+
 def load_skops(path: Path):
     """The scikit-learn model in ``path``, refused unless every type it would build is trusted (``SKOPS_TRUSTED``)."""
     import skops.io  # here, not at the top: importing it costs about a second, which every command would pay
@@ -92,7 +101,7 @@ def _boosting_candidates(seed: int) -> list[tuple[dict, object]]:
 CANDIDATES = {"logreg": _logistic_candidates, "gbm": _boosting_candidates}
 
 
-class SummaryModel:
+class SummaryModel(BaseEstimator):
     """A classifier on per-stay summaries (``summary_features``; with ``with_static``, the static features beside
     them): ``kind`` 'logreg' (logistic regression) or 'gbm' (gradient boosting). ``fit`` fits every candidate
     setting on the training part and keeps the best validation AUROC (the first one on ties).
@@ -105,7 +114,11 @@ class SummaryModel:
         if kind not in CANDIDATES:
             raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
         self.kind, self.with_static, self.seed = kind, with_static, seed
-        self.name = f"{kind}_static" if with_static else kind  # as the registry names it
+
+    @property
+    def name(self) -> str:
+        """As the registry names it."""
+        return f"{self.kind}_static" if self.with_static else self.kind
 
     def features(self, dataset: IrregularDataset) -> np.ndarray:
         tensors = dataset.tensors
@@ -130,11 +143,8 @@ class SummaryModel:
         return self.model_.predict_proba(self.features(dataset)[:, self.kept_])[:, 1]
 
     def save_fitted(self, folder: Path) -> None:
-        import skops.io  # as in load_skops
-
         check_fitted(self)
-        with atomic_file(folder / SKOPS_FILE) as out:
-            out.write(skops.io.dumps(self.model_))
+        save_skops(folder / SKOPS_FILE, self.model_)
         write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(),
                                             "chosen": self.chosen_})  # fmt: skip
 
@@ -158,16 +168,16 @@ class SummaryModel:
         return {}
 
 
-class SeverityScore:
+class SeverityScore(BaseEstimator):
     """A severity score (``scores``: by stay id) turned into a risk by a one-variable logistic regression fitted on
-    the training part.
+    the training part (``seed``: its random state, which its solver does not draw on).
 
     The mapping is monotone, so AUROC and AUPRC are the raw score's; it only makes Brier and ECE meaningful.
     Unknown scores (NaN, or negative: the outcomes file writes -1) take the training median.
     """
 
-    def __init__(self, scores: pd.Series):
-        self.scores = scores
+    def __init__(self, scores: pd.Series, seed: int = 0):
+        self.scores, self.seed = scores, seed
 
     def known(self, dataset: IrregularDataset) -> np.ndarray:
         score = self.scores.reindex(dataset.stay_ids).to_numpy(float)
@@ -179,7 +189,8 @@ class SeverityScore:
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SeverityScore":
         self.median_ = float(np.nanmedian(self.known(train)))
-        self.model_ = LogisticRegression(C=1e6, max_iter=1000).fit(self._filled(train), train.labels.numpy())
+        self.model_ = LogisticRegression(C=1e6, max_iter=1000, random_state=self.seed)
+        self.model_.fit(self._filled(train), train.labels.numpy())
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
@@ -193,7 +204,7 @@ class SeverityScore:
         return {}
 
 
-class InputHours:
+class InputHours(BaseEstimator):
     """Logistic regression on one number: the hours of input a stay shows the model (the time of its last step).
 
     Not a model to use but a check of a protocol: where the window's length depends on the label (P19 ``raindrop``
