@@ -70,7 +70,7 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, var
         for split in cohort.splits:
             def work(variant=variant, split=split) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
-                estimator = GarlicEstimator(variant, cohort.planted, explain=False, keep_model=False)
+                estimator = GarlicEstimator(variant, cohort.planted, explain=False)
                 return fit_and_test(estimator, split_parts(cohort.tensors, split))
 
             tags = unit_tags(config, name, split.index)

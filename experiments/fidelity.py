@@ -58,10 +58,11 @@ from garlic.explain.built_in import explain
 from garlic.explain.integrated_gradients import DEFAULT_STEPS, ig_importance
 from garlic.explain.removal import keep_mask, reduce
 from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.methods.summary import STATISTICS, SummaryModel
 from garlic.models.compact import Garlic
 from garlic.tracking.archive import Unit
-from garlic.tracking.store import load_run_model
+from garlic.tracking.run_contract import GARLIC
 from garlic.training.device import resolve_device
 from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
@@ -179,8 +180,10 @@ class FidelityStudy:
 
         def full() -> dict[str, float]:
             mlflow.log_params(config.to_dict() | {"split_name": split.name})
-            estimator = GarlicEstimator(config, self.cohort.planted, explain=False)  # its model is logged
-            metrics = fit_and_test(estimator, split_parts(tensors, split))
+            estimator = GarlicEstimator(config, self.cohort.planted, explain=False)
+            parts = split_parts(tensors, split)
+            metrics = fit_and_test(estimator, parts)
+            log_method(fitted_on(GARLIC, estimator, config, parts["train"]))  # ranked with when the split resumes
             trained["model"] = estimator.model
             return metrics
 
@@ -201,7 +204,7 @@ class FidelityStudy:
                 importance[method] = np.where(tensors.mask, weights.astype("float32"), np.float32(0))
                 return importance[method]
             if "model" not in trained:  # the full run was found finished: rank with the model it logged
-                trained["model"] = load_run_model(full_run, self.store).model.to(resolve_device(config.device))
+                trained["model"] = load_predictor(full_run, self.store).model.to(resolve_device(config.device))
             cohort = IrregularDataset(tensors, split.normalisation)
             importance[method] = importance_map(trained["model"], cohort, method, self.ig_steps)
             return importance[method]
@@ -215,7 +218,7 @@ class FidelityStudy:
                 kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
                 mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
                                                       "kept_share_of_observed": kept_share})  # fmt: skip
-                estimator = GarlicEstimator(config, explain=False, keep_model=False)
+                estimator = GarlicEstimator(config, explain=False)
                 return fit_and_test(estimator, split_parts(smaller, split, normalisation))
 
             tags = self.tags(split, condition, method, fraction)

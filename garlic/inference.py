@@ -1,16 +1,16 @@
-"""Risk for stays that come as raw tables (new records, uploads), with a trained model: GARLIC's
-(``garlic.tracking.saved_model.TrainedModel``) or another method's (``garlic.methods.saved.SavedMethod``)."""
+"""Risk for stays that come as raw tables (new records, uploads), with a saved method (GARLIC or another:
+``garlic.methods.saved.SavedMethod``)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from garlic.methods.saved import Predictor
+from garlic.methods.saved import SavedMethod
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 
 
-def tensors_for_model(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
+def tensors_for_model(trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame) -> IrregularTensors:
     """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns);
     every stay must have an observation."""
     unknown = sorted(set(observations["variable"].astype(str)) - set(trained.variables))
@@ -35,7 +35,7 @@ def tensors_for_model(trained: Predictor, observations: pd.DataFrame, static: pd
     return tensors
 
 
-def predict_tables(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
+def predict_tables(trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
     """One row per stay: stay_id and predicted risk."""
     tensors = tensors_for_model(trained, observations, static)
     risk = trained.predict_proba(trained.dataset(tensors))

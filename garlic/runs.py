@@ -6,7 +6,7 @@ records about its data is ``garlic.tracking.run_contract``'s.
 
 Every method of the registry (``garlic.methods.registry``), GARLIC included, goes through the one ``train``: each
 split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of the method, which is then saved with the run where
-it can be (``garlic.methods.saved``). A method that can resume (``garlic.methods.contract.can_resume``: GARLIC)
+it can be (``garlic.methods.saved``: GARLIC and every method that writes what it fitted). A method that can resume (``garlic.methods.contract.can_resume``: GARLIC)
 saves the state of its fit (``garlic.training.state``) after every epoch to ``run_contract.training_state_path``
 (atomically; deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow
 run and ends as the uninterrupted run would have; another method's unfinished split starts again, its finished
@@ -31,11 +31,11 @@ from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
 from garlic.methods.contract import can_be_saved, can_resume
-from garlic.methods.saved import SavedMethod, load_predictor, save_method
+from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import run_contract
-from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, log_model_folder, tracked_run, use_experiment,
-                                   use_store, was_claimed)  # fmt: skip
+from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, tracked_run, use_experiment, use_store,
+                                   was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.threads import adapt_threads
@@ -80,11 +80,10 @@ def train_split(
 
     if can_resume(method):
         method.set_training_hooks(on_epoch=on_epoch, on_state=save if resumes else None, resume=resume)
-    metrics = fit_and_test(method, split_parts(tensors, split))
+    parts = split_parts(tensors, split)
+    metrics = fit_and_test(method, parts)
     if can_be_saved(method):
-        saved = SavedMethod(spec.name, method, context.config, list(tensors.variables), list(tensors.static_features),
-                            split.normalisation)  # fmt: skip
-        log_model_folder(lambda folder: save_method(folder, saved))
+        log_method(fitted_on(spec.name, method, context.config, parts["train"]))
     if resumes:
         shutil.rmtree(state_path.parent, ignore_errors=True)
     run = mlflow.active_run().info

@@ -24,9 +24,8 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.methods import registry
 from garlic.methods.contract import can_be_saved
-from garlic.methods.saved import SavedMethod, load_method, save_method
+from garlic.methods.saved import ModelFileError, SavedMethod, load_method, save_method
 from garlic.methods.summary import SKOPS_FILE, load_skops
-from garlic.tracking.saved_model import ModelFileError
 from garlic.tracking.store import get_run, use_store
 from garlic.io.tables import read_processed
 from helpers import error_line, garlic_main, record_files, synthetic_cohort, synthetic_root
