@@ -58,7 +58,8 @@ from garlic.io.atomic import atomic_file
 from garlic.io.tensors import load_tensors
 from garlic.methods.field import hourly_grid
 from garlic.methods.saved import load_predictor
-from garlic.studies import stored_runs
+from garlic.studies import preset_config
+from garlic.tracking.queries import stored_runs
 
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--splits", type=int, nargs="*", metavar="K",
                         help="train the missing --imputers on these splits only (default: every split)")
     args = parser.parse_args(argv)
-    found = stored_runs(args.preset, args.dataset, args.protocol, args.mlruns, args.data_root)
+    found = stored_runs(preset_config(args.preset, args.dataset, []), args.protocol, args.mlruns, args.data_root)
     if not found:
         raise SystemExit(f"no finished run of {args.preset} on {args.protocol} ({args.dataset}) in the stores given")
     folder = ensure_processed(args.dataset, args.data_root)

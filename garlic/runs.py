@@ -33,7 +33,7 @@ from garlic.methods import registry
 from garlic.methods.contract import can_be_saved, can_resume
 from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
-from garlic.tracking import run_contract
+from garlic.tracking import queries, run_contract
 from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, tracked_run, use_experiment, use_store,
                                    was_claimed)  # fmt: skip
 from garlic.training import distributed
@@ -214,7 +214,7 @@ def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tens
     """One split and seed of the parent run: reused when its nested run finished before, else trained (resuming its
     run where one was started), in the parent itself or in its nested run, with its training state beside it."""
     record = run_contract.split_params(split, folder, manifest)
-    if previous is not None and previous.info.status == "FINISHED":
+    if previous is not None and queries.is_finished(previous):
         distributed.broadcast_state({"finished": True})
         return _finished_result(previous)
     resumed = parent_id if not nested else previous.info.run_id if previous is not None else None
@@ -233,9 +233,7 @@ def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tens
 
 def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
     """The split runs already nested under ``parent_id``, by split name."""
-    children = mlflow.search_runs(experiment_ids=[get_run(parent_id).info.experiment_id], output_format="list",
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")  # fmt: skip
-    return {child.info.run_name: child for child in children}
+    return {child.info.run_name: child for child in queries.split_runs(get_run(parent_id))}
 
 
 def _finished_result(run: mlflow.entities.Run) -> SplitResult:
@@ -279,7 +277,7 @@ def resume(
 def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:
     """Refuse a run that is not one ``resume`` continues: finished, a split run, or one ``garlic train`` never started."""
     run_id = run.info.run_id
-    if run.info.status == "FINISHED":
+    if queries.is_finished(run):
         raise ValueError(f"run {run_id} has finished; there is nothing to resume")
     parent = run.data.tags.get("mlflow.parentRunId")
     if parent:

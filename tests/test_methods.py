@@ -9,11 +9,11 @@ from sklearn.linear_model import LogisticRegression
 
 from experiments import compare
 from experiments.baselines.run import main as baselines_main
-from garlic import studies
 from garlic.cli import main as garlic_main
 from garlic.data.batches import IrregularDataset
 from garlic.methods import registry
 from garlic.methods.contract import check_fitted
+from garlic.tracking import queries
 from garlic.tracking.store import use_store
 from helpers import synthetic_root
 
@@ -128,4 +128,4 @@ def test_a_method_run_is_never_taken_for_a_garlic_unit_by_the_comparison(toy, ro
     digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
     # one split: the run itself holds the split's params and a seed, as a GARLIC split run does
     config = Config().override({"dataset": "synthetic"})
-    assert studies.finished_unit([store], config, "five-split/split_0", digest) is None
+    assert queries.finished_unit([store], config, "five-split/split_0", digest) is None

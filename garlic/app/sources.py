@@ -21,9 +21,9 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import processed_folder
 from garlic.data.splits import split_path
 from garlic.inference import tensors_for_model
-from garlic.tracking import run_contract
+from garlic.tracking import queries, run_contract
 from garlic.methods.saved import SavedMethod, load_predictor
-from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, use_store
+from garlic.tracking.store import RunNotFoundError, get_run, use_store
 from garlic.sources.records import read_record_files
 from garlic.io.tables import read_manifest
 from garlic.io.tensors import load_tensors
@@ -88,11 +88,7 @@ def open_store(store: Path) -> None:
 def runs_with_models(store: Path) -> list[RunChoice]:
     """Every run in the store that logged a model, newest first."""
     open_store(store)
-    client = mlflow.MlflowClient()
-    runs = mlflow.search_runs(search_all_experiments=True, order_by=["attributes.start_time DESC"],
-                              output_format="list")  # fmt: skip
-    return [RunChoice(run.info.run_id, *_run_label(run)) for run in runs
-            if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)]  # fmt: skip
+    return [RunChoice(run.info.run_id, *_run_label(run)) for run in queries.runs_with_models()]
 
 
 def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:

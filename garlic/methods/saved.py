@@ -236,7 +236,7 @@ def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> SavedMethod:
     to import and open), else through MLflow, which also names what is wrong with the run."""
     folder = stored_model_folder(run_id, store)
     if folder is None:
-        from garlic.tracking.store import download_run_model
+        from garlic.tracking.queries import download_run_model
 
         folder = download_run_model(run_id, store)
     return load_method(folder)

@@ -1,5 +1,6 @@
 """MLflow bookkeeping: a local store under ``mlruns/`` (SQLite + artifact folders, no server), one experiment per
-dataset, and a run's model folder logged and downloaded.
+dataset, runs started, claimed and ended, and a run's model folder logged. What the store holds is asked through
+``garlic.tracking.queries``.
 
 Browse it with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``.
 """
@@ -14,7 +15,6 @@ from typing import Callable, Iterator
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from garlic.tracking import run_contract
 from garlic.tracking.local_store import DATABASE, DEFAULT_STORE, MODEL_ARTIFACT
 from garlic.io.locks import LockHeld, acquire, is_held, locked, release
 
@@ -158,26 +158,3 @@ def get_run(run_id: str) -> mlflow.entities.Run:
         return mlflow.MlflowClient().get_run(run_id)
     except MlflowException as exc:
         raise RunNotFoundError(f"no run {run_id!r} in the MLflow store {mlflow.get_tracking_uri()}") from exc
-
-
-def download_run_model(run_id: str, store: Path = DEFAULT_STORE) -> Path:
-    """The local folder of the model that split run ``run_id`` logged (``MODEL_ARTIFACT``, a saved method:
-    ``garlic.methods.saved``)."""
-    use_store(store)
-    run = get_run(run_id)
-    children = mlflow.search_runs(
-        experiment_ids=[run.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{run_id}'",
-        output_format="list",
-    )
-    if children:
-        names = ", ".join(f"{c.info.run_id} ({c.info.run_name})" for c in children)
-        raise RunNotFoundError(f"run {run_id} groups several splits; pick one of its split runs: {names}")
-    try:
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_ARTIFACT))
-    except (MlflowException, OSError) as exc:
-        method = run.data.tags.get(run_contract.METHOD)
-        if method:
-            raise RunNotFoundError(f"run {run_id} is a {method} run that saved no model: only `garlic train --method` "
-                                   "saves one, and not for the severity scores (new records carry no score)") from exc  # fmt: skip
-        raise RunNotFoundError(f"run {run_id} has no model artifact (did it finish?)") from exc
