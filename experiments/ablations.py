@@ -12,8 +12,8 @@ split, settings), reused when already finished. Three tables are logged as artif
   that changed nothing, such as ``joint_training`` on a schedule whose first stage never ends);
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
-With ``--out``, that folder is also the study's run archive (``studies.StudyArchive``: the runs table and each run's
-test risks), read where the store lacks a run: the tables are made again from the repository alone.
+With ``--out``, that folder is also the study's run archive (``garlic.tracking.archive``: the runs table and each
+run's test risks), read where the store lacks a run: the tables are made again from the repository alone.
 
     python -m experiments.ablations --dataset synthetic --splits 0 1 --max-epochs 3
 
@@ -38,7 +38,8 @@ from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
 from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
-from garlic.tracking.archive import Unit
+from garlic.tracking import queries
+from garlic.tracking.archive import RunArchive, Unit, study_archive
 from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
 STUDY = "ablation"
@@ -57,11 +58,11 @@ VARIANTS = {
 def unit_tags(config: Config, variant: str, split: int) -> dict:
     """What identifies the run of ``variant`` on ``split`` (its settings by digest)."""
     return {"study": STUDY, "dataset": config.dataset, "variant": variant, "split": split,
-            "settings": studies.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
+            "settings": queries.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
 
 
 def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, variants: list[str],
-                 train: bool = True, archive: studies.StudyArchive | None = None) -> pd.DataFrame:  # fmt: skip
+                 train: bool = True, archive: RunArchive | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per (variant, split) with its test metrics: a finished run of the store, else one of the ``archive``,
     else (with ``train``) trained now."""
     records = []
@@ -70,12 +71,12 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, var
         for split in cohort.splits:
             def work(variant=variant, split=split) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
-                estimator = GarlicEstimator(variant, cohort.planted, explain=False, keep_model=False)
+                estimator = GarlicEstimator(variant, cohort.planted, explain=False)
                 return fit_and_test(estimator, split_parts(cohort.tensors, split))
 
             tags = unit_tags(config, name, split.index)
-            if studies.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
-                kept = archive.find(variant=name, split=split.index, settings=tags["settings"]) if archive else None
+            if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
+                kept = archive.row(variant=name, split=split.index, settings=tags["settings"]) if archive else None
                 if kept is not None:
                     records.append(kept)
                 if kept is not None or not train:
@@ -87,15 +88,15 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, var
 
 
 def train_in_workers(argv: list[str], config: Config, cohort: studies.Cohort, experiment_id: str, variants: list[str],
-                     workers: int, store, minutes: float | None, archive: studies.StudyArchive) -> None:  # fmt: skip
+                     workers: int, store, minutes: float | None, archive: RunArchive) -> None:  # fmt: skip
     """The units finished neither in the store nor in the ``archive``, each as this command (``argv``) narrowed to
     it, in ``workers`` processes."""
     jobs = []
     for split in cohort.splits:  # split by split, so that a deadline leaves whole splits to pair
         for name in variants:
             tags = unit_tags(config, name, split.index)
-            if (studies.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
-                    or archive.find(variant=name, split=split.index, settings=tags["settings"]) is not None):
+            if (queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
+                    or archive.row(variant=name, split=split.index, settings=tags["settings"]) is not None):
                 continue
             unit = f"ablation-{config.dataset}-{name}-split_{split.index}-{tags['settings']}"
             command = [sys.executable, "-m", "experiments.ablations", *argv, "--variants", name, "--splits",
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     config = studies.study_config(args)
     cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = studies.open_experiment(f"ablations-{args.dataset}", args.mlruns)
-    archive = studies.StudyArchive(args.out, "ablation_runs", args.dataset, args.data_root)
+    archive = study_archive(args.out, "ablation_runs", args.dataset, args.data_root)
     if args.workers > 1:
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
                          args.workers, args.mlruns, args.deadline, archive)  # fmt: skip

@@ -28,14 +28,14 @@ A call naming fewer methods, presets or protocols than the table at ``OUT`` hold
 rather than cutting it: the rows it does not name are made from the units the run archive keeps of them, and the
 report names them. A damaged archive (``garlic.tracking.archive.DamagedArchiveError``) is refused in one line.
 
-Resumable from MLflow: a GARLIC unit (preset, split, seed) is done when any of the ``--mlruns`` stores holds a
-FINISHED split run with that split, seed and config on the same data (``run_contract.DATA_DIGEST``), so runs trained
-in parallel into separate stores are gathered by listing every store; new work goes into the first, and a GARLIC
-unit that another live process trains into it (``unit_lock``) is left to that process. A unit whose run stopped
-half-way in the first store (killed, or its machine gone) with its training state kept is resumed from its last
-epoch (``interrupted_unit``), in the same MLflow run, not trained again from the start. Baselines reuse
-their finished runs the same way (``garlic.studies.resumable``). ``--no-train`` only gathers, and names what is
-missing.
+Resumable from MLflow (``garlic.tracking.queries``): a GARLIC unit (preset, split, seed) is done when any of the
+``--mlruns`` stores holds a FINISHED split run with that split, seed and config on the same data
+(``run_contract.DATA_DIGEST``), so runs trained in parallel into separate stores are gathered by listing every store;
+new work goes into the first, and a GARLIC unit that another live process trains into it (``unit_lock``) is left to
+that process. A unit whose run stopped half-way in the first store (killed, or its machine gone) with its training
+state kept is resumed from its last epoch (``queries.interrupted_unit``), in the same MLflow run, not trained again
+from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). ``--no-train`` only
+gathers, and names what is missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
 with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
@@ -71,7 +71,7 @@ from garlic.io.tensors import load_tensors
 from garlic.methods import registry
 from garlic.metrics import METRICS
 from garlic.studies import preset_config
-from garlic.tracking import run_contract
+from garlic.tracking import queries, run_contract
 from garlic.tracking.archive import RUNS, DamagedArchiveError, RunArchive, Unit, open_archive
 from garlic.tracking.store import DEFAULT_STORE, use_store
 from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
@@ -118,11 +118,11 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
     for index in chosen.splits:
-        for seed in studies.model_seeds(protocol_name, config, seeds):
+        for seed in queries.model_seeds(protocol_name, config, seeds):
             unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
-            settings = studies.config_digest(unit_config)
+            settings = queries.config_digest(unit_config)
             split_name = f"{protocol_name}/split_{index}"
-            found = studies.finished_unit(stores, unit_config, split_name, digest)
+            found = queries.finished_unit(stores, unit_config, split_name, digest)
             if found is None and archive is not None:
                 kept = archive.find(name, protocol_name, index, seed, settings)
                 if kept is not None:
@@ -135,15 +135,15 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                     log.warning("%s on %s, seed %d: another process is training it; left out", name, split_name, seed)
                 else:
                     try:  # it may have finished while this process waited for it
-                        found = studies.finished_unit(stores[:1], unit_config, split_name, digest)
-                        interrupted = studies.interrupted_unit(stores[0], unit_config, split_name, digest)
+                        found = queries.finished_unit(stores[:1], unit_config, split_name, digest)
+                        interrupted = queries.interrupted_unit(stores[0], unit_config, split_name, digest)
                         if found is None and interrupted is not None:
                             log.info("resuming %s on %s, seed %d (run %s)", name, split_name, seed, interrupted)
                             runs.resume(interrupted, data_root, stores[0])
                         elif found is None:
                             log.info("training %s on %s, seed %d", name, split_name, seed)
                             runs.train(unit_config, [index], data_root, stores[0], preset=name)
-                        found = studies.finished_unit(stores[:1], unit_config, split_name, digest)
+                        found = queries.finished_unit(stores[:1], unit_config, split_name, digest)
                     finally:
                         release(claim)
             if found is None:
@@ -152,18 +152,18 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             store, run = found
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
-                              studies.test_predictions(store, run.info.run_id)))  # fmt: skip
+                              queries.test_predictions(store, run.info.run_id)))  # fmt: skip
     return units, missing
 
 
 def interrupted_pending(unit: Pending, store: Path, data_root: Path, overrides: list[str]) -> str | None:
-    """``interrupted_unit`` of a pending unit in ``store`` (None while the store has no database yet)."""
-    if not (Path(store) / "mlflow.db").is_file():
+    """``queries.interrupted_unit`` of a pending unit in ``store`` (None while the store has no database yet)."""
+    if not queries.has_database(store):
         return None
     config = preset_config(unit.preset, unit.dataset, overrides).override(
         {"split_protocol": unit.protocol, "seed": unit.seed})
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(unit.dataset, data_root)))
-    return studies.interrupted_unit(store, config, f"{unit.protocol}/split_{unit.split}", digest)
+    return queries.interrupted_unit(store, config, f"{unit.protocol}/split_{unit.split}", digest)
 
 
 def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: int) -> Path:
@@ -211,7 +211,7 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
     first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root)
     units, to_run = [], []
     for method in first.available(methods):
-        settings = studies.settings_digest(first.settings(method))
+        settings = queries.settings_digest(first.settings(method))
         kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
                 for split in cohort.splits]  # fmt: skip
         if all(unit is not None for unit in kept):
@@ -219,15 +219,15 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
         else:
             to_run.append(method)
     # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
-    others = [(store, studies.existing_experiment(name, store)) for store in stores[1:]]
+    others = [(store, queries.existing_experiment(name, store)) for store in stores[1:]]
     runners = [(store, studies.Baselines(config, cohort, found, data_root)) for store, found in others if found is not None]
     for store, runner in [*runners, (stores[0], first)]:
         use_store(store)
         held = {(unit.method, unit.split) for unit in units}
         for record in runner.run(to_run, train and runner is first, skip=held).to_dict("records"):
-            predictions = studies.test_predictions(store, record["run_id"])
+            predictions = queries.test_predictions(store, record["run_id"])
             metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
-            settings = studies.settings_digest(runner.settings(record["method"]))
+            settings = queries.settings_digest(runner.settings(record["method"]))
             units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings,
                               metrics, predictions))  # fmt: skip
     done = {(unit.method, unit.split) for unit in units}

@@ -30,9 +30,9 @@ reused when already finished.
 its split (``garlic.training.workers``; ``--deadline MINUTES`` starts none after that), then writes the tables over the
 splits whose conditions have all finished.
 
-With ``--out``, that folder is also the study's run archive (``studies.StudyArchive``: ``fidelity_runs`` and each run's
-test risks): a split whose runs the store lacks is read from it when it has them all, so the tables are made again
-from the repository alone.
+With ``--out``, that folder is also the study's run archive (``garlic.tracking.archive``: ``fidelity_runs`` and each
+run's test risks): a split whose runs the store lacks is read from it when it has them all, so the tables are made
+again from the repository alone.
 """
 from __future__ import annotations
 
@@ -58,10 +58,12 @@ from garlic.explain.built_in import explain
 from garlic.explain.integrated_gradients import DEFAULT_STEPS, ig_importance
 from garlic.explain.removal import keep_mask, reduce
 from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.methods.summary import STATISTICS, SummaryModel
 from garlic.models.compact import Garlic
-from garlic.tracking.archive import Unit
-from garlic.tracking.store import load_run_model
+from garlic.tracking import queries
+from garlic.tracking.archive import RunArchive, Unit, study_archive
+from garlic.tracking.run_contract import GARLIC
 from garlic.training.device import resolve_device
 from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
@@ -128,7 +130,7 @@ class FidelityStudy:
 
     def __init__(self, config: Config, cohort: studies.Cohort, experiment_id: str, store, methods, fractions,
                  ig_steps: int = DEFAULT_STEPS, train: bool = True,
-                 archive: studies.StudyArchive | None = None):  # fmt: skip
+                 archive: RunArchive | None = None):  # fmt: skip
         """Without ``train``, ``run`` only gathers the splits whose conditions have all finished, in the store or
         all in the ``archive``."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, store
@@ -144,14 +146,14 @@ class FidelityStudy:
 
     def finished_runs(self, split: Split) -> list[mlflow.entities.Run | None]:
         """The finished run of each of ``plan()`` on ``split``, None where there is none yet."""
-        return [studies.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
+        return [queries.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
                 for unit in self.plan()]  # fmt: skip
 
     def archived_runs(self, split: Split) -> list[dict | None]:
         """The archived run of each of ``plan()`` on ``split``, None where the archive has none."""
         if self.archive is None:
             return [None] * len(self.plan())
-        return [self.archive.find(split=split.index, condition=condition, method=method, fraction=fraction,
+        return [self.archive.row(split=split.index, condition=condition, method=method, fraction=fraction,
                                   settings=self.tags(split, condition, method, fraction)["settings"])
                 for condition, method, fraction in self.plan()]  # fmt: skip
 
@@ -166,7 +168,7 @@ class FidelityStudy:
     def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
         settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
         return {"study": STUDY, "dataset": self.config.dataset, "condition": condition, "split": split.index,
-                "fraction": f"{fraction:g}", "method": method, "settings": studies.settings_digest(settings)}  # fmt: skip
+                "fraction": f"{fraction:g}", "method": method, "settings": queries.settings_digest(settings)}  # fmt: skip
 
     def _record(self, split: Split, condition: str, method: str, fraction: float, metrics: dict, run_id: str) -> None:
         settings = self.tags(split, condition, method, fraction)["settings"]
@@ -179,8 +181,10 @@ class FidelityStudy:
 
         def full() -> dict[str, float]:
             mlflow.log_params(config.to_dict() | {"split_name": split.name})
-            estimator = GarlicEstimator(config, self.cohort.planted, explain=False)  # its model is logged
-            metrics = fit_and_test(estimator, split_parts(tensors, split))
+            estimator = GarlicEstimator(config, self.cohort.planted, explain=False)
+            parts = split_parts(tensors, split)
+            metrics = fit_and_test(estimator, parts)
+            log_method(fitted_on(GARLIC, estimator, config, parts["train"]))  # ranked with when the split resumes
             trained["model"] = estimator.model
             return metrics
 
@@ -201,7 +205,7 @@ class FidelityStudy:
                 importance[method] = np.where(tensors.mask, weights.astype("float32"), np.float32(0))
                 return importance[method]
             if "model" not in trained:  # the full run was found finished: rank with the model it logged
-                trained["model"] = load_run_model(full_run, self.store).model.to(resolve_device(config.device))
+                trained["model"] = load_predictor(full_run, self.store).model.to(resolve_device(config.device))
             cohort = IrregularDataset(tensors, split.normalisation)
             importance[method] = importance_map(trained["model"], cohort, method, self.ig_steps)
             return importance[method]
@@ -215,7 +219,7 @@ class FidelityStudy:
                 kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
                 mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
                                                       "kept_share_of_observed": kept_share})  # fmt: skip
-                estimator = GarlicEstimator(config, explain=False, keep_model=False)
+                estimator = GarlicEstimator(config, explain=False)
                 return fit_and_test(estimator, split_parts(smaller, split, normalisation))
 
             tags = self.tags(split, condition, method, fraction)
@@ -379,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     config = studies.study_config(args)
     cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = studies.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
-    archive = studies.StudyArchive(args.out, "fidelity_runs", args.dataset, args.data_root)
+    archive = study_archive(args.out, "fidelity_runs", args.dataset, args.data_root)
     runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps,
                            train=args.workers == 1, archive=archive)  # fmt: skip
     if args.workers > 1:
@@ -387,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs = []
         for split in cohort.splits:
             if runner.from_archive(split) is None and any(run is None for run in runner.finished_runs(split)):
-                unit = f"fidelity-{args.dataset}-split_{split.index}-{studies.settings_digest(config.to_dict())}"
+                unit = f"fidelity-{args.dataset}-split_{split.index}-{queries.settings_digest(config.to_dict())}"
                 command = [sys.executable, "-m", "experiments.fidelity", *argv, "--splits", str(split.index),
                            "--workers", "1", "--train-only"]  # fmt: skip
                 jobs.append(Job(f"split_{split.index}", command, args.mlruns / "locks" / unit,

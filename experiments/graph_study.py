@@ -45,8 +45,9 @@ from garlic.data.splits import load_splits  # noqa: E402
 from garlic.explain.built_in import normalised_adjacency  # noqa: E402
 from garlic.io.atomic import atomic_file  # noqa: E402
 from garlic.io.tensors import load_tensors  # noqa: E402
-from garlic.studies import stored_runs  # noqa: E402
+from garlic.studies import preset_config  # noqa: E402
 from garlic.tracking import plots, run_contract  # noqa: E402
+from garlic.tracking.queries import stored_runs  # noqa: E402
 from garlic.tracking.store import use_store  # noqa: E402
 
 CORRELATION_STAYS = 5000  # training stays the lag-one correlations are computed on (the first run's split, seeded)
@@ -56,7 +57,7 @@ def run_graphs(preset: str, dataset: str, protocol_name: str, stores: list[Path]
     """'split_<k>/seed_<s>' -> the summary graph [D, D] (row = source) of every finished run of the preset, and
     'variables' -> their names."""
     graphs = {}
-    for index, seed, store, run in stored_runs(preset, dataset, protocol_name, stores, data_root):
+    for index, seed, store, run in stored_runs(preset_config(preset, dataset, []), protocol_name, stores, data_root):
         use_store(store)
         path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=run_contract.GRAPH)
         adjacency = pd.read_csv(path, index_col=0)

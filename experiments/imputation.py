@@ -57,8 +57,9 @@ from garlic.evaluation.stats import mean_std
 from garlic.io.atomic import atomic_file
 from garlic.io.tensors import load_tensors
 from garlic.methods.field import hourly_grid
-from garlic.studies import stored_runs
-from garlic.tracking.store import load_run_model
+from garlic.methods.saved import load_predictor
+from garlic.studies import preset_config
+from garlic.tracking.queries import stored_runs
 
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--splits", type=int, nargs="*", metavar="K",
                         help="train the missing --imputers on these splits only (default: every split)")
     args = parser.parse_args(argv)
-    found = stored_runs(args.preset, args.dataset, args.protocol, args.mlruns, args.data_root)
+    found = stored_runs(preset_config(args.preset, args.dataset, []), args.protocol, args.mlruns, args.data_root)
     if not found:
         raise SystemExit(f"no finished run of {args.preset} on {args.protocol} ({args.dataset}) in the stores given")
     folder = ensure_processed(args.dataset, args.data_root)
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         trainable = args.splits is None or index in args.splits
         to_train = [m for m in args.imputers if trainable and m not in set(overall["method"])]
         if to_train or not set(METHODS) <= set(overall["method"]):
-            trained = load_run_model(run.info.run_id, store)
+            trained = load_predictor(run.info.run_id, store)
             scores, errors = impute_split(trained, tensors, splits[index], seed=index, imputers=to_train)
             scored = pd.DataFrame([{"run": name, "run_id": run.info.run_id, "method": m, "hidden": scores["hidden"],
                                    **scores[m]} for m in (*METHODS, *to_train)])  # fmt: skip

@@ -1,5 +1,5 @@
-"""Risk for stays that come as raw tables (new records, uploads), with a trained model: GARLIC's
-(``garlic.tracking.saved_model.TrainedModel``) or another method's (``garlic.methods.saved.SavedMethod``)."""
+"""Risk for stays that come as raw tables (new records, uploads), with a saved method (GARLIC or another:
+``garlic.methods.saved.SavedMethod``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from garlic.methods.saved import Predictor
+from garlic.methods.saved import SavedMethod
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 
 
 def tensors_for_model(
-    trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame | None = None
+    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame | None = None
 ) -> IrregularTensors:
     """Tables of unlabelled stays -> tensors laid out as the model's training data (variables, static columns), with
     the prediction times of ``tasks`` when given; every stay must have an observation."""
@@ -40,7 +40,7 @@ def tensors_for_model(
     return tensors
 
 
-def predict_tables(trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
+def predict_tables(trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
     """One row per stay: stay_id and predicted risk."""
     tensors = tensors_for_model(trained, observations, static)
     risk = trained.predict_proba(trained.dataset(tensors))
@@ -48,16 +48,16 @@ def predict_tables(trained: Predictor, observations: pd.DataFrame, static: pd.Da
 
 
 def predict_hourly(
-    trained: Predictor, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame
+    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame
 ) -> pd.DataFrame:
     """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
     model must answer prediction times (an hourly method)."""
     from garlic.methods.contract import answers_prediction_times
 
-    method = getattr(trained, "method", trained)
-    if not answers_prediction_times(method):
-        raise ValueError(f"the run's model ({getattr(trained, 'name', 'GARLIC')}) gives one risk per stay, not one per "
-                         "hour; use a run of an hourly method (hourly_gbm, hourly_logreg, alarm_after_hour)")  # fmt: skip
+    if not answers_prediction_times(trained.method):
+        raise ValueError(f"the run's model ({trained.name}) gives one risk per stay, not one per hour; use a run of an "
+                         "hourly method (hourly_gbm, hourly_logreg, alarm_after_hour, GARLIC's compact "
+                         "architecture)")  # fmt: skip
     tensors = tensors_for_model(trained, observations, static, tasks)
     times = tensors.prediction_times()
     risk = trained.predict_proba(trained.dataset(tensors))

@@ -6,7 +6,7 @@ records about its data is ``garlic.tracking.run_contract``'s.
 
 Every method of the registry (``garlic.methods.registry``), GARLIC included, goes through the one ``train``: each
 split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of the method, which is then saved with the run where
-it can be (``garlic.methods.saved``). A method that can resume (``garlic.methods.contract.can_resume``: GARLIC)
+it can be (``garlic.methods.saved``: GARLIC and every method that writes what it fitted). A method that can resume (``garlic.methods.contract.can_resume``: GARLIC)
 saves the state of its fit (``garlic.training.state``) after every epoch to ``run_contract.training_state_path``
 (atomically; deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow
 run and ends as the uninterrupted run would have; another method's unfinished split starts again, its finished
@@ -31,11 +31,11 @@ from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
 from garlic.methods.contract import answers_prediction_times, can_be_saved, can_resume
-from garlic.methods.saved import SavedMethod, load_predictor, save_method
+from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
-from garlic.tracking import run_contract
-from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, log_model_folder, tracked_run, use_experiment,
-                                   use_store, was_claimed)  # fmt: skip
+from garlic.tracking import queries, run_contract
+from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, tracked_run, use_experiment, use_store,
+                                   was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.threads import adapt_threads
@@ -80,11 +80,10 @@ def train_split(
 
     if can_resume(method):
         method.set_training_hooks(on_epoch=on_epoch, on_state=save if resumes else None, resume=resume)
-    metrics = fit_and_test(method, split_parts(tensors, split))
+    parts = split_parts(tensors, split)
+    metrics = fit_and_test(method, parts)
     if can_be_saved(method):
-        saved = SavedMethod(spec.name, method, context.config, list(tensors.variables), list(tensors.static_features),
-                            split.normalisation, context.settings)  # fmt: skip
-        log_model_folder(lambda folder: save_method(folder, saved))
+        log_method(fitted_on(spec.name, method, context.config, parts["train"], context.settings))
     if resumes:
         shutil.rmtree(state_path.parent, ignore_errors=True)
     run = mlflow.active_run().info
@@ -221,7 +220,7 @@ def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tens
     """One split and seed of the parent run: reused when its nested run finished before, else trained (resuming its
     run where one was started), in the parent itself or in its nested run, with its training state beside it."""
     record = run_contract.split_params(split, folder, manifest)
-    if previous is not None and previous.info.status == "FINISHED":
+    if previous is not None and queries.is_finished(previous):
         distributed.broadcast_state({"finished": True})
         return _finished_result(previous)
     resumed = parent_id if not nested else previous.info.run_id if previous is not None else None
@@ -240,9 +239,7 @@ def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tens
 
 def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:
     """The split runs already nested under ``parent_id``, by split name."""
-    children = mlflow.search_runs(experiment_ids=[get_run(parent_id).info.experiment_id], output_format="list",
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")  # fmt: skip
-    return {child.info.run_name: child for child in children}
+    return {child.info.run_name: child for child in queries.split_runs(get_run(parent_id))}
 
 
 def _finished_result(run: mlflow.entities.Run) -> SplitResult:
@@ -287,7 +284,7 @@ def resume(
 def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:
     """Refuse a run that is not one ``resume`` continues: finished, a split run, or one ``garlic train`` never started."""
     run_id = run.info.run_id
-    if run.info.status == "FINISHED":
+    if queries.is_finished(run):
         raise ValueError(f"run {run_id} has finished; there is nothing to resume")
     parent = run.data.tags.get("mlflow.parentRunId")
     if parent:

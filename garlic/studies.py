@@ -1,18 +1,18 @@
 """What the studies (fidelity, ablations, baselines, the comparison table) share around
 ``garlic.evaluation.fit_and_test`` (the one path that fits, selects, tests and logs a method on a split): the common
-arguments, the cohort and its splits, resumable MLflow runs, mean +/- std tables, the queries that find a GARLIC
-unit's runs in the stores (``finished_unit``, ``interrupted_unit``, ``stored_runs``) and the registered methods on a
-cohort's splits (``Baselines``). The scripts of ``experiments/`` import it, never one another.
+arguments, the presets, the cohort and its splits, resumable MLflow runs, mean +/- std tables and the registered
+methods on a cohort's splits (``Baselines``). Which runs the stores hold is asked of ``garlic.tracking.queries``, and
+the runs kept beside the tables are ``garlic.tracking.archive``'s. The scripts of ``experiments/`` import it, never
+one another.
 
 Resuming: every unit of work (one condition on one split) is an MLflow run tagged with what identifies it (study,
 condition, split, ... and a digest of its settings). Before a unit runs, the experiment is searched for a FINISHED
-run with the same tags; if there is one, its metrics are reused and nothing is retrained. A crashed or interrupted
-run is left FAILED/RUNNING and so is redone.
+run with the same tags (``queries.finished_run``); if there is one, its metrics are reused and nothing is retrained.
+A crashed or interrupted run is left FAILED/RUNNING and so is redone.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -31,15 +31,13 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed, processed_folder  # noqa: E402
-from garlic.data.splits import Split, chosen_splits, load_splits, protocol  # noqa: E402
+from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts  # noqa: E402
 from garlic.methods import registry  # noqa: E402
 from garlic.methods.contract import Method  # noqa: E402
-from garlic.metrics import METRICS  # noqa: E402
 from garlic.tracking import run_contract  # noqa: E402
+from garlic.tracking.queries import finished_run, settings_digest  # noqa: E402
 from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
-from garlic.tracking.archive import (check_probabilities, check_unique, dataset_outcomes, read_risks,  # noqa: E402
-                                     write_risks)
 from garlic.evaluation.stats import mean_std  # noqa: E402
 from garlic.io.tables import LABELS, read_manifest  # noqa: E402
 from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
@@ -106,112 +104,8 @@ def open_experiment(name: str, store: Path) -> str:
     return use_experiment(name, store)
 
 
-def existing_experiment(name: str, store: Path) -> str | None:
-    """The id of experiment ``name`` in ``store``, or None where it has none (nothing is created: a store read only
-    for its runs is left as it was)."""
-    use_store(store)
-    experiment = mlflow.MlflowClient().get_experiment_by_name(name)
-    return None if experiment is None else experiment.experiment_id
-
-
-def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
-    """The test predictions (``stay_id, label, risk``) a run logged (``garlic.evaluation.fit_and_test.fit_and_test``)."""
-    use_store(store)
-    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
-    return pd.read_csv(local)
-
-
 # How a study reads a run's test predictions (``stay_id, label, risk``) by its run id.
 Predictions = Callable[[str], pd.DataFrame]
-
-
-class StudyArchive:
-    """A study's runs kept beside its tables (``--out``), so that the tables can be made again without the MLflow store
-    that trained them: a store lives on one machine, the repository outlives it.
-
-    - ``<out>/<runs_table>.csv``: the study's table of every run, which it writes anyway, with each run's
-      ``settings`` digest and the processed data's ``data_digest`` (``run_contract.manifest_digest``): a run made with
-      other settings or on other data is never read back;
-    - ``<out>/risks/<run_id>.csv.gz``: the run's test risks, ``stay_id, risk``. No outcomes: they stay in the dataset
-      and are joined back from its label table.
-
-    Without a folder (no ``--out``) it keeps nothing and every prediction comes from the store.
-    """
-
-    def __init__(self, folder: Path | None, runs_table: str, dataset: str, data_root: Path):
-        self.folder = None if folder is None else Path(folder)
-        self.data_digest, self.labels = dataset_outcomes(dataset, data_root)
-        runs_path = None if self.folder is None else self.folder / f"{runs_table}.csv"
-        # read once: the study writes its runs table only after every lookup
-        runs = pd.DataFrame()
-        if runs_path is not None and runs_path.is_file():
-            runs = pd.read_csv(runs_path, dtype={"run_id": str, "settings": str, "data_digest": str},
-                               skip_blank_lines=False)  # fmt: skip
-            # checked as the comparison's archive is (``garlic.tracking.archive``): a run counted twice or a test
-            # metric that is no probability would make wrong tables
-            if "run_id" in runs:
-                check_unique(runs_path, runs, ["run_id"])
-            check_probabilities(runs_path, runs, [f"test_{name}" for name in METRICS if f"test_{name}" in runs])
-        self._archived = runs if {"settings", "data_digest"} <= set(runs.columns) else pd.DataFrame()
-
-    def archived(self) -> pd.DataFrame:
-        """Every archived run (none without a folder, or in a table older than the archive)."""
-        return self._archived
-
-    def runs(self) -> pd.DataFrame:
-        """The archived runs made on this data."""
-        runs = self.archived()
-        return runs if runs.empty else runs[runs["data_digest"] == self.data_digest].reset_index(drop=True)
-
-    def predictions(self, store: Path, run_id: str) -> pd.DataFrame:
-        """A run's test predictions (``stay_id, label, risk``) as the archive keeps them, taken from the store into it
-        the first time; from the store alone without a folder."""
-        if self.folder is None:
-            return test_predictions(store, run_id)
-        path = self.folder / "risks" / f"{run_id}.csv.gz"
-        if not path.is_file():
-            write_risks(path, test_predictions(store, run_id))
-        # always what the archive holds, so that a table made from the store equals the one made from the archive
-        return read_risks(path, self.labels)
-
-    def find(self, **unit) -> dict | None:
-        """The archived run of ``unit`` (its identifying columns, ``settings`` among them), or None."""
-        runs = self.runs()
-        if runs.empty or not set(unit) <= set(runs.columns):
-            return None
-        found = runs[(runs[list(unit)] == pd.Series(unit)).all(axis=1)]
-        return None if found.empty else found.iloc[-1].drop("data_digest").dropna().to_dict()
-
-    def runs_table(self, records: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
-        """The runs table to write: ``records`` with the data digest they were made on, after the archived runs of
-        other units (``unit``: the columns that identify one; on other data too), which a narrower call must not
-        drop."""
-        records = records.assign(data_digest=self.data_digest)
-        runs = self.archived()
-        if runs.empty:
-            return records
-        others = runs.merge(records[unit].drop_duplicates(), on=unit, how="left", indicator=True)
-        others = others[others["_merge"] == "left_only"].drop(columns="_merge")
-        return pd.concat([others, records], ignore_index=True)
-
-
-def settings_digest(settings: dict) -> str:
-    """A short digest of the settings a result depends on, so that changed settings are never mistaken for done.
-
-    Where a unit was trained does not change what it is: a ``device`` counts as the default one, so that a unit
-    trained on a GPU is found by the same command on a CPU (and units archived before keep their digests)."""
-    if "device" in settings:
-        settings = settings | {"device": Config.device}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def finished_run(experiment_id: str, tags: dict[str, str]) -> mlflow.entities.Run | None:
-    """The newest FINISHED run of the experiment carrying all of ``tags``, or None."""
-    conditions = [f"tags.{key} = '{value}'" for key, value in tags.items()] + ["attributes.status = 'FINISHED'"]
-    found = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=" and ".join(conditions),
-                               order_by=["attributes.start_time DESC"], max_results=1,
-                               output_format="list")  # fmt: skip
-    return found[0] if found else None
 
 
 def resumable(
@@ -275,97 +169,6 @@ def write_tables(folder: Path | None, tables: dict[str, pd.DataFrame]) -> None:
     for table_name, table in tables.items():
         table.to_csv(folder / f"{table_name}.csv", index=False)
         (folder / f"{table_name}.md").write_text(markdown(table) + "\n")
-
-
-# Run queries: which runs of a store are a GARLIC unit's (a preset on a split and seed, on the same data).
-IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
-# Config keys added after units were archived, with the value that trains as before: at that value they stay out of
-# the settings digest, so that the archived units of unchanged presets are still found.
-LATER_KEYS = {"lr_schedule": "plateau"}
-
-
-
-def matches(params: dict[str, str], config: Config) -> bool:
-    """Whether a run's logged params are ``config`` (keys the run predates must be at their default)."""
-    defaults = Config().to_dict()
-    for key, value in config.to_dict().items():
-        if key in IGNORED_PARAMS:
-            continue
-        if key not in params:
-            if value != defaults[key]:
-                return False
-        elif params[key] != str(value):
-            return False
-    return True
-
-
-def unit_runs(store: Path, config: Config, split_name: str, data_digest: str, finished: bool) -> list:
-    """GARLIC's runs of ``config`` on ``split_name`` of the data ``data_digest`` in ``store``, the newest first: the
-    FINISHED ones, or (``finished`` False) those that stopped before the end."""
-    if not (Path(store) / "mlflow.db").is_file():
-        return []
-    use_store(store)
-    status = "=" if finished else "!="
-    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
-             f"and params.seed = '{config.seed}' and attributes.status {status} 'FINISHED'")  # fmt: skip
-    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
-                               order_by=["attributes.start_time DESC"])  # fmt: skip
-    # a run tagged with a method is another method's (garlic train --method), not GARLIC's
-    return [run for run in found if run_contract.METHOD not in run.data.tags and matches(run.data.params, config)]
-
-
-def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: str) -> str | None:
-    """The newest run of ``config`` on ``split_name`` in ``store`` that stopped before it finished (killed, failed,
-    or left RUNNING by a process that died with its machine) and kept its training state, to be resumed where it
-    stopped rather than trained from its first epoch; None when there is none."""
-    for run in unit_runs(store, config, split_name, data_digest, finished=False):
-        if ("mlflow.parentRunId" not in run.data.tags
-                and run_contract.training_state_path(store, run.info.run_id).is_file()):  # fmt: skip
-            return run.info.run_id
-    return None
-
-
-def finished_unit(
-    stores: list[Path], config: Config, split_name: str, data_digest: str
-) -> tuple[Path, mlflow.entities.Run] | None:
-    """A FINISHED split run of ``config`` on ``split_name`` of the data ``data_digest`` in any of ``stores`` (the
-    newest), or None."""
-    for store in stores:
-        for run in unit_runs(store, config, split_name, data_digest, finished=True):
-            if "test_auroc" in run.data.metrics:
-                return Path(store), run
-    return None
-
-
-def model_seeds(protocol_name: str, config: Config, seeds: list[int] | None = None) -> tuple[int, ...]:
-    """The model seeds a preset trains on each split of the protocol: ``seeds`` if given, else the protocol's, else
-    the config's one."""
-    return tuple(seeds or protocol(protocol_name).seeds or (config.seed,))
-
-
-def stored_runs(name: str, dataset: str, protocol_name: str, stores: list[Path],
-                data_root: Path) -> list[tuple[int, int, Path, mlflow.entities.Run]]:  # fmt: skip
-    """(split, seed, store, run) of every finished run of preset ``name`` on the protocol's splits and seeds that
-    ``stores`` hold, found as the table finds them: for the studies that read the trained models."""
-    config = preset_config(name, dataset, [])
-    chosen = protocol(protocol_name)
-    digest = run_contract.manifest_digest(read_manifest(ensure_processed(dataset, data_root)))
-    found = []
-    for index in chosen.splits:
-        for seed in model_seeds(protocol_name, config):
-            unit = config.override({"split_protocol": protocol_name, "seed": seed})
-            held = finished_unit(stores, unit, f"{protocol_name}/split_{index}", digest)
-            if held is not None:
-                found.append((index, seed, *held))
-    return found
-
-
-def config_digest(config: Config) -> str:
-    """The settings digest of a GARLIC config (``settings_digest``), as the run archive keys its units: keys that
-    do not change what a run is (``IGNORED_PARAMS``) and later keys at their old value (``LATER_KEYS``) left out."""
-    settings = config.to_dict().items()
-    return settings_digest({k: v for k, v in settings
-                                  if k not in IGNORED_PARAMS and not (k in LATER_KEYS and LATER_KEYS[k] == v)})
 
 
 BASELINE_STUDY = "baseline"  # the study tag of ``Baselines``' runs

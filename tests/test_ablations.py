@@ -6,6 +6,7 @@ import torch
 
 from experiments.ablations import VARIANTS, main, run_variants, with_published
 from garlic import studies
+from garlic.tracking.archive import study_archive
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
 from garlic.models.compact import Garlic, StepwiseProjection
@@ -131,8 +132,8 @@ def test_the_tables_are_made_again_from_the_run_archive_without_the_store(data_r
     with pytest.raises(SystemExit, match="no ablation run has finished"):
         main([*arguments, "--mlruns", str(empty), "--variants", "full", "--workers", "2", "--deadline", "0"])
     # nor dropped from it when a run on this data is added
-    archive = studies.StudyArchive(out, "ablation_runs", "synthetic", data_root)
-    assert archive.runs().empty and len(archive.archived()) == 2
+    archive = study_archive(out, "ablation_runs", "synthetic", data_root)
+    assert archive.on_this_data().empty and len(archive.runs) == 2
     table = archive.runs_table(pd.DataFrame([{"variant": "full", "split": 0, "settings": "new", "run_id": "r"}]),
                                ["variant", "split", "settings"])  # fmt: skip
     assert len(table) == 3 and set(table["data_digest"]) == {"other data", archive.data_digest}

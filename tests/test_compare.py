@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from experiments import compare
-from garlic import runs, studies
+from garlic import runs
 from garlic.training.workers import PARENT_ENV
 from garlic.data.splits import PROTOCOLS, Protocol
 from garlic.evaluation import published
@@ -23,7 +23,7 @@ from garlic.evaluation import stats
 from garlic.io.locks import acquire, release
 from garlic.io.tables import read_manifest
 from garlic.sources import synthetic
-from garlic.tracking import run_contract
+from garlic.tracking import queries, run_contract
 from garlic.tracking.archive import RunArchive
 from garlic.tracking.store import use_store
 
@@ -289,8 +289,8 @@ def test_a_key_added_since_a_unit_was_archived_leaves_its_digest_alone_at_the_va
     kept = pd.read_csv(archive, dtype=str).set_index(["method", "protocol", "split"])
     config = compare.preset_config("physionet2012-best", "physionet2012", []).override({"split_protocol": "raindrop"})
     # The unit was archived before ``lr_schedule`` existed; at "plateau" it trains as it did then.
-    assert studies.config_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
-    assert studies.config_digest(config.override({"lr_schedule": "cosine"})) != kept.loc[
+    assert queries.config_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
+    assert queries.config_digest(config.override({"lr_schedule": "cosine"})) != kept.loc[
         ("physionet2012-best", "raindrop", "0"), "settings"]
 
 

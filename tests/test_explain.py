@@ -11,7 +11,6 @@ from garlic.explain.integrated_gradients import GRADIENTS, gradient_explanation,
 from garlic.explain.report import edge_recovery_auroc, log_explanations, observation_table, signal_table
 from garlic.models.architectures import build_model
 from garlic.models.compact import Garlic
-from garlic.tracking.saved_model import TrainedModel
 from garlic.tracking.store import use_experiment, use_store
 from garlic.sources import synthetic
 from garlic.io.tensors import load_tensors
@@ -97,10 +96,9 @@ def test_edge_recovery_auroc_against_hand_made_graphs():
 
 def test_tables_list_every_observed_value_in_original_units_as_the_model_saw_it(setup):
     model, batch, _, tensors, split = setup
-    trained = TrainedModel(model, tensors.variables, tensors.static_features, split.normalisation)
     explanation = explain(model, batch, tensors.variables)
     stay_ids = tensors.stay_ids[:24]
-    table = observation_table(explanation, batch, stay_ids, trained)
+    table = observation_table(explanation, batch, stay_ids, split.normalisation)
     assert len(table) == int(batch.mask.sum())
     stay, step, variable = np.nonzero(tensors.mask[:24])
     norm = split.normalisation
@@ -112,13 +110,12 @@ def test_tables_list_every_observed_value_in_original_units_as_the_model_saw_it(
 
 
 def test_explanations_are_logged_with_edge_recovery_on_the_synthetic_cohort(setup, tmp_path):
-    model, _, dataset, tensors, split = setup
-    trained = TrainedModel(model, tensors.variables, tensors.static_features, split.normalisation)
+    model, _, dataset, _, _ = setup
     use_store(tmp_path / "mlruns")
     use_experiment("explain-test", tmp_path / "mlruns")
     planted = [edge.__dict__ for edge in synthetic.PLANTED_GRAPH]
     with mlflow.start_run() as run:
-        summary = log_explanations(trained, dataset, planted=planted)
+        summary = log_explanations(model, dataset, planted=planted)
     assert 0.0 <= summary["edge_recovery_auroc"] <= 1.0
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "explanations")}
     assert {"explanations/observation_importance.parquet", "explanations/summary_graph.csv",

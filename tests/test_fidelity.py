@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from garlic import studies
+from garlic.tracking import queries
 from garlic.methods.summary import SummaryModel
 from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
                                   ordering_tests, ranking_comparison, results_table, variable_importance)
@@ -219,7 +220,7 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 6
 
     # the equivalence test reads the runs' logged test risks: one split, so its difference is that split's
-    equivalence = equivalence_tests(first, ["garlic"], [0.5], lambda run_id: studies.test_predictions(store, run_id))
+    equivalence = equivalence_tests(first, ["garlic"], [0.5], lambda run_id: queries.test_predictions(store, run_id))
     equivalence = equivalence.set_index("metric")
     by_condition = first.set_index("condition")
     for metric in ("auroc", "auprc"):

@@ -16,9 +16,9 @@ import pytest
 import garlic.methods
 from experiments import compare
 from experiments.baselines.run import main as baselines_main
-from garlic import studies
 from garlic.config import Config, ConfigError
 from garlic.methods import registry
+from garlic.tracking import queries
 from garlic.tracking.store import use_store
 from helpers import garlic_main, synthetic_root
 
@@ -147,11 +147,11 @@ def test_a_method_run_saves_no_model_it_cannot_and_is_never_taken_for_a_garlic_u
     digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
     # one split: the run itself holds the split's params and a seed, as a GARLIC split run does
     config = Config().override({"dataset": "synthetic"})
-    assert studies.finished_unit([store], config, "five-split/split_0", digest) is None
+    assert queries.finished_unit([store], config, "five-split/split_0", digest) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A unit's settings are hashed into its identity (``studies.settings_digest``): the archived runs of
+# A unit's settings are hashed into its identity (``queries.settings_digest``): the archived runs of
 # docs/results/*-runs/runs.csv and the MLflow runs of every store are matched on them. These literal values pin what
 # every entry produced before settings came from the methods' constructors: a change here orphans archived runs.
 
@@ -205,7 +205,7 @@ def test_every_entrys_settings_are_those_its_archived_runs_are_keyed_by(configur
     pinned = PINNED[configured]
     for name in pinned:  # in order too: the params are logged in it
         assert list(registry.method(name).settings(context).items()) == list(pinned[name].items()), name
-    # GARLIC's settings are its config, as its units are keyed (``studies.config_digest``)
+    # GARLIC's settings are its config, as its units are keyed (``queries.config_digest``)
     assert registry.method("garlic").settings(context) == config.to_dict()
 
 
@@ -217,4 +217,4 @@ def test_the_committed_run_archives_are_found_with_the_registrys_settings():
         methods = archived[archived["method"].isin(registry.METHODS) & (archived["method"] != "garlic")]
         assert len(methods), runs_file
         for method, digest in methods[["method", "settings"]].drop_duplicates().itertuples(index=False):
-            assert studies.settings_digest(registry.method(method).settings(context)) == digest, (runs_file, method)
+            assert queries.settings_digest(registry.method(method).settings(context)) == digest, (runs_file, method)

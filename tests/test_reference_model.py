@@ -19,7 +19,9 @@ from garlic.explain.built_in import explain
 from garlic.explain.integrated_gradients import ig_importance
 from garlic.metrics import binary_metrics
 from garlic.models.architectures import build_model
-from garlic.tracking.saved_model import TrainedModel, load_model, save_model
+from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.saved import fitted_on, load_method, save_method
+from garlic.tracking.run_contract import GARLIC
 from garlic.models.reference import (
     PerVariableEncoder,
     ReferenceDecay,
@@ -482,7 +484,8 @@ def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
     config = Config().override({**FAST, "max_epochs": 3})
     trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
     assert isinstance(trainer, ReferenceTrainer) and isinstance(trainer.model, ReferenceGarlic)
-    fitted = trainer.fit(parts["train"], parts["validation"])
+    estimator = GarlicEstimator(config).fit(parts["train"], parts["validation"])  # the config's trainer, as above
+    fitted = estimator.fit_result_
     assert len(fitted.history) == 3 and 1 <= fitted.best_epoch <= 3
     times, lengths = parts["train"].times, parts["train"].lengths
     assert int(fitted.model.padded_length) == times.shape[1]
@@ -491,11 +494,9 @@ def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
     risk = predict_proba(fitted.model, parts["test"])
     assert np.isfinite(risk).all() and binary_metrics(parts["test"].labels.numpy(), risk)["auroc"] > 0.5
 
-    folder = save_model(tmp_path / "model", TrainedModel(fitted.model, list(tensors.variables),
-                                                         list(tensors.static_features), split.normalisation))
-    reloaded = load_model(folder)
-    assert isinstance(reloaded.model, ReferenceGarlic)
-    np.testing.assert_array_equal(predict_proba(reloaded.model, parts["test"]), risk)
+    reloaded = load_method(save_method(tmp_path / "model", fitted_on(GARLIC, estimator, config, parts["train"])))
+    assert isinstance(reloaded.model, ReferenceGarlic) and reloaded.explains
+    np.testing.assert_array_equal(reloaded.predict_proba(parts["test"]), risk)
 
     # The dashboard's risk curve: one pass over the stay, every prefix's risk; the whole stay's is the prediction's.
     stay = parts["test"][0]
@@ -532,7 +533,8 @@ def test_a_tracked_reference_run_logs_its_model_and_says_why_it_has_no_built_in_
 
     from garlic import runs
     from garlic.models.reference import EXPLANATION_UNSUPPORTED
-    from garlic.tracking.store import load_run_model, use_store
+    from garlic.methods.saved import load_predictor
+    from garlic.tracking.store import use_store
 
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=4)
     config = Config().override({**FAST, "max_epochs": 2})
@@ -541,4 +543,4 @@ def test_a_tracked_reference_run_logs_its_model_and_says_why_it_has_no_built_in_
     run = mlflow.MlflowClient().get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["explanations"] == EXPLANATION_UNSUPPORTED
     assert run.data.params["architecture"] == "reference" and np.isfinite(result.test["auroc"])
-    assert isinstance(load_run_model(run_id, tmp_path / "mlruns").model, ReferenceGarlic)
+    assert isinstance(load_predictor(run_id, tmp_path / "mlruns").model, ReferenceGarlic)

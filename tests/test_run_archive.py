@@ -1,5 +1,6 @@
-"""The comparison's committed record of its units: read back only for the same settings and data, whole or not at
-all, with the outcomes joined back from the dataset."""
+"""The committed record of the runs behind a table or a study (one ``RunArchive``, in a table's or a study's layout):
+read back only for the same settings and data, whole or not at all, with the outcomes joined back from the
+dataset."""
 import gzip
 import io
 
@@ -7,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from garlic import studies
-from garlic.tracking.archive import RUNS, RunArchive, Unit, risks_path, write_risks
+from garlic.tracking import archive as run_archive
+from garlic.tracking.archive import RUNS, RunArchive, Unit, risks_path, study_archive, write_risks
 
 LABELS = pd.Series([0, 1, 0, 1], index=pd.Index([11, 12, 13, 14], name="stay_id"), name="label")
 
@@ -97,19 +98,19 @@ def test_a_repeated_unit_or_a_metric_out_of_range_in_runs_csv_is_refused_naming_
 
 
 def test_a_studys_archive_refuses_a_repeated_run_a_metric_out_of_range_and_a_bad_risk(tmp_path, monkeypatch):
-    monkeypatch.setattr(studies, "dataset_outcomes", lambda dataset, data_root: ("data-1", LABELS))
+    monkeypatch.setattr(run_archive, "dataset_outcomes", lambda dataset, data_root: ("data-1", LABELS))
     table = tmp_path / "fidelity_runs.csv"
     runs = pd.DataFrame({"split": [0, 1], "run_id": ["a", "b"], "settings": ["s", "s"], "test_auroc": [0.8, 0.7],
                          "data_digest": ["data-1", "data-1"]})  # fmt: skip
     runs.to_csv(table, index=False)
-    archive = studies.StudyArchive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
-    assert len(archive.runs()) == 2
+    archive = study_archive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
+    assert len(archive.on_this_data()) == 2
     write_risks(tmp_path / "risks" / "a.csv.gz", pd.DataFrame({"stay_id": [11, 12], "risk": [0.2, float("nan")]}))
     with pytest.raises(ValueError, match=f"^{tmp_path / 'risks' / 'a.csv.gz'}, line 3: risk nan is not a number"):
         archive.predictions(tmp_path, "a")
     runs.assign(run_id="a").to_csv(table, index=False)
     with pytest.raises(ValueError, match=f"^{table}, line 3 repeats line 2 \\(run_id a\\)$"):
-        studies.StudyArchive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
+        study_archive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
     runs.assign(test_auroc=[0.8, 1.3]).to_csv(table, index=False)
     with pytest.raises(ValueError, match=f"^{table}, line 3: test_auroc 1.3 is not a number in \\[0, 1\\]$"):
-        studies.StudyArchive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
+        study_archive(tmp_path, "fidelity_runs", "synthetic", tmp_path)

@@ -10,7 +10,8 @@ from garlic.config import Config
 from garlic.data.splits import load_splits
 from garlic.tracking import run_contract
 from garlic.tracking.run_contract import StaleRunDataError, parse_split_name
-from garlic.tracking.store import load_run_model, use_store
+from garlic.methods.saved import load_predictor
+from garlic.tracking.store import use_store
 from garlic.sources import synthetic
 from garlic.io.tensors import load_tensors
 
@@ -80,7 +81,7 @@ def test_evaluate_and_dashboard_refuse_a_dataset_preprocessed_again(protocol_run
         load_splits(folder, load_tensors(folder), "five-split")
         with pytest.raises(StaleRunDataError, match="holds other stays"):
             runs.evaluate_run(run.info.run_id, store, root)
-        trained = load_run_model(run.info.run_id, store)
+        trained = load_predictor(run.info.run_id, store)
         with pytest.raises(StaleRunDataError, match="holds other stays"):
             sources.test_split(trained, run, root)
     finally:

@@ -20,8 +20,8 @@ from garlic.app import sources
 from garlic import runs
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
+from garlic.methods.saved import ModelFileError
 from garlic.methods.summary import SKOPS_FILE, load_skops
-from garlic.tracking.saved_model import ModelFileError
 from garlic.tracking.store import get_run, use_store
 from garlic.io.tables import read_processed
 from helpers import error_line, garlic_main, record_files, synthetic_root

@@ -6,6 +6,7 @@ import argparse
 import pytest
 
 from garlic import studies
+from garlic.tracking import queries
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -35,4 +36,4 @@ def test_a_unit_trained_on_a_gpu_has_the_digest_of_the_same_unit_on_a_cpu():
     on_gpu = unit_tags(config.override({"device": "cuda"}), "no_graph", 0)
     assert on_gpu == unit_tags(config, "no_graph", 0) == unit_tags(config.override({"device": "cpu"}), "no_graph", 0)
     assert on_gpu != unit_tags(config.override({"device": "cuda", "window_size": 7}), "no_graph", 0)
-    assert studies.settings_digest({"lr": 1}) != studies.settings_digest({"lr": 2})
+    assert queries.settings_digest({"lr": 1}) != queries.settings_digest({"lr": 2})

@@ -8,12 +8,14 @@ import torch.nn.functional as F
 from garlic import runs
 from garlic.config import Config
 from garlic.data.batches import collate, loader
-from garlic.data.splits import load_splits
 from garlic.metrics import binary_metrics
 from garlic.models.compact import graph_penalty
 from garlic.models.predict import predict_proba
-from garlic.tracking.saved_model import WEIGHTS, TrainedModel, load_model, save_model
-from garlic.tracking.store import load_run_model, use_store
+from garlic.io.atomic import write_json_atomic
+from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.saved import LEGACY_DESCRIPTION, WEIGHTS, fitted_on, load_method, load_predictor, save_method
+from garlic.tracking.run_contract import GARLIC
+from garlic.tracking.store import use_store
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
 import garlic.training.trainer
 from garlic.training.alternating import AlternatingTrainer
@@ -118,9 +120,8 @@ def test_balanced_loss_weights_each_stay_by_its_outcome_before_the_offset(cohort
 def test_balanced_training_keeps_risks_at_the_real_prevalence_and_reloads(cohort, tmp_path):
     _, tensors, parts = cohort
     config = Config().override({**FAST, "balance_classes": True, "max_epochs": 3})
-    fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
-        parts["train"], parts["validation"]
-    )
+    estimator = GarlicEstimator(config).fit(parts["train"], parts["validation"])
+    fitted = estimator.fit_result_
     train_labels = parts["train"].labels
     positives = float(train_labels.sum())
     offset = float(fitted.model.logit_offset)
@@ -133,21 +134,29 @@ def test_balanced_training_keeps_risks_at_the_real_prevalence_and_reloads(cohort
     assert abs(risk.mean() - prevalence) < 0.05 < balanced_odds.mean() - prevalence
     assert binary_metrics(labels, risk)["auroc"] > 0.75
 
-    folder = save_model(tmp_path / "model", TrainedModel(fitted.model, list(tensors.variables),
-                                                         list(tensors.static_features), split_normalisation(cohort)))
-    reloaded = load_model(folder)
+    # Saved as every method is (method.json, fitted.json, weights.pt) and read back: the same risks, explained.
+    saved = fitted_on(GARLIC, estimator, config, parts["train"])
+    folder = save_method(tmp_path / "model", saved)
+    reloaded = load_method(folder)
+    assert isinstance(reloaded.method, GarlicEstimator) and reloaded.explains
     assert float(reloaded.model.logit_offset) == offset
-    np.testing.assert_array_equal(predict_proba(reloaded.model, parts["validation"]), risk)
+    np.testing.assert_array_equal(reloaded.predict_proba(reloaded.dataset(parts["validation"].tensors)), risk)
+    # A folder GARLIC saved before it was saved as a method (model.json beside its weights) reads the same.
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / WEIGHTS).write_bytes((folder / WEIGHTS).read_bytes())
+    write_json_atomic(legacy / LEGACY_DESCRIPTION, {
+        "config": config.to_dict(), "num_variables": len(tensors.variables),
+        "num_static": len(tensors.static_features), "variables": list(tensors.variables),
+        "static_features": list(tensors.static_features), "normalisation": saved.normalisation.to_json()})  # fmt: skip
+    old = load_method(legacy)
+    assert old.name == GARLIC and old.variables == list(tensors.variables) and old.explains
+    np.testing.assert_array_equal(old.predict_proba(old.dataset(parts["validation"].tensors)), risk)
     # Weights saved before the offset existed load as an unweighted model.
     weights = torch.load(folder / WEIGHTS, weights_only=True)
     del weights["logit_offset"]
     torch.save(weights, folder / WEIGHTS)
-    assert float(load_model(folder).model.logit_offset) == 0.0
-
-
-def split_normalisation(cohort):
-    root, tensors, _ = cohort
-    return load_splits(root / "processed" / "synthetic", tensors)[0].normalisation
+    assert float(load_method(folder).model.logit_offset) == 0.0
 
 
 def test_a_frozen_group_keeps_its_learning_rate(cohort):
@@ -233,11 +242,12 @@ def test_tracked_run_logs_metrics_artifacts_and_reloads_to_the_same_predictions(
     artifacts = {a.path for folder in ("", "plots", "model", "predictions", "graph")
                  for a in mlflow.MlflowClient().list_artifacts(run_id, folder)}  # fmt: skip
     assert {"config.json", "data_manifest.json", "plots/roc_pr.png", "plots/calibration.png", "plots/graph.png",
-            "model/weights.pt", "model/model.json", "predictions/test.csv", "graph/adjacency.csv"} <= artifacts
+            "model/weights.pt", "model/method.json", "model/fitted.json", "predictions/test.csv",
+            "graph/adjacency.csv"} <= artifacts
 
     logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
-    reloaded = load_run_model(run_id, store)
-    risk = predict_proba(reloaded.model, reloaded.dataset(parts["test"].tensors))
+    reloaded = load_predictor(run_id, store)
+    risk = reloaded.predict_proba(reloaded.dataset(parts["test"].tensors))
     np.testing.assert_array_equal(logged["stay_id"], parts["test"].stay_ids)
     np.testing.assert_allclose(risk, logged["risk"], rtol=1e-6, atol=1e-7)
     assert results[0].test["auroc"] == pytest.approx(binary_metrics(logged["label"], logged["risk"])["auroc"])

@@ -35,7 +35,7 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
 from garlic.explain.built_in import BUILT_IN
 from garlic.tracking import run_contract
-from garlic.methods.saved import Predictor
+from garlic.methods.saved import SavedMethod
 from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
 from garlic.io.tables import DatasetNotFoundError
 
@@ -71,7 +71,7 @@ def cached_runs(store: str) -> list[sources.RunChoice]:
 
 
 @st.cache_resource(show_spinner="Loading the model…")
-def cached_run(store: str, run_id: str) -> tuple[Predictor, mlflow.entities.Run]:
+def cached_run(store: str, run_id: str) -> tuple[SavedMethod, mlflow.entities.Run]:
     return sources.load_run(Path(store), run_id)
 
 
@@ -286,7 +286,7 @@ def replayed_hour(last_hour: int, speed: float) -> int:
 
 
 @shown_plainly
-def bedside_view(replay: Replay, title: str, threshold: float, trained: Predictor, speed: float,
+def bedside_view(replay: Replay, title: str, threshold: float, trained: SavedMethod, speed: float,
                  timed: bool, onsets: pd.Series) -> None:  # fmt: skip
     last_hour = int(replay.hours[-1])
     if st.session_state.playing != timed:

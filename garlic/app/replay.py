@@ -25,7 +25,7 @@ from garlic.explain.built_in import Explanation, explain
 from garlic.explain.integrated_gradients import gradient_explanation
 from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
-from garlic.methods.saved import Predictor, SavedMethod
+from garlic.methods.saved import SavedMethod
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.methods.contract import answers_prediction_times
 
@@ -50,7 +50,7 @@ class Replay:
 @dataclass
 class Hour:
     """What the model had seen by one hour of a replay, and why it gave its risk (both as batches of one); no
-    explanation for a method that gives none (``Predictor.explains``)."""
+    explanation for a method that gives none (``SavedMethod.explains``)."""
 
     stay_id: int
     hour: float
@@ -136,7 +136,7 @@ def prefix_tensors(tensors: IrregularTensors, hours: np.ndarray) -> IrregularTen
     )
 
 
-def replay_stay(trained: Predictor, dataset: IrregularDataset, position: int) -> Replay:
+def replay_stay(trained: SavedMethod, dataset: IrregularDataset, position: int) -> Replay:
     """The risk curve of the stay at ``position`` in ``dataset``: GARLIC's in one pass (``risk_curve``), another
     method's from the stay cut at every hour (``method_risk_curve``)."""
     stay = dataset[position]
@@ -151,7 +151,7 @@ def replay_stay(trained: Predictor, dataset: IrregularDataset, position: int) ->
     return Replay(int(dataset.stay_ids[position]), hours, risk, stay)
 
 
-def explain_hour(trained: Predictor, replay: Replay, index: int) -> Hour:
+def explain_hour(trained: SavedMethod, replay: Replay, index: int) -> Hour:
     """Observation-, signal- and edge-level importance of the risk at hour ``hours[index]``: the model's built-in
     explanation, integrated gradients (no edges) for a GARLIC model without one, none for another method."""
     batch = prefix_batch(replay.stay, replay.hours[index : index + 1])
@@ -164,9 +164,9 @@ def explain_hour(trained: Predictor, replay: Replay, index: int) -> Hour:
     return Hour(replay.stay_id, float(replay.hours[index]), batch, explanation)
 
 
-def observations_at(hour: Hour, trained: Predictor) -> pd.DataFrame:
+def observations_at(hour: Hour, trained: SavedMethod) -> pd.DataFrame:
     """What the model had seen by the hour: time, variable, value (original units), importance."""
-    table = observation_table(hour.explanation, hour.batch, np.array([hour.stay_id]), trained)
+    table = observation_table(hour.explanation, hour.batch, np.array([hour.stay_id]), trained.normalisation)
     return table.drop(columns="stay_id")
 
 

@@ -22,9 +22,9 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import processed_folder
 from garlic.data.splits import split_path
 from garlic.inference import tensors_for_model
-from garlic.tracking import run_contract
-from garlic.methods.saved import Predictor, load_predictor
-from garlic.tracking.store import MODEL_ARTIFACT, RunNotFoundError, get_run, use_store
+from garlic.tracking import queries, run_contract
+from garlic.methods.saved import SavedMethod, load_predictor
+from garlic.tracking.store import RunNotFoundError, get_run, use_store
 from garlic.sources.records import read_record_files
 from garlic.io.tables import LABELS, read_manifest
 from garlic.metrics.utility import DT_OPTIMAL
@@ -90,11 +90,7 @@ def open_store(store: Path) -> None:
 def runs_with_models(store: Path) -> list[RunChoice]:
     """Every run in the store that logged a model, newest first."""
     open_store(store)
-    client = mlflow.MlflowClient()
-    runs = mlflow.search_runs(search_all_experiments=True, order_by=["attributes.start_time DESC"],
-                              output_format="list")  # fmt: skip
-    return [RunChoice(run.info.run_id, *_run_label(run)) for run in runs
-            if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)]  # fmt: skip
+    return [RunChoice(run.info.run_id, *_run_label(run)) for run in queries.runs_with_models()]
 
 
 def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
@@ -110,7 +106,7 @@ def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
     return " · ".join([*label, run.info.run_id[:8]]), " · ".join(details)
 
 
-def load_run(store: Path, run_id: str) -> tuple[Predictor, mlflow.entities.Run]:
+def load_run(store: Path, run_id: str) -> tuple[SavedMethod, mlflow.entities.Run]:
     """The run's model and its record; RunNotFoundError (with the reason) when either is missing or unusable."""
     open_store(store)
     run = get_run(run_id)
@@ -167,7 +163,7 @@ def artifact_bytes(store: Path, run_id: str, path: str) -> bytes | None:
         return Path(local).read_bytes()
 
 
-def test_split(trained: Predictor, run: mlflow.entities.Run, data_root: Path) -> IrregularDataset:
+def test_split(trained: SavedMethod, run: mlflow.entities.Run, data_root: Path) -> IrregularDataset:
     """The run's test stays, from its dataset under ``data_root`` and its saved split, ready for the model.
 
     Refused (``StaleRunDataError``) when that split or dataset is not the one the run was trained on.
@@ -184,7 +180,7 @@ def test_split(trained: Predictor, run: mlflow.entities.Run, data_root: Path) ->
     return trained.dataset(tensors.subset(split.positions(tensors, "test")))
 
 
-def read_upload(name: str, data: bytes, trained: Predictor) -> IrregularDataset:
+def read_upload(name: str, data: bytes, trained: SavedMethod) -> IrregularDataset:
     """One uploaded record file (``RECORDID.txt`` or ``pNNNNNN.psv``) -> the stay, ready for the model.
 
     The bytes are written under a fresh temporary folder with the checked base name, and only that file is read.

@@ -16,26 +16,28 @@ import torch  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from garlic.data.batches import IrregularDataset, collate  # noqa: E402
+from garlic.data.splits import Normalisation  # noqa: E402
 from garlic.explain.built_in import Explanation, explain  # noqa: E402
+from garlic.models.compact import Garlic  # noqa: E402
 from garlic.tracking import plots, run_contract  # noqa: E402
-from garlic.tracking.saved_model import TrainedModel  # noqa: E402
 
 
-def explain_dataset(trained: TrainedModel, dataset: IrregularDataset, batch_size: int = 256) -> list[tuple]:
-    """(positions, batch, explanation) for consecutive batches of ``dataset``."""
+def explain_dataset(model: Garlic, dataset: IrregularDataset, batch_size: int = 256) -> list[tuple]:
+    """(positions, batch, explanation) for consecutive batches of ``dataset``, as ``model``'s input."""
     parts = []
     for start in range(0, len(dataset), batch_size):
         positions = np.arange(start, min(start + batch_size, len(dataset)))
         batch = collate([dataset[int(i)] for i in positions])
-        parts.append((positions, batch, explain(trained.model, batch, trained.variables)))
+        parts.append((positions, batch, explain(model, batch, list(dataset.tensors.variables))))
     return parts
 
 
-def observation_table(explanation: Explanation, batch, stay_ids: np.ndarray, trained: TrainedModel) -> pd.DataFrame:
+def observation_table(explanation: Explanation, batch, stay_ids: np.ndarray,
+                      normalisation: Normalisation) -> pd.DataFrame:  # fmt: skip
     """One row per observed value: stay_id, time (h), variable, value (original units, clipped to the training
-    range as the model saw it), importance."""
+    range as the model saw it, un-done with the ``normalisation`` it was normalised with), importance."""
     b, t, d = torch.nonzero(batch.mask > 0, as_tuple=True)
-    mean, std = trained.normalisation.value_mean[d.numpy()], trained.normalisation.value_std[d.numpy()]
+    mean, std = normalisation.value_mean[d.numpy()], normalisation.value_std[d.numpy()]
     return pd.DataFrame(
         {
             "stay_id": stay_ids[b.numpy()],
@@ -130,11 +132,13 @@ def strongest_edges_figure(graph: np.ndarray, variables: list[str], top: int = 1
     return plots.edges_figure(variables, edges, f"Strongest {top} learned edges (source -> target)")
 
 
-def log_explanations(trained: TrainedModel, dataset: IrregularDataset, planted: list[dict] | None = None) -> dict:
-    """Explain every stay of ``dataset`` and log tables and figures under ``explanations/`` of the active run."""
-    parts = explain_dataset(trained, dataset)
-    stay_ids = dataset.stay_ids
-    observations = pd.concat([observation_table(e, b, stay_ids[p], trained) for p, b, e in parts], ignore_index=True)
+def log_explanations(model: Garlic, dataset: IrregularDataset, planted: list[dict] | None = None) -> dict:
+    """Explain ``model``'s risk of every stay of ``dataset`` (its input: the training variables, normalised as in
+    training) and log tables and figures under ``explanations/`` of the active run."""
+    parts = explain_dataset(model, dataset)
+    stay_ids, variables = dataset.stay_ids, list(dataset.tensors.variables)
+    observations = pd.concat([observation_table(e, b, stay_ids[p], dataset.normalisation) for p, b, e in parts],
+                             ignore_index=True)  # fmt: skip
     signals = pd.concat([signal_table(e, stay_ids[p]) for p, _, e in parts], ignore_index=True)
     edges = pd.concat([edge_table(e, stay_ids[p]) for p, _, e in parts], ignore_index=True)
     graph = parts[0][2].graph.numpy()
@@ -145,19 +149,19 @@ def log_explanations(trained: TrainedModel, dataset: IrregularDataset, planted: 
         observations.to_parquet(folder / "observation_importance.parquet", index=False)
         signals.to_parquet(folder / "signal_importance.parquet", index=False)
         edges.to_parquet(folder / "edge_importance.parquet", index=False)
-        graph_table(graph, trained.variables).to_csv(folder / "summary_graph.csv", index=False)
+        graph_table(graph, variables).to_csv(folder / "summary_graph.csv", index=False)
         cohort.rename("importance").to_csv(folder / "cohort_signal_importance.csv")
         mlflow.log_artifacts(str(folder), run_contract.EXPLANATIONS)
     positions, batch, explanation = parts[0]
     figures = {
         "heatmap_first_test_stay.png": heatmap_figure(explanation, batch, 0, f"Stay {stay_ids[positions[0]]}"),
         "signal_importance.png": signal_figure(cohort),
-        "strongest_edges.png": strongest_edges_figure(graph, trained.variables),
+        "strongest_edges.png": strongest_edges_figure(graph, variables),
     }
     for name, figure in figures.items():
         mlflow.log_figure(figure, run_contract.explanation(name))
         plt.close(figure)
     if planted:
-        summary["edge_recovery_auroc"] = edge_recovery_auroc(graph, trained.variables, planted)
+        summary["edge_recovery_auroc"] = edge_recovery_auroc(graph, variables, planted)
         mlflow.log_metric("edge_recovery_auroc", summary["edge_recovery_auroc"])
     return summary

@@ -22,9 +22,14 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 format; never pickle), and read it
                                                                                 back into a method built with the
                                                                                 same settings
+    explains = True, model -> torch.nn.Module                                   optional: the method explains its
+                                                                                risks; ``model`` is its fitted
+                                                                                GARLIC network, which
+                                                                                ``garlic.explain`` and the
+                                                                                dashboard read
 
 A method that can be saved (``can_be_saved``) is saved with its run by ``garlic train --method``
-(``garlic.methods.saved``), so that ``garlic predict`` and the dashboard use it as they use a GARLIC model. Its
+(``garlic.methods.saved``), as GARLIC is, so that ``garlic predict`` and the dashboard use any of them alike. Its
 ``fitted.json`` records its ``name`` and the inputs it was fitted on (``fitted_inputs``), which reading the folder
 back checks against the folder's description: a variable order edited there would read every value into another
 variable's column, and a method renamed there would read what another method fitted.
@@ -34,7 +39,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
-from sklearn.exceptions import NotFittedError
 
 from garlic.data.batches import IrregularDataset
 
@@ -55,6 +59,9 @@ def check_fitted(method: Method) -> None:
     """Raise scikit-learn's ``NotFittedError`` unless ``method`` holds a fitted attribute (a name ending in ``_``).
     scikit-learn's own ``check_is_fitted`` asks for its estimator tags, which these methods do not carry."""
     if not any(name.endswith("_") and not name.startswith("__") for name in vars(method)):
+        # Here, not above: importing scikit-learn takes seconds that a saved GARLIC scoring one stay never needs.
+        from sklearn.exceptions import NotFittedError
+
         raise NotFittedError(f"This {type(method).__name__} instance is not fitted yet: call fit first")
 
 
@@ -77,3 +84,9 @@ def fitted_inputs(dataset: IrregularDataset) -> dict[str, list[str]]:
 def can_be_saved(method: Method) -> bool:
     """Whether ``method`` writes what it fitted to a folder and reads it back (``save_fitted``/``restore_fitted``)."""
     return hasattr(method, "save_fitted") and hasattr(method, "restore_fitted")
+
+
+def explains(method: Method) -> bool:
+    """Whether ``method`` explains its risks through its fitted network (``model``): GARLIC's built-in explanations,
+    or integrated gradients where its architecture has none."""
+    return getattr(method, "explains", False)

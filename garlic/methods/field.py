@@ -21,7 +21,7 @@ from sklearn.base import BaseEstimator
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
+from garlic.methods.saved import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
 from garlic.io.atomic import write_json_atomic
 

@@ -25,7 +25,7 @@ from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
 from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.methods.summary import CANDIDATES, SKOPS_FILE, load_skops, save_skops
-from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
+from garlic.methods.saved import FITTED, ModelFileError, read_fitted
 
 STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")
 CHUNK_STAYS = 512  # stays whose [steps, variables] arrays are held at once: about 100 MB at P19's longest stays

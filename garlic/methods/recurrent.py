@@ -29,10 +29,10 @@ from torch import Tensor, nn
 
 from garlic.data.batches import IrregularDataset, loader
 from garlic.methods.contract import check_fitted, fitted_inputs
+from garlic.methods.saved import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.models.compact import DecayImputation, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import predict_proba
-from garlic.tracking.saved_model import FITTED, WEIGHTS, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
 from garlic.training.trainer import Progress, Trainer
 from garlic.io.atomic import write_json_atomic

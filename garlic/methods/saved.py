@@ -1,46 +1,59 @@
-"""A fitted method other than GARLIC as a folder, so that ``garlic predict`` and the dashboard use it as they use a
-saved GARLIC model (``garlic.tracking.saved_model``).
+"""A fitted method as a folder, GARLIC's as every other's: the one on-disk contract of a saved model, which ``garlic
+train`` logs with each split run and ``garlic predict``, ``garlic evaluate``, the dashboard and the studies read back
+(``load_predictor``) as one object, ``SavedMethod``.
 
     method.json    the method's registry name, the run's config and the method's own settings that were set (from
-                   which the registry builds it again), the variable order, the static features and the training
+                   which the method is built again), the variable order, the static features and the training
                    split's normalisation
-    fitted.json    what the method wrote beside its parameters (``garlic.tracking.saved_model.FITTED``), with its
-                   name and the inputs it was fitted on: reading the folder back refuses a method.json that names
-                   another method or lists the inputs otherwise (``garlic.methods.contract``)
-    weights.pt     a torch method's state dict, loaded with ``weights_only=True``; or
+    fitted.json    what the method wrote beside its parameters (``FITTED``), with its name and the inputs it was
+                   fitted on: reading the folder back refuses a method.json that names another method or lists the
+                   inputs otherwise (``garlic.methods.contract``)
+    weights.pt     a torch method's state dict (``WEIGHTS``: GARLIC's network, GRU-D's ...), loaded with
+                   ``weights_only=True``; or
     model.skops    a scikit-learn model in skops's format (``garlic.methods.summary.load_skops``)
 
 Only a method that can write and read back what it fitted (``contract.can_be_saved``) is saved: the severity scores
 read a column of the outcomes file that new records do not have, so they are not.
+
+GARLIC saved its models before in a folder of its own, ``model.json`` (``LEGACY_DESCRIPTION``: the config, the
+variables, the static features and the normalisation) beside ``weights.pt``. Such a folder, in a store trained
+before, is still read: as the method.json and fitted.json of a GARLIC that it describes (``_legacy``).
 """
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import torch
 
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
-from garlic.tracking.local_store import DEFAULT_STORE, stored_model_folder
-from garlic.tracking.saved_model import FITTED, ModelFileError, TrainedModel, load_model, model_input, read_fitted
-from garlic.io.atomic import write_json_atomic
+from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tensors import IrregularTensors
-
-if TYPE_CHECKING:
-    from garlic.methods.contract import Method
+from garlic.methods.contract import Method, can_be_saved, explains
+from garlic.tracking.local_store import DEFAULT_STORE, stored_model_folder
+from garlic.tracking.run_contract import GARLIC
 
 METHOD_DESCRIPTION = "method.json"
+FITTED = "fitted.json"
+WEIGHTS = "weights.pt"
+LEGACY_DESCRIPTION = "model.json"  # GARLIC's folder before it was saved as a method: read, never written
+
+
+class ModelFileError(ValueError):
+    """A saved model whose files do not load (truncated, not a weights file, or not the model described)."""
 
 
 @dataclass
 class SavedMethod:
     """A fitted method with what it needs to score new stays: the variable order, the static features and the
-    training split's normalisation. It explains nothing of its own (``explains``): the dashboard shows its risk."""
+    training split's normalisation. A method that explains its risks (``explains``: GARLIC) gives the dashboard and
+    the studies its fitted network (``model``); the others show their risk only."""
 
     name: str
     method: Method
@@ -49,7 +62,15 @@ class SavedMethod:
     static_features: list[str]
     normalisation: Normalisation
     settings: dict = field(default_factory=dict)  # the method's own settings, where not its defaults
-    explains = False
+
+    @property
+    def explains(self) -> bool:
+        return explains(self.method)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The fitted network whose explanations ``garlic.explain`` computes (a method that ``explains`` only)."""
+        return self.method.model
 
     def dataset(self, tensors: IrregularTensors) -> IrregularDataset:
         """Stays as the method's input, normalised with the training statistics; their variables must match."""
@@ -57,6 +78,23 @@ class SavedMethod:
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         return self.method.predict_proba(dataset)
+
+
+def model_input(tensors: IrregularTensors, variables: list[str], normalisation: Normalisation) -> IrregularDataset:
+    """Stays as a saved method's input, normalised with its training statistics; refused unless their variables are
+    the method's, in its order."""
+    if list(tensors.variables) != variables:
+        raise ValueError(f"the stays' variables {list(tensors.variables)} differ from the model's {variables}")
+    return IrregularDataset(tensors, normalisation)
+
+
+def fitted_on(name: str, method: Method, config: Config, train: IrregularDataset,
+              settings: dict | None = None) -> SavedMethod:  # fmt: skip
+    """``method`` (registered as ``name``, built from ``config`` and its own ``settings``), fitted on ``train``: with
+    its inputs and normalisation."""
+    tensors = train.tensors
+    return SavedMethod(name, method, config, list(tensors.variables), list(tensors.static_features),
+                       train.normalisation, dict(settings or {}))  # fmt: skip
 
 
 def save_method(folder: Path, saved: SavedMethod) -> Path:
@@ -74,35 +112,53 @@ def save_method(folder: Path, saved: SavedMethod) -> Path:
     return folder
 
 
+def log_method(saved: SavedMethod) -> None:
+    """Log ``saved`` as the active MLflow run's model folder (``garlic.tracking.run_contract.MODEL``)."""
+    from garlic.tracking.store import log_model_folder  # MLflow, which reading a folder back never needs
+
+    log_model_folder(lambda folder: save_method(folder, saved))
+
+
 def load_method(folder: Path) -> SavedMethod:
-    """The method saved in ``folder``, built again by the registry from the saved config and given what it fitted."""
+    """The method saved in ``folder``, built again from the saved config and given what it fitted."""
     folder = Path(folder)
+    legacy = _is_legacy(folder)
+    described = folder / (LEGACY_DESCRIPTION if legacy else METHOD_DESCRIPTION)
     try:
-        description = json.loads((folder / METHOD_DESCRIPTION).read_text())
+        description = _legacy(folder)[0] if legacy else json.loads(described.read_text())
         name, config = description["method"], Config().override(description["config"])
         settings = description.get("settings", {})  # a folder saved before methods had settings of their own: none
         normalisation = Normalisation.from_json(description["normalisation"])
         variables, static_features = list(description["variables"]), list(description["static_features"])
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, config and field errors alike
-        raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: not a readable method description ({exc!r:.200})") from None
-    # Here, not above: the registry imports every method (scikit-learn, MLflow, plotting), and a GARLIC model, the one
-    # a one-stay `garlic predict` usually reads, needs none of them.
-    from garlic.methods import registry
-    from garlic.methods.contract import can_be_saved
-
-    try:  # an unknown method or a missing extra: the registry's own message names what to install
-        method = registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []}),
-                                                                     settings=settings))  # fmt: skip
-    except ValueError as exc:
-        raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: {exc}") from None
+        raise ModelFileError(f"{described}: not a readable method description ({exc!r:.200})") from None
+    method = _built(name, config, settings, described)
     if not can_be_saved(method):
-        raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: method {name} cannot be read back from a folder")
+        raise ModelFileError(f"{described}: method {name} cannot be read back from a folder")
     _check_fitted_by(folder, name, method, {"variables": variables, "static_features": static_features})
     try:
         method.restore_fitted(folder)
     except (KeyError, TypeError) as exc:  # a field of fitted.json missing or of the wrong kind
         raise ModelFileError(f"{folder / FITTED}: not what method {name} fits ({exc!r:.200})") from None
     return SavedMethod(name, method, config, variables, static_features, normalisation, settings)
+
+
+def _built(name: str, config: Config, settings: dict, described: Path) -> Method:
+    """A fresh ``name`` of ``config`` and its own ``settings``, as the registry builds it. GARLIC, the model a
+    one-stay ``garlic predict``
+    usually reads, is built from its own module: the registry imports every method (scikit-learn, MLflow,
+    plotting), which GARLIC scoring a stay needs none of."""
+    if name == GARLIC:
+        from garlic.methods.garlic import GarlicEstimator
+
+        return GarlicEstimator(config)
+    from garlic.methods import registry
+
+    try:  # an unknown method or a missing extra: the registry's own message names what to install
+        return registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []}),
+                                                                   settings=settings))  # fmt: skip
+    except ValueError as exc:
+        raise ModelFileError(f"{described}: {exc}") from None
 
 
 def _check_fitted_by(folder: Path, name: str, method: Method, described: dict[str, list[str]]) -> None:
@@ -128,19 +184,66 @@ def _check_fitted_by(folder: Path, name: str, method: Method, described: dict[st
                                  "model folder")  # fmt: skip
 
 
-# What ``garlic predict``, ``garlic evaluate`` and the dashboard score stays with: both give ``dataset(tensors)``,
-# ``predict_proba(dataset)``, ``config``, ``variables``, ``static_features`` and ``explains``.
-Predictor = TrainedModel | SavedMethod
+def read_fitted(folder: Path) -> dict:
+    """The JSON a method wrote beside its fitted parameters (``FITTED``; a legacy GARLIC folder's, from its
+    ``LEGACY_DESCRIPTION``)."""
+    folder = Path(folder)
+    legacy = _is_legacy(folder)
+    try:
+        return _legacy(folder)[1] if legacy else json.loads((folder / FITTED).read_text())
+    except (OSError, ValueError, KeyError) as exc:
+        path = folder / (LEGACY_DESCRIPTION if legacy else FITTED)
+        raise ModelFileError(f"{path}: missing, not JSON or not a model's description ({type(exc).__name__})") from None
 
 
-def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> Predictor:
-    """The model split run ``run_id`` logged: GARLIC's (``TrainedModel``) or another method's (``SavedMethod``).
+def _is_legacy(folder: Path) -> bool:
+    return not (folder / METHOD_DESCRIPTION).is_file() and (folder / LEGACY_DESCRIPTION).is_file()
+
+
+def _legacy(folder: Path) -> tuple[dict, dict]:
+    """The method.json and fitted.json that a legacy GARLIC folder's ``LEGACY_DESCRIPTION`` stands for."""
+    description = json.loads((folder / LEGACY_DESCRIPTION).read_text())
+    inputs = {key: description[key] for key in ("variables", "static_features")}
+    return ({"method": GARLIC, "config": description["config"], "normalisation": description["normalisation"],
+             **inputs}, {"method": GARLIC, **inputs})  # fmt: skip
+
+
+def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """A state dict of tensors, written atomically (a killed write leaves no half file)."""
+    with atomic_file(path) as out:
+        torch.save(state, out)
+
+
+def load_weights(path: Path, device: str = "cpu") -> dict:
+    """The state dict in ``path``, loaded with ``weights_only=True``; any failure is one line naming the file."""
+    try:
+        weights = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused something that is not plain tensors: nothing was run
+        raise ModelFileError(f"{path}: holds objects other than tensors; refused, not loaded") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise ModelFileError(f"{path}: truncated or not a PyTorch weights file ({type(exc).__name__})") from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise ModelFileError(f"{path}: not a state dict of tensors")
+    return weights
+
+
+def load_state(module: torch.nn.Module, path: Path, weights: dict | None = None) -> None:
+    """Load the state dict in ``path`` (weights only; or ``weights``, read from it) into ``module``; one line naming
+    the file when it does not fit."""
+    try:
+        module.load_state_dict(load_weights(path) if weights is None else weights)
+    except RuntimeError:
+        raise ModelFileError(f"{path}: the weights do not fit the model its folder describes") from None
+
+
+def load_predictor(run_id: str, store: Path = DEFAULT_STORE) -> SavedMethod:
+    """The method split run ``run_id`` logged, whichever it is.
 
     Read from its folder in the local store when the store's database names one (``stored_model_folder``: no MLflow
     to import and open), else through MLflow, which also names what is wrong with the run."""
     folder = stored_model_folder(run_id, store)
     if folder is None:
-        from garlic.tracking.store import download_run_model
+        from garlic.tracking.queries import download_run_model
 
         folder = download_run_model(run_id, store)
-    return load_method(folder) if (folder / METHOD_DESCRIPTION).is_file() else load_model(folder)
+    return load_method(folder)

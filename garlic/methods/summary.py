@@ -22,7 +22,7 @@ from sklearn.preprocessing import StandardScaler
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.tracking.saved_model import FITTED, ModelFileError, read_fitted
+from garlic.methods.saved import FITTED, ModelFileError, read_fitted
 from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tensors import IrregularTensors
 

@@ -4,7 +4,7 @@ Importing MLflow and opening its store (SQLAlchemy, its schema check) takes seco
 ``garlic predict`` on a busy machine; a run's model in a local store is a folder that the store's SQLite database
 names. ``stored_model_folder`` reads that name with Python's own ``sqlite3``, and answers only what it is sure of:
 anything else (no such run, a run that groups splits, artifacts elsewhere than on this disk, a database it cannot
-read) is left to MLflow (``garlic.tracking.store.download_run_model``), whose errors name the problem.
+read) is left to MLflow (``garlic.tracking.queries.download_run_model``), whose errors name the problem.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ the file's stem (``physionet2012-best``), which names the run in the dashboard; 
 Artifacts (paths inside a run; the names below own them):
 
 - ``config.json`` (``CONFIG``), ``data_manifest.json`` (``DATA_MANIFEST``): on the run that ``garlic train`` started;
-- ``model/`` (``MODEL``): the saved model (``garlic.tracking.saved_model``), on every split run;
+- ``model/`` (``MODEL``): the saved method (``garlic.methods.saved``), on every split run of one that is saved;
 - ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
 - ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
 - ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;

@@ -1,5 +1,6 @@
 """MLflow bookkeeping: a local store under ``mlruns/`` (SQLite + artifact folders, no server), one experiment per
-dataset, and the model of a finished run loaded back with one call.
+dataset, runs started, claimed and ended, and a run's model folder logged. What the store holds is asked through
+``garlic.tracking.queries``.
 
 Browse it with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``.
 """
@@ -14,9 +15,7 @@ from typing import Callable, Iterator
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from garlic.tracking import run_contract
 from garlic.tracking.local_store import DATABASE, DEFAULT_STORE, MODEL_ARTIFACT
-from garlic.tracking.saved_model import TrainedModel, load_model, save_model
 from garlic.io.locks import LockHeld, acquire, is_held, locked, release
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # progress bars are noise for a local copy
@@ -147,13 +146,9 @@ def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> li
     return dead
 
 
-def log_model(trained: TrainedModel) -> None:
-    log_model_folder(lambda folder: save_model(folder, trained))
-
-
 def log_model_folder(write: Callable[[Path], Path]) -> None:
-    """Log the folder that ``write`` fills (a GARLIC model, or another method's: ``garlic.methods.saved``) as the
-    active run's model artifact (``MODEL_ARTIFACT``)."""
+    """Log the folder that ``write`` fills (a saved method: ``garlic.methods.saved``) as the active run's model
+    artifact (``MODEL_ARTIFACT``)."""
     with tempfile.TemporaryDirectory() as folder:
         mlflow.log_artifacts(str(write(Path(folder))), MODEL_ARTIFACT)
 
@@ -163,31 +158,3 @@ def get_run(run_id: str) -> mlflow.entities.Run:
         return mlflow.MlflowClient().get_run(run_id)
     except MlflowException as exc:
         raise RunNotFoundError(f"no run {run_id!r} in the MLflow store {mlflow.get_tracking_uri()}") from exc
-
-
-def load_run_model(run_id: str, store: Path = DEFAULT_STORE, device: str = "cpu") -> TrainedModel:
-    """The GARLIC model logged by run ``run_id``, ready for prediction."""
-    return load_model(download_run_model(run_id, store), device=device)
-
-
-def download_run_model(run_id: str, store: Path = DEFAULT_STORE) -> Path:
-    """The local folder of the model that split run ``run_id`` logged (``MODEL_ARTIFACT``): a GARLIC model
-    (``saved_model``) or another method's (``garlic.methods.saved``)."""
-    use_store(store)
-    run = get_run(run_id)
-    children = mlflow.search_runs(
-        experiment_ids=[run.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{run_id}'",
-        output_format="list",
-    )
-    if children:
-        names = ", ".join(f"{c.info.run_id} ({c.info.run_name})" for c in children)
-        raise RunNotFoundError(f"run {run_id} groups several splits; pick one of its split runs: {names}")
-    try:
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_ARTIFACT))
-    except (MlflowException, OSError) as exc:
-        method = run.data.tags.get(run_contract.METHOD)
-        if method:
-            raise RunNotFoundError(f"run {run_id} is a {method} run that saved no model: only `garlic train --method` "
-                                   "saves one, and not for the severity scores (new records carry no score)") from exc  # fmt: skip
-        raise RunNotFoundError(f"run {run_id} has no model artifact (did it finish?)") from exc
