@@ -39,7 +39,7 @@ from garlic.evaluation.stats import BOOTSTRAP
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import read_manifest
 from garlic.metrics.utility import STAY_PARTS, stay_lengths, stay_parts, ward_scores
-from garlic.tracking import run_contract
+from garlic.tracking import queries, run_contract
 
 log = logging.getLogger("experiments")
 
@@ -62,7 +62,7 @@ def parts_path(out: Path, method: str, protocol: str, split: int) -> Path:
 
 def unit_parts(store: Path, run_id: str, threshold: float) -> pd.DataFrame:
     """The test stays of a run, each with its ``stay_parts`` at ``threshold``, from the run's test predictions."""
-    predictions = studies.test_predictions(store, run_id)
+    predictions = queries.test_predictions(store, run_id)
     alarms = predictions["risk"].to_numpy() >= threshold
     stay_ids = predictions["stay_id"].to_numpy()
     lengths = stay_lengths(stay_ids)
@@ -90,7 +90,7 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
                         for record in runner.run(chosen, train).to_dict("records")]  # fmt: skip
         for name, settings, record in records:
             row = {"method": name, "protocol": protocol_name, "split": record["split"],
-                   "run_id": record["run_id"], "settings": studies.settings_digest(settings),
+                   "run_id": record["run_id"], "settings": queries.settings_digest(settings),
                    "data_digest": digest, "threshold": record["threshold"], "auroc": record["test_auroc"],
                    "auprc": record["test_auprc"]}  # fmt: skip
             rows.append(row)
