@@ -21,7 +21,7 @@ from sklearn.exceptions import NotFittedError
 
 from garlic.config import Config
 from garlic.methods import registry
-from garlic.methods.contract import can_be_saved
+from garlic.methods.contract import can_be_saved, explains
 from garlic.methods.saved import SavedMethod, load_method, save_method
 from helpers import synthetic_cohort
 
@@ -113,7 +113,7 @@ def test_a_method_read_back_from_its_folder_gives_the_same_risks(name, cohort, f
     saved = SavedMethod(name, method, unit.config, list(tensors.variables), list(tensors.static_features),
                         cohort.split.normalisation, unit.settings)  # fmt: skip
     loaded = load_method(save_method(tmp_path / "model", saved))
-    assert type(loaded.method) is type(method) and loaded.name == name and not loaded.explains
+    assert type(loaded.method) is type(method) and loaded.name == name and loaded.explains == explains(method)
     test = loaded.dataset(tensors.subset(cohort.split.positions(tensors, "test")))
     np.testing.assert_array_equal(loaded.predict_proba(test), method.predict_proba(cohort.parts["test"]))
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator
 import torch
 
 from garlic.config import Config
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from garlic.training.trainer import EpochRecord
 
 
-class GarlicEstimator(BaseEstimator):
+class GarlicEstimator:
     """GARLIC of ``config``, fitted on a training part, its best epoch chosen on a validation part.
 
     - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;
@@ -51,6 +50,18 @@ class GarlicEstimator(BaseEstimator):
     def __init__(self, config: Config, planted: list[dict] | None = None, explain: bool = True):
         self.config, self.planted, self.explain = config, planted, explain
         self.on_epoch = self.on_state = self.resume = None
+
+    # scikit-learn's get_params / set_params, written out rather than inherited from its BaseEstimator: a one-stay
+    # `garlic predict` builds this class and must not import scikit-learn (2.5 s) to do it.
+    def get_params(self, deep: bool = True) -> dict:
+        return {"config": self.config, "planted": self.planted, "explain": self.explain}
+
+    def set_params(self, **params) -> "GarlicEstimator":
+        for key, value in params.items():
+            if key not in self.get_params():
+                raise ValueError(f"GarlicEstimator has no setting {key!r}")
+            setattr(self, key, value)
+        return self
 
     @property
     def at_prediction_times(self) -> bool:
