@@ -145,7 +145,7 @@ def plain_integrated_gradients(model, batch, steps):
 def test_captums_integrated_gradients_are_the_formula(setup):
     model, batch, _, _, _ = setup
     model.eval()
-    batch = type(batch)(**{name: tensor[:6] for name, tensor in batch.__dict__.items()})
+    batch = type(batch)(**{name: None if tensor is None else tensor[:6] for name, tensor in batch.__dict__.items()})
     torch.testing.assert_close(integrated_gradients(model, batch, steps=5), plain_integrated_gradients(model, batch, 5),
                                rtol=1e-4, atol=1e-6)  # fmt: skip
 
@@ -153,7 +153,7 @@ def test_captums_integrated_gradients_are_the_formula(setup):
 def test_integrated_gradients_are_complete(setup):
     """Summed over cells, IG gives logit(stay) - logit(nothing observed), up to the path integral's small error."""
     model, batch, _, _, _ = setup
-    batch = type(batch)(**{name: tensor[:4] for name, tensor in batch.__dict__.items()})
+    batch = type(batch)(**{name: None if tensor is None else tensor[:4] for name, tensor in batch.__dict__.items()})
     attribution = integrated_gradients(model, batch, steps=16)
     with torch.no_grad():
         logits = model(batch.values, batch.mask, batch.times, batch.lengths, batch.static).logits

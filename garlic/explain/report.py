@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import matplotlib
 
@@ -12,6 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
@@ -22,14 +25,13 @@ from garlic.models.compact import Garlic  # noqa: E402
 from garlic.tracking import plots, run_contract  # noqa: E402
 
 
-def explain_dataset(model: Garlic, dataset: IrregularDataset, batch_size: int = 256) -> list[tuple]:
-    """(positions, batch, explanation) for consecutive batches of ``dataset``, as ``model``'s input."""
-    parts = []
+def explain_dataset(model: Garlic, dataset: IrregularDataset, batch_size: int = 256) -> Iterator[tuple]:
+    """(positions, batch, explanation) for consecutive batches of ``dataset``, as ``model``'s input, one batch at a
+    time: a whole test part's explanations at once would not fit in memory (P19's hourly cohort: gigabytes)."""
     for start in range(0, len(dataset), batch_size):
         positions = np.arange(start, min(start + batch_size, len(dataset)))
         batch = collate([dataset[int(i)] for i in positions])
-        parts.append((positions, batch, explain(model, batch, list(dataset.tensors.variables))))
-    return parts
+        yield positions, batch, explain(model, batch, list(dataset.tensors.variables))
 
 
 def observation_table(explanation: Explanation, batch, stay_ids: np.ndarray,
@@ -134,25 +136,37 @@ def strongest_edges_figure(graph: np.ndarray, variables: list[str], top: int = 1
 
 def log_explanations(model: Garlic, dataset: IrregularDataset, planted: list[dict] | None = None) -> dict:
     """Explain ``model``'s risk of every stay of ``dataset`` (its input: the training variables, normalised as in
-    training) and log tables and figures under ``explanations/`` of the active run."""
-    parts = explain_dataset(model, dataset)
+    training) and log tables and figures under ``explanations/`` of the active run; a batch of stays at a time, each
+    batch's rows appended to the tables' files as it is explained."""
     stay_ids, variables = dataset.stay_ids, list(dataset.tensors.variables)
-    observations = pd.concat([observation_table(e, b, stay_ids[p], dataset.normalisation) for p, b, e in parts],
-                             ignore_index=True)  # fmt: skip
-    signals = pd.concat([signal_table(e, stay_ids[p]) for p, _, e in parts], ignore_index=True)
-    edges = pd.concat([edge_table(e, stay_ids[p]) for p, _, e in parts], ignore_index=True)
-    graph = parts[0][2].graph.numpy()
-    cohort = signals.groupby("variable")["importance"].mean().sort_values(ascending=False)
-    summary = {}
+    summary, first, totals = {}, None, []
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        observations.to_parquet(folder / "observation_importance.parquet", index=False)
-        signals.to_parquet(folder / "signal_importance.parquet", index=False)
-        edges.to_parquet(folder / "edge_importance.parquet", index=False)
+        writers: dict[str, pq.ParquetWriter] = {}
+
+        def append(name: str, table: pd.DataFrame) -> None:
+            rows = pa.Table.from_pandas(table, preserve_index=False)
+            writers.setdefault(name, pq.ParquetWriter(folder / f"{name}.parquet", rows.schema)).write_table(rows)
+
+        try:
+            for positions, batch, explanation in explain_dataset(model, dataset):
+                first = first or (positions, batch, explanation)
+                signals = signal_table(explanation, stay_ids[positions])
+                totals.append(signals.groupby("variable")["importance"].agg(["sum", "count"]))
+                append("observation_importance", observation_table(explanation, batch, stay_ids[positions],
+                                                                   dataset.normalisation))  # fmt: skip
+                append("signal_importance", signals)
+                append("edge_importance", edge_table(explanation, stay_ids[positions]))
+        finally:
+            for writer in writers.values():
+                writer.close()
+        graph = first[2].graph.numpy()
+        summed = pd.concat(totals).groupby(level=0).sum()
+        cohort = (summed["sum"] / summed["count"]).rename_axis("variable").sort_values(ascending=False)
         graph_table(graph, variables).to_csv(folder / "summary_graph.csv", index=False)
         cohort.rename("importance").to_csv(folder / "cohort_signal_importance.csv")
         mlflow.log_artifacts(str(folder), run_contract.EXPLANATIONS)
-    positions, batch, explanation = parts[0]
+    positions, batch, explanation = first
     figures = {
         "heatmap_first_test_stay.png": heatmap_figure(explanation, batch, 0, f"Stay {stay_ids[positions[0]]}"),
         "signal_importance.png": signal_figure(cohort),
