@@ -77,12 +77,13 @@ def test_processes_starting_together_on_a_new_store_all_succeed_and_the_store_wo
 def test_a_store_whose_creation_was_killed_is_created_afresh(tmp_path):
     store = tmp_path / "mlruns"
     killed("""
-        import os, signal, sys
-        import mlflow.store.db.utils as db
-        from garlic.tracking.store import RunInUseError, claim_run, mark_dead_runs_failed, use_experiment, use_store
-        def die(engine):
+        import os, shutil, signal, sys
+        from garlic.tracking.store import use_store
+        copy = shutil.copyfile
+        def die(source, destination):  # the new database half-made: copied from the empty one, not yet pointed
+            copy(source, destination)
             os.kill(os.getpid(), signal.SIGKILL)
-        db._initialize_tables = die
+        shutil.copyfile = die
         use_store(sys.argv[1])
     """, str(store))
     assert not (store / "mlflow.db").exists()  # nothing a later run could mistake for a store

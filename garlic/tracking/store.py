@@ -7,8 +7,10 @@ Browse it with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``.
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 import tempfile
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,7 +36,9 @@ def use_store(store: Path = DEFAULT_STORE) -> str:
 
     A new store's database is made under a lock, in a temporary file renamed into place once all of MLflow's tables
     exist: processes starting together on a new folder wait for one another, and one killed half-way leaves no
-    database behind, only a temporary that the next one deletes.
+    database behind, only a temporary that the next one deletes. It is a copy of an empty database this MLflow
+    version made once (``empty_database``), its default experiment pointed into ``store``: MLflow's own creation
+    runs every schema migration, seconds for each new store.
     """
     store = Path(store).resolve()
     store.mkdir(parents=True, exist_ok=True)
@@ -42,18 +46,37 @@ def use_store(store: Path = DEFAULT_STORE) -> str:
     if not database.is_file():
         with locked(_store_lock(store)):
             if not database.is_file():
-                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # slow to import; rarely needed
-
                 for stale in store.glob(f".{DATABASE}.*.creating"):  # left by a killed process: under the lock
                     stale.unlink()
                 handle, temporary = tempfile.mkstemp(prefix=f".{DATABASE}.", suffix=".creating", dir=store)
-                os.close(handle)  # SQLite takes an empty file for a new database
-                SqlAlchemyStore(f"sqlite:///{temporary}", (store / "artifacts").as_uri()).engine.dispose()
+                os.close(handle)
+                shutil.copyfile(empty_database(), temporary)
+                with closing(sqlite3.connect(temporary)) as connection, connection:
+                    connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                                       ((store / "artifacts" / "0").as_uri(),))  # as MLflow would have made it
                 os.chmod(temporary, 0o644)
                 os.replace(temporary, database)
     uri = f"sqlite:///{database}"
     mlflow.set_tracking_uri(uri)
     return uri
+
+
+def empty_database() -> Path:
+    """A new, empty MLflow database of the installed MLflow (its tables and default experiment), made once per
+    machine under ``$XDG_CACHE_HOME/garlic`` (else ``~/.cache/garlic``); ``use_store`` copies it for each new store."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "garlic"
+    template = cache / f"mlflow-{mlflow.__version__}-empty.db"
+    if not template.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with locked(cache / f".{template.name}.lock"):
+            if not template.is_file():
+                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # slow to import; rarely needed
+
+                handle, temporary = tempfile.mkstemp(prefix=f".{template.name}.", suffix=".creating", dir=cache)
+                os.close(handle)  # SQLite takes an empty file for a new database
+                SqlAlchemyStore(f"sqlite:///{temporary}", (cache / "artifacts").as_uri()).engine.dispose()
+                os.replace(temporary, template)
+    return template
 
 
 def use_experiment(name: str, store: Path = DEFAULT_STORE) -> str:
