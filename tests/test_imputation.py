@@ -11,10 +11,10 @@ import torch
 
 from experiments import imputation
 from experiments.imputation import hide, reconstructed, simple_imputations
-from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.methods.field import hourly_grid
 from garlic.models.compact import Garlic
+from garlic.models.network_config import NetworkConfig
 from garlic.tracking.store import get_run, use_store
 from helpers import synthetic_cohort, tiny_run
 
@@ -42,7 +42,7 @@ def test_simple_imputers_read_the_values_left_before_and_after():
 
 def test_the_reconstruction_head_of_a_stay_does_not_depend_on_its_batch():
     torch.manual_seed(0)
-    model = Garlic(3, 2, Config(hidden_dim=8, feature_dim=4, summary_branch=True, use_static=True))
+    model = Garlic(3, 2, NetworkConfig(hidden_dim=8, feature_dim=4, summary_branch=True, use_static=True))
     lengths = torch.tensor([5, 2, 4])
     values, mask = torch.randn(3, 5, 3), (torch.rand(3, 5, 3) < 0.6).float()
     times, static = torch.arange(5.0).expand(3, 5), torch.randn(3, 2)

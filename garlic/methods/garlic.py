@@ -25,6 +25,7 @@ from garlic.io.atomic import write_json_atomic
 from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.methods.saved import FITTED, WEIGHTS, load_state, load_weights, read_fitted, save_weights
 from garlic.models.architectures import build_model
+from garlic.models.network_config import NetworkConfig
 from garlic.models.predict import predict_proba
 from garlic.tracking.run_contract import GARLIC
 
@@ -115,7 +116,8 @@ class GarlicEstimator:
 
     def restore_fitted(self, folder: Path) -> None:
         inputs = {key: read_fitted(folder)[key] for key in ("variables", "static_features")}
-        model = build_model(len(inputs["variables"]), len(inputs["static_features"]), self.config)
+        network = NetworkConfig.from_run(self.config)
+        model = build_model(len(inputs["variables"]), len(inputs["static_features"]), network)
         weights = load_weights(folder / WEIGHTS)
         weights.setdefault("logit_offset", torch.zeros(()))  # saved before the offset existed: trained unweighted
         load_state(model, folder / WEIGHTS, weights)

@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from garlic.config import Config
 from garlic.data.batches import Queries
 from garlic.models.fused import FusedGRU, FusedLayerNorm
+from garlic.models.network_config import NetworkConfig
 
 # 4 MiB of float32 activations. Inference that ran the per-step layers on chunks of this many cells predicted 1.2x the
 # stays per second of whole batches of 128 on P12 (a 2-core EPYC: 2 MiB of L2 per core, 32 MiB of L3).
@@ -405,7 +405,7 @@ class Garlic(nn.Module):
     # ask instead of testing the class.
     explanation_unavailable: str | None = None
 
-    def __init__(self, num_variables: int, num_static: int, config: Config):
+    def __init__(self, num_variables: int, num_static: int, config: NetworkConfig):
         super().__init__()
         d, f, h = num_variables, config.feature_dim, config.hidden_dim
         self.config = config

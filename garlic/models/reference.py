@@ -61,9 +61,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from garlic.config import Config, ConfigError
+from garlic.config import ConfigError
 from garlic.models.compact import CACHE_CELLS, StepwiseProjection, step_mask
 from garlic.models.fused import FusedGRU
+from garlic.models.network_config import NetworkConfig
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
@@ -293,11 +294,11 @@ class ReferenceGarlic(nn.Module):
     PREDICTION_MODULES = ("signal_attention", "sequence", "temporal_attention", "classifier")
     explanation_unavailable = EXPLANATION_UNSUPPORTED  # as ``Garlic.explanation_unavailable``
 
-    def __init__(self, num_variables: int, num_static: int, config: Config):
+    def __init__(self, num_variables: int, num_static: int, config: NetworkConfig):
         super().__init__()
         if config.signal_layout not in SIGNAL_LAYOUTS:
             raise ConfigError(f"signal_layout must be one of {', '.join(SIGNAL_LAYOUTS)}, got {config.signal_layout!r}")
-        changed = [name for name in COMPACT_ONLY if getattr(config, name) != getattr(Config, name)]
+        changed = [name for name in COMPACT_ONLY if getattr(config, name) != getattr(NetworkConfig, name)]
         if changed:
             raise ConfigError(f"architecture=reference has no switch {', '.join(changed)}: leave it at its default")
         d, f, h = num_variables, config.feature_dim, config.hidden_dim
