@@ -11,6 +11,7 @@ import torch
 
 from experiments import imputation
 from experiments.imputation import hide, reconstructed, simple_imputations
+from garlic import studies
 from garlic.data.batches import IrregularDataset
 from garlic.methods.field import hourly_grid
 from garlic.models.compact import Garlic
@@ -84,7 +85,7 @@ def study(tmp_path_factory, tmp_path, monkeypatch):
     run = tiny_run(tmp_path_factory)
     use_store(run.store)
     # the tiny run is not the shipped preset, which is what the study looks for (as the comparison finds runs)
-    monkeypatch.setattr(imputation, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
+    monkeypatch.setattr(studies, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
     arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
                  str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
     return run, arguments
