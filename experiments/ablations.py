@@ -24,7 +24,6 @@ to its unit (``garlic.training.workers``: one per core on a CPU; many on one GPU
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -32,15 +31,14 @@ import mlflow
 import pandas as pd
 
 from garlic import studies
-from garlic.training.workers import die_with_parent
 from garlic.config import Config
 from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
 from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
 from garlic.tracking import queries
-from garlic.tracking.archive import RunArchive, Unit, study_archive
-from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
+from garlic.tracking.archive import RunArchive, Unit
+from garlic.training.workers import Job, run_jobs
 
 STUDY = "ablation"
 # Variant name -> the config switches it turns off; "full" is the paper's model.
@@ -140,17 +138,9 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     studies.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    add_worker_arguments(parser, "the unfinished units")
-    parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
+    studies.add_worker_study_arguments(parser, "the unfinished units")
     args = parser.parse_args(argv)
-    check_worker_arguments(parser, args, worker=args.train_only)
-    if args.train_only:
-        die_with_parent()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    config = studies.study_config(args)
-    cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
-    experiment_id = studies.open_experiment(f"ablations-{args.dataset}", args.mlruns)
-    archive = study_archive(args.out, "ablation_runs", args.dataset, args.data_root)
+    config, cohort, experiment_id, archive = studies.start_study(parser, args, "ablations", "ablation_runs")
     if args.workers > 1:
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
                          args.workers, args.mlruns, args.deadline, archive)  # fmt: skip

@@ -48,6 +48,7 @@ from garlic.inference import tensors_for_model  # noqa: E402
 from garlic.methods.garlic import GarlicEstimator  # noqa: E402
 from garlic.methods.saved import SavedMethod  # noqa: E402
 from garlic.models.compact import Garlic  # noqa: E402
+from garlic.models.network_config import NetworkConfig  # noqa: E402
 from garlic.tracking.run_contract import GARLIC  # noqa: E402
 from garlic.tracking.store import RunNotFoundError  # noqa: E402
 from garlic.training.losses import forward  # noqa: E402
@@ -118,7 +119,7 @@ def p12_curve(source: Path, repeats: int) -> tuple[float, float]:
                                   np.ones(s, "float32"))  # fmt: skip
     estimator = GarlicEstimator(config)
     # An untrained network of P12's size stands in for a fitted one: what is timed does not depend on its weights.
-    estimator.model_ = Garlic(d, s, config).eval()
+    estimator.model_ = Garlic(d, s, NetworkConfig.from_run(config)).eval()
     estimator.inputs_ = {"variables": physionet2012.TIME_SERIES, "static_features": physionet2012.STATIC}
     trained = SavedMethod(GARLIC, estimator, config, physionet2012.TIME_SERIES, physionet2012.STATIC, normalisation)
     dataset = trained.dataset(tensors_for_model(trained, observations, static))

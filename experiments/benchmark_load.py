@@ -4,7 +4,7 @@ torch's threads as garlic set them before issue #56, one thread, and as garlic n
     python -m experiments.benchmark_load --out docs/results      # on an otherwise idle machine: the numbers of speed.md
     python -m experiments.benchmark_load --batches 3 --busy 0    # a quick check that it runs
 
-Each measurement is ``experiments.benchmark_training.measure_speed``: the first ``--batches`` of a training epoch of
+Each measurement is ``garlic.training.speed.measure_speed``: the first ``--batches`` of a training epoch of
 the preset (default physionet2012-fast, split 0 of its protocol; the data under ``--data-root``) in the
 reconstruction stage, then inference over the split's validation and test stays (median of its passes). Each runs in
 a process of its own, because OpenMP reads its wait policy once, as torch loads. The busy processes are Python loops
@@ -70,7 +70,7 @@ def child() -> None:
     """In a measuring process: ``measure_speed`` of the job in ``sys.argv[1]``; prints its result as a JSON line."""
     import torch
 
-    from experiments.benchmark_training import measure_speed
+    from garlic.training.speed import measure_speed
     from garlic.training.threads import adapt_threads
 
     job = json.loads(sys.argv[1])
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     config = Config.load(CONFIG_DIR / f"{args.preset}.json", **dict(item.split("=", 1) for item in args.set))
     job = {"config": config.to_dict(), "data_root": str(args.data_root.resolve()), "batches": args.batches}
 
-    from experiments.benchmark_training import cpu_name
+    from garlic.training.speed import cpu_name
 
     load = os.getloadavg()[0]
     machine = f"{cpu_name()}, {os.cpu_count()} CPUs, load average {load:.2f} at the start"

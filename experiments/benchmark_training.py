@@ -8,14 +8,12 @@
         --compare-kernels 3                                                     # fused kernels against PyTorch's
     python -m experiments.benchmark_training --dataset physionet2012 --accuracy # five full trainings
 
-Speed: one training epoch (or its first ``--batches N``) in the reconstruction stage (all parameters, the costlier
-stage) over the split's training stays with the dataset's shipped config (or ``--config FILE``, or each of
-``--presets``), the model prepared as a fit prepares it (the reference model's scales and padded length from the
-training stays), and stays per second when predicting the split's validation and test stays: the median of
-``INFERENCE_PASSES`` passes, with the slowest and fastest beside it, because single passes on a shared machine were
-seen to differ by 20%. The work of the epoch is counted in floating-point operations of its matrix products, forward
-and backward (``torch.utils.flop_counter``, on a sample of batches scaled to the epoch's padded steps), beside the
-rate at which this machine multiplies two 2048 x 2048 matrices: their ratio is the epoch's floor.
+Speed (``garlic.training.speed.measure_speed``): one training epoch (or its first ``--batches N``) in the
+reconstruction stage over the split's training stays with the dataset's shipped config (or ``--config FILE``, or each
+of ``--presets``), and stays per second when predicting the split's validation and test stays (the median of several
+passes, with the slowest and fastest beside it). With ``--out``, the work of the epoch in floating-point operations of
+its matrix products beside the rate at which this machine multiplies two 2048 x 2048 matrices: their ratio is the
+epoch's floor.
 
 ``--compare-kernels R`` measures the same (the first ``--batches N``) with PyTorch's GRU and layer norm and with the
 fused CPU kernels that stand in for them (``garlic.models.fused``), alternated R times in one process, and prints the
@@ -31,8 +29,6 @@ Accuracy: ``garlic train --all-splits`` with the shipped config, test AUROC/AUPR
 from __future__ import annotations
 
 import argparse
-import itertools
-import platform
 import shlex
 import sys
 import time
@@ -41,39 +37,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from garlic import runs
 from garlic.config import CONFIG_DIR, Config
-from garlic.data.batches import IrregularDataset, loader
-from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed
-from garlic.data.splits import load_splits
+from garlic.data.datasets import DEFAULT_DATA_ROOT
 from garlic.metrics import METRICS
 from garlic.models.fused import fused_kernels, kernels
-from garlic.models.predict import predict_proba
 from garlic.tracking.store import DEFAULT_STORE
-from garlic.training.losses import RECONSTRUCTION, stage_losses
-from garlic.training.schedules import make_trainer
+from garlic.training.speed import cpu_name, measure_speed
 from garlic.io.atomic import atomic_file
-from garlic.io.tensors import load_tensors
 
-INFERENCE_PASSES = 5
-FLOP_SAMPLE_BATCHES = 8
 PAPER = {"physionet2012": {"auroc": (86.40, 0.86), "auprc": (56.89, 1.75)}}
 SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "cpu", "threads", "training_stays", "batch_size",
                  "epoch_seconds", "gflop_per_epoch", "matmul_gflops", "floor_seconds", "stays_per_second", "epochs_run",
                  "best_epoch", "run_seconds", "test_auroc", "test_auprc", "command"]  # fmt: skip
-
-
-def cpu_name() -> str:
-    """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows: the machines behind this
-    project's rows have differed, and a row's seconds mean little without its machine."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
@@ -87,58 +64,6 @@ def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
             a @ b
         best = min(best, (time.perf_counter() - start) / repeats)
     return 2 * size**3 / best / 1e9
-
-
-def epoch_gflop(trainer, batches: list, config: Config) -> float:
-    """The matrix-product work of one training epoch over ``batches`` (forward and backward, reconstruction stage),
-    counted on ``FLOP_SAMPLE_BATCHES`` of them and scaled by the epoch's padded steps (every product is per step or per
-    stay, so its work grows with the stays times the padded steps)."""
-    sample = batches[:: max(1, len(batches) // FLOP_SAMPLE_BATCHES)][:FLOP_SAMPLE_BATCHES]
-    trainer.model.train()
-    with FlopCounterMode(display=False) as counter:
-        for batch in sample:
-            losses = stage_losses(trainer.model, batch.to(trainer.device), config)
-            losses[RECONSTRUCTION].backward()
-    trainer.model.zero_grad(set_to_none=True)
-    cells = lambda chosen: sum(len(batch) * batch.values.shape[1] for batch in chosen)  # noqa: E731
-    return counter.get_total_flops() * cells(batches) / cells(sample) / 1e9
-
-
-def measure_speed(config: Config, data_root: Path, batches: int | None = None, split_index: int = 0,
-                  count_flops: bool = False) -> dict:  # fmt: skip
-    folder = ensure_processed(config.dataset, data_root)
-    tensors = load_tensors(folder)
-    split = load_splits(folder, tensors, config.split_protocol, config.dataset)[split_index]
-
-    def part(name: str) -> IrregularDataset:
-        return IrregularDataset(tensors.subset(split.positions(tensors, name)), split.normalisation)
-
-    train, held_out = part("train"), part("validation")
-    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
-    trainer.model.prepare(train.times, train.lengths)
-    epoch = loader(train, config.batch_size, shuffle=True, seed=config.seed)
-    timed = list(itertools.islice(epoch, batches)) if batches else list(epoch)
-    start = time.perf_counter()
-    trainer.train_epoch(timed, RECONSTRUCTION)
-    epoch_seconds = time.perf_counter() - start
-
-    test = part("test")
-    rates = []
-    for _ in range(INFERENCE_PASSES):
-        start = time.perf_counter()
-        predict_proba(trainer.model, held_out)
-        predict_proba(trainer.model, test)
-        rates.append((len(held_out) + len(test)) / (time.perf_counter() - start))
-    return {
-        "training_stays": len(train),
-        "batches": len(timed),
-        "epoch_batches": len(epoch),
-        "epoch_seconds": epoch_seconds,
-        "gflop_per_epoch": epoch_gflop(trainer, timed, config) * len(epoch) / len(timed) if count_flops else None,
-        "predicted_stays": len(held_out) + len(test),
-        "stays_per_second": float(np.median(rates)),
-        "stays_per_second_range": (min(rates), max(rates)),
-    }
 
 
 def compare_kernels(config: Config, data_root: Path, batches: int | None, split_index: int, rounds: int) -> pd.DataFrame:
@@ -233,7 +158,7 @@ def print_speed(config: Config, speed: dict) -> None:
               f"(batch {config.batch_size})")  # fmt: skip
     slowest, fastest = speed["stays_per_second_range"]
     print(f"inference: {speed['stays_per_second']:.0f} stays/s over {speed['predicted_stays']} stays "
-          f"(median of {INFERENCE_PASSES} passes; {slowest:.0f}-{fastest:.0f})")  # fmt: skip
+          f"(median of {speed['inference_passes']} passes; {slowest:.0f}-{fastest:.0f})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,7 +47,6 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from garlic import studies
-from garlic.training.workers import die_with_parent
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
 from garlic.data.splits import Normalisation, Split
@@ -62,10 +61,10 @@ from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.methods.summary import STATISTICS, SummaryModel
 from garlic.models.compact import Garlic
 from garlic.tracking import queries
-from garlic.tracking.archive import RunArchive, Unit, study_archive
+from garlic.tracking.archive import RunArchive, Unit
 from garlic.tracking.run_contract import GARLIC
 from garlic.training.device import resolve_device
-from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
+from garlic.training.workers import Job, run_jobs
 
 log = logging.getLogger("experiments.fidelity")
 
@@ -373,17 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.5], help="kept fractions, e.g. 0.1 0.3 0.5")
     parser.add_argument("--ig-steps", type=int, default=DEFAULT_STEPS, help="Integrated Gradients path steps")
-    add_worker_arguments(parser, "the unfinished splits")
-    parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)  # a worker: no tables
+    studies.add_worker_study_arguments(parser, "the unfinished splits")
     args = parser.parse_args(argv)
-    check_worker_arguments(parser, args, worker=args.train_only)
-    if args.train_only:
-        die_with_parent()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    config = studies.study_config(args)
-    cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
-    experiment_id = studies.open_experiment(f"{STUDY}-{args.dataset}", args.mlruns)
-    archive = study_archive(args.out, "fidelity_runs", args.dataset, args.data_root)
+    config, cohort, experiment_id, archive = studies.start_study(parser, args, STUDY, "fidelity_runs")
     runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps,
                            train=args.workers == 1, archive=archive)  # fmt: skip
     if args.workers > 1:

@@ -40,31 +40,28 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from garlic.data.batches import IrregularDataset  # noqa: E402
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed  # noqa: E402
+from garlic.data.datasets import ensure_processed  # noqa: E402
 from garlic.data.splits import load_splits  # noqa: E402
 from garlic.explain.built_in import normalised_adjacency  # noqa: E402
 from garlic.io.atomic import atomic_file  # noqa: E402
 from garlic.io.tensors import load_tensors  # noqa: E402
-from garlic.studies import preset_config  # noqa: E402
+from garlic import studies  # noqa: E402
 from garlic.tracking import plots, run_contract  # noqa: E402
-from garlic.tracking.queries import stored_runs  # noqa: E402
 from garlic.tracking.store import use_store  # noqa: E402
 
 CORRELATION_STAYS = 5000  # training stays the lag-one correlations are computed on (the first run's split, seeded)
 
 
-def run_graphs(preset: str, dataset: str, protocol_name: str, stores: list[Path], data_root: Path) -> dict[str, np.ndarray]:
-    """'split_<k>/seed_<s>' -> the summary graph [D, D] (row = source) of every finished run of the preset, and
-    'variables' -> their names."""
+def run_graphs(runs: list[tuple[int, int, Path, mlflow.entities.Run]]) -> dict[str, np.ndarray]:
+    """'split_<k>/seed_<s>' -> the summary graph [D, D] (row = source) of each of the finished ``runs``
+    (``studies.preset_runs``: one at least), and 'variables' -> their names."""
     graphs = {}
-    for index, seed, store, run in stored_runs(preset_config(preset, dataset, []), protocol_name, stores, data_root):
+    for index, seed, store, run in runs:
         use_store(store)
         path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=run_contract.GRAPH)
         adjacency = pd.read_csv(path, index_col=0)
         graphs[f"split_{index}/seed_{seed}"] = normalised_adjacency(torch.tensor(adjacency.to_numpy())).numpy()
         variables = list(adjacency.columns)
-    if not graphs:
-        raise SystemExit(f"no finished run of {preset} on {protocol_name} ({dataset}) in {', '.join(map(str, stores))}")
     return graphs | {"variables": variables}
 
 
@@ -172,15 +169,11 @@ def report(command: str, name: str, numbers: dict, recurring: pd.DataFrame, top:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.graph_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", choices=DATASETS, required=True)
-    parser.add_argument("--protocol", required=True)
-    parser.add_argument("--preset", required=True, help="the GARLIC preset whose runs are read")
-    parser.add_argument("--mlruns", type=Path, nargs="+", required=True, help="the stores holding the runs")
-    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    studies.add_preset_runs_arguments(parser, "runs")
     parser.add_argument("--top", type=int, default=20, help="strongest edges compared per run (default 20)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    graphs = run_graphs(args.preset, args.dataset, args.protocol, args.mlruns, args.data_root)
+    graphs = run_graphs(studies.preset_runs(args))
     variables = graphs.pop("variables")
     if len(graphs) < 2:
         raise SystemExit(f"only {len(graphs)} run of {args.preset} on {args.protocol}: stability needs two or more")

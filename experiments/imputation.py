@@ -49,7 +49,7 @@ import pandas as pd
 import torch
 
 from garlic.data.batches import IrregularDataset
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.datasets import ensure_processed
 from garlic.data.splits import load_splits
 from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import split_parts
@@ -58,8 +58,7 @@ from garlic.io.atomic import atomic_file
 from garlic.io.tensors import load_tensors
 from garlic.methods.field import hourly_grid
 from garlic.methods.saved import load_predictor
-from garlic.studies import preset_config
-from garlic.tracking.queries import stored_runs
+from garlic import studies
 
 HIDDEN_SHARE = 0.1
 METHODS = ("garlic", "locf", "linear", "mean")
@@ -219,20 +218,14 @@ def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.imputation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", choices=DATASETS, required=True)
-    parser.add_argument("--protocol", required=True)
-    parser.add_argument("--preset", required=True, help="the GARLIC preset whose runs' models are read")
-    parser.add_argument("--mlruns", type=Path, nargs="+", required=True, help="the stores holding the runs")
-    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    studies.add_preset_runs_arguments(parser, "runs' models")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--imputers", nargs="*", choices=sorted(FIELD_IMPUTERS), default=[],
                         help="PyPOTS's imputers to train beside the others (the pypots extra; minutes a split on a CPU)")
     parser.add_argument("--splits", type=int, nargs="*", metavar="K",
                         help="train the missing --imputers on these splits only (default: every split)")
     args = parser.parse_args(argv)
-    found = stored_runs(preset_config(args.preset, args.dataset, []), args.protocol, args.mlruns, args.data_root)
-    if not found:
-        raise SystemExit(f"no finished run of {args.preset} on {args.protocol} ({args.dataset}) in the stores given")
+    found = studies.preset_runs(args)
     folder = ensure_processed(args.dataset, args.data_root)
     tensors = load_tensors(folder)
     splits = load_splits(folder, tensors, args.protocol, args.dataset)

@@ -123,11 +123,11 @@ def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> C
     return config.override(overrides)
 
 
-def _units(args: argparse.Namespace, config: Config) -> tuple[list[int], list[int] | None]:
+def _units(args: argparse.Namespace, protocol_name: str) -> tuple[list[int], list[int] | None]:
     """The split indices and model seeds to train: the whole protocol, or split K (default 0) with one seed."""
     from garlic.data.splits import protocol
 
-    chosen = protocol(config.split_protocol)
+    chosen = protocol(protocol_name)
     if args.all_splits or (args.protocol and args.split is None):
         return list(chosen.splits), None if chosen.seeds is None else list(chosen.seeds)
     return [0 if args.split is None else args.split], None
@@ -181,23 +181,24 @@ def _stage_spans(run_id: str) -> str:
     return ", ".join(f"{stage} {first}-{last}" if first != last else f"{stage} {first}" for stage, first, last in spans)
 
 
-def _prepare(config: Config, data_root: Path) -> None:
-    """Say what the first run of a dataset makes (the synthetic cohort, the tensor cache, the splits) as it starts."""
+def _prepare(dataset: str, protocol_name: str, data_root: Path) -> None:
+    """Say what the first run of ``dataset`` makes (the synthetic cohort, the tensor cache, ``protocol_name``'s splits)
+    as it starts."""
     from garlic.data.datasets import ensure_processed
     from garlic.sources.synthetic import EXAMPLE_RECORDS
     from garlic.io.tables import MANIFEST
     from garlic.io.tensors import TENSORS
 
-    folder = processed_folder(config.dataset, data_root)
-    if config.dataset == "synthetic" and not (folder / MANIFEST).is_file():
+    folder = processed_folder(dataset, data_root)
+    if dataset == "synthetic" and not (folder / MANIFEST).is_file():
         start = time.perf_counter()
         _say(f"generating the synthetic cohort in {folder} (first run only) ...")
-        ensure_processed(config.dataset, data_root)
+        ensure_processed(dataset, data_root)
         _say(f"generated it in {time.perf_counter() - start:.1f} s, and new stays to try `garlic predict` and the "
              f"dashboard's upload on: {folder / EXAMPLE_RECORDS}")  # fmt: skip
     making = [f"the tensor cache {folder / TENSORS}"] if not (folder / TENSORS).is_file() else []
-    if not (folder / "splits" / config.split_protocol).is_dir():
-        making.append(f"the saved {config.split_protocol} splits in {folder / 'splits'}")
+    if not (folder / "splits" / protocol_name).is_dir():
+        making.append(f"the saved {protocol_name} splits in {folder / 'splits'}")
     if making and (folder / MANIFEST).is_file():
         _say(f"making {' and '.join(making)} (first run only) ...")
 
@@ -289,7 +290,7 @@ def _train(args: argparse.Namespace) -> None:
         spec.check_installed()
         assignments, method_settings = spec.parse_settings(args.set)  # the method's own settings, the config's
         config = _config(args, assignments)
-        indices, seeds = _units(args, config)
+        indices, seeds = _units(args, config.split_protocol)
         which = f"split {indices[0]}" if len(indices) == 1 else f"splits {', '.join(map(str, indices))}"
         preset = Config.preset_path(config.dataset)
         source = args.config or (_shown(preset) if preset else "built-in defaults")
@@ -316,7 +317,7 @@ def _train(args: argparse.Namespace) -> None:
         else:
             with distributed.main_first():
                 if distributed.is_main():
-                    _prepare(config, args.data_root)
+                    _prepare(config.dataset, config.split_protocol, args.data_root)
             with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
                 run_id, results = runs.train(config, indices, args.data_root, store, stopping.checked(progress),
                                              seeds=seeds, preset=preset_name, method=args.method,

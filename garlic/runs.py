@@ -30,7 +30,7 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_
 from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
-from garlic.methods.contract import answers_prediction_times, can_be_saved, can_resume
+from garlic.methods.contract import Method, answers_prediction_times, can_be_saved, can_resume
 from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import queries, run_contract
@@ -50,46 +50,6 @@ class SplitResult:
     split: str  # the run's name: the split's, with ``/seed_<s>`` where a protocol trains several seeds
     best_epoch: int | None  # None for a method without epochs
     test: dict[str, float]
-
-
-def train_split(
-    spec: registry.MethodSpec,
-    context: registry.MethodContext,
-    tensors: IrregularTensors,
-    split: Split,
-    on_epoch: Callable[[EpochRecord], None] | None = None,
-    state_path: Path | None = None,
-    data_record: dict[str, str] | None = None,
-) -> SplitResult:
-    """Fit, select and test the method on one split inside the active MLflow run, through
-    ``garlic.evaluation.fit_and_test.fit_and_test``, and log the fitted method where it can be saved.
-
-    A method that can resume (``contract.can_resume``: GARLIC) saves the fit's state at ``state_path`` after every
-    epoch and continues a state found there; another one starts its split again. ``data_record``
-    (``run_contract.split_params``) ties the run to the stays it used.
-    """
-    method = spec.create(context)
-    resumes = can_resume(method) and state_path is not None
-    resume = load_training_state(state_path, context.config) if resumes and state_path.is_file() else None
-    distributed.broadcast_state({"resume": resume})
-    if resume is None:
-        mlflow.log_params(data_record or {run_contract.SPLIT: split.name})
-
-    def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
-        save_training_state(state_path, state, context.config)
-
-    if can_resume(method):
-        method.set_training_hooks(on_epoch=on_epoch, on_state=save if resumes else None, resume=resume)
-    parts = split_parts(tensors, split)
-    metrics = fit_and_test(method, parts)
-    if can_be_saved(method):
-        log_method(fitted_on(spec.name, method, context.config, parts["train"], context.settings))
-    if resumes:
-        shutil.rmtree(state_path.parent, ignore_errors=True)
-    run = mlflow.active_run().info
-    best_epoch = metrics.get("best_epoch")
-    return SplitResult(run.run_id, run.run_name, None if best_epoch is None else int(best_epoch),
-                       {metric: metrics[f"test_{metric}"] for metric in METRICS})  # fmt: skip
 
 
 def train(
@@ -120,75 +80,152 @@ def train(
         splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
     manifest = read_manifest(folder)
-    context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas(),
-                                     manifest.get("ground_truth_graph"), spec.checked_settings(method_settings or {}))
-    if not spec.available(context.labels):
+    labels, settings = pq.read_table(folder / LABELS).to_pandas(), spec.checked_settings(method_settings or {})
+    if not spec.available(labels):
         raise ValueError(f"method {method} needs the {spec.needs_column} column, which {config.dataset} does not have")
-    if tensors.task is not None and not answers_prediction_times(spec.create(context)):
-        raise ValueError(f"method {method} gives one risk per stay, but {config.dataset} asks for a risk at each of its "
-                         "prediction times; use a method that answers them (hourly_gbm, hourly_logreg, "
-                         "alarm_after_hour, GARLIC's compact architecture)")  # fmt: skip
     seeds = seeds or [config.seed]
-    if len(seeds) == 1:
-        config = config.override({"seed": seeds[0]})
-    units = [(split, config.override({"seed": seed})) for split in chosen for seed in seeds]
+    # A unit per split and seed: the method's context (the run's config with the unit's seed) and the method built
+    # from it, each built once, before any run starts.
+    units = []
+    for split in chosen:
+        for seed in seeds:
+            context = registry.MethodContext(config.override({"seed": seed}), labels,
+                                             manifest.get("ground_truth_graph"), settings)  # fmt: skip
+            units.append((split, context, spec.create(context)))
+    if tensors.task is not None and not answers_prediction_times(units[0][2]):
+        raise ValueError(f"method {method} gives one risk per stay, but {config.dataset} asks for a risk at each of "
+                         "its prediction times; use a method that answers them (hourly_gbm, hourly_logreg, "
+                         "alarm_after_hour, GARLIC's compact architecture)")  # fmt: skip
     if not distributed.is_main():
-        for split, unit_config in units:
-            _help_fit(spec, context.with_config(unit_config), tensors, split)
+        for split, _, unit_method in units:
+            _help_fit(unit_method, tensors, split)
         return None, []
-    return _tracked_train(spec, context.with_config(config), tensors, units, seeds, folder, manifest, store, on_epoch,
-                          resume_run, preset)  # fmt: skip
+    # The parent run describes the run's config: with its seed where it trains one, as it was where it trains several.
+    described = units[0][1] if len(seeds) == 1 else units[0][1].with_config(config)
+    return _Run(spec, tensors, folder, manifest, store, resume_run, preset).train(described, units, seeds, on_epoch)
 
 
-def _help_fit(spec: registry.MethodSpec, context: registry.MethodContext, tensors: IrregularTensors,
-              split: Split) -> None:  # fmt: skip
-    """A rank other than 0: fit beside rank 0, from the state it sends, unless it says the split is done."""
+def _help_fit(method: Method, tensors: IrregularTensors, split: Split) -> None:
+    """A rank other than 0: fit ``method`` beside rank 0, from the state it sends, unless it says the split is done."""
     plan = distributed.broadcast_state(None)
     if not plan.get("finished"):
         parts = split_parts(tensors, split)
-        method = spec.create(context)
         # Every rank takes part in gathering the epoch's state (``AlternatingTrainer.state``); rank 0 writes it.
         method.set_training_hooks(on_state=lambda state: None, resume=plan["resume"])
         method.fit(parts["train"], parts["validation"])
 
 
-def _tracked_train(
-    spec: registry.MethodSpec,
-    context: registry.MethodContext,
-    tensors: IrregularTensors,
-    units: list[tuple[Split, Config]],
-    seeds: list[int],
-    folder: Path,
-    manifest: dict,
-    store: Path,
-    on_epoch: Callable[[str, EpochRecord], None] | None,
-    resume_run: str | None,
-    preset: str | None = None,
-) -> tuple[str, list[SplitResult]]:
-    """The parent run's life: started (or resumed) and claimed, described, each unit trained in it (one split: in the
-    parent itself; several: each in a nested run), and the mean and std of the units' test metrics logged."""
-    config = context.config
-    use_store(store)
-    use_experiment(config.dataset, store)
-    tags = run_contract.method_tags(spec.name) | ({run_contract.PRESET: preset} if preset else {})
-    begin = ({"run_id": resume_run} if resume_run else
-             {"run_name": f"{spec.name}-{config.dataset}", "tags": tags})  # fmt: skip
-    # A new run is claimed as it starts (``resume`` holds the claim on a resumed run already).
-    with tracked_run(**begin) as parent, nullcontext() if resume_run else claim_run(store, parent.info.run_id):
-        if resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
-            _describe(spec, context, tensors, units, seeds, folder, manifest)
-        nested = len(units) > 1
-        earlier = _split_runs(parent.info.run_id) if nested and resume_run else {}
-        results = []
-        for split, unit_config in units:
-            name = split.name if len(seeds) == 1 else f"{split.name}/seed_{unit_config.seed}"
-            report = (lambda record, name=name: on_epoch(name, record)) if on_epoch else None
-            results.append(_train_unit(spec, context.with_config(unit_config), tensors, split, folder, manifest,
-                                       store, parent.info.run_id, nested, earlier.get(name), resume_run is not None,
-                                       name, tags, report))  # fmt: skip
-        if nested:
-            _log_mean_and_std(results)
-    return parent.info.run_id, results
+@dataclass
+class _Run:
+    """One ``train`` call on rank 0: the registered method (``spec``), the data it reads, the store it logs to, the
+    run it resumes (``resume_run``) and the preset it names; ``train`` starts the parent run and trains its units."""
+
+    spec: registry.MethodSpec
+    tensors: IrregularTensors
+    folder: Path
+    manifest: dict
+    store: Path
+    resume_run: str | None
+    preset: str | None
+
+    def train(self, described: registry.MethodContext, units: list[tuple[Split, registry.MethodContext, Method]],
+              seeds: list[int], on_epoch: Callable[[str, EpochRecord], None] | None) -> tuple[str, list[SplitResult]]:
+        """The parent run's life: started (or resumed) and claimed, described (``described``: the run's config), each
+        unit trained in it (one unit: in the parent itself; several: each in a nested run), and the mean and std of
+        the units' test metrics logged."""
+        dataset = described.config.dataset
+        use_store(self.store)
+        use_experiment(dataset, self.store)
+        tags = run_contract.method_tags(self.spec.name) | ({run_contract.PRESET: self.preset} if self.preset else {})
+        begin = ({"run_id": self.resume_run} if self.resume_run else
+                 {"run_name": f"{self.spec.name}-{dataset}", "tags": tags})  # fmt: skip
+        claimed = self.resume_run is not None  # ``resume`` holds the claim on a resumed run; a new one is claimed here
+        with tracked_run(**begin) as parent, nullcontext() if claimed else claim_run(self.store, parent.info.run_id):
+            if self.resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
+                self.describe(described, units, seeds)
+            nested = len(units) > 1
+            earlier = _split_runs(parent.info.run_id) if nested and self.resume_run else {}
+            results = []
+            for split, context, method in units:
+                name = split.name if len(seeds) == 1 else f"{split.name}/seed_{context.config.seed}"
+                report = (lambda record, name=name: on_epoch(name, record)) if on_epoch else None
+                where = _UnitRun(parent.info.run_id, nested, earlier.get(name), name, tags)
+                results.append(self.train_unit(split, context, method, where, report))
+            if nested:
+                _log_mean_and_std(results)
+        return parent.info.run_id, results
+
+    def describe(self, described: registry.MethodContext, units: list[tuple[Split, registry.MethodContext, Method]],
+                 seeds: list[int]) -> None:  # fmt: skip
+        """Log what the parent run trains: the config, the method's settings, the data (size, folder, manifest), its
+        splits and seeds."""
+        config = described.config
+        mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
+        mlflow.log_params(run_contract.method_params(self.spec.name, config.to_dict(), self.spec.settings(described)))
+        indices = list(dict.fromkeys(split.index for split, _, _ in units))
+        mlflow.log_params({"n_stays": len(self.tensors), "n_variables": len(self.tensors.variables),
+                           run_contract.DATA_FOLDER: str(self.folder),
+                           run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
+                           run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
+        mlflow.log_dict(self.manifest, run_contract.DATA_MANIFEST)
+
+    def train_unit(self, split: Split, context: registry.MethodContext, method: Method, where: "_UnitRun",
+                   report: Callable[[EpochRecord], None] | None) -> SplitResult:  # fmt: skip
+        """One split and seed of the parent run: reused when its nested run finished before, else fitted, selected and
+        tested (``garlic.evaluation.fit_and_test.fit_and_test``) in the parent itself or in its nested run (resumed
+        where one was started), and the fitted method logged where it can be saved.
+
+        A method that can resume (``contract.can_resume``: GARLIC) saves the fit's state beside the run after every
+        epoch (``run_contract.training_state_path``) and continues a state found there; another one starts its split
+        again. The run's ``split_params`` tie it to the stays it used."""
+        record = run_contract.split_params(split, self.folder, self.manifest)
+        previous = where.previous
+        if previous is not None and queries.is_finished(previous):
+            distributed.broadcast_state({"finished": True})
+            return _finished_result(previous)
+        resumed = where.parent_id if not where.nested else previous.info.run_id if previous is not None else None
+        if self.resume_run is not None and resumed is not None:
+            run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
+        begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": where.name,
+                                                                                "tags": where.tags}  # fmt: skip
+        with tracked_run(**begin, nested=True) if where.nested else nullcontext():
+            run = mlflow.active_run().info  # the nested run, or the parent itself
+            if where.nested and previous is None:
+                mlflow.log_params(run_contract.method_params(self.spec.name, context.config.to_dict(),
+                                                             self.spec.settings(context)))  # fmt: skip
+            state_path = run_contract.training_state_path(self.store, run.run_id)
+            resumes = can_resume(method)
+            resume = load_training_state(state_path, context.config) if resumes and state_path.is_file() else None
+            distributed.broadcast_state({"resume": resume})
+            if resume is None:
+                mlflow.log_params(record)
+
+            def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
+                save_training_state(state_path, state, context.config)
+
+            if resumes:
+                method.set_training_hooks(on_epoch=report, on_state=save, resume=resume)
+            parts = split_parts(self.tensors, split)
+            metrics = fit_and_test(method, parts)
+            if can_be_saved(method):
+                log_method(fitted_on(self.spec.name, method, context.config, parts["train"], context.settings))
+            if resumes:
+                shutil.rmtree(state_path.parent, ignore_errors=True)
+            best_epoch = metrics.get("best_epoch")
+            return SplitResult(run.run_id, run.run_name, None if best_epoch is None else int(best_epoch),
+                               {metric: metrics[f"test_{metric}"] for metric in METRICS})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _UnitRun:
+    """Where a unit runs: in the parent run ``parent_id`` itself, or (``nested``) in a nested run named ``name``,
+    tagged ``tags``; ``previous``, that nested run where an earlier call started it."""
+
+    parent_id: str
+    nested: bool
+    previous: mlflow.entities.Run | None
+    name: str
+    tags: dict
 
 
 def _log_mean_and_std(results: list[SplitResult]) -> None:
@@ -196,45 +233,6 @@ def _log_mean_and_std(results: list[SplitResult]) -> None:
     for metric in METRICS:
         values = np.array([r.test[metric] for r in results])
         mlflow.log_metrics({f"test_{metric}_mean": float(values.mean()), f"test_{metric}_std": float(values.std())})
-
-
-def _describe(spec: registry.MethodSpec, context: registry.MethodContext, tensors: IrregularTensors,
-              units: list[tuple[Split, Config]], seeds: list[int], folder: Path, manifest: dict) -> None:  # fmt: skip
-    """Log what the parent run trains: the config, the method's settings, the data (size, folder, manifest), its
-    splits and seeds."""
-    config = context.config
-    mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
-    mlflow.log_params(run_contract.method_params(spec.name, config.to_dict(), spec.settings(context)))
-    indices = list(dict.fromkeys(split.index for split, _ in units))
-    mlflow.log_params({"n_stays": len(tensors), "n_variables": len(tensors.variables),
-                       run_contract.DATA_FOLDER: str(folder),
-                       run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
-                       run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
-    mlflow.log_dict(manifest, run_contract.DATA_MANIFEST)
-
-
-def _train_unit(spec: registry.MethodSpec, context: registry.MethodContext, tensors: IrregularTensors, split: Split,
-                folder: Path, manifest: dict, store: Path, parent_id: str, nested: bool,
-                previous: mlflow.entities.Run | None, resuming: bool, name: str, tags: dict,
-                report: Callable[[EpochRecord], None] | None) -> SplitResult:  # fmt: skip
-    """One split and seed of the parent run: reused when its nested run finished before, else trained (resuming its
-    run where one was started), in the parent itself or in its nested run, with its training state beside it."""
-    record = run_contract.split_params(split, folder, manifest)
-    if previous is not None and queries.is_finished(previous):
-        distributed.broadcast_state({"finished": True})
-        return _finished_result(previous)
-    resumed = parent_id if not nested else previous.info.run_id if previous is not None else None
-    if resuming and resumed is not None:
-        run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
-    if not nested:
-        return train_split(spec, context, tensors, split, report, run_contract.training_state_path(store, parent_id),
-                           record)  # fmt: skip
-    begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": name, "tags": tags}
-    with tracked_run(**begin, nested=True) as child:
-        if previous is None:
-            mlflow.log_params(run_contract.method_params(spec.name, context.config.to_dict(), spec.settings(context)))
-        state_path = run_contract.training_state_path(store, child.info.run_id)
-        return train_split(spec, context, tensors, split, report, state_path, record)
 
 
 def _split_runs(parent_id: str) -> dict[str, mlflow.entities.Run]:

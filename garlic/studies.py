@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import matplotlib
 
@@ -36,9 +36,11 @@ from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_par
 from garlic.methods import registry  # noqa: E402
 from garlic.methods.contract import Method  # noqa: E402
 from garlic.tracking import run_contract  # noqa: E402
-from garlic.tracking.queries import finished_run, settings_digest  # noqa: E402
+from garlic.tracking.archive import RunArchive, study_archive  # noqa: E402
+from garlic.tracking.queries import finished_run, settings_digest, stored_runs  # noqa: E402
 from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
 from garlic.evaluation.stats import mean_std  # noqa: E402
+from garlic.training.workers import add_worker_arguments, check_worker_arguments, die_with_parent  # noqa: E402
 from garlic.io.tables import LABELS, read_manifest  # noqa: E402
 from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
 
@@ -72,6 +74,26 @@ def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
     return config
 
 
+def add_preset_runs_arguments(parser: argparse.ArgumentParser, reads: str) -> None:
+    """The arguments of a study of the finished GARLIC runs of one preset on one protocol (``preset_runs``); ``reads``
+    says what of them it reads ("runs", "runs' models")."""
+    parser.add_argument("--dataset", choices=DATASETS, required=True)
+    parser.add_argument("--protocol", required=True)
+    parser.add_argument("--preset", required=True, help=f"the GARLIC preset whose {reads} are read")
+    parser.add_argument("--mlruns", type=Path, nargs="+", required=True, help="the stores holding the runs")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+
+
+def preset_runs(args: argparse.Namespace) -> list[tuple[int, int, Path, mlflow.entities.Run]]:
+    """(split, seed, store, run) of every finished run of ``--preset`` on ``--protocol`` in the ``--mlruns`` stores
+    (``add_preset_runs_arguments``); none is an error naming them."""
+    found = stored_runs(preset_config(args.preset, args.dataset, []), args.protocol, args.mlruns, args.data_root)
+    if not found:
+        raise SystemExit(f"no finished run of {args.preset} on {args.protocol} ({args.dataset}) in "
+                         f"{', '.join(map(str, args.mlruns))}")  # fmt: skip
+    return found
+
+
 def study_config(args: argparse.Namespace) -> Config:
     """``--preset`` (default: the dataset's own config) with ``--set``, ``--max-epochs`` and ``--device`` applied."""
     overrides = [*args.set]
@@ -102,6 +124,35 @@ def load_cohort(dataset: str, data_root: Path, protocol: str, indices: list[int]
 def open_experiment(name: str, store: Path) -> str:
     use_store(store)
     return use_experiment(name, store)
+
+
+def add_worker_study_arguments(parser: argparse.ArgumentParser, units: str) -> None:
+    """A study's ``--workers`` and ``--deadline`` (``garlic.training.workers``), and the hidden ``--train-only`` its
+    worker processes run with: their units, no tables."""
+    add_worker_arguments(parser, units)
+    parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)
+
+
+class StudyStart(NamedTuple):
+    config: Config
+    cohort: Cohort
+    experiment_id: str
+    archive: RunArchive
+
+
+def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, experiment: str,
+                runs_table: str) -> StudyStart:  # fmt: skip
+    """What a study that trains in workers (``add_worker_study_arguments``) starts from, once ``args`` are checked:
+    its config, cohort, MLflow experiment (``experiment-DATASET``) and the archive of its runs table. A worker
+    (``--train-only``) dies with its parent."""
+    check_worker_arguments(parser, args, worker=args.train_only)
+    if args.train_only:
+        die_with_parent()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    config = study_config(args)
+    return StudyStart(config, load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits),
+                      open_experiment(f"{experiment}-{args.dataset}", args.mlruns),
+                      study_archive(args.out, runs_table, args.dataset, args.data_root))  # fmt: skip
 
 
 # How a study reads a run's test predictions (``stay_id, label, risk``) by its run id.

@@ -10,6 +10,7 @@ from garlic.tracking.archive import study_archive
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
 from garlic.models.compact import Garlic, StepwiseProjection
+from garlic.models.network_config import NetworkConfig
 from garlic.training.losses import PREDICTION, RECONSTRUCTION
 from garlic.training.schedules import make_trainer
 from helpers import synthetic_cohort, synthetic_root
@@ -42,12 +43,12 @@ def test_every_variant_switches_off_exactly_its_part(data_root):
         config = base.override(switches)
         changed = {key for key, value in config.to_dict().items() if value != base.to_dict()[key]}
         assert changed == set(switches), name
-        model = Garlic(len(tensors.variables), 0, config).eval()
+        model = Garlic(len(tensors.variables), 0, NetworkConfig.from_run(config)).eval()
         with torch.no_grad():
             logits = model(batch.values, batch.mask, batch.times, batch.lengths, batch.static).logits
         assert torch.isfinite(logits).all(), name
-    assert isinstance(Garlic(12, 0, base.override(VARIANTS["no_gru"])).sequence, StepwiseProjection)
-    no_graph = Garlic(12, 0, base.override(VARIANTS["no_graph"])).graph
+    assert isinstance(Garlic(12, 0, NetworkConfig.from_run(base.override(VARIANTS["no_gru"]))).sequence, StepwiseProjection)
+    no_graph = Garlic(12, 0, NetworkConfig.from_run(base.override(VARIANTS["no_graph"]))).graph
     assert not isinstance(no_graph.adjacency, torch.nn.Parameter)
 
 

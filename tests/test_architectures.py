@@ -1,4 +1,5 @@
-"""garlic.models.architectures: every architecture offers the members its callers use, and builds from a config."""
+"""garlic.models.architectures: every architecture offers the members its callers use, and builds from its own
+network settings (``NetworkConfig``), not the whole run config."""
 from __future__ import annotations
 
 import pytest
@@ -7,13 +8,14 @@ import torch
 from garlic.config import Config, ConfigError
 from garlic.models.architectures import ARCHITECTURES, Architecture, build_model
 from garlic.models.compact import step_mask
+from garlic.models.network_config import NetworkConfig
+from garlic.training.schedules import make_trainer
 from helpers import random_batch
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_architecture_keeps_the_contract_its_callers_use(name):
-    config = Config(hidden_dim=8, feature_dim=4, window_size=2, architecture=name)
-    model = build_model(4, 3, config).eval()
+    model = build_model(4, 3, NetworkConfig(hidden_dim=8, feature_dim=4, window_size=2, architecture=name)).eval()
     assert isinstance(model, Architecture) and isinstance(model, ARCHITECTURES[name])
     values, mask, times, lengths, static = random_batch()
     model.prepare(times, lengths)
@@ -33,7 +35,16 @@ def test_every_architecture_keeps_the_contract_its_callers_use(name):
 
 
 def test_an_unknown_architecture_is_refused_naming_the_known_ones():
-    config = Config()
-    config.architecture = "mtand"  # past the config's own check, as a stale saved description could be
+    stale = NetworkConfig(architecture="mtand")  # past the run config's own check, as a stale saved description could be
     with pytest.raises(ConfigError, match="architecture must be one of compact, reference"):
-        build_model(4, 3, config)
+        build_model(4, 3, stale)
+
+
+@pytest.mark.parametrize("schedule", ["compact", "reference"])
+def test_a_trained_network_holds_its_own_settings_not_the_run_config(schedule):
+    run = Config(hidden_dim=8, feature_dim=4, window_size=2, use_graph=False, architecture=schedule, schedule=schedule,
+                 lr_cls=0.5, max_epochs=3, seed=7)  # fmt: skip
+    network = make_trainer(run, 4, 0).model.config
+    assert network == NetworkConfig(hidden_dim=8, feature_dim=4, window_size=2, use_graph=False, architecture=schedule)
+    # What only trains the network (rates, epochs, seed) is no setting of it.
+    assert NetworkConfig.from_run(run.override({"lr_cls": 0.1, "max_epochs": 9, "seed": 1})) == network

@@ -7,37 +7,38 @@ from garlic.config import Config
 from garlic.data.datasets import processed_folder
 from garlic.models.reference import ReferenceGarlic
 from garlic.sources import synthetic
+from garlic.training import speed
 
 
 def test_speed_benchmark_reports_an_epoch_and_the_median_inference_rate(tmp_path, monkeypatch):
-    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 3)
+    monkeypatch.setattr(speed, "INFERENCE_PASSES", 3)
     config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "device": "cpu"})
-    speed = benchmark_training.measure_speed(config, tmp_path)
-    assert speed["training_stays"] == 1600 and speed["predicted_stays"] == 400  # 80/10/10 of 2,000 stays
-    assert speed["epoch_seconds"] > 0
-    slowest, fastest = speed["stays_per_second_range"]
-    assert 0 < slowest <= speed["stays_per_second"] <= fastest
+    measured = speed.measure_speed(config, tmp_path)
+    assert measured["training_stays"] == 1600 and measured["predicted_stays"] == 400  # 80/10/10 of 2,000 stays
+    assert measured["epoch_seconds"] > 0
+    slowest, fastest = measured["stays_per_second_range"]
+    assert 0 < slowest <= measured["stays_per_second"] <= fastest
 
 
 def test_speed_benchmark_times_the_first_batches_of_a_reference_model_prepared_as_a_fit_prepares_it(tmp_path,
                                                                                                     monkeypatch):
-    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 1)
+    monkeypatch.setattr(speed, "INFERENCE_PASSES", 1)
     prepared = []
     prepare = ReferenceGarlic.prepare
     monkeypatch.setattr(ReferenceGarlic, "prepare",
                         lambda model, times, lengths: prepared.append(len(times)) or prepare(model, times, lengths))
     config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "device": "cpu",
                                                        "architecture": "reference", "signal_layout": "code"})
-    speed = benchmark_training.measure_speed(config, tmp_path, batches=2)
+    measured = speed.measure_speed(config, tmp_path, batches=2)
     assert prepared == [1600]  # the training stays, before the timed batches
-    assert speed["batches"] == 2 and speed["epoch_batches"] == 1600 // config.batch_size
-    assert speed["epoch_seconds"] > 0
+    assert measured["batches"] == 2 and measured["epoch_batches"] == 1600 // config.batch_size
+    assert measured["epoch_seconds"] > 0
 
 
 def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 1)
+    monkeypatch.setattr(speed, "INFERENCE_PASSES", 1)
     monkeypatch.setattr(benchmark_training, "matmul_gflops", lambda: 100.0)  # the machine's rate is not under test
-    monkeypatch.setattr(benchmark_training, "FLOP_SAMPLE_BATCHES", 2)
+    monkeypatch.setattr(speed, "FLOP_SAMPLE_BATCHES", 2)
     data = tmp_path / "data"
     synthetic.generate(processed_folder("synthetic", data), n_stays=600, seed=0)  # a third of the default: faster
     common = ["--data-root", str(data), "--mlruns", str(tmp_path / "mlruns"), "--out", str(tmp_path / "out"),
@@ -53,7 +54,7 @@ def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_
     assert first.gflop_per_epoch > 0 and first.floor_seconds == pytest.approx(first.gflop_per_epoch / 100.0)
     assert "python -m experiments.benchmark_training --presets synthetic --full-run" in first.command
     report = (tmp_path / "out" / "speed.md").read_text()
-    assert first.cpu == benchmark_training.cpu_name() and first.cpu  # rows of different machines stay apart
+    assert first.cpu == speed.cpu_name() and first.cpu  # rows of different machines stay apart
     assert f"| synthetic | synthetic | five-split / 0 | {first.cpu} |" in report
     assert "| physionet2012-fast | synthetic | five-split / 0 |" in report
 
@@ -75,7 +76,7 @@ def test_compare_kernels_alternates_pytorch_layers_and_fused_kernels(tmp_path, m
 
     if fused.kernels() is None:
         pytest.skip("the fused CPU kernels could not be built here (no C++ compiler or ninja)")
-    monkeypatch.setattr(benchmark_training, "INFERENCE_PASSES", 1)
+    monkeypatch.setattr(speed, "INFERENCE_PASSES", 1)
     synthetic.generate(processed_folder("synthetic", tmp_path), n_stays=300, seed=0)
     calls = []
     layer_norm = fused._LayerNorm.apply
@@ -86,7 +87,7 @@ def test_compare_kernels_alternates_pytorch_layers_and_fused_kernels(tmp_path, m
     runs_with_kernels = len(calls)
     assert runs_with_kernels > 0
     with fused.fused_kernels(False):
-        benchmark_training.measure_speed(config, tmp_path, batches=1)
+        speed.measure_speed(config, tmp_path, batches=1)
     assert len(calls) == runs_with_kernels  # PyTorch's layer norm only
     benchmark_training.main(["--presets", "synthetic", "--data-root", str(tmp_path), "--batches", "1",
                              "--compare-kernels", "1", "--set", "hidden_dim=8", "--set", "device=cpu"])

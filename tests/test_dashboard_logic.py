@@ -39,6 +39,7 @@ from garlic.config import Config
 from garlic.data.batches import collate
 from garlic.data.datasets import processed_folder
 from garlic.models.compact import Garlic
+from garlic.models.network_config import NetworkConfig
 from garlic.tracking.store import RunNotFoundError, use_store
 from garlic.training.losses import forward
 from garlic.sources import physionet2019
@@ -111,7 +112,7 @@ def test_each_hour_of_the_curve_is_the_risk_of_the_stay_cut_at_that_hour(loaded,
 def test_the_one_pass_curve_holds_for_model_variants(loaded, variant):
     trained, test = loaded
     torch.manual_seed(0)
-    model = Garlic(len(trained.variables), len(trained.static_features), Config().override(variant))
+    model = Garlic(len(trained.variables), len(trained.static_features), NetworkConfig.from_run(Config().override(variant)))
     stay = test[0]
     hours = replay_hours(float(stay["times"][int(stay["lengths"]) - 1]))
     curve = risk_curve(model, stay, hours)

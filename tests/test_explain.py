@@ -11,6 +11,7 @@ from garlic.explain.integrated_gradients import GRADIENTS, gradient_explanation,
 from garlic.explain.report import edge_recovery_auroc, log_explanations, observation_table, signal_table
 from garlic.models.architectures import build_model
 from garlic.models.compact import Garlic
+from garlic.models.network_config import NetworkConfig
 from garlic.tracking.store import use_experiment, use_store
 from garlic.sources import synthetic
 from garlic.io.tensors import load_tensors
@@ -27,7 +28,7 @@ def setup(tmp_path_factory):
     split = load_splits(folder, tensors)[0]
     dataset = IrregularDataset(tensors, split.normalisation)
     torch.manual_seed(0)
-    model = Garlic(len(tensors.variables), 0, Config().override(SMALL)).eval()
+    model = Garlic(len(tensors.variables), 0, NetworkConfig.from_run(Config().override(SMALL))).eval()
     # A trained encoder has non-zero biases; at its all-zero initial bias, features vanish near the all-missing input
     # and the layer norm after them turns steep there, which only a long integration path resolves.
     torch.nn.init.normal_(model.encoder.bias)
@@ -168,7 +169,7 @@ def test_a_reference_model_is_explained_by_integrated_gradients_without_edges(se
     _, batch, _, tensors, _ = setup
     torch.manual_seed(0)
     config = Config().override({**SMALL, "architecture": "reference", "schedule": "reference"})
-    model = build_model(len(tensors.variables), 0, config).eval()
+    model = build_model(len(tensors.variables), 0, NetworkConfig.from_run(config)).eval()
     model.prepare(batch.times, batch.lengths)
     assert model.explanation_unavailable is not None
     explained = gradient_explanation(model, batch, tensors.variables, steps=4)

@@ -18,6 +18,7 @@ from garlic.explain.removal import keep_count, keep_highest, keep_mask, reduce
 from garlic.io.tensors import IrregularTensors
 from garlic.metrics import binary_metrics
 from garlic.models.compact import Garlic
+from garlic.models.network_config import NetworkConfig
 from helpers import synthetic_root
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
@@ -186,7 +187,7 @@ def small_cohort(tmp_path_factory):
 def test_importance_maps_cover_every_stay_and_only_observed_cells(small_cohort):
     loaded = studies.load_cohort("synthetic", small_cohort, "five-split", [0])
     tensors, split = loaded.tensors, loaded.splits[0]
-    model = Garlic(len(tensors.variables), 0, Config().override(TINY))
+    model = Garlic(len(tensors.variables), 0, NetworkConfig.from_run(Config().override(TINY)))
     dataset = IrregularDataset(tensors, split.normalisation)
     for method in ("garlic", "ig"):
         importance = importance_map(model, dataset, method, ig_steps=4, batch_size=50)

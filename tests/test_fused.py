@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from helpers import random_batch
-from garlic.config import Config
 from garlic.models import fused
 from garlic.models.compact import Garlic, reconstruction_loss
 from garlic.models.fused import FusedGRU, FusedLayerNorm, fused_kernels
+from garlic.models.network_config import NetworkConfig
 
 needs_kernels = pytest.mark.skipif(fused.kernels() is None, reason="the fused CPU kernels could not be built here "
                                    "(no C++ compiler or ninja; the warning logged says which)")  # fmt: skip
@@ -110,8 +110,8 @@ def test_model_training_step_matches_pytorch_layers():
     """A whole Garlic training step (dropout on) gives the same losses and gradients with and without the kernels."""
     values, mask, times, lengths, static = random_batch()
     torch.manual_seed(0)
-    model = Garlic(values.shape[2], static.shape[1], Config(hidden_dim=16, feature_dim=4, window_size=3,
-                                                             dropout=0.3)).train()  # fmt: skip
+    model = Garlic(values.shape[2], static.shape[1], NetworkConfig(hidden_dim=16, feature_dim=4, window_size=3,
+                                                                    dropout=0.3)).train()  # fmt: skip
     results = {}
     for use_fused in (False, True):
         model.zero_grad()

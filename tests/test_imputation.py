@@ -11,10 +11,11 @@ import torch
 
 from experiments import imputation
 from experiments.imputation import hide, reconstructed, simple_imputations
-from garlic.config import Config
+from garlic import studies
 from garlic.data.batches import IrregularDataset
 from garlic.methods.field import hourly_grid
 from garlic.models.compact import Garlic
+from garlic.models.network_config import NetworkConfig
 from garlic.tracking.store import get_run, use_store
 from helpers import synthetic_cohort, tiny_run
 
@@ -42,7 +43,7 @@ def test_simple_imputers_read_the_values_left_before_and_after():
 
 def test_the_reconstruction_head_of_a_stay_does_not_depend_on_its_batch():
     torch.manual_seed(0)
-    model = Garlic(3, 2, Config(hidden_dim=8, feature_dim=4, summary_branch=True, use_static=True))
+    model = Garlic(3, 2, NetworkConfig(hidden_dim=8, feature_dim=4, summary_branch=True, use_static=True))
     lengths = torch.tensor([5, 2, 4])
     values, mask = torch.randn(3, 5, 3), (torch.rand(3, 5, 3) < 0.6).float()
     times, static = torch.arange(5.0).expand(3, 5), torch.randn(3, 2)
@@ -84,7 +85,7 @@ def study(tmp_path_factory, tmp_path, monkeypatch):
     run = tiny_run(tmp_path_factory)
     use_store(run.store)
     # the tiny run is not the shipped preset, which is what the study looks for (as the comparison finds runs)
-    monkeypatch.setattr(imputation, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
+    monkeypatch.setattr(studies, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
     arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
                  str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
     return run, arguments

@@ -15,15 +15,15 @@ def layer_of(module: str) -> str:
     return module.split(".")[1]
 
 
-def imported_garlic_modules(tree: ast.Module) -> list[tuple[str, int]]:
-    """Every ``garlic.*`` module a module imports, with its line (lazy imports inside functions included)."""
+def imported_modules(tree: ast.Module, top: str = "garlic") -> list[tuple[str, int]]:
+    """Every ``top.*`` module (``garlic.*``) a module imports, with its line (lazy imports inside functions included)."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "garlic":
-            names = [f"garlic.{alias.name}" for alias in node.names] if node.module == "garlic" else [node.module]
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == top:
+            names = [f"{top}.{alias.name}" for alias in node.names] if node.module == top else [node.module]
             found += [(name, node.lineno) for name in names]
         elif isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] == "garlic"]
+            found += [(alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] == top]
     return found
 
 
@@ -34,7 +34,7 @@ def upward_imports(package: Path) -> list[str]:
         if relative.name == "__init__" and len(relative.parts) <= 2:
             continue
         module = ".".join(relative.parts)
-        for imported, line in imported_garlic_modules(ast.parse(path.read_text())):
+        for imported, line in imported_modules(ast.parse(path.read_text())):
             if LAYERS.index(layer_of(imported)) > LAYERS.index(layer_of(module)):
                 upward.append(f"{module} (line {line}) imports {imported}")
     return upward
@@ -67,5 +67,17 @@ def test_the_check_reports_an_upward_import(tmp_path):
 def test_the_fit_loop_imports_no_model():
     # The loop is one module; GARLIC's schedules and the baselines' build their models and plug in as hooks.
     loop = PACKAGE / "training" / "trainer.py"
-    imported = [name for name, _ in imported_garlic_modules(ast.parse(loop.read_text()))]
+    imported = [name for name, _ in imported_modules(ast.parse(loop.read_text()))]
     assert imported and not [name for name in imported if layer_of(name) in ("models", "methods")]
+
+
+def test_no_script_in_experiments_imports_another():
+    # What two scripts share belongs to the package; a script's own modules (experiments/baselines/) are one script.
+    experiments = PACKAGE.parent / "experiments"
+    crossing = []
+    for path in sorted(experiments.rglob("*.py")):
+        script = path.relative_to(experiments).parts[0].removesuffix(".py")
+        imported = imported_modules(ast.parse(path.read_text()), top="experiments")
+        crossing += [f"{path.relative_to(experiments)} (line {line}) imports {name}" for name, line in imported
+                     if name.split(".")[1] != script]  # fmt: skip
+    assert crossing == []

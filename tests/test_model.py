@@ -22,6 +22,7 @@ from garlic.models.compact import (
     reconstruction_loss,
     step_mask,
 )
+from garlic.models.network_config import NetworkConfig
 
 B, T, D, S = 5, 12, 4, 3
 
@@ -29,7 +30,7 @@ B, T, D, S = 5, 12, 4, 3
 def small_model(**overrides) -> Garlic:
     torch.manual_seed(0)
     config = Config(hidden_dim=16, feature_dim=4, window_size=3).override(overrides)
-    return Garlic(D, S, config).eval()
+    return Garlic(D, S, NetworkConfig.from_run(config)).eval()
 
 
 def test_output_shapes_and_normalised_attention():

@@ -19,6 +19,7 @@ from garlic.explain.built_in import explain
 from garlic.explain.integrated_gradients import ig_importance
 from garlic.metrics import binary_metrics
 from garlic.models.architectures import build_model
+from garlic.models.network_config import NetworkConfig
 from garlic.methods.garlic import GarlicEstimator
 from garlic.methods.saved import fitted_on, load_method, save_method
 from garlic.tracking.run_contract import GARLIC
@@ -46,7 +47,7 @@ B, T, D, S, W, FEATURES = 5, 12, 4, 3, 3, 4
 def reference_model(**overrides) -> ReferenceGarlic:
     torch.manual_seed(0)
     config = Config(architecture="reference", hidden_dim=8, feature_dim=FEATURES, window_size=W).override(overrides)
-    return build_model(D, S, config).eval()
+    return build_model(D, S, NetworkConfig.from_run(config)).eval()
 
 
 # Plain versions, one variable, window or stay at a time, in the reference code's order of operations.
@@ -335,7 +336,7 @@ def test_parameter_groups_are_the_references_and_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="use_static"):
         reference_model(use_static=True)
     with pytest.raises(ConfigError, match="architecture"):
-        build_model(D, S, Config(architecture="big"))
+        build_model(D, S, NetworkConfig.from_run(Config(architecture="big")))
     values, mask, times, lengths, static = random_batch()
     with pytest.raises(ValueError, match="signal_layout=variables"):
         reference_model(signal_layout="code").encode(values, mask, times)

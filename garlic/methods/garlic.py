@@ -14,25 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import pandas as pd
 import torch
 
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.explain.built_in import normalised_graph
-from garlic.io.atomic import write_json_atomic
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.saved import FITTED, WEIGHTS, load_state, load_weights, read_fitted, save_weights
+from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, load_weights, read_fitted
 from garlic.models.architectures import build_model
-from garlic.models.predict import predict_proba
+from garlic.models.network_config import NetworkConfig
 from garlic.tracking.run_contract import GARLIC
 
 if TYPE_CHECKING:
     from garlic.training.trainer import EpochRecord
 
 
-class GarlicEstimator:
+class GarlicEstimator(NetworkMethod):
     """GARLIC of ``config``, fitted on a training part, its best epoch chosen on a validation part.
 
     - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;
@@ -104,18 +102,10 @@ class GarlicEstimator:
         check_fitted(self)
         return self.model_
 
-    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        check_fitted(self)
-        return predict_proba(self.model_, dataset)
-
-    def save_fitted(self, folder: Path) -> None:
-        check_fitted(self)
-        save_weights(folder / WEIGHTS, self.model_.state_dict())
-        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_})
-
     def restore_fitted(self, folder: Path) -> None:
         inputs = {key: read_fitted(folder)[key] for key in ("variables", "static_features")}
-        model = build_model(len(inputs["variables"]), len(inputs["static_features"]), self.config)
+        network = NetworkConfig.from_run(self.config)
+        model = build_model(len(inputs["variables"]), len(inputs["static_features"]), network)
         weights = load_weights(folder / WEIGHTS)
         weights.setdefault("logit_offset", torch.zeros(()))  # saved before the offset existed: trained unweighted
         load_state(model, folder / WEIGHTS, weights)

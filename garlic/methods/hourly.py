@@ -12,20 +12,15 @@ the end of its input, so they also run on the per-stay tasks.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlflow
 import numpy as np
 from sklearn.base import BaseEstimator
-from sklearn.metrics import roc_auc_score
 
 from garlic.data.batches import IrregularDataset
-from garlic.io.atomic import write_json_atomic
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
-from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.summary import CANDIDATES, SKOPS_FILE, load_skops, save_skops
-from garlic.methods.saved import FITTED, ModelFileError, read_fitted
+from garlic.methods.contract import check_fitted
+from garlic.methods.summary import CANDIDATES, ChosenClassifier
 
 STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")
 CHUNK_STAYS = 512  # stays whose [steps, variables] arrays are held at once: about 100 MB at P19's longest stays
@@ -105,14 +100,13 @@ def _chunk_features(tensors: IrregularTensors, stays: slice, stay: np.ndarray, t
     return np.concatenate([last_value, hours_since, seen_count, change, mean6, mean24, std24], axis=1)
 
 
-class HourlyModel(BaseEstimator):
-    """A classifier on ``hourly_features`` over every prediction time of the training part: ``kind`` 'gbm'
-    (scikit-learn's histogram gradient boosting) or 'logreg' (logistic regression after median imputation with
-    missingness indicators). ``fit`` fits every candidate setting (``garlic.methods.summary.CANDIDATES``) and keeps
-    the best validation AUROC over prediction times (the first on ties). A column with no value in the training
-    part is left out (``kept_``), as ``SummaryModel`` does."""
+class HourlyModel(ChosenClassifier):
+    """A ``garlic.methods.summary.ChosenClassifier`` on ``hourly_features`` over every prediction time of the
+    training part: ``kind`` 'gbm' (scikit-learn's histogram gradient boosting) or 'logreg' (logistic regression after
+    median imputation with missingness indicators), the best validation AUROC over prediction times kept."""
 
     at_prediction_times = True
+    COLUMNS = "hourly feature"
 
     def __init__(self, kind: str, seed: int = 0):
         if kind not in CANDIDATES:
@@ -124,45 +118,14 @@ class HourlyModel(BaseEstimator):
         """As the registry names it (what fitted.json records)."""
         return f"hourly_{self.kind}"
 
-    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "HourlyModel":
-        features = hourly_features(train.tensors)
-        self.inputs_ = fitted_inputs(train)
-        self.kept_ = ~np.isnan(features).all(axis=0)
-        features, held_out = features[:, self.kept_], hourly_features(validation.tensors)[:, self.kept_]
-        best_score = -np.inf
-        for setting, model in CANDIDATES[self.kind](self.seed):
-            model.fit(features, train.prediction_times.label)
-            score = roc_auc_score(validation.prediction_times.label, model.predict_proba(held_out)[:, 1])
-            if score > best_score:
-                self.model_, self.chosen_, best_score = model, setting | {"validation_auroc": score}, score
-        return self
+    def features(self, dataset: IrregularDataset) -> np.ndarray:
+        return hourly_features(dataset.tensors)
 
-    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        check_fitted(self)
-        return self.model_.predict_proba(hourly_features(dataset.tensors)[:, self.kept_])[:, 1]
+    def targets(self, dataset: IrregularDataset) -> np.ndarray:
+        return dataset.prediction_times.label
 
-    def save_fitted(self, folder: Path) -> None:
-        check_fitted(self)
-        save_skops(folder / SKOPS_FILE, self.model_)
-        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(),
-                                            "chosen": self.chosen_})  # fmt: skip
-
-    def restore_fitted(self, folder: Path) -> None:
-        fitted = read_fitted(folder)
-        self.model_ = load_skops(folder / SKOPS_FILE)
-        self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}
-        self.kept_, self.chosen_ = np.asarray(fitted["kept"], dtype=bool), fitted["chosen"]
-        columns = len(STATISTICS) * len(self.inputs_["variables"]) + len(self.inputs_["static_features"]) + 1
-        if len(self.kept_) != columns or self.kept_.sum() != self.model_.n_features_in_:
-            raise ModelFileError(f"{folder / FITTED}: 'kept' marks {self.kept_.sum()} of {len(self.kept_)} columns, "
-                                 f"but the model reads {self.model_.n_features_in_} of the {columns} hourly feature "
-                                 "columns of its inputs")  # fmt: skip
-
-    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
-        check_fitted(self)
-        mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen_.items()})
-        mlflow.log_param("chosen_empty_columns", int((~self.kept_).sum()))
-        return {}
+    def columns(self, inputs: dict) -> int:
+        return len(STATISTICS) * len(inputs["variables"]) + len(inputs["static_features"]) + 1
 
 
 class AlarmAfterHour(BaseEstimator):

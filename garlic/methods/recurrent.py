@@ -21,21 +21,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.base import BaseEstimator
 from torch import Tensor, nn
 
 from garlic.data.batches import IrregularDataset, loader
-from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.saved import FITTED, WEIGHTS, load_state, read_fitted, save_weights
-from garlic.models.compact import DecayImputation, step_mask
+from garlic.methods.contract import fitted_inputs
+from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, read_fitted
+from garlic.models.compact import DecayImputation, last_observed, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import predict_proba
 from garlic.training.device import resolve_device
 from garlic.training.trainer import Progress, Trainer
-from garlic.io.atomic import write_json_atomic
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -43,9 +41,7 @@ def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
 
     mask [B, T, D] -> step [B, T, D] (long, 0 where none), seen [B, T, D] (bool)
     """
-    steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
-    including = torch.where(mask.bool(), steps, -1).cummax(dim=1).values
-    before = F.pad(including, (0, 0, 1, 0), value=-1)[:, :-1]
+    before = F.pad(last_observed(mask), (0, 0, 1, 0), value=-1)[:, :-1]
     return before.clamp(min=0), before >= 0
 
 
@@ -157,7 +153,7 @@ class RecurrentTrainer(Trainer):
         return False, progress.stale >= self.config.early_stopping
 
 
-class RecurrentModel(BaseEstimator):
+class RecurrentModel(NetworkMethod, BaseEstimator):
     """``name`` ('grud' or 'decay_gru') as a method of ``garlic.evaluation.fit_and_test``, fitted by
     ``RecurrentTrainer``: a network of ``hidden_dim`` units and ``dropout``, Adam at ``lr`` with ``weight_decay`` on
     batches of ``batch_size``, at most ``max_epochs``, stopped after ``early_stopping`` epochs without a better
@@ -181,14 +177,8 @@ class RecurrentModel(BaseEstimator):
         self.inputs_ = fitted_inputs(train)
         return self
 
-    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
-        check_fitted(self)
-        return predict_proba(self.model_, dataset)
-
-    def save_fitted(self, folder: Path) -> None:
-        check_fitted(self)
-        save_weights(folder / WEIGHTS, self.model_.state_dict())
-        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "num_variables": self.num_variables_})
+    def fitted_beside_inputs(self) -> dict:
+        return {"num_variables": self.num_variables_}
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)

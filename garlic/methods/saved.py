@@ -35,7 +35,8 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
 from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tensors import IrregularTensors
-from garlic.methods.contract import Method, can_be_saved, explains
+from garlic.methods.contract import Method, can_be_saved, check_fitted, explains
+from garlic.models.predict import predict_proba
 from garlic.tracking.local_store import DEFAULT_STORE, stored_model_folder
 from garlic.tracking.run_contract import GARLIC
 
@@ -225,6 +226,25 @@ def load_weights(path: Path, device: str = "cpu") -> dict:
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise ModelFileError(f"{path}: not a state dict of tensors")
     return weights
+
+
+class NetworkMethod:
+    """What the methods whose fit is one torch network (``model_``, over the inputs of ``inputs_``) share, GARLIC's and
+    the recurrent baselines': their risks are the network's (``garlic.models.predict``), and they are saved as the
+    network's weights (``WEIGHTS``) and a fitted.json of their name, their inputs and ``fitted_beside_inputs``."""
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        check_fitted(self)
+        return predict_proba(self.model_, dataset)
+
+    def save_fitted(self, folder: Path) -> None:
+        check_fitted(self)
+        save_weights(folder / WEIGHTS, self.model_.state_dict())
+        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, **self.fitted_beside_inputs()})
+
+    def fitted_beside_inputs(self) -> dict:
+        """What fitted.json keeps beside the method's name and inputs, for ``restore_fitted`` to read back."""
+        return {}
 
 
 def load_state(module: torch.nn.Module, path: Path, weights: dict | None = None) -> None:

@@ -101,39 +101,38 @@ def _boosting_candidates(seed: int) -> list[tuple[dict, object]]:
 CANDIDATES = {"logreg": _logistic_candidates, "gbm": _boosting_candidates}
 
 
-class SummaryModel(BaseEstimator):
-    """A classifier on per-stay summaries (``summary_features``; with ``with_static``, the static features beside
-    them): ``kind`` 'logreg' (logistic regression) or 'gbm' (gradient boosting). ``fit`` fits every candidate
-    setting on the training part and keeps the best validation AUROC (the first one on ties).
+class ChosenClassifier(BaseEstimator):
+    """A classifier on a feature table of each input (``features``, with ``targets`` its labels): ``kind`` 'logreg'
+    (logistic regression) or 'gbm' (gradient boosting). ``fit`` fits every candidate setting (``CANDIDATES``) on the
+    training part and keeps the best validation AUROC (the first one on ties). ``SummaryModel`` and
+    ``garlic.methods.hourly.HourlyModel`` are its two feature tables.
 
     A column with no value in the training part (a variable never observed there, such as P19 set A's EtCO2) says
     nothing the model could learn, and scikit-learn's gradient boosting fails on it (``window shape cannot be larger
-    than input array shape``): such columns are left out, ``kept_`` marks the others."""
+    than input array shape``): such columns are left out, ``kept_`` marks the others. Saved as the model in skops's
+    format and ``kept_`` and the chosen setting in fitted.json."""
 
-    def __init__(self, kind: str, with_static: bool = False, seed: int = 0):
-        if kind not in CANDIDATES:
-            raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
-        self.kind, self.with_static, self.seed = kind, with_static, seed
-
-    @property
-    def name(self) -> str:
-        """As the registry names it."""
-        return f"{self.kind}_static" if self.with_static else self.kind
+    COLUMNS = "feature"  # what the error of a saved ``kept_`` of the wrong length calls the columns
 
     def features(self, dataset: IrregularDataset) -> np.ndarray:
-        tensors = dataset.tensors
-        features, _ = summary_features(tensors)
-        return np.concatenate([features, tensors.static.astype("float64")], axis=1) if self.with_static else features
+        raise NotImplementedError
 
-    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "SummaryModel":
+    def targets(self, dataset: IrregularDataset) -> np.ndarray:
+        raise NotImplementedError
+
+    def columns(self, inputs: dict) -> int:
+        """How many columns ``features`` gives for ``inputs`` (``fitted_inputs``: variables and static features)."""
+        raise NotImplementedError
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "ChosenClassifier":
         features = self.features(train)
         self.inputs_ = fitted_inputs(train)
         self.kept_ = ~np.isnan(features).all(axis=0)
         features, held_out = features[:, self.kept_], self.features(validation)[:, self.kept_]
         best_score = -np.inf
         for setting, model in CANDIDATES[self.kind](self.seed):
-            model.fit(features, train.labels.numpy())
-            score = roc_auc_score(validation.labels.numpy(), model.predict_proba(held_out)[:, 1])
+            model.fit(features, self.targets(train))
+            score = roc_auc_score(self.targets(validation), model.predict_proba(held_out)[:, 1])
             if score > best_score:
                 self.model_, self.chosen_, best_score = model, setting | {"validation_auroc": score}, score
         return self
@@ -153,19 +152,46 @@ class SummaryModel(BaseEstimator):
         self.model_ = load_skops(folder / SKOPS_FILE)
         self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}
         self.kept_, self.chosen_ = np.asarray(fitted["kept"], dtype=bool), fitted["chosen"]
-        # 'kept' marks which summary columns of the inputs the model reads: one of another length scores nothing
-        columns = len(STATISTICS) * len(self.inputs_["variables"])
-        columns += len(self.inputs_["static_features"]) if self.with_static else 0
+        # 'kept' marks which feature columns of the inputs the model reads: one of another length scores nothing
+        columns = self.columns(self.inputs_)
         if len(self.kept_) != columns or self.kept_.sum() != self.model_.n_features_in_:
             raise ModelFileError(f"{folder / FITTED}: 'kept' marks {self.kept_.sum()} of {len(self.kept_)} columns, "
-                                 f"but the model reads {self.model_.n_features_in_} of the {columns} summary columns "
-                                 "of its inputs")  # fmt: skip
+                                 f"but the model reads {self.model_.n_features_in_} of the {columns} {self.COLUMNS} "
+                                 "columns of its inputs")  # fmt: skip
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         check_fitted(self)
         mlflow.log_params({f"chosen_{key}": value for key, value in self.chosen_.items()})
         mlflow.log_param("chosen_empty_columns", int((~self.kept_).sum()))
         return {}
+
+
+class SummaryModel(ChosenClassifier):
+    """A ``ChosenClassifier`` on per-stay summaries (``summary_features``; with ``with_static``, the static features
+    beside them)."""
+
+    COLUMNS = "summary"
+
+    def __init__(self, kind: str, with_static: bool = False, seed: int = 0):
+        if kind not in CANDIDATES:
+            raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
+        self.kind, self.with_static, self.seed = kind, with_static, seed
+
+    @property
+    def name(self) -> str:
+        """As the registry names it."""
+        return f"{self.kind}_static" if self.with_static else self.kind
+
+    def features(self, dataset: IrregularDataset) -> np.ndarray:
+        tensors = dataset.tensors
+        features, _ = summary_features(tensors)
+        return np.concatenate([features, tensors.static.astype("float64")], axis=1) if self.with_static else features
+
+    def targets(self, dataset: IrregularDataset) -> np.ndarray:
+        return dataset.labels.numpy()
+
+    def columns(self, inputs: dict) -> int:
+        return len(STATISTICS) * len(inputs["variables"]) + (len(inputs["static_features"]) if self.with_static else 0)
 
 
 class SeverityScore(BaseEstimator):

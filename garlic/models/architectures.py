@@ -1,4 +1,5 @@
-"""What a GARLIC architecture offers its callers, and the architectures there are (``Config.architecture``).
+"""What a GARLIC architecture offers its callers, and the architectures there are (``NetworkConfig.architecture``, the
+run config's ``architecture``).
 
 The trainers, ``garlic.models.predict``, the explanations and the dashboard use a model only through ``Architecture``;
 what differs between architectures they ask (``explanation_unavailable``), never the class. Both implement it:
@@ -12,8 +13,9 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from garlic.config import Config, ConfigError
+from garlic.config import ConfigError
 from garlic.models.compact import Garlic
+from garlic.models.network_config import NetworkConfig
 from garlic.models.reference import ReferenceGarlic
 
 
@@ -55,8 +57,8 @@ class Architecture(Protocol):
 ARCHITECTURES: dict[str, type[nn.Module]] = {"compact": Garlic, "reference": ReferenceGarlic}
 
 
-def build_model(num_variables: int, num_static: int, config: Config) -> Garlic | ReferenceGarlic:
-    """A fresh model of ``config.architecture``."""
+def build_model(num_variables: int, num_static: int, config: NetworkConfig) -> Garlic | ReferenceGarlic:
+    """A fresh model of ``config.architecture`` (a run config's network: ``NetworkConfig.from_run``)."""
     if config.architecture not in ARCHITECTURES:
         raise ConfigError(f"architecture must be one of {', '.join(ARCHITECTURES)}, got {config.architecture!r}")
     return ARCHITECTURES[config.architecture](num_variables, num_static, config)

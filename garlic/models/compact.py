@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from garlic.config import Config
 from garlic.data.batches import Queries
 from garlic.models.fused import FusedGRU, FusedLayerNorm
+from garlic.models.network_config import NetworkConfig
 
 # 4 MiB of float32 activations. Inference that ran the per-step layers on chunks of this many cells predicted 1.2x the
 # stays per second of whole batches of 128 on P12 (a 2-core EPYC: 2 MiB of L2 per core, 32 MiB of L3).
@@ -99,6 +99,15 @@ def lag_offsets(window: int, steps: int) -> list[tuple[int, int]]:
     return [(lag, window - lag) for lag in range(window) if window - lag < steps]
 
 
+def last_observed(mask: Tensor) -> Tensor:
+    """For every cell, the step of the variable's last observation up to it (itself included), -1 before the first.
+
+    mask [B, T, D] -> [B, T, D] (long)
+    """
+    steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
+    return torch.where(mask.bool(), steps, -1).cummax(dim=1).values
+
+
 class DecayImputation(nn.Module):
     """x'_{t,d} = m_{t,d} x_{t,d} + (1 - m_{t,d}) (g_{t,d} x_last + (1 - g_{t,d}) mean_d),
     g_{t,d} = exp(-max(0, w_d dt_{t,d} + b_d)).
@@ -120,8 +129,7 @@ class DecayImputation(nn.Module):
 
         mask [B, T, D], times [B, T] -> last step [B, T, D] (long), g [B, T, D] (0 where never observed yet)
         """
-        steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
-        last = torch.where(mask.bool(), steps, -1).cummax(dim=1).values
+        last = last_observed(mask)
         seen = last >= 0
         last = last.clamp(min=0)
         gap = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, last)
@@ -237,6 +245,15 @@ class LagPool(torch.autograd.Function):
         return grad_weights, grad_features, grad_embedding
 
 
+def add_adjacency(module: nn.Module, num_variables: int, learn_graph: bool) -> None:
+    """Give ``module`` its graph ``adjacency`` [D, D] (row: the source, column: the target): a parameter from
+    I + 0.2 under ``learn_graph``, else a buffer fixed at I (each variable receives only its own message)."""
+    if learn_graph:
+        module.adjacency = nn.Parameter(torch.eye(num_variables) + 0.2)
+    else:
+        module.register_buffer("adjacency", torch.eye(num_variables))
+
+
 class GraphMessagePassing(nn.Module):
     """m_{t,j} = sum_i A_ij W s_{t,i}: every variable j receives the linear message W s_{t,i} (no bias) of each
     variable i, weighted by a learned dense graph A initialised as I + 0.2 (fixed at I when not ``learn_graph``: each
@@ -247,10 +264,7 @@ class GraphMessagePassing(nn.Module):
 
     def __init__(self, num_variables: int, feature_dim: int, learn_graph: bool = True):
         super().__init__()
-        if learn_graph:
-            self.adjacency = nn.Parameter(torch.eye(num_variables) + 0.2)
-        else:
-            self.register_buffer("adjacency", torch.eye(num_variables))
+        add_adjacency(self, num_variables, learn_graph)
         self.message = nn.Linear(feature_dim, feature_dim, bias=False)  # linear, so it commutes with A
 
     def forward(self, summary: Tensor) -> Tensor:
@@ -405,7 +419,7 @@ class Garlic(nn.Module):
     # ask instead of testing the class.
     explanation_unavailable: str | None = None
 
-    def __init__(self, num_variables: int, num_static: int, config: Config):
+    def __init__(self, num_variables: int, num_static: int, config: NetworkConfig):
         super().__init__()
         d, f, h = num_variables, config.feature_dim, config.hidden_dim
         self.config = config

@@ -61,9 +61,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from garlic.config import Config, ConfigError
-from garlic.models.compact import CACHE_CELLS, StepwiseProjection, step_mask
+from garlic.config import ConfigError
+from garlic.models.compact import (CACHE_CELLS, DecayImputation, StepwiseProjection, add_adjacency, last_observed,
+                                   step_mask)  # fmt: skip
 from garlic.models.fused import FusedGRU
+from garlic.models.network_config import NetworkConfig
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
@@ -91,25 +93,20 @@ def uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
 
 
-class ReferenceDecay(nn.Module):
-    """Decay imputation as in the reference, without its dependence on the batch (see the module docstring). Not
-    ``enabled`` (the ablation): x' = m x, a missing cell at 0, the training mean.
-
-    values, mask [B, T, D], times [B, T] -> imputed [B, T, D]
+class ReferenceDecay(DecayImputation):
+    """Decay imputation as in the reference, without its dependence on the batch (see the module docstring): the
+    compact model's parameters (a rate and an offset per variable), the reference's formula. Not ``enabled`` (the
+    ablation): x' = m x, a missing cell at 0, the training mean. Same shapes as ``DecayImputation``.
     """
 
     def __init__(self, num_variables: int, enabled: bool = True):
-        super().__init__()
-        self.enabled = enabled
-        self.rate = nn.Parameter(torch.full((num_variables,), 0.1))
-        self.offset = nn.Parameter(torch.zeros(num_variables))
+        super().__init__(num_variables, enabled)
         self.register_buffer("gap_scale", torch.tensor(48.0))  # hours; ``prepare`` sets it from training data
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor) -> Tensor:
         if not self.enabled:
             return mask * values
-        steps = torch.arange(mask.shape[1], device=mask.device)[None, :, None]
-        last = torch.where(mask.bool(), steps, -1).cummax(dim=1).values  # -1 before the first observation
+        last = last_observed(mask)  # -1 before the first observation
         start = (last - 1).clamp(min=0)  # the reference accumulates the gap from the step before the observation
         gap = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, start)
         # The reference also clamps at 1000, where exp(-x) is already 0 in float32.
@@ -210,10 +207,7 @@ class ReferenceGraph(nn.Module):
 
     def __init__(self, num_variables: int, feature_dim: int, learn_graph: bool = True):
         super().__init__()
-        if learn_graph:
-            self.adjacency = nn.Parameter(torch.eye(num_variables) + 0.2)
-        else:
-            self.register_buffer("adjacency", torch.eye(num_variables))
+        add_adjacency(self, num_variables, learn_graph)
         self.head = nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(), nn.Linear(feature_dim, 1))
 
     def forward(self, summary: Tensor) -> Tensor:
@@ -293,11 +287,11 @@ class ReferenceGarlic(nn.Module):
     PREDICTION_MODULES = ("signal_attention", "sequence", "temporal_attention", "classifier")
     explanation_unavailable = EXPLANATION_UNSUPPORTED  # as ``Garlic.explanation_unavailable``
 
-    def __init__(self, num_variables: int, num_static: int, config: Config):
+    def __init__(self, num_variables: int, num_static: int, config: NetworkConfig):
         super().__init__()
         if config.signal_layout not in SIGNAL_LAYOUTS:
             raise ConfigError(f"signal_layout must be one of {', '.join(SIGNAL_LAYOUTS)}, got {config.signal_layout!r}")
-        changed = [name for name in COMPACT_ONLY if getattr(config, name) != getattr(Config, name)]
+        changed = [name for name in COMPACT_ONLY if getattr(config, name) != getattr(NetworkConfig, name)]
         if changed:
             raise ConfigError(f"architecture=reference has no switch {', '.join(changed)}: leave it at its default")
         d, f, h = num_variables, config.feature_dim, config.hidden_dim

@@ -30,6 +30,7 @@ import torch
 from garlic.config import Config, ConfigError
 from garlic.data.batches import IrregularDataset, loader
 from garlic.models.architectures import build_model
+from garlic.models.network_config import NetworkConfig
 from garlic.training import distributed
 from garlic.training.device import resolve_device
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, evaluate, stage_losses
@@ -50,7 +51,7 @@ class AlternatingTrainer(Trainer):
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        self.model = build_model(num_variables, num_static, config).to(self.device)
+        self.model = build_model(num_variables, num_static, NetworkConfig.from_run(config)).to(self.device)
         self.optimisers = {
             RECONSTRUCTION: torch.optim.Adam(
                 self.model.reconstruction_parameters(), lr=config.lr_rec, weight_decay=config.wd_rec

@@ -8,6 +8,7 @@ from garlic.config import Config, ConfigError
 from garlic.data.batches import IrregularDataset, loader
 from garlic.metrics import binary_metrics
 from garlic.models.architectures import build_model
+from garlic.models.network_config import NetworkConfig
 from garlic.training import distributed
 from garlic.training.device import resolve_device
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, evaluate, stage_losses
@@ -48,7 +49,7 @@ class ReferenceTrainer(Trainer):
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        self.model = build_model(num_variables, num_static, config).to(self.device)
+        self.model = build_model(num_variables, num_static, NetworkConfig.from_run(config)).to(self.device)
         optimiser = torch.optim.Adam([
             {"params": self.model.reconstruction_parameters(), "lr": config.lr_rec, "weight_decay": config.wd_rec},
             {"params": self.model.prediction_parameters(), "lr": config.lr_cls, "weight_decay": config.wd_cls},
