@@ -195,7 +195,8 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
         "after; warning hours: median hours from that first alarm to onset; false alarms: alarmed hours of stays "
         "never septic or more than 12 h before onset, per 100 patient-days. Means +/- std over the protocol's "
         "splits; the ward columns pool the protocol's test stays. `cross-hospital` split 0 trains on A and tests "
-        "on B, split 1 the reverse; `in-hospital` is the same models on their own hospital's held-out tenth.",
+        "on B, split 1 the reverse; `in-hospital` is the same models on their own hospital's held-out tenth. A row "
+        "with fewer runs than its protocol has splits (five-split: 5, the others: 2) is not finished yet.",
         "",
         "| method | protocol | runs | utility | hourly AUROC | hourly AUPRC | warned in time | warning hours | "
         "false alarms / 100 days |",
