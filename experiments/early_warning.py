@@ -172,15 +172,16 @@ def paired_utility(units: dict, method: str, other: str, protocol_name: str, spl
 
 
 def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
+    """Each learned method against the floor and against gradient boosting, on the splits both have run."""
     rows = []
     for protocol_name, group in runs.groupby("protocol", sort=False):
-        held = set(group["method"])
-        splits = sorted(set(group["split"].astype(int)))
-        wanted = [(m, FLOOR) for m in held if m != FLOOR] + [(m, "hourly_gbm") for m in held
-                                                              if m not in (FLOOR, "hourly_gbm")]  # fmt: skip
+        splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
+        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [(m, "hourly_gbm") for m in splits
+                                                               if m not in (FLOOR, "hourly_gbm")]  # fmt: skip
         for method, other in wanted:
-            if {method, other} <= held:
-                rows.append(paired_utility(units, method, other, protocol_name, splits))
+            shared = sorted(splits[method] & splits.get(other, set()))
+            if shared:
+                rows.append(paired_utility(units, method, other, protocol_name, shared))
     return pd.DataFrame(rows)
 
 
