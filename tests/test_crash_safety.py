@@ -189,3 +189,16 @@ def test_only_claimed_runs_whose_process_is_gone_are_marked_failed_with_their_sp
                 pass
     status = {run_id: client.get_run(run_id).info.status for run_id in (dead, split, live, unclaimed)}
     assert status == {dead: "FAILED", split: "FAILED", live: "RUNNING", unclaimed: "RUNNING"}
+
+
+def test_without_a_writable_cache_a_new_store_makes_its_own_empty_database(tmp_path, monkeypatch):
+    cache = tmp_path / "not-a-folder"  # as a read-only home would, refuses the cache folder (even to root)
+    cache.write_text("")
+    monkeypatch.setattr("garlic.tracking.store.CACHE", cache / "garlic")
+    store = tmp_path / "mlruns"
+    use_store(store)
+    experiment = use_experiment("with-its-own-template", store)
+    with mlflow.start_run(experiment_id=experiment):
+        mlflow.log_param("works", 1)
+    assert mlflow.search_runs([experiment], output_format="list")[0].data.params == {"works": "1"}
+    assert list(store.glob("mlflow-*-empty.db"))  # made in the store itself

@@ -23,6 +23,10 @@ from garlic.io.locks import LockHeld, acquire, is_held, locked, release
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # progress bars are noise for a local copy
 
 
+# Where the empty database every new store copies is kept (``empty_database``).
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "garlic"
+
+
 class RunNotFoundError(LookupError):
     """A run id that the store does not hold, or a run without a model."""
 
@@ -50,7 +54,11 @@ def use_store(store: Path = DEFAULT_STORE) -> str:
                     stale.unlink()
                 handle, temporary = tempfile.mkstemp(prefix=f".{DATABASE}.", suffix=".creating", dir=store)
                 os.close(handle)
-                shutil.copyfile(empty_database(), temporary)
+                try:
+                    template = empty_database(CACHE)
+                except OSError:  # no writable cache (a read-only home): the template is made in the store itself
+                    template = empty_database(store)
+                shutil.copyfile(template, temporary)
                 with closing(sqlite3.connect(temporary)) as connection, connection:
                     connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                                        ((store / "artifacts" / "0").as_uri(),))  # as MLflow would have made it
@@ -61,10 +69,9 @@ def use_store(store: Path = DEFAULT_STORE) -> str:
     return uri
 
 
-def empty_database() -> Path:
-    """A new, empty MLflow database of the installed MLflow (its tables and default experiment), made once per
-    machine under ``$XDG_CACHE_HOME/garlic`` (else ``~/.cache/garlic``); ``use_store`` copies it for each new store."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "garlic"
+def empty_database(cache: Path) -> Path:
+    """A new, empty MLflow database of the installed MLflow (its tables and default experiment) in ``cache``, made
+    there once (``CACHE``: once per machine); ``use_store`` copies it for each new store."""
     template = cache / f"mlflow-{mlflow.__version__}-empty.db"
     if not template.is_file():
         cache.mkdir(parents=True, exist_ok=True)
