@@ -52,12 +52,9 @@ def predict_hourly(
 ) -> pd.DataFrame:
     """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
     model must answer prediction times (an hourly method)."""
-    from garlic.methods.contract import answers_prediction_times
+    from garlic.methods.contract import check_answers_prediction_times
 
-    if not answers_prediction_times(trained.method):
-        raise ValueError(f"the run's model ({trained.name}) gives one risk per stay, not one per hour; use a run of an "
-                         "hourly method (hourly_gbm, hourly_logreg, alarm_after_hour, GARLIC's compact "
-                         "architecture)")  # fmt: skip
+    check_answers_prediction_times(trained.method, f"the run's model ({trained.name})")
     tensors = tensors_for_model(trained, observations, static, tasks)
     times = tensors.prediction_times()
     risk = trained.predict_proba(trained.dataset(tensors))

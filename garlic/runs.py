@@ -30,7 +30,7 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_
 from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
-from garlic.methods.contract import Method, answers_prediction_times, can_be_saved, can_resume
+from garlic.methods.contract import Method, can_be_saved, can_resume, check_answers_prediction_times
 from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import queries, run_contract
@@ -92,10 +92,8 @@ def train(
             context = registry.MethodContext(config.override({"seed": seed}), labels,
                                              manifest.get("ground_truth_graph"), settings)  # fmt: skip
             units.append((split, context, spec.create(context)))
-    if tensors.task is not None and not answers_prediction_times(units[0][2]):
-        raise ValueError(f"method {method} gives one risk per stay, but {config.dataset} asks for a risk at each of "
-                         "its prediction times; use a method that answers them (hourly_gbm, hourly_logreg, "
-                         "alarm_after_hour, GARLIC's compact architecture)")  # fmt: skip
+    if tensors.task is not None:  # before any run opens
+        check_answers_prediction_times(units[0][2], f"method {method}")
     if not distributed.is_main():
         for split, _, unit_method in units:
             _help_fit(unit_method, tensors, split)

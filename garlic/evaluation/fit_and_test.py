@@ -26,7 +26,7 @@ import pandas as pd
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation, Split
 from garlic.evaluation.calibration import logits_from_probabilities, scale, temperature_report
-from garlic.methods.contract import Method, answers_prediction_times
+from garlic.methods.contract import Method, check_answers_prediction_times
 from garlic.metrics import binary_metrics
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths, warning_report
 from garlic.tracking import plots, run_contract
@@ -51,9 +51,8 @@ def fit_and_test(method: Method, parts: dict[str, IrregularDataset]) -> dict[str
     """Fit ``method`` on ``parts["train"]`` (selecting on ``parts["validation"]``), test it once on ``parts["test"]``,
     and log sizes, metrics, predictions and plots to the active MLflow run; returns the logged metrics."""
     timed = parts["train"].tensors.task is not None
-    if timed and not answers_prediction_times(method):
-        raise ValueError(f"{type(method).__name__} gives one risk per stay, but this dataset asks for a risk at each of "
-                         "its prediction times; use a method that answers them (the hourly ones)")  # fmt: skip
+    if timed:
+        check_answers_prediction_times(method, type(method).__name__)
     mlflow.log_params({f"n_{part}": len(parts[part]) for part in PARTS})
     method.fit(parts["train"], parts["validation"])
     times = {part: parts[part].prediction_times for part in ("validation", "test")}

@@ -70,6 +70,14 @@ def answers_prediction_times(method: Method) -> bool:
     return getattr(method, "at_prediction_times", False)
 
 
+def check_answers_prediction_times(method: Method, name: str) -> None:
+    """Refuse ``method`` (called ``name`` in the message) for a task of prediction times unless it answers them."""
+    if not answers_prediction_times(method):
+        raise ValueError(f"{name} gives one risk per stay, but this dataset asks for a risk at each of its prediction "
+                         "times; use a method that answers them (hourly_gbm, hourly_logreg, alarm_after_hour, "
+                         "GARLIC's compact architecture)")  # fmt: skip
+
+
 def can_resume(method: Method) -> bool:
     """Whether ``method`` continues a killed fit from its last epoch's state (``set_training_hooks``)."""
     return hasattr(method, "set_training_hooks")
