@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from garlic.cli import main
 from garlic.data.splits import load_splits
@@ -291,6 +292,33 @@ def test_garlic_trains_on_every_hour_and_is_tested_by_utility(hourly_root, tmp_p
     assert len(predictions) == read_processed(folder).tasks["stay_id"].isin(test).sum()
     assert predictions["risk"].nunique() > len(test)  # a risk of its own at each hour, not one per stay
     assert "test_utility" in mlflow.get_run(run_id).data.metrics
+
+
+def test_garlic_trained_on_whole_stays_answers_each_hour_on_the_record_cut_there(hourly_root):
+    from garlic.config import Config
+    from garlic.evaluation.fit_and_test import split_parts
+    from garlic.data.batches import IrregularDataset
+    from garlic.methods.garlic import GarlicEstimator, WholeStaysGarlic, whole_stays
+
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    parts = split_parts(tensors, load_splits(folder, tensors, "five-split")[0])
+    config = Config().override({"dataset": "physionet2019-hourly", "max_epochs": 1, "hidden_dim": 8,
+                                "feature_dim": 4, "device": "cpu"})  # fmt: skip
+    whole = WholeStaysGarlic(config, explain=False).fit(parts["train"], parts["validation"])
+    per_stay = GarlicEstimator(config, explain=False).fit(whole_stays(parts["train"]), whole_stays(parts["validation"]))
+    fitted = whole.model.state_dict()
+    assert all(torch.equal(fitted[key], value) for key, value in per_stay.model.state_dict().items())  # the same fit
+    test = parts["test"]
+    risks = whole.predict_proba(test)
+    assert len(risks) == len(test.prediction_times)
+    times = test.prediction_times
+    for row in (0, len(times) // 2, len(times) - 1):  # the per-stay model on the stay cut at that time
+        stay = test.tensors.subset(np.array([times.stay[row]]))
+        cut = replace(stay, task=PredictionTimes(np.zeros(1, np.int64), times.time[row : row + 1],
+                                                 times.label[row : row + 1])).cut_at_prediction_times()
+        np.testing.assert_allclose(risks[row], per_stay.predict_proba(IrregularDataset(cut, test.normalisation)),
+                                   rtol=1e-5)
 
 
 def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, tmp_path):

@@ -299,6 +299,31 @@ def test_bad_header_is_a_skip_and_the_stay_is_dropped(tmp_path):
     assert not (tmp_path / "out2").exists()
 
 
+def test_hourly_cohort_asks_every_whole_hour_from_the_first_observation(tmp_path):
+    records = {1001: record_text(1001, ["02:30,HR,80", "47:10,HR,82"]), 1002: record_text(1002)}
+    source = make_release(tmp_path / "source", records, outcomes={1001: 1, 1002: 0})
+    preprocess(source, tmp_path / "per-stay")
+    per_stay = read_processed(tmp_path / "per-stay")
+    manifest = preprocess(source, tmp_path / "hourly", cohort="hourly")
+    hourly = read_processed(tmp_path / "hourly")
+    assert per_stay.tasks is None and "task" not in read_manifest(tmp_path / "per-stay")
+    assert manifest["task"]["score"] == "auroc" and manifest["counts"]["prediction_times"] == 46 + 48
+    tasks = hourly.tasks.groupby("stay_id")
+    assert tasks["time"].agg(["min", "max", "count"]).to_dict("index") == {
+        1001: {"min": 3.0, "max": 48.0, "count": 46}, 1002: {"min": 1.0, "max": 48.0, "count": 48}}
+    assert tasks["label"].unique().to_dict() == {1001: [1], 1002: [0]}
+    assert_frames_equal(hourly.observations, per_stay.observations)  # the same stays and tables, another task
+    with pytest.raises(PhysioNet2012Error, match="unknown cohort 'daily'; choose one of mortality, hourly"):
+        preprocess(source, tmp_path / "daily", cohort="daily")
+
+
+def test_hourly_cohort_is_its_own_dataset_beside_the_plain_one():
+    from garlic.data.datasets import DATASETS, SOURCES
+
+    assert SOURCES["physionet2012"].datasets == ("physionet2012", "physionet2012-hourly")
+    assert {"physionet2012", "physionet2012-hourly"} <= set(DATASETS) and "physionet2012-mortality" not in DATASETS
+
+
 def test_truncated_archive_raises_naming_the_archive(tmp_path):
     rng = np.random.default_rng(0)
     records = {}

@@ -122,6 +122,22 @@ def test_stay_without_observations_and_subset(tmp_path):
     assert np.array_equal(part.values[0], tensors.values[2]) and part.lengths.tolist() == [3, 1]
 
 
+def test_cut_at_prediction_times_gives_each_time_its_prefix_as_a_stay():
+    observations, static, labels = small_tables()
+    tasks = pd.DataFrame({"stay_id": [7, 7, 7, 5, 3], "time": [0.2, 1.25, 9.0, 47.0, 10.0], "label": [0, 0, 1, 1, 1]})
+    tensors = tensorize(ProcessedDataset(observations, static, labels, VARIABLES, tasks=tasks))
+    cut = tensors.cut_at_prediction_times()
+    assert cut.task is None and cut.stay_ids.tolist() == [3, 5, 7, 7, 7]  # sorted by stay, then time
+    assert cut.lengths.tolist() == [1, 1, 0, 2, 3]  # stay 7 at 0.2 h: nothing yet; at 1.25: the steps at 0.5 and 1.25
+    assert cut.labels.tolist() == [1, 1, 0, 0, 1]  # each time's own label
+    whole = tensors.subset(np.array([0, 1, 2, 2, 2]))
+    for row, steps in enumerate(cut.lengths):
+        assert np.array_equal(cut.values[row, :steps], whole.values[row, :steps])
+        assert np.array_equal(cut.times[row, :steps], whole.times[row, :steps])
+        assert not cut.mask[row, steps:].any() and not cut.values[row, steps:].any() and not cut.times[row, steps:].any()
+    assert np.array_equal(cut.static, whole.static, equal_nan=True)
+
+
 def test_cache_is_reused_and_loads_without_pickle(tmp_path):
     observations, static, labels = small_tables()
     write_processed(tmp_path, observations, static, labels, VARIABLES, {"dataset": "hand-made"})

@@ -119,21 +119,9 @@ def method_risk_curve(trained: SavedMethod, tensors: IrregularTensors, hours: np
 
 def prefix_tensors(tensors: IrregularTensors, hours: np.ndarray) -> IrregularTensors:
     """The one stay of ``tensors`` as H stays, the k-th holding only its observations at time <= hours[k]."""
-    steps = int(tensors.lengths[0])
-    times = tensors.times[0, :steps]
-    lengths = np.searchsorted(times, hours, side="right")
-    kept = np.arange(steps)[None, :] < lengths[:, None]  # [H, T]
-    return IrregularTensors(
-        stay_ids=np.repeat(tensors.stay_ids, len(hours)),
-        values=np.where(kept[..., None], tensors.values[0, :steps][None], 0).astype(tensors.values.dtype),
-        mask=kept[..., None] & tensors.mask[0, :steps][None].astype(bool),
-        times=np.where(kept, times[None], 0).astype(tensors.times.dtype),
-        lengths=lengths.astype(tensors.lengths.dtype),
-        static=np.repeat(tensors.static, len(hours), axis=0),
-        labels=np.repeat(tensors.labels, len(hours)),
-        variables=tensors.variables,
-        static_features=tensors.static_features,
-    )
+    asked = PredictionTimes(np.zeros(len(hours), np.int64), np.asarray(hours, "float32"),
+                            np.repeat(tensors.labels, len(hours)).astype("float32"))  # fmt: skip
+    return replace(tensors, task=asked).cut_at_prediction_times()
 
 
 def replay_stay(trained: SavedMethod, dataset: IrregularDataset, position: int) -> Replay:

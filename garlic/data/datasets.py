@@ -4,7 +4,8 @@
 ``garlic preprocess`` it takes (``--source``, ``--cohort`` and its choices, ``--strict``, the generator's ``--stays``
 and ``--seed``). A source with cohorts gives one dataset per cohort, named ``SOURCE-COHORT``
 (``physionet2019-early``), each in its own folder, so that preprocessing one cohort never replaces another; the plain
-source name (``physionet2019``) is not a dataset, and training must name the cohort. ``DATASETS`` lists every dataset
+source name (``physionet2019``) is not a dataset, and training must name the cohort, except where the default cohort
+keeps the plain name (``physionet2012``, beside ``physionet2012-hourly``). ``DATASETS`` lists every dataset
 name. A new source of data is one module in ``garlic/sources/``.
 """
 from __future__ import annotations

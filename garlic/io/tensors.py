@@ -113,6 +113,27 @@ class IrregularTensors:
             task=None if self.task is None else self.task.of_stays(index, len(self)),
         )
 
+    def cut_at_prediction_times(self) -> "IrregularTensors":
+        """One stay per prediction time (M stays, no task): the m-th holds only its stay's observations at time <=
+        its time, with that time's label, so that a model of whole stays answers every prediction time (each
+        prefix as a stay of its own, as if the record had ended there)."""
+        times = self.prediction_times()
+        stay_times = self.times[times.stay]  # [M, T]
+        real = np.arange(self.times.shape[1])[None, :] < self.lengths[times.stay][:, None]
+        lengths = (real & (stay_times <= times.time[:, None])).sum(axis=1)  # times are sorted within a stay
+        kept = np.arange(self.times.shape[1])[None, :] < lengths[:, None]  # [M, T]
+        return IrregularTensors(
+            stay_ids=self.stay_ids[times.stay],
+            values=np.where(kept[..., None], self.values[times.stay], 0).astype(self.values.dtype),
+            mask=kept[..., None] & self.mask[times.stay],
+            times=np.where(kept, stay_times, 0).astype(self.times.dtype),
+            lengths=lengths.astype(self.lengths.dtype),
+            static=self.static[times.stay],
+            labels=times.label.astype(self.labels.dtype),
+            variables=self.variables,
+            static_features=self.static_features,
+        )
+
 
 def tensorize(dataset: ProcessedDataset) -> IrregularTensors:
     """Vectorised over all observations: no loop over stays, steps or variables."""

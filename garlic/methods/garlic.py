@@ -11,9 +11,11 @@ a saved GARLIC read back to score one stay (``garlic predict``) needs none of th
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -136,3 +138,34 @@ class GarlicEstimator(NetworkMethod):
             graph = normalised_graph(model).cpu().numpy()
             metrics["edge_recovery_auroc"] = edge_recovery_auroc(graph, variables, self.planted)
         return metrics
+
+
+class WholeStaysGarlic(GarlicEstimator):
+    """GARLIC as the per-stay task trains it (each stay whole, with its one label), asked at every prediction time
+    of a task on the stay's record cut there (``IrregularTensors.cut_at_prediction_times``): the risk that the
+    replay shows for a model trained on whole windows, scored hour by hour beside models trained on every hour."""
+
+    name = "garlic_whole_stays"
+    at_prediction_times = True  # any network answers a cut record, whatever its architecture
+    CHUNK_STAYS = 128  # stays cut at once: their prefixes (a stay's every hour) are held as stays of their own
+
+    def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "WholeStaysGarlic":
+        return super().fit(whole_stays(train), whole_stays(validation))
+
+    def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
+        tensors = dataset.tensors
+        risks = [super(WholeStaysGarlic, self).predict_proba(
+                     IrregularDataset(tensors.subset(np.arange(start, min(start + self.CHUNK_STAYS, len(tensors))))
+                                      .cut_at_prediction_times(), dataset.normalisation))
+                 for start in range(0, len(tensors), self.CHUNK_STAYS)]  # fmt: skip
+        return np.concatenate(risks) if risks else np.zeros(0)
+
+    def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
+        return super().log_fitted({part: whole_stays(dataset) for part, dataset in parts.items()})
+
+
+def whole_stays(dataset: IrregularDataset) -> IrregularDataset:
+    """``dataset`` without its task: one risk per stay, from its whole input, with the stay's label."""
+    if dataset.tensors.task is None:
+        return dataset
+    return IrregularDataset(replace(dataset.tensors, task=None), dataset.normalisation)

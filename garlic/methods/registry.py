@@ -27,7 +27,7 @@ import pandas as pd
 from garlic.config import Config, ConfigError, setting_value, split_assignment
 from garlic.methods.contract import Method
 from garlic.methods.field import FieldModel
-from garlic.methods.garlic import GarlicEstimator
+from garlic.methods.garlic import GarlicEstimator, WholeStaysGarlic
 from garlic.methods.hourly import AlarmAfterHour, HourlyModel
 from garlic.methods.recurrent import RecurrentModel
 from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
@@ -241,6 +241,9 @@ for _spec in (
     _field("seft", "SeFT (Horn et al. 2020)"),
     _field("brits", "BRITS (Cao et al. 2018)"),
     MethodSpec("garlic", "GARLIC with the config's settings", GarlicEstimator, from_run={"config": WHOLE_CONFIG},
+               from_data={"planted": lambda context: context.planted}, seeded=True),
+    MethodSpec("garlic_whole_stays", "GARLIC trained on whole stays, asked at each prediction time on the record "
+               "up to it (the replay of a per-stay model)", WholeStaysGarlic, from_run={"config": WHOLE_CONFIG},
                from_data={"planted": lambda context: context.planted}, seeded=True),
     MethodSpec("last_values", "logistic regression on each variable's last value (garlic/methods/template.py)",
                LastValues),

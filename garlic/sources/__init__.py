@@ -23,6 +23,8 @@ class Source:
     """One source of data. ``write(destination, **options)`` builds its processed tables and returns the manifest;
     ``options`` names the keyword options it takes besides ``cohort`` (``source``, ``strict``, ``stays``, ``seed``),
     ``required`` those without which it cannot run, and ``cohorts`` its cohort names (the first is the default).
+    A cohort's dataset is named ``SOURCE-COHORT``; with ``plain_default``, the default cohort's keeps the source's
+    own name (``physionet2012``: the per-stay task it was before it had another cohort).
 
     ``record_suffix`` and ``read_record_files(files, left_out=...)`` (both or neither): the suffix of its one-stay
     record files and the reader that turns such files into observation and static tables. ``hospital_systems``
@@ -34,6 +36,7 @@ class Source:
     options: frozenset[str]
     required: frozenset[str] = frozenset()
     cohorts: tuple[str, ...] = ()
+    plain_default: bool = False
     source_help: str = ""
     record_suffix: str | None = None
     read_record_files: Callable | None = None
@@ -41,7 +44,7 @@ class Source:
 
     def dataset(self, cohort: str | None) -> str:
         """The dataset name of one of this source's cohorts (the default cohort when None)."""
-        if not self.cohorts:
+        if not self.cohorts or (self.plain_default and cohort in (None, self.cohorts[0])):
             return self.name
         return f"{self.name}-{cohort or self.cohorts[0]}"
 

@@ -4,6 +4,14 @@ The release holds ``set-a``, ``set-b`` and ``set-c`` (as ``.tar.gz`` archives or
 ``RECORDID.txt`` per stay (``Time,Parameter,Value``, time ``HH:MM`` since ICU admission, descriptors first), and
 ``Outcomes-{a,b,c}.txt``. Any subset of the three sets works.
 
+Cohorts (``garlic preprocess physionet2012 --cohort NAME``):
+- ``mortality`` (default, the dataset ``physionet2012``): in-hospital death, one prediction per stay from its first
+  48 hours.
+- ``hourly`` (``physionet2012-hourly``): the same stays, tables and label, with a prediction time at every whole
+  ICU hour from the first observation to hour 48 (``garlic.io.tables.TASKS``): the risk the dashboard shows as a
+  stay unfolds, for methods trained on every hour's prefix and scored hour by hour. P12's stays were all in the
+  ICU for at least 48 hours, so every stay is still there at each of its prediction times.
+
 Speed comes from parsing every record of a set in one pyarrow CSV pass: each record's lines are prefixed with the
 record's index, so the whole set is one table. Records whose lines break a rule are re-read line by line, so that
 each skipped line is reported with its file and line number.
@@ -61,6 +69,13 @@ VOLUMES = ["Urine"]  # mL since the last reading: two readings at one time are s
 # Weight is both a descriptor and a series; the P12 benchmark keeps only the descriptor.
 KNOWN_PARAMETERS = frozenset(TIME_SERIES) | {"RecordID", *STATIC}
 LABEL = "In-hospital_death"
+COHORTS = ("mortality", "hourly")
+# What the ``hourly`` cohort's manifest says of its task (``garlic.io.tables.TASKS``).
+HOURLY_TASK = {
+    "prediction_times": f"every whole ICU hour from the first observation to hour {WINDOW_HOURS:g}",
+    "label": f"the stay's {LABEL}",
+    "score": "auroc",
+}
 OUTCOME_COLUMNS = ["RecordID", "SAPS-I", "SOFA", "Length_of_stay", "Survival", LABEL]
 HEADER = b"Time,Parameter,Value"
 # set-c holds 2,403 lines like ``10:45,,1.9``: a value whose parameter name the release lost. They are skipped
@@ -327,8 +342,25 @@ def locate_sets(source: Path) -> dict[str, tuple[Path, Path]]:
     return found
 
 
-def preprocess(source: Path, destination: Path, sets: list[str] | None = None, strict: bool = False) -> dict:
-    """Read the release in ``source`` and write the processed tables to ``destination``; return the manifest."""
+def hourly_tasks(observations: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """The ``hourly`` cohort's prediction times: (stay_id, h, the stay's label) for every whole hour h from the first
+    at or after the stay's first time-series observation to ``WINDOW_HOURS``."""
+    first_hour = np.ceil(observations.groupby("stay_id")["time"].min().reindex(labels["stay_id"]).to_numpy())
+    first_hour = np.maximum(first_hour, 1).astype(int)
+    last_hour = int(WINDOW_HOURS)
+    counts = last_hour - first_hour + 1
+    stay = np.repeat(np.arange(len(labels)), counts)
+    hour = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + first_hour[stay]
+    return pd.DataFrame({"stay_id": labels["stay_id"].to_numpy()[stay], "time": hour.astype("float32"),
+                         "label": labels["label"].to_numpy()[stay].astype("int8")})  # fmt: skip
+
+
+def preprocess(source: Path, destination: Path, sets: list[str] | None = None, strict: bool = False,
+               cohort: str = COHORTS[0]) -> dict:  # fmt: skip
+    """Read the release in ``source``, build ``cohort`` and write the processed tables to ``destination``; return
+    the manifest."""
+    if cohort not in COHORTS:
+        raise PhysioNet2012Error(f"unknown cohort {cohort!r}; choose one of {', '.join(COHORTS)}")
     located = locate_sets(source)
     if sets:
         absent = [s for s in sets if s not in located]
@@ -400,16 +432,22 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
         "skipped_lines": [str(s) for s in skips],
         "outcomes_without_record": [int(s) for s in outcome_without_record],
     }
-    write_processed(destination, observations, static, labels, TIME_SERIES, manifest)
+    tasks = None
+    if cohort == "hourly":  # the default cohort's manifest stays as it was, so its runs keep their data digest
+        tasks = hourly_tasks(observations, labels)
+        manifest |= {"cohort": cohort, "task": HOURLY_TASK}
+    write_processed(destination, observations, static, labels, TIME_SERIES, manifest, tasks)
     log.info("physionet2012: %d stays kept, %d dropped, %d lines skipped", len(kept), len(dropped), len(skips))
     return read_manifest(destination)  # as written, with the counts and variable list that write_processed adds
 
 
 SOURCE = Source(
     "physionet2012",
-    lambda destination, source, strict=False: preprocess(source, destination, strict=strict),
+    lambda destination, source, cohort, strict=False: preprocess(source, destination, strict=strict, cohort=cohort),
     options=frozenset({"source", "strict"}),
     required=frozenset({"source"}),
+    cohorts=COHORTS,
+    plain_default=True,
     source_help="the folder with set-a/b/c and Outcomes-a/b/c.txt",
     record_suffix=".txt",
     read_record_files=read_record_files,
