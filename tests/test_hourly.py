@@ -333,3 +333,12 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
     assert "| hourly_logreg | alarm_after_hour | cross-hospital | 2 |" in made["early-warning.md"]
     early_warning.main([*arguments, "--mlruns", str(tmp_path / "empty-store"), "--no-train"])  # the store is gone
     assert {name: (out / name).read_text() for name in made} == made
+
+
+def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(hourly_root, capsys):
+    from experiments import benchmark_hourly
+
+    benchmark_hourly.main(["--data-root", str(hourly_root), "--method", "hourly_logreg", "--threads", "1"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    hours = len(read_processed(hourly_root / "processed" / "physionet2019-hourly").tasks)
+    assert line.startswith("hourly_logreg: fit on ") and f"scored {hours} hours of 60 stays in " in line, line
