@@ -40,6 +40,9 @@ class Config:
     alternating: bool = True
     # a wide branch: running per-variable summaries (what the summary baselines see) into the classifier
     summary_branch: bool = False
+    # the hours since admission of the time a risk is asked at, into the classifier: an hourly task's risk depends on
+    # how far into the stay it is asked (the Sepsis Challenge's winners fed ICULOS to their trees)
+    hours_input: bool = False
     # optimisation
     batch_size: int = 64
     lr_cls: float = 1e-4

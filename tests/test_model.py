@@ -392,15 +392,17 @@ def test_without_the_gru_a_state_depends_on_its_own_step_alone(use_gru):
     assert torch.allclose(changed_states[:, 5:], states[:, 5:]) != use_gru
 
 
-@pytest.mark.parametrize("summary_branch", [False, True])
-def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch):
+@pytest.mark.parametrize("summary_branch, hours_input", [(False, False), (True, False), (False, True)])
+def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch, hours_input):
     from garlic.data.batches import Queries
 
     values, mask, times, lengths, static = random_batch()
-    model = small_model(use_static=True, summary_branch=summary_branch)
+    model = small_model(use_static=True, summary_branch=summary_branch, hours_input=hours_input)
     stay = torch.tensor([0, 0, 0, 2, 2, 4])
     steps = torch.tensor([0, 1, int(lengths[0]), 3, int(lengths[2]), 2])  # 0: before the first step
-    queries = Queries(stay, steps, torch.arange(len(stay)), torch.zeros(len(stay)))
+    # asked at the time of the last step seen, as a stay cut there is (its whole input in)
+    asked_at = torch.where(steps > 0, times[stay, (steps - 1).clamp(min=0)], torch.zeros(len(stay)))
+    queries = Queries(stay, steps, torch.arange(len(stay)), torch.zeros(len(stay)), asked_at)
     with torch.no_grad():
         asked = model.predict_logits(values, mask, times, lengths, static, queries=queries)
         torch.testing.assert_close(model(values, mask, times, lengths, static, queries=queries).logits, asked)
@@ -410,3 +412,6 @@ def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch):
             cut = model.predict_logits(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n],
                                        torch.tensor([n]), static[i : i + 1])  # fmt: skip
             torch.testing.assert_close(asked[row : row + 1], cut, rtol=1e-5, atol=1e-5)
+        later = Queries(stay, steps, torch.arange(len(stay)), torch.zeros(len(stay)), asked_at + 24)
+        moved = model.predict_logits(values, mask, times, lengths, static, queries=later)
+        assert torch.equal(moved, asked) != hours_input  # the hours asked at reach the classifier only when fed

@@ -91,7 +91,7 @@ def risk_curve(model: Garlic, stay: Stay, hours: np.ndarray) -> np.ndarray:
     real = step_mask(lengths, steps)
     summary = None if encoded.summaries is None else at_last_step(encoded.summaries.expand(prefixes, -1, -1), real)
     logits, _ = model.classify(encoded.states.expand(prefixes, -1, -1), real, stay["static"].expand(prefixes, -1),
-                               summary)  # fmt: skip
+                               summary, torch.as_tensor(hours, dtype=torch.float32))  # fmt: skip
     risk = torch.sigmoid(logits).numpy().astype(float)
     risk[lengths.numpy() == 0] = np.nan
     return risk

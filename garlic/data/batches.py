@@ -20,12 +20,14 @@ class Queries:
     steps  [P] how many of its steps the prediction time sees (0: none yet)
     index  [P] the prediction time's position in the dataset's ``prediction_times``
     labels [P] 0/1 outcome at that time
+    time   [P] hours since admission of the prediction time
     """
 
     stay: torch.Tensor
     steps: torch.Tensor
     index: torch.Tensor
     labels: torch.Tensor
+    time: torch.Tensor
 
     def to(self, device: torch.device | str) -> "Queries":
         return Queries(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -84,6 +86,7 @@ class IrregularDataset(Dataset):
         if tensors.task is not None:  # each stay's prediction times: rows first..last of ``prediction_times``
             self.query_bounds = np.searchsorted(self.prediction_times.stay, np.arange(len(tensors) + 1))
             self.query_steps = torch.from_numpy(steps_seen(tensors, self.prediction_times))
+            self.query_times = torch.from_numpy(self.prediction_times.time.astype("float32"))
 
     @cached_property
     def values(self) -> torch.Tensor:
@@ -114,7 +117,7 @@ class IrregularDataset(Dataset):
         if self.tensors.task is not None:
             rows = slice(int(self.query_bounds[index]), int(self.query_bounds[index + 1]))
             item |= {"query_steps": self.query_steps[rows], "query_index": torch.arange(rows.start, rows.stop),
-                     "query_labels": self.targets[rows]}  # fmt: skip
+                     "query_labels": self.targets[rows], "query_time": self.query_times[rows]}  # fmt: skip
         return item
 
 
@@ -139,7 +142,8 @@ def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
         queries = Queries(stay=torch.repeat_interleave(torch.arange(len(items)), counts),
                           steps=torch.cat([item["query_steps"] for item in items]),
                           index=torch.cat([item["query_index"] for item in items]),
-                          labels=torch.cat([item["query_labels"] for item in items]))  # fmt: skip
+                          labels=torch.cat([item["query_labels"] for item in items]),
+                          time=torch.cat([item["query_time"] for item in items]))  # fmt: skip
     return Batch(
         values=torch.stack([item["values"][:steps] for item in items]),
         mask=torch.stack([item["mask"][:steps] for item in items]),

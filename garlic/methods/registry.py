@@ -31,6 +31,7 @@ from garlic.methods.garlic import GarlicEstimator, WholeStaysGarlic
 from garlic.methods.hourly import AlarmAfterHour, HourlyModel
 from garlic.methods.recurrent import RecurrentModel
 from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
+from garlic.tracking import queries
 from garlic.methods.template import LastValues
 
 CONFIG_KEYS = frozenset(item.name for item in fields(Config))
@@ -150,9 +151,9 @@ class MethodSpec:
     def settings(self, context: MethodContext) -> dict:
         """What tells a trained unit from another (hashed: ``garlic.studies.settings_digest``): the method's name and
         its arguments (``arguments``), which ``get_params`` of the method built gives back. A method that takes the
-        run's whole config (GARLIC) is identified by that config, as its units are (``studies.config_digest``)."""
+        run's whole config (GARLIC) is identified by that config, as its units are (``queries.identifying_config``)."""
         if WHOLE_CONFIG in self.from_run.values():
-            return context.config.to_dict()
+            return queries.identifying_config(context.config)
         return ({"method": self.name} if self.named else {}) | self.arguments(context)
 
     def available(self, labels: pd.DataFrame) -> bool:

@@ -13,6 +13,8 @@ Read top to bottom: the layers in the order data meets them, then the model that
 4. Optionally (``summary_branch``), a wide branch into the classifier: ``RunningSummary`` gives each variable's
    first, last, lowest, highest and mean value, count and time since its last observation up to every step, what
    the summary-feature baselines see, and the classifier reads it at the stay's last step beside the pooled state.
+   Optionally (``hours_input``), the classifier also reads ``log1p(hours)`` of the time the risk is asked at (the
+   stay's last step, a prediction time's own time, a replayed hour).
 
 Shapes: B stays, T steps, D variables, F ``feature_dim``, W ``window_size``, H ``hidden_dim``, S static features.
 Everything is vectorised over B, T and D. Every step only sees itself and earlier steps, and padded steps are
@@ -451,7 +453,7 @@ class Garlic(nn.Module):
         )
         wide = h if config.summary_branch else 0
         self.classifier = nn.Sequential(
-            nn.Linear(h + wide + (num_static if config.use_static else 0), h),
+            nn.Linear(h + wide + (num_static if config.use_static else 0) + int(config.hours_input), h),
             nn.ReLU(),
             nn.Dropout(config.dropout),
             nn.Linear(h, 1),
@@ -506,18 +508,25 @@ class Garlic(nn.Module):
         return (F.gelu(messages) * self.reconstruction_weight).sum(-1) + self.reconstruction_bias
 
     def classify(
-        self, states: Tensor, real: Tensor, static: Tensor, summary: Tensor | None = None
+        self, states: Tensor, real: Tensor, static: Tensor, summary: Tensor | None = None, hours: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Attention over the real steps, then the classifier (with the running summary at the last real step).
+        """Attention over the real steps, then the classifier (with the running summary at the last real step, and
+        with ``hours_input`` the hours at which the risk is asked).
 
-        states [B, T, H], real [B, T], static [B, S], summary [B, 8 D] or None -> logits [B], weights [B, T]
+        states [B, T, H], real [B, T], static [B, S], summary [B, 8 D] or None, hours [B] -> logits [B], weights [B, T]
         """
         context, temporal_weights = self.temporal_attention(states, real)
+        return self._classifier_head(context, static, summary, hours), temporal_weights
+
+    def _classifier_head(self, context: Tensor, static: Tensor, summary: Tensor | None, hours: Tensor | None) -> Tensor:
+        """The classifier over the pooled state and what the config adds beside it. context [P, H] -> logits [P]"""
         if summary is not None:
             context = torch.cat([context, self.summary_branch(summary)], dim=-1)
         if self.config.use_static:
             context = torch.cat([context, static], dim=-1)
-        return self.classifier(context)[:, 0] + self.logit_offset, temporal_weights
+        if self.config.hours_input:
+            context = torch.cat([context, torch.log1p(hours.clamp(min=0))[:, None].to(context.dtype)], dim=-1)
+        return self.classifier(context)[:, 0] + self.logit_offset
 
     def classify_queries(self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None,
                          queries: Queries) -> Tensor:  # fmt: skip
@@ -530,11 +539,8 @@ class Garlic(nn.Module):
         last = (queries.steps - 1).clamp(min=0)
         seen = (queries.steps > 0)[:, None].to(states.dtype)
         context = self.temporal_attention.up_to_each_step(states, real)[queries.stay, last] * seen
-        if summaries is not None:
-            context = torch.cat([context, self.summary_branch(summaries[queries.stay, last] * seen)], dim=-1)
-        if self.config.use_static:
-            context = torch.cat([context, static[queries.stay]], dim=-1)
-        return self.classifier(context)[:, 0] + self.logit_offset
+        summary = None if summaries is None else summaries[queries.stay, last] * seen
+        return self._classifier_head(context, static[queries.stay], summary, queries.time)
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor,
                 queries: Queries | None = None) -> GarlicOutput:  # fmt: skip
@@ -550,7 +556,7 @@ class Garlic(nn.Module):
         steps = PerStep(*(torch.cat(part) for part in zip(*(vars(p).values() for p in parts))))
         states, _ = self.sequence(steps.sequence_input)
         summary = self.running_summary.at_end(values, mask, times, lengths) if self.config.summary_branch else None
-        logits, temporal_weights = self.classify(states, real, static, summary)
+        logits, temporal_weights = self.classify(states, real, static, summary, last_step_times(times, lengths))
         if queries is not None:
             logits = self.classify_queries(states, real, static, self.summaries(values, mask, times), queries)
         return GarlicOutput(
@@ -589,8 +595,16 @@ class Garlic(nn.Module):
             real = step_mask(lengths, values.shape[1])
             return self.classify_queries(states, real, static, self.summaries(values, mask, times), queries)
         summary = self.running_summary.at_end(values, mask, times, lengths) if self.config.summary_branch else None
-        logits, _ = self.classify(states, step_mask(lengths, values.shape[1]), static, summary)
+        real = step_mask(lengths, values.shape[1])
+        logits, _ = self.classify(states, real, static, summary, last_step_times(times, lengths))
         return logits
+
+
+def last_step_times(times: Tensor, lengths: Tensor) -> Tensor:
+    """The time of each stay's last real step, when its whole input is in (0 for a stay without steps).
+
+    times [B, T], lengths [B] -> [B]"""
+    return times.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0] * (lengths > 0)
 
 
 def reconstruction_loss(output: GarlicOutput, values: Tensor, mask: Tensor) -> Tensor:

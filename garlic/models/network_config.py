@@ -31,6 +31,7 @@ class NetworkConfig:
     # the compact architecture's only (the reference refuses them set)
     use_static: bool = Config.use_static
     summary_branch: bool = Config.summary_branch
+    hours_input: bool = Config.hours_input
     # the reference architecture's only
     signal_layout: str = Config.signal_layout
 

@@ -69,7 +69,7 @@ from garlic.models.network_config import NetworkConfig
 
 SIGNAL_LAYOUTS = ("variables", "code")
 # Compact-model switches the reference has no counterpart for; they must stay at their defaults.
-COMPACT_ONLY = ("use_static", "summary_branch")
+COMPACT_ONLY = ("use_static", "summary_branch", "hours_input")
 EXPLANATION_UNSUPPORTED = (
     "the built-in explanation (garlic.explain.built_in) is not defined for architecture=reference: it splits each step's "
     "representation into the variable's own features and the graph messages, and the reference reads the messages "

@@ -30,7 +30,7 @@ FINISHED = "FINISHED"  # MLflow's status of a run that ended well
 IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
 # Config keys added after units were archived, with the value that trains as before: at that value they stay out of
 # the settings digest, so that the archived units of unchanged presets are still found.
-LATER_KEYS = {"lr_schedule": "plateau"}
+LATER_KEYS = {"lr_schedule": "plateau", "hours_input": False}
 
 
 def is_finished(run: mlflow.entities.Run) -> bool:
@@ -47,12 +47,15 @@ def settings_digest(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def identifying_config(config: Config) -> dict:
+    """A GARLIC config as its units are told apart: later keys at their old value (``LATER_KEYS``) left out."""
+    return {k: v for k, v in config.to_dict().items() if not (k in LATER_KEYS and LATER_KEYS[k] == v)}
+
+
 def config_digest(config: Config) -> str:
     """The settings digest of a GARLIC config (``settings_digest``), as the run archive keys its units: keys that
     do not change what a run is (``IGNORED_PARAMS``) and later keys at their old value (``LATER_KEYS``) left out."""
-    settings = config.to_dict().items()
-    return settings_digest({k: v for k, v in settings
-                                  if k not in IGNORED_PARAMS and not (k in LATER_KEYS and LATER_KEYS[k] == v)})
+    return settings_digest({k: v for k, v in identifying_config(config).items() if k not in IGNORED_PARAMS})
 
 
 def matches(params: dict[str, str], config: Config) -> bool:
