@@ -371,11 +371,11 @@ class ReferenceGarlic(nn.Module):
                                 self.by_step(states, steps))  # fmt: skip
 
     def classify(
-        self, states: Tensor, real: Tensor, static: Tensor, summary: Tensor | None = None
+        self, states: Tensor, real: Tensor, static: Tensor, summary: Tensor | None = None, hours: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """states [B, T, H] per step, real [B, T] -> logits [B], temporal weights [B, L, L] (query, key) over the
-        windows, which end at the steps W - 1 .. T - 1. ``static`` and ``summary`` (always None: the reference has
-        no wide branch) are there for ``Garlic.classify``'s callers."""
+        windows, which end at the steps W - 1 .. T - 1. ``static``, ``summary`` (always None: the reference has no
+        wide branch) and ``hours`` (unread: it has no ``hours_input``) are there for ``Garlic.classify``'s callers."""
         first = self.window_size - 1
         context, weights = self.temporal_attention(states[:, first:], real[:, first:])
         return self.classifier(context)[:, 0] + self.logit_offset, weights
