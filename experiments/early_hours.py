@@ -52,7 +52,7 @@ WHOLE_STAYS = "garlic_whole_stays"
 GARLIC_METHODS = (WHOLE_STAYS, "garlic")  # trained with the preset
 BASELINES = ("hourly_gbm",)
 TABLE = "early-hours"
-RUN_COLUMNS = ["row", "split", "run_id", "settings", "data_digest", "auroc", "auprc"]
+RUN_COLUMNS = ["method", "split", "run_id", "settings", "data_digest", "auroc", "auprc"]
 RISK_COLUMNS = ["stay_id", "time", "label", "risk"]
 
 
@@ -80,18 +80,18 @@ def train_and_keep(preset: str, overrides: list[str], splits: list[int], store: 
     for config, methods, named_preset in plans:
         runner = studies.Baselines(config.override({"split_protocol": PROTOCOL}), cohort, experiment, data_root)
         for record in runner.run(list(methods), train).to_dict("records"):
-            row = {"row": row_name(record["method"], named_preset), "split": record["split"],
+            row = {"method": row_name(record["method"], named_preset), "split": record["split"],
                    "run_id": record["run_id"], "settings": queries.settings_digest(runner.settings(record["method"])),
                    "data_digest": digest, "auroc": record["test_auroc"], "auprc": record["test_auprc"]}  # fmt: skip
             rows.append(row)
             if out is not None:
                 predictions = queries.test_predictions(store, row["run_id"])
-                path = risks_path(out, row["row"], row["split"])
+                path = risks_path(out, row["method"], row["split"])
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(path, suffix=".csv.gz") as handle:
                     predictions.loc[predictions["time"].isin(HOURS), RISK_COLUMNS].to_csv(
                         handle, index=False, compression="gzip", float_format="%.6g")  # fmt: skip
-            log.info("%s split_%d: kept", row["row"], row["split"])
+            log.info("%s split_%d: kept", row["method"], row["split"])
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
@@ -99,14 +99,14 @@ def read_risks(out: Path, runs: pd.DataFrame) -> dict[tuple[str, int], pd.DataFr
     """Each archived unit's test risks at ``HOURS``, by (row, split); a unit whose file is missing is refused."""
     units = {}
     for run in runs.itertuples():
-        path = risks_path(out, run.row, int(run.split))
+        path = risks_path(out, run.method, int(run.split))
         if not path.is_file():
-            raise FileNotFoundError(f"{archive_folder(out) / 'runs.csv'} lists {run.row} split_{run.split}, but "
+            raise FileNotFoundError(f"{archive_folder(out) / 'runs.csv'} lists {run.method} split_{run.split}, but "
                                     f"{path} is missing")  # fmt: skip
         frame = pd.read_csv(path)
         if list(frame.columns) != RISK_COLUMNS:
             raise ValueError(f"{path}: columns {list(frame.columns)}, expected {RISK_COLUMNS}")
-        units[(run.row, int(run.split))] = frame
+        units[(run.method, int(run.split))] = frame
     return units
 
 
@@ -114,13 +114,13 @@ def table(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
     """Per row and hour: AUROC and AUPRC mean +/- std over splits, the test stays scored there (per split), their
     deaths' share and the mean risk (a risk that reads as a probability at every hour has the two alike)."""
     records = []
-    for row, group in runs.groupby("row", sort=False):
+    for row, group in runs.groupby("method", sort=False):
         for hour in HOURS:
             frames = [units[(row, int(split))] for split in group["split"]]
             at_hour = [frame[frame["time"] == hour] for frame in frames]
             scores = [binary_metrics(at["label"].to_numpy(), at["risk"].to_numpy()) for at in at_hour]
             stays = [len(at) for at in at_hour]
-            records.append({"row": row, "hour": hour, "runs": len(group), "stays": int(np.mean(stays)),
+            records.append({"method": row, "hour": hour, "runs": len(group), "stays": int(np.mean(stays)),
                             "deaths": float(np.mean([at["label"].mean() for at in at_hour])),
                             "mean_risk": float(np.mean([at["risk"].mean() for at in at_hour])),
                             **{f"{m}_{stat}": getattr(np, stat)([s[m] for s in scores]) for m in ("auroc", "auprc")
@@ -135,7 +135,7 @@ def as_unit(row: str, split: int, frame: pd.DataFrame, hour: int) -> Unit:
 
 def pairs(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
     """Each row trained on every hour against the whole-stays row, per hour, on the splits both have run."""
-    splits = {row: set(group["split"].astype(int)) for row, group in runs.groupby("row")}
+    splits = {row: set(group["split"].astype(int)) for row, group in runs.groupby("method")}
     against = next((row for row in splits if row.startswith(WHOLE_STAYS)), None)
     records = []
     for row in splits:
@@ -145,7 +145,7 @@ def pairs(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
         for hour in HOURS:
             ours = [as_unit(row, s, units[(row, s)], hour) for s in shared]
             theirs = [as_unit(against, s, units[(against, s)], hour) for s in shared]
-            records.append({"row": row, "against": against, "hour": hour, "runs": len(shared),
+            records.append({"method": row, "against": against, "hour": hour, "runs": len(shared),
                             **paired_difference(ours, theirs, "auroc")})  # fmt: skip
     return pd.DataFrame(records)
 
@@ -164,18 +164,18 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
         "preset trained on every hour's prefix; `hourly_gbm`: gradient boosting on features of the record up to "
         "each hour, trained on every hour. No setting was tuned for this table.",
         "",
-        "| row | hour | runs | stays | deaths | mean risk | AUROC | AUPRC |",
+        "| method | hour | runs | stays | deaths | mean risk | AUROC | AUPRC |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in summary.itertuples():
-        lines.append(f"| {r.row} | {r.hour} | {r.runs} | {r.stays} | {r.deaths:.3f} | {r.mean_risk:.3f} | "
+        lines.append(f"| {r.method} | {r.hour} | {r.runs} | {r.stays} | {r.deaths:.3f} | {r.mean_risk:.3f} | "
                      f"{r.auroc_mean:.3f} ± {r.auroc_std:.3f} | "
                      f"{r.auprc_mean:.3f} ± {r.auprc_std:.3f} |")  # fmt: skip
     if len(paired):
         lines += ["", "## Paired, in AUROC against the whole-stays GARLIC (95% bootstrap interval over test stays; an "
-                  "interval holding 0 is a tie)", "", "| row | hour | runs | difference | 95% interval | verdict |",
+                  "interval holding 0 is a tie)", "", "| method | hour | runs | difference | 95% interval | verdict |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {p.row} | {p.hour} | {p.runs} | {p.difference:+.4f} | [{p.ci_low:+.4f}, {p.ci_high:+.4f}] | "
+        lines += [f"| {p.method} | {p.hour} | {p.runs} | {p.difference:+.4f} | [{p.ci_low:+.4f}, {p.ci_high:+.4f}] | "
                   f"{p.verdict} |" for p in paired.itertuples()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -187,8 +187,8 @@ def write_tables(out: Path, runs: pd.DataFrame) -> None:
     held = folder / "runs.csv"
     if held.is_file():
         old = pd.read_csv(held, dtype={"settings": str, "data_digest": str})
-        runs = pd.concat([old, runs]).drop_duplicates(["row", "split"], keep="last")
-    runs = runs.sort_values(["row", "split"], kind="stable", ignore_index=True)
+        runs = pd.concat([old, runs]).drop_duplicates(["method", "split"], keep="last")
+    runs = runs.sort_values(["method", "split"], kind="stable", ignore_index=True)
     with atomic_file(held, suffix=".csv") as handle:
         runs.to_csv(handle, index=False)
     units = read_risks(out, runs)

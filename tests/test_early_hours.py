@@ -47,7 +47,7 @@ def test_the_early_hours_table_scores_each_row_at_each_hour_and_is_remade_from_i
     early_hours.main([*arguments, "--mlruns", str(store)])
 
     runs = pd.read_csv(out / f"{early_hours.DATASET}-runs" / "runs.csv")
-    assert sorted(runs["row"]) == ["garlic (physionet2012-fast)", "garlic_whole_stays (physionet2012-fast)",
+    assert sorted(runs["method"]) == ["garlic (physionet2012-fast)", "garlic_whole_stays (physionet2012-fast)",
                                    "hourly_gbm"]  # fmt: skip
     risks = pd.read_csv(early_hours.risks_path(out, "hourly_gbm", 0))
     assert sorted(risks["time"].unique()) == list(early_hours.HOURS)
