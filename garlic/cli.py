@@ -1,4 +1,4 @@
-"""The ``garlic`` command: download, preprocess, train, evaluate, predict, score-utility, dashboard.
+"""The ``garlic`` command: download, preprocess, export, train, evaluate, predict, score-utility, dashboard.
 
 Parsing the command line imports nothing heavy (no torch, MLflow, pandas or Streamlit): ``--help`` and a mistyped
 option answer at once, and each command imports what it uses.
@@ -105,9 +105,30 @@ def _preprocess(args: argparse.Namespace) -> None:
     from garlic.data.datasets import preprocess
 
     dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
-                                           strict=args.strict, stays=args.stays, seed=args.seed)  # fmt: skip
+                                           strict=args.strict, stays=args.stays, seed=args.seed, labels=args.labels,
+                                           window_hours=args.window_hours, variables=args.variables,
+                                           static=args.static)  # fmt: skip
     print(f"{dataset}: wrote {folder} ({json.dumps(manifest.get('counts', {}))})")
     print(f"next: garlic train --dataset {dataset}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    """A processed dataset as a MEDS folder: data shards, codes, one label file and the subject splits of split
+    ``--split`` of ``--protocol`` (made and saved as ``garlic train`` would, when not saved yet)."""
+    from garlic.data.datasets import ensure_processed
+    from garlic.data.splits import PARTS, chosen_splits, load_splits
+    from garlic.io.meds import LABELS_FILE, LABELS_FOLDER, write_meds
+    from garlic.io.tables import read_processed
+    from garlic.io.tensors import load_tensors
+
+    folder = ensure_processed(args.dataset, args.data_root)
+    split = chosen_splits(load_splits(folder, load_tensors(folder), args.protocol), [args.split], args.protocol)[0]
+    parts = {part: getattr(split, part) for part in PARTS}
+    written = write_meds(args.to, read_processed(folder), args.dataset, parts)
+    print(f"{args.dataset}: wrote {args.to} ({written['events']} events in {written['shards']} shard(s), "
+          f"{written['labels']} label rows; subject splits: {split.name})")
+    print(f"next: garlic preprocess meds --source {args.to} --labels {Path(args.to) / LABELS_FOLDER / LABELS_FILE} "
+          f"--window-hours {written['window_hours']:g}")
 
 
 def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> Config:
@@ -488,7 +509,22 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     prep.add_argument("--stays", type=int, help="synthetic: number of stays (default 2000)")
     prep.add_argument("--seed", type=int, help="synthetic: generator seed (default 0)")
+    prep.add_argument("--labels", type=Path, help="meds: the label file, or a folder of them (docs/own-data.md)")
+    prep.add_argument("--window-hours", type=float, help="meds: the input's span before the first prediction time "
+                                                         "(default 48)")
+    prep.add_argument("--variables", metavar="FILE|N", help="meds: a file of codes, one a line, or N: the N most "
+                      "frequent numeric codes of the training subjects (default 40)")
+    prep.add_argument("--static", type=Path, metavar="FILE",
+                      help="meds: a file of static codes, one a line (default: every numeric code with no time)")
     prep.set_defaults(handler=_preprocess)
+
+    export = commands.add_parser("export", help="a processed dataset -> another format (MEDS)")
+    export.add_argument("format", choices=["meds"])
+    export.add_argument("--dataset", choices=DATASETS, required=True)
+    export.add_argument("--to", type=Path, required=True, help="the MEDS folder to write (replaced as a whole)")
+    export.add_argument("--protocol", default="five-split", help="whose split becomes the subject splits")
+    export.add_argument("--split", type=int, default=0, help="which split of --protocol (default 0)")
+    export.set_defaults(handler=_export)
 
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
     train.add_argument("--dataset", choices=DATASETS, help="default: the --config file's, else synthetic")
