@@ -257,3 +257,14 @@ def test_mimic3_demo_round_trip(tmp_path):
 
     mimic3.preprocess(DEMO, tmp_path / "native")
     assert_same_tensors(tmp_path / "native", round_trip(tmp_path / "native", tmp_path, "mimic3-benchmark"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["preprocess", "meds", "--source", "."], "--labels is required for meds"),
+    (["preprocess", "synthetic", "--window-hours", "24"], "--window-hours does not apply to synthetic"),
+    (["export", "meds", "--dataset", "meds", "--to", "out"], "run `garlic preprocess meds --source PATH_TO_RAW_DATA "
+                                                             "--labels LABELS` first"),
+])  # fmt: skip
+def test_a_missing_or_misplaced_meds_option_is_one_line_naming_its_flag(argv, message, tmp_path):
+    done = garlic_here(*argv, root=tmp_path)
+    assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr

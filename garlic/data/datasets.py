@@ -63,17 +63,22 @@ def preprocess(
             raise PreprocessOptionError(f"unknown cohort {cohort!r} for {name}; choose one of {choices}")
     unknown = sorted(set(given) - source.options)
     if unknown:
-        flags = ", ".join(f"--{key}" for key in unknown)
-        takes = ", ".join(f"--{key}" for key in sorted(source.options | ({"cohort"} if source.cohorts else set())))
+        flags = ", ".join(_flag(key) for key in unknown)
+        takes = ", ".join(_flag(key) for key in sorted(source.options | ({"cohort"} if source.cohorts else set())))
         raise PreprocessOptionError(f"{flags} does not apply to {name} (it takes {takes or 'no option'})")
     missing = sorted(source.required - set(given))
     if missing:
-        raise PreprocessOptionError(f"--{missing[0]} is required for {name}: {source.source_help}")
+        raise PreprocessOptionError(f"{_flag(missing[0])} is required for {name}: {source.source_help}")
     dataset = source.dataset(cohort)
     folder = processed_folder(dataset, data_root)
     if source.cohorts:
         given["cohort"] = cohort or source.cohorts[0]
     return dataset, folder, source.write(folder, **given)
+
+
+def _flag(option: str) -> str:
+    """The command-line flag of a source's option: ``window_hours`` -> ``--window-hours``."""
+    return "--" + option.replace("_", "-")
 
 
 def ensure_processed(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
@@ -89,5 +94,7 @@ def ensure_processed(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
         synthetic.generate(folder)
         return folder
     source, _, cohort = dataset.partition("-")
-    command = f"garlic preprocess {source} --source PATH_TO_RAW_DATA" + (f" --cohort {cohort}" if cohort else "")
+    others = "".join(f" {_flag(key)} {key.upper()}" for key in sorted(SOURCES[source].required - {"source"}))
+    command = (f"garlic preprocess {source} --source PATH_TO_RAW_DATA{others}"
+               + (f" --cohort {cohort}" if cohort else ""))  # fmt: skip
     raise DatasetNotFoundError(f"dataset {dataset!r} has not been preprocessed into {folder}; run `{command}` first")
