@@ -2,6 +2,7 @@
 the same tensors, stay by stay; the variable rule; bad MEDS input named by file, row and column."""
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -103,15 +104,38 @@ def test_export_writes_meds_data_codes_labels_and_the_saved_split(exported):
     assert "garlic preprocess meds" in said
 
 
-def test_the_meds_folder_comes_back_to_the_same_tensors(exported, tmp_path):
+@pytest.fixture(scope="module")
+def imported(exported):
+    """The exported folder preprocessed back as the dataset ``meds``, with the native variable and static lists."""
     root, _ = exported
-    native = read_processed(root / "data" / "processed" / "synthetic")
-    variables, static = code_lists(native, tmp_path)
+    variables, static = code_lists(read_processed(root / "data" / "processed" / "synthetic"), root / "lists")
     done = garlic_here("preprocess", "meds", "--source", str(root / "meds"), "--labels",
                        str(root / "meds" / "labels" / "labels.parquet"), "--window-hours", "48", "--variables",
                        str(variables), "--static", str(static), root=root)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert_same_tensors(root / "data" / "processed" / "synthetic", root / "data" / "processed" / "meds")
+    return root
+
+
+def test_the_meds_folder_comes_back_to_the_same_tensors(imported):
+    assert_same_tensors(imported / "data" / "processed" / "synthetic", imported / "data" / "processed" / "meds")
+
+
+def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(imported):
+    done = garlic_here("train", "--dataset", "meds", "--protocol", "subject-splits", "--set", "max_epochs=1", "--set",
+                       "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^run [0-9a-f]{32}", done.stdout, re.MULTILINE), done.stdout
+    used = json.loads((imported / "data" / "processed" / "meds" / "splits" / "subject-splits" / "split_0.json")
+                      .read_text())  # fmt: skip
+    splits = pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet").to_pandas()
+    for part, name in (("train", "train"), ("validation", "tuning"), ("test", "held_out")):
+        assert used[part] == sorted(splits.loc[splits["split"] == name, "subject_id"])
+
+
+def test_subject_splits_is_refused_for_a_dataset_without_them(exported):
+    root, _ = exported
+    done = garlic_here("train", "--dataset", "synthetic", "--protocol", "subject-splits", root=root)
+    assert done.returncode == 2 and "'synthetic' has none" in done.stderr, done.stderr
 
 
 def test_prediction_times_come_back_as_the_tasks_table(tmp_path):

@@ -13,6 +13,9 @@ frequent first. The static features are numeric codes with a null time: those of
 in alphabetical order. An event without a numeric value is not read; a static code recorded twice keeps its later
 value, as a variable recorded twice at one time does in the tensors.
 
+When the folder has ``metadata/subject_splits.parquet``, the manifest records its parts (``train``, ``tuning`` as
+the validation part, ``held_out`` as the test part) for the protocol ``subject-splits`` (``garlic.data.splits``).
+
 The shards are read one at a time, by row groups (``garlic.io.meds.iter_events``): memory holds one row group and
 what is kept, never a whole shard. With the N most frequent codes they are read twice (count, then keep).
 """
@@ -29,6 +32,7 @@ import pyarrow.compute as pc
 
 from garlic.io.meds import (
     MICROSECONDS_PER_HOUR,
+    SPLIT_NAMES,
     MedsError,
     iter_events,
     read_labels,
@@ -161,6 +165,9 @@ def preprocess(
                               "time": times_to_hours(kept_rows["prediction_time"].to_numpy(), opens),
                               "label": kept_rows["label"].to_numpy("int8")})  # fmt: skip
     labels_path = Path(labels)
+    if splits is not None:  # the protocol subject-splits takes it (garlic.data.splits)
+        parts = {part: np.intersect1d(splits.loc[splits["split"] == name, "subject_id"].to_numpy("int64"), observed)
+                 for part, name in SPLIT_NAMES.items()}  # fmt: skip
     manifest = {
         "dataset": "meds",
         "source": {
@@ -176,6 +183,7 @@ def preprocess(
         "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
                    "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()}},
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
+        **({} if splits is None else {"subject_splits": {part: ids.tolist() for part, ids in parts.items()}}),
         **({} if tasks is None else {"task": {"prediction_times": "the MEDS label rows' prediction times",
                                               "label": "their boolean_value", "score": ""}}),
     }  # fmt: skip
