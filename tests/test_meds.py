@@ -124,7 +124,14 @@ def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(impor
     done = garlic_here("train", "--dataset", "meds", "--protocol", "subject-splits", "--set", "max_epochs=1", "--set",
                        "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert re.search(r"^run [0-9a-f]{32}", done.stdout, re.MULTILINE), done.stdout
+    run_id = re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
+    assert garlic_here("evaluate", "--run", run_id, root=imported).returncode == 0
+    from garlic.app.replay import replay_stay
+    from garlic.app.sources import load_run, test_split
+
+    trained, run = load_run(imported / "mlruns", run_id)  # what the dashboard replays: a test stay, hour by hour
+    replay = replay_stay(trained, test_split(trained, run, imported / "data"), 0)
+    assert np.isfinite(replay.risk[-1]) and 0 < replay.risk[-1] < 1
     used = json.loads((imported / "data" / "processed" / "meds" / "splits" / "subject-splits" / "split_0.json")
                       .read_text())  # fmt: skip
     splits = pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet").to_pandas()

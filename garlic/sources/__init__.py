@@ -1,6 +1,6 @@
-"""Where data comes from: one module per source (``synthetic``, ``physionet2012``, ``physionet2019``, ``mimic3``),
-each reading its raw records into the processed tables of ``garlic.io.tables``, with the parsers' shared helpers in
-``raw``.
+"""Where data come from: one module per source (``synthetic``, ``physionet2012``, ``physionet2019``, ``mimic3``,
+``meds``), each reading its raw records into the processed tables of ``garlic.io.tables``, with the parsers' shared
+helpers in ``raw``.
 
 A source module declares itself with one ``SOURCE = Source(...)`` at its end: how ``garlic preprocess`` builds it,
 which options it takes, its cohorts, and what else it offers (one-stay record files that ``garlic predict`` reads,

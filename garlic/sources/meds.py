@@ -181,7 +181,9 @@ def preprocess(
         "variable_rule": rule,
         "label": "boolean_value of the MEDS label rows",
         "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
-                   "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()}},
+                   "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()},
+                   "observations_per_variable": observations["variable"].value_counts().reindex(chosen).astype(int)
+                   .to_dict()},
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
         **({} if splits is None else {"subject_splits": {part: ids.tolist() for part, ids in parts.items()}}),
         **({} if tasks is None else {"task": {"prediction_times": "the MEDS label rows' prediction times",
