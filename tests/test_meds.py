@@ -145,7 +145,7 @@ def test_subject_splits_is_refused_for_a_dataset_without_them(exported):
     assert done.returncode == 2 and "'synthetic' has none" in done.stderr, done.stderr
 
 
-def test_prediction_times_come_back_as_the_tasks_table(tmp_path):
+def test_prediction_times_come_back_as_the_tasks_table_read_row_group_by_row_group(tmp_path):
     # Two prediction times per stay, at 24 h and 48 h: a window of 24 h before the first opens at admission.
     observations, static, labels = synthetic.simulate(60, seed=5)
     tasks = pd.DataFrame({"stay_id": np.repeat(labels["stay_id"].to_numpy(), 2), "time": np.tile([24.0, 48.0], 60),
@@ -153,6 +153,9 @@ def test_prediction_times_come_back_as_the_tasks_table(tmp_path):
     write_processed(tmp_path / "native", observations, static, labels, synthetic.VARIABLES, {}, tasks)
     dataset = read_processed(tmp_path / "native")
     write_meds(tmp_path / "meds", dataset, "tasks")
+    shard = tmp_path / "meds" / "data" / "0.parquet"  # read in row groups of 1,000 rows: the same tables
+    pq.write_table(pq.read_table(shard), shard, row_group_size=1000)
+    assert pq.ParquetFile(shard).num_row_groups > 10
     variables, static_list = code_lists(dataset, tmp_path)
     manifest = preprocess(tmp_path / "meds", tmp_path / "back", tmp_path / "meds" / "labels", 24.0, str(variables),
                           static_list)  # fmt: skip

@@ -212,41 +212,59 @@ def shards(folder: Path) -> list[Path]:
 
 @dataclass
 class EventBatch:
-    """One row group's events, numeric and with a code: subject ids, times (microseconds since the epoch; None for
-    a static event), codes, values, and ``row``, the file's row number of its first row."""
+    """One row group's events that have a number: subject ids, times (microseconds since the epoch, 0 where
+    ``timed`` is False: a static event), codes (dictionary-encoded: ``code_positions`` maps them to a vocabulary),
+    values, and ``row``, the file's row number of the row group's first row."""
 
     path: Path
     row: int
     subject_id: np.ndarray
     time: np.ndarray
     timed: np.ndarray
-    code: pa.Array
+    code: pa.DictionaryArray
     value: np.ndarray
+
+
+def code_positions(codes: pa.DictionaryArray, vocabulary: list[str]) -> np.ndarray:
+    """Each code's position in ``vocabulary``, -1 for a code outside it: looked up once per distinct code."""
+    positions = pc.index_in(codes.dictionary, value_set=pa.array(vocabulary, pa.string())).fill_null(-1)
+    return positions.to_numpy(zero_copy_only=False)[codes.indices.to_numpy(zero_copy_only=False)]
+
+
+def code_counts(codes: pa.DictionaryArray, among: np.ndarray) -> dict[str, int]:
+    """How often each code occurs in the rows ``among`` (a boolean mask)."""
+    counts = np.bincount(codes.indices.to_numpy(zero_copy_only=False)[among], minlength=len(codes.dictionary))
+    return {code: int(n) for code, n in zip(codes.dictionary.to_pylist(), counts) if n}
 
 
 def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[EventBatch]:
     """The events of one shard, row group by row group (memory bounded by a row group, whatever the file's size),
     checked against ``meds.DataSchema``; only the subjects in ``subjects`` (sorted) when given."""
     try:
-        parquet = pq.ParquetFile(path)
+        _checked_schema(meds.DataSchema, pq.read_schema(path), path, DATA_COLUMNS)
+        parquet = pq.ParquetFile(path, read_dictionary=["code"])  # each distinct code decoded once per row group
     except (OSError, pa.ArrowInvalid) as error:
         raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
-    _checked_schema(meds.DataSchema, parquet.schema_arrow, path, ("subject_id", "time", "code", "numeric_value"))
     row = 0
     for batch in parquet.iter_batches(columns=list(DATA_COLUMNS)):
         _first_null(batch, ("subject_id", "code"), path, row)
-        keep = pc.is_valid(batch.column("numeric_value"))
-        if subjects is not None:
-            keep = pc.and_(keep, pc.is_in(batch.column("subject_id"), pa.array(subjects)))
-        kept = batch.filter(keep)
+        keep = pc.is_valid(batch.column("numeric_value")).to_numpy(zero_copy_only=False)
+        subject_id = batch.column("subject_id").to_numpy()
+        if subjects is not None and len(subjects):
+            where = np.minimum(np.searchsorted(subjects, subject_id), len(subjects) - 1)
+            keep &= subjects[where] == subject_id
+        elif subjects is not None:
+            keep[:] = False
+        kept = batch.filter(pa.array(keep))
         time = kept.column("time")
+        code = kept.column("code")
         yield EventBatch(
             path=path,
             row=row,
-            subject_id=kept.column("subject_id").to_numpy(),
-            time=time.cast(pa.int64()).fill_null(0).to_numpy(),
+            subject_id=subject_id[keep],
+            time=time.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
             timed=pc.is_valid(time).to_numpy(zero_copy_only=False),
-            code=kept.column("code"),
+            code=code if isinstance(code, pa.DictionaryArray) else code.dictionary_encode(),
             value=kept.column("numeric_value").to_numpy(zero_copy_only=False).astype("float32"),
         )
         row += batch.num_rows

@@ -34,6 +34,8 @@ from garlic.io.meds import (
     MICROSECONDS_PER_HOUR,
     SPLIT_NAMES,
     MedsError,
+    code_counts,
+    code_positions,
     iter_events,
     read_labels,
     read_subject_splits,
@@ -69,8 +71,7 @@ def most_frequent_codes(paths: list[Path], subjects: np.ndarray, count: int) -> 
     counts: Counter[str] = Counter()
     for path in paths:
         for batch in iter_events(path, subjects):
-            frequencies = pc.value_counts(batch.code.filter(pa.array(batch.timed)))
-            counts.update(dict(zip(frequencies.field("values").to_pylist(), frequencies.field("counts").to_pylist())))
+            counts.update(code_counts(batch.code, batch.timed))
     return [code for code, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:count]]
 
 
@@ -86,13 +87,12 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
     and static arrays, and the static codes found (when ``static`` is None: every numeric code with a null time)."""
     subjects = windows.index.to_numpy("int64")
     opens, closes = windows["opens"].to_numpy("int64"), windows["closes"].to_numpy("int64")
-    wanted = pa.array(variables, pa.string())
     parts: dict[str, list[np.ndarray]] = {key: [] for key in ("stay", "time", "code", "value")}
     static_rows: list[pd.DataFrame] = []
     for path in paths:
         for batch in iter_events(path, subjects):
             where = np.searchsorted(subjects, batch.subject_id)
-            code = pc.index_in(batch.code, value_set=wanted).fill_null(-1).to_numpy()
+            code = code_positions(batch.code, variables)
             inside = batch.timed & (code >= 0) & (batch.time >= opens[where]) & (batch.time <= closes[where])
             parts["stay"].append(batch.subject_id[inside])
             parts["time"].append(times_to_hours(batch.time[inside], opens[where[inside]]))
@@ -100,7 +100,7 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
             parts["value"].append(batch.value[inside])
             untimed = ~batch.timed
             if untimed.any():
-                codes = batch.code.filter(pa.array(untimed)).to_numpy(zero_copy_only=False)
+                codes = batch.code.filter(pa.array(untimed)).cast(pa.string()).to_numpy(zero_copy_only=False)
                 static_rows.append(pd.DataFrame({"stay_id": batch.subject_id[untimed], "code": codes,
                                                  "value": batch.value[untimed]}))  # fmt: skip
     arrays = {key: np.concatenate(chunks) if chunks else np.zeros(0) for key, chunks in parts.items()}
