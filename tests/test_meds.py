@@ -302,3 +302,14 @@ def test_mimic3_demo_round_trip(tmp_path):
 def test_a_missing_or_misplaced_meds_option_is_one_line_naming_its_flag(argv, message, tmp_path):
     done = garlic_here(*argv, root=tmp_path)
     assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_the_benchmark_writes_a_valid_synthetic_meds_folder_of_n_rows_and_measures_it(tmp_path, capsys):
+    from experiments import benchmark_meds
+
+    lines = benchmark_meds.main(["--rows", "30000", "--work", str(tmp_path)])
+    assert pq.read_table(tmp_path / "synthetic-meds" / "data").num_rows == 30_000
+    manifest = read_processed(tmp_path / "synthetic-back").manifest
+    assert len(manifest["variables"]) == 20 and manifest["static_features"] == ["AGE", "HEIGHT", "WEIGHT"]
+    assert manifest["counts"]["stays"] == 30
+    assert lines[-1].startswith("| synthetic MEDS, 30,000 rows |") and " MB |" in lines[-1]
