@@ -403,6 +403,8 @@ def _predict(args: argparse.Namespace) -> None:
 
     if args.hourly:
         return _predict_hourly(args, store)
+    if args.labels is not None:
+        return _predict_meds(args, store)
     _say(f"reading run {args.run}'s model from {_shown(store)} ...")
     trained = load_predictor(args.run, store)
     shown = [_shown(path) for path in args.input]
@@ -439,6 +441,46 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     adapt_threads()
     written = write_hourly_predictions(args.output, predict_hourly(trained, observations, static, tasks), threshold)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
+
+
+def _predict_meds(args: argparse.Namespace, store: Path) -> None:
+    """``garlic predict --labels``: a MEDS folder's label rows scored, written in the MEDS prediction schema."""
+    from garlic.inference import predict_meds
+    from garlic.io.meds import read_labels, shards, write_predictions
+    from garlic.io.tables import read_manifest
+    from garlic.methods.saved import load_predictor
+    from garlic.sources.meds import read_tables
+
+    if args.output is None or len(args.input) != 1:
+        raise ValueError("--labels scores a MEDS folder: give that one folder as --input, and the Parquet file to "
+                         "write as --output")  # fmt: skip
+    trained = load_predictor(args.run, store)
+    window = args.window_hours
+    if window is None:
+        folder = processed_folder(trained.config.dataset, args.data_root)
+        window = read_manifest(folder).get("window_hours") if (folder / "manifest.json").is_file() else None
+        if window is None:
+            raise ValueError(f"the window of run {args.run}'s dataset {trained.config.dataset} is not known here (no "
+                             f"{folder}); give the --window-hours it was preprocessed with")  # fmt: skip
+    label_rows = read_labels(args.labels)
+    _say(f"reading {_shown(args.input[0])} for {len(label_rows)} label rows, a window of {window:g} h ...")
+    tables = read_tables(shards(args.input[0]), label_rows, float(window), trained.variables, trained.static_features)
+    adapt_threads()
+    risks = predict_meds(trained, tables)
+    threshold = args.threshold
+    if threshold is None:
+        try:
+            threshold = _run_threshold(args.run, store)
+        except ValueError:
+            threshold = None  # a per-stay run chose none: the probabilities alone, as meds-evaluation accepts
+    write_predictions(args.output, risks, threshold)
+    _say(f"wrote {len(risks)} predictions to {_shown(args.output)}"
+         + ("" if threshold is None else f", predicted true at risk >= {threshold:.4g}"))
+    missing = len(label_rows) - len(risks)
+    if missing:
+        _say(f"{missing} of {len(label_rows)} label rows left out, with no prediction: their subjects have no event "
+             "of the model's variables in the window")  # fmt: skip
+        raise SystemExit(LEFT_OUT)
 
 
 def _run_threshold(run_id: str, store: Path) -> float:
@@ -553,13 +595,18 @@ def parser() -> argparse.ArgumentParser:
         "predict", help="risk per stay for record files, as CSV (stay_id, risk, left_out); exit status 3 when a "
         "record had to be left out (a row with an empty risk and the reason names it)")
     predict.add_argument("--run", required=True, help="MLflow run id")
-    predict.add_argument("--input", nargs="+", required=True, type=Path, help="PhysioNet 2012 .txt / 2019 .psv")
+    predict.add_argument("--input", nargs="+", required=True, type=Path,
+                         help="PhysioNet 2012 .txt / 2019 .psv, or with --labels a MEDS folder")
     predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder")
     predict.add_argument("--hourly", action="store_true",
                          help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
                               "Challenge's prediction files (pNNNNNN.psv) in --output; needs an hourly run")
     predict.add_argument("--threshold", type=float,
-                         help="with --hourly, alarm at risk >= this (default: the threshold the run chose)")
+                         help="with --hourly or --labels, alarm at risk >= this (default: the threshold the run chose)")
+    predict.add_argument("--labels", type=Path, help="MEDS: --input is a MEDS folder, this its label file(s); writes "
+                         "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)")
+    predict.add_argument("--window-hours", type=float,
+                         help="with --labels: the input window (default: the run's dataset's, under --data-root)")
     predict.set_defaults(handler=_predict)
 
     score = commands.add_parser(

@@ -120,16 +120,21 @@ def test_the_meds_folder_comes_back_to_the_same_tensors(imported):
     assert_same_tensors(imported / "data" / "processed" / "synthetic", imported / "data" / "processed" / "meds")
 
 
-def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(imported):
+@pytest.fixture(scope="module")
+def meds_run(imported) -> str:
+    """GARLIC trained on the MEDS dataset, on the folder's own subject splits (one epoch of a small model)."""
     done = garlic_here("train", "--dataset", "meds", "--protocol", "subject-splits", "--set", "max_epochs=1", "--set",
                        "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    run_id = re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
-    assert garlic_here("evaluate", "--run", run_id, root=imported).returncode == 0
+    return re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
+
+
+def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(imported, meds_run):
+    assert garlic_here("evaluate", "--run", meds_run, root=imported).returncode == 0
     from garlic.app.replay import replay_stay
     from garlic.app.sources import load_run, test_split
 
-    trained, run = load_run(imported / "mlruns", run_id)  # what the dashboard replays: a test stay, hour by hour
+    trained, run = load_run(imported / "mlruns", meds_run)  # what the dashboard replays: a test stay, hour by hour
     replay = replay_stay(trained, test_split(trained, run, imported / "data"), 0)
     assert np.isfinite(replay.risk[-1]) and 0 < replay.risk[-1] < 1
     used = json.loads((imported / "data" / "processed" / "meds" / "splits" / "subject-splits" / "split_0.json")
@@ -137,6 +142,29 @@ def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(impor
     splits = pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet").to_pandas()
     for part, name in (("train", "train"), ("validation", "tuning"), ("test", "held_out")):
         assert used[part] == sorted(splits.loc[splits["split"] == name, "subject_id"])
+
+
+def test_predict_scores_meds_label_rows_in_the_meds_prediction_schema(imported, meds_run, tmp_path):
+    from garlic.app.sources import predictions
+    from garlic.io.meds import PREDICTION_SCHEMA
+
+    labels = pq.read_table(imported / "meds" / "labels" / "labels.parquet").to_pandas()
+    held_out = labels[labels["subject_id"].isin(pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet")
+                                                .to_pandas().query("split == 'held_out'")["subject_id"])]  # fmt: skip
+    held_out.to_parquet(tmp_path / "held_out.parquet", index=False)
+    done = garlic_here("predict", "--run", meds_run, "--input", str(imported / "meds"), "--labels",
+                       str(tmp_path / "held_out.parquet"), "--output", str(tmp_path / "predictions.parquet"),
+                       root=imported)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = pq.read_table(tmp_path / "predictions.parquet")
+    assert written.schema.equals(PREDICTION_SCHEMA)
+    scored = written.to_pandas()
+    assert scored["prediction_time"].tolist() == held_out["prediction_time"].tolist()
+    assert scored["boolean_value"].tolist() == held_out["boolean_value"].tolist()
+    # The risks are those the run logged for its test stays: the same model on the same input.
+    logged = predictions(imported / "mlruns", meds_run, "test").set_index("stay_id")["risk"]
+    assert np.allclose(scored.set_index("subject_id")["predicted_boolean_probability"].sort_index(),
+                       logged.sort_index(), atol=1e-6)  # fmt: skip
 
 
 def test_subject_splits_is_refused_for_a_dataset_without_them(exported):

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from flexible_schema.exceptions import SchemaValidationError
 
-from garlic.io.atomic import write_json_atomic
+from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tables import ProcessedDataset, atomic_directory
 
 ADMISSION = np.datetime64("2000-01-01T00:00:00", "us")  # every exported stay's hour 0
@@ -172,6 +172,32 @@ def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: 
         write_json_atomic(staging / meds.dataset_metadata_filepath, {
             "dataset_name": name, "etl_name": "garlic export meds", "meds_version": meds.__version__})  # fmt: skip
     return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span}
+
+
+PREDICTION_SCHEMA = pa.schema([  # meds-evaluation's binary classification schema
+    ("subject_id", pa.int64()),
+    ("prediction_time", pa.timestamp("us")),
+    ("boolean_value", pa.bool_()),
+    ("predicted_boolean_value", pa.bool_()),
+    ("predicted_boolean_probability", pa.float64()),
+])  # fmt: skip
+
+
+def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -> None:
+    """Risks as MEDS predictions (``PREDICTION_SCHEMA``, as ``meds-evaluation`` reads them), atomically: ``rows``
+    has ``subject_id``, ``prediction_time`` (microseconds since the epoch), ``label`` (the label row's 0/1) and
+    ``risk``. ``predicted_boolean_value`` is ``risk >= threshold``; null throughout without a threshold."""
+    risk = rows["risk"].to_numpy("float64")
+    alarm = pa.array(risk >= threshold) if threshold is not None else pa.nulls(len(rows), pa.bool_())
+    table = pa.table({
+        "subject_id": pa.array(rows["subject_id"].to_numpy("int64")),
+        "prediction_time": pa.array(rows["prediction_time"].to_numpy("int64"), pa.int64()).cast(pa.timestamp("us")),
+        "boolean_value": pa.array(rows["label"].to_numpy().astype(bool)),
+        "predicted_boolean_value": alarm,
+        "predicted_boolean_probability": pa.array(risk),
+    }, schema=PREDICTION_SCHEMA)  # fmt: skip
+    with atomic_file(Path(path), suffix=".parquet") as out:
+        pq.write_table(table, out)
 
 
 # ---------------------------------------------------------------------------------------------------------------

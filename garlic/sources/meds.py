@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,43 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
     return observations, static_events
 
 
+@dataclass
+class MedsTables:
+    """What a MEDS folder holds for its labelled subjects, as the processed tables have it (``garlic.io.tables``):
+    the stays with an event of the variables in their window, and ``label_rows``, their MEDS label rows."""
+
+    observations: pd.DataFrame
+    static: pd.DataFrame
+    labels: pd.DataFrame
+    tasks: pd.DataFrame | None
+    label_rows: pd.DataFrame
+
+
+def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float, variables: list[str],
+                static: list[str] | None) -> MedsTables:  # fmt: skip
+    """The shards ``paths`` read for the subjects of ``label_rows`` (``garlic.io.meds.read_labels``): the
+    ``variables`` inside each window, the ``static`` codes (None: every numeric code with a null time, in
+    alphabetical order); a tasks table when a subject has several label rows."""
+    windows = _prediction_windows(label_rows, window_hours)
+    observations, static_events = _read_events(paths, windows, variables, static)
+    features = static if static is not None else sorted(static_events["code"].unique())
+    observed = np.unique(observations["stay_id"].to_numpy())
+    kept = windows.loc[observed]
+    static_table = (static_events.drop_duplicates(["stay_id", "code"], keep="last")
+                    .pivot(index="stay_id", columns="code", values="value")
+                    .reindex(index=observed, columns=features).rename_axis(index="stay_id", columns=None)
+                    .reset_index())  # fmt: skip
+    kept_rows = label_rows[label_rows["subject_id"].isin(observed)]
+    label_table = kept_rows.groupby("subject_id", sort=True)["label"].max().rename_axis("stay_id").reset_index()
+    tasks = None
+    if (kept["rows"] > 1).any():
+        opens = kept["opens"].reindex(kept_rows["subject_id"]).to_numpy("int64")
+        tasks = pd.DataFrame({"stay_id": kept_rows["subject_id"].to_numpy("int64"),
+                              "time": times_to_hours(kept_rows["prediction_time"].to_numpy(), opens),
+                              "label": kept_rows["label"].to_numpy("int8")})  # fmt: skip
+    return MedsTables(observations, static_table, label_table, tasks, kept_rows)
+
+
 def preprocess(
     source: Path,
     destination: Path,
@@ -132,9 +170,8 @@ def preprocess(
     paths = shards(source)
     label_rows = read_labels(labels)
     splits = read_subject_splits(source)
-    windows = _prediction_windows(label_rows, float(window_hours))
     if variables is None or str(variables).isdigit():
-        training = windows.index.to_numpy("int64")
+        training = np.unique(label_rows["subject_id"].to_numpy("int64"))
         if splits is not None:
             training = np.intersect1d(training, splits.loc[splits["split"] == "train", "subject_id"].to_numpy())
         chosen = most_frequent_codes(paths, training, int(variables or DEFAULT_VARIABLES))
@@ -145,25 +182,10 @@ def preprocess(
         raise MedsError(f"{source}: no timed numeric event of a labelled subject; nothing to use as a variable")
     static_codes = None if static is None else read_code_list(Path(static))
 
-    observations, static_events = _read_events(paths, windows, chosen, static_codes)
-    features = static_codes if static_codes is not None else sorted(static_events["code"].unique())
-    observed = np.unique(observations["stay_id"].to_numpy())
-    subjects = windows.index.to_numpy("int64")
+    tables = read_tables(paths, label_rows, float(window_hours), chosen, static_codes)
+    observed = tables.labels["stay_id"].to_numpy("int64")
+    subjects = np.unique(label_rows["subject_id"].to_numpy("int64"))
     dropped = {"no event of the variables in the input window": np.setdiff1d(subjects, observed).tolist()}
-    kept = windows.loc[observed]
-
-    static_table = (static_events.drop_duplicates(["stay_id", "code"], keep="last")
-                    .pivot(index="stay_id", columns="code", values="value")
-                    .reindex(index=observed, columns=features).rename_axis(index="stay_id", columns=None)
-                    .reset_index())  # fmt: skip
-    kept_rows = label_rows[label_rows["subject_id"].isin(observed)]
-    label_table = (kept_rows.groupby("subject_id", sort=True)["label"].max().rename_axis("stay_id").reset_index())
-    tasks = None
-    if (kept["rows"] > 1).any():
-        opens = kept["opens"].reindex(kept_rows["subject_id"]).to_numpy("int64")
-        tasks = pd.DataFrame({"stay_id": kept_rows["subject_id"].to_numpy("int64"),
-                              "time": times_to_hours(kept_rows["prediction_time"].to_numpy(), opens),
-                              "label": kept_rows["label"].to_numpy("int8")})  # fmt: skip
     labels_path = Path(labels)
     if splits is not None:  # the protocol subject-splits takes it (garlic.data.splits)
         parts = {part: np.intersect1d(splits.loc[splits["split"] == name, "subject_id"].to_numpy("int64"), observed)
@@ -182,14 +204,14 @@ def preprocess(
         "label": "boolean_value of the MEDS label rows",
         "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
                    "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()},
-                   "observations_per_variable": observations["variable"].value_counts().reindex(chosen).astype(int)
+                   "observations_per_variable": tables.observations["variable"].value_counts().reindex(chosen).astype(int)
                    .to_dict()},
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
         **({} if splits is None else {"subject_splits": {part: ids.tolist() for part, ids in parts.items()}}),
-        **({} if tasks is None else {"task": {"prediction_times": "the MEDS label rows' prediction times",
+        **({} if tables.tasks is None else {"task": {"prediction_times": "the MEDS label rows' prediction times",
                                               "label": "their boolean_value", "score": ""}}),
     }  # fmt: skip
-    write_processed(destination, observations, static_table, label_table, chosen, manifest, tasks)
+    write_processed(destination, tables.observations, tables.static, tables.labels, chosen, manifest, tables.tasks)
     log.info("meds: %d stays kept, %d dropped", len(observed), len(subjects) - len(observed))
     return read_manifest(destination)
 
