@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
+from garlic.data.datasets import DEFAULT_DATA_ROOT, SOURCES, dataset_name, processed_folder
 from garlic.training.threads import adapt_threads, watch_cpus
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
@@ -105,7 +105,8 @@ def _preprocess(args: argparse.Namespace) -> None:
     from garlic.data.datasets import preprocess
 
     dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
-                                           strict=args.strict, stays=args.stays, seed=args.seed, labels=args.labels,
+                                           named=args.name, strict=args.strict, stays=args.stays, seed=args.seed,
+                                           labels=args.labels,
                                            window_hours=args.window_hours, variables=args.variables,
                                            static=args.static)  # fmt: skip
     print(f"{dataset}: wrote {folder} ({json.dumps(manifest.get('counts', {}))})")
@@ -551,6 +552,7 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     prep.add_argument("--stays", type=int, help="synthetic: number of stays (default 2000)")
     prep.add_argument("--seed", type=int, help="synthetic: generator seed (default 0)")
+    prep.add_argument("--name", help="meds: the dataset's name NAME, written as meds-NAME (default: meds)")
     prep.add_argument("--labels", type=Path, help="meds: the label file, or a folder of them (docs/own-data.md)")
     prep.add_argument("--window-hours", type=float, help="meds: the input's span before the first prediction time "
                                                          "(default 48)")
@@ -562,14 +564,15 @@ def parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="a processed dataset -> another format (MEDS)")
     export.add_argument("format", choices=["meds"])
-    export.add_argument("--dataset", choices=DATASETS, required=True)
+    export.add_argument("--dataset", type=dataset_name, required=True, metavar="NAME")
     export.add_argument("--to", type=Path, required=True, help="the MEDS folder to write (replaced as a whole)")
     export.add_argument("--protocol", default="five-split", help="whose split becomes the subject splits")
     export.add_argument("--split", type=int, default=0, help="which split of --protocol (default 0)")
     export.set_defaults(handler=_export)
 
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
-    train.add_argument("--dataset", choices=DATASETS, help="default: the --config file's, else synthetic")
+    train.add_argument("--dataset", type=dataset_name, metavar="NAME",
+                       help="default: the --config file's, else synthetic")
     which = train.add_mutually_exclusive_group()
     which.add_argument("--split", type=int, help="train on split K (default 0)")
     which.add_argument("--all-splits", action="store_true",

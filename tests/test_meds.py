@@ -106,24 +106,25 @@ def test_export_writes_meds_data_codes_labels_and_the_saved_split(exported):
 
 @pytest.fixture(scope="module")
 def imported(exported):
-    """The exported folder preprocessed back as the dataset ``meds``, with the native variable and static lists."""
+    """The exported folder preprocessed back as the dataset ``meds-back`` (``--name back``), with the native variable
+    and static lists."""
     root, _ = exported
     variables, static = code_lists(read_processed(root / "data" / "processed" / "synthetic"), root / "lists")
     done = garlic_here("preprocess", "meds", "--source", str(root / "meds"), "--labels",
                        str(root / "meds" / "labels" / "labels.parquet"), "--window-hours", "48", "--variables",
-                       str(variables), "--static", str(static), root=root)  # fmt: skip
+                       str(variables), "--static", str(static), "--name", "back", root=root)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return root
 
 
 def test_the_meds_folder_comes_back_to_the_same_tensors(imported):
-    assert_same_tensors(imported / "data" / "processed" / "synthetic", imported / "data" / "processed" / "meds")
+    assert_same_tensors(imported / "data" / "processed" / "synthetic", imported / "data" / "processed" / "meds-back")
 
 
 @pytest.fixture(scope="module")
 def meds_run(imported) -> str:
     """GARLIC trained on the MEDS dataset, on the folder's own subject splits (one epoch of a small model)."""
-    done = garlic_here("train", "--dataset", "meds", "--protocol", "subject-splits", "--set", "max_epochs=1", "--set",
+    done = garlic_here("train", "--dataset", "meds-back", "--protocol", "subject-splits", "--set", "max_epochs=1", "--set",
                        "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
@@ -137,7 +138,7 @@ def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(impor
     trained, run = load_run(imported / "mlruns", meds_run)  # what the dashboard replays: a test stay, hour by hour
     replay = replay_stay(trained, test_split(trained, run, imported / "data"), 0)
     assert np.isfinite(replay.risk[-1]) and 0 < replay.risk[-1] < 1
-    used = json.loads((imported / "data" / "processed" / "meds" / "splits" / "subject-splits" / "split_0.json")
+    used = json.loads((imported / "data" / "processed" / "meds-back" / "splits" / "subject-splits" / "split_0.json")
                       .read_text())  # fmt: skip
     splits = pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet").to_pandas()
     for part, name in (("train", "train"), ("validation", "tuning"), ("test", "held_out")):
@@ -326,6 +327,9 @@ def test_mimic3_demo_round_trip(tmp_path):
     (["preprocess", "synthetic", "--window-hours", "24"], "--window-hours does not apply to synthetic"),
     (["export", "meds", "--dataset", "meds", "--to", "out"], "run `garlic preprocess meds --source PATH_TO_RAW_DATA "
                                                              "--labels LABELS` first"),
+    (["preprocess", "meds", "--source", ".", "--labels", "l", "--name", "../up"], "--name '../up': expected letters"),
+    (["preprocess", "synthetic", "--name", "mine"], "--name does not apply to synthetic: its datasets are synthetic"),
+    (["train", "--dataset", "meds-"], "unknown dataset 'meds-'; choose one of meds, mimic3-benchmark"),
 ])  # fmt: skip
 def test_a_missing_or_misplaced_meds_option_is_one_line_naming_its_flag(argv, message, tmp_path):
     done = garlic_here(*argv, root=tmp_path)

@@ -290,10 +290,13 @@ def stays_not_held(name: str, index: int, stay_ids: np.ndarray, dataset: str) ->
     return None
 
 
-def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str) -> str | None:
-    """Why the protocol cannot run on ``dataset``'s ``stay_ids`` (published for other datasets, or a published split
-    naming stays it lacks), None when it can: a check that needs no split to be made."""
+def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str, manifest: dict | None = None) -> str | None:
+    """Why the protocol cannot run on ``dataset``'s ``stay_ids`` (published for other datasets, a published split
+    naming stays it lacks, or no split recorded in its ``manifest``), None when it can: a check that needs no split
+    to be made."""
     chosen = protocol(protocol_name)
+    if chosen.recorded:
+        return None if (manifest or {}).get("subject_splits") is not None else _none_recorded(protocol_name, dataset)
     if chosen.hospital:
         hospital_systems = source_of(dataset).hospital_systems
         if hospital_systems is None:
@@ -316,12 +319,16 @@ def published_split(tensors: IrregularTensors, name: str, index: int, dataset: s
     return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
 
 
+def _none_recorded(name: str, dataset: str) -> str:
+    return (f"protocol {name!r} takes the split a dataset's source recorded, and {dataset!r} has none (a MEDS "
+            "folder records it in metadata/subject_splits.parquet)")
+
+
 def recorded_split(tensors: IrregularTensors, name: str, dataset: str, manifest: dict) -> Split:
     """The split the dataset's source recorded (``manifest["subject_splits"]``: part -> stay ids)."""
     recorded = manifest.get("subject_splits")
     if recorded is None:
-        raise ValueError(f"protocol {name!r} takes the split a dataset's source recorded, and {dataset!r} has none "
-                         "(a MEDS folder records it in metadata/subject_splits.parquet)")  # fmt: skip
+        raise ValueError(_none_recorded(name, dataset))
     parts = [np.intersect1d(np.asarray(recorded[part], dtype="int64"), tensors.stay_ids) for part in PARTS]
     empty = [part for part, ids in zip(PARTS, parts) if not len(ids)]
     if empty:

@@ -24,6 +24,9 @@ class Source:
     ``options`` names the keyword options it takes besides ``cohort`` (``source``, ``strict``, ``stays``, ``seed``),
     ``required`` those without which it cannot run, and ``cohorts`` its cohort names (the first is the default).
 
+    ``named``: the user names each dataset it writes (``garlic preprocess meds --name NAME`` -> ``meds-NAME``),
+    beside the plain ``name``.
+
     ``record_suffix`` and ``read_record_files(files, left_out=...)`` (both or neither): the suffix of its one-stay
     record files and the reader that turns such files into observation and static tables. ``hospital_systems``
     maps stay ids to the hospital system each stay came from, for the protocols that draw by hospital.
@@ -35,6 +38,7 @@ class Source:
     required: frozenset[str] = frozenset()
     cohorts: tuple[str, ...] = ()
     source_help: str = ""
+    named: bool = False
     record_suffix: str | None = None
     read_record_files: Callable | None = None
     hospital_systems: Callable[[np.ndarray], np.ndarray] | None = None

@@ -223,4 +223,5 @@ SOURCE = Source(
     options=frozenset({"source", "labels", "window_hours", "variables", "static"}),
     required=frozenset({"source", "labels"}),
     source_help="the MEDS folder (data/*.parquet, metadata/) and --labels, its label file or folder",
+    named=True,
 )
