@@ -256,13 +256,16 @@ def test_a_shard_breaking_the_meds_schema_is_named_with_its_column(tmp_path):
         preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="5")
 
 
-def test_a_label_file_without_boolean_value_or_a_doubled_code_is_named(tmp_path):
+def test_a_label_file_without_boolean_value_a_repeated_label_row_or_a_doubled_code_is_named(tmp_path):
     write_shard(tmp_path / "meds" / "data" / "0.parquet", [(1, 1.0, "HR", 80.0)])
     pq.write_table(pa.table({"subject_id": pa.array([1], pa.int64()),
                              "prediction_time": pa.array([pd.Timestamp("2000-01-02")], pa.timestamp("us"))}),
                    tmp_path / "no-value.parquet")  # fmt: skip
     with pytest.raises(MedsError, match=r"no-value\.parquet: no column boolean_value"):
         preprocess(tmp_path / "meds", tmp_path / "out", tmp_path / "no-value.parquet")
+    twice = write_labels(tmp_path / "twice.parquet", [(1, 24.0, True), (2, 24.0, False), (1, 24.0, False)])
+    with pytest.raises(MedsError, match=r"twice\.parquet: row 2: subject 1 is labelled twice at one prediction_time"):
+        preprocess(tmp_path / "meds", tmp_path / "out", twice)
     (tmp_path / "variables.txt").write_text("HR\nK\nHR\n")
     labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True)])
     with pytest.raises(MedsError, match=r"variables\.txt: line 3: code 'HR' is listed twice"):

@@ -41,10 +41,18 @@ def dataset_names() -> str:
     return ", ".join([*DATASETS, *(f"{name}-NAME" for name, source in SOURCES.items() if source.named)])
 
 
+def _not_a_dataset(dataset: str) -> str:
+    """Why ``dataset`` names no dataset, listing the names (the cohorts' of a source with cohorts)."""
+    source = SOURCES.get(dataset)
+    if source is not None and source.cohorts:
+        return f"{dataset} has one dataset per cohort; name one of {', '.join(source.datasets)}"
+    return f"unknown dataset {dataset!r}; choose one of {dataset_names()}"
+
+
 def dataset_name(text: str) -> str:
-    """An argparse type: ``text`` when it names a dataset (``is_dataset``), else an error listing them."""
+    """An argparse type: ``text`` when it names a dataset (``is_dataset``), else an error saying why."""
     if not is_dataset(text):
-        raise argparse.ArgumentTypeError(f"unknown dataset {text!r}; choose one of {dataset_names()}")
+        raise argparse.ArgumentTypeError(_not_a_dataset(text))
     return text
 
 
@@ -55,12 +63,7 @@ def source_of(dataset: str) -> Source:
 
 def processed_folder(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
     if not is_dataset(dataset):
-        source = SOURCES.get(dataset)
-        if source is not None:
-            raise DatasetNotFoundError(
-                f"{dataset} has one dataset per cohort; name one of {', '.join(source.datasets)}"
-            )
-        raise DatasetNotFoundError(f"unknown dataset {dataset!r}; choose one of {dataset_names()}")
+        raise DatasetNotFoundError(_not_a_dataset(dataset))
     return Path(data_root) / "processed" / dataset
 
 

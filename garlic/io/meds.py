@@ -311,11 +311,18 @@ def read_labels(source: Path) -> pd.DataFrame:
             raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
         _checked_schema(meds.LabelSchema, table.schema, path, LABEL_COLUMNS)
         _first_null(table, LABEL_COLUMNS, path, 0)
-        frames.append(pd.DataFrame({
+        frame = pd.DataFrame({
             "subject_id": table.column("subject_id").to_numpy(),
             "prediction_time": table.column("prediction_time").cast(pa.int64()).to_numpy(),
-            "label": table.column("boolean_value").to_numpy().astype("int8")}))  # fmt: skip
-    return pd.concat(frames, ignore_index=True)
+            "label": table.column("boolean_value").to_numpy(zero_copy_only=False).astype("int8")})  # fmt: skip
+        frames.append(frame.assign(file=str(path), row=np.arange(len(frame))))
+    rows = pd.concat(frames, ignore_index=True)
+    repeated = rows.duplicated(["subject_id", "prediction_time"])
+    if repeated.any():
+        again = rows[repeated].iloc[0]
+        raise MedsError(f"{again['file']}: row {again['row']}: subject {again['subject_id']} is labelled twice at "
+                        "one prediction_time; a label file has one row per subject and time")  # fmt: skip
+    return rows.drop(columns=["file", "row"])
 
 
 def read_subject_splits(folder: Path) -> pd.DataFrame | None:
