@@ -60,8 +60,9 @@ class MedsError(ValueError):
 
 
 def hours_to_times(hours: np.ndarray) -> np.ndarray:
-    """Hours since admission (float32) -> datetime64[us] from ``ADMISSION``; ``times_to_hours`` undoes it exactly for
-    every float32 hour a stay can have (a microsecond is far below a float32 step at any hour past 1e-5)."""
+    """Hours since admission (float32) -> datetime64[us] from ``ADMISSION``; ``times_to_hours`` gives the same float32
+    back from 8.4 seconds on (0.0023 h: there half a microsecond is below half a float32 step), and within half a
+    microsecond before."""
     offsets = np.rint(np.asarray(hours, dtype="float64") * MICROSECONDS_PER_HOUR).astype("int64")
     return ADMISSION + offsets.astype("timedelta64[us]")
 
@@ -238,12 +239,10 @@ def shards(folder: Path) -> list[Path]:
 
 @dataclass
 class EventBatch:
-    """One row group's events that have a number: subject ids, times (microseconds since the epoch, 0 where
-    ``timed`` is False: a static event), codes (dictionary-encoded: ``code_positions`` maps them to a vocabulary),
-    values, and ``row``, the file's row number of the row group's first row."""
+    """One batch of a shard's events that have a number: subject ids, times (microseconds since the epoch, 0 where
+    ``timed`` is False: a static event), codes (dictionary-encoded: ``code_positions`` maps them to a vocabulary)
+    and values."""
 
-    path: Path
-    row: int
     subject_id: np.ndarray
     time: np.ndarray
     timed: np.ndarray
@@ -264,8 +263,9 @@ def code_counts(codes: pa.DictionaryArray, among: np.ndarray) -> dict[str, int]:
 
 
 def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[EventBatch]:
-    """The events of one shard, row group by row group (memory bounded by a row group, whatever the file's size),
-    checked against ``meds.DataSchema``; only the subjects in ``subjects`` (sorted) when given."""
+    """The events of one shard in batches of at most 65,536 rows, read row group by row group (memory bounded by a
+    row group, whatever the file's size), checked against ``meds.DataSchema``; only the subjects in ``subjects``
+    (sorted) when given."""
     try:
         _checked_schema(meds.DataSchema, pq.read_schema(path), path, DATA_COLUMNS)
         parquet = pq.ParquetFile(path, read_dictionary=["code"])  # each distinct code decoded once per row group
@@ -285,8 +285,6 @@ def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[Even
         time = kept.column("time")
         code = kept.column("code")
         yield EventBatch(
-            path=path,
-            row=row,
             subject_id=subject_id[keep],
             time=time.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
             timed=pc.is_valid(time).to_numpy(zero_copy_only=False),

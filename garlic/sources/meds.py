@@ -16,8 +16,8 @@ value, as a variable recorded twice at one time does in the tensors.
 When the folder has ``metadata/subject_splits.parquet``, the manifest records its parts (``train``, ``tuning`` as
 the validation part, ``held_out`` as the test part) for the protocol ``subject-splits`` (``garlic.data.splits``).
 
-The shards are read one at a time, by row groups (``garlic.io.meds.iter_events``): memory holds one row group and
-what is kept, never a whole shard. With the N most frequent codes they are read twice (count, then keep).
+The shards are read one at a time, in batches, row group by row group (``garlic.io.meds.iter_events``): memory
+holds one row group and what is kept, never a whole shard. With the N most frequent codes they are read twice (count, then keep).
 """
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def _prediction_windows(labels: pd.DataFrame, span: float) -> pd.DataFrame:
 
 
 def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str], static: list[str] | None):
-    """The variables' events inside each subject's window and the static events, one row group at a time: observation
-    and static arrays, and the static codes found (when ``static`` is None: every numeric code with a null time)."""
+    """The variables' events inside each subject's window, as observations, and the static events of the ``static``
+    codes (None: every numeric code with a null time) as rows of stay_id, code and value; one batch at a time."""
     subjects = windows.index.to_numpy("int64")
     opens, closes = windows["opens"].to_numpy("int64"), windows["closes"].to_numpy("int64")
     parts: dict[str, list[np.ndarray]] = {key: [] for key in ("stay", "time", "code", "value")}
@@ -100,6 +100,8 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
             parts["code"].append(code[inside].astype("int32"))
             parts["value"].append(batch.value[inside])
             untimed = ~batch.timed
+            if static is not None:
+                untimed &= code_positions(batch.code, static) >= 0
             if untimed.any():
                 codes = batch.code.filter(pa.array(untimed)).cast(pa.string()).to_numpy(zero_copy_only=False)
                 static_rows.append(pd.DataFrame({"stay_id": batch.subject_id[untimed], "code": codes,
@@ -111,8 +113,6 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
         "value": arrays["value"].astype("float32")})  # fmt: skip
     static_events = (pd.concat(static_rows, ignore_index=True) if static_rows
                      else pd.DataFrame({"stay_id": [], "code": [], "value": []}))  # fmt: skip
-    if static is not None:
-        static_events = static_events[static_events["code"].isin(static)]
     return observations, static_events
 
 
