@@ -17,7 +17,8 @@ When the folder has ``metadata/subject_splits.parquet``, the manifest records it
 the validation part, ``held_out`` as the test part) for the protocol ``subject-splits`` (``garlic.data.splits``).
 
 The shards are read one at a time, in batches, row group by row group (``garlic.io.meds.iter_events``): memory
-holds one row group and what is kept, never a whole shard. With the N most frequent codes they are read twice (count, then keep).
+holds one row group and what is kept, never a whole shard. With the N most frequent codes they are read twice
+(count, then keep).
 """
 from __future__ import annotations
 
@@ -204,8 +205,8 @@ def preprocess(
         "label": "boolean_value of the MEDS label rows",
         "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
                    "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()},
-                   "observations_per_variable": tables.observations["variable"].value_counts().reindex(chosen).astype(int)
-                   .to_dict()},
+                   "observations_per_variable": tables.observations["variable"].value_counts().reindex(chosen)
+                   .astype(int).to_dict()},
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
         **({} if splits is None else {"subject_splits": {part: ids.tolist() for part, ids in parts.items()}}),
         **({} if tables.tasks is None else {"task": {"prediction_times": "the MEDS label rows' prediction times",
