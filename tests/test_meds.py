@@ -117,6 +117,18 @@ def imported(exported):
     return root
 
 
+def test_export_replaces_its_own_folder_and_refuses_any_other(exported, tmp_path):
+    root, _ = exported
+    dataset = read_processed(root / "data" / "processed" / "synthetic")
+    write_meds(tmp_path / "out", dataset, "synthetic")
+    assert write_meds(tmp_path / "out", dataset, "synthetic")["labels"] == 300  # written again over its own export
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(MedsError, match=r"mine exists and is not a MEDS folder that garlic export wrote"):
+        write_meds(tmp_path / "mine", dataset, "synthetic")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
+
+
 def test_the_meds_folder_comes_back_to_the_same_tensors(imported):
     assert_same_tensors(imported / "data" / "processed" / "synthetic", imported / "data" / "processed" / "meds-back")
 

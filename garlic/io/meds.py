@@ -26,6 +26,7 @@ Every folder and file is written beside its destination and renamed into place (
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -140,11 +141,30 @@ def _codes_table(dataset: ProcessedDataset) -> pa.Table:
     }))  # fmt: skip
 
 
+ETL_NAME = "garlic export meds"
+
+
+def _refuse_to_replace(destination: Path) -> None:
+    """A MedsError unless ``destination`` is new, empty or a MEDS folder this export wrote: replacing it as a whole
+    must never take a user's other files with it."""
+    if not destination.exists() or (destination.is_dir() and not any(destination.iterdir())):
+        return
+    metadata = destination / meds.dataset_metadata_filepath
+    try:
+        written_here = json.loads(metadata.read_text()).get("etl_name") == ETL_NAME
+    except (OSError, ValueError, AttributeError):
+        written_here = False
+    if not written_here:
+        raise MedsError(f"{destination} exists and is not a MEDS folder that garlic export wrote; it would be replaced "
+                        "as a whole: give a new or empty folder")  # fmt: skip
+
+
 def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: dict[str, np.ndarray] | None = None,
                rows_per_shard: int = ROWS_PER_SHARD) -> dict:  # fmt: skip
     """Write ``dataset`` as a MEDS folder ``destination`` (replaced atomically): data shards, codes, label file,
     and, given ``splits`` (``train``/``validation``/``test`` -> stay ids), the subject splits. Returns what it wrote:
     the shard, event and label counts and the label rows' ``window_hours``."""
+    _refuse_to_replace(Path(destination))
     span = window_hours(dataset)
     events = _events(dataset)
     subjects = events["subject_id"].to_numpy()
@@ -171,7 +191,7 @@ def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: 
         (staging / LABELS_FOLDER).mkdir()
         pq.write_table(labels, staging / LABELS_FOLDER / LABELS_FILE)
         write_json_atomic(staging / meds.dataset_metadata_filepath, {
-            "dataset_name": name, "etl_name": "garlic export meds", "meds_version": meds.__version__})  # fmt: skip
+            "dataset_name": name, "etl_name": ETL_NAME, "meds_version": meds.__version__})  # fmt: skip
     return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span}
 
 
