@@ -136,8 +136,8 @@ def test_the_meds_folder_comes_back_to_the_same_tensors(imported):
 @pytest.fixture(scope="module")
 def meds_run(imported) -> str:
     """GARLIC trained on the MEDS dataset, on the folder's own subject splits (one epoch of a small model)."""
-    done = garlic_here("train", "--dataset", "meds-back", "--protocol", "subject-splits", "--set", "max_epochs=1", "--set",
-                       "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
+    done = garlic_here("train", "--dataset", "meds-back", "--protocol", "subject-splits", "--set", "max_epochs=1",
+                       "--set", "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
 
