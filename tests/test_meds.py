@@ -343,6 +343,7 @@ def test_mimic3_demo_round_trip(tmp_path):
     (["export", "meds", "--dataset", "meds", "--to", "out"], "run `garlic preprocess meds --source PATH_TO_RAW_DATA "
                                                              "--labels LABELS` first"),
     (["preprocess", "meds", "--source", ".", "--labels", "l", "--name", "../up"], "--name '../up': expected letters"),
+    (["preprocess", "meds", "--source", ".", "--labels", "l", "--variables", "ten"], "ten: no such file (a list of"),
     (["preprocess", "synthetic", "--name", "mine"], "--name does not apply to synthetic: its datasets are synthetic"),
     (["train", "--dataset", "meds-"], "unknown dataset 'meds-'; choose one of meds, mimic3-benchmark"),
 ])  # fmt: skip

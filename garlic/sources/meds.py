@@ -55,6 +55,8 @@ DEFAULT_VARIABLES = 40  # the N most frequent numeric codes when no list file is
 
 def read_code_list(path: Path) -> list[str]:
     """One code a line (blank lines and ``#`` comments skipped); a code listed twice is refused, naming its line."""
+    if not Path(path).is_file():
+        raise MedsError(f"{path}: no such file (a list of codes, one a line; --variables also takes a number N)")
     codes: list[str] = []
     for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         code = line.strip()
@@ -168,20 +170,22 @@ def preprocess(
     source = Path(source)
     if not window_hours > 0:
         raise MedsError(f"--window-hours must be a positive number of hours, got {window_hours}")
+    counted = variables is None or str(variables).isdigit()
+    listed = None if counted else read_code_list(Path(variables))  # the lists first: before any long read
+    static_codes = None if static is None else read_code_list(Path(static))
     paths = shards(source)
     label_rows = read_labels(labels)
     splits = read_subject_splits(source)
-    if variables is None or str(variables).isdigit():
+    if counted:
         training = np.unique(label_rows["subject_id"].to_numpy("int64"))
         if splits is not None:
             training = np.intersect1d(training, splits.loc[splits["split"] == "train", "subject_id"].to_numpy())
         chosen = most_frequent_codes(paths, training, int(variables or DEFAULT_VARIABLES))
         rule = f"the {int(variables or DEFAULT_VARIABLES)} most frequent timed numeric codes of the training subjects"
     else:
-        chosen, rule = read_code_list(Path(variables)), f"the codes listed in {Path(variables).name}"
+        chosen, rule = listed, f"the codes listed in {Path(variables).name}"
     if not chosen:
         raise MedsError(f"{source}: no timed numeric event of a labelled subject; nothing to use as a variable")
-    static_codes = None if static is None else read_code_list(Path(static))
 
     tables = read_tables(paths, label_rows, float(window_hours), chosen, static_codes)
     observed = tables.labels["stay_id"].to_numpy("int64")
