@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
-from garlic.data.datasets import DEFAULT_DATA_ROOT, SOURCES, dataset_name, processed_folder
+from garlic.data.datasets import DEFAULT_DATA_ROOT, SOURCES, dataset_name, dataset_names, processed_folder
 from garlic.training.threads import adapt_threads, watch_cpus
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
@@ -106,9 +106,8 @@ def _preprocess(args: argparse.Namespace) -> None:
 
     dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
                                            named=args.name, strict=args.strict, stays=args.stays, seed=args.seed,
-                                           labels=args.labels,
-                                           window_hours=args.window_hours, variables=args.variables,
-                                           static=args.static)  # fmt: skip
+                                           labels=args.labels, window_hours=args.window_hours,
+                                           variables=args.variables, static=args.static)  # fmt: skip
     print(f"{dataset}: wrote {folder} ({json.dumps(manifest.get('counts', {}))})")
     print(f"next: garlic train --dataset {dataset}")
 
@@ -448,7 +447,7 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
     """``garlic predict --labels``: a MEDS folder's label rows scored, written in the MEDS prediction schema."""
     from garlic.inference import predict_meds
     from garlic.io.meds import read_labels, shards, write_predictions
-    from garlic.io.tables import read_manifest
+    from garlic.io.tables import MANIFEST, read_manifest
     from garlic.methods.saved import load_predictor
     from garlic.sources.meds import read_tables
 
@@ -459,7 +458,7 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
     window = args.window_hours
     if window is None:
         folder = processed_folder(trained.config.dataset, args.data_root)
-        window = read_manifest(folder).get("window_hours") if (folder / "manifest.json").is_file() else None
+        window = read_manifest(folder).get("window_hours") if (folder / MANIFEST).is_file() else None
         if window is None:
             raise ValueError(f"the window of run {args.run}'s dataset {trained.config.dataset} is not known here (no "
                              f"{folder}); give the --window-hours it was preprocessed with")  # fmt: skip
@@ -564,15 +563,16 @@ def parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="a processed dataset -> another format (MEDS)")
     export.add_argument("format", choices=["meds"])
-    export.add_argument("--dataset", type=dataset_name, required=True, metavar="NAME")
-    export.add_argument("--to", type=Path, required=True, help="the MEDS folder to write (replaced as a whole)")
+    export.add_argument("--dataset", type=dataset_name, required=True, metavar="NAME", help=dataset_names())
+    export.add_argument("--to", type=Path, required=True,
+                        help="the MEDS folder to write: a new or empty one, or an earlier export (replaced whole)")
     export.add_argument("--protocol", default="five-split", help="whose split becomes the subject splits")
     export.add_argument("--split", type=int, default=0, help="which split of --protocol (default 0)")
     export.set_defaults(handler=_export)
 
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
     train.add_argument("--dataset", type=dataset_name, metavar="NAME",
-                       help="default: the --config file's, else synthetic")
+                       help=f"{dataset_names()} (default: the --config file's, else synthetic)")
     which = train.add_mutually_exclusive_group()
     which.add_argument("--split", type=int, help="train on split K (default 0)")
     which.add_argument("--all-splits", action="store_true",
@@ -600,7 +600,8 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--run", required=True, help="MLflow run id")
     predict.add_argument("--input", nargs="+", required=True, type=Path,
                          help="PhysioNet 2012 .txt / 2019 .psv, or with --labels a MEDS folder")
-    predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder")
+    predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder; "
+                         "with --labels, a Parquet file")
     predict.add_argument("--hourly", action="store_true",
                          help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
                               "Challenge's prediction files (pNNNNNN.psv) in --output; needs an hourly run")
