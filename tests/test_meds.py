@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import zipfile
 from contextlib import redirect_stderr, redirect_stdout
@@ -202,6 +203,22 @@ def test_prediction_times_come_back_as_the_tasks_table_read_row_group_by_row_gro
                           static_list)  # fmt: skip
     assert manifest["counts"]["prediction_times"] == 120
     assert_same_tensors(tmp_path / "native", tmp_path / "back")
+
+
+def test_the_folder_layout_is_the_meds_packages_and_garlic_starts_without_it():
+    import meds
+
+    from garlic.io import meds as layout
+
+    assert (layout.DATA, layout.CODES, layout.SUBJECT_SPLITS, layout.DATASET_METADATA) == (
+        meds.data_subdirectory, meds.code_metadata_filepath, meds.subject_splits_filepath,
+        meds.dataset_metadata_filepath)  # fmt: skip
+    assert list(layout.SPLIT_NAMES.values()) == [meds.train_split, meds.tuning_split, meds.held_out_split]
+    probe = ("import sys, garlic.cli; garlic.cli.parser()\n"
+             "print(sorted(m for m in ('meds', 'jsonschema') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------

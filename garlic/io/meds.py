@@ -31,13 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import meds
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from flexible_schema.exceptions import SchemaValidationError
 
 from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tables import ProcessedDataset, atomic_directory
@@ -47,9 +45,22 @@ MICROSECONDS_PER_HOUR = 3_600_000_000
 ROWS_PER_SHARD = 1_000_000  # a shard ends at the first stay boundary past this many events
 LABELS_FOLDER = "labels"
 LABELS_FILE = "labels.parquet"
-SPLIT_NAMES = {"train": meds.train_split, "validation": meds.tuning_split, "test": meds.held_out_split}
+# The meds package's names (meds.data_subdirectory, ...; tests/test_meds.py checks them), spelled here so that
+# importing this module does not import meds: its schemas pull in jsonschema, 60 ms at every garlic start.
+DATA = "data"
+CODES = "metadata/codes.parquet"
+SUBJECT_SPLITS = "metadata/subject_splits.parquet"
+DATASET_METADATA = "metadata/dataset.json"
+SPLIT_NAMES = {"train": "train", "validation": "tuning", "test": "held_out"}
 DATA_COLUMNS = ("subject_id", "time", "code", "numeric_value")
 LABEL_COLUMNS = ("subject_id", "prediction_time", "boolean_value")
+
+
+def _meds():
+    """The ``meds`` package, imported where a MEDS file is checked or written."""
+    import meds
+
+    return meds
 
 
 class MedsError(ValueError):
@@ -113,7 +124,7 @@ def _data_table(events: pd.DataFrame) -> pa.Table:
             "numeric_value": pa.array(events["numeric_value"].to_numpy("float32")),
         }
     )
-    return meds.DataSchema.align(table)
+    return _meds().DataSchema.align(table)
 
 
 def _label_table(dataset: ProcessedDataset, span: float) -> pa.Table:
@@ -122,7 +133,7 @@ def _label_table(dataset: ProcessedDataset, span: float) -> pa.Table:
     else:
         subjects = dataset.labels["stay_id"].to_numpy()
         hours, labels = np.full(len(subjects), span, "float32"), dataset.labels["label"].to_numpy()
-    return meds.LabelSchema.align(pa.table({
+    return _meds().LabelSchema.align(pa.table({
         "subject_id": pa.array(subjects.astype("int64")),
         "prediction_time": pa.array(hours_to_times(hours), pa.timestamp("us")),
         "boolean_value": pa.array(labels.astype(bool)),
@@ -134,7 +145,7 @@ def _codes_table(dataset: ProcessedDataset) -> pa.Table:
     described = {name: "time-series variable" for name in dataset.variables}
     for name in dataset.static_features:
         described[name] = "time-series variable and static feature" if name in described else "static feature"
-    return meds.CodeMetadataSchema.align(pa.table({
+    return _meds().CodeMetadataSchema.align(pa.table({
         "code": pa.array(list(described), pa.string()),
         "description": pa.array(list(described.values()), pa.string()),
         "parent_codes": pa.array([[] for _ in described], pa.list_(pa.string())),
@@ -149,7 +160,7 @@ def _refuse_to_replace(destination: Path) -> None:
     must never take a user's other files with it."""
     if not destination.exists() or (destination.is_dir() and not any(destination.iterdir())):
         return
-    metadata = destination / meds.dataset_metadata_filepath
+    metadata = destination / DATASET_METADATA
     try:
         written_here = json.loads(metadata.read_text()).get("etl_name") == ETL_NAME
     except (OSError, ValueError, AttributeError):
@@ -176,22 +187,22 @@ def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: 
     cuts.append(len(events))
     labels = _label_table(dataset, span)
     with atomic_directory(Path(destination)) as staging:
-        (staging / meds.data_subdirectory).mkdir()
+        (staging / DATA).mkdir()
         for shard, (first, end) in enumerate(zip(cuts[:-1], cuts[1:])):
-            shard_path = staging / meds.data_subdirectory / f"{shard}.parquet"
+            shard_path = staging / DATA / f"{shard}.parquet"
             pq.write_table(_data_table(events.iloc[first:end]), shard_path)
         (staging / "metadata").mkdir()
-        pq.write_table(_codes_table(dataset), staging / meds.code_metadata_filepath)
+        pq.write_table(_codes_table(dataset), staging / CODES)
         if splits is not None:
             subject_ids = np.concatenate([splits[part] for part in SPLIT_NAMES]).astype("int64")
             table = pa.table({"subject_id": pa.array(subject_ids),
                               "split": pa.array([SPLIT_NAMES[part] for part in SPLIT_NAMES
                                                  for _ in splits[part]], pa.string())})  # fmt: skip
-            pq.write_table(meds.SubjectSplitSchema.align(table), staging / meds.subject_splits_filepath)
+            pq.write_table(_meds().SubjectSplitSchema.align(table), staging / SUBJECT_SPLITS)
         (staging / LABELS_FOLDER).mkdir()
         pq.write_table(labels, staging / LABELS_FOLDER / LABELS_FILE)
-        write_json_atomic(staging / meds.dataset_metadata_filepath, {
-            "dataset_name": name, "etl_name": ETL_NAME, "meds_version": meds.__version__})  # fmt: skip
+        write_json_atomic(staging / DATASET_METADATA, {
+            "dataset_name": name, "etl_name": ETL_NAME, "meds_version": _meds().__version__})  # fmt: skip
     return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span}
 
 
@@ -231,6 +242,8 @@ def _checked_schema(schema_class, arrow_schema: pa.Schema, path: Path, required:
     if absent:
         raise MedsError(f"{path}: no column {', '.join(absent)}; a MEDS {schema_class.__name__} file has "
                         f"{', '.join(required)}")  # fmt: skip
+    from flexible_schema.exceptions import SchemaValidationError  # with meds, only where a file is checked
+
     try:
         schema_class.validate(pa.schema([arrow_schema.field(name) for name in arrow_schema.names
                                          if name in schema_class.schema().names]))  # fmt: skip
@@ -250,10 +263,10 @@ def _first_null(table: pa.Table | pa.RecordBatch, columns: tuple[str, ...], path
 
 def shards(folder: Path) -> list[Path]:
     """The data shards of a MEDS folder, in path order; a MedsError when there is none."""
-    data = Path(folder) / meds.data_subdirectory
+    data = Path(folder) / DATA
     found = sorted(data.rglob("*.parquet")) if data.is_dir() else []
     if not found:
-        raise MedsError(f"{data}: no .parquet shard; a MEDS folder holds its events in {meds.data_subdirectory}/")
+        raise MedsError(f"{data}: no .parquet shard; a MEDS folder holds its events in {DATA}/")
     return found
 
 
@@ -287,7 +300,7 @@ def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[Even
     row group, whatever the file's size), checked against ``meds.DataSchema``; only the subjects in ``subjects``
     (sorted) when given."""
     try:
-        _checked_schema(meds.DataSchema, pq.read_schema(path), path, DATA_COLUMNS)
+        _checked_schema(_meds().DataSchema, pq.read_schema(path), path, DATA_COLUMNS)
         parquet = pq.ParquetFile(path, read_dictionary=["code"])  # each distinct code decoded once per row group
     except (OSError, pa.ArrowInvalid) as error:
         raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
@@ -327,7 +340,7 @@ def read_labels(source: Path) -> pd.DataFrame:
             table = pq.read_table(path)
         except (OSError, pa.ArrowInvalid) as error:
             raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
-        _checked_schema(meds.LabelSchema, table.schema, path, LABEL_COLUMNS)
+        _checked_schema(_meds().LabelSchema, table.schema, path, LABEL_COLUMNS)
         _first_null(table, LABEL_COLUMNS, path, 0)
         frame = pd.DataFrame({
             "subject_id": table.column("subject_id").to_numpy(),
@@ -345,10 +358,10 @@ def read_labels(source: Path) -> pd.DataFrame:
 
 def read_subject_splits(folder: Path) -> pd.DataFrame | None:
     """``metadata/subject_splits.parquet`` (``subject_id``, ``split``) when the folder has one, checked."""
-    path = Path(folder) / meds.subject_splits_filepath
+    path = Path(folder) / SUBJECT_SPLITS
     if not path.is_file():
         return None
     table = pq.read_table(path)
-    _checked_schema(meds.SubjectSplitSchema, table.schema, path, ("subject_id", "split"))
+    _checked_schema(_meds().SubjectSplitSchema, table.schema, path, ("subject_id", "split"))
     _first_null(table, ("subject_id", "split"), path, 0)
     return table.select(["subject_id", "split"]).to_pandas()
