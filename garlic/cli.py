@@ -478,8 +478,8 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
          + ("" if threshold is None else f", predicted true at risk >= {threshold:.4g}"))
     missing = len(label_rows) - len(risks)
     if missing:
-        _say(f"{missing} of {len(label_rows)} label rows left out, with no prediction: their subjects have no event "
-             "of the model's variables in the window")  # fmt: skip
+        _say(f"{missing} of {len(label_rows)} label rows left out, with no prediction: their subjects have neither "
+             "an event of the model's variables in the window nor a static feature")  # fmt: skip
         raise SystemExit(LEFT_OUT)
 
 

@@ -250,11 +250,13 @@ def test_most_frequent_codes_of_training_subjects_and_the_window_both_ends_inclu
         (1, None, "AGE", 70.0), (1, 1.0, "HR", 80.0), (1, 10.0, "HR", 81.0), (1, 10.0, "NA", 140.0),
         (1, 34.0, "HR", 82.0), (1, 35.0, "NOTE", None),
         (2, 0.0, "HR", 90.0), (2, 5.0, "K", 4.0), (2, 5.0, "HR", 95.0)])  # fmt: skip
-    write_shard(tmp_path / "meds" / "data" / "1.parquet", [(3, 1.0, "K", 3.9), (3, 2.0, "K", 4.1), (3, 3.0, "K", 4.2)])
+    write_shard(tmp_path / "meds" / "data" / "1.parquet", [(3, 1.0, "K", 3.9), (3, 2.0, "K", 4.1), (3, 3.0, "K", 4.2),
+                                                           (4, None, "AGE", 50.0), (5, 1.0, "NOTE", None)])
     pq.write_table(pa.table({"subject_id": pa.array([1, 2, 3], pa.int64()), "split": ["train", "train", "held_out"]}),
                    (tmp_path / "meds" / "metadata").mkdir(parents=True) or tmp_path / "meds" / "metadata" /
                    "subject_splits.parquet")  # fmt: skip
-    labels = write_labels(tmp_path / "labels.parquet", [(1, 34.0, True), (2, 24.0, False), (3, 24.0, False)])
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 34.0, True), (2, 24.0, False), (3, 24.0, False),
+                                                        (4, 24.0, False), (5, 24.0, True)])  # fmt: skip
     manifest = preprocess(tmp_path / "meds", tmp_path / "out", labels, window_hours=24.0, variables="2")
     # K is most frequent over all subjects, but subject 3 is held out: among the training subjects HR leads.
     assert manifest["variables"] == ["HR", "K"]
@@ -264,8 +266,11 @@ def test_most_frequent_codes_of_training_subjects_and_the_window_both_ends_inclu
     # Subject 1's window is 10 h to 34 h: the reading at 1 h is before it, those at 10 h and 34 h are in it.
     assert one["time"].tolist() == [0.0, 24.0] and one["value"].tolist() == [81.0, 82.0]
     age = tables.static.set_index("stay_id")["AGE"]
-    assert age.loc[1] == 70.0 and np.isnan(age.loc[2]) and np.isnan(age.loc[3])
-    assert tables.labels["stay_id"].tolist() == [1, 2, 3] and tables.tasks is None
+    assert age.loc[1] == 70.0 and np.isnan(age.loc[2]) and np.isnan(age.loc[3]) and age.loc[4] == 50.0
+    # Subject 4 has an age and nothing else: a stay without input; subject 5 has neither: dropped.
+    assert tables.labels["stay_id"].tolist() == [1, 2, 3, 4] and tables.tasks is None
+    assert 4 not in set(tables.observations["stay_id"]) and manifest["counts"]["stays_without_input"] == 1
+    assert manifest["dropped_stays"] == {"no event of the variables in the input window and no static feature": [5]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -341,8 +346,11 @@ def test_physionet2012_round_trip(tmp_path):
 def test_physionet2019_raindrop_round_trip(tmp_path):
     from garlic.sources import physionet2019
 
-    first_members(P19 / "training_setA.zip", tmp_path / "release" / "training_setA", SLICE)
+    # 600 stays: among them p000384 and p000584, which the cohort keeps without an input row (one empty step).
+    first_members(P19 / "training_setA.zip", tmp_path / "release" / "training_setA", 2 * SLICE)
     physionet2019.preprocess(tmp_path / "release", tmp_path / "native", cohort="raindrop")
+    native = read_processed(tmp_path / "native")
+    assert len(np.setdiff1d(native.labels["stay_id"], native.observations["stay_id"])) > 0
     assert_same_tensors(tmp_path / "native", round_trip(tmp_path / "native", tmp_path, "physionet2019-raindrop"))
 
 

@@ -11,7 +11,9 @@ in its order), or the N most frequent among the training subjects' timed numeric
 subject_splits.parquet``'s ``train`` subjects when the folder has that file, else every labelled subject), most
 frequent first. The static features are numeric codes with a null time: those of a list file, or every one found,
 in alphabetical order. An event without a numeric value is not read; a static code recorded twice keeps its later
-value, as a variable recorded twice at one time does in the tensors.
+value, as a variable recorded twice at one time does in the tensors. A subject with static features but no event
+of the variables in its window is kept, as a stay of one empty step (Raindrop's P19 cohort keeps such stays); one
+with neither is dropped, counted in the manifest.
 
 When the folder has ``metadata/subject_splits.parquet``, the manifest records its parts (``train``, ``tuning`` as
 the validation part, ``held_out`` as the test part) for the protocol ``subject-splits`` (``garlic.data.splits``).
@@ -139,7 +141,10 @@ def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float
     windows = _prediction_windows(label_rows, window_hours)
     observations, static_events = _read_events(paths, windows, variables, static)
     features = static if static is not None else sorted(static_events["code"].unique())
-    observed = np.unique(observations["stay_id"].to_numpy())
+    # A subject with static features but no event in its window is a stay of one empty step, as Raindrop's P19
+    # cohort keeps them (garlic.io.tensors); one with neither is not.
+    observed = np.union1d(observations["stay_id"].to_numpy("int64"),
+                          static_events["stay_id"].to_numpy("int64")[static_events["value"].notna().to_numpy()])
     kept = windows.loc[observed]
     static_table = (static_events.drop_duplicates(["stay_id", "code"], keep="last")
                     .pivot(index="stay_id", columns="code", values="value")
@@ -190,7 +195,8 @@ def preprocess(
     tables = read_tables(paths, label_rows, float(window_hours), chosen, static_codes)
     observed = tables.labels["stay_id"].to_numpy("int64")
     subjects = np.unique(label_rows["subject_id"].to_numpy("int64"))
-    dropped = {"no event of the variables in the input window": np.setdiff1d(subjects, observed).tolist()}
+    dropped = {"no event of the variables in the input window and no static feature":
+               np.setdiff1d(subjects, observed).tolist()}  # fmt: skip
     labels_path = Path(labels)
     if splits is not None:  # the protocol subject-splits takes it (garlic.data.splits)
         parts = {part: np.intersect1d(splits.loc[splits["split"] == name, "subject_id"].to_numpy("int64"), observed)
@@ -209,6 +215,7 @@ def preprocess(
         "label": "boolean_value of the MEDS label rows",
         "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
                    "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()},
+                   "stays_without_input": int(len(observed) - tables.observations["stay_id"].nunique()),
                    "observations_per_variable": tables.observations["variable"].value_counts().reindex(chosen)
                    .astype(int).to_dict()},
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
