@@ -60,7 +60,7 @@ import pyarrow.parquet as pq
 from garlic import studies
 from garlic import runs
 from garlic.config import CONFIG_DIR, Config
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed
+from garlic.data.datasets import DEFAULT_DATA_ROOT, dataset_name, ensure_processed, is_dataset, processed_folder
 from garlic.data.splits import DIRECTIONS, PROTOCOLS, load_splits, not_applicable, protocol, published_for
 from garlic.evaluation import published
 from garlic.evaluation.stats import BOOTSTRAP, paired_difference
@@ -86,7 +86,7 @@ COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean"
 TABLE_COHORTS = {"physionet2019": "physionet2019-raindrop"}
 def protocol_dataset(table: str, protocol_name: str) -> str:
     """The dataset a protocol of the table ``table`` (a dataset, or a source of ``TABLE_COHORTS``) runs on."""
-    if table in DATASETS:
+    if is_dataset(table):
         return table
     chosen = protocol(protocol_name)
     cohorts = [d for d in published_for(chosen.published) if d.startswith(f"{table}-")] if chosen.published else []
@@ -522,7 +522,7 @@ def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_roo
                 stay_ids[on] = exc
         if isinstance(stay_ids[on], Exception):
             return str(stay_ids[on])
-        return not_applicable(name, stay_ids[on], on)
+        return not_applicable(name, stay_ids[on], on, read_manifest(processed_folder(on, data_root)))
 
     refused = {name: reason for name in asked or PROTOCOLS if (reason := reason_refused(name))}
     applicable = [name for name in asked or PROTOCOLS if name not in refused]
@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> None:
 def compare_command(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", choices=[*DATASETS, *TABLE_COHORTS], default="physionet2012",
+    parser.add_argument("--dataset", type=lambda text: text if text in TABLE_COHORTS else dataset_name(text),
+                        default="physionet2012",
                         help="a dataset, or a source (physionet2019) whose protocols each run on their own cohort")
     parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS),
                         help="default: every protocol that applies to the dataset")

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from garlic import studies
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
+from garlic.data.datasets import DEFAULT_DATA_ROOT, dataset_name
 from garlic.evaluation.stats import paired_text
 from garlic.io.atomic import atomic_file
 from garlic.tracking.archive import Unit, archived, open_archive
@@ -56,7 +56,7 @@ def pair(dataset: str, method: str, before: Path, after: Path, data_root: Path) 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.pair_archives", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", required=True, choices=DATASETS)
+    parser.add_argument("--dataset", required=True, type=dataset_name)
     parser.add_argument("--method", required=True, help="the preset (or method) whose runs both archives keep")
     parser.add_argument("--before", type=Path, required=True, help="a folder holding <dataset>-runs: the old runs")
     parser.add_argument("--after", type=Path, required=True, help="a folder holding <dataset>-runs: the new runs")

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from garlic import studies
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT
+from garlic.data.datasets import DEFAULT_DATA_ROOT, dataset_name
 from garlic.evaluation.stats import paired_text
 from garlic.io.atomic import atomic_file
 from garlic.metrics import binary_metrics
@@ -114,7 +114,7 @@ def ensemble_tables(args: argparse.Namespace, name: str) -> dict[str, pd.DataFra
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.seed_ensemble", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", required=True, choices=DATASETS)
+    parser.add_argument("--dataset", required=True, type=dataset_name)
     parser.add_argument("--protocol", required=True, help="a protocol whose splits have several seeds archived")
     parser.add_argument("--presets", nargs="+", required=True, help="GARLIC presets kept in the archive")
     parser.add_argument("--against", default="gbm_static", help="the method to pair with (default gbm_static)")

@@ -1,4 +1,4 @@
-"""The ``garlic`` command: download, preprocess, train, evaluate, predict, score-utility, dashboard.
+"""The ``garlic`` command: download, preprocess, export, train, evaluate, predict, score-utility, dashboard.
 
 Parsing the command line imports nothing heavy (no torch, MLflow, pandas or Streamlit): ``--help`` and a mistyped
 option answer at once, and each command imports what it uses.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from garlic.config import Config, ConfigError
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, SOURCES, processed_folder
+from garlic.data.datasets import DEFAULT_DATA_ROOT, SOURCES, dataset_name, dataset_names, processed_folder
 from garlic.training.threads import adapt_threads, watch_cpus
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
@@ -105,9 +105,30 @@ def _preprocess(args: argparse.Namespace) -> None:
     from garlic.data.datasets import preprocess
 
     dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
-                                           strict=args.strict, stays=args.stays, seed=args.seed)  # fmt: skip
+                                           named=args.name, strict=args.strict, stays=args.stays, seed=args.seed,
+                                           labels=args.labels, window_hours=args.window_hours,
+                                           variables=args.variables, static=args.static)  # fmt: skip
     print(f"{dataset}: wrote {folder} ({json.dumps(manifest.get('counts', {}))})")
     print(f"next: garlic train --dataset {dataset}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    """A processed dataset as a MEDS folder: data shards, codes, one label file and the subject splits of split
+    ``--split`` of ``--protocol`` (made and saved as ``garlic train`` would, when not saved yet)."""
+    from garlic.data.datasets import ensure_processed
+    from garlic.data.splits import PARTS, chosen_splits, load_splits
+    from garlic.io.meds import LABELS_FILE, LABELS_FOLDER, write_meds
+    from garlic.io.tables import read_processed
+    from garlic.io.tensors import load_tensors
+
+    folder = ensure_processed(args.dataset, args.data_root)
+    split = chosen_splits(load_splits(folder, load_tensors(folder), args.protocol), [args.split], args.protocol)[0]
+    parts = {part: getattr(split, part) for part in PARTS}
+    written = write_meds(args.to, read_processed(folder), args.dataset, parts)
+    print(f"{args.dataset}: wrote {args.to} ({written['events']} events in {written['shards']} shard(s), "
+          f"{written['labels']} label rows; subject splits: {split.name})")
+    print(f"next: garlic preprocess meds --source {args.to} --labels {Path(args.to) / LABELS_FOLDER / LABELS_FILE} "
+          f"--window-hours {written['window_hours']:g}")
 
 
 def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> Config:
@@ -382,6 +403,8 @@ def _predict(args: argparse.Namespace) -> None:
 
     if args.hourly:
         return _predict_hourly(args, store)
+    if args.labels is not None:
+        return _predict_meds(args, store)
     _say(f"reading run {args.run}'s model from {_shown(store)} ...")
     trained = load_predictor(args.run, store)
     shown = [_shown(path) for path in args.input]
@@ -418,6 +441,46 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     adapt_threads()
     written = write_hourly_predictions(args.output, predict_hourly(trained, observations, static, tasks), threshold)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
+
+
+def _predict_meds(args: argparse.Namespace, store: Path) -> None:
+    """``garlic predict --labels``: a MEDS folder's label rows scored, written in the MEDS prediction schema."""
+    from garlic.inference import predict_meds
+    from garlic.io.meds import read_labels, shards, write_predictions
+    from garlic.io.tables import MANIFEST, read_manifest
+    from garlic.methods.saved import load_predictor
+    from garlic.sources.meds import read_tables
+
+    if args.output is None or len(args.input) != 1:
+        raise ValueError("--labels scores a MEDS folder: give that one folder as --input, and the Parquet file to "
+                         "write as --output")  # fmt: skip
+    trained = load_predictor(args.run, store)
+    window = args.window_hours
+    if window is None:
+        folder = processed_folder(trained.config.dataset, args.data_root)
+        window = read_manifest(folder).get("window_hours") if (folder / MANIFEST).is_file() else None
+        if window is None:
+            raise ValueError(f"the window of run {args.run}'s dataset {trained.config.dataset} is not known here (no "
+                             f"{folder}); give the --window-hours it was preprocessed with")  # fmt: skip
+    label_rows = read_labels(args.labels)
+    _say(f"reading {_shown(args.input[0])} for {len(label_rows)} label rows, a window of {window:g} h ...")
+    tables = read_tables(shards(args.input[0]), label_rows, float(window), trained.variables, trained.static_features)
+    adapt_threads()
+    risks = predict_meds(trained, tables)
+    threshold = args.threshold
+    if threshold is None:
+        try:
+            threshold = _run_threshold(args.run, store)
+        except ValueError:
+            threshold = None  # a per-stay run chose none: the probabilities alone, as meds-evaluation accepts
+    write_predictions(args.output, risks, threshold)
+    _say(f"wrote {len(risks)} predictions to {_shown(args.output)}"
+         + ("" if threshold is None else f", predicted true at risk >= {threshold:.4g}"))
+    missing = len(label_rows) - len(risks)
+    if missing:
+        _say(f"{missing} of {len(label_rows)} label rows left out, with no prediction: their subjects have neither "
+             "an event of the model's variables in the window nor a static feature")  # fmt: skip
+        raise SystemExit(LEFT_OUT)
 
 
 def _run_threshold(run_id: str, store: Path) -> float:
@@ -488,10 +551,28 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     prep.add_argument("--stays", type=int, help="synthetic: number of stays (default 2000)")
     prep.add_argument("--seed", type=int, help="synthetic: generator seed (default 0)")
+    prep.add_argument("--name", help="meds: the dataset's name NAME, written as meds-NAME (default: meds)")
+    prep.add_argument("--labels", type=Path, help="meds: the label file, or a folder of them (docs/own-data.md)")
+    prep.add_argument("--window-hours", type=float, help="meds: the input's span before the first prediction time "
+                                                         "(default 48)")
+    prep.add_argument("--variables", metavar="FILE|N", help="meds: a file of codes, one a line, or N: the N most "
+                      "frequent numeric codes of the training subjects (default 40)")
+    prep.add_argument("--static", type=Path, metavar="FILE",
+                      help="meds: a file of static codes, one a line (default: every numeric code with no time)")
     prep.set_defaults(handler=_preprocess)
 
+    export = commands.add_parser("export", help="a processed dataset -> another format (MEDS)")
+    export.add_argument("format", choices=["meds"])
+    export.add_argument("--dataset", type=dataset_name, required=True, metavar="NAME", help=dataset_names())
+    export.add_argument("--to", type=Path, required=True,
+                        help="the MEDS folder to write: a new or empty one, or an earlier export (replaced whole)")
+    export.add_argument("--protocol", default="five-split", help="whose split becomes the subject splits")
+    export.add_argument("--split", type=int, default=0, help="which split of --protocol (default 0)")
+    export.set_defaults(handler=_export)
+
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
-    train.add_argument("--dataset", choices=DATASETS, help="default: the --config file's, else synthetic")
+    train.add_argument("--dataset", type=dataset_name, metavar="NAME",
+                       help=f"{dataset_names()} (default: the --config file's, else synthetic)")
     which = train.add_mutually_exclusive_group()
     which.add_argument("--split", type=int, help="train on split K (default 0)")
     which.add_argument("--all-splits", action="store_true",
@@ -517,13 +598,19 @@ def parser() -> argparse.ArgumentParser:
         "predict", help="risk per stay for record files, as CSV (stay_id, risk, left_out); exit status 3 when a "
         "record had to be left out (a row with an empty risk and the reason names it)")
     predict.add_argument("--run", required=True, help="MLflow run id")
-    predict.add_argument("--input", nargs="+", required=True, type=Path, help="PhysioNet 2012 .txt / 2019 .psv")
-    predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder")
+    predict.add_argument("--input", nargs="+", required=True, type=Path,
+                         help="PhysioNet 2012 .txt / 2019 .psv, or with --labels a MEDS folder")
+    predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder; "
+                         "with --labels, a Parquet file")
     predict.add_argument("--hourly", action="store_true",
                          help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
                               "Challenge's prediction files (pNNNNNN.psv) in --output; needs an hourly run")
     predict.add_argument("--threshold", type=float,
-                         help="with --hourly, alarm at risk >= this (default: the threshold the run chose)")
+                         help="with --hourly or --labels, alarm at risk >= this (default: the threshold the run chose)")
+    predict.add_argument("--labels", type=Path, help="MEDS: --input is a MEDS folder, this its label file(s); writes "
+                         "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)")
+    predict.add_argument("--window-hours", type=float,
+                         help="with --labels: the input window (default: the run's dataset's, under --data-root)")
     predict.set_defaults(handler=_predict)
 
     score = commands.add_parser(

@@ -195,10 +195,10 @@ def _one_of(options: Callable[[], object]) -> Callable[[str], str | None]:
     return check
 
 
-def _datasets():
-    from garlic.data.datasets import DATASETS
+def _dataset(value: str) -> str | None:
+    from garlic.data.datasets import dataset_names, is_dataset
 
-    return DATASETS
+    return None if is_dataset(value) else f"one of {dataset_names()}"
 
 
 def _protocols():
@@ -212,7 +212,7 @@ def _device(value: str) -> str | None:
 
 
 CHECKS: dict[str, Callable] = {
-    "dataset": _one_of(_datasets),
+    "dataset": _dataset,
     "split_protocol": _one_of(_protocols),
     "architecture": _one_of(lambda: ("compact", "reference")),  # garlic.models.architectures.ARCHITECTURES (torch)
     "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.models.reference.SIGNAL_LAYOUTS

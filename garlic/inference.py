@@ -10,6 +10,7 @@ import pandas as pd
 from garlic.methods.saved import SavedMethod
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
+from garlic.sources.meds import MedsTables
 
 
 def tensors_for_model(
@@ -69,3 +70,15 @@ def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float
     return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(),
                               (group["risk"].to_numpy() >= threshold).astype(int))
             for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip
+
+
+def predict_meds(trained: SavedMethod, tables: MedsTables) -> pd.DataFrame:
+    """One row per label row of ``tables`` (``garlic.sources.meds.read_tables``): subject_id, prediction_time, label
+    and the risk from the subject's window up to that time (per stay, or at each prediction time of a tasks table)."""
+    if tables.tasks is None:
+        risks = predict_tables(trained, tables.observations, tables.static)
+        return tables.label_rows.merge(risks.rename(columns={"stay_id": "subject_id"}), on="subject_id")
+    tasks = tables.tasks.drop(columns="label")
+    risks = predict_hourly(trained, tables.observations, tables.static, tasks)
+    rows = tables.label_rows.assign(time=tables.tasks["time"].to_numpy())  # the tasks table's rows are these rows
+    return rows.merge(risks.rename(columns={"stay_id": "subject_id"}), on=["subject_id", "time"]).drop(columns="time")

@@ -30,7 +30,7 @@ import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
-from garlic.data.datasets import DATASETS, DEFAULT_DATA_ROOT, ensure_processed, processed_folder  # noqa: E402
+from garlic.data.datasets import DEFAULT_DATA_ROOT, dataset_name, ensure_processed, processed_folder  # noqa: E402
 from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts  # noqa: E402
 from garlic.methods import registry  # noqa: E402
@@ -48,7 +48,7 @@ log = logging.getLogger("experiments")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", choices=DATASETS, default="synthetic")
+    parser.add_argument("--dataset", type=dataset_name, default="synthetic")
     parser.add_argument("--splits", type=int, nargs="+", metavar="K", help="split indices (default: all five)")
     parser.add_argument("--preset", help="a shipped preset (garlic/configs/NAME.json; default: the dataset's)")
     parser.add_argument("--max-epochs", type=int, help="cap on training epochs, for quick looks")
@@ -77,7 +77,7 @@ def preset_config(name: str, dataset: str, overrides: list[str]) -> Config:
 def add_preset_runs_arguments(parser: argparse.ArgumentParser, reads: str) -> None:
     """The arguments of a study of the finished GARLIC runs of one preset on one protocol (``preset_runs``); ``reads``
     says what of them it reads ("runs", "runs' models")."""
-    parser.add_argument("--dataset", choices=DATASETS, required=True)
+    parser.add_argument("--dataset", type=dataset_name, required=True)
     parser.add_argument("--protocol", required=True)
     parser.add_argument("--preset", required=True, help=f"the GARLIC preset whose {reads} are read")
     parser.add_argument("--mlruns", type=Path, nargs="+", required=True, help="the stores holding the runs")

@@ -176,7 +176,7 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
         (["preprocess", "physionet2012", "--source", ".", "--seed", "1"], "--seed does not apply to physionet2012"),
         (["preprocess", "physionet2019", "--source", ".", "--cohort", "late"], "unknown cohort 'late' for"),
         (["preprocess", "mimic3", "--cohort", "garlic"], "--source is required for mimic3"),
-        (["train", "--dataset", "mimic3"], "invalid choice: 'mimic3'"),  # a cohort must be named
+        (["train", "--dataset", "mimic3"], "mimic3 has one dataset per cohort; name one of mimic3-benchmark"),
         (["train", "--dataset", "mimic3-garlic"], "preprocess mimic3 --source PATH_TO_RAW_DATA --cohort garlic"),
     ],
 )

@@ -26,7 +26,7 @@ from garlic.data.splits import PROTOCOLS
         ("batch_size=0", "config key 'batch_size' must be from 1 to 65536"),
         ("stage_tolerance=1.5", "config key 'stage_tolerance' must be at least 0 and below 1"),
         ("device=gpu", "config key 'device' must be auto, cpu, cuda or cuda:N"),
-        ("dataset=physionet2020", "config key 'dataset' must be one of mimic3-benchmark, mimic3-garlic, physionet2012"),
+        ("dataset=physionet2020", "config key 'dataset' must be one of meds, mimic3-benchmark, mimic3-garlic, physionet2012"),
         ("hidden_dim=lots", "config key 'hidden_dim' expects an integer, got 'lots'"),
         ("use_graph=maybe", "config key 'use_graph' expects true or false, got 'maybe'"),
     ],

@@ -260,7 +260,7 @@ def test_each_cohort_is_its_own_dataset_and_folder(tmp_path, capsys):
         processed_folder("physionet2019", root)
     with pytest.raises(SystemExit):  # training must name the cohort
         main(["--data-root", str(root), "train", "--dataset", "physionet2019"])
-    assert "invalid choice: 'physionet2019'" in capsys.readouterr().err
+    assert "physionet2019 has one dataset per cohort; name one of physionet2019-garlic" in capsys.readouterr().err
     preset = Config.for_dataset("physionet2019-early")  # the cohort's dataset takes the source's shipped preset
     assert preset.dataset == "physionet2019-early" and preset == Config.for_dataset("physionet2019-garlic").override(
         {"dataset": "physionet2019-early"}) and preset.window_size == 9  # fmt: skip

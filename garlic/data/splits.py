@@ -14,6 +14,9 @@ Protocols (``PROTOCOLS``; each says which splits and which model seeds it runs):
 - ``in-hospital``: the same two splits' train and validation parts, tested on the held-out tenth of the source
   system: trained on the same stays with the same seed, it is the same model, so the pair gives the drop from
   its own hospital to the other.
+- ``subject-splits``: the dataset's own single split, as its source recorded it (a MEDS folder's
+  ``metadata/subject_splits.parquet``: ``train``, ``tuning`` the validation part, ``held_out`` the test part); one
+  model seed.
 - ``garlic-reference``: the GARLIC reference code's single stratified split, of P12 (``physionet2012``) or of P19
   (its 40,331 stays: the ``physionet2019-garlic`` cohort), trained with model seeds 0-4: how the paper's mean +/-
   std was made. The reference code normalises over all stays; here, as for every protocol, normalisation is
@@ -56,8 +59,9 @@ class Protocol:
     """A named evaluation protocol: its splits, and the model seeds each split is trained with.
 
     ``seeds`` None means one run per split with the config's own seed. ``published`` names the shipped id file;
-    ``hospital`` (cross-hospital, in-hospital) draws by hospital system; otherwise the splits are drawn
-    (stratified, ``random_state`` = split index) from the processed dataset.
+    ``hospital`` (cross-hospital, in-hospital) draws by hospital system; ``recorded`` takes the split the manifest's
+    ``subject_splits`` holds; otherwise the splits are drawn (stratified, ``random_state`` = split index) from the
+    processed dataset.
     """
 
     name: str
@@ -65,6 +69,7 @@ class Protocol:
     seeds: tuple[int, ...] | None = None
     published: str | None = None
     hospital: bool = False
+    recorded: bool = False
 
 
 PROTOCOLS = {
@@ -75,6 +80,7 @@ PROTOCOLS = {
         Protocol("garlic-reference", (0,), seeds=(0, 1, 2, 3, 4), published="garlic-reference"),
         Protocol("cross-hospital", (0, 1), hospital=True),
         Protocol("in-hospital", (0, 1), hospital=True),
+        Protocol("subject-splits", (0,), recorded=True),
     )
 }
 DIRECTIONS = (("A", "B"), ("B", "A"))  # cross-hospital split k: (trained and selected on, tested on)
@@ -284,10 +290,13 @@ def stays_not_held(name: str, index: int, stay_ids: np.ndarray, dataset: str) ->
     return None
 
 
-def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str) -> str | None:
-    """Why the protocol cannot run on ``dataset``'s ``stay_ids`` (published for other datasets, or a published split
-    naming stays it lacks), None when it can: a check that needs no split to be made."""
+def not_applicable(protocol_name: str, stay_ids: np.ndarray, dataset: str, manifest: dict | None = None) -> str | None:
+    """Why the protocol cannot run on ``dataset``'s ``stay_ids`` (published for other datasets, a published split
+    naming stays it lacks, or no split recorded in its ``manifest``), None when it can: a check that needs no split
+    to be made."""
     chosen = protocol(protocol_name)
+    if chosen.recorded:
+        return None if (manifest or {}).get("subject_splits") is not None else _none_recorded(protocol_name, dataset)
     if chosen.hospital:
         hospital_systems = source_of(dataset).hospital_systems
         if hospital_systems is None:
@@ -310,11 +319,33 @@ def published_split(tensors: IrregularTensors, name: str, index: int, dataset: s
     return fitted_split(tensors, name, index, ids["train"], ids["validation"], ids["test"])
 
 
+def _none_recorded(name: str, dataset: str) -> str:
+    return (f"protocol {name!r} takes the split a dataset's source recorded, and {dataset!r} has none (a MEDS "
+            "folder records it in metadata/subject_splits.parquet)")
+
+
+def recorded_split(tensors: IrregularTensors, name: str, dataset: str, manifest: dict) -> Split:
+    """The split the dataset's source recorded (``manifest["subject_splits"]``: part -> stay ids)."""
+    recorded = manifest.get("subject_splits")
+    if recorded is None:
+        raise ValueError(_none_recorded(name, dataset))
+    parts = [np.intersect1d(np.asarray(recorded[part], dtype="int64"), tensors.stay_ids) for part in PARTS]
+    empty = [part for part, ids in zip(PARTS, parts) if not len(ids)]
+    if empty:
+        raise ValueError(f"the split recorded for {dataset!r} has no {empty[0]} stay; protocol {name!r} needs all "
+                         "three parts")  # fmt: skip
+    return fitted_split(tensors, name, 0, *parts)
+
+
 def made_split(
-    tensors: IrregularTensors, chosen: Protocol, index: int, dataset: str, strata_names: list[str] | None = None
+    tensors: IrregularTensors, chosen: Protocol, index: int, dataset: str, manifest: dict | None = None
 ) -> Split:
-    """Split ``index`` of the protocol, made from its published ids, by hospital system, or drawn (stratified on
-    ``strata_names``, default the label)."""
+    """Split ``index`` of the protocol, made from its published ids, by hospital system, from the split the
+    ``manifest`` records, or drawn (stratified on the manifest's ``split_strata``, default the label)."""
+    manifest = manifest or {}
+    strata_names = manifest.get("split_strata")
+    if chosen.recorded:
+        return recorded_split(tensors, chosen.name, dataset, manifest)
     if chosen.published:
         return published_split(tensors, chosen.published, index, dataset)
     if chosen.hospital:
@@ -353,14 +384,14 @@ def load_splits(
     """
     chosen = protocol(protocol_name)
     dataset = dataset or Path(folder).name
-    manifest = Path(folder) / MANIFEST
-    strata_names = json.loads(manifest.read_text()).get("split_strata") if manifest.is_file() else None
+    manifest_path = Path(folder) / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     splits = []
     for index in chosen.splits:
         path = split_path(folder, chosen.name, index)
         split = read_split(folder, chosen.name, index)
         if split is None:
-            split = made_split(tensors, chosen, index, dataset, strata_names)
+            split = made_split(tensors, chosen, index, dataset, manifest)
             write_json_atomic(path, split.to_json())
         elif chosen.published and split.digest() != published_split_digest(chosen.published, index, dataset):
             raise ValueError(f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "

@@ -1,6 +1,6 @@
-"""Where data comes from: one module per source (``synthetic``, ``physionet2012``, ``physionet2019``, ``mimic3``),
-each reading its raw records into the processed tables of ``garlic.io.tables``, with the parsers' shared helpers in
-``raw``.
+"""Where data come from: one module per source (``synthetic``, ``physionet2012``, ``physionet2019``, ``mimic3``,
+``meds``), each reading its raw records into the processed tables of ``garlic.io.tables``, with the parsers' shared
+helpers in ``raw``.
 
 A source module declares itself with one ``SOURCE = Source(...)`` at its end: how ``garlic preprocess`` builds it,
 which options it takes, its cohorts, and what else it offers (one-stay record files that ``garlic predict`` reads,
@@ -26,6 +26,9 @@ class Source:
     A cohort's dataset is named ``SOURCE-COHORT``; with ``plain_default``, the default cohort's keeps the source's
     own name (``physionet2012``: the per-stay task it was before it had another cohort).
 
+    ``named``: the user names each dataset it writes (``garlic preprocess meds --name NAME`` -> ``meds-NAME``),
+    beside the plain ``name``.
+
     ``record_suffix`` and ``read_record_files(files, left_out=...)`` (both or neither): the suffix of its one-stay
     record files and the reader that turns such files into observation and static tables. ``hospital_systems``
     maps stay ids to the hospital system each stay came from, for the protocols that draw by hospital.
@@ -38,6 +41,7 @@ class Source:
     cohorts: tuple[str, ...] = ()
     plain_default: bool = False
     source_help: str = ""
+    named: bool = False
     record_suffix: str | None = None
     read_record_files: Callable | None = None
     hospital_systems: Callable[[np.ndarray], np.ndarray] | None = None

@@ -1,0 +1,239 @@
+"""Bring your own data: a MEDS folder (``garlic.io.meds``) and its label files -> the processed tables.
+
+Every labelled subject becomes one stay (``stay_id`` = ``subject_id``). Its input window opens ``window_hours``
+before its first prediction time and closes at its last one, both ends included; its hours count from the window's
+opening. A subject with one label row asks for one risk, from its whole window, with that label; when a subject
+has several, the dataset gets a tasks table (``garlic.io.tables.TASKS``): one prediction time per label row, each
+reading the window up to it, and the stay's label is 1 when any of its rows is.
+
+The time-series variables are numeric codes with a time, chosen by one rule: the codes of a list file (one a line,
+in its order), or the N most frequent among the training subjects' timed numeric events (``metadata/
+subject_splits.parquet``'s ``train`` subjects when the folder has that file, else every labelled subject), most
+frequent first. The static features are numeric codes with a null time: those of a list file, or every one found,
+in alphabetical order. An event without a numeric value is not read; a static code recorded twice keeps its later
+value, as a variable recorded twice at one time does in the tensors. A subject with static features but no event
+of the variables in its window is kept, as a stay of one empty step (Raindrop's P19 cohort keeps such stays); one
+with neither is dropped, counted in the manifest.
+
+When the folder has ``metadata/subject_splits.parquet``, the manifest records its parts (``train``, ``tuning`` as
+the validation part, ``held_out`` as the test part) for the protocol ``subject-splits`` (``garlic.data.splits``).
+
+The shards are read one at a time, in batches, row group by row group (``garlic.io.meds.iter_events``): memory
+holds one row group and what is kept, never a whole shard. With the N most frequent codes they are read twice
+(count, then keep).
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from garlic.io.meds import (
+    MICROSECONDS_PER_HOUR,
+    SPLIT_NAMES,
+    MedsError,
+    code_counts,
+    code_positions,
+    iter_events,
+    read_labels,
+    read_subject_splits,
+    shards,
+    times_to_hours,
+)
+from garlic.io.tables import read_manifest, sha256_of, write_processed
+from garlic.sources import Source
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW_HOURS = 48.0
+DEFAULT_VARIABLES = 40  # the N most frequent numeric codes when no list file is given
+
+
+def read_code_list(path: Path) -> list[str]:
+    """One code a line (blank lines and ``#`` comments skipped); a code listed twice is refused, naming its line."""
+    if not Path(path).is_file():
+        raise MedsError(f"{path}: no such file (a list of codes, one a line; --variables also takes a number N)")
+    codes: list[str] = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        code = line.strip()
+        if not code or code.startswith("#"):
+            continue
+        if code in codes:
+            raise MedsError(f"{path}: line {number}: code {code!r} is listed twice")
+        codes.append(code)
+    if not codes:
+        raise MedsError(f"{path}: no code listed (expected one code a line)")
+    return codes
+
+
+def most_frequent_codes(paths: list[Path], subjects: np.ndarray, count: int) -> list[str]:
+    """The ``count`` codes most often found with a time and a number among ``subjects`` (ties: alphabetical)."""
+    counts: Counter[str] = Counter()
+    for path in paths:
+        for batch in iter_events(path, subjects):
+            counts.update(code_counts(batch.code, batch.timed))
+    return [code for code, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:count]]
+
+
+def _prediction_windows(labels: pd.DataFrame, span: float) -> pd.DataFrame:
+    """Per subject (sorted): the window's opening and closing (microseconds) and its number of label rows."""
+    grouped = labels.groupby("subject_id", sort=True)["prediction_time"]
+    return pd.DataFrame({"opens": grouped.min() - int(round(span * MICROSECONDS_PER_HOUR)), "closes": grouped.max(),
+                         "rows": grouped.size()})  # fmt: skip
+
+
+def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str], static: list[str] | None):
+    """The variables' events inside each subject's window, as observations, and the static events of the ``static``
+    codes (None: every numeric code with a null time) as rows of stay_id, code and value; one batch at a time."""
+    subjects = windows.index.to_numpy("int64")
+    opens, closes = windows["opens"].to_numpy("int64"), windows["closes"].to_numpy("int64")
+    parts: dict[str, list[np.ndarray]] = {key: [] for key in ("stay", "time", "code", "value")}
+    static_rows: list[pd.DataFrame] = []
+    for path in paths:
+        for batch in iter_events(path, subjects):
+            where = np.searchsorted(subjects, batch.subject_id)
+            code = code_positions(batch.code, variables)
+            inside = batch.timed & (code >= 0) & (batch.time >= opens[where]) & (batch.time <= closes[where])
+            parts["stay"].append(batch.subject_id[inside])
+            parts["time"].append(times_to_hours(batch.time[inside], opens[where[inside]]))
+            parts["code"].append(code[inside].astype("int32"))
+            parts["value"].append(batch.value[inside])
+            untimed = ~batch.timed
+            if static is not None:
+                untimed &= code_positions(batch.code, static) >= 0
+            if untimed.any():
+                codes = batch.code.filter(pa.array(untimed)).cast(pa.string()).to_numpy(zero_copy_only=False)
+                static_rows.append(pd.DataFrame({"stay_id": batch.subject_id[untimed], "code": codes,
+                                                 "value": batch.value[untimed]}))  # fmt: skip
+    arrays = {key: np.concatenate(chunks) if chunks else np.zeros(0) for key, chunks in parts.items()}
+    observations = pd.DataFrame({
+        "stay_id": arrays["stay"].astype("int64"), "time": arrays["time"].astype("float32"),
+        "variable": pd.Categorical.from_codes(arrays["code"].astype("int32"), categories=variables),
+        "value": arrays["value"].astype("float32")})  # fmt: skip
+    static_events = (pd.concat(static_rows, ignore_index=True) if static_rows
+                     else pd.DataFrame({"stay_id": [], "code": [], "value": []}))  # fmt: skip
+    return observations, static_events
+
+
+@dataclass
+class MedsTables:
+    """What a MEDS folder holds for its labelled subjects, as the processed tables have it (``garlic.io.tables``):
+    the stays with an event of the variables in their window, and ``label_rows``, their MEDS label rows."""
+
+    observations: pd.DataFrame
+    static: pd.DataFrame
+    labels: pd.DataFrame
+    tasks: pd.DataFrame | None
+    label_rows: pd.DataFrame
+
+
+def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float, variables: list[str],
+                static: list[str] | None) -> MedsTables:  # fmt: skip
+    """The shards ``paths`` read for the subjects of ``label_rows`` (``garlic.io.meds.read_labels``): the
+    ``variables`` inside each window, the ``static`` codes (None: every numeric code with a null time, in
+    alphabetical order); a tasks table when a subject has several label rows."""
+    windows = _prediction_windows(label_rows, window_hours)
+    observations, static_events = _read_events(paths, windows, variables, static)
+    features = static if static is not None else sorted(static_events["code"].unique())
+    # A subject with static features but no event in its window is a stay of one empty step, as Raindrop's P19
+    # cohort keeps them (garlic.io.tensors); one with neither is not.
+    observed = np.union1d(observations["stay_id"].to_numpy("int64"),
+                          static_events["stay_id"].to_numpy("int64")[static_events["value"].notna().to_numpy()])
+    kept = windows.loc[observed]
+    static_table = (static_events.drop_duplicates(["stay_id", "code"], keep="last")
+                    .pivot(index="stay_id", columns="code", values="value")
+                    .reindex(index=observed, columns=features).rename_axis(index="stay_id", columns=None)
+                    .reset_index())  # fmt: skip
+    kept_rows = label_rows[label_rows["subject_id"].isin(observed)]
+    label_table = kept_rows.groupby("subject_id", sort=True)["label"].max().rename_axis("stay_id").reset_index()
+    tasks = None
+    if (kept["rows"] > 1).any():
+        opens = kept["opens"].reindex(kept_rows["subject_id"]).to_numpy("int64")
+        tasks = pd.DataFrame({"stay_id": kept_rows["subject_id"].to_numpy("int64"),
+                              "time": times_to_hours(kept_rows["prediction_time"].to_numpy(), opens),
+                              "label": kept_rows["label"].to_numpy("int8")})  # fmt: skip
+    return MedsTables(observations, static_table, label_table, tasks, kept_rows)
+
+
+def preprocess(
+    source: Path,
+    destination: Path,
+    labels: Path,
+    window_hours: float = DEFAULT_WINDOW_HOURS,
+    variables: str | None = None,
+    static: Path | None = None,
+) -> dict:
+    """Read the MEDS folder ``source`` and the label file(s) ``labels``, write the processed tables to
+    ``destination``; return the manifest. ``variables``: a list file of codes, or a number N (the N most frequent);
+    ``static``: a list file of static codes (default: every numeric code with a null time)."""
+    source = Path(source)
+    if not window_hours > 0:
+        raise MedsError(f"--window-hours must be a positive number of hours, got {window_hours}")
+    counted = variables is None or str(variables).isdigit()
+    listed = None if counted else read_code_list(Path(variables))  # the lists first: before any long read
+    static_codes = None if static is None else read_code_list(Path(static))
+    paths = shards(source)
+    label_rows = read_labels(labels)
+    splits = read_subject_splits(source)
+    if counted:
+        training = np.unique(label_rows["subject_id"].to_numpy("int64"))
+        if splits is not None:
+            training = np.intersect1d(training, splits.loc[splits["split"] == "train", "subject_id"].to_numpy())
+        chosen = most_frequent_codes(paths, training, int(variables or DEFAULT_VARIABLES))
+        rule = f"the {int(variables or DEFAULT_VARIABLES)} most frequent timed numeric codes of the training subjects"
+    else:
+        chosen, rule = listed, f"the codes listed in {Path(variables).name}"
+    if not chosen:
+        raise MedsError(f"{source}: no timed numeric event of a labelled subject; nothing to use as a variable")
+
+    tables = read_tables(paths, label_rows, float(window_hours), chosen, static_codes)
+    observed = tables.labels["stay_id"].to_numpy("int64")
+    subjects = np.unique(label_rows["subject_id"].to_numpy("int64"))
+    dropped = {"no event of the variables in the input window and no static feature":
+               np.setdiff1d(subjects, observed).tolist()}  # fmt: skip
+    labels_path = Path(labels)
+    if splits is not None:  # the protocol subject-splits takes it (garlic.data.splits)
+        parts = {part: np.intersect1d(splits.loc[splits["split"] == name, "subject_id"].to_numpy("int64"), observed)
+                 for part, name in SPLIT_NAMES.items()}  # fmt: skip
+    manifest = {
+        "dataset": "meds",
+        "source": {
+            "folder": str(source),
+            "shards_bytes": {str(p.relative_to(source)): p.stat().st_size for p in paths},
+            "labels": str(labels_path),
+            "labels_sha256": {p.name: sha256_of(p) for p in (sorted(labels_path.rglob("*.parquet"))
+                                                             if labels_path.is_dir() else [labels_path])},
+        },
+        "window_hours": float(window_hours),
+        "variable_rule": rule,
+        "label": "boolean_value of the MEDS label rows",
+        "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
+                   "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()},
+                   "stays_without_input": int(len(observed) - tables.observations["stay_id"].nunique()),
+                   "observations_per_variable": tables.observations["variable"].value_counts().reindex(chosen)
+                   .astype(int).to_dict()},
+        "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
+        **({} if splits is None else {"subject_splits": {part: ids.tolist() for part, ids in parts.items()}}),
+        **({} if tables.tasks is None else {"task": {"prediction_times": "the MEDS label rows' prediction times",
+                                              "label": "their boolean_value", "score": ""}}),
+    }  # fmt: skip
+    write_processed(destination, tables.observations, tables.static, tables.labels, chosen, manifest, tables.tasks)
+    log.info("meds: %d stays kept, %d dropped", len(observed), len(subjects) - len(observed))
+    return read_manifest(destination)
+
+
+SOURCE = Source(
+    "meds",
+    lambda destination, source, labels, window_hours=DEFAULT_WINDOW_HOURS, variables=None, static=None: preprocess(
+        source, destination, labels, window_hours, variables, static),
+    options=frozenset({"source", "labels", "window_hours", "variables", "static"}),
+    required=frozenset({"source", "labels"}),
+    source_help="the MEDS folder (data/*.parquet, metadata/) and --labels, its label file or folder",
+    named=True,
+)

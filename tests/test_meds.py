@@ -1,0 +1,388 @@
+"""MEDS in and out (``garlic export meds``, ``garlic preprocess meds``): a dataset goes out as MEDS and comes back to
+the same tensors, stay by stay; the variable rule; bad MEDS input named by file, row and column."""
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from garlic.io.meds import MedsError, write_meds
+from garlic.io.tables import read_processed, write_processed
+from garlic.io.tensors import load_tensors
+from garlic.sources import synthetic
+from garlic.sources.meds import preprocess
+from helpers import HAVE_P12, SHARED, garlic_main
+
+TENSOR_ARRAYS = ("stay_ids", "values", "mask", "times", "lengths", "static", "labels")
+
+
+def garlic_here(*args: str, root: Path) -> subprocess.CompletedProcess:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            garlic_main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
+            code = 0
+        except SystemExit as stopped:
+            code = stopped.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def assert_same_tensors(native: Path, back: Path) -> None:
+    """The tensors of ``back`` equal those of ``native``, array by array (so stay by stay), NaN for NaN."""
+    expected, found = load_tensors(native), load_tensors(back)
+    assert expected.mask.any() and 0 < expected.labels.sum() < len(expected)  # a slice with both outcomes
+    assert found.variables == expected.variables and found.static_features == expected.static_features
+    for name in TENSOR_ARRAYS:
+        want, got = getattr(expected, name), getattr(found, name)
+        assert got.shape == want.shape, name
+        assert np.array_equal(got, want, equal_nan=True), name
+    assert (found.task is None) == (expected.task is None)
+    if expected.task is not None:
+        for name in ("stay", "time", "label"):
+            assert np.array_equal(getattr(found.task, name), getattr(expected.task, name)), name
+
+
+def code_lists(dataset, folder: Path) -> tuple[Path, Path]:
+    """The dataset's variables and static features as list files, as a user gives ``--variables`` and ``--static``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "variables.txt").write_text("\n".join(dataset.variables) + "\n")
+    (folder / "static.txt").write_text("\n".join(dataset.static_features) + "\n")
+    return folder / "variables.txt", folder / "static.txt"
+
+
+def round_trip(native: Path, tmp: Path, name: str) -> Path:
+    """``native`` out to MEDS and back through ``garlic.sources.meds``, with its own variable and static lists."""
+    dataset = read_processed(native)
+    written = write_meds(tmp / "meds", dataset, name, rows_per_shard=50_000)
+    variables, static = code_lists(dataset, tmp / "lists")
+    preprocess(tmp / "meds", tmp / "back", tmp / "meds" / "labels", written["window_hours"], str(variables), static)
+    return tmp / "back"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic: the commands end to end
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("meds")
+    synthetic.generate(root / "data" / "processed" / "synthetic", n_stays=300, seed=3)
+    done = garlic_here("export", "meds", "--dataset", "synthetic", "--to", str(root / "meds"), root=root)
+    assert done.returncode == 0, done.stderr
+    return root, done.stdout
+
+
+def test_export_writes_meds_data_codes_labels_and_the_saved_split(exported):
+    root, said = exported
+    tables = read_processed(root / "data" / "processed" / "synthetic")
+    data = pq.read_table(root / "meds" / "data").to_pandas()
+    assert len(data) == len(tables.observations) + tables.static[tables.static_features].notna().sum().sum()
+    one = tables.observations[tables.observations["stay_id"] == 100_007].iloc[3]
+    event = data[(data["subject_id"] == 100_007) & (data["code"] == one["variable"])
+                 & (data["numeric_value"] == one["value"])]  # fmt: skip
+    assert (event["time"] - pd.Timestamp("2000-01-01")).dt.total_seconds().div(3600).round(4).tolist() == \
+        [round(float(one["time"]), 4)]  # fmt: skip
+    labels = pq.read_table(root / "meds" / "labels" / "labels.parquet").to_pandas()
+    assert labels["boolean_value"].sum() == tables.labels["label"].sum()
+    assert (labels["prediction_time"] == pd.Timestamp("2000-01-03")).all()  # 48 h after every admission
+    splits = pq.read_table(root / "meds" / "metadata" / "subject_splits.parquet").to_pandas()
+    saved = json.loads((root / "data" / "processed" / "synthetic" / "splits" / "five-split" / "split_0.json")
+                       .read_text())  # fmt: skip
+    assert sorted(splits.loc[splits["split"] == "held_out", "subject_id"]) == saved["test"]
+    assert set(pq.read_table(root / "meds" / "metadata" / "codes.parquet")["code"].to_pylist()) == \
+        set(tables.variables) | set(tables.static_features)  # fmt: skip
+    assert "garlic preprocess meds" in said
+
+
+@pytest.fixture(scope="module")
+def imported(exported):
+    """The exported folder preprocessed back as the dataset ``meds-back`` (``--name back``), with the native variable
+    and static lists."""
+    root, _ = exported
+    variables, static = code_lists(read_processed(root / "data" / "processed" / "synthetic"), root / "lists")
+    done = garlic_here("preprocess", "meds", "--source", str(root / "meds"), "--labels",
+                       str(root / "meds" / "labels" / "labels.parquet"), "--window-hours", "48", "--variables",
+                       str(variables), "--static", str(static), "--name", "back", root=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def test_export_replaces_its_own_folder_and_refuses_any_other(exported, tmp_path):
+    root, _ = exported
+    dataset = read_processed(root / "data" / "processed" / "synthetic")
+    write_meds(tmp_path / "out", dataset, "synthetic")
+    assert write_meds(tmp_path / "out", dataset, "synthetic")["labels"] == 300  # written again over its own export
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(MedsError, match=r"mine exists and is not a MEDS folder that garlic export wrote"):
+        write_meds(tmp_path / "mine", dataset, "synthetic")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
+
+
+def test_the_meds_folder_comes_back_to_the_same_tensors(imported):
+    assert_same_tensors(imported / "data" / "processed" / "synthetic", imported / "data" / "processed" / "meds-back")
+
+
+@pytest.fixture(scope="module")
+def meds_run(imported) -> str:
+    """GARLIC trained on the MEDS dataset, on the folder's own subject splits (one epoch of a small model)."""
+    done = garlic_here("train", "--dataset", "meds-back", "--protocol", "subject-splits", "--set", "max_epochs=1",
+                       "--set", "hidden_dim=16", "--set", "feature_dim=4", root=imported)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
+
+
+def test_garlic_trains_on_a_meds_dataset_on_the_folders_own_subject_splits(imported, meds_run):
+    assert garlic_here("evaluate", "--run", meds_run, root=imported).returncode == 0
+    from garlic.app.replay import replay_stay
+    from garlic.app.sources import load_run, test_split
+
+    trained, run = load_run(imported / "mlruns", meds_run)  # what the dashboard replays: a test stay, hour by hour
+    replay = replay_stay(trained, test_split(trained, run, imported / "data"), 0)
+    assert np.isfinite(replay.risk[-1]) and 0 < replay.risk[-1] < 1
+    used = json.loads((imported / "data" / "processed" / "meds-back" / "splits" / "subject-splits" / "split_0.json")
+                      .read_text())  # fmt: skip
+    splits = pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet").to_pandas()
+    for part, name in (("train", "train"), ("validation", "tuning"), ("test", "held_out")):
+        assert used[part] == sorted(splits.loc[splits["split"] == name, "subject_id"])
+
+
+def test_predict_scores_meds_label_rows_in_the_meds_prediction_schema(imported, meds_run, tmp_path):
+    from garlic.app.sources import predictions
+    from garlic.io.meds import PREDICTION_SCHEMA
+
+    labels = pq.read_table(imported / "meds" / "labels" / "labels.parquet").to_pandas()
+    held_out = labels[labels["subject_id"].isin(pq.read_table(imported / "meds" / "metadata" / "subject_splits.parquet")
+                                                .to_pandas().query("split == 'held_out'")["subject_id"])]  # fmt: skip
+    held_out.to_parquet(tmp_path / "held_out.parquet", index=False)
+    done = garlic_here("predict", "--run", meds_run, "--input", str(imported / "meds"), "--labels",
+                       str(tmp_path / "held_out.parquet"), "--output", str(tmp_path / "predictions.parquet"),
+                       root=imported)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = pq.read_table(tmp_path / "predictions.parquet")
+    assert written.schema.equals(PREDICTION_SCHEMA)
+    scored = written.to_pandas()
+    assert scored["prediction_time"].tolist() == held_out["prediction_time"].tolist()
+    assert scored["boolean_value"].tolist() == held_out["boolean_value"].tolist()
+    # The risks are those the run logged for its test stays: the same model on the same input.
+    logged = predictions(imported / "mlruns", meds_run, "test").set_index("stay_id")["risk"]
+    assert np.allclose(scored.set_index("subject_id")["predicted_boolean_probability"].sort_index(),
+                       logged.sort_index(), atol=1e-6)  # fmt: skip
+
+
+def test_subject_splits_is_refused_for_a_dataset_without_them(exported):
+    root, _ = exported
+    done = garlic_here("train", "--dataset", "synthetic", "--protocol", "subject-splits", root=root)
+    assert done.returncode == 2 and "'synthetic' has none" in done.stderr, done.stderr
+
+
+def test_prediction_times_come_back_as_the_tasks_table_read_row_group_by_row_group(tmp_path):
+    # Two prediction times per stay, at 24 h and 48 h: a window of 24 h before the first opens at admission.
+    observations, static, labels = synthetic.simulate(60, seed=5)
+    tasks = pd.DataFrame({"stay_id": np.repeat(labels["stay_id"].to_numpy(), 2), "time": np.tile([24.0, 48.0], 60),
+                          "label": np.repeat(labels["label"].to_numpy(), 2) * np.tile([0, 1], 60)})  # fmt: skip
+    write_processed(tmp_path / "native", observations, static, labels, synthetic.VARIABLES, {}, tasks)
+    dataset = read_processed(tmp_path / "native")
+    write_meds(tmp_path / "meds", dataset, "tasks")
+    shard = tmp_path / "meds" / "data" / "0.parquet"  # read in row groups of 1,000 rows: the same tables
+    pq.write_table(pq.read_table(shard), shard, row_group_size=1000)
+    assert pq.ParquetFile(shard).num_row_groups > 10
+    variables, static_list = code_lists(dataset, tmp_path)
+    manifest = preprocess(tmp_path / "meds", tmp_path / "back", tmp_path / "meds" / "labels", 24.0, str(variables),
+                          static_list)  # fmt: skip
+    assert manifest["counts"]["prediction_times"] == 120
+    assert_same_tensors(tmp_path / "native", tmp_path / "back")
+
+
+def test_the_folder_layout_is_the_meds_packages_and_garlic_starts_without_it():
+    import meds
+
+    from garlic.io import meds as layout
+
+    assert (layout.DATA, layout.CODES, layout.SUBJECT_SPLITS, layout.DATASET_METADATA) == (
+        meds.data_subdirectory, meds.code_metadata_filepath, meds.subject_splits_filepath,
+        meds.dataset_metadata_filepath)  # fmt: skip
+    assert list(layout.SPLIT_NAMES.values()) == [meds.train_split, meds.tuning_split, meds.held_out_split]
+    probe = ("import sys, garlic.cli; garlic.cli.parser()\n"
+             "print(sorted(m for m in ('meds', 'jsonschema') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The variable rule and the input window, on a MEDS folder written by hand
+
+
+def write_shard(path: Path, rows: list[tuple]) -> Path:
+    """Events (subject, hours after 2000-01-01 or None, code, value) as a MEDS shard."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    time = [None if h is None else pd.Timestamp("2000-01-01") + pd.Timedelta(hours=h) for _, h, _, _ in rows]
+    pq.write_table(pa.table({"subject_id": pa.array([r[0] for r in rows], pa.int64()),
+                             "time": pa.array(time, pa.timestamp("us")),
+                             "code": pa.array([r[2] for r in rows], pa.string()),
+                             "numeric_value": pa.array([r[3] for r in rows], pa.float32())}), path)  # fmt: skip
+    return path
+
+
+def write_labels(path: Path, rows: list[tuple]) -> Path:
+    """Label rows (subject, hours after 2000-01-01, boolean) as a MEDS label file."""
+    pq.write_table(pa.table({"subject_id": pa.array([r[0] for r in rows], pa.int64()),
+                             "prediction_time": pa.array([pd.Timestamp("2000-01-01") + pd.Timedelta(hours=r[1])
+                                                          for r in rows], pa.timestamp("us")),
+                             "boolean_value": pa.array([r[2] for r in rows], pa.bool_())}), path)  # fmt: skip
+    return path
+
+
+def test_most_frequent_codes_of_training_subjects_and_the_window_both_ends_included(tmp_path):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [
+        (1, None, "AGE", 70.0), (1, 1.0, "HR", 80.0), (1, 10.0, "HR", 81.0), (1, 10.0, "NA", 140.0),
+        (1, 34.0, "HR", 82.0), (1, 35.0, "NOTE", None),
+        (2, 0.0, "HR", 90.0), (2, 5.0, "K", 4.0), (2, 5.0, "HR", 95.0)])  # fmt: skip
+    write_shard(tmp_path / "meds" / "data" / "1.parquet", [(3, 1.0, "K", 3.9), (3, 2.0, "K", 4.1), (3, 3.0, "K", 4.2),
+                                                           (4, None, "AGE", 50.0), (5, 1.0, "NOTE", None)])
+    pq.write_table(pa.table({"subject_id": pa.array([1, 2, 3], pa.int64()), "split": ["train", "train", "held_out"]}),
+                   (tmp_path / "meds" / "metadata").mkdir(parents=True) or tmp_path / "meds" / "metadata" /
+                   "subject_splits.parquet")  # fmt: skip
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 34.0, True), (2, 24.0, False), (3, 24.0, False),
+                                                        (4, 24.0, False), (5, 24.0, True)])  # fmt: skip
+    manifest = preprocess(tmp_path / "meds", tmp_path / "out", labels, window_hours=24.0, variables="2")
+    # K is most frequent over all subjects, but subject 3 is held out: among the training subjects HR leads.
+    assert manifest["variables"] == ["HR", "K"]
+    assert manifest["static_features"] == ["AGE"]
+    tables = read_processed(tmp_path / "out")
+    one = tables.observations[tables.observations["stay_id"] == 1]
+    # Subject 1's window is 10 h to 34 h: the reading at 1 h is before it, those at 10 h and 34 h are in it.
+    assert one["time"].tolist() == [0.0, 24.0] and one["value"].tolist() == [81.0, 82.0]
+    age = tables.static.set_index("stay_id")["AGE"]
+    assert age.loc[1] == 70.0 and np.isnan(age.loc[2]) and np.isnan(age.loc[3]) and age.loc[4] == 50.0
+    # Subject 4 has an age and nothing else: a stay without input; subject 5 has neither: dropped.
+    assert tables.labels["stay_id"].tolist() == [1, 2, 3, 4] and tables.tasks is None
+    assert 4 not in set(tables.observations["stay_id"]) and manifest["counts"]["stays_without_input"] == 1
+    assert manifest["dropped_stays"] == {"no event of the variables in the input window and no static feature": [5]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: the file, the row, the column
+
+
+def test_a_shard_breaking_the_meds_schema_is_named_with_its_column(tmp_path):
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True)])
+    shard = tmp_path / "meds" / "data" / "0.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"subject_id": ["one"], "time": pa.array([pd.Timestamp("2000-01-01")], pa.timestamp("us")),
+                             "code": ["HR"], "numeric_value": pa.array([80.0], pa.float32())}), shard)  # fmt: skip
+    with pytest.raises(MedsError, match=r"0\.parquet: column subject_id: expected int64, found string"):
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="5")
+    write_shard(shard, [(1, 1.0, "HR", 80.0), (1, 2.0, None, 81.0)])
+    with pytest.raises(MedsError, match=r"0\.parquet: row 1, column code: null"):
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="5")
+
+
+def test_a_label_file_without_boolean_value_a_repeated_label_row_or_a_doubled_code_is_named(tmp_path):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [(1, 1.0, "HR", 80.0)])
+    pq.write_table(pa.table({"subject_id": pa.array([1], pa.int64()),
+                             "prediction_time": pa.array([pd.Timestamp("2000-01-02")], pa.timestamp("us"))}),
+                   tmp_path / "no-value.parquet")  # fmt: skip
+    with pytest.raises(MedsError, match=r"no-value\.parquet: no column boolean_value"):
+        preprocess(tmp_path / "meds", tmp_path / "out", tmp_path / "no-value.parquet")
+    twice = write_labels(tmp_path / "twice.parquet", [(1, 24.0, True), (2, 24.0, False), (1, 24.0, False)])
+    with pytest.raises(MedsError, match=r"twice\.parquet: row 2: subject 1 is labelled twice at one prediction_time"):
+        preprocess(tmp_path / "meds", tmp_path / "out", twice)
+    (tmp_path / "variables.txt").write_text("HR\nK\nHR\n")
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True)])
+    with pytest.raises(MedsError, match=r"variables\.txt: line 3: code 'HR' is listed twice"):
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables=str(tmp_path / "variables.txt"))
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real data: P12, the P19 raindrop cohort and the MIMIC-III demo, native tables out to MEDS and back
+
+P12 = SHARED / "physionet2012"
+P19 = SHARED / "physionet2019"
+DEMO = SHARED / "mimic3-demo"
+SLICE = 300  # stays: enough for every variable, both labels and the cohort rules' drops to show up
+
+
+def first_members(archive: Path, folder: Path, count: int) -> None:
+    """The first ``count`` record files of a release archive (.tar.gz or .zip) extracted into ``folder``."""
+    folder.mkdir(parents=True)
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as opened:
+            for name in [n for n in opened.namelist() if n.endswith(".psv")][:count]:
+                (folder / Path(name).name).write_bytes(opened.read(name))
+        return
+    with tarfile.open(archive) as opened:
+        taken = 0
+        for member in opened:
+            if member.isfile() and member.name.endswith(".txt") and taken < count:
+                (folder / Path(member.name).name).write_bytes(opened.extractfile(member).read())
+                taken += 1
+
+
+@pytest.mark.skipif(not HAVE_P12, reason=f"the PhysioNet 2012 release is not at {P12}")
+def test_physionet2012_round_trip(tmp_path):
+    from garlic.sources import physionet2012
+
+    first_members(P12 / "set-a.tar.gz", tmp_path / "release" / "set-a", SLICE)
+    shutil.copy(P12 / "Outcomes-a.txt", tmp_path / "release")
+    physionet2012.preprocess(tmp_path / "release", tmp_path / "native")
+    assert_same_tensors(tmp_path / "native", round_trip(tmp_path / "native", tmp_path, "physionet2012"))
+
+
+@pytest.mark.skipif(not (P19 / "training_setA.zip").is_file(), reason=f"PhysioNet 2019 data not found at {P19}")
+def test_physionet2019_raindrop_round_trip(tmp_path):
+    from garlic.sources import physionet2019
+
+    # 600 stays: among them p000384 and p000584, which the cohort keeps without an input row (one empty step).
+    first_members(P19 / "training_setA.zip", tmp_path / "release" / "training_setA", 2 * SLICE)
+    physionet2019.preprocess(tmp_path / "release", tmp_path / "native", cohort="raindrop")
+    native = read_processed(tmp_path / "native")
+    assert len(np.setdiff1d(native.labels["stay_id"], native.observations["stay_id"])) > 0
+    assert_same_tensors(tmp_path / "native", round_trip(tmp_path / "native", tmp_path, "physionet2019-raindrop"))
+
+
+@pytest.mark.skipif(not (DEMO / "CHARTEVENTS.csv.gz").is_file(), reason=f"MIMIC-III demo not found at {DEMO}")
+def test_mimic3_demo_round_trip(tmp_path):
+    from garlic.sources import mimic3
+
+    mimic3.preprocess(DEMO, tmp_path / "native")
+    assert_same_tensors(tmp_path / "native", round_trip(tmp_path / "native", tmp_path, "mimic3-benchmark"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["preprocess", "meds", "--source", "."], "--labels is required for meds"),
+    (["preprocess", "synthetic", "--window-hours", "24"], "--window-hours does not apply to synthetic"),
+    (["export", "meds", "--dataset", "meds", "--to", "out"], "run `garlic preprocess meds --source PATH_TO_RAW_DATA "
+                                                             "--labels LABELS` first"),
+    (["preprocess", "meds", "--source", ".", "--labels", "l", "--name", "../up"], "--name '../up': expected letters"),
+    (["preprocess", "meds", "--source", ".", "--labels", "l", "--variables", "ten"], "ten: no such file (a list of"),
+    (["preprocess", "synthetic", "--name", "mine"], "--name does not apply to synthetic: its datasets are synthetic"),
+    (["train", "--dataset", "meds-"], "unknown dataset 'meds-'; choose one of meds, mimic3-benchmark"),
+])  # fmt: skip
+def test_a_missing_or_misplaced_meds_option_is_one_line_naming_its_flag(argv, message, tmp_path):
+    done = garlic_here(*argv, root=tmp_path)
+    assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_the_benchmark_writes_a_valid_synthetic_meds_folder_of_n_rows_and_measures_it(tmp_path, capsys):
+    from experiments import benchmark_meds
+
+    lines = benchmark_meds.main(["--rows", "30000", "--work", str(tmp_path)])
+    assert pq.read_table(tmp_path / "synthetic-meds" / "data").num_rows == 30_000
+    manifest = read_processed(tmp_path / "synthetic-back").manifest
+    assert len(manifest["variables"]) == 20 and manifest["static_features"] == ["AGE", "HEIGHT", "WEIGHT"]
+    assert manifest["counts"]["stays"] == 30
+    assert lines[-1].startswith("| synthetic MEDS, 30,000 rows |") and " MB |" in lines[-1]
