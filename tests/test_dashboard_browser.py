@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from garlic.app import sources
-from garlic.app.threshold import threshold_at_sensitivity
+from garlic.metrics.threshold import threshold_at_sensitivity
 from helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[1]

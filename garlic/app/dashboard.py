@@ -29,7 +29,7 @@ from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, t
 from garlic.app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
                         signals_at)  # fmt: skip
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
-from garlic.app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
+from garlic.metrics.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
 from garlic.cli import database_error
 from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
