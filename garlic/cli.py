@@ -480,6 +480,11 @@ def _monitor(args: argparse.Namespace) -> None:
 
     token = required_token(args.host, MONITOR_TOKEN)  # refused before anything is loaded
     store = _existing_store(args)
+    try:
+        import fhir.resources  # noqa: F401  (the optional extra `live`)
+    except ImportError:
+        raise ConfigError("garlic monitor validates FHIR R4 with fhir.resources, which is not installed: run "
+                          "bin/setup live (or pip install -e '.[live]')") from None  # fmt: skip
     _say(f"loading run {args.run}'s model; loading torch and the model code ...")
     from garlic.live.alerts import Hysteresis, run_alarm
     from garlic.live.codes import Codes
@@ -498,8 +503,14 @@ def _monitor(args: argparse.Namespace) -> None:
     _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; alert at risk >= {threshold:.3g} ({chosen_by}), "
          f"cleared below {monitor.alerts.release:.3g}; store {live.engine.url.render_as_string(hide_password=True)}, "
          f"{monitor.pending} readings left to score")  # fmt: skip
+    watcher = None
+    if args.watch is not None:
+        from garlic.live.watch import FolderWatcher
+
+        watcher = FolderWatcher(args.watch, monitor, codes.names, hourly)
+        _say(f"taking the record files in {_shown(args.watch)} as they grow")
     _say(f"serving http://{args.host}:{args.port}/ (FHIR R4 at /fhir, the ward at /ward); Ctrl-C stops it")
-    serve(monitor, codes, args.host, args.port, token)
+    serve(monitor, codes, args.host, args.port, token, watcher)
 
 
 def _feed(args: argparse.Namespace) -> None:
@@ -605,6 +616,9 @@ def parser() -> argparse.ArgumentParser:
     monitor.add_argument("--threshold", type=float, help="alert at risk >= this (default: the run's threshold)")
     monitor.add_argument("--band", type=float, default=0.1,
                          help="an alert clears below threshold x (1 - band) (default 0.1)")  # fmt: skip
+    monitor.add_argument("--watch", type=Path, metavar="FOLDER",
+                         help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they "
+                              "grow, one bed per file")  # fmt: skip
     monitor.set_defaults(handler=_monitor)
 
     feeder = commands.add_parser("feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR "

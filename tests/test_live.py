@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,12 +86,23 @@ def get(url: str, token: str | None = None):
 
 
 def request(method: str, url: str, body: bytes, token: str | None = None) -> tuple[int, dict]:
+    """The service's status and JSON answer; its answer is read even when it refused the body before the end of
+    it (an oversized one) and closed the connection meanwhile."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
     headers = {"Content-Type": "application/fhir+json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method), timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
+        try:
+            connection.request(method, parts.path, body, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
 
 
 def scored(base: str, token: str | None = None, timeout: float = 60) -> dict:
@@ -249,3 +259,31 @@ def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
         "characters (for example: export GARLIC_MONITOR_TOKEN=$(openssl rand -hex 16)), or keep the default --host "
         "127.0.0.1"
     ]
+
+
+def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, tmp_path):
+    from garlic.live.watch import FolderWatcher
+    from garlic.sources.physionet2012 import format_record
+
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=1)
+    stay = int(static["stay_id"].iloc[0])
+    lines = format_record(stay, observations, static.drop(columns="stay_id").iloc[0].to_dict()).splitlines(True)
+    header = 2 + len(static.columns) - 1  # Time,Parameter,Value; RecordID; the descriptors
+    folder = tmp_path / "export"
+    folder.mkdir()
+    half = header + len(observations) // 2
+    (folder / f"{stay}.txt").write_text("".join(lines[:half]) + lines[half][:4])  # its last line half written
+    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
+                      Hysteresis(0.5))  # fmt: skip
+    watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
+    descriptors = len(trained.static_features)
+    assert watcher.scan() == half - header + descriptors
+    assert watcher.scan() == 0  # nothing changed
+    (folder / f"{stay}.txt").write_text("".join(lines))
+    assert watcher.scan() == len(observations) - (half - header)
+    while monitor.score_round():
+        pass
+    assert monitor.store.counts() == {"beds": 1, "readings": len(observations) + descriptors,
+                                      "scored": len(observations) + descriptors, "pending": 0}  # fmt: skip
+    offline = predict_tables(trained, observations, static)["risk"].iloc[0]
+    assert monitor.store.history(str(stay))["risk"].iloc[-1] == pytest.approx(float(offline), abs=1e-6)

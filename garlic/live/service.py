@@ -31,6 +31,7 @@ from garlic.live.access import MONITOR_TOKEN, Attempts, token_matches
 from garlic.live.codes import Codes
 from garlic.live.fhir import BED_ID, FhirError, observations_in, parse_json, stay_of
 from garlic.live.monitor import Monitor
+from garlic.live.watch import FolderWatcher
 
 MAX_BODY_BYTES = 1 << 20  # a Bundle of an hour of every monitor of a bed is under 100 kB
 MAX_CONNECTIONS = 500  # open at once; beyond, uvicorn answers 503
@@ -134,15 +135,18 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
     return app
 
 
-def serve(monitor: Monitor, codes: Codes, host: str, port: int, token: str | None) -> None:
-    """Serve until stopped (SIGINT, SIGTERM); the scoring loop runs beside it, and stops with it."""
+def serve(monitor: Monitor, codes: Codes, host: str, port: int, token: str | None,
+          watcher: FolderWatcher | None = None) -> None:  # fmt: skip
+    """Serve until stopped (SIGINT, SIGTERM); the scoring loop (and the folder ``watcher``, given one) runs beside
+    it, and stops with it."""
     import uvicorn
 
     config = uvicorn.Config(create_app(monitor, codes, token), host=host, port=port, log_level="warning",
                             access_log=False, limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=30)  # fmt: skip
-    scoring = monitor.start()
+    workers = [(monitor, monitor.start())] + ([(watcher, watcher.start())] if watcher else [])
     try:
         uvicorn.Server(config).run()
     finally:
-        monitor.stop()
-        scoring.join(timeout=30)
+        for worker, thread in reversed(workers):
+            worker.stop()
+            thread.join(timeout=30)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pandas as pd
 import sqlalchemy as sa
@@ -182,6 +182,12 @@ class LiveStore:
                 db.execute(READINGS.update().where(READINGS.c.id.in_(scored_ids)).values(scored=True))
 
     # Reads --------------------------------------------------------------------------------------------------------
+
+    def admitted(self, bed: str) -> datetime | None:
+        """When ``bed`` was admitted (UTC), None when it never was."""
+        with self.engine.connect() as db:
+            seconds = db.execute(sa.select(BEDS.c.admitted).where(BEDS.c.bed == bed)).scalar_one_or_none()
+        return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
 
     def pending(self, limit: int) -> pd.DataFrame:
         """Up to ``limit`` readings not scored yet, oldest first: id, bed, time."""
