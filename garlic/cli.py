@@ -446,6 +446,8 @@ def _dashboard(args: argparse.Namespace) -> None:
                "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
     if args.run:
         command += ["--run", args.run]
+    if args.ward:
+        command += ["--ward", args.ward]
     server: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -602,6 +604,8 @@ def parser() -> argparse.ArgumentParser:
                            help="address to listen on (default 127.0.0.1, this machine only); any other address "
                                 "needs a login token in GARLIC_DASHBOARD_TOKEN (docs/dashboard.md)")  # fmt: skip
     dashboard.add_argument("--port", type=port_number, default=8501)
+    dashboard.add_argument("--ward", metavar="URL", help="the live ward's store (garlic monitor --store, e.g. "
+                           "sqlite:///live/RUN_ID.sqlite): adds the ward view, every bed live")  # fmt: skip
     dashboard.set_defaults(handler=_dashboard)
 
     monitor = commands.add_parser("monitor", help="the live ward: a FHIR R4 service scoring every bed as its "

@@ -23,6 +23,18 @@ from garlic.methods.saved import SavedMethod
 TOP_DRIVERS = 3
 
 
+def record_tables(readings: pd.DataFrame, static_features: list[str],
+                  stay_id: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """One bed's readings (variable, time, value) as the tables of one stay ``stay_id`` (``garlic.io.tables``): its
+    observations, and its static row (the newest value of each static feature)."""
+    is_static = readings["variable"].isin(static_features).to_numpy()
+    observations = readings[~is_static][["time", "variable", "value"]].assign(stay_id=stay_id)
+    newest = readings[is_static].groupby("variable")["value"].last()
+    static = pd.DataFrame({"stay_id": [stay_id], **{name: [newest.get(name, np.nan)] for name in static_features}})
+    columns = {"time": "float32", "value": "float32"}
+    return observations[["stay_id", "time", "variable", "value"]].astype(columns), static
+
+
 class BedScorer:
     """Risks of cuts of beds' records for one saved method."""
 

@@ -88,22 +88,28 @@ def _seconds(at: datetime) -> float:
 
 
 class LiveStore:
-    """The ward's database, for the model of ``run_id``."""
+    """The ward's database, for the model of ``run_id``; with ``create`` False (a reader: the dashboard's ward
+    view), an existing one only."""
 
-    def __init__(self, url: str, run_id: str):
+    def __init__(self, url: str, run_id: str, create: bool = True):
         self.engine = sa.create_engine(url)
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_settings)
-        metadata.create_all(self.engine)
+        shown = self.engine.url.render_as_string(hide_password=True)
+        if create:
+            metadata.create_all(self.engine)
+        elif not sa.inspect(self.engine).has_table(META.name):
+            self.engine.dispose()
+            raise StoreError(f"no live ward in {shown}: start garlic monitor --run {run_id} on it first")
         self.insert_reading = _insert_ignoring_repeats(self.engine, READINGS)
         with self.engine.begin() as db:
             kept = dict(db.execute(sa.select(META.c.key, META.c.value)).all())
-            if not kept:
+            if not kept and create:
                 db.execute(META.insert(), [{"key": "run_id", "value": run_id},
                                            {"key": "schema", "value": SCHEMA_VERSION}])  # fmt: skip
             elif kept.get("run_id") != run_id:
-                raise StoreError(f"the live store {self.engine.url.render_as_string(hide_password=True)} holds the "
-                                 f"scores of run {kept.get('run_id')}, not {run_id}: give another --store")  # fmt: skip
+                raise StoreError(f"the live store {shown} holds the scores of run {kept.get('run_id')}, not "
+                                 f"{run_id}: give another --store")  # fmt: skip
             elif kept.get("schema") != SCHEMA_VERSION:
                 raise StoreError(f"the live store has layout {kept.get('schema')}; this version reads {SCHEMA_VERSION}")
 
