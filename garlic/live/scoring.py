@@ -63,18 +63,9 @@ class BedScorer:
 
     def _cuts(self, series: pd.DataFrame, asked: pd.DataFrame) -> pd.DataFrame:
         """The readings of each asked cut, as the observations of a stay numbered by its row in ``asked``."""
-        by_bed = {bed: group for bed, group in series.groupby("bed", sort=False)}
-        parts = []
-        for row, (bed, until) in enumerate(zip(asked["bed"], asked["time"])):
-            group = by_bed.get(bed)
-            if group is None:
-                continue
-            seen = group.iloc[: int(np.searchsorted(group["time"].to_numpy(), until, side="right"))]
-            if len(seen):
-                parts.append(seen.assign(stay_id=row))
-        if not parts:
-            return pd.DataFrame(columns=["stay_id", "time", "variable", "value"])
-        return pd.concat(parts, ignore_index=True)[["stay_id", "time", "variable", "value"]]
+        cuts = asked[["bed", "time"]].rename(columns={"time": "until"}).rename_axis("stay_id").reset_index()
+        joined = series.merge(cuts, on="bed")
+        return joined[joined["time"] <= joined["until"]][["stay_id", "time", "variable", "value"]]
 
     def _per_cut(self, series, static, asked, drivers) -> pd.Series:
         observations = self._cuts(series, asked)
