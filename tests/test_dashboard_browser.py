@@ -208,6 +208,9 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
                                     if h.text.startswith("Bed ")], 60, "the bedside view of the bed picked")  # fmt: skip
         assert heading[0].startswith(f"Bed {monitor.store.beds().sort_values('risk').iloc[-1]['bed']} · live ward")
         wait_for(lambda: drawn_charts(browser), 60, "the bed's risk chart")
+        browser.get(f"{dashboard}/?bed={last}")  # a link to one bed opens it too
+        wait_for(lambda: [h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith(f"Bed {last} ·")],
+                 60, "the bedside view of the bed linked to")  # fmt: skip
     finally:
         server.terminate()
         server.wait(timeout=10)

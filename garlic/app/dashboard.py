@@ -279,7 +279,7 @@ def open_bed() -> None:
     """A row picked in the ward's table: that bed, in the bedside view."""
     rows = st.session_state.ward_table.selection.rows
     if rows:
-        st.session_state.update(source=LIVE, bed=st.session_state.ward_beds[rows[0]], view="Bedside")
+        st.session_state.update(source=LIVE, bed=st.session_state.ward_beds[rows[0]], view="Bedside", picked=True)
 
 
 @shown_plainly
@@ -305,8 +305,8 @@ def ward_view(ward: LiveStore) -> None:
                                 "alert": st.column_config.CheckboxColumn("Alert"),
                                 "time": st.column_config.NumberColumn("Hour", format="%.1f"),
                                 "bed": "Bed", "readings": "Readings", "drivers": "Drivers"})  # fmt: skip
-    if st.session_state.get("view") == "Bedside" and st.session_state.get("bed") in st.session_state.ward_beds:
-        st.rerun(scope="app")  # a bed was picked: the whole page, to open it
+    if st.session_state.pop("picked", False):
+        st.rerun(scope="app")  # a bed was picked in this fragment: the whole page, once, to open it
 
 
 def choose_bed(ward: LiveStore, trained: SavedMethod) -> tuple[Replay, str] | None:
