@@ -77,19 +77,22 @@ class BedScorer:
         tensors = tensors_for_model(self.trained, observations.astype({"time": "float32", "value": "float32"}),
                                     cut_static)  # fmt: skip
         dataset = self.trained.dataset(tensors)
-        risk = self.trained.predict_proba(dataset)
-        if self.explains:
-            self._drivers(dataset, tensors.stay_ids, drivers)
+        if self.explains:  # the explanation's pass gives the risk too
+            risk = self._explained(dataset, tensors.stay_ids, drivers)
+        else:
+            risk = self.trained.predict_proba(dataset)
         return pd.Series(risk, index=tensors.stay_ids)
 
     @torch.no_grad()
-    def _drivers(self, dataset, rows: np.ndarray, drivers: list[list[str]]) -> None:
+    def _explained(self, dataset, rows: np.ndarray, drivers: list[list[str]]) -> np.ndarray:
+        """The risk of each stay of ``dataset``, and its drivers written at its ``rows``, from one explained pass."""
         batch = collate([dataset[position] for position in range(len(dataset))])
-        signal = explain(self.trained.model, batch, self.trained.variables).signal.numpy()
+        explanation = explain(self.trained.model, batch, self.trained.variables)
         names = np.asarray(self.trained.variables)
-        for row, importance in zip(rows, signal):
+        for row, importance in zip(rows, explanation.signal.numpy()):
             order = np.argsort(importance)[::-1][: self.top]
             drivers[row] = [str(name) for name in names[order[importance[order] > 0]]]
+        return explanation.risk.numpy().astype(float)
 
     def _hourly(self, series, static, asked) -> pd.Series:
         beds = sorted(set(series["bed"]) & set(asked["bed"]))
