@@ -10,7 +10,8 @@ run as written except that:
 - servers (the dashboard, ``mlflow ui``, ``garlic monitor``) get a free port, must answer on it, and are then
   stopped; one started in the background (a line ending in ``&``) stays up for the lines after it until the walk
   ends, and ``garlic feed`` is pointed at its port (``--url``);
-- lines that read ``../shared/data`` are skipped, saying so, when that folder is absent;
+- lines that read ``../shared/data`` are skipped, saying so, when that folder is absent, and the live ward's lines
+  when its FHIR library is (``bin/setup live``);
 - with ``--quick`` (the test suite's walk) the trainings run one epoch of a small model (``--set`` appended: the
   line's command and options are the README's), the feed sends 5 beds as fast as the service takes them, and the
   PhysioNet 2012 lines are skipped: a P12 preprocessing and training are too long for the suite.
@@ -20,6 +21,7 @@ run as written except that:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shlex
@@ -121,6 +123,8 @@ def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_
     command, skipped = line.removeprefix("bin/setup && "), ""
     if "-m pytest" in command:
         skipped = "the test suite: CI runs it (.ci/run)"
+    elif re.search(r" (monitor|feed) |--ward ", command) and importlib.util.find_spec("fhir.resources") is None:
+        skipped = "the live ward: its FHIR library is not installed (bin/setup live)"
     elif "../shared/data" in command or "P12_RUN_ID" in command or "physionet2012" in command:
         if quick:
             skipped = "PhysioNet 2012: too long for the test suite (run this walk without --quick)"
