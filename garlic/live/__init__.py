@@ -4,5 +4,6 @@
 out), ``store`` (the database every reading and score is kept in), ``scoring`` (a bed's risk and drivers from its
 record so far), ``alerts`` (the threshold with hysteresis), ``monitor`` (the scoring loop), ``service`` (the HTTP
 service, ``garlic monitor``), ``watch`` (a folder of record files taken as they grow, ``--watch``), ``feed``
-(recorded stays streamed in, ``garlic feed``) and ``access`` (who may reach a server of patient records). ``docs/live.md`` says how to run and connect them.
+(recorded stays streamed in, ``garlic feed``) and ``access`` (who may reach a server of patient records).
+``docs/live.md`` says how to run and connect them.
 """
