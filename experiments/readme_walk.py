@@ -7,17 +7,21 @@ run as written except that:
 - ``bin/setup && ...`` runs what follows: the Python running this walk is the set-up venv (the set-up itself is
   timed by ``experiments/benchmark_first_run.py --setup``); the test-suite line is skipped (CI runs it);
 - ``.venv/bin/garlic`` and ``.venv/bin/python`` are this checkout's command line and Python;
-- servers (the dashboard, ``mlflow ui``) get a free port, must answer on it, and are then stopped;
-- lines that read ``../shared/data`` are skipped, saying so, when that folder is absent;
+- servers (the dashboard, ``mlflow ui``, ``garlic monitor``) get a free port, must answer on it, and are then
+  stopped; one started in the background (a line ending in ``&``) stays up for the lines after it until the walk
+  ends, and ``garlic feed`` is pointed at its port (``--url``);
+- lines that read ``../shared/data`` are skipped, saying so, when that folder is absent, and the live ward's lines
+  when its FHIR library is (``bin/setup live``);
 - with ``--quick`` (the test suite's walk) the trainings run one epoch of a small model (``--set`` appended: the
-  line's command and options are the README's), and the PhysioNet 2012 lines are skipped: a P12 preprocessing and
-  training are too long for the suite.
+  line's command and options are the README's), the feed sends 5 beds as fast as the service takes them, and the
+  PhysioNet 2012 lines are skipped: a P12 preprocessing and training are too long for the suite.
 
     .venv/bin/python experiments/readme_walk.py [--quick] [--work DIR]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shlex
@@ -34,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHARED = ROOT.parent / "shared" / "data"
 QUICK_TRAINING = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
-SERVERS = {"dashboard": "/_stcore/health", "mlflow ui": "/health"}  # a command's words -> the path that answers
+QUICK_FEED = ["--beds", "5", "--speed", "1e7"]
+# a command's words -> the path that answers
+SERVERS = {"dashboard": "/_stcore/health", "mlflow ui": "/health", "monitor": "/health"}
 
 
 @dataclass
@@ -64,8 +70,9 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _serve(command: list[str], path: str, env: dict, work: Path, timeout: float = 180.0) -> str:
-    """Start a server, wait until ``path`` answers 200 on its port, stop it; returns what it printed."""
+def _start(command: list[str], path: str, env: dict, work: Path,
+           timeout: float = 180.0) -> tuple[subprocess.Popen, int]:
+    """Start a server on a free port and wait until ``path`` answers 200 there: the process and its port."""
     port = _free_port()
     process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -77,16 +84,21 @@ def _serve(command: list[str], path: str, env: dict, work: Path, timeout: float 
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
                     if answer.status == 200:
-                        return f"answered on port {port}"
+                        return process, port
             except OSError:
                 time.sleep(1)
         raise RuntimeError(f"{shlex.join(command)} did not answer on port {port} within {timeout:.0f} s")
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    except BaseException:
+        _stop(process)
+        raise
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = SHARED, say=print) -> list[Step]:
@@ -95,46 +107,67 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     run_ids: dict[str, str] = {}
     steps = []
-    for line in readme_lines(readme):
-        command, skipped = line.removeprefix("bin/setup && "), ""
-        if "-m pytest" in command:
-            skipped = "the test suite: CI runs it (.ci/run)"
-        elif "../shared/data" in command or "P12_RUN_ID" in command or "physionet2012" in command:
-            if quick:
-                skipped = "PhysioNet 2012: too long for the test suite (run this walk without --quick)"
-            elif not shared.is_dir():
-                skipped = f"PhysioNet 2012: {shared} is absent"
-        for name, value in run_ids.items():
-            command = re.sub(rf"\b{name}\b", value, command)
-        if not skipped and re.search(r"\b(P12_)?RUN_ID\b", command):
-            skipped = "no training before it printed its run id"
-        if skipped:
-            steps.append(Step(line, "", skipped))
-            say(f"skip  {line}  ({skipped})")
-            continue
-        words = shlex.split(command.replace("../shared/data", str(shared)))
-        program = {".venv/bin/garlic": [sys.executable, "-m", "garlic.cli"], ".venv/bin/python": [sys.executable]}
-        words = program.get(words[0], [words[0]]) + words[1:]
-        if quick and words[3:4] == ["train"]:
-            words += QUICK_TRAINING
-        say(f"run   {shlex.join(words)}")
-        start = time.perf_counter()
-        server = next((path for key, path in SERVERS.items() if f" {key}" in command), None)
-        if server is not None:
-            output = _serve(words, server, env, work)
-        else:
-            result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
-            output = result.stdout
-            if result.returncode != 0:
-                raise RuntimeError(f"README line {line!r} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-            if words[3:4] == ["train"]:
-                found = re.search(r"^run ([0-9a-f]{32})$", result.stdout, flags=re.MULTILINE)
-                if found is None:
-                    raise RuntimeError(f"README line {line!r} printed no run id:\n{result.stdout[-2000:]}")
-                run_ids["P12_RUN_ID" if "physionet2012" in words else "RUN_ID"] = found.group(1)
-        steps.append(Step(line, shlex.join(words), "", time.perf_counter() - start, output))
-        say(f"      done in {steps[-1].seconds:.1f} s")
+    background: dict[str, tuple[subprocess.Popen, int]] = {}  # a server's words -> it and its port
+    try:
+        for line in readme_lines(readme):
+            steps.append(_walk_line(line, work, quick, shared, env, run_ids, background, say))
+    finally:
+        for process, _ in background.values():
+            _stop(process)
     return steps
+
+
+def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_ids: dict[str, str],
+               background: dict[str, tuple[subprocess.Popen, int]], say) -> Step:  # fmt: skip
+    """Run one README line (see ``walk``)."""
+    command, skipped = line.removeprefix("bin/setup && "), ""
+    if "-m pytest" in command:
+        skipped = "the test suite: CI runs it (.ci/run)"
+    elif re.search(r" (monitor|feed) |--ward ", command) and importlib.util.find_spec("fhir.resources") is None:
+        skipped = "the live ward: its FHIR library is not installed (bin/setup live)"
+    elif "../shared/data" in command or "P12_RUN_ID" in command or "physionet2012" in command:
+        if quick:
+            skipped = "PhysioNet 2012: too long for the test suite (run this walk without --quick)"
+        elif not shared.is_dir():
+            skipped = f"PhysioNet 2012: {shared} is absent"
+    for name, value in run_ids.items():
+        command = re.sub(rf"\b{name}\b", value, command)
+    if not skipped and re.search(r"\b(P12_)?RUN_ID\b", command):
+        skipped = "no training before it printed its run id"
+    if skipped:
+        say(f"skip  {line}  ({skipped})")
+        return Step(line, "", skipped)
+    in_background = command.endswith("&")
+    words = shlex.split(command.removesuffix("&").replace("../shared/data", str(shared)))
+    program = {".venv/bin/garlic": [sys.executable, "-m", "garlic.cli"], ".venv/bin/python": [sys.executable]}
+    words = program.get(words[0], [words[0]]) + words[1:]
+    if quick and words[3:4] == ["train"]:
+        words += QUICK_TRAINING
+    if words[3:4] == ["feed"] and "monitor" in background:
+        words += ["--url", f"http://127.0.0.1:{background['monitor'][1]}", *(QUICK_FEED if quick else [])]
+    say(f"run   {shlex.join(words)}")
+    start = time.perf_counter()
+    server = next((key for key in SERVERS if f" {key}" in command), None)
+    if server is not None:
+        process, port = _start(words, SERVERS[server], env, work)
+        output = f"answered on port {port}"
+        if in_background:
+            background[server] = (process, port)
+        else:
+            _stop(process)
+    else:
+        result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+        output = result.stdout
+        if result.returncode != 0:
+            raise RuntimeError(f"README line {line!r} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+        if words[3:4] == ["train"]:
+            found = re.search(r"^run ([0-9a-f]{32})$", result.stdout, flags=re.MULTILINE)
+            if found is None:
+                raise RuntimeError(f"README line {line!r} printed no run id:\n{result.stdout[-2000:]}")
+            run_ids["P12_RUN_ID" if "physionet2012" in words else "RUN_ID"] = found.group(1)
+    step = Step(line, shlex.join(words), "", time.perf_counter() - start, output)
+    say(f"      done in {step.seconds:.1f} s")
+    return step
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""The ``garlic`` command: download, preprocess, export, train, evaluate, predict, score-utility, dashboard.
+"""The ``garlic`` command: download, preprocess, export, train, evaluate, predict, score-utility, dashboard, monitor,
+feed.
 
 Parsing the command line imports nothing heavy (no torch, MLflow, pandas or Streamlit): ``--help`` and a mistyped
 option answer at once, and each command imports what it uses.
@@ -25,7 +26,8 @@ from garlic.training.threads import adapt_threads, watch_cpus
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
 log = logging.getLogger("garlic")
-DESCRIPTION = "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard."
+DESCRIPTION = ("GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard, "
+               "score a live ward.")
 STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.store.use_store)
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}  # a full disk, a read-only store: one line
 LEFT_OUT = 3  # exit status of a `garlic predict` that wrote its risks but left records out (2: nothing written)
@@ -508,6 +510,8 @@ def _dashboard(args: argparse.Namespace) -> None:
                "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
     if args.run:
         command += ["--run", args.run]
+    if args.ward:
+        command += ["--ward", args.ward]
     server: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -526,6 +530,67 @@ def _dashboard(args: argparse.Namespace) -> None:
         server.send_signal(number)
     status = server.wait()
     raise SystemExit(128 - status if status < 0 else status)  # killed by signal N: 128 + N, as a shell reports it
+
+
+def _live_store(args: argparse.Namespace) -> str:
+    """``--store``, else a SQLite file for the run under ``live/`` (made here)."""
+    if args.store:
+        return args.store
+    folder = Path("live")
+    folder.mkdir(exist_ok=True)
+    return f"sqlite:///{folder / args.run}.sqlite"
+
+
+def _monitor(args: argparse.Namespace) -> None:
+    from garlic.live.access import MONITOR_TOKEN, required_token
+
+    token = required_token(args.host, MONITOR_TOKEN)  # refused before anything is loaded
+    store = _existing_store(args)
+    try:
+        import fhir.resources  # noqa: F401  (the optional extra `live`)
+    except ImportError:
+        raise ConfigError("garlic monitor validates FHIR R4 with fhir.resources, which is not installed: run "
+                          "bin/setup live (or pip install -e '.[live]')") from None  # fmt: skip
+    _say(f"loading run {args.run}'s model; loading torch and the model code ...")
+    from garlic.live.alerts import Hysteresis, run_alarm
+    from garlic.live.codes import Codes
+    from garlic.live.monitor import Monitor
+    from garlic.live.scoring import BedScorer
+    from garlic.live.service import serve
+    from garlic.live.store import LiveStore
+    from garlic.methods.saved import load_predictor
+
+    trained = load_predictor(args.run, store)
+    threshold, chosen_by, hourly = run_alarm(args.run, store, args.threshold)
+    live = LiveStore(_live_store(args), args.run)
+    monitor = Monitor(live, BedScorer(trained, hourly), Hysteresis(threshold, args.band))
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    adapt_threads()
+    _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; alert at risk >= {threshold:.3g} ({chosen_by}), "
+         f"cleared below {monitor.alerts.release:.3g}; store {live.engine.url.render_as_string(hide_password=True)}, "
+         f"{monitor.pending} readings left to score")  # fmt: skip
+    watcher = None
+    if args.watch is not None:
+        from garlic.live.watch import FolderWatcher
+
+        watcher = FolderWatcher(args.watch, monitor, codes.names, hourly)
+        _say(f"taking the record files in {_shown(args.watch)} as they grow")
+    _say(f"serving http://{args.host}:{args.port}/ (FHIR R4 at /fhir, the ward at /ward); Ctrl-C stops it")
+    serve(monitor, codes, args.host, args.port, token, watcher)
+
+
+def _feed(args: argparse.Namespace) -> None:
+    from garlic.live.codes import Codes
+    from garlic.live.access import MONITOR_TOKEN
+    from garlic.live.feed import Client, feed, recorded_stays
+
+    store = _existing_store(args)
+    client = Client(args.url, os.environ.get(MONITOR_TOKEN) or None)
+    dataset, observations, static = recorded_stays(args.run, store, args.data_root, args.beds)
+    names = sorted(set(observations["variable"].astype(str))) + [c for c in static.columns if c != "stay_id"]
+    _say(f"feeding {len(static)} test stays of run {args.run} to {args.url} at {args.speed:g} times real time ...")
+    fed = feed(client, observations, static, Codes(dataset, names), args.speed, say=_say)
+    print(f"beds {fed.beds}, readings sent {fed.sent}, stored {fed.stored}, repeats {fed.repeats}")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -627,7 +692,34 @@ def parser() -> argparse.ArgumentParser:
                            help="address to listen on (default 127.0.0.1, this machine only); any other address "
                                 "needs a login token in GARLIC_DASHBOARD_TOKEN (docs/dashboard.md)")  # fmt: skip
     dashboard.add_argument("--port", type=port_number, default=8501)
+    dashboard.add_argument("--ward", metavar="URL", help="the live ward's store (garlic monitor --store, e.g. "
+                           "sqlite:///live/RUN_ID.sqlite): adds the ward view, every bed live")  # fmt: skip
     dashboard.set_defaults(handler=_dashboard)
+
+    monitor = commands.add_parser("monitor", help="the live ward: a FHIR R4 service scoring every bed as its "
+                                  "readings arrive (docs/live.md)")  # fmt: skip
+    monitor.add_argument("--run", required=True, help="MLflow run id whose model scores the ward")
+    monitor.add_argument("--store", help="SQLAlchemy URL of the ward's database (default: "
+                                         "sqlite:///live/RUN_ID.sqlite)")
+    monitor.add_argument("--host", default="127.0.0.1",
+                         help="address to listen on (default 127.0.0.1, this machine only); any other address "
+                              "needs a token in GARLIC_MONITOR_TOKEN (docs/live.md)")  # fmt: skip
+    monitor.add_argument("--port", type=port_number, default=8600)
+    monitor.add_argument("--threshold", type=float, help="alert at risk >= this (default: the run's threshold)")
+    monitor.add_argument("--band", type=float, default=0.1,
+                         help="an alert clears below threshold x (1 - band) (default 0.1)")  # fmt: skip
+    monitor.add_argument("--watch", type=Path, metavar="FOLDER",
+                         help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they "
+                              "grow, one bed per file")  # fmt: skip
+    monitor.set_defaults(handler=_monitor)
+
+    feeder = commands.add_parser("feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR "
+                                 "Observations")  # fmt: skip
+    feeder.add_argument("--run", required=True, help="MLflow run id whose test stays are fed")
+    feeder.add_argument("--beds", type=int, default=50, help="how many test stays, one bed each (default 50)")
+    feeder.add_argument("--speed", type=float, default=3600, help="times real time (default 3600: an hour a second)")
+    feeder.add_argument("--url", default="http://127.0.0.1:8600", help="the service (default http://127.0.0.1:8600)")
+    feeder.set_defaults(handler=_feed)
     return main
 
 

@@ -11,7 +11,7 @@ from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
 from garlic.app import sources
-from garlic.app.threshold import threshold_at_sensitivity
+from garlic.metrics.threshold import threshold_at_sensitivity
 from garlic.sources.physionet2012 import format_record
 from garlic.io.tables import read_processed
 from helpers import run_without_model, tiny_method_run, tiny_run

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from garlic.app import sources
-from garlic.app.threshold import threshold_at_sensitivity
+from garlic.metrics.threshold import threshold_at_sensitivity
 from helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,3 +146,72 @@ def test_playing_a_high_risk_stay_shows_the_risk_chart_and_a_warning(run, dashbo
     browser.execute_script("window.scrollTo(0, 0)")
     browser.save_screenshot(str(SCREENSHOT))
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_a_bed(run, browser, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from garlic.live.alerts import Hysteresis
+    from garlic.live.feed import recorded_stays
+    from garlic.live.fhir import Observed, Stay
+    from garlic.live.monitor import Monitor
+    from garlic.live.scoring import BedScorer
+    from garlic.live.store import LiveStore
+    from garlic.methods.saved import load_predictor
+
+    # A ward of three recorded test stays, scored with a threshold none reaches, as garlic monitor scores them.
+    trained = load_predictor(run.run_id, run.store)
+    _, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=3)
+    url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained), Hysteresis(0.99))
+    for stay in static["stay_id"]:
+        monitor.store.admit(Stay(str(stay), True, start, None))
+    monitor.take([Observed(str(stay), str(variable), start + timedelta(hours=float(time)), float(value))
+                  for stay, time, variable, value in observations.itertuples(index=False)])  # fmt: skip
+    while monitor.score_round():
+        pass
+    by_risk = monitor.store.beds().sort_values("risk", ascending=False)["bed"].tolist()
+
+    port = free_port()
+    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "--data-root", str(run.data_root),
+               "dashboard", "--run", run.run_id, "--port", str(port), "--ward", url]  # fmt: skip
+    log = tmp_path / "server.log"
+    server = subprocess.Popen(command, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        dashboard = f"http://127.0.0.1:{port}"
+        wait_for(lambda: healthy(dashboard) or server.poll() is not None, 60, "the dashboard server to start")
+        assert server.poll() is None, log.read_text()
+        browser.get(dashboard)
+
+        def ward_beds() -> list[str]:  # the grid draws on a canvas; its cells are in the page for screen readers
+            cells = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"] [role="gridcell"]')
+            return [text for cell in cells if (text := cell.get_attribute("textContent")) in by_risk]
+
+        assert wait_for(lambda: ward_beds() == by_risk and ward_beds(), 90, "the ward's beds, highest risk first")
+        assert not alerts(browser, "crossed")
+        # The last bed crosses a lower threshold at a new reading: the ward, redrawing itself, raises the banner.
+        monitor.alerts = Hysteresis(0.01)
+        last = by_risk[-1]
+        monitor.take([Observed(last, "HR", start + timedelta(hours=47.9), 150.0)])
+        while monitor.score_round():
+            pass
+        banner = wait_for(lambda: alerts(browser, "crossed"), 30, "the banner of the bed that crossed its threshold")
+        assert f"bed {last} crossed" in banner[0].text
+
+        # Picking the first row (its selection box) opens that bed in the bedside view, with its live data.
+        grid = browser.find_element(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+        box = grid.rect
+        webdriver.ActionChains(browser).move_to_element_with_offset(
+            grid, -box["width"] / 2 + 16, -box["height"] / 2 + 35 + 17).click().perform()
+        heading = wait_for(lambda: [h.text for h in browser.find_elements(By.TAG_NAME, "h3")
+                                    if h.text.startswith("Bed ")], 60, "the bedside view of the bed picked")  # fmt: skip
+        assert heading[0].startswith(f"Bed {monitor.store.beds().sort_values('risk').iloc[-1]['bed']} · live ward")
+        wait_for(lambda: drawn_charts(browser), 60, "the bed's risk chart")
+        browser.get(f"{dashboard}/?bed={last}")  # a link to one bed opens it too
+        wait_for(lambda: [h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith(f"Bed {last} ·")],
+                 60, "the bedside view of the bed linked to")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        monitor.store.close()

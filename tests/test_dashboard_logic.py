@@ -34,7 +34,7 @@ from garlic.app.summary import (
     risk_trend,
     value_direction,
 )
-from garlic.app.threshold import alert_since, threshold_at_sensitivity
+from garlic.metrics.threshold import alert_since, threshold_at_sensitivity
 from garlic.config import Config
 from garlic.data.batches import collate
 from garlic.data.datasets import processed_folder

@@ -6,7 +6,7 @@ import garlic
 
 # Lowest first: a module may import its own package and those before it, never one after it.
 LAYERS = ("io", "sources", "metrics", "data", "config", "models", "training", "tracking", "explain", "methods",
-          "evaluation", "runs", "studies", "inference", "cli", "app")  # fmt: skip
+          "evaluation", "runs", "studies", "inference", "live", "cli", "app")  # fmt: skip
 PACKAGE = Path(garlic.__file__).parent
 
 

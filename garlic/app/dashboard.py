@@ -1,11 +1,13 @@
 """The bedside dashboard: replay one ICU stay hour by hour with its risk, warnings and their explanations.
 
 Started by ``garlic dashboard [--run RUN_ID]``, which runs ``garlic.app.serve``: it serves
-``streamlit run garlic/app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID]`` on 127.0.0.1 unless told
-otherwise, and then only to visitors who give the token (``garlic.app.access``). The page reads only the MLflow store,
-the data root and uploaded files. A stay comes from the run's test split (``?stay=ID`` in the URL picks one) or from an
-uploaded PhysioNet 2012 ``.txt`` / 2019 ``.psv`` record. What goes wrong is said in the page without server paths
-or tracebacks; the details go to the server's log.
+``streamlit run garlic/app/dashboard.py -- --mlruns STORE --data-root DATA [--run RUN_ID] [--ward URL]`` on 127.0.0.1
+unless told otherwise, and then only to visitors who give the token (``garlic.app.access``). The page reads only the
+MLflow store, the data root, the live ward's store when given, and uploaded files. A stay comes from the run's test
+split (``?stay=ID`` in the URL picks one) or from an uploaded PhysioNet 2012 ``.txt`` / 2019 ``.psv`` record. With
+``--ward URL`` (the store of ``garlic monitor``), a ward view lists every bed of the live ward with its risk, trend
+and alert, updating itself, and a bed opens the bedside view with its live data (``?bed=ID`` in the URL opens one).
+What goes wrong is said in the page without server paths or tracebacks; the details go to the server's log.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, t
 from garlic.app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
                         signals_at)  # fmt: skip
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
-from garlic.app.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
+from garlic.metrics.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
 from garlic.cli import database_error
 from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
@@ -38,8 +40,13 @@ from garlic.tracking import run_contract
 from garlic.methods.saved import SavedMethod
 from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
 from garlic.io.tables import DatasetNotFoundError
+from garlic.inference import tensors_for_model
+from garlic.live.scoring import record_tables
+from garlic.live.store import LiveStore, StoreError
 
-TEST_SPLIT, UPLOAD = "Test split of the run", "Upload a record"
+TEST_SPLIT, UPLOAD, LIVE = "Test split of the run", "Upload a record", "Bed of the live ward"
+WARD_REFRESH_SECONDS = 2.0
+BANNER_SECONDS = 60.0  # how long a bed's crossing of its threshold stays on the ward's banner
 SPEEDS = {"1 h/s": 1.0, "2 h/s": 2.0, "4 h/s": 4.0, "8 h/s": 8.0}
 SHOWN_VARIABLES = 8
 FAILED = "Something went wrong on the server, so this part cannot be shown. The details are in the server's log."
@@ -58,6 +65,7 @@ def settings(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE, help="the local MLflow store")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
     parser.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
+    parser.add_argument("--ward", help="SQLAlchemy URL of a live ward's store (garlic monitor --store): the ward view")
     return parser.parse_args(argv)
 
 
@@ -107,6 +115,11 @@ def cached_test_replay(store: str, run_id: str, data_root: str, stay_id: int) ->
 def cached_upload_replay(store: str, run_id: str, name: str, data: bytes) -> Replay:
     trained, _ = cached_run(store, run_id)
     return replay_stay(trained, sources.read_upload(name, data, trained), 0)
+
+
+@st.cache_resource(show_spinner=False)
+def cached_ward(url: str, run_id: str) -> LiveStore:
+    return LiveStore(url, run_id, create=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,6 +257,80 @@ def choose_upload(store: str, run_id: str) -> tuple[Replay, str] | None:
         st.error(f"Cannot use the upload: {plain(exc)}")
         return None
     return replay, f"Stay {replay.stay_id} · uploaded {uploaded.name}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The live ward (garlic monitor's store): every bed, redrawn every WARD_REFRESH_SECONDS; a bed opens the bedside view
+
+
+def ward_table(ward: LiveStore) -> pd.DataFrame:
+    """The admitted beds, highest risk first: bed, risk, trend (change over the last hour), alert, readings,
+    drivers, time (hours since admission of the newest risk)."""
+    beds = ward.beds()
+    beds = beds[beds["discharged"].isna()].sort_values("risk", ascending=False, na_position="last")
+    hour_ago = ward.hour_ago(dict(zip(beds["bed"], beds["time"])))
+    beds["trend"] = beds["risk"] - beds["bed"].map(hour_ago)
+    beds["alert"] = beds["alert"].fillna(False).astype(bool)
+    beds["drivers"] = beds["drivers"].map(", ".join)
+    return beds[["bed", "risk", "trend", "alert", "readings", "drivers", "time"]].reset_index(drop=True)
+
+
+def open_bed() -> None:
+    """A row picked in the ward's table: that bed, in the bedside view."""
+    rows = st.session_state.ward_table.selection.rows
+    if rows:
+        st.session_state.update(source=LIVE, bed=st.session_state.ward_beds[rows[0]], view="Bedside", picked=True)
+
+
+@shown_plainly
+def ward_view(ward: LiveStore) -> None:
+    beds = ward_table(ward)
+    now = time.monotonic()
+    alerting = set(beds.loc[beds["alert"], "bed"])
+    crossed = st.session_state.setdefault("crossed", {})
+    for bed in alerting - st.session_state.get("alerting", alerting):  # not on the first look: those were before
+        crossed[bed] = now
+        st.toast(f"Bed {bed} crossed its alert threshold", icon=":material/warning:")
+    st.session_state.alerting = alerting
+    recent = [bed for bed, when in crossed.items() if now - when < BANNER_SECONDS and bed in alerting]
+    if recent:
+        st.error(f"**Alert: bed {', '.join(recent)} crossed {'its' if len(recent) == 1 else 'their'} alert "
+                 "threshold** in the last minute.", icon=":material/warning:")  # fmt: skip
+    st.caption(f"{len(beds)} beds, {len(alerting)} in alert · highest risk first · updated every "
+               f"{WARD_REFRESH_SECONDS:g} s · pick a bed to open it")  # fmt: skip
+    st.session_state.ward_beds = beds["bed"].tolist()
+    st.dataframe(beds, hide_index=True, key="ward_table", on_select=open_bed, selection_mode="single-row",
+                 column_config={"risk": st.column_config.NumberColumn("Risk", format="%.3f"),
+                                "trend": st.column_config.NumberColumn("Change in 1 h", format="%+.3f"),
+                                "alert": st.column_config.CheckboxColumn("Alert"),
+                                "time": st.column_config.NumberColumn("Hour", format="%.1f"),
+                                "bed": "Bed", "readings": "Readings", "drivers": "Drivers"})  # fmt: skip
+    if st.session_state.pop("picked", False):
+        st.rerun(scope="app")  # a bed was picked in this fragment: the whole page, once, to open it
+
+
+def choose_bed(ward: LiveStore, trained: SavedMethod) -> tuple[Replay, str] | None:
+    beds = ward_table(ward)
+    if beds.empty:
+        st.info("No bed in the live ward yet: admit one (garlic feed, or a FHIR Encounter).")
+        return None
+    ids = beds["bed"].tolist()
+    if st.session_state.get("bed") not in ids:
+        st.session_state.bed = ids[0]
+    risks = dict(zip(beds["bed"], beds["risk"]))
+
+    def describe(bed: str) -> str:
+        return f"{bed} · risk {risks[bed]:.2f}" if pd.notna(risks[bed]) else f"{bed} · no risk yet"
+
+    bed = st.sidebar.selectbox("Bed (live ward, highest risk first)", ids, format_func=describe, key="bed")
+    observations, static = record_tables(ward.readings([bed]), trained.static_features)
+    try:
+        dataset = trained.dataset(tensors_for_model(trained, observations, static))
+        replay = replay_stay(trained, dataset, 0)
+    except ValueError as exc:  # no reading of a time-varying input yet
+        st.info(f"Bed {bed} has no risk yet: {plain(exc)}")
+        return None
+    return replay, f"Bed {bed} · live ward · {len(observations)} readings"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -436,16 +523,36 @@ def page(config: argparse.Namespace) -> None:
         st.error(f"Cannot use run {run_id}: {plain(exc)}")
         return
 
-    source = st.sidebar.radio("Stay", [TEST_SPLIT, UPLOAD], key="source")
+    ward = None
+    if config.ward:
+        try:
+            ward = cached_ward(config.ward, run_id)
+        except (StoreError, OSError) as exc:
+            st.error(f"Cannot open the live ward: {plain(exc)}")
+    asked = st.query_params.get("bed", "")  # a link to one bed of the ward: ?bed=ID, opened once
+    if ward is not None and asked and st.session_state.get("asked_bed") != asked:
+        st.session_state.update(asked_bed=asked, source=LIVE, bed=asked, view="Bedside")
+    sources_offered = [LIVE, TEST_SPLIT, UPLOAD] if ward is not None else [TEST_SPLIT, UPLOAD]
+    source = st.sidebar.radio("Stay", sources_offered, key="source")
     threshold_default, threshold_help = default_threshold(store, run_id)
     threshold = st.sidebar.number_input("Alert threshold", 0.0, 1.0, threshold_default, step=0.01, format="%.3f",
                                         key=f"threshold-{run_id}", help=threshold_help)  # fmt: skip
     st.sidebar.caption(threshold_help)
-    bedside, model = st.tabs(["Bedside", "Model"])
+    if ward is not None:
+        ward_tab, bedside, model = st.tabs(["Ward", "Bedside", "Model"], key="view", on_change="rerun")
+        with ward_tab:
+            st.fragment(ward_view, run_every=WARD_REFRESH_SECONDS)(ward)
+    else:
+        bedside, model = st.tabs(["Bedside", "Model"])
     with model:
         model_view(store, run, threshold)
     with bedside:
-        chosen = choose_test_stay(store, run_id, data_root) if source == TEST_SPLIT else choose_upload(store, run_id)
+        if source == LIVE:
+            chosen = choose_bed(ward, trained)
+        elif source == TEST_SPLIT:
+            chosen = choose_test_stay(store, run_id, data_root)
+        else:
+            chosen = choose_upload(store, run_id)
         if chosen is None:
             return
         replay, title = chosen
@@ -469,6 +576,8 @@ def main() -> None:
     if not admitted():
         return
     folders.update(STORE=config.mlruns, DATA=config.data_root)
+    if config.ward and config.ward.startswith("sqlite:///"):
+        folders.update(WARD=Path(config.ward.removeprefix("sqlite:///")).parent)
     st.session_state.setdefault("playing", False)
     st.session_state.setdefault("hour", 1)
     st.session_state.setdefault("clock", (time.monotonic(), 1))

@@ -1,6 +1,7 @@
 """Start the dashboard server: check who may reach it, load what the page needs, then serve ``garlic/app/dashboard.py``.
 
     python -m garlic.app.serve [--host 127.0.0.1] [--port 8501] [--mlruns STORE] [--data-root DATA] [--run RUN_ID]
+        [--ward URL]
 
 ``garlic dashboard`` runs this. The heavy imports (torch, MLflow: 8.5 s) and opening the MLflow store (2-3 s) were
 most of a first visit's 16 s (measured in-process on a busy 2-core machine); done here, before the server listens,
@@ -34,6 +35,7 @@ def settings(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mlruns", default="mlruns", help="the local MLflow store")
     parser.add_argument("--data-root", default="data", help="where processed datasets live")
     parser.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
+    parser.add_argument("--ward", help="SQLAlchemy URL of a live ward's store (garlic monitor), for the ward view")
     return parser.parse_args(argv)
 
 
@@ -41,6 +43,7 @@ def streamlit_arguments(options: argparse.Namespace) -> list[str]:
     """``streamlit run`` arguments for the page (the settings of garlic/app/.streamlit/config.toml, made explicit)."""
     page = ["--mlruns", str(options.mlruns), "--data-root", str(options.data_root)]
     page += ["--run", options.run] if options.run else []
+    page += ["--ward", options.ward] if options.ward else []
     return ["run", str(PAGE), "--server.address", options.host, "--server.port", str(options.port),
             "--server.headless", "true", "--server.fileWatcherType", "none", "--server.maxUploadSize",
             str(MAX_UPLOAD_MB), "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",

@@ -1,0 +1,89 @@
+"""The ward's scoring loop: take readings into the store, and score every bed that has new ones.
+
+``take`` stores readings (committed before it returns) and wakes the loop; the loop (``run``, one thread) scores
+what is pending in rounds: each round takes up to ``ROUND`` unscored readings, and for each of their beds asks
+the model for the risk at every reading time from the earliest new one on. A reading that arrived in time order
+costs its own time only; one that arrived late is placed at its time, and every later time of its bed is scored
+again from there. The alerts follow in time order from the bed's state before that time (``Hysteresis``), and the
+risks, alerts and drivers are stored with the readings marked as scored, in one transaction. A round's beds are
+scored as one batch, so that a busy ward costs a pass per round, not per reading.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import pandas as pd
+
+from garlic.live.alerts import Hysteresis
+from garlic.live.fhir import FhirError, Observed
+from garlic.live.scoring import BedScorer
+from garlic.live.store import LiveStore
+
+ROUND = 2000  # readings a round takes at most
+MAX_PENDING = 50_000  # unscored readings beyond which new ones are refused (503) until the loop catches up
+log = logging.getLogger("garlic.live")
+
+
+class Monitor:
+    def __init__(self, store: LiveStore, scorer: BedScorer, alerts: Hysteresis, max_pending: int = MAX_PENDING):
+        self.store, self.scorer, self.alerts, self.max_pending = store, scorer, alerts, max_pending
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.pending = store.counts()["pending"]  # what a previous service left unscored is scored first
+        self.lock = threading.Lock()
+
+    def take(self, observed: list[Observed]) -> tuple[int, int]:
+        """Store ``observed`` (committed on return): (stored, repeats). Refused with 503 while the loop is
+        ``max_pending`` readings behind."""
+        if self.pending + len(observed) > self.max_pending:
+            raise FhirError(503, f"{self.pending} readings are waiting to be scored; send again in a few seconds")
+        stored, repeats = self.store.add(observed)
+        with self.lock:
+            self.pending += stored
+        self.wake.set()
+        return stored, repeats
+
+    def score_round(self) -> int:
+        """Score up to ``ROUND`` pending readings; how many."""
+        pending = self.store.pending(ROUND)
+        if pending.empty:
+            return 0
+        earliest = pending.groupby("bed")["time"].min()
+        readings = self.store.readings(list(earliest.index))
+        times = readings[["bed", "time"]].drop_duplicates()
+        asked = times[times["time"] >= times["bed"].map(earliest)].sort_values(["bed", "time"], ignore_index=True)
+        risk, drivers = self.scorer.score(readings, asked)
+        alert = self.store.alerts_before(earliest.to_dict())
+        scores = []
+        for row, (bed, time) in enumerate(zip(asked["bed"], asked["time"])):
+            value = None if pd.isna(risk[row]) else float(risk[row])
+            alert[bed] = self.alerts.next(alert[bed], value)
+            scores.append({"bed": bed, "time": float(time), "risk": value, "alert": alert[bed],
+                           "drivers": drivers[row]})  # fmt: skip
+        self.store.save_scores(scores, pending["id"].tolist())
+        with self.lock:
+            self.pending -= len(pending)
+        return len(pending)
+
+    def run(self) -> None:
+        """Score until ``stop``: at once while readings are pending, else when ``take`` wakes it."""
+        while not self.stopping.is_set():
+            self.wake.clear()
+            try:
+                scored = self.score_round()
+            except Exception:  # a round that fails is retried; the readings stay pending, nothing is lost
+                log.exception("a scoring round failed; retrying in a second")
+                self.stopping.wait(1.0)
+                continue
+            if not scored:
+                self.wake.wait(0.5)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="garlic-live-scoring", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()

@@ -1,0 +1,112 @@
+"""A bed's risk at each time it had a reading, from its readings up to then, and what drove it.
+
+The risk at time t is the run's model on the bed's record up to t, exactly as ``garlic predict`` would score that
+record cut at t (``garlic.inference``): a per-stay model sees each asked cut as one stay, all cuts of a scoring
+round as one batch (one pass each); an hourly model (the early-warning task's) is asked at each time, as
+``garlic predict --hourly`` asks it at each hour. Static descriptors (age, sex ...) are readings too: a bed's
+newest value of each is its static feature. A cut with no reading of a time-varying input has no risk (None).
+
+The drivers are the inputs that the model's built-in explanation ranks highest at that time (GARLIC's compact
+architecture); a model without one (the baselines, the reference architecture, an hourly model) gives none.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from garlic.data.batches import collate
+from garlic.explain.built_in import explain
+from garlic.inference import predict_hourly, tensors_for_model
+from garlic.methods.saved import SavedMethod
+
+TOP_DRIVERS = 3
+
+
+def record_tables(readings: pd.DataFrame, static_features: list[str],
+                  stay_id: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """One bed's readings (variable, time, value) as the tables of one stay ``stay_id`` (``garlic.io.tables``): its
+    observations, and its static row (the newest value of each static feature)."""
+    is_static = readings["variable"].isin(static_features).to_numpy()
+    observations = readings[~is_static][["time", "variable", "value"]].assign(stay_id=stay_id)
+    newest = readings[is_static].groupby("variable")["value"].last()
+    static = pd.DataFrame({"stay_id": [stay_id], **{name: [newest.get(name, np.nan)] for name in static_features}})
+    columns = {"time": "float32", "value": "float32"}
+    return observations[["stay_id", "time", "variable", "value"]].astype(columns), static
+
+
+class BedScorer:
+    """Risks of cuts of beds' records for one saved method."""
+
+    def __init__(self, trained: SavedMethod, hourly: bool = False, top: int = TOP_DRIVERS):
+        """``hourly``: the run was trained on a task of prediction times (the early-warning task)."""
+        self.trained, self.hourly, self.top = trained, hourly, top
+        self.explains = (not self.hourly and trained.explains
+                         and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
+
+    def score(self, readings: pd.DataFrame, asked: pd.DataFrame) -> tuple[np.ndarray, list[list[str]]]:
+        """The risk (NaN where none) and the drivers at each row (bed, time) of ``asked``, from ``readings`` (bed,
+        variable, time, value) up to that time."""
+        risk = np.full(len(asked), np.nan)
+        drivers: list[list[str]] = [[] for _ in range(len(asked))]
+        static_names = self.trained.static_features
+        is_static = readings["variable"].isin(static_names).to_numpy()
+        series, descriptors = readings[~is_static], readings[is_static]
+        static = descriptors.groupby(["bed", "variable"], sort=False)["value"].last().unstack("variable")
+        static = static.reindex(columns=static_names)
+        if self.hourly:
+            scored = self._hourly(series, static, asked)
+        else:
+            scored = self._per_cut(series, static, asked, drivers)
+        risk[scored.index.to_numpy()] = scored.to_numpy()
+        return risk, drivers
+
+    def _cuts(self, series: pd.DataFrame, asked: pd.DataFrame) -> pd.DataFrame:
+        """The readings of each asked cut, as the observations of a stay numbered by its row in ``asked``."""
+        cuts = asked[["bed", "time"]].rename(columns={"time": "until"}).rename_axis("stay_id").reset_index()
+        joined = series.merge(cuts, on="bed")
+        return joined[joined["time"] <= joined["until"]][["stay_id", "time", "variable", "value"]]
+
+    def _per_cut(self, series, static, asked, drivers) -> pd.Series:
+        observations = self._cuts(series, asked)
+        if observations.empty:
+            return pd.Series(dtype=float)
+        stays = np.unique(observations["stay_id"].to_numpy())
+        cut_static = static.reindex(asked["bed"].to_numpy()[stays]).reset_index(drop=True)
+        cut_static.insert(0, "stay_id", stays)
+        tensors = tensors_for_model(self.trained, observations.astype({"time": "float32", "value": "float32"}),
+                                    cut_static)  # fmt: skip
+        dataset = self.trained.dataset(tensors)
+        if self.explains:  # the explanation's pass gives the risk too
+            risk = self._explained(dataset, tensors.stay_ids, drivers)
+        else:
+            risk = self.trained.predict_proba(dataset)
+        return pd.Series(risk, index=tensors.stay_ids)
+
+    @torch.no_grad()
+    def _explained(self, dataset, rows: np.ndarray, drivers: list[list[str]]) -> np.ndarray:
+        """The risk of each stay of ``dataset``, and its drivers written at its ``rows``, from one explained pass."""
+        batch = collate([dataset[position] for position in range(len(dataset))])
+        explanation = explain(self.trained.model, batch, self.trained.variables)
+        names = np.asarray(self.trained.variables)
+        for row, importance in zip(rows, explanation.signal.numpy()):
+            order = np.argsort(importance)[::-1][: self.top]
+            drivers[row] = [str(name) for name in names[order[importance[order] > 0]]]
+        return explanation.risk.numpy().astype(float)
+
+    def _hourly(self, series, static, asked) -> pd.Series:
+        beds = sorted(set(series["bed"]) & set(asked["bed"]))
+        if not beds:
+            return pd.Series(dtype=float)
+        number = {bed: index for index, bed in enumerate(beds)}
+        observations = series[series["bed"].isin(number)].assign(stay_id=lambda t: t["bed"].map(number))
+        rows = asked[asked["bed"].isin(number)]
+        tasks = pd.DataFrame({"stay_id": rows["bed"].map(number).to_numpy(), "time": rows["time"].to_numpy(),
+                              "label": 0, "row": rows.index.to_numpy()}).sort_values(["stay_id", "time"])  # fmt: skip
+        stay_static = static.reindex(beds).reset_index(drop=True)
+        stay_static.insert(0, "stay_id", np.arange(len(beds)))
+        observations = observations[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
+                                                                                     "value": "float32"})
+        asked_times = tasks[["stay_id", "time", "label"]].astype({"time": "float32", "label": "int8"})
+        risks = predict_hourly(self.trained, observations, stay_static, asked_times)
+        return pd.Series(risks["risk"].to_numpy(), index=tasks["row"].to_numpy())

@@ -1,0 +1,267 @@
+"""Where the live ward keeps everything: the beds, every reading and every risk computed, in one database.
+
+SQLite in WAL mode by default (a file beside the service, each commit on disk before it returns:
+``synchronous=FULL``); any SQLAlchemy URL names a shared server instead. Tables:
+
+    meta      the run whose model scores this store (a store scored by one run is never scored by another)
+    beds      bed (the FHIR Encounter id), admitted and discharged (UTC seconds)
+    readings  id, bed, variable, time (hours since the bed's admission), value, received (UTC seconds), scored;
+              one row per (bed, variable, time, value): a repeated reading counts once
+    scores    id, bed, time, risk, alert, drivers (JSON list of variable names), scored_at (UTC seconds); rows are
+              only added: a reading that arrives out of time order adds new rows for its time and every later one,
+              and a bed's history is the newest row at each time (``history``), the older ones kept for audit
+
+A reading is committed before the service acknowledges it; ``scored`` turns true in the same transaction that adds
+its risk, so a service restarted after a crash scores exactly what it had not (``pending``).
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import pandas as pd
+import sqlalchemy as sa
+
+from garlic.live.fhir import FhirError, Observed, Stay
+
+SCHEMA_VERSION = "1"
+metadata = sa.MetaData()
+META = sa.Table("meta", metadata, sa.Column("key", sa.String(32), primary_key=True),
+                sa.Column("value", sa.String(200), nullable=False))  # fmt: skip
+BEDS = sa.Table(
+    "beds", metadata,
+    sa.Column("bed", sa.String(64), primary_key=True),
+    sa.Column("admitted", sa.Float, nullable=False),
+    sa.Column("discharged", sa.Float),
+)  # fmt: skip
+READINGS = sa.Table(
+    "readings", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("bed", sa.String(64), nullable=False),
+    sa.Column("variable", sa.String(64), nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("received", sa.Float, nullable=False),
+    sa.Column("scored", sa.Boolean, nullable=False, default=False, index=True),
+    sa.UniqueConstraint("bed", "variable", "time", "value", name="one_reading"),
+    sa.Index("readings_of_bed", "bed", "time"),
+)  # fmt: skip
+SCORES = sa.Table(
+    "scores", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("bed", sa.String(64), nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
+    sa.Column("risk", sa.Float),
+    sa.Column("alert", sa.Boolean, nullable=False),
+    sa.Column("drivers", sa.String(400), nullable=False),
+    sa.Column("scored_at", sa.Float, nullable=False),
+    sa.Index("scores_of_bed", "bed", "time"),
+)  # fmt: skip
+
+
+class StoreError(ValueError):
+    """A store that cannot serve this run (made for another run's model, or a newer layout)."""
+
+
+def _sqlite_settings(connection, _record) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers (the ward) never block the writer
+    cursor.execute("PRAGMA synchronous=FULL")  # a commit is on disk before the reading is acknowledged
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _insert_ignoring_repeats(engine: sa.Engine, table: sa.Table):
+    """An INSERT that skips rows breaking a uniqueness constraint, in the dialects that have one."""
+    if engine.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        return None
+    return insert(table).on_conflict_do_nothing()
+
+
+def _seconds(at: datetime) -> float:
+    return at.timestamp()
+
+
+class LiveStore:
+    """The ward's database, for the model of ``run_id``; with ``create`` False (a reader: the dashboard's ward
+    view), an existing one only."""
+
+    def __init__(self, url: str, run_id: str, create: bool = True):
+        self.engine = sa.create_engine(url)
+        if self.engine.dialect.name == "sqlite":
+            sa.event.listen(self.engine, "connect", _sqlite_settings)
+        shown = self.engine.url.render_as_string(hide_password=True)
+        if create:
+            metadata.create_all(self.engine)
+        elif not sa.inspect(self.engine).has_table(META.name):
+            self.engine.dispose()
+            raise StoreError(f"no live ward in {shown}: start garlic monitor --run {run_id} on it first")
+        self.insert_reading = _insert_ignoring_repeats(self.engine, READINGS)
+        with self.engine.begin() as db:
+            kept = dict(db.execute(sa.select(META.c.key, META.c.value)).all())
+            if not kept and create:
+                db.execute(META.insert(), [{"key": "run_id", "value": run_id},
+                                           {"key": "schema", "value": SCHEMA_VERSION}])  # fmt: skip
+            elif kept.get("run_id") != run_id:
+                raise StoreError(f"the live store {shown} holds the scores of run {kept.get('run_id')}, not "
+                                 f"{run_id}: give another --store")  # fmt: skip
+            elif kept.get("schema") != SCHEMA_VERSION:
+                raise StoreError(f"the live store has layout {kept.get('schema')}; this version reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # Writes -------------------------------------------------------------------------------------------------------
+
+    def admit(self, stay: Stay) -> bool:
+        """Admit or discharge a bed; True when it changed anything. Refused: discharging an unknown bed, and
+        admitting an admitted bed from another time (its readings' times count from its admission)."""
+        with self.engine.begin() as db:
+            row = db.execute(sa.select(BEDS).where(BEDS.c.bed == stay.bed)).first()
+            if stay.admitted:
+                start = _seconds(stay.start)
+                if row is None:
+                    db.execute(BEDS.insert().values(bed=stay.bed, admitted=start, discharged=None))
+                    return True
+                if row.admitted != start:
+                    raise FhirError(409, f"bed {stay.bed} was admitted at another time; a new stay needs a new "
+                                         "Encounter id")  # fmt: skip
+                if row.discharged is None:
+                    return False
+                db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=None))
+                return True
+            if row is None:
+                raise FhirError(404, f"bed {stay.bed} was never admitted")
+            if row.discharged is not None:
+                return False
+            end = _seconds(stay.end) if stay.end else time.time()
+            db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=end))
+            return True
+
+    def add(self, observed: list[Observed]) -> tuple[int, int]:
+        """Store the readings, all or none, committed before this returns: (stored, repeats already held). Refused:
+        a bed never admitted (404) or discharged (409), a time before the bed's admission (422)."""
+        if not observed:
+            return 0, 0
+        received = time.time()
+        with self.engine.begin() as db:
+            wanted = sorted({reading.bed for reading in observed})
+            beds = {row.bed: row for row in db.execute(sa.select(BEDS).where(BEDS.c.bed.in_(wanted)))}
+            rows = []
+            for reading in observed:
+                bed = beds.get(reading.bed)
+                if bed is None:
+                    raise FhirError(404, f"bed {reading.bed} is not admitted: send its Encounter first")
+                if bed.discharged is not None:
+                    raise FhirError(409, f"bed {reading.bed} was discharged; its readings are closed")
+                hours = (_seconds(reading.at) - bed.admitted) / 3600
+                if hours < 0:
+                    raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission")
+                rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
+                             "received": received, "scored": False})  # fmt: skip
+            if self.insert_reading is not None:
+                stored = db.execute(self.insert_reading, rows).rowcount
+            else:  # another server: one row at a time, each repeat refused by the constraint
+                stored = 0
+                for row in rows:
+                    try:
+                        with db.begin_nested():
+                            db.execute(READINGS.insert(), row)
+                        stored += 1
+                    except sa.exc.IntegrityError:
+                        pass
+        return stored, len(rows) - stored
+
+    def save_scores(self, scores: list[dict], scored_ids: list[int]) -> None:
+        """Add scores (bed, time, risk, alert, drivers) and mark the readings they answer as scored, at once."""
+        now = time.time()
+        rows = [{**score, "drivers": json.dumps(score["drivers"]), "scored_at": now} for score in scores]
+        with self.engine.begin() as db:
+            if rows:
+                db.execute(SCORES.insert(), rows)
+            if scored_ids:
+                db.execute(READINGS.update().where(READINGS.c.id.in_(scored_ids)).values(scored=True))
+
+    # Reads --------------------------------------------------------------------------------------------------------
+
+    def admitted(self, bed: str) -> datetime | None:
+        """When ``bed`` was admitted (UTC), None when it never was."""
+        with self.engine.connect() as db:
+            seconds = db.execute(sa.select(BEDS.c.admitted).where(BEDS.c.bed == bed)).scalar_one_or_none()
+        return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
+
+    def pending(self, limit: int) -> pd.DataFrame:
+        """Up to ``limit`` readings not scored yet, oldest first: id, bed, time."""
+        query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time).where(READINGS.c.scored.is_(False))
+                 .order_by(READINGS.c.id).limit(limit))  # fmt: skip
+        with self.engine.connect() as db:
+            return pd.DataFrame(db.execute(query).all(), columns=["id", "bed", "time"])
+
+    def readings(self, beds: list[str]) -> pd.DataFrame:
+        """Every reading of ``beds``: bed, variable, time, value, in time order."""
+        query = (sa.select(READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value)
+                 .where(READINGS.c.bed.in_(beds)).order_by(READINGS.c.bed, READINGS.c.time, READINGS.c.id))  # fmt: skip
+        with self.engine.connect() as db:
+            return pd.DataFrame(db.execute(query).all(), columns=["bed", "variable", "time", "value"])
+
+    def alerts_before(self, times: dict[str, float]) -> dict[str, bool]:
+        """Each bed's alert state at its latest scored time before ``times[bed]`` (False when none)."""
+        states = {}
+        with self.engine.connect() as db:
+            for bed, before in times.items():
+                row = db.execute(sa.select(SCORES.c.alert).where(SCORES.c.bed == bed, SCORES.c.time < before)
+                                 .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
+                states[bed] = bool(row.alert) if row else False
+        return states
+
+    def history(self, bed: str) -> pd.DataFrame:
+        """A bed's risk at each time it had a reading (the newest score of each time): time, risk, alert, drivers,
+        scored_at."""
+        newest = sa.select(sa.func.max(SCORES.c.id)).where(SCORES.c.bed == bed).group_by(SCORES.c.time)
+        query = (sa.select(SCORES.c.time, SCORES.c.risk, SCORES.c.alert, SCORES.c.drivers, SCORES.c.scored_at)
+                 .where(SCORES.c.id.in_(newest)).order_by(SCORES.c.time))  # fmt: skip
+        with self.engine.connect() as db:
+            table = pd.DataFrame(db.execute(query).all(), columns=["time", "risk", "alert", "drivers", "scored_at"])
+        table["drivers"] = table["drivers"].map(json.loads)
+        return table
+
+    def beds(self) -> pd.DataFrame:
+        """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers)."""
+        newest = sa.select(sa.func.max(SCORES.c.id).label("id")).group_by(SCORES.c.bed).subquery()
+        latest = (sa.select(SCORES).join(newest, SCORES.c.id == newest.c.id)).subquery()
+        counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).group_by(READINGS.c.bed)).subquery()
+        query = (sa.select(BEDS.c.bed, BEDS.c.admitted, BEDS.c.discharged, counts.c.readings, latest.c.time,
+                           latest.c.risk, latest.c.alert, latest.c.drivers)
+                 .outerjoin(counts, counts.c.bed == BEDS.c.bed)
+                 .outerjoin(latest, latest.c.bed == BEDS.c.bed))  # fmt: skip
+        with self.engine.connect() as db:
+            table = pd.DataFrame(db.execute(query).all(), columns=["bed", "admitted", "discharged", "readings", "time",
+                                                                   "risk", "alert", "drivers"])  # fmt: skip
+        table["drivers"] = table["drivers"].map(lambda text: json.loads(text) if isinstance(text, str) else [])
+        return table
+
+    def hour_ago(self, times: dict[str, float]) -> dict[str, float]:
+        """Each bed's risk an hour before ``times[bed]`` (its newest score at or before then), where it had one."""
+        risks = {}
+        with self.engine.connect() as db:
+            for bed, now in times.items():
+                if now is None or pd.isna(now):
+                    continue
+                row = db.execute(sa.select(SCORES.c.risk).where(SCORES.c.bed == bed, SCORES.c.time <= now - 1,
+                                                                SCORES.c.risk.is_not(None))
+                                 .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
+                if row is not None:
+                    risks[bed] = row.risk
+        return risks
+
+    def counts(self) -> dict[str, int]:
+        with self.engine.connect() as db:
+            readings = db.execute(sa.select(sa.func.count()).select_from(READINGS)).scalar_one()
+            pending = db.execute(sa.select(sa.func.count()).where(READINGS.c.scored.is_(False))).scalar_one()
+            beds = db.execute(sa.select(sa.func.count()).select_from(BEDS)).scalar_one()
+        return {"beds": beds, "readings": readings, "scored": readings - pending, "pending": pending}

@@ -1,0 +1,289 @@
+"""The live ward (``garlic.live``) for real: a uvicorn server on a loopback port, a SQLite file, FHIR resources
+posted as a bedside feed posts them, the tiny synthetic run's model scoring them."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fhir.resources", reason="the live ward validates FHIR with fhir.resources: bin/setup live")
+pytest.importorskip("uvicorn", reason="the live ward's service runs on uvicorn: bin/setup live")
+
+from garlic.inference import predict_tables  # noqa: E402
+from garlic.live.alerts import Hysteresis, run_alarm  # noqa: E402
+from garlic.live.codes import Codes  # noqa: E402
+from garlic.live.feed import Client, encounter, feed, observation, recorded_stays  # noqa: E402
+from garlic.live.monitor import Monitor  # noqa: E402
+from garlic.live.scoring import BedScorer  # noqa: E402
+from garlic.live.service import create_app  # noqa: E402
+from garlic.live.store import LiveStore  # noqa: E402
+from garlic.methods.saved import load_predictor  # noqa: E402
+from helpers import tiny_run  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "3f9a1c0e7b2d4a68"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_run(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained(run):
+    return load_predictor(run.run_id, run.store)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def service(run, trained, url: str, token: str | None = None, port: int | None = None):
+    """``garlic monitor``'s service and scoring loop in this process, on loopback ``port`` (default: a free one):
+    (base URL, monitor)."""
+    import uvicorn
+
+    threshold, _, hourly = run_alarm(run.run_id, run.store)
+    monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained, hourly), Hysteresis(threshold))
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(monitor, codes, token), host="127.0.0.1", port=port,
+                                           log_level="warning"))  # fmt: skip
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    scoring = monitor.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", monitor
+    finally:
+        server.should_exit = True
+        monitor.stop()
+        serving.join(10)
+        scoring.join(10)
+        monitor.store.close()
+
+
+def get(url: str, token: str | None = None):
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def request(method: str, url: str, body: bytes, token: str | None = None) -> tuple[int, dict]:
+    """The service's status and JSON answer; its answer is read even when it refused the body before the end of
+    it (an oversized one) and closed the connection meanwhile."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    headers = {"Content-Type": "application/fhir+json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        try:
+            connection.request(method, parts.path, body, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+def scored(base: str, token: str | None = None, timeout: float = 60) -> dict:
+    """The service's counts once nothing is left to score."""
+    deadline = time.monotonic() + timeout
+    while (counts := get(f"{base}/health", token))["pending"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return counts
+
+
+def test_posted_readings_get_the_offline_risk_of_the_same_prefix(run, trained, tmp_path):
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=2)
+    codes = Codes(dataset, trained.variables + trained.static_features)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        fed = feed(Client(base), observations, static, codes, speed=1e7)
+        counts = scored(base)
+        assert fed.sent == fed.stored == counts["readings"] == counts["scored"] == len(observations) + static[
+            trained.static_features].notna().sum().sum()
+        ward = get(f"{base}/ward")
+        assert [bed["risk"] for bed in ward] == sorted((bed["risk"] for bed in ward), reverse=True)
+        for stay in static["stay_id"]:
+            history = get(f"{base}/beds/{stay}")["scores"]
+            stay_observations = observations[observations["stay_id"] == stay]
+            times = np.unique(stay_observations["time"].to_numpy())
+            assert [s["time"] for s in history][1:] == pytest.approx(times.tolist(), abs=1e-5)  # 0: descriptors; float32 times
+            for score in history[1::7] + history[-1:]:  # every 7th time of the stay, and its last
+                cut = stay_observations[stay_observations["time"] <= score["time"] + 1e-5]
+                offline = predict_tables(trained, cut, static[static["stay_id"] == stay])["risk"].iloc[0]
+                assert score["risk"] == pytest.approx(float(offline), abs=1e-6)
+                assert score["drivers"] and set(score["drivers"]) <= set(trained.variables)
+
+
+def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trained, tmp_path):
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    from datetime import datetime, timedelta, timezone
+
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    readings = [("HR", 2.0, 120.0), ("HR", 4.0, 130.0), ("Lactate", 1.0, 6.0)]  # the lactate comes in late
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-7", json.dumps(encounter("bed-7", start)).encode())[0] == 200
+        for variable, hours, value in readings + readings[:1]:
+            resource = observation(codes, "bed-7", variable, start + timedelta(hours=hours), value)
+            status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
+            assert status == 201
+            scored(base)
+        assert answer == {"stored": 0, "repeats": 1}
+        history = get(f"{base}/beds/bed-7")
+    assert [len(history["readings"]), [s["time"] for s in history["scores"]]] == [3, [1.0, 2.0, 4.0]]
+    import pandas as pd
+
+    table = pd.DataFrame([{"stay_id": 7, "variable": v, "time": t, "value": x} for v, t, x in readings])
+    static = pd.DataFrame({"stay_id": [7], **{name: [np.nan] for name in trained.static_features}})
+    for score in history["scores"]:
+        cut = table[table["time"] <= score["time"]].astype({"time": "float32", "value": "float32"})
+        assert score["risk"] == pytest.approx(float(predict_tables(trained, cut, static)["risk"].iloc[0]), abs=1e-6)
+
+
+def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path):
+    from datetime import datetime, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    good = observation(codes, "bed-1", "HR", start, 90.0)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, monitor):
+        put = request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(), TOKEN)
+        assert put[0] == 200
+        assert request("POST", f"{base}/fhir", json.dumps(good).encode(), TOKEN)[0] == 201
+        scored(base, TOKEN)
+        before = monitor.store.counts()
+        unknown = {**good, "code": {"coding": [{"system": "http://loinc.org", "code": "0000-0"}]}}
+        later = observation(codes, "bed-1", "HR", start.replace(hour=9), 95.0)
+        bad = {
+            "malformed": (b'{"resourceType": "Observation", ', TOKEN, 400, "not JSON"),
+            "oversized": (b" " * (2 << 20), TOKEN, 413, "bytes"),
+            "unknown code": (json.dumps(unknown).encode(), TOKEN, 422, "0000-0 is not an input of this model"),
+            "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
+                         "valueQuantity"),
+            "wrong bed": (json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(), TOKEN, 404,
+                          "bed-2 is not admitted"),
+            "a bundle with one bad entry": (json.dumps({"resourceType": "Bundle", "type": "batch", "entry": [
+                {"resource": later}, {"resource": unknown}]}).encode(), TOKEN, 422, "entry[1]"),
+            "unauthenticated": (json.dumps(later).encode(), None, 401, "token"),
+            "a wrong token": (json.dumps(later).encode(), TOKEN[::-1], 401, "token"),
+        }  # fmt: skip
+        for name, (body, token, status, says) in bad.items():
+            answer = request("POST", f"{base}/fhir", body, token)
+            assert (name, answer[0]) == (name, status)
+            assert says in answer[1]["issue"][0]["diagnostics"], name
+        assert monitor.store.counts() == before
+        assert request("GET", f"{base}/ward", b"", None)[0] == 401
+
+
+def test_a_restart_in_the_middle_of_a_feed_loses_nothing(run, trained, tmp_path):
+    # A real `garlic monitor` killed outright mid-feed; the feed keeps sending until a new service answers.
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=3)
+    codes = Codes(dataset, trained.variables + trained.static_features)
+    url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    port = free_port()
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment.pop("GARLIC_MONITOR_TOKEN", None)
+    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "monitor", "--run", run.run_id,
+               "--store", url, "--port", str(port)]  # fmt: skip
+    first = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+    fed, failed = [], []
+
+    def feeding():
+        try:
+            fed.append(feed(Client(f"http://127.0.0.1:{port}"), observations, static, codes, speed=3600 * 20))
+        except Exception as exc:  # noqa: BLE001  (reported by the assertion below)
+            failed.append(exc)
+
+    feeder = threading.Thread(target=feeding)
+    try:
+        feeder.start()
+        readings = 0
+        deadline = time.monotonic() + 120
+        while readings < 200 and time.monotonic() < deadline:  # well into the feed, not at its end
+            time.sleep(0.2)
+            try:
+                readings = get(f"http://127.0.0.1:{port}/health")["readings"]
+            except OSError:
+                pass
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert 200 <= readings < len(observations), readings
+        with service(run, trained, url, port=port) as (base, _):  # a new service on the port the feed sends to
+            feeder.join(120)
+            counts = scored(base)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert not failed and len(fed) == 1
+    distinct = len(observations) + static[trained.static_features].notna().sum().sum()
+    assert counts["readings"] == counts["scored"] == fed[0].sent == distinct  # sent = stored = scored
+
+
+def test_hysteresis_keeps_an_alert_until_the_risk_falls_below_its_band():
+    alerts = Hysteresis(0.5, band=0.1)
+    state, states = False, []
+    for risk in [0.3, 0.5, 0.47, 0.46, 0.44, 0.49, float("nan"), 0.5]:
+        state = alerts.next(state, risk)
+        states.append(state)
+    assert states == [False, True, True, True, False, False, False, True]
+
+
+def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment.pop("GARLIC_MONITOR_TOKEN", None)
+    result = subprocess.run([sys.executable, "-m", "garlic.cli", "monitor", "--run", "0" * 32, "--host", "0.0.0.0"],
+                            env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "garlic: error: listening on 0.0.0.0 needs a login: set GARLIC_MONITOR_TOKEN to a secret of at least 16 "
+        "characters (for example: export GARLIC_MONITOR_TOKEN=$(openssl rand -hex 16)), or keep the default --host "
+        "127.0.0.1"
+    ]
+
+
+def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, tmp_path):
+    from garlic.live.watch import FolderWatcher
+    from garlic.sources.physionet2012 import format_record
+
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=1)
+    stay = int(static["stay_id"].iloc[0])
+    lines = format_record(stay, observations, static.drop(columns="stay_id").iloc[0].to_dict()).splitlines(True)
+    header = 2 + len(static.columns) - 1  # Time,Parameter,Value; RecordID; the descriptors
+    folder = tmp_path / "export"
+    folder.mkdir()
+    half = header + len(observations) // 2
+    (folder / f"{stay}.txt").write_text("".join(lines[:half]) + lines[half][:4])  # its last line half written
+    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
+                      Hysteresis(0.5))  # fmt: skip
+    watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
+    descriptors = len(trained.static_features)
+    assert watcher.scan() == half - header + descriptors
+    assert watcher.scan() == 0  # nothing changed
+    (folder / f"{stay}.txt").write_text("".join(lines))
+    assert watcher.scan() == len(observations) - (half - header)
+    while monitor.score_round():
+        pass
+    assert monitor.store.counts() == {"beds": 1, "readings": len(observations) + descriptors,
+                                      "scored": len(observations) + descriptors, "pending": 0}  # fmt: skip
+    offline = predict_tables(trained, observations, static)["risk"].iloc[0]
+    assert monitor.store.history(str(stay))["risk"].iloc[-1] == pytest.approx(float(offline), abs=1e-6)
