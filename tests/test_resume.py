@@ -12,7 +12,9 @@ import sys
 import textwrap
 import time
 import weakref
+from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import mlflow
 import numpy as np
@@ -24,10 +26,13 @@ import garlic.cli
 from garlic.tracking import run_contract
 from garlic import runs
 from garlic.config import Config
+from garlic.methods.recurrent import DecayGRU, RecurrentModel, RecurrentTrainer
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import RunInUseError, claim_run, use_experiment, use_store, was_claimed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.alternating import AlternatingTrainer
+from garlic.training.schedules import make_trainer
+from garlic.training.trainer import Trainer
 from helpers import garlic_main, synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
@@ -76,6 +81,77 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
         assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
 
 
+class Stopped(Exception):
+    """Raised after an epoch, or within one, as a crash would: the fit ends with its last training state kept."""
+
+
+def _fits(name: str, tensors, epochs: int) -> tuple[Callable[[], Trainer], Config]:
+    """A maker of fresh trainers of schedule ``name`` that train ``epochs``, and the config their states are saved
+    under (GARLIC's; the recurrent baselines have none: the trainer's own is no ``Config``)."""
+    sizes = len(tensors.variables), len(tensors.static_features)
+    if name == "recurrent":
+        settings = RecurrentModel("decay_gru", hidden_dim=8, batch_size=32, max_epochs=epochs)
+
+        def recurrent() -> Trainer:
+            torch.manual_seed(settings.seed)
+            return RecurrentTrainer(DecayGRU(sizes[0], settings.hidden_dim), settings, torch.device("cpu"))
+
+        return recurrent, Config()
+    # The compact schedule as in the test above: the stage switches after epoch 2; per-batch cosine rates.
+    config = Config().override({**SMALL, "max_epochs": epochs, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0,
+                                "lr_schedule": "cosine"} if name == "compact" else
+                               {**SMALL, "max_epochs": epochs, "architecture": "reference", "schedule": "reference"})
+    return lambda: make_trainer(config, *sizes), config
+
+
+def _assert_same_fit(got, want, validation) -> None:
+    np.testing.assert_array_equal(predict_proba(got.model, validation), predict_proba(want.model, validation))
+    assert got.best_epoch == want.best_epoch
+    untimed = lambda fit: [asdict(record) | {"seconds": None} for record in fit.history]  # noqa: E731
+    np.testing.assert_equal(untimed(got), untimed(want))  # exactly, NaN (no reconstruction) matching NaN
+
+
+# GARLIC is killed in epoch 3, in its second stage; the others in their last epoch.
+@pytest.mark.parametrize(("schedule", "epochs"), [("compact", 3), ("reference", 2), ("recurrent", 2)])
+def test_a_fit_killed_within_an_epoch_resumes_from_its_last_batch_and_ends_as_the_uninterrupted_fit(
+    cohort, tmp_path, monkeypatch, schedule, epochs
+):
+    _, tensors, parts = cohort
+    train, validation = parts["train"], parts["validation"]
+    fresh, config = _fits(schedule, tensors, epochs)
+    whole = fresh().fit(train, validation)
+
+    # A state after every batch changes nothing: the fit reads its state, never draws or changes anything for it.
+    monkeypatch.setattr(Trainer, "checkpoint_seconds", 0.0)
+    states = []
+    checkpointed = fresh().fit(train, validation, on_state=states.append)
+    _assert_same_fit(checkpointed, whole, validation)
+    per_epoch = -(-len(train) // 32)
+    done = [state["epoch_pass"]["batches_done"] if "epoch_pass" in state else "end" for state in states]
+    assert done == [*range(1, per_epoch + 1), "end"] * epochs
+
+    # Killed after 2 batches of the last epoch, once that state is written.
+    path = tmp_path / "training.pt"
+
+    def save_then_die(state: dict) -> None:
+        save_training_state(path, state, config)
+        underway = state.get("epoch_pass")
+        if underway is not None and state["progress"]["epoch"] == epochs - 1 and underway["batches_done"] == 2:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        fresh().fit(train, validation, on_state=save_then_die)
+    monkeypatch.setattr(Trainer, "checkpoint_seconds", 600.0)
+    resumed = fresh().fit(train, validation, resume=load_training_state(path, config))
+    _assert_same_fit(resumed, whole, validation)
+
+    # A state within an epoch is checked as the rest of it is.
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "epoch_pass": {**state["epoch_pass"], "tally": []}}, path)
+    with pytest.raises(ValueError, match=f"{path}: not a training state \\(lacks or garbles epoch_pass.tally\\)"):
+        load_training_state(path, config)
+
+
 def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     path = tmp_path / "training.pt"
     path.write_bytes(b"not a training state")
@@ -85,10 +161,6 @@ def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     torch.save({"payload": Path("x")}, path)
     with pytest.raises(ValueError, match="not a readable training state"):
         load_training_state(path, Config())
-
-
-class Stopped(Exception):
-    """Raised after an epoch, as a crash would: the run fails, with the last epoch's training state kept."""
 
 
 def _stopped_run(root: Path, store: Path, settings: dict) -> Path:

@@ -33,7 +33,7 @@ from garlic.models.compact import DecayImputation, last_observed, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import predict_proba
 from garlic.training.device import resolve_device
-from garlic.training.trainer import Progress, Trainer
+from garlic.training.trainer import EpochPass, Progress, Trainer
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,11 +117,11 @@ class RecurrentTrainer(Trainer):
     def batches(self, train: IrregularDataset):
         return loader(train, self.config.batch_size, shuffle=True, seed=self.config.seed)
 
-    def run_epoch(self, batches, progress: Progress) -> dict[str, float]:
+    def run_epoch(self, batches: EpochPass, progress: Progress) -> dict[str, float]:
         model, optimiser = self.model, self.optimisers["model"]
         model.train()
-        total, count = 0.0, 0
-        for batch in batches:
+        sums = batches.tally(loss=0.0, count=0)
+        for _, batch in batches:
             batch = batch.to(self.device)
             logits = model(batch.values, batch.mask, batch.times, batch.lengths)
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
@@ -129,8 +129,8 @@ class RecurrentTrainer(Trainer):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimiser.step()
-            total, count = total + loss.item() * len(batch), count + len(batch)
-        mean = total / max(count, 1)
+            sums["loss"], sums["count"] = sums["loss"] + loss.item() * len(batch), sums["count"] + len(batch)
+        mean = sums["loss"] / max(sums["count"], 1)
         return {"loss": mean, "bce": mean, "mse": math.nan}  # no reconstruction here
 
     def validate(self, validation: IrregularDataset) -> dict:
