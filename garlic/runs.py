@@ -7,7 +7,8 @@ records about its data is ``garlic.tracking.run_contract``'s.
 Every method of the registry (``garlic.methods.registry``), GARLIC included, goes through the one ``train``: each
 split run is ``garlic.evaluation.fit_and_test.fit_and_test`` of the method, which is then saved with the run where
 it can be (``garlic.methods.saved``: GARLIC and every method that writes what it fitted). A method that can resume (``garlic.methods.contract.can_resume``: GARLIC)
-saves the state of its fit (``garlic.training.state``) after every epoch to ``run_contract.training_state_path``
+saves the state of its fit (``garlic.training.state``) after every epoch, and every ``Trainer.checkpoint_seconds``
+(10 minutes) within one, to ``run_contract.training_state_path``
 (atomically; deleted once the split run has finished), so that ``resume`` continues a killed run in the same MLflow
 run and ends as the uninterrupted run would have; another method's unfinished split starts again, its finished
 splits kept. Ctrl-C ends the runs KILLED (``tracked_run``). Under ``torchrun`` every rank fits; only rank 0 logs

@@ -1,6 +1,7 @@
-"""Resumable training: a fit continued from any epoch's training state ends exactly where an uninterrupted one does, and
-``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or SIGTERM) in the same MLflow run; a run still
-training cannot be resumed a second time, and a dead one is marked FAILED."""
+"""Resumable training: a fit continued from any epoch's training state, or from one written within an epoch, ends
+exactly where an uninterrupted one does, and ``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or
+SIGTERM) in the same MLflow run; a run still training cannot be resumed a second time, and a dead one is marked
+FAILED."""
 from __future__ import annotations
 
 import json
@@ -246,6 +247,17 @@ def _logged(store: Path, run_id: str) -> dict:
     return {"run": run, "tables": tables, "history": history}
 
 
+def _assert_logged_as_uninterrupted(store: Path, run_id: str, uninterrupted: tuple[Path, str]) -> None:
+    got, want = _logged(store, run_id), _logged(*uninterrupted)
+    assert got["run"].info.status == "FINISHED"
+    for name in ("validation", "test"):
+        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
+    assert got["history"] == want["history"] and sorted(got["history"]) == [1, 2, 3, 4]
+    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
+        assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
+    assert not run_contract.training_state_path(store, run_id).parent.exists()  # a finished run keeps no state
+
+
 @pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
 def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupted_run(
     cohort, uninterrupted, tmp_path, sent, capsys
@@ -272,16 +284,32 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     else:
         assert runs.resume(run_id, root, store)[0] == run_id
 
-    got, want = _logged(store, run_id), _logged(*uninterrupted)
-    assert got["run"].info.status == "FINISHED"
-    for name in ("validation", "test"):
-        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
-    assert got["history"] == want["history"] and sorted(got["history"]) == [1, 2, 3, 4]
-    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
-        assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
-    assert not run_contract.training_state_path(store, run_id).parent.exists()  # a finished run keeps no state
+    _assert_logged_as_uninterrupted(store, run_id, uninterrupted)
     with pytest.raises(ValueError, match="has finished; there is nothing to resume"):
         runs.resume(run_id, root, store)
+
+
+def test_a_run_that_died_within_an_epoch_resumes_from_that_epochs_last_state_and_ends_as_the_uninterrupted_run(
+    cohort, uninterrupted, tmp_path, monkeypatch
+):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    save = runs.save_training_state
+
+    def save_then_die(path: Path, state: dict, config: Config) -> None:  # after 2 batches of epoch 3
+        save(path, state, config)
+        if state["progress"]["epoch"] == 2 and state.get("epoch_pass", {}).get("batches_done") == 2:
+            raise Stopped
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        patched.setattr(runs, "save_training_state", save_then_die)
+        with pytest.raises(Stopped):
+            runs.train(Config.for_dataset("synthetic").override(SMALL), [0], data_root=root, store=store)
+    (state,) = (store / "training-states").glob(f"*/{run_contract.TRAINING_STATE}")
+    run_id = state.parent.name
+    assert runs.resume(run_id, root, store)[0] == run_id
+    _assert_logged_as_uninterrupted(store, run_id, uninterrupted)
 
 
 def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_at_the_next_epoch(cohort, tmp_path,
