@@ -307,8 +307,9 @@ def test_a_run_that_died_within_an_epoch_resumes_from_that_epochs_last_state_and
         with pytest.raises(Stopped):
             runs.train(Config.for_dataset("synthetic").override(SMALL), [0], data_root=root, store=store)
     (state,) = (store / "training-states").glob(f"*/{run_contract.TRAINING_STATE}")
-    run_id = state.parent.name
-    assert runs.resume(run_id, root, store)[0] == run_id
+    run_id, trained = state.parent.name, []
+    assert runs.resume(run_id, root, store, lambda split, record: trained.append(record.epoch))[0] == run_id
+    assert trained == [3, 4]
     _assert_logged_as_uninterrupted(store, run_id, uninterrupted)
 
 
@@ -429,38 +430,49 @@ def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when
     assert got["run"].data.metrics["test_auroc"] == want["run"].data.metrics["test_auroc"]
 
 
-def test_a_method_run_killed_between_splits_resumes_keeping_its_finished_split(cohort, tmp_path, monkeypatch):
-    # Every method goes through the one tracked path: a GRU-D run over two splits that died in its second split is
-    # taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other trained again, with
-    # the run's own settings.
-    from garlic.methods.recurrent import RecurrentModel
-
+def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_finished_split(cohort, tmp_path,
+                                                                                               monkeypatch):
+    # Every method goes through the one tracked path: a GRU-D run over two splits that died within the epoch of its
+    # second split is taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other
+    # goes on from its last state, with the run's own settings, and ends as that split trained uninterrupted.
     root, _, _ = cohort
     store = tmp_path / "mlruns"
     config = Config.for_dataset("synthetic").override({"max_epochs": 1, "device": "cpu"})
-    fit, calls = RecurrentModel.fit, []
+    train = lambda splits, store: runs.train(config, splits, data_root=root, store=store, method="grud",  # noqa: E731
+                                             method_settings={"hidden_dim": 8})  # fmt: skip
+    save, deaths = runs.save_training_state, []
 
-    def dies_in_the_second_split(self, train, validation):
-        calls.append(len(train))
-        if len(calls) == 2:
-            raise KeyboardInterrupt("killed")
-        return fit(self, train, validation)
+    def dies_after_two_batches_of_the_second_split(path: Path, state: dict, config: Config) -> None:
+        save(path, state, config)
+        if state.get("epoch_pass", {}).get("batches_done") == 2:
+            deaths.append(path)
+            if len(deaths) == 2:
+                raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(RecurrentModel, "fit", dies_in_the_second_split)
-    with pytest.raises(KeyboardInterrupt):
-        runs.train(config, [0, 1], data_root=root, store=store, method="grud", method_settings={"hidden_dim": 8})
-    monkeypatch.setattr(RecurrentModel, "fit", fit)
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        patched.setattr(runs, "save_training_state", dies_after_two_batches_of_the_second_split)
+        with pytest.raises(KeyboardInterrupt):
+            train([0, 1], store)
     use_store(store)
     (parent,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
                                    filter_string="tags.method = 'grud' and attributes.run_name = 'grud-synthetic'")
     first = runs._split_runs(parent.info.run_id)["five-split/split_0"]
-    assert first.info.status == "FINISHED"
+    assert first.info.status == "FINISHED" and deaths[1].is_file()
 
-    run_id, results = runs.resume(parent.info.run_id, data_root=root, store=store)
+    with monkeypatch.context() as patched:  # the states written on the way say where the resumed split went on from
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        written = []
+        patched.setattr(runs, "save_training_state",
+                        lambda path, state, config: written.append(state.get("epoch_pass", {}).get("batches_done")))
+        run_id, results = runs.resume(parent.info.run_id, data_root=root, store=store)
+    assert written == [3, None]  # the third and last batch, then the end of the epoch
     assert run_id == parent.info.run_id
     assert [r.split for r in results] == ["five-split/split_0", "five-split/split_1"]
     assert results[0].run_id == first.info.run_id and results[0].test["auroc"] == first.data.metrics["test_auroc"]
     assert mlflow.get_run(run_id).info.status == "FINISHED"
     assert mlflow.get_run(results[1].run_id).data.tags[run_contract.METHOD] == "grud"
-    # the split trained again takes the method's own settings that the run was started with
+    # the split resumed takes the method's own settings that the run was started with, and ends as if never killed
     assert runs.load_predictor(results[1].run_id, store).method.hidden_dim == 8
+    _, (whole,) = train([1], tmp_path / "whole")
+    assert results[1].test == whole.test
