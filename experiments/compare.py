@@ -33,7 +33,7 @@ Resumable from MLflow (``garlic.tracking.queries``): a GARLIC unit (preset, spli
 (``run_contract.DATA_DIGEST``), so runs trained in parallel into separate stores are gathered by listing every store;
 new work goes into the first, and a GARLIC unit that another live process trains into it (``unit_lock``) is left to
 that process. A unit whose run stopped half-way in the first store (killed, or its machine gone) with its training
-state kept is resumed from its last epoch (``queries.interrupted_unit``), in the same MLflow run, not trained again
+state kept is resumed from its last state (``queries.interrupted_unit``), in the same MLflow run, not trained again
 from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). ``--no-train`` only
 gathers, and names what is missing.
 

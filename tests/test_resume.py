@@ -1,6 +1,7 @@
-"""Resumable training: a fit continued from any epoch's training state ends exactly where an uninterrupted one does, and
-``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or SIGTERM) in the same MLflow run; a run still
-training cannot be resumed a second time, and a dead one is marked FAILED."""
+"""Resumable training: a fit continued from any epoch's training state, or from one written within an epoch, ends
+exactly where an uninterrupted one does, and ``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or
+SIGTERM) in the same MLflow run; a run still training cannot be resumed a second time, and a dead one is marked
+FAILED."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ import sys
 import textwrap
 import time
 import weakref
+from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import mlflow
 import numpy as np
@@ -24,10 +27,13 @@ import garlic.cli
 from garlic.tracking import run_contract
 from garlic import runs
 from garlic.config import Config
+from garlic.methods.recurrent import DecayGRU, RecurrentModel, RecurrentTrainer
 from garlic.models.predict import predict_proba
 from garlic.tracking.store import RunInUseError, claim_run, use_experiment, use_store, was_claimed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.alternating import AlternatingTrainer
+from garlic.training.schedules import make_trainer
+from garlic.training.trainer import Trainer
 from helpers import garlic_main, synthetic_cohort
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
@@ -76,6 +82,76 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
         assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
 
 
+class Stopped(Exception):
+    """Raised after an epoch, or within one, as a crash would: the fit ends with its last training state kept."""
+
+
+def _fits(name: str, tensors, epochs: int) -> tuple[Callable[[], Trainer], Config]:
+    """A maker of fresh trainers of schedule ``name`` that train ``epochs``, and the config their states are saved
+    under (GARLIC's; the recurrent baselines have none: the trainer's own is no ``Config``)."""
+    sizes = len(tensors.variables), len(tensors.static_features)
+    if name == "recurrent":
+        settings = RecurrentModel("decay_gru", hidden_dim=8, batch_size=32, max_epochs=epochs)
+
+        def recurrent() -> Trainer:
+            torch.manual_seed(settings.seed)
+            return RecurrentTrainer(DecayGRU(sizes[0], settings.hidden_dim), settings, torch.device("cpu"))
+
+        return recurrent, Config()
+    # The compact schedule as in the test above: the stage switches after epoch 2; per-batch cosine rates.
+    config = Config().override({**SMALL, "max_epochs": epochs, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0,
+                                "lr_schedule": "cosine"} if name == "compact" else
+                               {**SMALL, "max_epochs": epochs, "architecture": "reference", "schedule": "reference"})
+    return lambda: make_trainer(config, *sizes), config
+
+
+def _assert_same_fit(got, want, validation) -> None:
+    np.testing.assert_array_equal(predict_proba(got.model, validation), predict_proba(want.model, validation))
+    assert got.best_epoch == want.best_epoch
+    untimed = lambda fit: [asdict(record) | {"seconds": None} for record in fit.history]  # noqa: E731
+    np.testing.assert_equal(untimed(got), untimed(want))  # exactly, NaN (no reconstruction) matching NaN
+
+
+# GARLIC is killed in epoch 3, in its second stage; the others in their last epoch.
+@pytest.mark.parametrize(("schedule", "epochs"), [("compact", 3), ("reference", 2), ("recurrent", 2)])
+def test_a_fit_killed_within_an_epoch_resumes_from_its_last_batch_and_ends_as_the_uninterrupted_fit(
+    cohort, tmp_path, monkeypatch, schedule, epochs
+):
+    _, tensors, parts = cohort
+    train, validation = parts["train"], parts["validation"]
+    fresh, config = _fits(schedule, tensors, epochs)
+    whole = fresh().fit(train, validation)
+    if schedule == "compact":
+        assert [r.stage for r in whole.history] == ["reconstruction"] * 2 + ["prediction"]
+    path = tmp_path / "training.pt"
+
+    def save_then_die(state: dict) -> None:  # killed after 2 batches of the last epoch, once that state is written
+        save_training_state(path, state, config)
+        underway = state.get("epoch_pass")
+        if underway is not None and state["progress"]["epoch"] == epochs - 1 and underway["batches_done"] == 2:
+            raise Stopped
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        # A state after every batch changes nothing: the fit reads its state, never draws or changes anything for it.
+        states = []
+        checkpointed = fresh().fit(train, validation, on_state=states.append)
+        _assert_same_fit(checkpointed, whole, validation)
+        per_epoch = -(-len(train) // 32)
+        done = [state["epoch_pass"]["batches_done"] if "epoch_pass" in state else "end" for state in states]
+        assert done == [*range(1, per_epoch + 1), "end"] * epochs
+        with pytest.raises(Stopped):
+            fresh().fit(train, validation, on_state=save_then_die)
+    resumed = fresh().fit(train, validation, resume=load_training_state(path, config))
+    _assert_same_fit(resumed, whole, validation)
+
+    # A state within an epoch is checked as the rest of it is.
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "epoch_pass": {**state["epoch_pass"], "tally": []}}, path)
+    with pytest.raises(ValueError, match=f"{path}: not a training state \\(lacks or garbles epoch_pass.tally\\)"):
+        load_training_state(path, config)
+
+
 def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     path = tmp_path / "training.pt"
     path.write_bytes(b"not a training state")
@@ -85,10 +161,6 @@ def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     torch.save({"payload": Path("x")}, path)
     with pytest.raises(ValueError, match="not a readable training state"):
         load_training_state(path, Config())
-
-
-class Stopped(Exception):
-    """Raised after an epoch, as a crash would: the run fails, with the last epoch's training state kept."""
 
 
 def _stopped_run(root: Path, store: Path, settings: dict) -> Path:
@@ -174,6 +246,17 @@ def _logged(store: Path, run_id: str) -> dict:
     return {"run": run, "tables": tables, "history": history}
 
 
+def _assert_logged_as_uninterrupted(store: Path, run_id: str, uninterrupted: tuple[Path, str]) -> None:
+    got, want = _logged(store, run_id), _logged(*uninterrupted)
+    assert got["run"].info.status == "FINISHED"
+    for name in ("validation", "test"):
+        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
+    assert got["history"] == want["history"] and sorted(got["history"]) == [1, 2, 3, 4]
+    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
+        assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
+    assert not run_contract.training_state_path(store, run_id).parent.exists()  # a finished run keeps no state
+
+
 @pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
 def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupted_run(
     cohort, uninterrupted, tmp_path, sent, capsys
@@ -200,16 +283,33 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     else:
         assert runs.resume(run_id, root, store)[0] == run_id
 
-    got, want = _logged(store, run_id), _logged(*uninterrupted)
-    assert got["run"].info.status == "FINISHED"
-    for name in ("validation", "test"):
-        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
-    assert got["history"] == want["history"] and sorted(got["history"]) == [1, 2, 3, 4]
-    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
-        assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
-    assert not run_contract.training_state_path(store, run_id).parent.exists()  # a finished run keeps no state
+    _assert_logged_as_uninterrupted(store, run_id, uninterrupted)
     with pytest.raises(ValueError, match="has finished; there is nothing to resume"):
         runs.resume(run_id, root, store)
+
+
+def test_a_run_that_died_within_an_epoch_resumes_from_that_epochs_last_state_and_ends_as_the_uninterrupted_run(
+    cohort, uninterrupted, tmp_path, monkeypatch
+):
+    root, _, _ = cohort
+    store = tmp_path / "mlruns"
+    save = runs.save_training_state
+
+    def save_then_die(path: Path, state: dict, config: Config) -> None:  # after 2 batches of epoch 3
+        save(path, state, config)
+        if state["progress"]["epoch"] == 2 and state.get("epoch_pass", {}).get("batches_done") == 2:
+            raise Stopped
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        patched.setattr(runs, "save_training_state", save_then_die)
+        with pytest.raises(Stopped):
+            runs.train(Config.for_dataset("synthetic").override(SMALL), [0], data_root=root, store=store)
+    (state,) = (store / "training-states").glob(f"*/{run_contract.TRAINING_STATE}")
+    run_id, trained = state.parent.name, []
+    assert runs.resume(run_id, root, store, lambda split, record: trained.append(record.epoch))[0] == run_id
+    assert trained == [3, 4]
+    _assert_logged_as_uninterrupted(store, run_id, uninterrupted)
 
 
 def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_at_the_next_epoch(cohort, tmp_path,
@@ -329,38 +429,49 @@ def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when
     assert got["run"].data.metrics["test_auroc"] == want["run"].data.metrics["test_auroc"]
 
 
-def test_a_method_run_killed_between_splits_resumes_keeping_its_finished_split(cohort, tmp_path, monkeypatch):
-    # Every method goes through the one tracked path: a GRU-D run over two splits that died in its second split is
-    # taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other trained again, with
-    # the run's own settings.
-    from garlic.methods.recurrent import RecurrentModel
-
+def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_finished_split(cohort, tmp_path,
+                                                                                               monkeypatch):
+    # Every method goes through the one tracked path: a GRU-D run over two splits that died within the epoch of its
+    # second split is taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other
+    # goes on from its last state, with the run's own settings, and ends as that split trained uninterrupted.
     root, _, _ = cohort
     store = tmp_path / "mlruns"
     config = Config.for_dataset("synthetic").override({"max_epochs": 1, "device": "cpu"})
-    fit, calls = RecurrentModel.fit, []
+    train = lambda splits, store: runs.train(config, splits, data_root=root, store=store, method="grud",  # noqa: E731
+                                             method_settings={"hidden_dim": 8})  # fmt: skip
+    save, deaths = runs.save_training_state, []
 
-    def dies_in_the_second_split(self, train, validation):
-        calls.append(len(train))
-        if len(calls) == 2:
-            raise KeyboardInterrupt("killed")
-        return fit(self, train, validation)
+    def dies_after_two_batches_of_the_second_split(path: Path, state: dict, config: Config) -> None:
+        save(path, state, config)
+        if state.get("epoch_pass", {}).get("batches_done") == 2:
+            deaths.append(path)
+            if len(deaths) == 2:
+                raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(RecurrentModel, "fit", dies_in_the_second_split)
-    with pytest.raises(KeyboardInterrupt):
-        runs.train(config, [0, 1], data_root=root, store=store, method="grud", method_settings={"hidden_dim": 8})
-    monkeypatch.setattr(RecurrentModel, "fit", fit)
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        patched.setattr(runs, "save_training_state", dies_after_two_batches_of_the_second_split)
+        with pytest.raises(KeyboardInterrupt):
+            train([0, 1], store)
     use_store(store)
     (parent,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
                                    filter_string="tags.method = 'grud' and attributes.run_name = 'grud-synthetic'")
     first = runs._split_runs(parent.info.run_id)["five-split/split_0"]
-    assert first.info.status == "FINISHED"
+    assert first.info.status == "FINISHED" and deaths[1].is_file()
 
-    run_id, results = runs.resume(parent.info.run_id, data_root=root, store=store)
+    with monkeypatch.context() as patched:  # the states written on the way say where the resumed split went on from
+        patched.setattr(Trainer, "checkpoint_seconds", 0.0)
+        written = []
+        patched.setattr(runs, "save_training_state",
+                        lambda path, state, config: written.append(state.get("epoch_pass", {}).get("batches_done")))
+        run_id, results = runs.resume(parent.info.run_id, data_root=root, store=store)
+    assert written == [3, None]  # the third and last batch, then the end of the epoch
     assert run_id == parent.info.run_id
     assert [r.split for r in results] == ["five-split/split_0", "five-split/split_1"]
     assert results[0].run_id == first.info.run_id and results[0].test["auroc"] == first.data.metrics["test_auroc"]
     assert mlflow.get_run(run_id).info.status == "FINISHED"
     assert mlflow.get_run(results[1].run_id).data.tags[run_contract.METHOD] == "grud"
-    # the split trained again takes the method's own settings that the run was started with
+    # the split resumed takes the method's own settings that the run was started with, and ends as if never killed
     assert runs.load_predictor(results[1].run_id, store).method.hidden_dim == 8
+    _, (whole,) = train([1], tmp_path / "whole")
+    assert results[1].test == whole.test

@@ -13,8 +13,9 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 return its metrics
     set_training_hooks(on_epoch, on_state, resume) -> None                      optional: the method resumes; it
                                                                                 reports each epoch, hands out the
-                                                                                state of its fit after each, and
-                                                                                continues from such a state
+                                                                                state of its fit after each and
+                                                                                within long ones, and continues
+                                                                                from such a state
     save_fitted(folder: Path) -> None                                           optional, both or neither: write
     restore_fitted(folder: Path) -> None                                        what was fitted into a folder
                                                                                 (tensors loaded weights-only, JSON,
@@ -79,7 +80,7 @@ def check_answers_prediction_times(method: Method, name: str) -> None:
 
 
 def can_resume(method: Method) -> bool:
-    """Whether ``method`` continues a killed fit from its last epoch's state (``set_training_hooks``)."""
+    """Whether ``method`` continues a killed fit from its last training state (``set_training_hooks``)."""
     return hasattr(method, "set_training_hooks")
 
 

@@ -38,10 +38,10 @@ class GarlicEstimator(NetworkMethod):
     - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;
     - ``explain``: whether ``log_fitted`` logs the explanations of the test part.
 
-    It resumes (``garlic.methods.contract.can_resume``): ``set_training_hooks`` gives it what to call after every
-    epoch (per-epoch metrics go to the active MLflow run in any case), where to hand the fit's state after every
-    epoch, and a state to continue from (``garlic.training.state``). It explains its risks (``explains``) through
-    its fitted network (``model``), and is saved (``save_fitted`` / ``restore_fitted``).
+    It resumes (``garlic.methods.contract.can_resume``): ``set_training_hooks`` gives it what to call after every epoch
+    (per-epoch metrics go to the active MLflow run in any case), where to hand the fit's state after every epoch and
+    within long ones, and a state to continue from (``garlic.training.state``). It explains its risks (``explains``)
+    through its fitted network (``model``), and is saved (``save_fitted`` / ``restore_fitted``).
     """
 
     name = GARLIC

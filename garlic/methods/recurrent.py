@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from garlic.models.compact import DecayImputation, last_observed, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import predict_proba
 from garlic.training.device import resolve_device
-from garlic.training.trainer import Progress, Trainer
+from garlic.training.trainer import EpochPass, EpochRecord, Progress, Trainer
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,11 +118,11 @@ class RecurrentTrainer(Trainer):
     def batches(self, train: IrregularDataset):
         return loader(train, self.config.batch_size, shuffle=True, seed=self.config.seed)
 
-    def run_epoch(self, batches, progress: Progress) -> dict[str, float]:
+    def run_epoch(self, batches: EpochPass, progress: Progress) -> dict[str, float]:
         model, optimiser = self.model, self.optimisers["model"]
         model.train()
-        total, count = 0.0, 0
-        for batch in batches:
+        sums = batches.tally(loss=0.0, count=0)
+        for _, batch in batches:
             batch = batch.to(self.device)
             logits = model(batch.values, batch.mask, batch.times, batch.lengths)
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
@@ -129,8 +130,8 @@ class RecurrentTrainer(Trainer):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimiser.step()
-            total, count = total + loss.item() * len(batch), count + len(batch)
-        mean = total / max(count, 1)
+            sums["loss"], sums["count"] = sums["loss"] + loss.item() * len(batch), sums["count"] + len(batch)
+        mean = sums["loss"] / max(sums["count"], 1)
         return {"loss": mean, "bce": mean, "mse": math.nan}  # no reconstruction here
 
     def validate(self, validation: IrregularDataset) -> dict:
@@ -157,7 +158,7 @@ class RecurrentModel(NetworkMethod, BaseEstimator):
     """``name`` ('grud' or 'decay_gru') as a method of ``garlic.evaluation.fit_and_test``, fitted by
     ``RecurrentTrainer``: a network of ``hidden_dim`` units and ``dropout``, Adam at ``lr`` with ``weight_decay`` on
     batches of ``batch_size``, at most ``max_epochs``, stopped after ``early_stopping`` epochs without a better
-    validation AUROC."""
+    validation AUROC. It resumes (``garlic.methods.contract.can_resume``), as GARLIC does."""
 
     def __init__(self, name: str, hidden_dim: int = 64, dropout: float = 0.2, lr: float = 1e-3,
                  weight_decay: float = 1e-4, batch_size: int = 64, max_epochs: int = 30, early_stopping: int = 5,
@@ -168,11 +169,22 @@ class RecurrentModel(NetworkMethod, BaseEstimator):
         self.weight_decay, self.batch_size, self.max_epochs = weight_decay, batch_size, max_epochs
         self.early_stopping, self.seed, self.device = early_stopping, seed, device
 
+    def set_training_hooks(
+        self,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_state: Callable[[dict], None] | None = None,
+        resume: dict | None = None,
+    ) -> None:
+        """What ``fit`` calls after every epoch, where it hands the fit's state (``garlic.training.state``) after every
+        epoch and within long ones, and a state to continue from."""
+        self._training_hooks = {"on_epoch": on_epoch, "on_state": on_state, "resume": resume}
+
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "RecurrentModel":
         device = resolve_device(self.device)
         torch.manual_seed(self.seed)
         model = MODELS[self.name](train.values.shape[-1], self.hidden_dim, self.dropout).to(device)
-        self.model_ = RecurrentTrainer(model, self, device).fit(train, validation).model
+        hooks = getattr(self, "_training_hooks", {})  # an attribute of its own: scikit-learn's are the settings
+        self.model_ = RecurrentTrainer(model, self, device).fit(train, validation, **hooks).model
         self.num_variables_ = train.values.shape[-1]
         self.inputs_ = fitted_inputs(train)
         return self

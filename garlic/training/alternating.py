@@ -34,7 +34,7 @@ from garlic.models.network_config import NetworkConfig
 from garlic.training import distributed
 from garlic.training.device import resolve_device
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, evaluate, stage_losses
-from garlic.training.trainer import Progress, Trainer, remember_base_rates
+from garlic.training.trainer import EpochPass, Progress, Trainer, remember_base_rates
 
 GRADIENT_CLIP = 5.0
 
@@ -81,13 +81,14 @@ class AlternatingTrainer(Trainer):
             parameter.requires_grad_(stage == RECONSTRUCTION)
 
     def train_epoch(self, batches, stage: str, epoch: int = 0) -> dict[str, float]:
-        """One pass over the training batches in ``stage`` (``epoch`` of the budget, from 0: where the cosine schedule
-        stands); returns mean losses."""
+        """One pass over the training batches (an ``EpochPass`` or any sized iterable of batches) in ``stage``
+        (``epoch`` of the budget, from 0: where the cosine schedule stands); returns mean losses."""
         self.model.train()
         self._set_stage(stage)
         stepped = [self.optimisers[name] for name in self.trained_groups(stage)]
-        sums, count = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0
-        for index, batch in enumerate(batches):
+        batches = EpochPass.of(batches)
+        sums = batches.tally(loss=0.0, bce=0.0, mse=0.0, count=0)
+        for index, batch in batches:
             self.set_rates(epoch + index / len(batches))
             batch = batch.to(self.device)
             losses = stage_losses(self.model, batch, self.config, self.network, self.class_weights)
@@ -99,10 +100,10 @@ class AlternatingTrainer(Trainer):
                 optimiser.step()
             for name, key in (("loss", stage), ("bce", "bce"), ("mse", "mse")):
                 sums[name] += losses[key].item() * len(batch)
-            count += len(batch)
+            sums["count"] += len(batch)
         self._set_stage(RECONSTRUCTION)
-        totals = distributed.all_sum(torch.tensor([*sums.values(), count], dtype=torch.float64)).tolist()
-        return {name: total / max(totals[-1], 1) for name, total in zip(sums, totals)}
+        totals = distributed.all_sum(torch.tensor([*sums.values()], dtype=torch.float64)).tolist()
+        return {name: total / max(totals[-1], 1) for name, total in zip(("loss", "bce", "mse"), totals)}
 
     def before_fit(self, train: IrregularDataset) -> None:
         self.model.prepare(train.times, train.lengths)

@@ -12,7 +12,7 @@ from garlic.models.network_config import NetworkConfig
 from garlic.training import distributed
 from garlic.training.device import resolve_device
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, evaluate, stage_losses
-from garlic.training.trainer import Progress, Trainer, remember_base_rates
+from garlic.training.trainer import EpochPass, Progress, Trainer, remember_base_rates
 
 # main.py's --warm_up: no early stop while its epoch index (counted from 0) is 40 or less.
 REFERENCE_WARM_UP = 40
@@ -63,8 +63,8 @@ class ReferenceTrainer(Trainer):
         self.network = self.model
 
     def train_epoch(self, batches, stage: str, first_stage: bool = True, epoch: int = 0) -> dict[str, float]:
-        """One pass in ``stage`` (``epoch`` of the budget, from 0); mean losses and the AUROC of the risks the batches
-        met on the way."""
+        """One pass over ``batches`` (an ``EpochPass`` or any sized iterable of batches) in ``stage`` (``epoch`` of
+        the budget, from 0); mean losses and the AUROC of the risks the batches met on the way."""
         self.model.train()
         trains = {RECONSTRUCTION: stage == RECONSTRUCTION, PREDICTION: stage == PREDICTION or first_stage}
         for name, parameters in ((RECONSTRUCTION, self.model.reconstruction_parameters()),
@@ -72,8 +72,9 @@ class ReferenceTrainer(Trainer):
             for parameter in parameters:
                 parameter.requires_grad_(trains[name])
         optimiser = self.optimisers["both"]
-        sums, count, risks, labels = {"loss": 0.0, "bce": 0.0, "mse": 0.0}, 0, [], []
-        for index, batch in enumerate(batches):
+        batches = EpochPass.of(batches)
+        sums = batches.tally(loss=0.0, bce=0.0, mse=0.0, count=0, risks=[], labels=[])
+        for index, batch in batches:
             self.set_rates(epoch + index / len(batches))
             batch = batch.to(self.device)
             losses = stage_losses(self.model, batch, self.config)
@@ -83,13 +84,13 @@ class ReferenceTrainer(Trainer):
             optimiser.step()
             for name, value in (("loss", objective), ("bce", losses["bce"]), ("mse", losses["mse"])):
                 sums[name] += value.item() * len(batch)
-            count += len(batch)
-            risks.append(torch.sigmoid(losses["logits"]).cpu())
-            labels.append(batch.labels.cpu())
+            sums["count"] += len(batch)
+            sums["risks"].append(torch.sigmoid(losses["logits"]).cpu())
+            sums["labels"].append(batch.labels.cpu())
         for parameter in self.model.parameters():
             parameter.requires_grad_(True)
-        means = {name: total / max(count, 1) for name, total in sums.items()}
-        means["auroc"] = binary_metrics(torch.cat(labels).numpy(), torch.cat(risks).numpy())["auroc"]
+        means = {name: sums[name] / max(sums["count"], 1) for name in ("loss", "bce", "mse")}
+        means["auroc"] = binary_metrics(torch.cat(sums["labels"]).numpy(), torch.cat(sums["risks"]).numpy())["auroc"]
         return means
 
     def before_fit(self, train: IrregularDataset) -> None:

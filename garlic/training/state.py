@@ -1,5 +1,6 @@
 """The state of an unfinished fit (weights, optimisers, schedules, sampler, random state, progress), saved after every
-epoch so that a killed run goes on where it stopped. Not the trained model: that is ``garlic.methods.saved``'s.
+epoch and within long epochs (with how far the epoch has come) so that a killed run goes on where it stopped. Not the
+trained model: that is ``garlic.methods.saved``'s.
 
 A state records the config it was made under; a state of another run's config (copied into this run's folder, or
 left by another version of the run) or a file of another structure is refused in one line naming the file, before
@@ -17,6 +18,10 @@ from garlic.io.atomic import atomic_file
 # The parts of a state (``garlic.training.trainer.Trainer.state``, and the config beside it) and their types.
 PARTS = {"progress": dict, "model": dict, "best_model": dict, "optimisers": dict, "schedulers": dict,
          "sampler_epoch": int, "rng": list, "cuda_rng": list, "config": dict}  # fmt: skip
+# A state taken within an epoch has one more part, how far that epoch has come (``EpochPass.underway``); a state
+# without it (after an epoch, or written before there were states within epochs) goes on from the next epoch.
+WITHIN_EPOCH = "epoch_pass"
+PASS_PARTS = {"batches_done": int, "tally": dict, "seconds": float}
 ELSEWHERE = {"device"}  # config keys a run may resume with another value of (on another machine)
 
 
@@ -34,6 +39,12 @@ def load_training_state(path: Path, config: Config) -> dict:
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"{path}: not a readable training state ({exc})") from exc
     garbled = [key for key, kind in PARTS.items() if not isinstance(state, dict) or not isinstance(state.get(key), kind)]
+    if not garbled and WITHIN_EPOCH in state:
+        underway = state[WITHIN_EPOCH]
+        garbled = [f"{WITHIN_EPOCH}.{key}" for key, kind in PASS_PARTS.items()
+                   if not isinstance(underway, dict) or not isinstance(underway.get(key), kind)]  # fmt: skip
+        if not garbled and underway["batches_done"] < 0:
+            garbled = [f"{WITHIN_EPOCH}.batches_done"]
     if garbled:
         raise ValueError(f"{path}: not a training state (lacks or garbles {', '.join(garbled)}); remove it to train "
                          "this split from its first epoch")  # fmt: skip

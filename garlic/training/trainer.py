@@ -2,9 +2,10 @@
 epoch's weights kept, the stage switched and the fit stopped as the schedule decides. A schedule is a set of hooks
 on it: GARLIC's alternating decoupled optimisation (``garlic.training.alternating``), the reference code's loop
 (``garlic.training.reference_schedule``) and the recurrent baselines' plain one
-(``garlic.methods.recurrent.RecurrentTrainer``). After every epoch the fit can hand out its whole state (weights,
-optimisers, schedules, sampler epoch, random state and bookkeeping); a fit continued from that state ends exactly as
-an uninterrupted one. Under ``torchrun`` the same code trains data-parallel (``garlic.training.distributed``). The
+(``garlic.methods.recurrent.RecurrentTrainer``). After every epoch, and within an epoch every
+``Trainer.checkpoint_seconds`` (``EpochPass``), the fit can hand out its whole state (weights, optimisers, schedules,
+sampler epoch, random state, bookkeeping and how far the epoch has come); a fit continued from that state ends exactly
+as an uninterrupted one. Under ``torchrun`` the same code trains data-parallel (``garlic.training.distributed``). The
 loop knows no model: a schedule builds its own.
 """
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
+from torch.utils.data import DataLoader
 
 from garlic.data.batches import IrregularDataset
 from garlic.metrics import binary_metrics
 from garlic.training import distributed
+from garlic.training.state import WITHIN_EPOCH
 from garlic.training.threads import adapt_threads
 
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
@@ -82,18 +85,79 @@ class FitResult:
     best_epoch: int
 
 
+class EpochPass:
+    """One epoch's pass over the training batches, as the fit loop hands it to ``run_epoch``: iterated, it gives
+    ``(index, batch)`` in the epoch's order, and ``tally`` keeps the sums a schedule accumulates over the pass.
+
+    Between two batches, once ``checkpoint_seconds`` have passed since the pass began or since its last checkpoint,
+    it calls ``checkpoint`` with how far it has come (``underway``: the batches done, the tally, the seconds spent). A
+    pass continued from there (``resume``) skips the batches done without loading them or drawing random numbers,
+    and starts from that tally: with the fit's weights, optimisers and random state restored, it goes on as the
+    uninterrupted pass did."""
+
+    def __init__(self, batches: Iterable, resume: dict | None = None,
+                 checkpoint: Callable[[dict], None] | None = None, checkpoint_seconds: float = math.inf):  # fmt: skip
+        self.batches, self.checkpoint, self.checkpoint_seconds = batches, checkpoint, checkpoint_seconds
+        self.done = resume["batches_done"] if resume else 0
+        self.sums = resume["tally"] if resume else {}
+        self.seconds_before = resume["seconds"] if resume else 0.0
+        self.started = time.perf_counter()
+
+    @classmethod
+    def of(cls, batches: Iterable) -> "EpochPass":
+        """``batches`` (a pass, or any sized iterable of batches) as a pass without checkpoints."""
+        return batches if isinstance(batches, EpochPass) else cls(batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def tally(self, **start) -> dict:
+        """The pass's sums, to update in place after every batch: ``start`` on a fresh pass, where they stood on a
+        resumed one. Call it before iterating."""
+        if not self.sums:
+            self.sums = dict(start)
+        return self.sums
+
+    def underway(self) -> dict:
+        """How far the pass has come (a copy: the tally's lists go on growing)."""
+        return {"batches_done": self.done, "tally": {key: copy.copy(value) for key, value in self.sums.items()},
+                "seconds": self.seconds_before + time.perf_counter() - self.started}  # fmt: skip
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        batches = _batches_after(self.batches, self.done) if self.done else self.batches
+        last = time.monotonic()
+        for index, batch in enumerate(batches, start=self.done):
+            yield index, batch
+            self.done = index + 1
+            if self.checkpoint is not None and time.monotonic() - last >= self.checkpoint_seconds:
+                self.checkpoint(self.underway())
+                last = time.monotonic()
+
+
+def _batches_after(batches: DataLoader, done: int) -> DataLoader:
+    """The batches of ``batches``' next pass after its first ``done``, loaded as it loads them. The sampler is walked
+    to its end, as the whole pass walks it; the seed every DataLoader pass draws comes from a generator of its own, so
+    the global random state stays as the checkpoint left it (the interrupted pass drew it when it began)."""
+    remaining = list(batches.batch_sampler)[done:]
+    return DataLoader(batches.dataset, batch_sampler=remaining, collate_fn=batches.collate_fn,
+                      generator=torch.Generator())  # fmt: skip
+
+
 class Trainer:
     """The one fit loop: epochs of the current stage, each checked on the validation split, the best epoch's weights
     kept, the stage switched and the fit stopped as the schedule decides, and the whole state handed out after every
-    epoch (``on_state``) so that a fit continued from it (``resume``) ends as an uninterrupted one.
+    epoch (``on_state``) so that a fit continued from it (``resume``) ends as an uninterrupted one. Within an epoch
+    too, every ``checkpoint_seconds`` between two batches, in a single process (under ``torchrun``, after every epoch
+    only): a long epoch killed half-way loses at most that much training.
 
     A schedule is a subclass that builds ``model``, ``optimisers`` and ``schedulers``, names its ``stages`` (a fit
     starts in the first; a switch moves to the next, after the last back to the first) and fills in the hooks:
 
         before_fit(train)                                     what it takes from the training split first
         batches(train) -> DataLoader                          the training batches (length-bucketed, shuffled)
-        run_epoch(batches, progress) -> dict[str, float]      one pass in ``progress.stage``: mean losses
-                                                              ``loss``, ``bce`` and ``mse``
+        run_epoch(batches, progress) -> dict[str, float]      one pass (an ``EpochPass``) in ``progress.stage``:
+                                                              mean losses ``loss``, ``bce`` and ``mse``, summed
+                                                              in the pass's ``tally``
         validate(validation) -> {"probabilities", "losses"}   risks and mean losses (``bce``, ``mse``, ...)
         after_validation(progress, trained, losses)           step the learning-rate schedules
         validation_loss(progress, losses) -> float            the epoch record's ``val_loss``
@@ -109,6 +173,9 @@ class Trainer:
     model: torch.nn.Module
     optimisers: dict[str, torch.optim.Optimizer]
     schedulers: dict[str, torch.optim.lr_scheduler.ReduceLROnPlateau]
+    # How often a fit with ``on_state`` also hands out its state within an epoch. A setting of the process, not of the
+    # run: checkpoints change no result (the state is read, never changed), so it is no config key and in no digest.
+    checkpoint_seconds: float = 600.0
 
     def before_fit(self, train: IrregularDataset) -> None:
         """Anything the schedule takes from the training split before the first epoch."""
@@ -124,19 +191,29 @@ class Trainer:
         on_state: Callable[[dict], None] | None = None,
         resume: dict | None = None,
     ) -> FitResult:
-        """Fit, selecting on ``validation``; ``on_state`` gets the state after each epoch, ``resume`` continues
-        from such a state."""
+        """Fit, selecting on ``validation``; ``on_state`` gets the state after each epoch and every
+        ``checkpoint_seconds`` within one, ``resume`` continues from such a state."""
         config = self.config
         self.before_fit(train)
         batches = self.batches(train)
-        progress, best_state = Progress(stage=self.stages[0]), copy.deepcopy(self.model.state_dict())
+        sampler = batches.batch_sampler
+        progress, best_state, underway = Progress(stage=self.stages[0]), copy.deepcopy(self.model.state_dict()), None
         if resume is not None:
-            progress, best_state = self.restore(resume, batches.batch_sampler)
+            progress, best_state = self.restore(resume, sampler)
+            underway = resume.get(WITHIN_EPOCH)
+        # A mid-epoch state of one process would have to gather the others' tallies too: under torchrun, epochs only.
+        checkpoints = on_state is not None and distributed.current().size == 1
         while not progress.stopped and progress.epoch < config.max_epochs:
             progress.epoch += 1
             adapt_threads()  # from the CPUs other processes used since the last epoch (or the command's start)
             start = time.perf_counter()
-            trained = self.run_epoch(batches, progress)
+            # Within the epoch, the fit stands where it stood when the epoch began, and the sampler draws this epoch.
+            began, sampler_epoch = replace(progress, epoch=progress.epoch - 1), sampler.epoch
+            checkpoint = (lambda underway: on_state(self.state(began, best_state, sampler_epoch, underway))
+                          ) if checkpoints else None  # fmt: skip
+            epoch_pass = EpochPass(batches, underway, checkpoint, self.checkpoint_seconds)
+            underway = None
+            trained = self.run_epoch(epoch_pass, progress)
             checked = self.validate(validation)
             scores = binary_metrics(validation.targets.numpy(), checked["probabilities"])
             losses = checked["losses"]
@@ -152,7 +229,7 @@ class Trainer:
                 val_reconstruction=losses["mse"],
                 val_auroc=scores["auroc"],
                 val_auprc=scores["auprc"],
-                seconds=time.perf_counter() - start,
+                seconds=epoch_pass.seconds_before + time.perf_counter() - start,
             )
             progress.history.append(record)
             score = self.score(losses, scores)
@@ -166,7 +243,7 @@ class Trainer:
                 progress.stage = self.stages[(self.stages.index(progress.stage) + 1) % len(self.stages)]
                 self.model.load_state_dict(best_state)
             if on_state is not None:
-                on_state(self.state(progress, best_state, batches.batch_sampler))
+                on_state(self.state(progress, best_state, sampler.epoch))
         self.model.load_state_dict(best_state)
         return FitResult(self.model, progress.history, progress.best_epoch)
 
@@ -178,8 +255,10 @@ class Trainer:
                 for group in optimiser.param_groups:
                     group["lr"] = group["base_lr"] * factor
 
-    def state(self, progress: Progress, best_state: dict, sampler) -> dict:
-        """Everything a fit needs to go on from here (every rank must call it: it gathers their random states)."""
+    def state(self, progress: Progress, best_state: dict, sampler_epoch: int, epoch_pass: dict | None = None) -> dict:
+        """Everything a fit needs to go on from here (every rank must call it: it gathers their random states):
+        after the epochs of ``progress``, with the sampler's next pass ``sampler_epoch``, and within the next epoch
+        where ``epoch_pass`` (``EpochPass.underway``) says how far it has come."""
         cuda = self.device.type == "cuda"
         return {
             "progress": asdict(progress),
@@ -187,10 +266,10 @@ class Trainer:
             "best_model": best_state,
             "optimisers": {name: opt.state_dict() for name, opt in self.optimisers.items()},
             "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
-            "sampler_epoch": sampler.epoch,
+            "sampler_epoch": sampler_epoch,
             "rng": distributed.all_gather(torch.get_rng_state()),
             "cuda_rng": distributed.all_gather(torch.cuda.get_rng_state()) if cuda else [],
-        }
+        } | ({} if epoch_pass is None else {WITHIN_EPOCH: epoch_pass})
 
     def restore(self, state: dict, sampler) -> tuple[Progress, dict]:
         """Put the trainer back where ``state`` was taken; returns the fit's progress and best weights."""
