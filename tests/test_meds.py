@@ -181,6 +181,48 @@ def test_predict_scores_meds_label_rows_in_the_meds_prediction_schema(imported, 
                        logged.sort_index(), atol=1e-6)  # fmt: skip
 
 
+def test_the_live_ward_scores_a_meds_runs_beds_as_their_readings_arrive(imported, meds_run):
+    pytest.importorskip("fhir.resources", reason="the live ward's FHIR library is not installed (bin/setup live)")
+    import os
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monitor = subprocess.Popen([sys.executable, "-m", "garlic.cli", "--data-root", str(imported / "data"), "--mlruns",
+                                str(imported / "mlruns"), "monitor", "--run", meds_run, "--port", base.rsplit(":", 1)[1],
+                                "--store", f"sqlite:///{imported / 'ward.sqlite'}"],
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def health() -> dict | None:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
+                return json.loads(answer.read())
+        except OSError:
+            return None
+
+    try:
+        deadline = time.monotonic() + 60
+        while health() is None and monitor.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert health() is not None, monitor.stderr.read() if monitor.poll() is not None else "no answer in 60 s"
+        fed = garlic_here("feed", "--run", meds_run, "--beds", "3", "--speed", "1e7", "--url", base, root=imported)
+        assert fed.returncode == 0, fed.stderr
+        sent, stored = map(int, re.search(r"readings sent (\d+), stored (\d+)", fed.stdout + fed.stderr).groups())
+        while (counts := health())["pending"] and time.monotonic() < deadline + 60:
+            time.sleep(0.2)
+        assert sent == stored == counts["readings"] == counts["scored"] > 0  # the MEDS codes reach the model by name
+        with urllib.request.urlopen(f"{base}/ward", timeout=5) as answer:
+            ward = json.loads(answer.read())
+        assert len(ward) == 3 and all(0 < bed["risk"] < 1 for bed in ward)
+    finally:
+        monitor.terminate()
+        monitor.wait(30)
+
+
 def test_subject_splits_is_refused_for_a_dataset_without_them(exported):
     root, _ = exported
     done = garlic_here("train", "--dataset", "synthetic", "--protocol", "subject-splits", root=root)
