@@ -133,6 +133,24 @@ def garlic_main(argv: list[str]) -> None:
             signal.signal(number, handler)
 
 
+def garlic_here(*args: str, root: Path):
+    """``garlic`` run in this process (``garlic_main``) on ``root``'s data and store, for what its standard output
+    and exit status show: a process would spend seconds importing what this one has loaded. Its log lines are not
+    captured. Returns a ``subprocess.CompletedProcess``."""
+    import io
+    import subprocess
+    from contextlib import redirect_stderr, redirect_stdout
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            garlic_main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
+            code = 0
+        except SystemExit as stopped:
+            code = stopped.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def run_without_model(store: Path) -> str:
     """A run that stopped before logging its model."""
     import mlflow

@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import mlflow
@@ -18,7 +17,7 @@ import pytest
 
 from garlic.cli import _config, main, parser
 from garlic.tracking.store import use_store
-from helpers import error_line, garlic_main, record_files
+from helpers import error_line, garlic_here, garlic_main, record_files
 from garlic.sources import physionet2012
 from garlic.io.tables import read_processed
 
@@ -29,20 +28,6 @@ SMALL = ["--set", "max_epochs=2", "--set", "hidden_dim=16", "--set", "feature_di
 def garlic(*args: str, root) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "garlic.cli", "--data-root", str(root / "data"), "--mlruns", str(root / "mlruns")]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
-
-
-def garlic_here(*args: str, root) -> subprocess.CompletedProcess:
-    """``garlic`` run in this process (``main``), for what its standard output and exit status show: a process would
-    spend seconds importing what this one has loaded. Its log lines are not captured; the command as a process is
-    ``garlic`` above and the README walk."""
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            garlic_main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
-            code = 0
-        except SystemExit as stopped:
-            code = stopped.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")

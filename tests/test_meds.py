@@ -1,6 +1,5 @@
 """MEDS in and out (``garlic export meds``, ``garlic preprocess meds``): a dataset goes out as MEDS and comes back to
 the same tensors, stay by stay; the variable rule; bad MEDS input named by file, row and column."""
-import io
 import json
 import re
 import shutil
@@ -8,7 +7,6 @@ import subprocess
 import sys
 import tarfile
 import zipfile
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -22,20 +20,9 @@ from garlic.io.tables import read_processed, write_processed
 from garlic.io.tensors import load_tensors
 from garlic.sources import synthetic
 from garlic.sources.meds import preprocess
-from helpers import HAVE_P12, SHARED, garlic_main
+from helpers import HAVE_P12, SHARED, garlic_here
 
 TENSOR_ARRAYS = ("stay_ids", "values", "mask", "times", "lengths", "static", "labels")
-
-
-def garlic_here(*args: str, root: Path) -> subprocess.CompletedProcess:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            garlic_main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), *args])
-            code = 0
-        except SystemExit as stopped:
-            code = stopped.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def assert_same_tensors(native: Path, back: Path) -> None:
