@@ -152,6 +152,17 @@ def test_a_fit_killed_within_an_epoch_resumes_from_its_last_batch_and_ends_as_th
         load_training_state(path, config)
 
 
+def test_a_state_saved_before_a_config_key_existed_resumes_at_its_default_only(tmp_path):
+    path, config = tmp_path / "training.pt", Config.for_dataset("synthetic")
+    state = {"progress": {}, "model": {}, "best_model": {}, "optimisers": {}, "schedulers": {}, "sampler_epoch": 0,
+             "rng": [], "cuda_rng": []}  # fmt: skip
+    older = {key: value for key, value in config.to_dict().items() if key != "hours_input"}
+    torch.save({**state, "config": older}, path)
+    assert load_training_state(path, config)["sampler_epoch"] == 0
+    with pytest.raises(ValueError, match="another configuration \\(hours_input False there, True in this run\\)"):
+        load_training_state(path, config.override({"hours_input": True}))
+
+
 def test_an_unreadable_training_state_is_refused_with_its_name(tmp_path):
     path = tmp_path / "training.pt"
     path.write_bytes(b"not a training state")

@@ -48,7 +48,8 @@ def load_training_state(path: Path, config: Config) -> dict:
     if garbled:
         raise ValueError(f"{path}: not a training state (lacks or garbles {', '.join(garbled)}); remove it to train "
                          "this split from its first epoch")  # fmt: skip
-    recorded, expected = state.pop("config"), config.to_dict()
+    # A key the state predates trained as its default did: the state of an unchanged config resumes after a new key.
+    recorded, expected = Config().to_dict() | state.pop("config"), config.to_dict()
     differing = [key for key in expected if key not in ELSEWHERE and recorded.get(key) != expected[key]]
     if differing:
         shown = ", ".join(f"{key} {recorded.get(key)!r} there, {expected[key]!r} in this run" for key in differing)
