@@ -49,7 +49,6 @@ class GarlicEstimator(NetworkMethod):
 
     def __init__(self, config: Config, planted: list[dict] | None = None, explain: bool = True):
         self.config, self.planted, self.explain = config, planted, explain
-        self.on_epoch = self.on_state = self.resume = None
 
     # scikit-learn's get_params / set_params, written out rather than inherited from its BaseEstimator: a one-stay
     # `garlic predict` builds this class and must not import scikit-learn (2.5 s) to do it.
@@ -69,14 +68,6 @@ class GarlicEstimator(NetworkMethod):
         reference one gives one risk per stay."""
         return self.config.architecture == "compact"
 
-    def set_training_hooks(
-        self,
-        on_epoch: Callable[[EpochRecord], None] | None = None,
-        on_state: Callable[[dict], None] | None = None,
-        resume: dict | None = None,
-    ) -> None:
-        self.on_epoch, self.on_state, self.resume = on_epoch, on_state, resume
-
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "GarlicEstimator":
         import mlflow
 
@@ -84,19 +75,24 @@ class GarlicEstimator(NetworkMethod):
 
         tensors = train.tensors
         trainer = make_trainer(self.config, len(tensors.variables), len(tensors.static_features))
-        log_epoch = self._log_epoch if mlflow.active_run() is not None else self.on_epoch
-        self.fit_result_ = trainer.fit(train, validation, on_epoch=log_epoch, on_state=self.on_state,
-                                       resume=self.resume)  # fmt: skip
+        hooks = self.training_hooks()
+        if mlflow.active_run() is not None:  # per-epoch metrics go to the active run, then to the hook
+            hooks["on_epoch"] = self._logging_epochs(hooks["on_epoch"])
+        self.fit_result_ = trainer.fit(train, validation, **hooks)
         self.model_, self.inputs_ = self.fit_result_.model, fitted_inputs(train)
         return self
 
-    def _log_epoch(self, record: EpochRecord) -> None:
+    @staticmethod
+    def _logging_epochs(on_epoch: Callable[[EpochRecord], None] | None) -> Callable[[EpochRecord], None]:
         import mlflow
 
-        mlflow.log_metrics({**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")},
-                           step=record.epoch)  # fmt: skip
-        if self.on_epoch is not None:
-            self.on_epoch(record)
+        def log_epoch(record: EpochRecord) -> None:
+            mlflow.log_metrics({**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")},
+                               step=record.epoch)  # fmt: skip
+            if on_epoch is not None:
+                on_epoch(record)
+
+        return log_epoch
 
     @property
     def model(self) -> torch.nn.Module:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +33,7 @@ from garlic.models.compact import DecayImputation, last_observed, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import predict_proba
 from garlic.training.device import resolve_device
-from garlic.training.trainer import EpochPass, EpochRecord, Progress, Trainer
+from garlic.training.trainer import EpochPass, Progress, Trainer
 
 
 def last_observed_before(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -169,22 +168,11 @@ class RecurrentModel(NetworkMethod, BaseEstimator):
         self.weight_decay, self.batch_size, self.max_epochs = weight_decay, batch_size, max_epochs
         self.early_stopping, self.seed, self.device = early_stopping, seed, device
 
-    def set_training_hooks(
-        self,
-        on_epoch: Callable[[EpochRecord], None] | None = None,
-        on_state: Callable[[dict], None] | None = None,
-        resume: dict | None = None,
-    ) -> None:
-        """What ``fit`` calls after every epoch, where it hands the fit's state (``garlic.training.state``) after every
-        epoch and within long ones, and a state to continue from."""
-        self._training_hooks = {"on_epoch": on_epoch, "on_state": on_state, "resume": resume}
-
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "RecurrentModel":
         device = resolve_device(self.device)
         torch.manual_seed(self.seed)
         model = MODELS[self.name](train.values.shape[-1], self.hidden_dim, self.dropout).to(device)
-        hooks = getattr(self, "_training_hooks", {})  # an attribute of its own: scikit-learn's are the settings
-        self.model_ = RecurrentTrainer(model, self, device).fit(train, validation, **hooks).model
+        self.model_ = RecurrentTrainer(model, self, device).fit(train, validation, **self.training_hooks()).model
         self.num_variables_ = train.values.shape[-1]
         self.inputs_ = fitted_inputs(train)
         return self

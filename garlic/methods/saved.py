@@ -25,6 +25,7 @@ import json
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
@@ -38,6 +39,9 @@ from garlic.io.tensors import IrregularTensors
 from garlic.methods.contract import Method, can_be_saved, check_fitted, explains
 from garlic.models.predict import predict_proba
 from garlic.tracking.local_store import DEFAULT_STORE, stored_model_folder
+
+if TYPE_CHECKING:
+    from garlic.training.trainer import EpochRecord
 from garlic.tracking.run_contract import GARLIC
 
 METHOD_DESCRIPTION = "method.json"
@@ -230,8 +234,25 @@ def load_weights(path: Path, device: str = "cpu") -> dict:
 
 class NetworkMethod:
     """What the methods whose fit is one torch network (``model_``, over the inputs of ``inputs_``) share, GARLIC's and
-    the recurrent baselines': their risks are the network's (``garlic.models.predict``), and they are saved as the
-    network's weights (``WEIGHTS``) and a fitted.json of their name, their inputs and ``fitted_beside_inputs``."""
+    the recurrent baselines': their risks are the network's (``garlic.models.predict``), they are saved as the
+    network's weights (``WEIGHTS``) and a fitted.json of their name, their inputs and ``fitted_beside_inputs``, and
+    they resume (``garlic.methods.contract.can_resume``): their fit runs ``garlic.training``'s loop with the hooks of
+    ``set_training_hooks``."""
+
+    def set_training_hooks(
+        self,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_state: Callable[[dict], None] | None = None,
+        resume: dict | None = None,
+    ) -> None:
+        """What ``fit`` calls after every epoch, where it hands the fit's state (``garlic.training.state``) after every
+        epoch and within long ones, and a state to continue from."""
+        self._training_hooks = {"on_epoch": on_epoch, "on_state": on_state, "resume": resume}
+
+    def training_hooks(self) -> dict:
+        """The hooks of ``set_training_hooks`` (none before it is called), keyed as ``Trainer.fit`` takes them. An
+        attribute of its own, not a setting: scikit-learn's settings are the constructor's arguments."""
+        return getattr(self, "_training_hooks", dict.fromkeys(("on_epoch", "on_state", "resume")))
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         check_fitted(self)
