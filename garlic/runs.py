@@ -31,7 +31,13 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, ensure_processed, processed_
 from garlic.data.splits import Split, chosen_splits, load_splits
 from garlic.evaluation.fit_and_test import fit_and_test, split_parts
 from garlic.methods import registry
-from garlic.methods.contract import Method, can_be_saved, can_resume, check_answers_prediction_times
+from garlic.methods.contract import (
+    Method,
+    can_be_saved,
+    can_resume,
+    check_answers_prediction_times,
+    check_learns_score,
+)
 from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import queries, run_contract
@@ -93,8 +99,10 @@ def train(
             context = registry.MethodContext(config.override({"seed": seed}), labels,
                                              manifest.get("ground_truth_graph"), settings)  # fmt: skip
             units.append((split, context, spec.create(context)))
-    if tensors.task is not None:  # before any run opens
+    # before any run opens
+    if tensors.task is not None:
         check_answers_prediction_times(units[0][2], f"method {method}")
+    check_learns_score(units[0][2], "" if tensors.task is None else tensors.task.score, f"method {method}")
     if not distributed.is_main():
         for split, _, unit_method in units:
             _help_fit(unit_method, tensors, split)

@@ -182,6 +182,40 @@ def test_a_per_stay_method_is_refused_on_an_hourly_task(hourly_root, tmp_path, c
     assert "asks for a risk at each of its prediction times" in capsys.readouterr().err
 
 
+def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_needs_a_utility_task(hourly_root,
+                                                                                                    tmp_path, capsys):  # fmt: skip
+    from garlic.data.batches import IrregularDataset
+    from garlic.methods.hourly import HourlyModel
+
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    dataset = IrregularDataset(tensors, load_splits(folder, tensors, "five-split")[0].normalisation)
+    model = HourlyModel("gbm", target="utility")
+    targets, weights = model.targets(dataset), model.sample_weights(dataset)
+    times = dataset.prediction_times
+    checked = 0
+    for stay in np.unique(times.stay):
+        rows = np.flatnonzero(times.stay == stay)
+        hour = np.arange(len(rows))
+        if times.label[rows].any():  # onset 6 h after the first labelled hour; alarms gain from 12 h before to 3 h after
+            r = hour - (np.argmax(times.label[rows]) + 6)
+            np.testing.assert_array_equal(targets[rows], (r > -12) & (r <= 3))
+            np.testing.assert_array_equal(weights[rows] == 0, (r == -12) | (r > 3))
+            np.testing.assert_allclose(weights[rows][r < -12], 0.05)
+            checked += 1
+        else:
+            assert not targets[rows].any() and np.allclose(weights[rows], 0.05)
+    assert checked > 5
+    model.fit(dataset, dataset)
+    assert model.name == "hourly_gbm_utility" and model.chosen_["validation_auroc"] > 0.5
+    # On a task not scored by the utility it is refused before anything is trained.
+    with pytest.raises(SystemExit):
+        main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
+              "synthetic", "--method", "hourly_gbm_utility"])  # fmt: skip
+    assert "learns the sepsis-utility score, but this dataset's task is scored by its labels alone" in (
+        capsys.readouterr().err)
+
+
 def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys):
     store, run_id = hourly_run
     import mlflow

@@ -1,6 +1,8 @@
 """One suite for every method of the registry (``garlic.methods.registry``): each entry, the template's and any one
 registered later, is held to the contract of ``garlic.methods.contract`` with no edit here:
 
+- one that learns a task's score (``learns_score``) is held to it on a task of that score (one prediction time per
+  stay, at its end);
 - its settings are its constructor's: the method built gives back, by ``get_params``, what the registry identifies
   it by, and scikit-learn's ``clone`` makes it again;
 - ``fit`` returns the method, and ``predict_proba`` gives one risk in [0, 1] per stay;
@@ -19,7 +21,10 @@ import torch
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
+from dataclasses import replace
+
 from garlic.config import Config
+from garlic.data.batches import IrregularDataset
 from garlic.methods import registry
 from garlic.methods.contract import can_be_saved, explains
 from garlic.methods.saved import SavedMethod, load_method, save_method
@@ -59,6 +64,18 @@ def context(name: str, cohort) -> registry.MethodContext:
     return registry.MethodContext(config, labels, settings=own)
 
 
+def parts(name: str, cohort) -> dict:
+    """The cohort's parts as the entry runs on them: for one that learns a task's score, with a task of that score,
+    asked once per stay at the end of its input."""
+    learned = getattr(registry.method(name).create(context(name, cohort)), "learns_score", None)
+    if not learned:
+        return cohort.parts
+    tensors = cohort.tensors
+    scored = replace(tensors, task=replace(tensors.prediction_times(), score=learned))
+    return {part: IrregularDataset(scored.subset(cohort.split.positions(tensors, part)), cohort.split.normalisation)
+            for part in ("train", "validation", "test")}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def fitted(cohort):
     """``fitted(name)``: two methods of the entry built alike and fitted on the same split, and what the first
@@ -67,10 +84,10 @@ def fitted(cohort):
 
     def fit(name: str):
         if name not in done:
-            spec, parts = registry.method(name), cohort.parts
+            spec, own = registry.method(name), parts(name, cohort)
             first, second = (spec.create(context(name, cohort)) for _ in range(2))
-            returned = first.fit(parts["train"], parts["validation"])
-            second.fit(parts["train"], parts["validation"])
+            returned = first.fit(own["train"], own["validation"])
+            second.fit(own["train"], own["validation"])
             done[name] = first, second, returned
         return done[name]
 
@@ -92,7 +109,7 @@ def test_its_settings_are_its_constructors(name, cohort):
 def test_fit_returns_the_method_and_predict_proba_gives_a_risk_in_0_1_per_stay(name, cohort, fitted):
     method, _, returned = fitted(name)
     assert returned is method
-    test = cohort.parts["test"]
+    test = parts(name, cohort)["test"]
     risks = method.predict_proba(test)
     assert risks.shape == (len(test),) and np.isfinite(risks).all() and ((risks >= 0) & (risks <= 1)).all()
 
@@ -100,7 +117,7 @@ def test_fit_returns_the_method_and_predict_proba_gives_a_risk_in_0_1_per_stay(n
 @every_method
 def test_the_same_seed_gives_the_same_risks(name, cohort, fitted):
     first, second, _ = fitted(name)
-    test = cohort.parts["test"]
+    test = parts(name, cohort)["test"]
     np.testing.assert_array_equal(second.predict_proba(test), first.predict_proba(test))
 
 
@@ -115,7 +132,7 @@ def test_a_method_read_back_from_its_folder_gives_the_same_risks(name, cohort, f
     loaded = load_method(save_method(tmp_path / "model", saved))
     assert type(loaded.method) is type(method) and loaded.name == name and loaded.explains == explains(method)
     test = loaded.dataset(tensors.subset(cohort.split.positions(tensors, "test")))
-    np.testing.assert_array_equal(loaded.predict_proba(test), method.predict_proba(cohort.parts["test"]))
+    np.testing.assert_array_equal(loaded.predict_proba(test), method.predict_proba(parts(name, cohort)["test"]))
 
 
 @every_method

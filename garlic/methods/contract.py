@@ -7,6 +7,10 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 at each of the dataset's prediction
                                                                                 times ([M]: dataset.prediction_times)
                                                                                 and the method trains on them
+    learns_score = "sepsis-utility"                                             optional: it learns what a task's
+                                                                                score rewards (its prediction
+                                                                                times' ``score``), so it runs only
+                                                                                on tasks scored so
     log_fitted(parts: dict[str, IrregularDataset]) -> dict[str, float]          optional: log what the fitted
                                                                                 method shows beyond its risks
                                                                                 (settings chosen, graph, model),
@@ -77,6 +81,15 @@ def check_answers_prediction_times(method: Method, name: str) -> None:
         raise ValueError(f"{name} gives one risk per stay, but this dataset asks for a risk at each of its prediction "
                          "times; use a method that answers them (hourly_gbm, hourly_logreg, alarm_after_hour, "
                          "GARLIC's compact architecture)")  # fmt: skip
+
+
+def check_learns_score(method: Method, score: str, name: str) -> None:
+    """Refuse ``method`` (called ``name``) on a task scored by ``score`` ("" for its labels alone) unless it learns
+    no score, or that one."""
+    learned = getattr(method, "learns_score", None)
+    if learned and learned != score:
+        raise ValueError(f"{name} learns the {learned} score, but this dataset's task is scored by "
+                         f"{score or 'its labels alone'}")  # fmt: skip
 
 
 def can_resume(method: Method) -> bool:

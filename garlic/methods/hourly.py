@@ -7,6 +7,14 @@ hours since it, how many values so far, the last change (last minus the one befo
 6 and 24 hours with the standard deviation over the last 24; then the static features and the prediction time
 itself (ICU hours so far). Vectorised over stays, steps and variables, a bounded chunk of stays at a time.
 
+A model's target is each prediction time's label, or (``target='utility'``, on a task scored by the Sepsis
+Challenge's utility) what alarming there is worth: the utility is a sum over hours of what each hour's alarm or
+silence earns (``garlic.metrics.utility.hour_worth``), so the alarm that maximises its expectation at an hour is
+the one whose expected gain, alarmed minus silent, is positive. A classifier of "the gain is positive", each hour
+weighted by the size of its gain, learns that decision (cost-sensitive learning): hours 6 to 12 before onset, whose
+label is still 0, count as the hours to alarm at, and the hours more than 3 after onset, whose label is 1 but whose
+alarm earns nothing, count for nothing.
+
 Every method here answers one risk per prediction time; on a dataset without a tasks table that is one per stay at
 the end of its input, so they also run on the per-stay tasks.
 """
@@ -18,11 +26,12 @@ from sklearn.base import BaseEstimator
 
 from garlic.data.batches import IrregularDataset
 from garlic.io.tensors import IrregularTensors, PredictionTimes
-from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
-from garlic.methods.contract import check_fitted
+from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, hour_worth, stay_lengths
+from garlic.methods.contract import check_fitted, check_learns_score
 from garlic.methods.summary import CANDIDATES, ChosenClassifier
 
 STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")
+TARGETS = ("label", "utility")
 CHUNK_STAYS = 512  # stays whose [steps, variables] arrays are held at once: about 100 MB at P19's longest stays
 
 
@@ -103,26 +112,46 @@ def _chunk_features(tensors: IrregularTensors, stays: slice, stay: np.ndarray, t
 class HourlyModel(ChosenClassifier):
     """A ``garlic.methods.summary.ChosenClassifier`` on ``hourly_features`` over every prediction time of the
     training part: ``kind`` 'gbm' (scikit-learn's histogram gradient boosting) or 'logreg' (logistic regression after
-    median imputation with missingness indicators), the best validation AUROC over prediction times kept."""
+    median imputation with missingness indicators), the best validation AUROC over prediction times kept; ``target``
+    each time's label, or 'utility': whether alarming there gains utility, weighted by how much (the module's
+    docstring)."""
 
     at_prediction_times = True
     COLUMNS = "hourly feature"
 
-    def __init__(self, kind: str, seed: int = 0):
+    def __init__(self, kind: str, seed: int = 0, target: str = "label"):
         if kind not in CANDIDATES:
             raise ValueError(f"kind must be one of {', '.join(CANDIDATES)}, got {kind!r}")
-        self.kind, self.seed = kind, seed
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+        self.kind, self.seed, self.target = kind, seed, target
 
     @property
     def name(self) -> str:
         """As the registry names it (what fitted.json records)."""
-        return f"hourly_{self.kind}"
+        return f"hourly_{self.kind}" + ("_utility" if self.target == "utility" else "")
 
     def features(self, dataset: IrregularDataset) -> np.ndarray:
         return hourly_features(dataset.tensors)
 
     def targets(self, dataset: IrregularDataset) -> np.ndarray:
-        return dataset.prediction_times.label
+        if self.target == "label":
+            return dataset.prediction_times.label
+        return (self._gain(dataset) > 0).astype(np.int8)
+
+    def sample_weights(self, dataset: IrregularDataset) -> np.ndarray | None:
+        return None if self.target == "label" else np.abs(self._gain(dataset))
+
+    @property
+    def learns_score(self) -> str | None:
+        return SEPSIS_UTILITY if self.target == "utility" else None
+
+    def _gain(self, dataset: IrregularDataset) -> np.ndarray:
+        """What alarming gains over silence at each prediction time (``hour_worth``)."""
+        times = dataset.prediction_times
+        check_learns_score(self, times.score, self.name)
+        worth = hour_worth(times.label, stay_lengths(times.stay))
+        return worth.alarmed - worth.silent
 
     def columns(self, inputs: dict) -> int:
         return len(STATISTICS) * len(inputs["variables"]) + len(inputs["static_features"]) + 1

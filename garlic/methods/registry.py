@@ -232,8 +232,10 @@ for _spec in (
     MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)",
                InputHours),
     *(MethodSpec(f"hourly_{kind}", f"{model} on features of the record up to each prediction time (hourly tasks)",
-                 HourlyModel, fixed={"kind": kind})
+                 HourlyModel, fixed={"kind": kind, "target": "label"})
       for kind, model in (("gbm", "gradient boosting"), ("logreg", "logistic regression"))),
+    MethodSpec("hourly_gbm_utility", "gradient boosting of whether an alarm gains the Sepsis Challenge's utility, each "
+               "hour weighted by its gain (hourly tasks)", HourlyModel, fixed={"kind": "gbm", "target": "utility"}),
     MethodSpec("alarm_after_hour", "alarm at every hour from an ICU hour chosen on training (the utility's floor)",
                AlarmAfterHour, from_run={}),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),

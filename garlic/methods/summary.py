@@ -17,7 +17,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
-from sklearn.pipeline import make_pipeline
+from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from garlic.data.batches import IrregularDataset
@@ -101,6 +101,16 @@ def _boosting_candidates(seed: int) -> list[tuple[dict, object]]:
 CANDIDATES = {"logreg": _logistic_candidates, "gbm": _boosting_candidates}
 
 
+def _fit_weighted(model, features: np.ndarray, targets: np.ndarray, weights: np.ndarray | None) -> None:
+    """Fit a candidate, its rows weighted by ``weights`` where given (a pipeline's last step takes them)."""
+    if weights is None:
+        model.fit(features, targets)
+    elif isinstance(model, Pipeline):
+        model.fit(features, targets, **{f"{model.steps[-1][0]}__sample_weight": weights})
+    else:
+        model.fit(features, targets, sample_weight=weights)
+
+
 class ChosenClassifier(BaseEstimator):
     """A classifier on a feature table of each input (``features``, with ``targets`` its labels): ``kind`` 'logreg'
     (logistic regression) or 'gbm' (gradient boosting). ``fit`` fits every candidate setting (``CANDIDATES``) on the
@@ -124,15 +134,21 @@ class ChosenClassifier(BaseEstimator):
         """How many columns ``features`` gives for ``inputs`` (``fitted_inputs``: variables and static features)."""
         raise NotImplementedError
 
+    def sample_weights(self, dataset: IrregularDataset) -> np.ndarray | None:
+        """What each row of ``targets`` weighs in fitting and in the validation AUROC (None: all alike)."""
+        return None
+
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "ChosenClassifier":
         features = self.features(train)
         self.inputs_ = fitted_inputs(train)
         self.kept_ = ~np.isnan(features).all(axis=0)
         features, held_out = features[:, self.kept_], self.features(validation)[:, self.kept_]
+        weights, held_out_weights = self.sample_weights(train), self.sample_weights(validation)
         best_score = -np.inf
         for setting, model in CANDIDATES[self.kind](self.seed):
-            model.fit(features, self.targets(train))
-            score = roc_auc_score(self.targets(validation), model.predict_proba(held_out)[:, 1])
+            _fit_weighted(model, features, self.targets(train), weights)
+            score = roc_auc_score(self.targets(validation), model.predict_proba(held_out)[:, 1],
+                                  sample_weight=held_out_weights)  # fmt: skip
             if score > best_score:
                 self.model_, self.chosen_, best_score = model, setting | {"validation_auroc": score}, score
         return self
