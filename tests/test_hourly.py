@@ -369,10 +369,16 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
     assert {name: (out / name).read_text() for name in made} == made
 
 
-def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(hourly_root, capsys):
+def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(hourly_root, hourly_run, capsys):
     from experiments import benchmark_hourly
 
     benchmark_hourly.main(["--data-root", str(hourly_root), "--method", "hourly_logreg", "--threads", "1"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     hours = len(read_processed(hourly_root / "processed" / "physionet2019-hourly").tasks)
     assert line.startswith("hourly_logreg: fit on ") and f"scored {hours} hours of 60 stays in " in line, line
+    # A trained run's saved model is asked the same hours, nothing fitted.
+    store, run_id = hourly_run
+    benchmark_hourly.main(["--data-root", str(hourly_root), "--run", run_id, "--mlruns", str(store),
+                           "--threads", "1"])  # fmt: skip
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"hourly_logreg (run {run_id}): loaded; scored {hours} hours of 60 stays in "), line
