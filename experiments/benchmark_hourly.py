@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     if args.run:
-        result = measure_run(args.run, args.mlruns, args.data_root, args.threads)
+        try:
+            result = measure_run(args.run, args.mlruns, args.data_root, args.threads)
+        except (LookupError, ValueError) as exc:  # no such run, a run without a saved model, an unreadable one
+            parser.error(str(exc))
         print(f"{result['name']} (run {args.run}): loaded; scored {result['hours']} hours of {result['stays']} stays "
               f"in {result['score_seconds']:.1f} s ({result['hours'] / result['score_seconds']:.0f} hours/s), "
               f"{args.threads} threads, {cpu_name()}")  # fmt: skip

@@ -382,3 +382,6 @@ def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(h
                            "--threads", "1"])  # fmt: skip
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith(f"hourly_logreg (run {run_id}): loaded; scored {hours} hours of 60 stays in "), line
+    with pytest.raises(SystemExit):
+        benchmark_hourly.main(["--data-root", str(hourly_root), "--run", "0" * 32, "--mlruns", str(store)])
+    assert f"{'0' * 32}' in the MLflow store" in capsys.readouterr().err.splitlines()[-1]
