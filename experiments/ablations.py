@@ -33,7 +33,7 @@ import pandas as pd
 from garlic import studies
 from garlic.config import Config
 from garlic.evaluation import published
-from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts
+from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
 from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
 from garlic.tracking import queries
@@ -59,7 +59,7 @@ def unit_tags(config: Config, variant: str, split: int) -> dict:
             "settings": queries.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
 
 
-def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, variants: list[str],
+def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, store: Path, variants: list[str],
                  train: bool = True, archive: RunArchive | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per (variant, split) with its test metrics: a finished run of the store, else one of the ``archive``,
     else (with ``train``) trained now."""
@@ -70,7 +70,7 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, var
             def work(variant=variant, split=split) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
                 estimator = GarlicEstimator(variant, cohort.planted, explain=False)
-                return fit_and_test(estimator, split_parts(cohort.tensors, split))
+                return studies.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store)
 
             tags = unit_tags(config, name, split.index)
             if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
@@ -79,7 +79,7 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, var
                     records.append(kept)
                 if kept is not None or not train:
                     continue
-            metrics, run_id, _ = studies.resumable(experiment_id, tags, f"{name}/split_{split.index}", work)
+            metrics, run_id, _ = studies.resumable(experiment_id, tags, f"{name}/split_{split.index}", work, store)
             records.append({"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"],
                             **metrics})  # fmt: skip
     return pd.DataFrame(records)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.workers > 1:
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
                          args.workers, args.mlruns, args.deadline, archive)  # fmt: skip
-    records = run_variants(config, cohort, experiment_id, args.variants, args.workers == 1, archive)
+    records = run_variants(config, cohort, experiment_id, args.mlruns, args.variants, args.workers == 1, archive)
     if args.train_only:
         return
     if records.empty:

@@ -208,7 +208,7 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = studies.load_cohort(dataset, data_root, protocol_name, None)
     name = f"baselines-{dataset}"
-    first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root)
+    first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root, stores[0])
     units, to_run = [], []
     for method in first.available(methods):
         settings = queries.settings_digest(first.settings(method))
@@ -220,7 +220,8 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
             to_run.append(method)
     # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
     others = [(store, queries.existing_experiment(name, store)) for store in stores[1:]]
-    runners = [(store, studies.Baselines(config, cohort, found, data_root)) for store, found in others if found is not None]
+    runners = [(store, studies.Baselines(config, cohort, found, data_root, store)) for store, found in others
+               if found is not None]  # fmt: skip
     for store, runner in [*runners, (stores[0], first)]:
         use_store(store)
         held = {(unit.method, unit.split) for unit in units}

@@ -35,7 +35,7 @@ import pandas as pd
 from garlic import studies
 from garlic.config import Config
 from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
-from garlic.evaluation.stats import mean_std, paired_difference
+from garlic.evaluation.stats import paired_difference
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import read_manifest
 from garlic.metrics import binary_metrics
@@ -78,7 +78,7 @@ def train_and_keep(preset: str, overrides: list[str], splits: list[int], store: 
              (Config.for_dataset(DATASET), BASELINES, None)]  # fmt: skip
     rows = []
     for config, methods, named_preset in plans:
-        runner = studies.Baselines(config.override({"split_protocol": PROTOCOL}), cohort, experiment, data_root)
+        runner = studies.Baselines(config.override({"split_protocol": PROTOCOL}), cohort, experiment, data_root, store)
         for record in runner.run(list(methods), train).to_dict("records"):
             row = {"method": row_name(record["method"], named_preset), "split": record["split"],
                    "run_id": record["run_id"], "settings": queries.settings_digest(runner.settings(record["method"])),

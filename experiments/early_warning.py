@@ -84,7 +84,7 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
         records = []
         for preset, config in configs.items():
             runner = studies.Baselines(config.override({"split_protocol": protocol_name}), cohort, experiment,
-                                       data_root)  # fmt: skip
+                                       data_root, store)  # fmt: skip
             chosen = methods if preset is None else ["garlic"]
             records += [(preset or record["method"], runner.settings(record["method"]), record)
                         for record in runner.run(chosen, train).to_dict("records")]  # fmt: skip

@@ -8,13 +8,17 @@ one another.
 Resuming: every unit of work (one condition on one split) is an MLflow run tagged with what identifies it (study,
 condition, split, ... and a digest of its settings). Before a unit runs, the experiment is searched for a FINISHED
 run with the same tags (``queries.finished_run``); if there is one, its metrics are reused and nothing is retrained.
-A crashed or interrupted run is left FAILED/RUNNING and so is redone.
+A crashed or interrupted run is left FAILED/RUNNING; a method that resumes (``contract.can_resume``) saved the state
+of its fit under the store as it trained (``fit_and_test_resuming``), and the unit goes on from that state in its
+own run; any other is redone.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import shutil
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -34,11 +38,12 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, dataset_name, ensure_process
 from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts  # noqa: E402
 from garlic.methods import registry  # noqa: E402
-from garlic.methods.contract import Method  # noqa: E402
+from garlic.methods.contract import Method, can_resume  # noqa: E402
 from garlic.tracking import run_contract  # noqa: E402
 from garlic.tracking.archive import RunArchive, study_archive  # noqa: E402
-from garlic.tracking.queries import finished_run, settings_digest, stored_runs  # noqa: E402
-from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
+from garlic.tracking.queries import finished_run, interrupted_run, settings_digest, stored_runs  # noqa: E402
+from garlic.tracking.store import DEFAULT_STORE, claim_run, use_experiment, use_store  # noqa: E402
+from garlic.training.state import load_training_state, save_training_state  # noqa: E402
 from garlic.evaluation.stats import mean_std  # noqa: E402
 from garlic.training.workers import add_worker_arguments, check_worker_arguments, die_with_parent  # noqa: E402
 from garlic.io.tables import LABELS, read_manifest  # noqa: E402
@@ -160,9 +165,12 @@ Predictions = Callable[[str], pd.DataFrame]
 
 
 def resumable(
-    experiment_id: str, tags: dict, run_name: str, work: Callable[[], dict[str, float]]
+    experiment_id: str, tags: dict, run_name: str, work: Callable[[], dict[str, float]], store: Path | None = None
 ) -> tuple[dict[str, float], str, bool]:
-    """Run ``work`` inside a new MLflow run of the experiment, tagged ``tags``, unless a finished one exists.
+    """Run ``work`` inside a new MLflow run of the experiment, tagged ``tags``, unless a finished one exists; with
+    ``store``, inside the run of those tags that stopped with a training state in it (``queries.interrupted_run``),
+    where ``work`` goes on from that state (``fit_and_test_resuming``). A run is held (``claim_run``) while it
+    trains: a second process never continues it at the same time.
 
     Returns (metrics, run id, reused). ``work`` logs what it likes, its metrics included (as
     ``garlic.evaluation.fit_and_test.fit_and_test`` does), and returns the metrics to report.
@@ -172,9 +180,29 @@ def resumable(
     if found is not None:
         log.info("reusing finished run %s (%s)", found.info.run_id, run_name)
         return dict(found.data.metrics), found.info.run_id, True
+    stopped = None if store is None else interrupted_run(experiment_id, tags, store)
+    if stopped is not None:
+        log.info("resuming run %s (%s) from its training state", stopped, run_name)
+        with claim_run(store, stopped), mlflow.start_run(run_id=stopped) as run:
+            return work(), run.info.run_id, False
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
-        metrics = work()
+        with claim_run(store, run.info.run_id) if store is not None else nullcontext():
+            metrics = work()
     return metrics, run.info.run_id, False
+
+
+def fit_and_test_resuming(method: Method, parts: dict, config: Config, store: Path) -> dict[str, float]:
+    """``fit_and_test`` in the active run; a method that resumes (``contract.can_resume``) saves the state of its
+    fit (``garlic.training.state``, checked against ``config``) under ``store`` after every epoch and within long
+    ones, and goes on from the state a stopped fit of this run left there. The state is removed once tested."""
+    path = run_contract.training_state_path(store, mlflow.active_run().info.run_id)
+    if not can_resume(method):
+        return fit_and_test(method, parts)
+    resume = load_training_state(path, config) if path.is_file() else None
+    method.set_training_hooks(on_state=lambda state: save_training_state(path, state, config), resume=resume)
+    metrics = fit_and_test(method, parts)
+    shutil.rmtree(path.parent, ignore_errors=True)
+    return metrics
 
 
 def results_table(records: pd.DataFrame, by: list[str], metrics=TEST_METRICS) -> pd.DataFrame:
@@ -228,8 +256,9 @@ BASELINE_STUDY = "baseline"  # the study tag of ``Baselines``' runs
 class Baselines:
     """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run."""
 
-    def __init__(self, config: Config, cohort: Cohort, experiment_id: str, data_root):
-        self.config, self.cohort, self.experiment_id = config, cohort, experiment_id
+    def __init__(self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path):
+        """``store``: the MLflow store of ``experiment_id``, where the units' training states are kept."""
+        self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, Path(store)
         folder = processed_folder(config.dataset, data_root)
         self.context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
         self.data_digest = run_contract.manifest_digest(read_manifest(folder))  # a run on other data is never reused
@@ -258,13 +287,15 @@ class Baselines:
                     continue
                 def work(method=method, split=split) -> dict[str, float]:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
-                    return fit_and_test(self.method(method), split_parts(self.cohort.tensors, split))
+                    return fit_and_test_resuming(self.method(method), split_parts(self.cohort.tensors, split),
+                                                 self.config, self.store)  # fmt: skip
 
                 tags = {"study": BASELINE_STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
                         "method": method, "split": split.name,
                         "settings": settings_digest(self.settings(method))}  # fmt: skip
                 if not train and finished_run(self.experiment_id, tags) is None:
                     continue
-                metrics, run_id, _ = resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work)
+                metrics, run_id, _ = resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work,
+                                               self.store)  # fmt: skip
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
         return pd.DataFrame(records)

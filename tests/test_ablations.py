@@ -76,12 +76,12 @@ def test_joint_training_stays_in_the_reconstruction_stage_and_trains_the_graph_e
 def test_variants_run_on_the_same_split_and_resume(data_root, store):
     loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
     experiment = studies.open_experiment("ablations-synthetic", store)
-    records = run_variants(command_config(), loaded, experiment, ["full", "no_graph"])
+    records = run_variants(command_config(), loaded, experiment, store, ["full", "no_graph"])
     assert list(records["variant"]) == ["full", "no_graph"]
     assert np.isfinite(records["test_auroc"]).all() and np.isfinite(records["test_ece_scaled"]).all()
     # The planted graph is scored only where a graph is learned.
     assert np.isfinite(records.loc[0, "edge_recovery_auroc"]) and np.isnan(records.loc[1, "edge_recovery_auroc"])
-    again = run_variants(command_config(), loaded, experiment, ["full", "no_graph"])
+    again = run_variants(command_config(), loaded, experiment, store, ["full", "no_graph"])
     assert list(again["run_id"]) == list(records["run_id"])
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 2
 

@@ -118,7 +118,7 @@ def test_the_baselines_runner_logs_each_methods_test_predictions_and_reuses_a_fi
     config = Config().override(TINY)
     loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
     experiment = studies.open_experiment("baselines-test", tmp_path / "mlruns")
-    runner = studies.Baselines(config, loaded, experiment, data_root)
+    runner = studies.Baselines(config, loaded, experiment, data_root, tmp_path / "mlruns")
     methods = ["saps", "sofa", "logreg"]  # each method's own fit and risks: tests/test_method_conformance.py
     records = runner.run(methods)
     assert list(records["method"]) == methods

@@ -486,3 +486,38 @@ def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_f
     assert runs.load_predictor(results[1].run_id, store).method.hidden_dim == 8
     _, (whole,) = train([1], tmp_path / "whole")
     assert results[1].test == whole.test
+
+
+def test_a_study_unit_stopped_half_way_goes_on_in_its_own_run_and_ends_as_the_uninterrupted_one(cohort, tmp_path,
+                                                                                                 monkeypatch):  # fmt: skip
+    # The studies' units (experiments.compare's methods, early_warning's GARLIC presets, the ablations) keep their
+    # fit's state as `garlic train` does: a machine that goes away costs the epoch under way, not the unit.
+    from garlic import studies
+
+    root, _, _ = cohort
+    config = Config.for_dataset("synthetic").override({**SMALL, "max_epochs": 3, "split_protocol": "five-split"})
+    loaded = studies.load_cohort("synthetic", root, "five-split", [0])
+
+    def unit_in(store: Path) -> studies.Baselines:
+        return studies.Baselines(config, loaded, studies.open_experiment("baselines-synthetic", store), root, store)
+
+    whole = unit_in(tmp_path / "whole").run(["garlic"])
+    saved = studies.save_training_state
+
+    def save_then_die(path, state, config):  # the first state is saved, then the machine goes away
+        saved(path, state, config)
+        raise KeyboardInterrupt("the machine went away")
+
+    store = tmp_path / "stopped"
+    monkeypatch.setattr(studies, "save_training_state", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        unit_in(store).run(["garlic"])
+    monkeypatch.undo()
+    (stopped,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    state = run_contract.training_state_path(store, stopped.info.run_id)
+    assert stopped.info.status != "FINISHED" and state.is_file()
+    resumed = unit_in(store).run(["garlic"])
+    assert list(resumed["run_id"]) == [stopped.info.run_id] and not state.exists()
+    assert mlflow.get_run(stopped.info.run_id).info.status == "FINISHED"
+    tested = [column for column in whole.columns if column.startswith("test_")]
+    pd.testing.assert_frame_equal(resumed[tested], whole[tested])

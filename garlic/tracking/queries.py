@@ -86,6 +86,19 @@ def finished_run(experiment_id: str, tags: dict[str, str]) -> mlflow.entities.Ru
     return found[0] if found else None
 
 
+def interrupted_run(experiment_id: str, tags: dict[str, str], store: Path) -> str | None:
+    """The newest run of the experiment carrying all of ``tags`` that stopped before it finished (killed, failed, or
+    left RUNNING by a process that died with its machine) and kept its training state in ``store``
+    (``run_contract.training_state_path``), to be continued rather than trained again; None when there is none."""
+    conditions = [f"tags.{key} = '{value}'" for key, value in tags.items()] + [f"attributes.status != '{FINISHED}'"]
+    stopped = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=" and ".join(conditions),
+                                 order_by=["attributes.start_time DESC"], output_format="list")  # fmt: skip
+    for run in stopped:
+        if run_contract.training_state_path(store, run.info.run_id).is_file():
+            return run.info.run_id
+    return None
+
+
 def unit_runs(store: Path, config: Config, split_name: str, data_digest: str, finished: bool) -> list:
     """GARLIC's runs of ``config`` on ``split_name`` of the data ``data_digest`` in ``store``, the newest first: the
     FINISHED ones, or (``finished`` False) those that stopped before the end."""
