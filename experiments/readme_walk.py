@@ -108,17 +108,19 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
     run_ids: dict[str, str] = {}
     steps = []
     background: dict[str, tuple[subprocess.Popen, int]] = {}  # a server's words -> it and its port
+    stopping: list[subprocess.Popen] = []  # servers told to stop: they wind down while the next lines run
     try:
         for line in readme_lines(readme):
-            steps.append(_walk_line(line, work, quick, shared, env, run_ids, background, say))
+            steps.append(_walk_line(line, work, quick, shared, env, run_ids, background, stopping, say))
     finally:
-        for process, _ in background.values():
+        for process in [*(process for process, _ in background.values()), *stopping]:
             _stop(process)
     return steps
 
 
 def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_ids: dict[str, str],
-               background: dict[str, tuple[subprocess.Popen, int]], say) -> Step:  # fmt: skip
+               background: dict[str, tuple[subprocess.Popen, int]], stopping: list[subprocess.Popen],
+               say) -> Step:  # fmt: skip
     """Run one README line (see ``walk``)."""
     command, skipped = line.removeprefix("bin/setup && "), ""
     if "-m pytest" in command:
@@ -154,7 +156,8 @@ def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_
         if in_background:
             background[server] = (process, port)
         else:
-            _stop(process)
+            process.terminate()
+            stopping.append(process)
     else:
         result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
         output = result.stdout
