@@ -43,6 +43,9 @@ class Config:
     # the hours since admission of the time a risk is asked at, into the classifier: an hourly task's risk depends on
     # how far into the stay it is asked (the Sepsis Challenge's winners fed ICULOS to their trees)
     hours_input: bool = False
+    # what a network learns at each prediction time: its label, or (on a task scored by the Sepsis Challenge's
+    # utility) where an alarm gains utility, weighted by the gain (IrregularDataset.with_utility_targets)
+    hourly_target: str = "label"
     # optimisation
     batch_size: int = 64
     lr_cls: float = 1e-4
@@ -218,6 +221,7 @@ CHECKS: dict[str, Callable] = {
     "signal_layout": _one_of(lambda: ("variables", "code")),  # garlic.models.reference.SIGNAL_LAYOUTS
     "schedule": _one_of(lambda: ("compact", "reference")),  # garlic.training.schedules.TRAINERS
     "lr_schedule": _one_of(lambda: ("plateau", "cosine")),  # garlic.training.alternating.AlternatingTrainer
+    "hourly_target": _one_of(lambda: ("label", "utility")),
     "window_size": _from_to(1, 512),
     "hidden_dim": _from_to(1, 4096),
     "feature_dim": _from_to(1, 1024),

@@ -208,12 +208,39 @@ def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_nee
     assert checked > 5
     model.fit(dataset, dataset)
     assert model.name == "hourly_gbm_utility" and model.chosen_["validation_auroc"] > 0.5
+    # GARLIC learns the same targets: its weighted loss ignores the hours of weight 0 and weighs the others.
+    from garlic.config import Config
+    from garlic.data.batches import collate
+    from garlic.models.architectures import build_model
+    from garlic.models.network_config import NetworkConfig
+    from garlic.training.losses import stage_losses
+
+    recast = dataset.with_utility_targets()
+    np.testing.assert_array_equal(recast.targets.numpy(), targets)
+    np.testing.assert_allclose(recast.target_weights.numpy(), weights, rtol=1e-6)
+    config = Config.for_dataset("physionet2019-hourly").override({"hidden_dim": 8, "feature_dim": 4})
+    torch.manual_seed(0)
+    network = build_model(len(tensors.variables), len(tensors.static_features), NetworkConfig.from_run(config)).eval()
+    batch = collate([recast[position] for position in range(8)])
+
+    def bce() -> float:
+        with torch.no_grad():
+            return float(stage_losses(network, batch, config)["bce"])
+
+    before = bce()
+    unweighted = batch.queries.weights == 0
+    assert unweighted.any() and (~unweighted).any()
+    batch.queries.labels[unweighted] = 1 - batch.queries.labels[unweighted]
+    assert bce() == pytest.approx(before, rel=1e-6)
+    batch.queries.labels[~unweighted] = 1 - batch.queries.labels[~unweighted]
+    assert bce() != pytest.approx(before, rel=1e-3)
     # On a task not scored by the utility it is refused before anything is trained.
-    with pytest.raises(SystemExit):
-        main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
-              "synthetic", "--method", "hourly_gbm_utility"])  # fmt: skip
-    assert "learns the sepsis-utility score, but this dataset's task is scored by its labels alone" in (
-        capsys.readouterr().err)
+    for asked in (["--method", "hourly_gbm_utility"], ["--set", "hourly_target=utility"]):
+        with pytest.raises(SystemExit):
+            main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
+                  "synthetic", *asked])  # fmt: skip
+        assert "learns the sepsis-utility score, but this dataset's task is scored by its labels alone" in (
+            capsys.readouterr().err)
 
 
 def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys):
@@ -312,10 +339,11 @@ def test_the_replay_asks_an_hourly_model_at_each_hour(hourly_root):
     np.testing.assert_allclose(curve, risks[test.prediction_times.stay == 0])
 
 
-def test_garlic_trains_on_every_hour_and_is_tested_by_utility(hourly_root, tmp_path, capsys):
+@pytest.mark.parametrize("target", ["label", "utility"])
+def test_garlic_trains_on_every_hour_and_is_tested_by_utility(hourly_root, tmp_path, capsys, target):
     main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
           "physionet2019-hourly", "--split", "0", "--set", "max_epochs=1", "--set", "hidden_dim=8", "--set",
-          "feature_dim=4"])  # fmt: skip
+          "feature_dim=4", "--set", f"hourly_target={target}"])  # fmt: skip
     run_id = capsys.readouterr().out.split("(run ")[1].split(",")[0]
     import mlflow
 

@@ -207,7 +207,7 @@ def test_every_entrys_settings_are_those_its_archived_runs_are_keyed_by(configur
         assert list(registry.method(name).settings(context).items()) == list(pinned[name].items()), name
     # GARLIC's settings are its config, as its units are keyed (``queries.config_digest``): keys added later, at the
     # value that trains as before, are left out, so that units trained before them are still found
-    later = {"lr_schedule": "plateau", "hours_input": False}
+    later = {"lr_schedule": "plateau", "hours_input": False, "hourly_target": "label"}
     expected = {k: v for k, v in config.to_dict().items() if later.get(k, object()) != v}
     assert registry.method("garlic").settings(context) == expected and "seed" in expected
 

@@ -85,7 +85,8 @@ def test_early_stopping_counts_only_gains_of_the_tolerance(cohort, monkeypatch, 
     _, tensors, parts = cohort
     # Every epoch beats the last, by less than 1e-3 after the first: the best epoch is still the last one run.
     scores = iter([0.70, 0.7004, 0.7008, 0.7009, 0.7010, 0.7011])
-    monkeypatch.setattr(garlic.training.trainer, "binary_metrics", lambda labels, risk: {"auroc": next(scores), "auprc": 0.5})
+    monkeypatch.setattr(garlic.training.trainer, "binary_metrics",
+                        lambda labels, risk, weights=None: {"auroc": next(scores), "auprc": 0.5})
     config = Config().override({**FAST, "early_stopping": 3, "early_stopping_tolerance": tolerance, "max_epochs": 6})
     fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
         parts["train"], parts["validation"]

@@ -1,6 +1,7 @@
 """Batches for the model: a dataset over the cached tensors, normalised with training statistics only."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
 from functools import cached_property
 
@@ -10,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from garlic.data.splits import Normalisation
 from garlic.io.tensors import IrregularTensors, PredictionTimes
+from garlic.metrics.utility import SEPSIS_UTILITY, stay_lengths, utility_targets
 
 
 @dataclass
@@ -19,8 +21,9 @@ class Queries:
     stay   [P] the stay's row in the batch
     steps  [P] how many of its steps the prediction time sees (0: none yet)
     index  [P] the prediction time's position in the dataset's ``prediction_times``
-    labels [P] 0/1 outcome at that time
+    labels [P] 0/1 outcome at that time (the dataset's ``targets``)
     time   [P] hours since admission of the prediction time
+    weights [P] what each one weighs in the loss (the dataset's ``target_weights``), or None: all alike
     """
 
     stay: torch.Tensor
@@ -28,9 +31,11 @@ class Queries:
     index: torch.Tensor
     labels: torch.Tensor
     time: torch.Tensor
+    weights: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> "Queries":
-        return Queries(*(getattr(self, f.name).to(device) for f in fields(self)))
+        return Queries(*(None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                         for f in fields(self)))  # fmt: skip
 
 
 @dataclass
@@ -63,6 +68,11 @@ class Batch:
         """What the risks are compared with: the outcome at each prediction time, or each stay's."""
         return self.labels if self.queries is None else self.queries.labels
 
+    @property
+    def target_weights(self) -> torch.Tensor | None:
+        """What each of ``targets`` weighs in the loss; None: all alike."""
+        return None if self.queries is None else self.queries.weights
+
     def __len__(self) -> int:
         return len(self.labels)
 
@@ -73,6 +83,9 @@ class IrregularDataset(Dataset):
 
     The normalised model inputs are made on first use: a method that reads the raw ``tensors`` (the summary and
     hourly baselines) never pays for them, which on a long-stay cohort is gigabytes.
+
+    ``targets`` are what a network learns at each prediction time: its label, or what ``with_utility_targets``
+    makes of it, with ``target_weights`` (None: all alike).
     """
 
     def __init__(self, tensors: IrregularTensors, normalisation: Normalisation):
@@ -83,6 +96,7 @@ class IrregularDataset(Dataset):
         self.labels = torch.from_numpy(tensors.labels)
         self.prediction_times = tensors.prediction_times()
         self.targets = torch.from_numpy(self.prediction_times.label.astype("float32"))
+        self.target_weights: torch.Tensor | None = None
         if tensors.task is not None:  # each stay's prediction times: rows first..last of ``prediction_times``
             self.query_bounds = np.searchsorted(self.prediction_times.stay, np.arange(len(tensors) + 1))
             self.query_steps = torch.from_numpy(steps_seen(tensors, self.prediction_times))
@@ -118,7 +132,25 @@ class IrregularDataset(Dataset):
             rows = slice(int(self.query_bounds[index]), int(self.query_bounds[index + 1]))
             item |= {"query_steps": self.query_steps[rows], "query_index": torch.arange(rows.start, rows.stop),
                      "query_labels": self.targets[rows], "query_time": self.query_times[rows]}  # fmt: skip
+            if self.target_weights is not None:
+                item["query_weights"] = self.target_weights[rows]
         return item
+
+    def with_utility_targets(self) -> "IrregularDataset":
+        """This dataset (sharing its tensors) with the targets of a task scored by the Sepsis Challenge's utility
+        recast as what the utility rewards (``garlic.metrics.utility.utility_targets``): 1 where an alarm gains, each
+        prediction time weighted by the size of its gain, so that a weighted loss is least where the alarms are
+        those of highest expected utility (cost-sensitive learning). The prediction times must be every hour of each stay, in order, as the
+        utility counts them."""
+        times = self.prediction_times
+        if times.score != SEPSIS_UTILITY:
+            raise ValueError(f"utility targets need a task scored by {SEPSIS_UTILITY}; this one is scored by "
+                             f"{times.score or 'its labels alone'}")  # fmt: skip
+        gains, weights = utility_targets(times.label, stay_lengths(times.stay))
+        recast = copy.copy(self)
+        recast.targets = torch.from_numpy(gains.astype("float32"))
+        recast.target_weights = torch.from_numpy(weights.astype("float32"))
+        return recast
 
 
 def steps_seen(tensors: IrregularTensors, times: PredictionTimes) -> np.ndarray:
@@ -143,7 +175,9 @@ def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
                           steps=torch.cat([item["query_steps"] for item in items]),
                           index=torch.cat([item["query_index"] for item in items]),
                           labels=torch.cat([item["query_labels"] for item in items]),
-                          time=torch.cat([item["query_time"] for item in items]))  # fmt: skip
+                          time=torch.cat([item["query_time"] for item in items]),
+                          weights=(torch.cat([item["query_weights"] for item in items])
+                                   if "query_weights" in items[0] else None))  # fmt: skip
     return Batch(
         values=torch.stack([item["values"][:steps] for item in items]),
         mask=torch.stack([item["mask"][:steps] for item in items]),

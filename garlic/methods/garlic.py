@@ -22,8 +22,9 @@ import torch
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.explain.built_in import normalised_graph
-from garlic.methods.contract import check_fitted, fitted_inputs
+from garlic.methods.contract import check_fitted, check_learns_score, fitted_inputs
 from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, load_weights, read_fitted
+from garlic.metrics.utility import SEPSIS_UTILITY
 from garlic.models.architectures import build_model
 from garlic.models.network_config import NetworkConfig
 from garlic.tracking.run_contract import GARLIC
@@ -63,6 +64,11 @@ class GarlicEstimator(NetworkMethod):
         return self
 
     @property
+    def learns_score(self) -> str | None:
+        """With ``hourly_target`` 'utility', what the Sepsis Challenge's utility rewards (``contract.learns_score``)."""
+        return SEPSIS_UTILITY if self.config.hourly_target == "utility" else None
+
+    @property
     def at_prediction_times(self) -> bool:
         """The compact network answers any prediction time (``Garlic.classify_queries``, one pass per stay); the
         reference one gives one risk per stay."""
@@ -73,6 +79,9 @@ class GarlicEstimator(NetworkMethod):
 
         from garlic.training.schedules import make_trainer
 
+        if self.learns_score is not None:
+            check_learns_score(self, train.prediction_times.score, "GARLIC with hourly_target=utility")
+            train, validation = train.with_utility_targets(), validation.with_utility_targets()
         tensors = train.tensors
         trainer = make_trainer(self.config, len(tensors.variables), len(tensors.static_features))
         hooks = self.training_hooks()

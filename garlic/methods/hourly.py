@@ -8,9 +8,9 @@ hours since it, how many values so far, the last change (last minus the one befo
 itself (ICU hours so far). Vectorised over stays, steps and variables, a bounded chunk of stays at a time.
 
 A model's target is each prediction time's label, or (``target='utility'``, on a task scored by the Sepsis
-Challenge's utility) what alarming there is worth: the utility is a sum over hours of what each hour's alarm or
-silence earns (``garlic.metrics.utility.hour_worth``), so the alarm that maximises its expectation at an hour is
-the one whose expected gain, alarmed minus silent, is positive. A classifier of "the gain is positive", each hour
+Challenge's utility) what alarming there is worth (``garlic.metrics.utility.utility_targets``): the utility is a sum
+over hours of what each hour's alarm or silence earns, so the alarm that maximises its expectation at an hour is the
+one whose expected gain, alarmed minus silent, is positive. A classifier of "the gain is positive", each hour
 weighted by the size of its gain, learns that decision (cost-sensitive learning): hours 6 to 12 before onset, whose
 label is still 0, count as the hours to alarm at, and the hours more than 3 after onset, whose label is 1 but whose
 alarm earns nothing, count for nothing.
@@ -26,7 +26,7 @@ from sklearn.base import BaseEstimator
 
 from garlic.data.batches import IrregularDataset
 from garlic.io.tensors import IrregularTensors, PredictionTimes
-from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, hour_worth, stay_lengths
+from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths, utility_targets
 from garlic.methods.contract import check_fitted, check_learns_score
 from garlic.methods.summary import CANDIDATES, ChosenClassifier
 
@@ -137,21 +137,19 @@ class HourlyModel(ChosenClassifier):
     def targets(self, dataset: IrregularDataset) -> np.ndarray:
         if self.target == "label":
             return dataset.prediction_times.label
-        return (self._gain(dataset) > 0).astype(np.int8)
+        return self._utility_targets(dataset)[0].astype(np.int8)
 
     def sample_weights(self, dataset: IrregularDataset) -> np.ndarray | None:
-        return None if self.target == "label" else np.abs(self._gain(dataset))
+        return None if self.target == "label" else self._utility_targets(dataset)[1]
 
     @property
     def learns_score(self) -> str | None:
         return SEPSIS_UTILITY if self.target == "utility" else None
 
-    def _gain(self, dataset: IrregularDataset) -> np.ndarray:
-        """What alarming gains over silence at each prediction time (``hour_worth``)."""
+    def _utility_targets(self, dataset: IrregularDataset) -> tuple[np.ndarray, np.ndarray]:
         times = dataset.prediction_times
         check_learns_score(self, times.score, self.name)
-        worth = hour_worth(times.label, stay_lengths(times.stay))
-        return worth.alarmed - worth.silent
+        return utility_targets(times.label, stay_lengths(times.stay))
 
     def columns(self, inputs: dict) -> int:
         return len(STATISTICS) * len(inputs["variables"]) + len(inputs["static_features"]) + 1

@@ -18,13 +18,17 @@ def expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bi
 METRICS = ("auroc", "auprc", "brier", "ece")
 
 
-def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
-    """AUROC, AUPRC, Brier score and expected calibration error (AUROC/AUPRC are NaN with one class only)."""
+def binary_metrics(
+    labels: np.ndarray, probabilities: np.ndarray, weights: np.ndarray | None = None
+) -> dict[str, float]:
+    """AUROC, AUPRC, Brier score and expected calibration error (AUROC/AUPRC are NaN with one class only); with
+    ``weights``, AUROC and AUPRC weigh each row by its weight (a row of weight 0 counts for nothing)."""
     labels, probabilities = np.asarray(labels, dtype=float), np.asarray(probabilities, dtype=float)
     both_classes = 0 < labels.sum() < len(labels)
     return {
-        "auroc": float(roc_auc_score(labels, probabilities)) if both_classes else float("nan"),
-        "auprc": float(average_precision_score(labels, probabilities)) if both_classes else float("nan"),
+        "auroc": float(roc_auc_score(labels, probabilities, sample_weight=weights)) if both_classes else float("nan"),
+        "auprc": (float(average_precision_score(labels, probabilities, sample_weight=weights)) if both_classes
+                  else float("nan")),  # fmt: skip
         "brier": float(np.mean((probabilities - labels) ** 2)),
         "ece": expected_calibration_error(labels, probabilities),
     }

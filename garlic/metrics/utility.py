@@ -114,6 +114,17 @@ def hour_worth(labels, lengths) -> HourWorth:
                      best=septic & (DT_EARLY <= r) & (r <= DT_LATE), stay=stay)  # fmt: skip
 
 
+def utility_targets(labels, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """What the utility rewards at each hour, as a weighted classification: (whether an alarm there gains over
+    silence, by how much it gains or loses). The gain (``hour_worth``: alarmed - silent) is positive from 12 h before
+    onset to 3 h after, -0.05 at the other hours of a stay, 0 more than 3 h after onset and at 12 h before. A
+    predictor that alarms exactly where the expected gain is positive maximises the expected utility, hour by hour,
+    and a classifier weighted by the gain's size learns that decision (cost-sensitive learning)."""
+    worth = hour_worth(labels, lengths)
+    gain = worth.alarmed - worth.silent
+    return gain > 0, np.abs(gain)
+
+
 def stay_utilities(labels, predictions, lengths) -> np.ndarray:
     """The Challenge's utility of each stay (its ``compute_prediction_utility``): the sum over its hours."""
     worth = hour_worth(labels, lengths)

@@ -30,7 +30,7 @@ FINISHED = "FINISHED"  # MLflow's status of a run that ended well
 IGNORED_PARAMS = {"device"}  # where a run was trained does not change what it is
 # Config keys added after units were archived, with the value that trains as before: at that value they stay out of
 # the settings digest, so that the archived units of unchanged presets are still found.
-LATER_KEYS = {"lr_schedule": "plateau", "hours_input": False}
+LATER_KEYS = {"lr_schedule": "plateau", "hours_input": False, "hourly_target": "label"}
 
 
 def is_finished(run: mlflow.entities.Run) -> bool:

@@ -46,6 +46,8 @@ def stage_losses(
     output = forward(network or model, batch)
     targets = batch.targets  # each stay's outcome, or the outcome at each prediction time
     per_target = None if weights is None else torch.where(targets > 0.5, weights[1], weights[0])
+    if batch.target_weights is not None:  # the dataset's own weights (``IrregularDataset.with_utility_targets``)
+        per_target = batch.target_weights if per_target is None else per_target * batch.target_weights
     bce = F.binary_cross_entropy_with_logits(output.logits - model.logit_offset, targets, per_target)
     mse = model.reconstruction_loss(output, batch.values, batch.mask)
     return {
@@ -60,7 +62,8 @@ def stage_losses(
 @torch.no_grad()
 def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_size: int = INFERENCE_BATCH) -> dict:
     """Risk per stay, or per prediction time (in dataset order), and the mean loss parts and stage objectives over
-    ``dataset`` (the BCE per target, the reconstruction error per stay)."""
+    ``dataset`` (the BCE per target, weighted by the dataset's ``target_weights`` where it has them; the
+    reconstruction error per stay)."""
     model.eval()
     probabilities = torch.empty(len(dataset.targets))
     totals = {"bce": 0.0, "mse": 0.0}
@@ -68,7 +71,8 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
         output = forward(model, batch)
         targets = positions if batch.queries is None else batch.queries.index.cpu()
         probabilities[targets] = torch.sigmoid(output.logits).cpu()
-        totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.targets, reduction="sum"))
+        totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.targets, batch.target_weights,
+                                                                  reduction="sum"))  # fmt: skip
         totals["mse"] += float(model.reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
     losses = {"bce": totals["bce"] / max(len(dataset.targets), 1), "mse": totals["mse"] / max(len(dataset), 1)}
     penalty = float(graph_penalty(model))

@@ -215,7 +215,8 @@ class Trainer:
             underway = None
             trained = self.run_epoch(epoch_pass, progress)
             checked = self.validate(validation)
-            scores = binary_metrics(validation.targets.numpy(), checked["probabilities"])
+            weights = None if validation.target_weights is None else validation.target_weights.numpy()
+            scores = binary_metrics(validation.targets.numpy(), checked["probabilities"], weights)
             losses = checked["losses"]
             self.after_validation(progress, trained, losses)
             record = EpochRecord(
