@@ -11,8 +11,8 @@ preprocess physionet2019 --cohort hourly``). Each run chooses its alarm threshol
 tested once.
 
 With ``--out``, each unit is kept in ``OUT/physionet2019-hourly-runs/``: ``runs.csv`` (the unit's run, settings,
-threshold and hourly test AUROC and AUPRC) and, per unit, its test stays' ``garlic.metrics.utility.stay_parts`` at
-that threshold (``<method>/<protocol>-split_<k>.csv.gz``): what every ward score of the table is summed from, so
+threshold, validation utility at it, hourly test AUROC and AUPRC) and, per unit, its test stays'
+``garlic.metrics.utility.stay_parts`` at that threshold (``<method>/<protocol>-split_<k>.csv.gz``): what every ward score of the table is summed from, so
 the table is made again from the repository alone, and a bootstrap over stays redraws rows. Then
 ``early-warning.md`` and ``early-warning.csv``: per method and protocol the utility, hourly AUROC and AUPRC (mean
 +/- std over splits), the share of septic stays warned in time, the median hours of warning before onset and the
@@ -38,7 +38,7 @@ from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
 from garlic.evaluation.stats import BOOTSTRAP
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import read_manifest
-from garlic.metrics.utility import STAY_PARTS, stay_lengths, stay_parts, ward_scores
+from garlic.metrics.utility import STAY_PARTS, choose_threshold, stay_lengths, stay_parts, ward_scores
 from garlic.tracking import queries, run_contract
 
 log = logging.getLogger("experiments")
@@ -48,7 +48,8 @@ METHODS = ("hourly_gbm", "hourly_logreg", "alarm_after_hour")
 FLOOR = "alarm_after_hour"
 PROTOCOLS = ("five-split", "cross-hospital", "in-hospital")
 TABLE = "early-warning"
-RUN_COLUMNS = ["method", "protocol", "split", "run_id", "settings", "data_digest", "threshold", "auroc", "auprc"]
+RUN_COLUMNS = ["method", "protocol", "split", "run_id", "settings", "data_digest", "threshold", "validation_utility",
+               "auroc", "auprc"]  # fmt: skip
 WARD = ("utility", "warned_in_time", "median_warning_hours", "false_alarms_per_100_days")
 
 
@@ -71,6 +72,14 @@ def unit_parts(store: Path, run_id: str, threshold: float) -> pd.DataFrame:
     return pd.DataFrame({"stay_id": stay_ids[first_rows], **parts})
 
 
+def validation_utility(store: Path, run_id: str) -> float:
+    """The utility of a run's validation predictions at the threshold it chose on them (their best): what a search
+    of configurations compares, the test unread."""
+    predictions = queries.test_predictions(store, run_id, "validation")
+    lengths = stay_lengths(predictions["stay_id"].to_numpy())
+    return choose_threshold(predictions["label"].to_numpy(), predictions["risk"].to_numpy(), lengths).normalised_utility
+
+
 def train_and_keep(methods: list[str], presets: list[str], protocols: list[str], store: Path, data_root: Path,
                    out: Path | None, train: bool) -> pd.DataFrame:  # fmt: skip
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its stays' parts kept there."""
@@ -91,7 +100,8 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
         for name, settings, record in records:
             row = {"method": name, "protocol": protocol_name, "split": record["split"],
                    "run_id": record["run_id"], "settings": queries.settings_digest(settings),
-                   "data_digest": digest, "threshold": record["threshold"], "auroc": record["test_auroc"],
+                   "data_digest": digest, "threshold": record["threshold"],
+                   "validation_utility": validation_utility(store, record["run_id"]), "auroc": record["test_auroc"],
                    "auprc": record["test_auprc"]}  # fmt: skip
             rows.append(row)
             if out is not None:
@@ -135,6 +145,7 @@ def table(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
         utilities = [ward_scores(as_parts(frame))["utility"] for frame in frames]
         pooled = ward_scores(as_parts(pd.concat(frames, ignore_index=True)))
         rows.append({"method": method, "protocol": protocol_name, "runs": len(group),
+                     "validation_utility": group["validation_utility"].mean(),
                      "utility_mean": np.mean(utilities), "utility_std": np.std(utilities),
                      "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
                      "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
@@ -197,14 +208,17 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
         "never septic or more than 12 h before onset, per 100 patient-days. Means +/- std over the protocol's "
         "splits; the ward columns pool the protocol's test stays. `cross-hospital` split 0 trains on A and tests "
         "on B, split 1 the reverse; `in-hospital` is the same models on their own hospital's held-out tenth. A row "
-        "with fewer runs than its protocol has splits (five-split: 5, the others: 2) is not finished yet.",
+        "with fewer runs than its protocol has splits (five-split: 5, the others: 2) is not finished yet. "
+        "Validation utility: the mean over splits of each run's utility on its validation stays at the threshold "
+        "it chose there, what a choice between configurations reads (the test unread).",
         "",
-        "| method | protocol | runs | utility | hourly AUROC | hourly AUPRC | warned in time | warning hours | "
-        "false alarms / 100 days |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | protocol | runs | validation utility | utility | hourly AUROC | hourly AUPRC | warned in time | "
+        "warning hours | false alarms / 100 days |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summary.itertuples():
-        lines.append(f"| {row.method} | {row.protocol} | {row.runs} | {row.utility_mean:.3f} ± {row.utility_std:.3f} | "
+        lines.append(f"| {row.method} | {row.protocol} | {row.runs} | {row.validation_utility:.3f} | "
+                     f"{row.utility_mean:.3f} ± {row.utility_std:.3f} | "
                      f"{row.auroc_mean:.3f} ± {row.auroc_std:.3f} | {row.auprc_mean:.3f} ± {row.auprc_std:.3f} | "
                      f"{row.warned_in_time:.1%} | {row.median_warning_hours:.0f} | "
                      f"{row.false_alarms_per_100_days:.0f} |")  # fmt: skip

@@ -393,6 +393,19 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
     made = {name: (out / name).read_text() for name in ("early-warning.md", "early-warning.csv")}
     assert "| hourly_logreg | cross-hospital | 2 |" in made["early-warning.md"]
     assert "| hourly_logreg | alarm_after_hour | cross-hospital | 2 |" in made["early-warning.md"]
+    # Each unit's validation utility (what a search compares) is that of its validation predictions at its threshold.
+    import mlflow
+
+    from garlic.metrics.utility import normalised_utility, stay_lengths
+    from garlic.tracking.queries import test_predictions
+
+    kept = pd.read_csv(out / "physionet2019-hourly-runs" / "runs.csv", dtype={"run_id": str})
+    for row in kept.itertuples():
+        validation = test_predictions(tmp_path / "store", row.run_id, "validation")
+        threshold = mlflow.get_run(row.run_id).data.metrics["threshold"]  # runs.csv rounds it
+        alarms = (validation["risk"] >= threshold).astype(int)
+        assert row.validation_utility == pytest.approx(normalised_utility(
+            validation["label"], alarms, stay_lengths(validation["stay_id"].to_numpy())), abs=1e-6)
     early_warning.main([*arguments, "--mlruns", str(tmp_path / "empty-store"), "--no-train"])  # the store is gone
     assert {name: (out / name).read_text() for name in made} == made
 

@@ -181,10 +181,11 @@ def runs_with_models() -> list[mlflow.entities.Run]:
     return [run for run in runs if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)]
 
 
-def test_predictions(store: Path, run_id: str) -> pd.DataFrame:
-    """The test predictions (``stay_id, label, risk``) a run logged (``garlic.evaluation.fit_and_test.fit_and_test``)."""
+def test_predictions(store: Path, run_id: str, part: str = "test") -> pd.DataFrame:
+    """The test predictions (``stay_id, label, risk``; on a task of prediction times with their ``time``) a run
+    logged (``garlic.evaluation.fit_and_test.fit_and_test``), or those of its ``part`` 'validation'."""
     use_store(store)
-    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions("test"))
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=run_contract.predictions(part))
     return pd.read_csv(local)
 
 
