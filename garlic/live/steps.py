@@ -1,0 +1,201 @@
+"""Each bed's step state (``garlic.models.steps``), so that a new reading costs one step of the model, not its bed's
+whole stay again: the live ward's bookkeeping for a per-stay GARLIC of the compact architecture.
+
+A bed's steps are its times with a time-varying reading (float32 hours, as ``garlic.io.tensors.tensorize`` groups
+them); the cut at time t holds its readings up to t. Per bed, in memory only (the store stays the truth):
+
+    state        after its last step, for the cut it was last scored at
+    undo         the state before that step
+    last_step    the last step's time (float32), with how many readings were in it and how many came before it
+
+A scoring round, for each bed, from the earliest time asked on:
+
+    a reading after the last step          one step more from ``state``
+    more readings at the last step's time  that step again from ``undo``
+    a reading before the last step (out of order), a time asked before it, a bed without a state (new, evicted, or
+                                           the service restarted)  the bed's steps again from the first, over its
+                                           stored readings
+
+The bed's readings before its last step are known unchanged when there are as many as when the state was made: the
+store only ever adds readings. The beds of a round take their steps together, one batch per step. At most
+``MAX_BEDS`` beds keep a state, the most recently scored ones; another bed's state is made again when it is next
+scored (``WardSteps.capacity``).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from garlic.inference import tensors_for_model
+from garlic.methods.saved import SavedMethod
+from garlic.models import steps
+from garlic.models.steps import StepState
+
+# Beds whose step state is kept. A state is the lag window's features (W D F floats) and a few D- and H-vectors,
+# twice (with its undo), each row a copy of its own: for P12 (D = 36, F = 16, W = 3, H = 128) about 30 kB a bed with
+# the tensors' overhead, 30 MB for the bound.
+MAX_BEDS = 1024
+
+
+@dataclass
+class BedSteps:
+    state: StepState
+    undo: StepState
+    last_step: float  # float32 hours of the last step
+    in_last: int  # readings in the last step
+    before_last: int  # readings before it
+
+
+@dataclass
+class _Op:
+    """One step of one bed in a round: ``redo`` (the last step again, from undo) or a new step; the readings of the
+    step are rows ``rows`` of the bed's series; ``reads`` the asked rows answered after it."""
+
+    redo: bool
+    rows: slice
+    reads: list[int]
+
+
+class WardSteps:
+    """The step states of up to ``capacity`` beds for one saved compact GARLIC (per stay)."""
+
+    def __init__(self, trained: SavedMethod, explains: bool, capacity: int = MAX_BEDS):
+        self.trained, self.model, self.explains, self.capacity = trained, trained.model, explains, capacity
+        self.beds: OrderedDict[str, BedSteps] = OrderedDict()
+
+    @torch.no_grad()
+    def score(self, series: pd.DataFrame, static: pd.DataFrame, asked: pd.DataFrame) -> tuple[pd.Series, dict]:
+        """As ``BedScorer.score`` for the rows of ``asked``: the risk by row (rows without a step left out), and the
+        importance [D] by row where the model explains."""
+        self.model.eval()
+        plans, bed_series = {}, {}
+        for bed, rows in asked.groupby("bed", sort=False).groups.items():
+            readings = series[series["bed"] == bed]
+            order = np.argsort(asked.loc[rows, "time"].to_numpy(), kind="stable")
+            plans[bed] = self._plan(bed, readings, np.asarray(rows)[order], asked.loc[rows, "time"].to_numpy()[order])
+            bed_series[bed] = readings
+        values, mask, times = self._step_inputs(plans, bed_series)
+        static_rows = self._static(static, list(plans))
+        risk, importance = {}, {}
+        current = {bed: self.beds[bed] if start else None for bed, (start, _) in plans.items()}
+        for position in range(max((len(ops) for _, ops in plans.values()), default=0)):
+            movers = [(bed, ops[position]) for bed, (_, ops) in plans.items() if position < len(ops)]
+            stepping = [(bed, op) for bed, op in movers if op.rows.stop > op.rows.start]
+            if stepping:
+                bases = [self._base(current[bed], op.redo) for bed, op in stepping]
+                keys = [(bed, op.rows.start, op.rows.stop) for bed, op in stepping]
+                after = steps.rows(steps.advance(self.model, steps.stacked(bases),
+                                                 values[keys], mask[keys], times[keys], explain=self.explains))
+                for (bed, op), base, state in zip(stepping, bases, after):
+                    current[bed] = self._stepped(base, state, op, bed_series[bed])
+            readers = [(bed, op) for bed, op in movers if op.reads and current[bed] is not None]
+            if readers:
+                state = steps.stacked([current[bed].state for bed, _ in readers])
+                stay_static = torch.stack([static_rows[bed] for bed, _ in readers])
+                bed_risk = torch.sigmoid(steps.logits(self.model, state, stay_static)).cpu().numpy()
+                bed_importance = steps.signal_importance(state).cpu().numpy() if self.explains else None
+                for index, (bed, op) in enumerate(readers):
+                    for row in op.reads:
+                        risk[row] = float(bed_risk[index])
+                        if bed_importance is not None:
+                            importance[row] = bed_importance[index]
+        for bed, bed_steps in current.items():
+            if bed_steps is not None:
+                self._keep(bed, bed_steps)
+        rows = np.fromiter(risk, dtype=int, count=len(risk))
+        return pd.Series(list(risk.values()), index=rows, dtype=float), importance
+
+    def _plan(self, bed: str, readings: pd.DataFrame, rows: np.ndarray, times: np.ndarray) -> tuple[bool, list[_Op]]:
+        """(whether the bed goes on from its state, its steps this round) for the asked ``rows`` at ``times``."""
+        hours = readings["time"].to_numpy()  # in time order, as the store reads them
+        step_of = hours.astype("float32")
+        known = self.beds.get(bed)
+        goes_on = (known is not None and len(times) and np.float32(times[0]) >= known.last_step
+                   and int((step_of < known.last_step).sum()) == known.before_last)  # fmt: skip
+        if goes_on:
+            last, in_last, taken = known.last_step, known.in_last, known.before_last + known.in_last
+        else:
+            last, in_last, taken = None, 0, 0
+        ops: list[_Op] = [_Op(False, slice(0, 0), [])]  # answers asked before any new step
+        for row, time in zip(rows, times):
+            upto = int(np.searchsorted(hours, time, side="right"))  # readings in the cut at ``time``
+            while True:
+                if last is not None and _in_step(step_of, last, upto) != in_last:  # more readings at the last step
+                    first = int(np.searchsorted(step_of, last, side="left"))
+                    in_last = _in_step(step_of, last, upto)
+                    ops.append(_Op(True, slice(first, first + in_last), []))
+                    taken = first + in_last
+                elif taken < upto:  # a step after it
+                    last = step_of[taken]
+                    in_last = _in_step(step_of, last, upto)
+                    ops.append(_Op(False, slice(taken, taken + in_last), []))
+                    taken += in_last
+                else:
+                    break
+            ops[-1].reads.append(int(row))
+        return goes_on, ops
+
+    def _step_inputs(self, plans: dict, bed_series: dict) -> tuple:
+        """Each step's values, mask and time as the model reads them, keyed by (bed, first row, row past the last):
+        its readings made one stay each, normalised by ``tensors_for_model`` and the method's dataset as a cut is."""
+        parts, keys = [], []
+        for bed, (_, ops) in plans.items():
+            for op in ops:
+                if op.rows.stop > op.rows.start:
+                    parts.append(bed_series[bed].iloc[op.rows].assign(stay_id=len(keys)))
+                    keys.append((bed, op.rows.start, op.rows.stop))
+        if not keys:
+            return _Keyed({}), _Keyed({}), _Keyed({})
+        observations = pd.concat(parts)[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
+                                                                                         "value": "float32"})
+        no_static = pd.DataFrame({"stay_id": np.arange(len(keys)),
+                                  **{name: np.nan for name in self.trained.static_features}})  # read from ``static``
+        dataset = self.trained.dataset(tensors_for_model(self.trained, observations, no_static))
+        device = next(self.model.parameters()).device
+        position = {key: index for index, key in enumerate(keys)}
+        return (_Keyed(position, dataset.values[:, 0].to(device)), _Keyed(position, dataset.mask[:, 0].to(device)),
+                _Keyed(position, dataset.times[:, 0].to(device)))  # fmt: skip
+
+    def _static(self, static: pd.DataFrame, beds: list[str]) -> dict[str, torch.Tensor]:
+        """Each bed's static features, normalised as the model's input."""
+        raw = static.reindex(beds).to_numpy("float32") if len(beds) else np.zeros((0, 0), "float32")
+        normalised = torch.from_numpy(self.trained.normalisation.standardise_static(raw))
+        device = next(self.model.parameters()).device
+        return {bed: row.to(device) for bed, row in zip(beds, normalised)}
+
+    def _base(self, bed_steps: BedSteps | None, redo: bool) -> StepState:
+        if bed_steps is None:
+            return steps.start(self.model)
+        return bed_steps.undo if redo else bed_steps.state
+
+    @staticmethod
+    def _stepped(base: StepState, state: StepState, op: _Op, readings: pd.DataFrame) -> BedSteps:
+        """The bed after ``op`` took it from ``base`` to ``state``: ``base`` is its undo (a redo's base is the undo)."""
+        last = float(np.float32(readings["time"].iloc[op.rows.start]))
+        return BedSteps(state=state, undo=base, last_step=last, in_last=op.rows.stop - op.rows.start,
+                        before_last=op.rows.start)  # fmt: skip
+
+    def _keep(self, bed: str, bed_steps: BedSteps) -> None:
+        self.beds[bed] = bed_steps
+        self.beds.move_to_end(bed)
+        while len(self.beds) > self.capacity:
+            self.beds.popitem(last=False)
+
+
+def _in_step(step_of: np.ndarray, last: float, upto: int) -> int:
+    """Readings of the step at ``last`` among the first ``upto``."""
+    return int(((step_of[:upto] == np.float32(last))).sum())
+
+
+class _Keyed:
+    """Rows of a tensor by key, and a batch of them by a list of keys."""
+
+    def __init__(self, position: dict, tensor: torch.Tensor | None = None):
+        self.position, self.tensor = position, tensor
+
+    def __getitem__(self, keys: list) -> torch.Tensor:
+        return self.tensor[[self.position[key] for key in keys]]
