@@ -72,16 +72,22 @@ class WardSteps:
         """As ``BedScorer.score`` for the rows of ``asked``: the risk by row (rows without a step left out), and the
         importance [D] by row where the model explains."""
         self.model.eval()
-        plans, bed_series = {}, {}
-        for bed, rows in asked.groupby("bed", sort=False).groups.items():
-            readings = series[series["bed"] == bed]
-            order = np.argsort(asked.loc[rows, "time"].to_numpy(), kind="stable")
-            plans[bed] = self._plan(bed, readings, np.asarray(rows)[order], asked.loc[rows, "time"].to_numpy()[order])
-            bed_series[bed] = readings
-        values, mask, times = self._step_inputs(plans, bed_series)
+        series = series.sort_values(["bed", "time"], kind="stable")  # a bed's readings in time order, as stored
+        hours = series["time"].to_numpy("float64")
+        beds, first = np.unique(series["bed"].to_numpy(), return_index=True)
+        bounds = dict(zip(beds, zip(first, [*first[1:], len(series)])))
+        asked_beds, asked_times = asked["bed"].to_numpy(), asked["time"].to_numpy("float64")
+        order = np.lexsort((asked_times, asked_beds))
+        beds, first = np.unique(asked_beds[order], return_index=True)
+        plans, offsets = {}, {}
+        for bed, begin, end in zip(beds, first, [*first[1:], len(order)]):
+            rows = order[begin:end]
+            offsets[bed], stop = bounds.get(bed, (0, 0))
+            plans[bed] = self._plan(bed, hours[offsets[bed]:stop], asked.index.to_numpy()[rows], asked_times[rows])
+        values, mask, times = self._step_inputs(plans, offsets, series)
         static_rows = self._static(static, list(plans))
         risk, importance = {}, {}
-        current = {bed: self.beds[bed] if start else None for bed, (start, _) in plans.items()}
+        current = {bed: self.beds[bed] if goes_on else None for bed, (goes_on, _) in plans.items()}
         for position in range(max((len(ops) for _, ops in plans.values()), default=0)):
             movers = [(bed, ops[position]) for bed, (_, ops) in plans.items() if position < len(ops)]
             stepping = [(bed, op) for bed, op in movers if op.rows.stop > op.rows.start]
@@ -91,7 +97,9 @@ class WardSteps:
                 after = steps.rows(steps.advance(self.model, steps.stacked(bases),
                                                  values[keys], mask[keys], times[keys], explain=self.explains))
                 for (bed, op), base, state in zip(stepping, bases, after):
-                    current[bed] = self._stepped(base, state, op, bed_series[bed])
+                    last_step = float(np.float32(hours[offsets[bed] + op.rows.start]))
+                    current[bed] = BedSteps(state=state, undo=base, last_step=last_step,
+                                            in_last=op.rows.stop - op.rows.start, before_last=op.rows.start)
             readers = [(bed, op) for bed, op in movers if op.reads and current[bed] is not None]
             if readers:
                 state = steps.stacked([current[bed].state for bed, _ in readers])
@@ -109,9 +117,9 @@ class WardSteps:
         rows = np.fromiter(risk, dtype=int, count=len(risk))
         return pd.Series(list(risk.values()), index=rows, dtype=float), importance
 
-    def _plan(self, bed: str, readings: pd.DataFrame, rows: np.ndarray, times: np.ndarray) -> tuple[bool, list[_Op]]:
-        """(whether the bed goes on from its state, its steps this round) for the asked ``rows`` at ``times``."""
-        hours = readings["time"].to_numpy()  # in time order, as the store reads them
+    def _plan(self, bed: str, hours: np.ndarray, rows: np.ndarray, times: np.ndarray) -> tuple[bool, list[_Op]]:
+        """(whether the bed goes on from its state, its steps this round) for the asked ``rows`` at ``times``, from
+        the hours of its readings in time order (a step's readings: rows of them)."""
         step_of = hours.astype("float32")
         known = self.beds.get(bed)
         goes_on = (known is not None and len(times) and np.float32(times[0]) >= known.last_step
@@ -139,26 +147,28 @@ class WardSteps:
             ops[-1].reads.append(int(row))
         return goes_on, ops
 
-    def _step_inputs(self, plans: dict, bed_series: dict) -> tuple:
-        """Each step's values, mask and time as the model reads them, keyed by (bed, first row, row past the last):
-        its readings made one stay each, normalised by ``tensors_for_model`` and the method's dataset as a cut is."""
-        parts, keys = [], []
+    def _step_inputs(self, plans: dict, offsets: dict, series: pd.DataFrame) -> tuple:
+        """Each step's values, mask and time as the model reads them, keyed by (bed, first reading, reading past the
+        last): its readings made one stay each, normalised by ``tensors_for_model`` and the method's dataset as a cut
+        is."""
+        chosen, stay, keys = [], [], {}
         for bed, (_, ops) in plans.items():
             for op in ops:
                 if op.rows.stop > op.rows.start:
-                    parts.append(bed_series[bed].iloc[op.rows].assign(stay_id=len(keys)))
-                    keys.append((bed, op.rows.start, op.rows.stop))
+                    chosen.append(np.arange(op.rows.start, op.rows.stop) + offsets[bed])
+                    stay.append(np.full(op.rows.stop - op.rows.start, len(keys)))
+                    keys[(bed, op.rows.start, op.rows.stop)] = len(keys)
         if not keys:
             return _Keyed({}), _Keyed({}), _Keyed({})
-        observations = pd.concat(parts)[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
-                                                                                         "value": "float32"})
+        observations = series.iloc[np.concatenate(chosen)].assign(stay_id=np.concatenate(stay))
+        observations = observations[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
+                                                                                     "value": "float32"})
         no_static = pd.DataFrame({"stay_id": np.arange(len(keys)),
                                   **{name: np.nan for name in self.trained.static_features}})  # read from ``static``
         dataset = self.trained.dataset(tensors_for_model(self.trained, observations, no_static))
         device = next(self.model.parameters()).device
-        position = {key: index for index, key in enumerate(keys)}
-        return (_Keyed(position, dataset.values[:, 0].to(device)), _Keyed(position, dataset.mask[:, 0].to(device)),
-                _Keyed(position, dataset.times[:, 0].to(device)))  # fmt: skip
+        return (_Keyed(keys, dataset.values[:, 0].to(device)), _Keyed(keys, dataset.mask[:, 0].to(device)),
+                _Keyed(keys, dataset.times[:, 0].to(device)))  # fmt: skip
 
     def _static(self, static: pd.DataFrame, beds: list[str]) -> dict[str, torch.Tensor]:
         """Each bed's static features, normalised as the model's input."""
@@ -171,13 +181,6 @@ class WardSteps:
         if bed_steps is None:
             return steps.start(self.model)
         return bed_steps.undo if redo else bed_steps.state
-
-    @staticmethod
-    def _stepped(base: StepState, state: StepState, op: _Op, readings: pd.DataFrame) -> BedSteps:
-        """The bed after ``op`` took it from ``base`` to ``state``: ``base`` is its undo (a redo's base is the undo)."""
-        last = float(np.float32(readings["time"].iloc[op.rows.start]))
-        return BedSteps(state=state, undo=base, last_step=last, in_last=op.rows.stop - op.rows.start,
-                        before_last=op.rows.start)  # fmt: skip
 
     def _keep(self, bed: str, bed_steps: BedSteps) -> None:
         self.beds[bed] = bed_steps
