@@ -1,18 +1,16 @@
 """A bed's risk at each time it had a reading, from its readings up to then, and what drove it.
 
 The risk at time t is the run's model on the bed's record up to t, exactly as ``garlic predict`` would score that
-record cut at t (``garlic.inference``): a per-stay model sees each asked cut as one stay, all cuts of a scoring
-round as one batch (one pass each); an hourly model (the early-warning task's) is asked at each time, as
-``garlic predict --hourly`` asks it at each hour. Static descriptors (age, sex ...) are readings too: a bed's
-newest value of each is its static feature. A cut with no reading of a time-varying input has no risk (None).
+record cut at t (``garlic.inference``): a per-stay GARLIC of the compact architecture takes each bed's new steps
+from the bed's step state (``garlic.live.steps``: a new reading costs a step, not the stay again), any other
+per-stay model sees each asked cut as one stay, all cuts of a scoring round as one batch (one pass each); an hourly
+model (the early-warning task's) is asked at each time, as ``garlic predict --hourly`` asks it at each hour. Static
+descriptors (age, sex ...) are readings too: a bed's newest value of each is its static feature. A cut with no
+reading of a time-varying input has no risk (None).
 
 The drivers are the inputs that the model's built-in explanation ranks highest at that time (GARLIC's compact
-architecture); a model without one (the baselines, the reference architecture, an hourly model) gives none.
-
-A per-stay GARLIC of the compact architecture keeps each bed's step state (``garlic.live.steps``): a new reading
-costs a step, and risk and drivers are those of the one pass on the cut to float rounding. Every other model (the
-baselines, the reference architecture, an hourly model) scores each asked cut in one pass, all cuts of a scoring
-round as one batch.
+architecture); a model without one (the baselines, the reference architecture, an hourly model) gives none. Risk
+and drivers from a step state are the one pass's on the cut to float rounding.
 """
 from __future__ import annotations
 

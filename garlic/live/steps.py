@@ -43,6 +43,8 @@ MAX_BEDS = 1024
 
 @dataclass
 class BedSteps:
+    """What a bed keeps between rounds."""
+
     state: StepState
     undo: StepState
     last_step: float  # float32 hours of the last step
@@ -172,7 +174,7 @@ class WardSteps:
 
     def _static(self, static: pd.DataFrame, beds: list[str]) -> dict[str, torch.Tensor]:
         """Each bed's static features, normalised as the model's input."""
-        raw = static.reindex(beds).to_numpy("float32") if len(beds) else np.zeros((0, 0), "float32")
+        raw = static.reindex(beds).to_numpy("float32")
         normalised = torch.from_numpy(self.trained.normalisation.standardise_static(raw))
         device = next(self.model.parameters()).device
         return {bed: row.to(device) for bed, row in zip(beds, normalised)}
