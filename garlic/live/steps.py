@@ -10,11 +10,11 @@ them); the cut at time t holds its readings up to t. Per bed, in memory only (th
 
 A scoring round, for each bed, from the earliest time asked on:
 
-    a reading after the last step          one step more from ``state``
-    more readings at the last step's time  that step again from ``undo``
-    a reading before the last step (out of order), a time asked before it, a bed without a state (new, evicted, or
-                                           the service restarted)  the bed's steps again from the first, over its
-                                           stored readings
+    a reading after the last step           one step more from ``state``
+    more readings at the last step's time   that step again from ``undo``
+    a reading before the last step (out of order), a time asked before it, or a bed without a state (new, evicted,
+    the service restarted)                  the bed's steps again from the first, over its stored readings (a step
+                                            at a time, the round's rebuilt beds in one batch), then on from there
 
 The bed's readings before its last step are known unchanged when there are as many as when the state was made: the
 store only ever adds readings. The beds of a round take their steps together, one batch per step. At most
