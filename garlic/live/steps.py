@@ -24,7 +24,7 @@ scored (``WardSteps.capacity``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -74,6 +74,8 @@ class WardSteps:
         """As ``BedScorer.score`` for the rows of ``asked``: the risk by row (rows without a step left out), and the
         importance [D] by row where the model explains."""
         self.model.eval()
+        if asked.empty:
+            return pd.Series(dtype=float), {}
         series = series.sort_values(["bed", "time"], kind="stable")  # a bed's readings in time order, as stored
         hours = series["time"].to_numpy("float64")
         beds, first = np.unique(series["bed"].to_numpy(), return_index=True)
@@ -88,34 +90,51 @@ class WardSteps:
             plans[bed] = self._plan(bed, hours[offsets[bed]:stop], asked.index.to_numpy()[rows], asked_times[rows])
         values, mask, times = self._step_inputs(plans, offsets, series)
         static_rows = self._static(static, list(plans))
+        # The round's beds as one batch (row i: the i-th bed of ``plans``), their state and undo stepped in place.
+        beds = list(plans)
+        known = [self.beds[bed] if plans[bed][0] else None for bed in beds]
+        fresh = steps.start(self.model)
+        current = steps.stacked([fresh if bed_steps is None else bed_steps.state for bed_steps in known])
+        undo = steps.stacked([fresh if bed_steps is None else bed_steps.undo for bed_steps in known])
+        # Where each bed's state and undo are at the end: the kept objects while unchanged ("undo": the kept undo,
+        # "state": the kept state, after one step from it), else copied out of the batch (``_keep_round``).
+        state_kept = [bed_steps is not None for bed_steps in known]
+        undo_from = ["batch" if bed_steps is None else "undo" for bed_steps in known]
+        last = [BedSteps(fresh, fresh, 0.0, 0, 0) if bed_steps is None else replace(bed_steps) for bed_steps in known]
+        has_step = list(state_kept)
         risk, importance = {}, {}
-        current = {bed: self.beds[bed] if goes_on else None for bed, (goes_on, _) in plans.items()}
         for position in range(max((len(ops) for _, ops in plans.values()), default=0)):
-            movers = [(bed, ops[position]) for bed, (_, ops) in plans.items() if position < len(ops)]
-            stepping = [(bed, op) for bed, op in movers if op.rows.stop > op.rows.start]
+            movers = [(row, plans[bed][1][position]) for row, bed in enumerate(beds) if position < len(plans[bed][1])]
+            stepping = [(row, op) for row, op in movers if op.rows.stop > op.rows.start]
             if stepping:
-                bases = [self._base(current[bed], op.redo) for bed, op in stepping]
-                keys = [(bed, op.rows.start, op.rows.stop) for bed, op in stepping]
-                after = steps.rows(steps.advance(self.model, steps.stacked(bases),
-                                                 values[keys], mask[keys], times[keys], explain=self.explains))
-                for (bed, op), base, state in zip(stepping, bases, after):
-                    last_step = float(np.float32(hours[offsets[bed] + op.rows.start]))
-                    current[bed] = BedSteps(state=state, undo=base, last_step=last_step,
-                                            in_last=op.rows.stop - op.rows.start, before_last=op.rows.start)
-            readers = [(bed, op) for bed, op in movers if op.reads and current[bed] is not None]
+                index = torch.tensor([row for row, _ in stepping])
+                base = steps.select(current, index)
+                redo = torch.tensor([op.redo for _, op in stepping])
+                if redo.any():
+                    steps.place(base, redo.nonzero()[:, 0], steps.select(undo, index[redo]))
+                keys = [(beds[row], op.rows.start, op.rows.stop) for row, op in stepping]
+                after = steps.advance(self.model, base, values[keys], mask[keys], times[keys], explain=self.explains)
+                if (~redo).any():  # a new step: the state before it is the undo
+                    steps.place(undo, index[~redo], steps.select(base, (~redo).nonzero()[:, 0]))
+                steps.place(current, index, after)
+                for row, op in stepping:
+                    if not op.redo:
+                        undo_from[row] = "state" if state_kept[row] else "batch"
+                    state_kept[row], has_step[row] = False, True
+                    last[row].last_step = float(np.float32(hours[offsets[beds[row]] + op.rows.start]))
+                    last[row].in_last, last[row].before_last = op.rows.stop - op.rows.start, op.rows.start
+            readers = [(row, op) for row, op in movers if op.reads and has_step[row]]
             if readers:
-                state = steps.stacked([current[bed].state for bed, _ in readers])
-                stay_static = torch.stack([static_rows[bed] for bed, _ in readers])
+                state = steps.select(current, torch.tensor([row for row, _ in readers]))
+                stay_static = torch.stack([static_rows[beds[row]] for row, _ in readers])
                 bed_risk = torch.sigmoid(steps.logits(self.model, state, stay_static)).cpu().numpy()
                 bed_importance = steps.signal_importance(state).cpu().numpy() if self.explains else None
-                for index, (bed, op) in enumerate(readers):
-                    for row in op.reads:
-                        risk[row] = float(bed_risk[index])
+                for reader, (_, op) in enumerate(readers):
+                    for asked_row in op.reads:
+                        risk[asked_row] = float(bed_risk[reader])
                         if bed_importance is not None:
-                            importance[row] = bed_importance[index]
-        for bed, bed_steps in current.items():
-            if bed_steps is not None:
-                self._keep(bed, bed_steps)
+                            importance[asked_row] = bed_importance[reader]
+        self._keep_round(beds, known, last, current, undo, has_step, state_kept, undo_from)
         rows = np.fromiter(risk, dtype=int, count=len(risk))
         return pd.Series(list(risk.values()), index=rows, dtype=float), importance
 
@@ -179,10 +198,21 @@ class WardSteps:
         device = next(self.model.parameters()).device
         return {bed: row.to(device) for bed, row in zip(beds, normalised)}
 
-    def _base(self, bed_steps: BedSteps | None, redo: bool) -> StepState:
-        if bed_steps is None:
-            return steps.start(self.model)
-        return bed_steps.undo if redo else bed_steps.state
+    def _keep_round(self, beds: list[str], known: list, last: list[BedSteps], current: StepState, undo: StepState,
+                    has_step: list[bool], state_kept: list[bool], undo_from: list[str]) -> None:  # fmt: skip
+        """Keep each bed of the round that has a step: its state and undo copied out of the round's batch (a copy of
+        its own, so that a bed kept holds no other bed's memory), or the objects it had where they did not change."""
+        def copied(batch: StepState, chosen: list[int]) -> dict[int, StepState]:
+            return dict(zip(chosen, steps.rows(steps.select(batch, torch.tensor(chosen, dtype=torch.long)))))
+
+        states = copied(current, [row for row in range(len(beds)) if has_step[row] and not state_kept[row]])
+        undos = copied(undo, [row for row in range(len(beds)) if has_step[row] and undo_from[row] == "batch"])
+        for row, bed in enumerate(beds):
+            if has_step[row]:
+                last[row].state = known[row].state if state_kept[row] else states[row]
+                last[row].undo = {"batch": undos.get(row), "undo": getattr(known[row], "undo", None),
+                                  "state": getattr(known[row], "state", None)}[undo_from[row]]  # fmt: skip
+                self._keep(bed, last[row])
 
     def _keep(self, bed: str, bed_steps: BedSteps) -> None:
         self.beds[bed] = bed_steps

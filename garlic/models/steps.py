@@ -30,7 +30,8 @@ importance is V / sum_d V_d, as the explanation's of the stay cut after the step
 
 ``start`` makes the state before any step, ``advance`` takes one step (values and mask normalised as the model's
 input, ``garlic.data.batches.IrregularDataset``), ``logits`` and ``signal_importance`` read it. A state is a batch:
-``stacked`` and ``rows`` join and split states of single stays. Equal to the one pass on the same prefix to float
+``stacked`` and ``rows`` join and split states of single stays, ``select`` and ``place`` read and write some of its
+stays. Equal to the one pass on the same prefix to float
 rounding (tests/test_live_steps.py).
 """
 from __future__ import annotations
@@ -74,9 +75,20 @@ def stacked(states: list[StepState]) -> StepState:
 
 
 def rows(state: StepState) -> list[StepState]:
-    """The state of each stay of ``state`` on its own: copies, so that a row kept holds no other row's memory."""
+    """The state of each stay of ``state`` on its own: copies, so that a row kept holds no other stay's memory."""
     parts = [[row.clone() for row in getattr(state, f.name).split(1)] for f in fields(StepState)]
     return [StepState(*row) for row in zip(*parts)]
+
+
+def select(state: StepState, index: Tensor) -> StepState:
+    """The stays at ``index`` [K] (long) of ``state``, copied."""
+    return StepState(*(getattr(state, f.name).index_select(0, index) for f in fields(StepState)))
+
+
+def place(state: StepState, index: Tensor, chosen: StepState) -> None:
+    """Write the stays of ``chosen`` over the stays at ``index`` [K] of ``state``, in place."""
+    for f in fields(StepState):
+        getattr(state, f.name).index_copy_(0, index, getattr(chosen, f.name))
 
 
 def start(model: Garlic, stays: int = 1) -> StepState:
