@@ -35,18 +35,18 @@ from garlic.methods.saved import SavedMethod
 from garlic.models import steps
 from garlic.models.steps import StepState
 
-# Beds whose step state is kept. A state is the lag window's features (W D F floats) and a few D- and H-vectors,
-# twice (with its undo), each row a copy of its own: for P12 (D = 36, F = 16, W = 3, H = 128) about 30 kB a bed with
-# the tensors' overhead, 30 MB for the bound.
+# Beds whose step state is kept. A state is the lag window's features (W D F numbers) and a few D- and H-vectors, in
+# float64, twice (with its undo), each a tensor of its own: for P12 (D = 36, F = 16, W = 3, H = 128) 2,551 numbers,
+# 41 kB a bed, 42 MB for the bound.
 MAX_BEDS = 1024
 
 
 @dataclass
 class BedSteps:
-    """What a bed keeps between rounds."""
+    """What a bed keeps between rounds (its states ``garlic.models.steps.packed``: one tensor each)."""
 
-    state: StepState
-    undo: StepState
+    state: torch.Tensor
+    undo: torch.Tensor
     last_step: float  # float32 hours of the last step
     in_last: int  # readings in the last step
     before_last: int  # readings before it
@@ -93,9 +93,11 @@ class WardSteps:
         # The round's beds as one batch (row i: the i-th bed of ``plans``), their state and undo stepped in place.
         beds = list(plans)
         known = [self.beds[bed] if plans[bed][0] else None for bed in beds]
-        fresh = steps.start(self.model)
-        current = steps.stacked([fresh if bed_steps is None else bed_steps.state for bed_steps in known])
-        undo = steps.stacked([fresh if bed_steps is None else bed_steps.undo for bed_steps in known])
+        fresh = steps.packed(steps.start(self.model))[0]
+        current = steps.unpacked(self.model, torch.stack([fresh if bed_steps is None else bed_steps.state
+                                                          for bed_steps in known]))  # fmt: skip
+        undo = steps.unpacked(self.model, torch.stack([fresh if bed_steps is None else bed_steps.undo
+                                                       for bed_steps in known]))  # fmt: skip
         # Where each bed's state and undo are at the end: the kept objects while unchanged ("undo": the kept undo,
         # "state": the kept state, after one step from it), else copied out of the batch (``_keep_round``).
         state_kept = [bed_steps is not None for bed_steps in known]
@@ -202,8 +204,9 @@ class WardSteps:
                     has_step: list[bool], state_kept: list[bool], undo_from: list[str]) -> None:  # fmt: skip
         """Keep each bed of the round that has a step: its state and undo copied out of the round's batch (a copy of
         its own, so that a bed kept holds no other bed's memory), or the objects it had where they did not change."""
-        def copied(batch: StepState, chosen: list[int]) -> dict[int, StepState]:
-            return dict(zip(chosen, steps.rows(steps.select(batch, torch.tensor(chosen, dtype=torch.long)))))
+        def copied(batch: StepState, chosen: list[int]) -> dict[int, torch.Tensor]:
+            rows = steps.packed(steps.select(batch, torch.tensor(chosen, dtype=torch.long)))
+            return {row: packed.clone() for row, packed in zip(chosen, rows)}
 
         states = copied(current, [row for row in range(len(beds)) if has_step[row] and not state_kept[row]])
         undos = copied(undo, [row for row in range(len(beds)) if has_step[row] and undo_from[row] == "batch"])

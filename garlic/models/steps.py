@@ -30,12 +30,13 @@ importance is V / sum_d V_d, as the explanation's of the stay cut after the step
 
 ``start`` makes the state before any step, ``advance`` takes one step (values and mask normalised as the model's
 input, ``garlic.data.batches.IrregularDataset``), ``logits`` and ``signal_importance`` read it. A state is a batch:
-``stacked`` and ``rows`` join and split states of single stays, ``select`` and ``place`` read and write some of its
-stays. Equal to the one pass on the same prefix to float
+``select`` and ``place`` read and write some of its stays, ``packed`` and ``unpacked`` turn it into one row of numbers
+per stay and back. Equal to the one pass on the same prefix to float
 rounding (tests/test_live_steps.py).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -69,15 +70,22 @@ class StepState:
     count: Tensor  # [B, D] number of observations
 
 
-def stacked(states: list[StepState]) -> StepState:
-    """One state of the stays of ``states``, in order."""
-    return StepState(*(torch.cat([getattr(s, f.name) for s in states]) for f in fields(StepState)))
+def packed(state: StepState) -> Tensor:
+    """``state`` as one float64 row per stay, every field flattened in turn [B, N]: exactly (float32 values, counts,
+    flags and -inf are all float64 numbers), so that a stay kept on its own is one tensor, not one per field."""
+    parts = [getattr(state, f.name) for f in fields(StepState)]
+    return torch.cat([part.reshape(len(part), math.prod(part.shape[1:])).double() for part in parts], dim=1)
 
 
-def rows(state: StepState) -> list[StepState]:
-    """The state of each stay of ``state`` on its own: copies, so that a row kept holds no other stay's memory."""
-    parts = [[row.clone() for row in getattr(state, f.name).split(1)] for f in fields(StepState)]
-    return [StepState(*row) for row in zip(*parts)]
+def unpacked(model: Garlic, rows: Tensor) -> StepState:
+    """The state whose ``packed`` rows are ``rows`` [B, N], for ``model``."""
+    template, at, parts = start(model, 0), 0, []
+    for f in fields(StepState):
+        like = getattr(template, f.name)
+        size = math.prod(like.shape[1:])
+        parts.append(rows[:, at : at + size].reshape(len(rows), *like.shape[1:]).to(like.dtype))
+        at += size
+    return StepState(*parts)
 
 
 def select(state: StepState, index: Tensor) -> StepState:
