@@ -113,8 +113,7 @@ class IrregularDataset(Dataset):
 
     @cached_property
     def static(self) -> torch.Tensor:
-        static = (self.tensors.static - self.normalisation.static_mean) / self.normalisation.static_std
-        return torch.from_numpy(np.nan_to_num(static, nan=0.0).astype("float32"))
+        return torch.from_numpy(self.normalisation.standardise_static(self.tensors.static))
 
     def __len__(self) -> int:
         return len(self.labels)

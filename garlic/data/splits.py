@@ -165,6 +165,10 @@ class Normalisation:
             values = np.clip(values, self.value_low, self.value_high)
         return ((values - self.value_mean) / self.value_std).astype("float32")
 
+    def standardise_static(self, static: np.ndarray) -> np.ndarray:
+        """[..., S] raw static features -> standardised (float32), 0 where unknown."""
+        return np.nan_to_num((static - self.static_mean) / self.static_std, nan=0.0).astype("float32")
+
     def to_json(self) -> dict:
         return {k: v.tolist() for k, v in asdict(self).items() if v is not None}
 

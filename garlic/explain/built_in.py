@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from garlic.data.batches import Batch
-from garlic.models.compact import Garlic, lag_offsets
+from garlic.models.compact import Garlic, lag_offsets, normalised_adjacency
 
 
 BUILT_IN = "built-in"
@@ -56,12 +56,6 @@ class Explanation:
         """Signal importance averaged over the stays, largest first."""
         mean = self.signal.mean(0).cpu().numpy()
         return pd.Series(mean, index=self.variables, name="importance").sort_values(ascending=False)
-
-
-def normalised_adjacency(adjacency: Tensor) -> Tensor:
-    """|A_ij| / sum_i |A_ij|: where each target variable's messages come from (row = source). [D, D] -> [D, D]"""
-    weight = adjacency.detach().abs()
-    return weight / weight.sum(0, keepdim=True).clamp(min=1e-12)
 
 
 def normalised_graph(model: Garlic) -> Tensor:

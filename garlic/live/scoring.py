@@ -1,13 +1,16 @@
 """A bed's risk at each time it had a reading, from its readings up to then, and what drove it.
 
 The risk at time t is the run's model on the bed's record up to t, exactly as ``garlic predict`` would score that
-record cut at t (``garlic.inference``): a per-stay model sees each asked cut as one stay, all cuts of a scoring
-round as one batch (one pass each); an hourly model (the early-warning task's) is asked at each time, as
-``garlic predict --hourly`` asks it at each hour. Static descriptors (age, sex ...) are readings too: a bed's
-newest value of each is its static feature. A cut with no reading of a time-varying input has no risk (None).
+record cut at t (``garlic.inference``): a per-stay GARLIC of the compact architecture takes each bed's new steps
+from the bed's step state (``garlic.live.steps``: a new reading costs a step, not the stay again), any other
+per-stay model sees each asked cut as one stay, all cuts of a scoring round as one batch (one pass each); an hourly
+model (the early-warning task's) is asked at each time, as ``garlic predict --hourly`` asks it at each hour. Static
+descriptors (age, sex ...) are readings too: a bed's newest value of each is its static feature. A cut with no
+reading of a time-varying input has no risk (None).
 
 The drivers are the inputs that the model's built-in explanation ranks highest at that time (GARLIC's compact
-architecture); a model without one (the baselines, the reference architecture, an hourly model) gives none.
+architecture); a model without one (the baselines, the reference architecture, an hourly model) gives none. Risk
+and drivers from a step state are the one pass's on the cut to float rounding.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import torch
 from garlic.data.batches import collate
 from garlic.explain.built_in import explain
 from garlic.inference import predict_hourly, tensors_for_model
+from garlic.live.steps import MAX_BEDS, WardSteps
 from garlic.methods.saved import SavedMethod
+from garlic.models.compact import Garlic
 
 TOP_DRIVERS = 3
 
@@ -38,11 +43,14 @@ def record_tables(readings: pd.DataFrame, static_features: list[str],
 class BedScorer:
     """Risks of cuts of beds' records for one saved method."""
 
-    def __init__(self, trained: SavedMethod, hourly: bool = False, top: int = TOP_DRIVERS):
-        """``hourly``: the run was trained on a task of prediction times (the early-warning task)."""
+    def __init__(self, trained: SavedMethod, hourly: bool = False, top: int = TOP_DRIVERS, beds: int = MAX_BEDS):
+        """``hourly``: the run was trained on a task of prediction times (the early-warning task); ``beds``: how many
+        beds keep a step state, where the model has them."""
         self.trained, self.hourly, self.top = trained, hourly, top
         self.explains = (not self.hourly and trained.explains
                          and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
+        has_steps = not hourly and trained.explains and isinstance(trained.model, Garlic)
+        self.steps = WardSteps(trained, self.explains, beds) if has_steps else None
 
     def score(self, readings: pd.DataFrame, asked: pd.DataFrame) -> tuple[np.ndarray, list[list[str]]]:
         """The risk (NaN where none) and the drivers at each row (bed, time) of ``asked``, from ``readings`` (bed,
@@ -56,6 +64,10 @@ class BedScorer:
         static = static.reindex(columns=static_names)
         if self.hourly:
             scored = self._hourly(series, static, asked)
+        elif self.steps is not None:
+            scored, importance = self.steps.score(series, static, asked)
+            for row, bed_importance in importance.items():
+                drivers[row] = self._drivers(bed_importance)
         else:
             scored = self._per_cut(series, static, asked, drivers)
         risk[scored.index.to_numpy()] = scored.to_numpy()
@@ -88,11 +100,14 @@ class BedScorer:
         """The risk of each stay of ``dataset``, and its drivers written at its ``rows``, from one explained pass."""
         batch = collate([dataset[position] for position in range(len(dataset))])
         explanation = explain(self.trained.model, batch, self.trained.variables)
-        names = np.asarray(self.trained.variables)
         for row, importance in zip(rows, explanation.signal.numpy()):
-            order = np.argsort(importance)[::-1][: self.top]
-            drivers[row] = [str(name) for name in names[order[importance[order] > 0]]]
+            drivers[row] = self._drivers(importance)
         return explanation.risk.numpy().astype(float)
+
+    def _drivers(self, importance: np.ndarray) -> list[str]:
+        """The ``top`` variables of a signal importance [D] that have any, highest first."""
+        order = np.argsort(importance)[::-1][: self.top]
+        return [str(name) for name in np.asarray(self.trained.variables)[order[importance[order] > 0]]]
 
     def _hourly(self, series, static, asked) -> pd.Series:
         beds = sorted(set(series["bed"]) & set(asked["bed"]))

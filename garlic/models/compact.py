@@ -186,11 +186,15 @@ class LagAttention(nn.Module):
         self.key = nn.Linear(feature_dim, feature_dim)
         self.query = nn.Parameter(torch.randn(num_variables, feature_dim) / math.sqrt(feature_dim))
 
+    def folded_query(self) -> tuple[Tensor, Tensor]:
+        """score(key(x), q) = x . (W_k^T q) + b_k . q: the key folded into the query instead of projecting every lag.
+        -> query [D, F], the lag embeddings' and the bias's part of each score [W, D]"""
+        query = self.query @ self.key.weight
+        return query, self.lag_embedding @ query.T + self.query @ self.key.bias
+
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
         steps, window = features.shape[1], self.window_size
-        # score(key(x), q) = x . (W_k^T q) + b_k . q: fold the key into the query instead of projecting every lag.
-        query = self.query @ self.key.weight  # [D, F]
-        lag_scores = self.lag_embedding @ query.T + self.query @ self.key.bias  # [W, D]
+        query, lag_scores = self.folded_query()  # [D, F], [W, D]
         # [B, T, D]: one matrix product per variable, about twice as fast as (features * query).sum(-1) for small F.
         own_scores = torch.einsum("btdf,df->btd", features, query)
         # W (not D) is innermost-but-one so that the softmax runs over a short middle axis, many times faster than
@@ -205,6 +209,17 @@ class LagAttention(nn.Module):
         scores = scores.masked_fill(~has_step[None, :, :, None], float("-inf"))
         weights = torch.softmax(scores, dim=2).nan_to_num(0.0)
         return LagPool.apply(weights, features, self.lag_embedding), weights
+
+    def at_step(self, past: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+        """The same summary for one step from the features of its previous W steps (``garlic.models.steps``).
+
+        past [B, W, D, F] (position w: step t - W + w), real [B, W] (whether position w holds a step) ->
+        summary [B, D, F], weights [B, W, D]
+        """
+        query, lag_scores = self.folded_query()
+        scores = (torch.einsum("bwdf,df->bwd", past, query) + lag_scores) / math.sqrt(past.shape[-1])
+        weights = torch.softmax(scores.masked_fill(~real[:, :, None], float("-inf")), dim=1).nan_to_num(0.0)
+        return weights.transpose(1, 2) @ self.lag_embedding + torch.einsum("bwd,bwdf->bdf", weights, past), weights
 
 
 class LagPool(torch.autograd.Function):
@@ -245,6 +260,12 @@ class LagPool(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_embedding = weights.transpose(2, 3).reshape(-1, weights.shape[2]).T @ grad.view(-1, grad.shape[-1])
         return grad_weights, grad_features, grad_embedding
+
+
+def normalised_adjacency(adjacency: Tensor) -> Tensor:
+    """|A_ij| / sum_i |A_ij|: where each target variable's messages come from (row = source). [D, D] -> [D, D]"""
+    weight = adjacency.detach().abs()
+    return weight / weight.sum(0, keepdim=True).clamp(min=1e-12)
 
 
 def add_adjacency(module: nn.Module, num_variables: int, learn_graph: bool) -> None:
@@ -329,8 +350,12 @@ class TemporalAttention(nn.Module):
         self.project = nn.Linear(hidden_dim, hidden_dim)
         self.score = nn.Linear(hidden_dim, 1, bias=False)
 
+    def scores(self, states: Tensor) -> Tensor:
+        """v . tanh(Q h_t + r), each step's from its own state alone. [..., H] -> [...]"""
+        return self.score(fast_tanh(self.project(states)))[..., 0]
+
     def forward(self, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        scores = self.score(fast_tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf"))
+        scores = self.scores(states).masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
         return torch.einsum("bt,bth->bh", weights, states), weights
 
@@ -342,7 +367,7 @@ class TemporalAttention(nn.Module):
 
         in float64, where a score 700 below the stay's highest still counts. states [B, T, H], mask [B, T] ->
         contexts [B, T, H] (rows past a stay's end: its whole-stay context)"""
-        scores = self.score(fast_tanh(self.project(states)))[..., 0].masked_fill(~mask, float("-inf")).double()
+        scores = self.scores(states).masked_fill(~mask, float("-inf")).double()
         weights = torch.exp(scores - scores.max(dim=1, keepdim=True).values.detach())
         totals = torch.cumsum(weights, dim=1)[..., None]
         pooled = torch.cumsum(weights[..., None] * states.double(), dim=1)
@@ -371,7 +396,7 @@ class RunningSummary(nn.Module):
         high = torch.where(observed, values, -infinity).cummax(1).values
         mean = (values * mask).cumsum(1) / count.clamp(min=1)
         since = times[:, :, None] - times[:, :, None].expand_as(mask).gather(1, last)
-        return self._stacked([values.gather(1, first), values.gather(1, last), low, high, mean], count, since, seen)
+        return self.stacked([values.gather(1, first), values.gather(1, last), low, high, mean], count, since, seen)
 
     def at_end(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor) -> Tensor:
         """``forward(...)`` at each stay's last real step, by reductions over its steps instead of running ones (the
@@ -389,11 +414,11 @@ class RunningSummary(nn.Module):
         mean = torch.where(observed, values, 0.0).sum(1) / count.clamp(min=1)
         now = times.gather(1, (lengths - 1).clamp(min=0)[:, None])
         since = now - times.gather(1, last[:, 0])
-        return self._stacked([values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean], count,
+        return self.stacked([values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean], count,
                              since, seen)
 
     @staticmethod
-    def _stacked(observed: list[Tensor], count: Tensor, since: Tensor, seen: Tensor) -> Tensor:
+    def stacked(observed: list[Tensor], count: Tensor, since: Tensor, seen: Tensor) -> Tensor:
         """The 8 statistics in ``STATISTICS`` order, variable-major on the last axis ([..., D] each -> [..., 8 D]);
         the ``observed`` ones (first .. mean) 0 until a variable is seen."""
         statistics = [torch.where(seen, statistic, 0.0) for statistic in observed]
@@ -491,11 +516,16 @@ class Garlic(nn.Module):
         values, mask [B, T, D], times [B, T] -> PerStep
         """
         features = self.encoder(self.decay(values, mask, times), mask)
-
         summary, lag_weights = self.lag_attention(features)
+        return self.after_lags(features, summary, lag_weights)
+
+    def after_lags(self, features: Tensor, summary: Tensor, lag_weights: Tensor) -> PerStep:
+        """``per_step`` from the lag attention on: the graph, the norm and the signal attention, each step on its own.
+
+        features, summary [B, T, D, F], lag_weights [B, T, W, D] -> PerStep
+        """
         messages = self.graph(summary)
         fused = self.norm(features + messages)
-
         weighted, signal_weights = self.signal_attention(fused)
         return PerStep(features, messages, lag_weights, signal_weights, self.sequence_input(weighted))
 
@@ -516,9 +546,9 @@ class Garlic(nn.Module):
         states [B, T, H], real [B, T], static [B, S], summary [B, 8 D] or None, hours [B] -> logits [B], weights [B, T]
         """
         context, temporal_weights = self.temporal_attention(states, real)
-        return self._classifier_head(context, static, summary, hours), temporal_weights
+        return self.classifier_head(context, static, summary, hours), temporal_weights
 
-    def _classifier_head(self, context: Tensor, static: Tensor, summary: Tensor | None, hours: Tensor | None) -> Tensor:
+    def classifier_head(self, context: Tensor, static: Tensor, summary: Tensor | None, hours: Tensor | None) -> Tensor:
         """The classifier over the pooled state and what the config adds beside it. context [P, H] -> logits [P]"""
         if summary is not None:
             context = torch.cat([context, self.summary_branch(summary)], dim=-1)
@@ -540,7 +570,7 @@ class Garlic(nn.Module):
         seen = (queries.steps > 0)[:, None].to(states.dtype)
         context = self.temporal_attention.up_to_each_step(states, real)[queries.stay, last] * seen
         summary = None if summaries is None else summaries[queries.stay, last] * seen
-        return self._classifier_head(context, static[queries.stay], summary, queries.time)
+        return self.classifier_head(context, static[queries.stay], summary, queries.time)
 
     def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor,
                 queries: Queries | None = None) -> GarlicOutput:  # fmt: skip
