@@ -44,11 +44,11 @@ def median_ms(run, repeats: int = 30) -> float:
 
 
 @torch.no_grad()
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     options = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_argument("--dataset", default="physionet2012")
     options.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
-    args = options.parse_args()
+    args = options.parse_args(argv)
     torch.manual_seed(0)
     tensors = load_tensors(processed_folder(args.dataset, args.data_root))
     normalisation = Normalisation.fit(tensors.subset(np.arange(min(2000, len(tensors)))))

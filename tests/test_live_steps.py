@@ -2,6 +2,7 @@
 the one pass over the stay cut there."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -15,7 +16,7 @@ from garlic.explain.built_in import explain
 from garlic.models import steps
 from garlic.models.compact import Garlic
 from garlic.models.network_config import NetworkConfig
-from helpers import tiny_run
+from helpers import synthetic_root, tiny_run
 
 
 @pytest.mark.parametrize("settings", [{}, {"summary_branch": True, "hours_input": True},
@@ -127,3 +128,15 @@ def test_a_reading_before_the_last_step_rebuilds_the_bed_even_when_only_later_ti
     asked = pd.DataFrame({"bed": ["bed-1"], "time": [3.0]})
     assert stepwise.score(readings, asked)[0] == pytest.approx(one_pass.score(readings, asked)[0], abs=1e-5)
     assert stepwise.score(readings, asked)[1] == one_pass.score(readings, asked)[1]
+
+
+def test_the_step_benchmark_times_a_step_against_the_one_pass_and_checks_they_agree(tmp_path_factory, capsys):
+    from experiments import benchmark_steps
+
+    root = synthetic_root(tmp_path_factory, n_stays=40, seed=2)
+    benchmark_steps.main(["--dataset", "synthetic", "--data-root", str(root)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    agreement = re.fullmatch(r"largest difference from the one pass: risk (\S+), signal importance (\S+)", lines[0])
+    assert agreement and float(agreement[1]) < 1e-5 and float(agreement[2]) < 1e-5, lines[0]
+    assert len(lines) == 3 and all(re.fullmatch(r"\d+ steps over [\d.]+ h: step [\d.]+ ms, explained pass [\d.]+ ms, "
+                                                r"risk-only pass [\d.]+ ms", line) for line in lines[1:]), lines
