@@ -10,7 +10,8 @@ the load comes from ``--clients`` threads of this process, each keeping one conn
 second, one FHIR Observation per bed of its share (the model's variables in turn, at the bed's next second). A
 reading's latency runs from just before its POST to the ``scored_at`` of its bed's first risk at its time, read from
 the store when the service has scored everything. Lost: readings acknowledged but not stored and scored. It ends
-with one line:
+with where the time went (from the POST to the service taking the reading in, and from there to its risk stored)
+and one line:
 
     beds N, readings R, lost L, p50 X ms, p99 Y ms
 
@@ -156,9 +157,19 @@ def main() -> None:
         with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
             stored = db.execute("SELECT COUNT(*) FROM readings WHERE scored").fetchone()[0]
             first_scores = db.execute("SELECT bed, time, MIN(scored_at) FROM scores GROUP BY bed, time").fetchall()
+            received = db.execute("SELECT bed, time, MIN(received) FROM readings GROUP BY bed, time").fetchall()
     scored_at = {(bed, round(hours * 3600)): at for bed, hours, at in first_scores}
-    latency = np.array([(scored_at[key] - posted) * 1000 for key, posted in sent.items() if key in scored_at])
+    received_at = {(bed, round(hours * 3600)): at for bed, hours, at in received}
+    scored = [key for key in sent if key in scored_at and key in received_at]
+    latency = np.array([(scored_at[key] - sent[key]) * 1000 for key in scored])
     lost = len(sent) - min(stored, len(latency))
+    # Where the time goes: from the POST to the service taking the reading in (HTTP, FHIR validation: its
+    # ``received``), and from there to its risk stored (the commit, the wait for a scoring round, the round).
+    parts = {"post to received": [(received_at[key] - sent[key]) * 1000 for key in scored],
+             "received to scored": [(scored_at[key] - received_at[key]) * 1000 for key in scored]}  # fmt: skip
+    if scored:
+        print("; ".join(f"{name} p50 {np.percentile(values, 50):.0f} ms, p99 {np.percentile(values, 99):.0f} ms"
+                        for name, values in parts.items()))  # fmt: skip
     p50, p99 = np.percentile(latency, [50, 99]) if len(latency) else (float("nan"), float("nan"))
     print(f"beds {args.beds}, readings {len(sent)}, lost {lost}, p50 {p50:.0f} ms, p99 {p99:.0f} ms")
 
