@@ -44,7 +44,7 @@ from garlic.tracking import queries, run_contract
 log = logging.getLogger("experiments")
 
 DATASET = "physionet2019-hourly"
-METHODS = ("hourly_gbm", "hourly_logreg", "alarm_after_hour")
+METHODS = ("hourly_gbm", "hourly_gbm_utility", "hourly_logreg", "alarm_after_hour")
 FLOOR = "alarm_after_hour"
 PROTOCOLS = ("five-split", "cross-hospital", "in-hospital")
 TABLE = "early-warning"
