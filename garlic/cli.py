@@ -233,9 +233,12 @@ class _Progress:
 
     REDRAW_SECONDS = 5.0
     FORMAT = "{desc}: epoch {n_fmt}/{total_fmt} |{bar:12}| {elapsed} elapsed{postfix}"
+    WITHOUT_EPOCHS = "{desc}: {elapsed} elapsed"
 
-    def __init__(self, max_epochs: int | None, enabled: bool = True):
+    def __init__(self, max_epochs: int | None, enabled: bool = True, counts_epochs: bool = True):
+        """``counts_epochs`` False: a method fitted in one go, whose bar shows only the time elapsed."""
         self.max_epochs, self.enabled = max_epochs, enabled
+        self.bar_format = self.FORMAT if counts_epochs else self.WITHOUT_EPOCHS
         self.bars: dict = {}
         self.seconds: dict[str, list[float]] = {}
         self.stages: dict[str, str] = {}
@@ -258,7 +261,7 @@ class _Progress:
     def _bar(self, name: str, done: int):
         from tqdm import tqdm
 
-        return tqdm(total=self.max_epochs, initial=done, desc=name, bar_format=self.FORMAT, file=sys.stderr)
+        return tqdm(total=self.max_epochs, initial=done, desc=name, bar_format=self.bar_format, file=sys.stderr)
 
     def _open(self) -> list:
         return [*self.bars.values(), *([self.waiting] if self.waiting is not None else [])]
@@ -318,8 +321,10 @@ def _train(args: argparse.Namespace) -> None:
         preset = Config.preset_path(config.dataset)
         source = args.config or (_shown(preset) if preset else "built-in defaults")
         preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
-        _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol, at most "
-             f"{config.max_epochs} epochs (config: {source})")  # fmt: skip
+        # A method fitted in one go (gradient boosting, logistic regression ...) has no epochs to count.
+        epochs = config.max_epochs if hasattr(spec.make, "set_training_hooks") else None
+        budget = f", at most {epochs} epochs" if epochs else ""
+        _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol{budget} (config: {source})")
         if not spec.seeded:  # a method other than GARLIC: one run per split, whatever seeds the protocol names
             seeds, preset_name = None, None
     from garlic.training.device import resolve_device
@@ -341,7 +346,7 @@ def _train(args: argparse.Namespace) -> None:
             with distributed.main_first():
                 if distributed.is_main():
                     _prepare(config.dataset, config.split_protocol, args.data_root)
-            with _Progress(config.max_epochs, enabled=distributed.is_main()) as progress:
+            with _Progress(epochs, enabled=distributed.is_main(), counts_epochs=epochs is not None) as progress:
                 run_id, results = runs.train(config, indices, args.data_root, store, stopping.checked(progress),
                                              seeds=seeds, preset=preset_name, method=args.method,
                                              method_settings=method_settings)  # fmt: skip

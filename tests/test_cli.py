@@ -205,6 +205,7 @@ def test_ctrl_c_during_a_method_run_ends_it_killed_and_the_command_it_prints_fin
                      "logreg", "--all-splits"])  # fmt: skip
     error = capsys.readouterr().err
     assert stopped.value.code == 130 and "Traceback" not in error
+    assert "training: " in error and "epoch" not in error  # a method fitted in one go counts no epochs
     said = re.fullmatch(r"garlic: interrupted: run ([0-9a-f]{32}) is marked KILLED; continue it where it stopped "
                         r"with: \S+ (--data-root \S+ --mlruns \S+ train --resume \1)", error.strip().splitlines()[-1])
     assert said is not None, error[-2000:]
