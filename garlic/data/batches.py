@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from garlic.data.splits import Normalisation
 from garlic.io.tensors import IrregularTensors, PredictionTimes
-from garlic.metrics.utility import SEPSIS_UTILITY, stay_lengths, utility_targets
 
 
 @dataclass
@@ -139,8 +138,11 @@ class IrregularDataset(Dataset):
         """This dataset (sharing its tensors) with the targets of a task scored by the Sepsis Challenge's utility
         recast as what the utility rewards (``garlic.metrics.utility.utility_targets``): 1 where an alarm gains, each
         prediction time weighted by the size of its gain, so that a weighted loss is least where the alarms are
-        those of highest expected utility (cost-sensitive learning). The prediction times must be every hour of each stay, in order, as the
-        utility counts them."""
+        those of highest expected utility (cost-sensitive learning). The prediction times must be every hour of each
+        stay, in order, as the utility counts them."""
+        # Here, not at the top: garlic.metrics imports scikit-learn, which a one-stay `garlic predict` never needs.
+        from garlic.metrics.utility import SEPSIS_UTILITY, stay_lengths, utility_targets
+
         times = self.prediction_times
         if times.score != SEPSIS_UTILITY:
             raise ValueError(f"utility targets need a task scored by {SEPSIS_UTILITY}; this one is scored by "

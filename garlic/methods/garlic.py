@@ -24,7 +24,6 @@ from garlic.data.batches import IrregularDataset
 from garlic.explain.built_in import normalised_graph
 from garlic.methods.contract import check_fitted, check_learns_score, fitted_inputs
 from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, load_weights, read_fitted
-from garlic.metrics.utility import SEPSIS_UTILITY
 from garlic.models.architectures import build_model
 from garlic.models.network_config import NetworkConfig
 from garlic.tracking.run_contract import GARLIC
@@ -66,7 +65,12 @@ class GarlicEstimator(NetworkMethod):
     @property
     def learns_score(self) -> str | None:
         """With ``hourly_target`` 'utility', what the Sepsis Challenge's utility rewards (``contract.learns_score``)."""
-        return SEPSIS_UTILITY if self.config.hourly_target == "utility" else None
+        if self.config.hourly_target != "utility":
+            return None
+        # Here, not at the top: garlic.metrics imports scikit-learn, which a one-stay `garlic predict` never needs.
+        from garlic.metrics.utility import SEPSIS_UTILITY
+
+        return SEPSIS_UTILITY
 
     @property
     def at_prediction_times(self) -> bool:
