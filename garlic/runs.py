@@ -7,7 +7,7 @@ records about its data is ``garlic.tracking.run_contract``'s.
 Every method of the registry (``garlic.methods.registry``), GARLIC included, goes through the one ``train``: each split
 run is ``garlic.evaluation.fit_and_test.fit_and_test`` of the method, which is then saved with the run where it can be
 (``garlic.methods.saved``: GARLIC and every method that writes what it fitted). A method that can resume
-(``garlic.methods.contract.can_resume``: GARLIC, the recurrent baselines) saves the state of its fit
+(``garlic.methods.contract.can_resume``: GARLIC, the recurrent baselines, PyPOTS's models) saves the state of its fit
 (``garlic.training.state``) after every epoch, and every ``Trainer.checkpoint_seconds`` (10 minutes) within one, to
 ``run_contract.training_state_path`` (atomically; deleted once the split run has finished), so that ``resume`` continues
 a killed run in the same MLflow run and ends as the uninterrupted run would have; another method's unfinished split
@@ -182,9 +182,9 @@ class _Run:
         tested (``garlic.evaluation.fit_and_test.fit_and_test``) in the parent itself or in its nested run (resumed
         where one was started), and the fitted method logged where it can be saved.
 
-        A method that can resume (``contract.can_resume``: GARLIC, the recurrent baselines) saves the fit's state beside
-        the run after every epoch and within long ones (``run_contract.training_state_path``) and continues a state
-        found there; another one starts its split again. The run's ``split_params`` tie it to the stays it used."""
+        A method that can resume (``contract.can_resume``: GARLIC, the recurrent and PyPOTS baselines) saves the fit's
+        state beside the run after every epoch and within long ones (``run_contract.training_state_path``) and
+        continues a state found there; another one starts its split again. The run's ``split_params`` tie it to the stays it used."""
         record = run_contract.split_params(split, self.folder, self.manifest)
         previous = where.previous
         if previous is not None and queries.is_finished(previous):

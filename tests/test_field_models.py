@@ -1,6 +1,8 @@
-"""The field's models from PyPOTS (garlic.methods.field) as registered methods, on an hourly grid of the stays."""
+"""The field's models from PyPOTS (garlic.methods.field) as registered methods, on an hourly grid of the stays: each
+trains as PyPOTS's own fit does, and a fit killed after an epoch or within one resumes to the same risks."""
 import importlib.util
 import json
+import math
 
 import mlflow
 import numpy as np
@@ -8,12 +10,16 @@ import pytest
 import torch
 
 from garlic.cli import main as garlic_main
+from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
 from garlic.methods import registry
-from garlic.methods.field import hourly_grid
+from garlic.methods.contract import can_resume
+from garlic.methods.field import FieldModel, build, hourly_grid
 from garlic.tracking.store import use_store
-from helpers import synthetic_root
+from garlic.training.state import load_training_state, save_training_state
+from garlic.training.trainer import Trainer
+from helpers import synthetic_cohort, synthetic_root
 from garlic.io.tensors import IrregularTensors
 
 HAVE_PYPOTS = importlib.util.find_spec("pypots") is not None
@@ -80,3 +86,50 @@ def test_raindrop_runs_on_pytorch_geometrics_scatter_where_torch_scatter_is_miss
     source, index = torch.randn(6, 3), torch.tensor([0, 2, 2, 1, 0, 2])
     expected = torch.zeros(3, 3).index_add_(0, index, source)
     torch.testing.assert_close(layers.scatter(source, index, dim=0, dim_size=3, reduce="add"), expected)
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    torch.set_num_threads(1)
+    return synthetic_cohort(tmp_path_factory, n_stays=120, seed=8)
+
+
+@needs_pypots
+@pytest.mark.parametrize("name", ["raindrop", "seft"])
+def test_a_field_model_trains_as_pypots_own_fit_and_a_killed_fit_resumes_to_the_same_risks(cohort, tmp_path,
+                                                                                          monkeypatch, name):
+    train, validation, test = cohort.parts["train"], cohort.parts["validation"], cohort.parts["test"]
+    # 2 epochs of 3 batches. Raindrop draws its dropout (SeFT's would spend most of its time).
+    settings = {"hidden_dim": 8, "dropout": 0.2 if name == "raindrop" else 0.0, "batch_size": 32, "max_epochs": 2,
+                "patience": 1, "device": "cpu"}  # fmt: skip
+    assert can_resume(FieldModel(name))
+    config = Config()  # the run's config the states are checked against: the method's own settings are not in it
+    saved = []
+
+    def save(state: dict) -> None:  # after every batch (checkpoint_seconds 0) and every epoch, as runs write them
+        underway, epochs_done = state.get("epoch_pass"), state["progress"]["epoch"]
+        saved.append(tmp_path / (f"{epochs_done + 1}-{underway['batches_done']}.pt" if underway else
+                                 f"{epochs_done}-end.pt"))  # fmt: skip
+        save_training_state(saved[-1], state, config)
+
+    monkeypatch.setattr(Trainer, "checkpoint_seconds", 0.0)
+    whole = FieldModel(name, **settings)
+    whole.set_training_hooks(on_state=save)
+    expected = whole.fit(train, validation).predict_proba(test)
+
+    # PyPOTS's own fit of the same model and seed gives the same risks: states taken change nothing, either
+    grid = {part: {"X": hourly_grid(data, whole.hours_), "y": data.labels.numpy().astype(np.int64)}
+            for part, data in (("train", train), ("val", validation))}  # fmt: skip
+    own = build(whole, whole.hours_, whole.num_variables_)
+    own.fit(grid["train"], grid["val"])
+    np.testing.assert_array_equal(own.predict_proba({"X": hourly_grid(test, whole.hours_)})[:, 1], expected)
+
+    per_epoch = math.ceil(len(train) / settings["batch_size"])
+    assert [path.stem for path in saved] == [f"{epoch}-{done}" for epoch in (1, 2)
+                                             for done in [*range(1, per_epoch + 1), "end"]]  # fmt: skip
+    # a fit killed after epoch 1, or within epoch 2 after its first batch, leaves that state: continued from it, in a
+    # fresh model (its seed drawn again, then the state's random state), it ends with the same risks
+    for state in (tmp_path / "1-end.pt", tmp_path / "2-1.pt"):
+        resumed = FieldModel(name, **settings)
+        resumed.set_training_hooks(resume=load_training_state(state, config))
+        np.testing.assert_array_equal(resumed.fit(train, validation).predict_proba(test), expected)

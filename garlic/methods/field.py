@@ -6,9 +6,15 @@ P12 protocol (docs/experiments.md, stop 41), so the project keeps one, the one t
 PyPOTS's models read a regular grid ``X`` [N, H, D] with NaN where nothing was measured. Each stay's observations
 (normalised with the split's training statistics, as every method here sees them) are put on hourly bins: bin h
 holds the last value observed in [h, h + 1) hours; H is the whole hours of the training part's longest stay, and a
-later observation of a validation or test stay falls in the last bin. Static features are not used. PyPOTS trains
-each with Adam and cross-entropy, keeps the epoch of lowest validation cross-entropy and stops after ``patience``
-epochs without a lower one: selection on validation only. PyPOTS is an optional extra (``pip install -e
+later observation of a validation or test stay falls in the last bin. Static features are not used.
+
+Each trains as PyPOTS's own ``fit`` trains it (its model, data handling, loss and Adam; the epoch of lowest
+validation cross-entropy kept, stopped after ``patience`` epochs without a lower one: selection on validation only),
+to the same weights for the same seed, but on the project's fit loop (``FieldTrainer``), so that it resumes as GARLIC
+does: a state after every epoch and every 10 minutes within one (a SeFT epoch on P12 takes about an hour on one
+CPU thread), a fit continued from it ending as the uninterrupted one. One difference: PyPOTS 1.5's own
+``BRITS.fit`` validates on the training stays (it makes its validation loader of the training set); here BRITS is
+validated on the validation split, as the other two are. PyPOTS is an optional extra (``pip install -e
 '.[pypots]'``); it is imported when a model is fitted.
 """
 from __future__ import annotations
@@ -17,12 +23,15 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
 from sklearn.base import BaseEstimator
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.saved import FITTED, WEIGHTS, load_state, read_fitted, save_weights
+from garlic.methods.saved import FITTED, WEIGHTS, ResumableFit, load_state, read_fitted, save_weights
 from garlic.training.device import resolve_device
+from garlic.training.trainer import EpochPass, Progress, Trainer
 from garlic.io.atomic import write_json_atomic
 
 MODELS = ("raindrop", "seft", "brits")
@@ -59,7 +68,7 @@ def raindrop_on_pyg_scatter() -> None:
 
 def build(settings: "FieldModel", steps: int, variables: int):
     """A fresh PyPOTS classifier of ``settings`` (its name, size and training) for ``steps`` hourly bins of
-    ``variables`` variables."""
+    ``variables`` variables. ``FieldTrainer`` fits it; its own ``fit`` would train it the same (the tests compare)."""
     from pypots.classification import BRITS, Raindrop, SeFT  # the optional extra
     from pypots.utils.random import set_random_seed
 
@@ -82,9 +91,116 @@ def build(settings: "FieldModel", steps: int, variables: int):
     raise ValueError(f"name must be one of {', '.join(MODELS)}, got {settings.name!r}")
 
 
-class FieldModel(BaseEstimator):
+def pypots_dataset(name: str, data: dict):
+    """The torch dataset PyPOTS's ``fit`` of model ``name`` makes of ``data`` (``X`` and ``y``): each model reads
+    its own (Raindrop GRU-D's, with the last observation carried forward and the time since it; BRITS both ways)."""
+    from pypots.classification.grud.data import DatasetForGRUD
+    from pypots.data.dataset.base import BaseDataset
+    from pypots.imputation.brits.data import DatasetForBRITS
+
+    if name == "raindrop":
+        return DatasetForGRUD(data)
+    if name == "brits":
+        return DatasetForBRITS(data, return_X_ori=False, return_y=True)
+    return BaseDataset(data, return_X_ori=False, return_X_pred=False, return_y=True)
+
+
+def drawn_pass_seed() -> int:
+    """The seed of a training pass's order, drawn from torch's global generator as a shuffled ``DataLoader`` of
+    PyPOTS's draws it when the pass begins: its iterator first draws a base seed (for worker processes: none here),
+    then its ``RandomSampler`` the seed of its permutation (torch 2's ``torch.utils.data``)."""
+    torch.empty((), dtype=torch.int64).random_()
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+class ShuffledPasses:
+    """The training batches in the order PyPOTS's shuffled ``DataLoader`` gives them: each pass a permutation of the
+    ``size`` stays from ``seed`` (``drawn_pass_seed``), cut into batches of ``batch_size``. Its pass's seed is set
+    before the pass, so that a pass continued within (``EpochPass``) goes through the same order; ``epoch`` counts
+    the passes, as ``Trainer`` keeps a sampler's."""
+
+    def __init__(self, size: int, batch_size: int):
+        self.size, self.batch_size, self.seed, self.epoch = size, batch_size, 0, 0
+
+    def __len__(self) -> int:
+        return math.ceil(self.size / self.batch_size)
+
+    def __iter__(self):
+        order = RandomSampler(range(self.size), generator=torch.Generator().manual_seed(self.seed))
+        self.epoch += 1
+        return iter(BatchSampler(order, self.batch_size, drop_last=False))
+
+
+class FieldTrainer(Trainer):
+    """PyPOTS's training of ``classifier`` (a model of ``build``; ``settings``, the ``FieldModel``) on the hourly
+    grids ``train_set`` and ``val_set`` (``X`` and ``y``), on the project's fit loop
+    (``garlic.training.trainer.Trainer``): each epoch as PyPOTS's ``BaseNNModel._train_model`` runs it (its batches,
+    inputs, loss and Adam, drawing what it draws from torch's generator, in the same order), the epoch of lowest
+    validation loss (PyPOTS's mean over validation batches) kept, stopped after ``settings.patience`` epochs without
+    a lower one. The same seed gives the weights PyPOTS's own ``fit`` gives, and the fit resumes as the others on this
+    loop do. An error or Ctrl-C ends the fit, as on the others (PyPOTS's loop logs it and keeps the best epoch so
+    far)."""
+
+    stages = ("training",)
+
+    def __init__(self, classifier, settings: "FieldModel", train_set: dict, val_set: dict):
+        self.classifier, self.config, self.device = classifier, settings, classifier.device
+        self.model = classifier.model
+        self.optimisers, self.schedulers = {"model": classifier.optimizer.torch_optimizer}, {}
+        self.passes = ShuffledPasses(len(train_set["y"]), settings.batch_size)
+        # the pass draws its seeds itself (``run_epoch``): the loader's own generator leaves torch's untouched
+        self.train_batches = DataLoader(pypots_dataset(settings.name, train_set), batch_sampler=self.passes,
+                                        generator=torch.Generator())  # fmt: skip
+        self.validation_data = pypots_dataset(settings.name, val_set)
+
+    def batches(self, train: IrregularDataset) -> DataLoader:
+        return self.train_batches  # the training grid this trainer was made with
+
+    def run_epoch(self, batches: EpochPass, progress: Progress) -> dict[str, float]:
+        classifier = self.classifier
+        self.model.train()
+        sums = batches.tally(loss=0.0, count=0, order=None)
+        if sums["order"] is None:  # a pass begins: it draws its order; one continued keeps the order it drew
+            sums["order"] = drawn_pass_seed()
+        self.passes.seed = sums["order"]
+        for _, data in batches:
+            inputs = classifier._assemble_input_for_training(data)
+            classifier.optimizer.zero_grad()
+            loss = self.model(inputs, calc_criterion=True)["loss"].sum()
+            loss.backward()
+            classifier.optimizer.step()
+            sums["loss"], sums["count"] = sums["loss"] + loss.item(), sums["count"] + 1
+        mean = sums["loss"] / max(sums["count"], 1)  # PyPOTS's training loss, its mean over the batches
+        return {"loss": mean, "bce": mean, "mse": math.nan}
+
+    @torch.no_grad()
+    def validate(self, validation: IrregularDataset) -> dict:
+        """The risks of the validation grid this trainer was made with, and PyPOTS's validation loss: the mean over
+        batches of each batch's. Its loader is PyPOTS's (in order): starting, it draws a base seed from torch's
+        generator, as PyPOTS's validation does."""
+        self.model.eval()
+        losses, risks = [], []
+        for data in DataLoader(self.validation_data, batch_size=self.config.batch_size, shuffle=False):
+            results = self.model(self.classifier._assemble_input_for_validating(data), calc_criterion=True)
+            losses.append(results["metric"].sum().item())
+            risks.append(results["classification_proba"][:, 1].cpu().numpy())
+        return {"probabilities": np.concatenate(risks), "losses": {"bce": float(np.mean(losses)), "mse": math.nan}}
+
+    def validation_loss(self, progress: Progress, losses: dict[str, float]) -> float:
+        return losses["bce"]
+
+    def score(self, losses: dict[str, float], scores: dict[str, float]) -> float:
+        return -losses["bce"]
+
+    def decide(self, progress: Progress, score: float, losses: dict[str, float]) -> tuple[bool, bool]:
+        progress.stale = 0 if progress.best_epoch == progress.epoch else progress.stale + 1
+        return False, progress.stale >= self.config.patience
+
+
+class FieldModel(ResumableFit, BaseEstimator):
     """PyPOTS's ``name`` (one of ``MODELS``) as a method of ``garlic.evaluation.fit_and_test``: its size
-    (``hidden_dim``, ``dropout``), the batch, the epoch budget and ``patience``, the seed and the device."""
+    (``hidden_dim``, ``dropout``), the batch, the epoch budget and ``patience``, the seed and the device. It resumes
+    (``garlic.methods.contract.can_resume``): its fit is ``FieldTrainer``'s."""
 
     def __init__(self, name: str, hidden_dim: int = 64, dropout: float = 0.2, batch_size: int = 64,
                  max_epochs: int = 30, patience: int = 5, seed: int = 0, device: str = "auto"):  # fmt: skip
@@ -100,8 +216,9 @@ class FieldModel(BaseEstimator):
         self.num_variables_ = grids["train"].shape[-1]
         self.inputs_ = fitted_inputs(train)
         self.model_ = build(self, self.hours_, self.num_variables_)
-        self.model_.fit({"X": grids["train"], "y": train.labels.numpy().astype(np.int64)},
-                        {"X": grids["val"], "y": validation.labels.numpy().astype(np.int64)})  # fmt: skip
+        sets = {part: {"X": grids[part], "y": data.labels.numpy().astype(np.int64)}
+                for part, data in (("train", train), ("val", validation))}  # fmt: skip
+        FieldTrainer(self.model_, self, sets["train"], sets["val"]).fit(train, validation, **self.training_hooks())
         return self
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:

@@ -232,12 +232,9 @@ def load_weights(path: Path, device: str = "cpu") -> dict:
     return weights
 
 
-class NetworkMethod:
-    """What the methods whose fit is one torch network (``model_``, over the inputs of ``inputs_``) share, GARLIC's and
-    the recurrent baselines': their risks are the network's (``garlic.models.predict``), they are saved as the
-    network's weights (``WEIGHTS``) and a fitted.json of their name, their inputs and ``fitted_beside_inputs``, and
-    they resume (``garlic.methods.contract.can_resume``): their fit runs ``garlic.training``'s loop with the hooks of
-    ``set_training_hooks``."""
+class ResumableFit:
+    """What the methods whose fit runs ``garlic.training``'s loop (``Trainer.fit``) share: they resume
+    (``garlic.methods.contract.can_resume``), their fit taking the hooks of ``set_training_hooks``."""
 
     def set_training_hooks(
         self,
@@ -253,6 +250,13 @@ class NetworkMethod:
         """The hooks of ``set_training_hooks`` (none before it is called), keyed as ``Trainer.fit`` takes them. An
         attribute of its own, not a setting: scikit-learn's settings are the constructor's arguments."""
         return getattr(self, "_training_hooks", dict.fromkeys(("on_epoch", "on_state", "resume")))
+
+
+class NetworkMethod(ResumableFit):
+    """What the methods whose fit is one torch network (``model_``, over the inputs of ``inputs_``) share, GARLIC's and
+    the recurrent baselines': their risks are the network's (``garlic.models.predict``), they are saved as the
+    network's weights (``WEIGHTS``) and a fitted.json of their name, their inputs and ``fitted_beside_inputs``, and
+    they resume (``ResumableFit``)."""
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         check_fitted(self)

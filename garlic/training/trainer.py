@@ -1,12 +1,12 @@
 """The one fit loop, ``Trainer``: epochs of the current stage, each checked on the validation split, the best
 epoch's weights kept, the stage switched and the fit stopped as the schedule decides. A schedule is a set of hooks
 on it: GARLIC's alternating decoupled optimisation (``garlic.training.alternating``), the reference code's loop
-(``garlic.training.reference_schedule``) and the recurrent baselines' plain one
-(``garlic.methods.recurrent.RecurrentTrainer``). After every epoch, and within an epoch every
-``Trainer.checkpoint_seconds`` (``EpochPass``), the fit can hand out its whole state (weights, optimisers, schedules,
-sampler epoch, random state, bookkeeping and how far the epoch has come); a fit continued from that state ends exactly
-as an uninterrupted one. Under ``torchrun`` the same code trains data-parallel (``garlic.training.distributed``). The
-loop knows no model: a schedule builds its own.
+(``garlic.training.reference_schedule``), the recurrent baselines' plain one
+(``garlic.methods.recurrent.RecurrentTrainer``) and PyPOTS's (``garlic.methods.field.FieldTrainer``). After every
+epoch, and within an epoch every ``Trainer.checkpoint_seconds`` (``EpochPass``), the fit can hand out its whole state
+(weights, optimisers, schedules, sampler epoch, random state, bookkeeping and how far the epoch has come); a fit
+continued from that state ends exactly as an uninterrupted one. Under ``torchrun`` the same code trains
+data-parallel (``garlic.training.distributed``). The loop knows no model: a schedule builds its own.
 """
 from __future__ import annotations
 
