@@ -86,7 +86,7 @@ def _start(command: list[str], path: str, env: dict, work: Path,
                     if answer.status == 200:
                         return process, port
             except OSError:
-                time.sleep(1)
+                time.sleep(0.25)
         raise RuntimeError(f"{shlex.join(command)} did not answer on port {port} within {timeout:.0f} s")
     except BaseException:
         _stop(process)

@@ -103,8 +103,8 @@ def test_a_field_model_trains_as_pypots_own_fit_and_a_killed_fit_resumes_to_the_
         return IrregularDataset(dataset.tensors.subset(np.arange(stays)), dataset.normalisation)
 
     train, validation, test = first("train", 48), first("validation", 12), first("test", 12)
-    # 2 epochs of 3 batches. Raindrop draws its dropout (SeFT's would spend most of its time).
-    settings = {"hidden_dim": 8, "dropout": 0.2 if name == "raindrop" else 0.0, "batch_size": 16, "max_epochs": 2,
+    # 2 epochs of 2 batches. Raindrop draws its dropout (SeFT's would spend most of its time).
+    settings = {"hidden_dim": 8, "dropout": 0.2 if name == "raindrop" else 0.0, "batch_size": 24, "max_epochs": 2,
                 "patience": 1, "device": "cpu"}  # fmt: skip
     assert can_resume(FieldModel(name))
     config = Config()  # the run's config the states are checked against: the method's own settings are not in it
