@@ -36,6 +36,7 @@ pytestmark = [
 ]
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium: pip install -e '.[test]'")
 By = pytest.importorskip("selenium.webdriver.common.by").By
+Keys = pytest.importorskip("selenium.webdriver.common.keys").Keys
 
 
 def free_port() -> int:
@@ -131,6 +132,12 @@ def test_playing_a_high_risk_stay_shows_the_risk_chart_and_a_warning(run, dashbo
     buttons = [b.text for b in browser.find_elements(By.TAG_NAME, "button")]
     assert not [b for b in buttons if "Deploy" in b] and not browser.find_elements(
         By.CSS_SELECTOR, '[data-testid="stAppDeployButton"], [data-testid="stMainMenu"]')  # no developer toolbar
+    # The fastest replay, one step right of the default speed on the sidebar: the stay plays in half the time.
+    speed = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[aria-label="Speed"]'), 30, "the speed")
+    webdriver.ActionChains(browser).click(speed[0].find_element(By.XPATH, "../..")).perform()
+    browser.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[aria-label="Speed"][aria-valuetext="8 h/s"]'), 30,
+             "the speed at 8 h/s")  # fmt: skip
     play = wait_for(lambda: [b for b in browser.find_elements(By.TAG_NAME, "button") if "Play" in b.text], 30, "Play")
     play[0].click()
     wait_for(lambda: "playing" in playback(browser), 30, "the replay to start")
