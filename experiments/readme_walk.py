@@ -8,8 +8,10 @@ run as written except that:
   timed by ``experiments/benchmark_first_run.py --setup``); the test-suite line is skipped (CI runs it);
 - ``.venv/bin/garlic`` and ``.venv/bin/python`` are this checkout's command line and Python;
 - servers (the dashboard, ``mlflow ui``, ``garlic monitor``) get a free port, must answer on it, and are then
-  stopped; one started in the background (a line ending in ``&``) stays up for the lines after it until the walk
-  ends, and ``garlic feed`` is pointed at its port (``--url``);
+  stopped; the walk goes on to the next lines while one starts, and waits for its answer before it ends (a server
+  spends its start-up importing, on a core of its own); one started in the background (a line ending in ``&``)
+  answers before the next line runs, stays up for the lines after it until the walk ends, and ``garlic feed`` is
+  pointed at its port (``--url``);
 - lines that read ``../shared/data`` are skipped, saying so, when that folder is absent, and the live ward's lines
   when its FHIR library is (``bin/setup live``);
 - with ``--quick`` (the test suite's walk) the trainings run one epoch of a small model (``--set`` appended: the
@@ -52,6 +54,17 @@ class Step:
     output: str = ""  # standard output (a server: where it answered)
 
 
+@dataclass
+class Starting:
+    """A server a line started, not yet seen answering on ``port`` at ``path``; ``started``: its perf_counter."""
+
+    step: Step
+    process: subprocess.Popen
+    port: int
+    path: str
+    started: float
+
+
 def readme_lines(readme: Path = README) -> list[str]:
     """The command lines of the README's ``bash`` blocks, in order, without their trailing comments."""
     blocks = re.findall(r"^```bash\n(.*?)^```", readme.read_text(), flags=re.MULTILINE | re.DOTALL)
@@ -70,12 +83,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _start(command: list[str], path: str, env: dict, work: Path,
-           timeout: float = 180.0) -> tuple[subprocess.Popen, int]:
-    """Start a server on a free port and wait until ``path`` answers 200 there: the process and its port."""
+def _launch(command: list[str], env: dict, work: Path) -> tuple[subprocess.Popen, int]:
+    """Start a server on a free port: the process and its port."""
     port = _free_port()
-    process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    return process, port
+
+
+def _answers(process: subprocess.Popen, port: int, command: list[str], path: str, timeout: float = 180.0) -> None:
+    """Wait until ``path`` answers 200 on ``port``; the server is stopped and RuntimeError raised if it does not."""
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -84,7 +101,7 @@ def _start(command: list[str], path: str, env: dict, work: Path,
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
                     if answer.status == 200:
-                        return process, port
+                        return
             except OSError:
                 time.sleep(0.25)
         raise RuntimeError(f"{shlex.join(command)} did not answer on port {port} within {timeout:.0f} s")
@@ -108,19 +125,25 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
     run_ids: dict[str, str] = {}
     steps = []
     background: dict[str, tuple[subprocess.Popen, int]] = {}  # a server's words -> it and its port
-    stopping: list[subprocess.Popen] = []  # servers told to stop: they wind down while the next lines run
+    starting: list[Starting] = []  # servers not yet seen answering
     try:
         for line in readme_lines(readme):
-            steps.append(_walk_line(line, work, quick, shared, env, run_ids, background, stopping, say))
+            steps.append(_walk_line(line, work, quick, shared, env, run_ids, background, starting, say))
+        for server in starting:
+            _answers(server.process, server.port, shlex.split(server.step.command), server.path)
+            server.step.output = f"answered on port {server.port}"
+            server.step.seconds = time.perf_counter() - server.started
+            say(f"      {server.step.line}: answered on port {server.port}, {server.step.seconds:.1f} s after starting")
+            server.process.terminate()  # it winds down while the next one is checked
     finally:
-        for process in [*(process for process, _ in background.values()), *stopping]:
+        for process in [*(process for process, _ in background.values()), *(server.process for server in starting)]:
             _stop(process)
     return steps
 
 
 def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_ids: dict[str, str],
-               background: dict[str, tuple[subprocess.Popen, int]], stopping: list[subprocess.Popen],
-               say) -> Step:  # fmt: skip
+               background: dict[str, tuple[subprocess.Popen, int]],
+               starting: list[Starting], say) -> Step:  # fmt: skip
     """Run one README line (see ``walk``)."""
     command, skipped = line.removeprefix("bin/setup && "), ""
     if "-m pytest" in command:
@@ -151,13 +174,16 @@ def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_
     start = time.perf_counter()
     server = next((key for key in SERVERS if f" {key}" in command), None)
     if server is not None:
-        process, port = _start(words, SERVERS[server], env, work)
-        output = f"answered on port {port}"
-        if in_background:
+        process, port = _launch(words, env, work)
+        if in_background:  # the lines after it use it: it answers first
+            _answers(process, port, words, SERVERS[server])
             background[server] = (process, port)
-        else:
-            process.terminate()
-            stopping.append(process)
+            output = f"answered on port {port}"
+        else:  # checked when the walk ends (``walk``); its seconds count from its start until it answers
+            step = Step(line, shlex.join(words), "", 0.0, f"started on port {port}")
+            starting.append(Starting(step, process, port, SERVERS[server], start))
+            say(f"      started on port {port}; checked at the end")
+            return step
     else:
         result = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
         output = result.stdout

@@ -1,6 +1,7 @@
 """The README's lines, run top to bottom in an empty folder (experiments/readme_walk.py), with one-epoch trainings."""
 import csv
 import io
+import re
 
 import pytest
 
@@ -19,6 +20,8 @@ def test_the_readme_lines_run_in_the_order_written(tmp_path):
     assert sorted(int(row["stay_id"]) for row in rows) == EXAMPLE_IDS
     assert all(0 < float(row["risk"]) < 1 for row in rows)
     assert any(" dashboard " in line for line in ran) and any("mlflow ui" in line for line in ran)
+    servers = [step for line, step in ran.items() if re.search(r" dashboard | mlflow ui| monitor ", line)]
+    assert len(servers) >= 2 and all(step.output.startswith("answered on port ") for step in servers), servers
     for step in steps:
         assert step.skipped or step.command, step
         if step.skipped:  # only the suite itself, the PhysioNet 2012 lines, and the live ward's without its library
