@@ -77,10 +77,14 @@ def has_database(store: Path) -> bool:
     return (Path(store) / DATABASE).is_file()
 
 
+def _tagged(tags: dict[str, str], status: str) -> str:
+    """An MLflow filter: runs carrying all of ``tags`` whose status compares by ``status`` (e.g. "= 'FINISHED'")."""
+    return " and ".join([f"tags.{key} = '{value}'" for key, value in tags.items()] + [f"attributes.status {status}"])
+
+
 def finished_run(experiment_id: str, tags: dict[str, str]) -> mlflow.entities.Run | None:
     """The newest FINISHED run of the experiment carrying all of ``tags``, or None."""
-    conditions = [f"tags.{key} = '{value}'" for key, value in tags.items()] + [f"attributes.status = '{FINISHED}'"]
-    found = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=" and ".join(conditions),
+    found = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=_tagged(tags, f"= '{FINISHED}'"),
                                order_by=["attributes.start_time DESC"], max_results=1,
                                output_format="list")  # fmt: skip
     return found[0] if found else None
@@ -90,8 +94,7 @@ def interrupted_run(experiment_id: str, tags: dict[str, str], store: Path) -> st
     """The newest run of the experiment carrying all of ``tags`` that stopped before it finished (killed, failed, or
     left RUNNING by a process that died with its machine) and kept its training state in ``store``
     (``run_contract.training_state_path``), to be continued rather than trained again; None when there is none."""
-    conditions = [f"tags.{key} = '{value}'" for key, value in tags.items()] + [f"attributes.status != '{FINISHED}'"]
-    stopped = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=" and ".join(conditions),
+    stopped = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=_tagged(tags, f"!= '{FINISHED}'"),
                                  order_by=["attributes.start_time DESC"], output_format="list")  # fmt: skip
     for run in stopped:
         if run_contract.training_state_path(store, run.info.run_id).is_file():
