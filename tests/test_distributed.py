@@ -1,23 +1,33 @@
 """Data-parallel training: the batch sharding, and two gloo processes on loopback (``torchrun``) against one."""
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
 import sys
+from dataclasses import asdict
 
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing
 
 from garlic.training import distributed
 from garlic import runs
 from garlic.config import Config
-from garlic.data.batches import LengthBucketSampler
+from garlic.data.batches import IrregularDataset, LengthBucketSampler
+from garlic.data.splits import load_splits
+from garlic.io.tensors import load_tensors
 from garlic.tracking.store import use_store
 from garlic.sources import synthetic
+from garlic.training.alternating import AlternatingTrainer
+from garlic.training.state import RANK_TALLIES
+from garlic.training.trainer import Trainer
+from helpers import synthetic_cohort
 
 # dropout 0: with dropout on, each rank draws its own masks, so the runs agree only in distribution.
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "max_epochs": 2, "dropout": 0.0}
@@ -61,6 +71,7 @@ def test_too_few_stays_for_the_ranks_is_a_clear_error():
 def test_helpers_do_nothing_in_a_single_process():
     assert distributed.current() == distributed.World(0, 1) and distributed.is_main()
     assert distributed.batch_weight(7) == 1.0
+    assert distributed.any_rank(True) and not distributed.any_rank(False)
     state = {"a": torch.ones(2)}
     assert distributed.broadcast_state(state) is state
     assert torch.equal(distributed.all_gather(torch.arange(3))[0], torch.arange(3))
@@ -113,3 +124,53 @@ def test_two_gloo_processes_reach_the_validation_metrics_of_one(tmp_path):
         assert two[2][metric] == pytest.approx(one[2][metric], abs=METRIC_TOLERANCE), metric
     assert two[2]["train_loss"] == pytest.approx(one[2]["train_loss"], rel=TRAIN_LOSS_RELATIVE)
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == 1  # rank 0's only
+
+
+def _fit_whole_then_resumed(rank: int, root, address: str, out) -> None:
+    """One of two gloo processes: GARLIC fitted with a state after every batch, then a fresh trainer resumed from
+    the state written after the second epoch's first batch; each rank saves both fits' weights and histories."""
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        tensors = load_tensors(root / "processed" / "synthetic")
+        split = load_splits(root / "processed" / "synthetic", tensors)[0]
+        train, validation = (IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
+                             for part in ("train", "validation"))  # fmt: skip
+        config = Config.for_dataset("synthetic").override({**SMALL, "batch_size": 32})
+        fresh = lambda: AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))  # noqa: E731
+        Trainer.checkpoint_seconds = 0.0
+        written = []
+
+        def keep(state: dict) -> None:  # as the state file holds it: saved, then read back
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            written.append(buffer.getvalue())
+
+        whole = fresh().fit(train, validation, on_state=keep)
+        states = [torch.load(io.BytesIO(b), weights_only=True) for b in written]
+        (within,) = [s for s in states if s["progress"]["epoch"] == 1 and s.get("epoch_pass", {}).get("batches_done") == 1]
+        resumed = fresh().fit(train, validation, resume=within)
+        torch.save({"whole": whole.model.state_dict(), "resumed": resumed.model.state_dict(),
+                    "histories": [[asdict(r) | {"seconds": 0.0} for r in fit.history] for fit in (whole, resumed)],
+                    "within": within["epoch_pass"], "passes": sum("epoch_pass" in s for s in states)},
+                   out / f"rank{rank}.pt")  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_killed_within_an_epoch_resume_from_every_ranks_last_batch_exactly(tmp_path_factory, tmp_path):
+    cohort = synthetic_cohort(tmp_path_factory, n_stays=240, seed=3)
+    address = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(_fit_whole_then_resumed, args=(cohort.root, address, tmp_path), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    batches = len(ranks[0]["histories"][0]) * -(-len(cohort.parts["train"]) // 32)
+    assert ranks[0]["passes"] == batches  # all ranks wrote a state within the epoch after every batch, together
+    within = ranks[0]["within"]
+    tallies = within[RANK_TALLIES]
+    assert len(tallies) == 2 and tallies[0] != tallies[1]  # each rank's own half-batch
+    assert within["tally"] == {name: tallies[0][name] + tallies[1][name] for name in within["tally"]}
+    for rank in ranks:
+        whole, resumed = rank["whole"], rank["resumed"]
+        for name in whole:
+            torch.testing.assert_close(resumed[name], whole[name], rtol=0, atol=0)
+        assert rank["histories"][1] == rank["histories"][0]  # the resumed epoch's losses too, to the last bit

@@ -135,6 +135,13 @@ def all_sum(values: torch.Tensor) -> torch.Tensor:
     return summed.to(values.device)
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (``flag`` itself in a single process): a decision all ranks take alike."""
+    if current().size == 1:
+        return flag
+    return bool(all_sum(torch.tensor([float(flag)])).item() > 0)
+
+
 def batch_weight(count: int) -> float:
     """The factor for this rank's mean loss over its ``count`` stays that makes DDP's average of the ranks'
     gradients equal the gradient of the whole batch's mean loss (1 in a single process)."""

@@ -19,9 +19,11 @@ from garlic.io.atomic import atomic_file
 PARTS = {"progress": dict, "model": dict, "best_model": dict, "optimisers": dict, "schedulers": dict,
          "sampler_epoch": int, "rng": list, "cuda_rng": list, "config": dict}  # fmt: skip
 # A state taken within an epoch has one more part, how far that epoch has come (``EpochPass.underway``); a state
-# without it (after an epoch, or written before there were states within epochs) goes on from the next epoch.
+# without it (after an epoch, or written before there were states within epochs) goes on from the next epoch. Under
+# torchrun the pass also keeps each rank's tally (``tallies``, a list in rank order; ``tally`` is then their sum).
 WITHIN_EPOCH = "epoch_pass"
 PASS_PARTS = {"batches_done": int, "tally": dict, "seconds": float}
+RANK_TALLIES = "tallies"
 ELSEWHERE = {"device"}  # config keys a run may resume with another value of (on another machine)
 
 
@@ -45,6 +47,9 @@ def load_training_state(path: Path, config: Config) -> dict:
                    if not isinstance(underway, dict) or not isinstance(underway.get(key), kind)]  # fmt: skip
         if not garbled and underway["batches_done"] < 0:
             garbled = [f"{WITHIN_EPOCH}.batches_done"]
+        tallies = underway.get(RANK_TALLIES, []) if isinstance(underway, dict) else []
+        if not garbled and not (isinstance(tallies, list) and all(isinstance(t, dict) for t in tallies)):
+            garbled = [f"{WITHIN_EPOCH}.{RANK_TALLIES}"]
     if garbled:
         raise ValueError(f"{path}: not a training state (lacks or garbles {', '.join(garbled)}); remove it to train "
                          "this split from its first epoch")  # fmt: skip

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from garlic.data.batches import IrregularDataset
 from garlic.metrics import binary_metrics
 from garlic.training import distributed
-from garlic.training.state import WITHIN_EPOCH
+from garlic.training.state import RANK_TALLIES, WITHIN_EPOCH
 from garlic.training.threads import adapt_threads
 
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
@@ -99,7 +99,7 @@ class EpochPass:
                  checkpoint: Callable[[dict], None] | None = None, checkpoint_seconds: float = math.inf):  # fmt: skip
         self.batches, self.checkpoint, self.checkpoint_seconds = batches, checkpoint, checkpoint_seconds
         self.done = resume["batches_done"] if resume else 0
-        self.sums = resume["tally"] if resume else {}
+        self.sums = copy.deepcopy(resume["tally"]) if resume else {}  # the state it resumes from stays as written
         self.seconds_before = resume["seconds"] if resume else 0.0
         self.started = time.perf_counter()
 
@@ -129,7 +129,8 @@ class EpochPass:
         for index, batch in enumerate(batches, start=self.done):
             yield index, batch
             self.done = index + 1
-            if self.checkpoint is not None and time.monotonic() - last >= self.checkpoint_seconds:
+            # Under torchrun every rank takes part in a state: they checkpoint together once any rank's time is up.
+            if self.checkpoint is not None and distributed.any_rank(time.monotonic() - last >= self.checkpoint_seconds):
                 self.checkpoint(self.underway())
                 last = time.monotonic()
 
@@ -147,8 +148,8 @@ class Trainer:
     """The one fit loop: epochs of the current stage, each checked on the validation split, the best epoch's weights
     kept, the stage switched and the fit stopped as the schedule decides, and the whole state handed out after every
     epoch (``on_state``) so that a fit continued from it (``resume``) ends as an uninterrupted one. Within an epoch
-    too, every ``checkpoint_seconds`` between two batches, in a single process (under ``torchrun``, after every epoch
-    only): a long epoch killed half-way loses at most that much training.
+    too, every ``checkpoint_seconds`` between two batches (under ``torchrun``, all ranks together, each rank's tally
+    kept): a long epoch killed half-way loses at most that much training.
 
     A schedule is a subclass that builds ``model``, ``optimisers`` and ``schedulers``, names its ``stages`` (a fit
     starts in the first; a switch moves to the next, after the last back to the first) and fills in the hooks:
@@ -200,9 +201,8 @@ class Trainer:
         progress, best_state, underway = Progress(stage=self.stages[0]), copy.deepcopy(self.model.state_dict()), None
         if resume is not None:
             progress, best_state = self.restore(resume, sampler)
-            underway = resume.get(WITHIN_EPOCH)
-        # A mid-epoch state of one process would have to gather the others' tallies too: under torchrun, epochs only.
-        checkpoints = on_state is not None and distributed.current().size == 1
+            underway = _this_ranks_pass(resume.get(WITHIN_EPOCH))
+        checkpoints = on_state is not None
         while not progress.stopped and progress.epoch < config.max_epochs:
             progress.epoch += 1
             adapt_threads()  # from the CPUs other processes used since the last epoch (or the command's start)
@@ -261,6 +261,8 @@ class Trainer:
         after the epochs of ``progress``, with the sampler's next pass ``sampler_epoch``, and within the next epoch
         where ``epoch_pass`` (``EpochPass.underway``) says how far it has come."""
         cuda = self.device.type == "cuda"
+        if epoch_pass is not None and distributed.current().size > 1:
+            epoch_pass = _with_every_ranks_tally(epoch_pass)
         return {
             "progress": asdict(progress),
             "model": self.model.state_dict(),
@@ -288,3 +290,27 @@ class Trainer:
         progress = dict(state["progress"])
         progress["history"] = [EpochRecord(**record) for record in progress["history"]]
         return Progress(**progress), state["best_model"]
+
+
+def _with_every_ranks_tally(epoch_pass: dict) -> dict:
+    """A pass under several processes, as a state keeps it: ``tally`` summed over the ranks (what the epoch's means
+    are taken from, whatever the number of processes that goes on) and ``tallies``, each rank's own, in rank order.
+    Only numbers can be tallied there (GARLIC's schedule, the one that runs under ``torchrun``)."""
+    names, tally = list(epoch_pass["tally"]), epoch_pass["tally"]
+    values = torch.tensor([float(tally[name]) for name in names], dtype=torch.float64)
+    kinds = [type(tally[name]) for name in names]
+    tallies = [{name: kind(value) for name, kind, value in zip(names, kinds, gathered.tolist())}
+               for gathered in distributed.all_gather(values)]  # fmt: skip
+    summed = {name: kind(sum(rank[name] for rank in tallies)) for name, kind in zip(names, kinds)}
+    return {**epoch_pass, "tally": summed, RANK_TALLIES: tallies}
+
+
+def _this_ranks_pass(epoch_pass: dict | None) -> dict | None:
+    """This process's share of a saved pass: its own tally where the state was written by as many processes, else
+    the sum on rank 0 and a fresh tally on the others (their sums add up to the same epoch means)."""
+    if epoch_pass is None:
+        return None
+    world, tallies = distributed.current(), epoch_pass.get(RANK_TALLIES)
+    if tallies is not None and len(tallies) == world.size:
+        return {**epoch_pass, "tally": tallies[world.rank]}
+    return epoch_pass if world.is_main else {**epoch_pass, "tally": {}}
