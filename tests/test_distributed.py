@@ -148,7 +148,8 @@ def _fit_whole_then_resumed(rank: int, root, address: str, out) -> None:
 
         whole = fresh().fit(train, validation, on_state=keep)
         states = [torch.load(io.BytesIO(b), weights_only=True) for b in written]
-        (within,) = [s for s in states if s["progress"]["epoch"] == 1 and s.get("epoch_pass", {}).get("batches_done") == 1]
+        (within,) = [state for state in states if state["progress"]["epoch"] == 1
+                     and state.get("epoch_pass", {}).get("batches_done") == 1]  # fmt: skip
         resumed = fresh().fit(train, validation, resume=within)
         torch.save({"whole": whole.model.state_dict(), "resumed": resumed.model.state_dict(),
                     "histories": [[asdict(r) | {"seconds": 0.0} for r in fit.history] for fit in (whole, resumed)],
