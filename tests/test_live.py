@@ -248,6 +248,53 @@ def test_hysteresis_keeps_an_alert_until_the_risk_falls_below_its_band():
     assert states == [False, True, True, True, False, False, False, True]
 
 
+class NewestValue:
+    """A stand-in for the model, so that each risk is set by hand: at each asked time, the value of the bed's newest
+    reading up to it (the last one stored at that time)."""
+
+    def score(self, readings, asked):
+        risks = [readings[(readings["bed"] == bed) & (readings["time"] <= time)]["value"].iloc[-1]
+                 for bed, time in zip(asked["bed"], asked["time"])]  # fmt: skip
+        return np.array(risks), [[] for _ in risks]
+
+
+def test_each_alert_follows_from_the_alert_before_its_time_after_a_same_time_reading_a_late_one_and_a_restart(
+    run, tmp_path
+):
+    from datetime import datetime, timedelta, timezone
+
+    from garlic.live.fhir import Observed, Stay
+
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    alerts = Hysteresis(0.5, band=0.5)  # on at 0.5, off below 0.25
+
+    def ward() -> Monitor:
+        return Monitor(LiveStore(url, run.run_id), NewestValue(), alerts)
+
+    monitor = ward()
+    monitor.store.admit(Stay("bed-1", True, start, None))
+    # (hours, risk): on at hour 2; a second reading at hour 2 lowers its risk to 0.4, which from hour 1's "off" stays
+    # off (from hour 2's first "on" it would have stayed on); a late one at 1.5 turns it on before hour 2; after a
+    # restart, hour 3's 0.3 keeps it on.
+    steps = [(1.0, 0.1), (2.0, 0.9), (2.0, 0.4), (1.5, 0.95), "restart", (3.0, 0.3)]
+    expected = [{1.0: False}, {1.0: False, 2.0: True}, {1.0: False, 2.0: False}, {1.0: False, 1.5: True, 2.0: True},
+                {1.0: False, 1.5: True, 2.0: True, 3.0: True}]  # fmt: skip
+    seen = []
+    for step in steps:
+        if step == "restart":
+            monitor.store.close()
+            monitor = ward()
+            continue
+        hours, risk = step
+        monitor.take([Observed("bed-1", "HR", start + timedelta(hours=hours), risk)])
+        assert monitor.score_round() == 1
+        history = monitor.store.history("bed-1")
+        seen.append(dict(zip(history["time"], history["alert"].astype(bool))))
+    monitor.store.close()
+    assert seen == expected
+
+
 def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)

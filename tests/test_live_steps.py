@@ -80,14 +80,29 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
     late = feed.pop(len(feed) // 3)
     feed.insert(2 * len(feed) // 3, late)  # arrives after later readings of its bed
     url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    beds = [f"bed-{stay}" for stay in stays]
+    # The one pass's risk at each time of every reading, and an alert whose state matters (the risks between its
+    # thresholds keep it as it was), raised and cleared.
+    whole = LiveStore(f"sqlite:///{tmp_path / 'whole.sqlite'}", run.run_id)
+    for bed in beds:
+        whole.admit(Stay(bed, True, start, None))
+    whole.add(feed)
+    readings = whole.readings(beds)
+    whole.close()
+    asked = readings[["bed", "time"]].drop_duplicates().reset_index(drop=True)
+    one_pass = BedScorer(saved)
+    one_pass.steps = None  # the one pass per cut, as every model without step states is scored
+    risk, drivers = one_pass.score(readings, asked)
+    low, high = np.nanquantile(risk, [0.3, 0.7])
+    alerts = Hysteresis(float(high), band=float(1 - low / high))  # on above the 70th centile, off below the 30th
 
     def monitor() -> Monitor:
         scorer = BedScorer(saved, beds=1)  # one bed keeps a state: the other is rebuilt at each of its readings
-        return Monitor(LiveStore(url, run.run_id), scorer, Hysteresis(0.5))
+        return Monitor(LiveStore(url, run.run_id), scorer, alerts)
 
     ward = monitor()
-    for stay in stays:
-        ward.store.admit(Stay(f"bed-{stay}", True, start, None))
+    for bed in beds:
+        ward.store.admit(Stay(bed, True, start, None))
     for count, reading in enumerate(feed):
         if count == len(feed) // 2:  # a restart: states gone, the store as it was
             ward.store.close()
@@ -95,19 +110,23 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
         ward.take([reading])
         ward.score_round()
         assert len(ward.scorer.steps.beds) <= 1
-    beds = [f"bed-{stay}" for stay in stays]
-    readings = ward.store.readings(beds)
-    asked = readings[["bed", "time"]].drop_duplicates().reset_index(drop=True)
-    one_pass = BedScorer(saved)
-    one_pass.steps = None  # the one pass per cut, as every model without step states is scored
-    risk, drivers = one_pass.score(readings, asked)
+    pd.testing.assert_frame_equal(ward.store.readings(beds), readings)
     assert np.isfinite(risk).sum() > 12  # times with a risk
+    raised = []
     for bed in beds:
         history = ward.store.history(bed)
         expected = asked["bed"] == bed
         assert history["time"].tolist() == asked.loc[expected, "time"].tolist()
         assert history["risk"].to_numpy(float) == pytest.approx(risk[expected.to_numpy()], abs=1e-5, nan_ok=True)
         assert history["drivers"].tolist() == [drivers[row] for row in np.flatnonzero(expected)]
+        # Each time's alert follows from the one before in time order, whether it was scored when its reading came
+        # in order, again after a late one, or after the restart (when the loop remembers no bed's last alert).
+        alert = False
+        for time, value, stored in zip(history["time"], history["risk"], history["alert"]):
+            alert = alerts.next(alert, None if pd.isna(value) else float(value))
+            assert bool(stored) == alert, (bed, time)
+            raised.append(alert)
+    assert 0 < sum(raised) < len(raised)
     ward.store.close()
 
 

@@ -7,11 +7,16 @@ costs its own time only; one that arrived late is placed at its time, and every 
 again from there. The alerts follow in time order from the bed's state before that time (``Hysteresis``), and the
 risks, alerts and drivers are stored with the readings marked as scored, in one transaction. A round's beds are
 scored as one batch, so that a busy ward costs a pass per round, not per reading.
+
+The loop is the store's only writer of scores, so it remembers each bed's newest scored time and alert as it stored
+them (``newest``, for at most ``REMEMBERED`` beds): a bed whose new readings all come after that time continues from
+there without asking the store; a late reading, a bed it does not remember (or a restart) asks the store.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 
 import pandas as pd
 
@@ -22,6 +27,7 @@ from garlic.live.store import LiveStore
 
 ROUND = 2000  # readings a round takes at most
 MAX_PENDING = 50_000  # unscored readings beyond which new ones are refused (503) until the loop catches up
+REMEMBERED = 10_000  # beds whose newest scored time and alert the loop keeps (a time and a flag each)
 log = logging.getLogger("garlic.live")
 
 
@@ -32,6 +38,7 @@ class Monitor:
         self.stopping = threading.Event()
         self.pending = store.counts()["pending"]  # what a previous service left unscored is scored first
         self.lock = threading.Lock()
+        self.newest: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # bed -> (time, alert), as stored
 
     def take(self, observed: list[Observed]) -> tuple[int, int]:
         """Store ``observed`` (committed on return): (stored, repeats). Refused with 503 while the loop is
@@ -54,7 +61,7 @@ class Monitor:
         times = readings[["bed", "time"]].drop_duplicates()
         asked = times[times["time"] >= times["bed"].map(earliest)].sort_values(["bed", "time"], ignore_index=True)
         risk, drivers = self.scorer.score(readings, asked)
-        alert = self.store.alerts_before(earliest.to_dict())
+        alert = self.alerts_before(earliest.to_dict())
         scores = []
         for row, (bed, time) in enumerate(zip(asked["bed"], asked["time"])):
             value = None if pd.isna(risk[row]) else float(risk[row])
@@ -62,9 +69,22 @@ class Monitor:
             scores.append({"bed": bed, "time": float(time), "risk": value, "alert": alert[bed],
                            "drivers": drivers[row]})  # fmt: skip
         self.store.save_scores(scores, pending["id"].tolist())
+        for score in scores:  # a bed's rows in time order: its last one is its newest time
+            self.newest[score["bed"]] = (score["time"], score["alert"])
+            self.newest.move_to_end(score["bed"])
+        while len(self.newest) > REMEMBERED:
+            self.newest.popitem(last=False)
         with self.lock:
             self.pending -= len(pending)
         return len(pending)
+
+    def alerts_before(self, times: dict[str, float]) -> dict[str, bool]:
+        """Each bed's alert at its latest scored time before ``times[bed]``: remembered where that is its newest
+        scored time, else from the store."""
+        known = {bed: self.newest[bed][1] for bed, time in times.items()
+                 if bed in self.newest and self.newest[bed][0] < time}  # fmt: skip
+        asked = {bed: time for bed, time in times.items() if bed not in known}
+        return known | (self.store.alerts_before(asked) if asked else {})
 
     def run(self) -> None:
         """Score until ``stop``: at once while readings are pending, else when ``take`` wakes it."""

@@ -87,6 +87,12 @@ def _seconds(at: datetime) -> float:
     return at.timestamp()
 
 
+def _table(rows: list[sa.Row], columns: list[str]) -> pd.DataFrame:
+    """Rows of a query as a table. As plain tuples: pandas inspects every ``Row`` it is given for fields, which took
+    most of the time of reading a ward's readings."""
+    return pd.DataFrame([tuple(row) for row in rows], columns=columns)
+
+
 class LiveStore:
     """The ward's database, for the model of ``run_id``; with ``create`` False (a reader: the dashboard's ward
     view), an existing one only."""
@@ -200,14 +206,14 @@ class LiveStore:
         query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time).where(READINGS.c.scored.is_(False))
                  .order_by(READINGS.c.id).limit(limit))  # fmt: skip
         with self.engine.connect() as db:
-            return pd.DataFrame(db.execute(query).all(), columns=["id", "bed", "time"])
+            return _table(db.execute(query).all(), ["id", "bed", "time"])
 
     def readings(self, beds: list[str]) -> pd.DataFrame:
         """Every reading of ``beds``: bed, variable, time, value, in time order."""
         query = (sa.select(READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value)
                  .where(READINGS.c.bed.in_(beds)).order_by(READINGS.c.bed, READINGS.c.time, READINGS.c.id))  # fmt: skip
         with self.engine.connect() as db:
-            return pd.DataFrame(db.execute(query).all(), columns=["bed", "variable", "time", "value"])
+            return _table(db.execute(query).all(), ["bed", "variable", "time", "value"])
 
     def alerts_before(self, times: dict[str, float]) -> dict[str, bool]:
         """Each bed's alert state at its latest scored time before ``times[bed]`` (False when none)."""
@@ -226,7 +232,7 @@ class LiveStore:
         query = (sa.select(SCORES.c.time, SCORES.c.risk, SCORES.c.alert, SCORES.c.drivers, SCORES.c.scored_at)
                  .where(SCORES.c.id.in_(newest)).order_by(SCORES.c.time))  # fmt: skip
         with self.engine.connect() as db:
-            table = pd.DataFrame(db.execute(query).all(), columns=["time", "risk", "alert", "drivers", "scored_at"])
+            table = _table(db.execute(query).all(), ["time", "risk", "alert", "drivers", "scored_at"])
         table["drivers"] = table["drivers"].map(json.loads)
         return table
 
@@ -240,7 +246,7 @@ class LiveStore:
                  .outerjoin(counts, counts.c.bed == BEDS.c.bed)
                  .outerjoin(latest, latest.c.bed == BEDS.c.bed))  # fmt: skip
         with self.engine.connect() as db:
-            table = pd.DataFrame(db.execute(query).all(), columns=["bed", "admitted", "discharged", "readings", "time",
+            table = _table(db.execute(query).all(), ["bed", "admitted", "discharged", "readings", "time",
                                                                    "risk", "alert", "drivers"])  # fmt: skip
         table["drivers"] = table["drivers"].map(lambda text: json.loads(text) if isinstance(text, str) else [])
         return table
