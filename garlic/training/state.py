@@ -20,7 +20,7 @@ PARTS = {"progress": dict, "model": dict, "best_model": dict, "optimisers": dict
          "sampler_epoch": int, "rng": list, "cuda_rng": list, "config": dict}  # fmt: skip
 # A state taken within an epoch has one more part, how far that epoch has come (``EpochPass.underway``); a state
 # without it (after an epoch, or written before there were states within epochs) goes on from the next epoch. Under
-# torchrun the pass also keeps each rank's tally (``tallies``, a list in rank order; ``tally`` is then their sum).
+# torchrun the pass also keeps each rank's tally (``tallies``, a list in rank order; ``tally`` is then rank 0's).
 WITHIN_EPOCH = "epoch_pass"
 PASS_PARTS = {"batches_done": int, "tally": dict, "seconds": float}
 RANK_TALLIES = "tallies"

@@ -293,21 +293,21 @@ class Trainer:
 
 
 def _with_every_ranks_tally(epoch_pass: dict) -> dict:
-    """A pass under several processes, as a state keeps it: ``tally`` summed over the ranks (what the epoch's means
-    are taken from, whatever the number of processes that goes on) and ``tallies``, each rank's own, in rank order.
-    Only numbers can be tallied there (GARLIC's schedule, the one that runs under ``torchrun``)."""
+    """A pass under several processes, as a state keeps it: ``tallies``, each rank's own tally in rank order, beside
+    ``tally``, rank 0's. Only numbers are gathered (GARLIC's schedule, the one that shares batches under ``torchrun``,
+    tallies loss sums and a count)."""
     names, tally = list(epoch_pass["tally"]), epoch_pass["tally"]
-    values = torch.tensor([float(tally[name]) for name in names], dtype=torch.float64)
     kinds = [type(tally[name]) for name in names]
+    values = torch.tensor([float(tally[name]) for name in names], dtype=torch.float64)
     tallies = [{name: kind(value) for name, kind, value in zip(names, kinds, gathered.tolist())}
                for gathered in distributed.all_gather(values)]  # fmt: skip
-    summed = {name: kind(sum(rank[name] for rank in tallies)) for name, kind in zip(names, kinds)}
-    return {**epoch_pass, "tally": summed, RANK_TALLIES: tallies}
+    return {**epoch_pass, "tally": tallies[0], RANK_TALLIES: tallies}
 
 
 def _this_ranks_pass(epoch_pass: dict | None) -> dict | None:
-    """This process's share of a saved pass: its own tally where the state was written by as many processes, else
-    the sum on rank 0 and a fresh tally on the others (their sums add up to the same epoch means)."""
+    """This process's share of a saved pass: its own tally where the state was written by as many processes; with
+    another number (training goes on, not bit for bit), rank 0 goes on from rank 0's and the others from none: the
+    epoch's mean losses are then means over the stays tallied."""
     if epoch_pass is None:
         return None
     world, tallies = distributed.current(), epoch_pass.get(RANK_TALLIES)
