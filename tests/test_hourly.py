@@ -426,3 +426,31 @@ def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(h
     with pytest.raises(SystemExit):
         benchmark_hourly.main(["--data-root", str(hourly_root), "--run", "0" * 32, "--mlruns", str(store)])
     assert f"{'0' * 32}' in the MLflow store" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_the_boosting_screen_scores_a_setting_on_validation_as_the_method_fitted_with_it_would(hourly_root, capsys):
+    import json
+
+    from experiments import screen_hourly_boosting
+    from garlic import studies
+    from garlic.evaluation.fit_and_test import split_parts
+    from garlic.methods.hourly import HourlyModel
+    from garlic.methods.summary import BOOSTING_SETTINGS
+    from garlic.metrics.utility import choose_threshold, stay_lengths
+
+    settings = [json.dumps(setting) for setting in BOOSTING_SETTINGS]
+    screen_hourly_boosting.main(["--data-root", str(hourly_root), "--protocol", "five-split", "--split", "1",
+                                 *(item for setting in settings for item in ("--setting", setting))])  # fmt: skip
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [line["setting"] for line in lines] == list(BOOSTING_SETTINGS)
+    assert lines[0]["weighted_validation_auroc"] != lines[1]["weighted_validation_auroc"]  # a choice to make
+    # The method fits the same candidates and keeps the one of highest weighted validation AUROC: its validation
+    # risks score as that candidate's line says.
+    cohort = studies.load_cohort("physionet2019-hourly", hourly_root, "five-split", [1])
+    parts = split_parts(cohort.tensors, cohort.splits[0])
+    method = HourlyModel("gbm", target="utility").fit(parts["train"], parts["validation"])
+    best = max(lines, key=lambda line: line["weighted_validation_auroc"])
+    assert method.chosen_ == best["setting"] | {"validation_auroc": pytest.approx(best["weighted_validation_auroc"])}
+    times = parts["validation"].prediction_times
+    choice = choose_threshold(times.label, method.predict_proba(parts["validation"]), stay_lengths(times.stay))
+    assert choice.normalised_utility == pytest.approx(best["validation_utility"])
