@@ -252,7 +252,12 @@ class NewestValue:
     """A stand-in for the model, so that each risk is set by hand: at each asked time, the value of the bed's newest
     reading up to it (the last one stored at that time)."""
 
-    def score(self, readings, asked):
+    static_features: list[str] = []
+
+    def reads_after(self, earliest):
+        return {}  # every reading of a bed
+
+    def score(self, readings, asked, partial):
         risks = [readings[(readings["bed"] == bed) & (readings["time"] <= time)]["value"].iloc[-1]
                  for bed, time in zip(asked["bed"], asked["time"])]  # fmt: skip
         return np.array(risks), [[] for _ in risks]

@@ -53,8 +53,9 @@ def trained(tmp_path_factory):
     return run, load_predictor(run.run_id, run.store)
 
 
-def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers(trained, tmp_path):
-    """Two beds fed reading by reading: same-time readings, a late one, a restart, and states for one bed only."""
+def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers(trained, tmp_path, monkeypatch):
+    """Two beds fed reading by reading: same-time readings, a late one, a restart, and states for one bed only; a
+    bed that goes on from its state is read from its last step on."""
     pytest.importorskip("fhir.resources", reason="the live ward validates FHIR with fhir.resources: bin/setup live")
     from garlic.live.alerts import Hysteresis
     from garlic.live.feed import recorded_stays
@@ -103,14 +104,32 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
     ward = monitor()
     for bed in beds:
         ward.store.admit(Stay(bed, True, start, None))
+    read = []  # per round, (readings read, readings of its beds)
+    whole_read = LiveStore.readings
+
+    def counted(store, chosen, after=None, always=()):
+        got = whole_read(store, chosen, after, always)
+        read.append((len(got), len(whole_read(store, chosen))))
+        return got
+
     for count, reading in enumerate(feed):
         if count == len(feed) // 2:  # a restart: states gone, the store as it was
             ward.store.close()
             ward = monitor()
         ward.take([reading])
-        ward.score_round()
+        with monkeypatch.context() as patched:
+            patched.setattr(LiveStore, "readings", counted)
+            ward.score_round()
         assert len(ward.scorer.steps.beds) <= 1
     pd.testing.assert_frame_equal(ward.store.readings(beds), readings)
+    assert sum(got < every for got, every in read) > len(feed) // 3  # rounds that read a bed from its last step on
+    # Read from a time on: the later readings and every static descriptor, whatever its time.
+    descriptors = readings["variable"].isin(saved.static_features)
+    after = float(readings.loc[descriptors & (readings["bed"] == beds[0]), "time"].max())  # none of them after it
+    later = ward.store.readings(beds, {beds[0]: after}, saved.static_features)
+    expected = readings[(readings["bed"] != beds[0]) | (readings["time"] > after) | descriptors]
+    pd.testing.assert_frame_equal(later, expected.reset_index(drop=True))
+    assert len(later) < len(readings)
     assert np.isfinite(risk).sum() > 12  # times with a risk
     raised = []
     for bed in beds:

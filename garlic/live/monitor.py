@@ -2,7 +2,8 @@
 
 ``take`` stores readings (committed before it returns) and wakes the loop; the loop (``run``, one thread) scores
 what is pending in rounds: each round takes up to ``ROUND`` unscored readings, and for each of their beds asks
-the model for the risk at every reading time from the earliest new one on. A reading that arrived in time order
+the model for the risk at every reading time from the earliest new one on. A bed that goes on from its step state
+(``garlic.live.steps``) is read from its last step on, the others whole. A reading that arrived in time order
 costs its own time only; one that arrived late is placed at its time, and every later time of its bed is scored
 again from there. The alerts follow in time order from the bed's state before that time (``Hysteresis``), and the
 risks, alerts and drivers are stored with the readings marked as scored, in one transaction. A round's beds are
@@ -57,10 +58,11 @@ class Monitor:
         if pending.empty:
             return 0
         earliest = pending.groupby("bed")["time"].min()
-        readings = self.store.readings(list(earliest.index))
+        after = self.scorer.reads_after(earliest.to_dict())
+        readings = self.store.readings(list(earliest.index), after, self.scorer.static_features)
         times = readings[["bed", "time"]].drop_duplicates()
         asked = times[times["time"] >= times["bed"].map(earliest)].sort_values(["bed", "time"], ignore_index=True)
-        risk, drivers = self.scorer.score(readings, asked)
+        risk, drivers = self.scorer.score(readings, asked, set(after))
         alert = self.alerts_before(earliest.to_dict())
         scores = []
         for row, (bed, time) in enumerate(zip(asked["bed"], asked["time"])):

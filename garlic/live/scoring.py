@@ -52,9 +52,21 @@ class BedScorer:
         has_steps = not hourly and trained.explains and isinstance(trained.model, Garlic)
         self.steps = WardSteps(trained, self.explains, beds) if has_steps else None
 
-    def score(self, readings: pd.DataFrame, asked: pd.DataFrame) -> tuple[np.ndarray, list[list[str]]]:
+    @property
+    def static_features(self) -> list[str]:
+        """The descriptors the model reads (readings too: each bed's newest value of each)."""
+        return self.trained.static_features
+
+    def reads_after(self, earliest: dict[str, float]) -> dict[str, float]:
+        """The beds (asked from ``earliest[bed]`` on) whose readings ``score`` needs only after a time, and that
+        time: those that go on from their step state. Every other bed needs all its readings."""
+        return {} if self.steps is None else self.steps.reads_after(earliest)
+
+    def score(self, readings: pd.DataFrame, asked: pd.DataFrame,
+              partial: set[str] = frozenset()) -> tuple[np.ndarray, list[list[str]]]:  # fmt: skip
         """The risk (NaN where none) and the drivers at each row (bed, time) of ``asked``, from ``readings`` (bed,
-        variable, time, value) up to that time."""
+        variable, time, value) up to that time: every reading of a bed, or for the beds in ``partial`` those after
+        its ``reads_after`` time (and every static descriptor)."""
         risk = np.full(len(asked), np.nan)
         drivers: list[list[str]] = [[] for _ in range(len(asked))]
         static_names = self.trained.static_features
@@ -65,7 +77,7 @@ class BedScorer:
         if self.hourly:
             scored = self._hourly(series, static, asked)
         elif self.steps is not None:
-            scored, importance = self.steps.score(series, static, asked)
+            scored, importance = self.steps.score(series, static, asked, partial)
             for row, bed_importance in importance.items():
                 drivers[row] = self._drivers(bed_importance)
         else:

@@ -17,7 +17,10 @@ A scoring round, for each bed, from the earliest time asked on:
                                             at a time, the round's rebuilt beds in one batch), then on from there
 
 The bed's readings before its last step are known unchanged when there are as many as when the state was made: the
-store only ever adds readings. The beds of a round take their steps together, one batch per step. At most
+store only ever adds readings. A bed that goes on from its state is read from its last step on (``reads_after``),
+so that a round's cost does not grow with its beds' stays; a reading before that step is one the round has pending
+(the store marks every new reading so), so such a bed is read whole. The beds of a round take their steps together,
+one batch per step. At most
 ``MAX_BEDS`` beds keep a state, the most recently scored ones; another bed's state is made again when it is next
 scored (``WardSteps.capacity``).
 """
@@ -69,10 +72,24 @@ class WardSteps:
         self.trained, self.model, self.explains, self.capacity = trained, trained.model, explains, capacity
         self.beds: OrderedDict[str, BedSteps] = OrderedDict()
 
+    def reads_after(self, earliest: dict[str, float]) -> dict[str, float]:
+        """For each bed that goes on from its state (its earliest time asked at or after its last step), the time
+        after which a round needs its readings: just before its last step, whose readings a redo takes again. The
+        others need every reading."""
+        after = {}
+        for bed, time in earliest.items():
+            known = self.beds.get(bed)
+            if known is not None and np.float32(time) >= known.last_step:
+                # float32 step times: a reading of the last step lies above the float32 just below it
+                after[bed] = float(np.nextafter(np.float32(known.last_step), np.float32(-np.inf)))
+        return after
+
     @torch.no_grad()
-    def score(self, series: pd.DataFrame, static: pd.DataFrame, asked: pd.DataFrame) -> tuple[pd.Series, dict]:
+    def score(self, series: pd.DataFrame, static: pd.DataFrame, asked: pd.DataFrame,
+              partial: set[str] = frozenset()) -> tuple[pd.Series, dict]:  # fmt: skip
         """As ``BedScorer.score`` for the rows of ``asked``: the risk by row (rows without a step left out), and the
-        importance [D] by row where the model explains."""
+        importance [D] by row where the model explains. The beds in ``partial`` come with their readings from
+        ``reads_after`` on only."""
         self.model.eval()
         if asked.empty:
             return pd.Series(dtype=float), {}
@@ -87,7 +104,8 @@ class WardSteps:
         for bed, begin, end in zip(beds, first, [*first[1:], len(order)]):
             rows = order[begin:end]
             offsets[bed], stop = bounds.get(bed, (0, 0))
-            plans[bed] = self._plan(bed, hours[offsets[bed]:stop], asked.index.to_numpy()[rows], asked_times[rows])
+            plans[bed] = self._plan(bed, hours[offsets[bed]:stop], asked.index.to_numpy()[rows], asked_times[rows],
+                                    bed in partial)  # fmt: skip
         values, mask, times = self._step_inputs(plans, offsets, series)
         static_rows = self._static(static, list(plans))
         # The round's beds as one batch (row i: the i-th bed of ``plans``), their state and undo stepped in place.
@@ -105,7 +123,7 @@ class WardSteps:
         last = [BedSteps(fresh, fresh, 0.0, 0, 0) if bed_steps is None else replace(bed_steps) for bed_steps in known]
         has_step = list(state_kept)
         risk, importance = {}, {}
-        for position in range(max((len(ops) for _, ops in plans.values()), default=0)):
+        for position in range(max((len(ops) for _, ops, _ in plans.values()), default=0)):
             movers = [(row, plans[bed][1][position]) for row, bed in enumerate(beds) if position < len(plans[bed][1])]
             stepping = [(row, op) for row, op in movers if op.rows.stop > op.rows.start]
             if stepping:
@@ -124,7 +142,8 @@ class WardSteps:
                         undo_from[row] = "state" if state_kept[row] else "batch"
                     state_kept[row], has_step[row] = False, True
                     last[row].last_step = float(np.float32(hours[offsets[beds[row]] + op.rows.start]))
-                    last[row].in_last, last[row].before_last = op.rows.stop - op.rows.start, op.rows.start
+                    skipped = plans[beds[row]][2]
+                    last[row].in_last, last[row].before_last = op.rows.stop - op.rows.start, skipped + op.rows.start
             readers = [(row, op) for row, op in movers if op.reads and has_step[row]]
             if readers:
                 state = steps.select(current, torch.tensor([row for row, _ in readers]))
@@ -140,15 +159,21 @@ class WardSteps:
         rows = np.fromiter(risk, dtype=int, count=len(risk))
         return pd.Series(list(risk.values()), index=rows, dtype=float), importance
 
-    def _plan(self, bed: str, hours: np.ndarray, rows: np.ndarray, times: np.ndarray) -> tuple[bool, list[_Op]]:
-        """(whether the bed goes on from its state, its steps this round) for the asked ``rows`` at ``times``, from
-        the hours of its readings in time order (a step's readings: rows of them)."""
+    def _plan(self, bed: str, hours: np.ndarray, rows: np.ndarray, times: np.ndarray,
+              partial: bool) -> tuple[bool, list[_Op], int]:  # fmt: skip
+        """(whether the bed goes on from its state, its steps this round, how many of its first readings ``hours``
+        leaves out) for the asked ``rows`` at ``times``, from the hours of its readings in time order (a step's
+        readings: rows of them): all of them, or (``partial``) those from ``reads_after`` on."""
         step_of = hours.astype("float32")
         known = self.beds.get(bed)
+        before = 0 if known is None else int((step_of < known.last_step).sum())
         goes_on = (known is not None and len(times) and np.float32(times[0]) >= known.last_step
-                   and int((step_of < known.last_step).sum()) == known.before_last)  # fmt: skip
+                   and (partial or before == known.before_last))  # fmt: skip
+        if partial and not goes_on:
+            raise RuntimeError(f"bed {bed}: asked before its last step with only its later readings read")
+        skipped = known.before_last - before if partial else 0
         if goes_on:
-            last, in_last, taken = known.last_step, known.in_last, known.before_last + known.in_last
+            last, in_last, taken = known.last_step, known.in_last, known.before_last - skipped + known.in_last
         else:
             last, in_last, taken = None, 0, 0
         ops: list[_Op] = [_Op(False, slice(0, 0), [])]  # answers asked before any new step
@@ -168,14 +193,14 @@ class WardSteps:
                 else:
                     break
             ops[-1].reads.append(int(row))
-        return goes_on, ops
+        return goes_on, ops, skipped
 
     def _step_inputs(self, plans: dict, offsets: dict, series: pd.DataFrame) -> tuple:
         """Each step's values, mask and time as the model reads them, keyed by (bed, first reading, reading past the
         last): its readings made one stay each, normalised by ``tensors_for_model`` and the method's dataset as a cut
         is."""
         chosen, stay, keys = [], [], {}
-        for bed, (_, ops) in plans.items():
+        for bed, (_, ops, _) in plans.items():
             for op in ops:
                 if op.rows.stop > op.rows.start:
                     chosen.append(np.arange(op.rows.start, op.rows.stop) + offsets[bed])

@@ -208,10 +208,24 @@ class LiveStore:
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), ["id", "bed", "time"])
 
-    def readings(self, beds: list[str]) -> pd.DataFrame:
-        """Every reading of ``beds``: bed, variable, time, value, in time order."""
-        query = (sa.select(READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value)
-                 .where(READINGS.c.bed.in_(beds)).order_by(READINGS.c.bed, READINGS.c.time, READINGS.c.id))  # fmt: skip
+    def readings(self, beds: list[str], after: dict[str, float] | None = None,
+                 always: list[str] = ()) -> pd.DataFrame:  # fmt: skip
+        """Every reading of ``beds``: bed, variable, time, value, in time order. A bed in ``after`` only from just
+        after that time on, with every reading of the variables ``always`` (the static descriptors, whatever their
+        time)."""
+        after = {bed: time for bed, time in (after or {}).items() if bed in set(beds)}
+        columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.id)
+        parts = [sa.select(*columns).where(READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
+        if after:  # joined to each bed's time, so that the index on (bed, time) finds its later readings
+            since = (sa.values(sa.column("bed", sa.String), sa.column("after", sa.Float), name="since")
+                     .data(list(after.items())).cte("since"))  # fmt: skip
+            of_bed = since.c.bed == READINGS.c.bed
+            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)),
+                      sa.select(*columns).join(since, of_bed & (READINGS.c.time <= since.c.after)
+                                               & READINGS.c.variable.in_(list(always)))]  # fmt: skip
+        union = sa.union_all(*parts).subquery()
+        query = sa.select(union.c.bed, union.c.variable, union.c.time, union.c.value).order_by(
+            union.c.bed, union.c.time, union.c.id)
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), ["bed", "variable", "time", "value"])
 
