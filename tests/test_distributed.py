@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -14,7 +15,6 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing
 
 from garlic.training import distributed
 from garlic import runs
@@ -162,7 +162,17 @@ def _fit_whole_then_resumed(rank: int, root, address: str, out) -> None:
 def test_two_processes_killed_within_an_epoch_resume_from_every_ranks_last_batch_exactly(tmp_path_factory, tmp_path):
     cohort = synthetic_cohort(tmp_path_factory, n_stays=240, seed=3)
     address = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(_fit_whole_then_resumed, args=(cohort.root, address, tmp_path), nprocs=2)
+    # Two processes of their own (not multiprocessing's spawn, which runs the parent's __main__ again: under pytest
+    # that can be a module another test ran as a script).
+    worker = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+              "from test_distributed import _fit_whole_then_resumed as fit; "
+              "fit(int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))")  # fmt: skip
+    ranks = [subprocess.Popen([sys.executable, "-c", worker, str(Path(__file__).parent), str(rank), str(cohort.root),
+                               address, str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+             for rank in range(2)]
+    errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(error[-2000:] for error in errors)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
     batches = len(ranks[0]["histories"][0]) * -(-len(cohort.parts["train"]) // 32)
     assert ranks[0]["passes"] == batches  # all ranks wrote a state within the epoch after every batch, together
