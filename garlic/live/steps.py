@@ -20,9 +20,8 @@ The bed's readings before its last step are known unchanged when there are as ma
 store only ever adds readings. A bed that goes on from its state is read from its last step on (``reads_after``),
 so that a round's cost does not grow with its beds' stays; a reading before that step is one the round has pending
 (the store marks every new reading so), so such a bed is read whole. The beds of a round take their steps together,
-one batch per step. At most
-``MAX_BEDS`` beds keep a state, the most recently scored ones; another bed's state is made again when it is next
-scored (``WardSteps.capacity``).
+one batch per step. At most ``MAX_BEDS`` beds keep a state, the most recently scored ones; another bed's state is
+made again when it is next scored (``WardSteps.capacity``).
 """
 from __future__ import annotations
 

@@ -260,8 +260,8 @@ class LiveStore:
                  .outerjoin(counts, counts.c.bed == BEDS.c.bed)
                  .outerjoin(latest, latest.c.bed == BEDS.c.bed))  # fmt: skip
         with self.engine.connect() as db:
-            table = _table(db.execute(query).all(), ["bed", "admitted", "discharged", "readings", "time",
-                                                                   "risk", "alert", "drivers"])  # fmt: skip
+            table = _table(db.execute(query).all(), ["bed", "admitted", "discharged", "readings", "time", "risk",
+                                                     "alert", "drivers"])  # fmt: skip
         table["drivers"] = table["drivers"].map(lambda text: json.loads(text) if isinstance(text, str) else [])
         return table
 
