@@ -213,7 +213,8 @@ class LiveStore:
         """Every reading of ``beds``: bed, variable, time, value, in time order. A bed in ``after`` only from just
         after that time on, with every reading of the variables ``always`` (the static descriptors, whatever their
         time)."""
-        after = {bed: time for bed, time in (after or {}).items() if bed in set(beds)}
+        asked = set(beds)
+        after = {bed: time for bed, time in (after or {}).items() if bed in asked}
         columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.id)
         parts = [sa.select(*columns).where(READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
         if after:  # joined to each bed's time, so that the index on (bed, time) finds its later readings
