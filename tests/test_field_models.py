@@ -88,6 +88,32 @@ def test_raindrop_runs_on_pytorch_geometrics_scatter_where_torch_scatter_is_miss
     torch.testing.assert_close(layers.scatter(source, index, dim=0, dim_size=3, reduce="add"), expected)
 
 
+@needs_pypots
+def test_seft_on_the_observed_cells_gives_the_risks_and_gradients_of_pypots_whole_grid_set():
+    from pypots.nn.modules.seft import BackboneSeFT
+
+    torch.manual_seed(3)
+    stays, steps, variables = 5, 6, 4
+    observed = torch.rand(stays, steps, variables) < 0.3
+    observed[0] = False
+    observed[0, 2, 1] = True  # a stay of one cell
+    observed[1] = True  # one observed throughout: no padding
+    grid = torch.randn(stays, steps, variables) * observed  # missing cells zero-filled, as PyPOTS passes them
+    mask = observed.float()
+    ours = build(FieldModel("seft", hidden_dim=16, dropout=0.0, device="cpu"), steps, variables).model.backbone
+    pypots = BackboneSeFT(steps, variables, 2, n_layers=2, n_heads=2, d_model=16, d_ffn=32, dropout=0.0)
+    pypots.load_state_dict(ours.state_dict())  # the same weights, PyPOTS's own forward
+
+    ours.eval(), pypots.eval()
+    torch.testing.assert_close(ours(grid, mask), pypots(grid, mask), rtol=1e-5, atol=1e-6)
+    ours.train(), pypots.train()
+    for model in (ours, pypots):
+        model.zero_grad()
+        torch.log_softmax(model(grid, mask), dim=1)[:, 1].sum().backward()
+    for (name, mine), theirs in zip(ours.named_parameters(), pypots.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory):
     torch.set_num_threads(1)
