@@ -604,3 +604,24 @@ def test_a_unit_stopped_half_way_is_resumed_in_its_own_run_not_trained_again(tmp
     # epoch 1 was trained once, before the stop; epoch 2 again from epoch 1's state, then epoch 3
     history = mlflow.MlflowClient().get_metric_history(stopped.info.run_id, "val_auroc")
     assert sorted(m.step for m in history) == [1, 2, 2, 3]
+
+
+def test_the_report_says_what_the_input_hours_alone_score_on_each_protocol_and_what_that_means():
+    def unit(method: str, protocol_name: str, split: int, auroc: float) -> compare.Unit:
+        metrics = {"auroc": auroc, "auprc": auroc / 2, "brier": 0.1, "ece": 0.01}
+        return compare.Unit(method, protocol_name, split, None, f"run{split}", "digest", metrics, pd.DataFrame())
+
+    units = [unit("input_hours", "raindrop", 0, 0.70), unit("input_hours", "raindrop", 1, 0.80),
+             unit("gbm", "raindrop", 0, 0.9), unit("input_hours", "garlic-reference", 0, 0.52)]  # fmt: skip
+    summary = compare.table(units, ["raindrop", "garlic-reference"])
+
+    def made(rows: pd.DataFrame) -> str:
+        return compare.report(rows, pd.DataFrame(), pd.DataFrame(), [], [], "python -m experiments.compare", "p19",
+                              [], {})  # fmt: skip
+
+    text = made(summary)
+    section = text.split("## The input's length alone\n\n")[1]
+    assert "every AUROC and AUPRC on the protocol, ours and the published ones on the same windows" in section
+    assert "- `raindrop`: AUROC 0.750 ± 0.050, AUPRC 0.375 ± 0.025 (2 runs)\n" in section
+    assert "- `garlic-reference`: AUROC 0.520 ± 0.000, AUPRC 0.260 ± 0.000 (1 run)\n" in section
+    assert "length alone" not in made(summary[summary["method"] != "input_hours"])
