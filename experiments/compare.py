@@ -479,8 +479,28 @@ def length_alone(summary: pd.DataFrame) -> list[str]:
             ""]  # fmt: skip
 
 
+def method_settings(methods: list[str], datasets: list[str], overrides: list[str]) -> list[str]:
+    """A line per method of ``methods`` that takes settings (not GARLIC, whose settings are its preset's file): its
+    constructor's arguments as each dataset's configuration gives them (one line where they agree), the networks'
+    epoch budget among them."""
+    lines = []
+    for name in methods:
+        spec = registry.method(name)
+        if registry.WHOLE_CONFIG in spec.from_run.values():
+            continue
+        given = {dataset: spec.arguments(registry.MethodContext(Config.for_dataset(dataset).override(overrides),
+                                                                pd.DataFrame())) for dataset in datasets}  # fmt: skip
+        for dataset, arguments in given.items():
+            where = "" if len(set(map(str, given.values()))) == 1 else f" on `{dataset}`"
+            lines.append(f"- `{name}`{where}: " + ", ".join(f"{key} {value}" for key, value in arguments.items()))
+            if not where:
+                break
+    return lines
+
+
 def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
-           command: str, dataset: str, seen: list[str], unnamed: dict[str, list[str]]) -> str:  # fmt: skip
+           command: str, dataset: str, seen: list[str], unnamed: dict[str, list[str]],
+           settings: list[str] = ()) -> str:  # fmt: skip
     lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
@@ -493,6 +513,13 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
         lines += ["## What the model sees", "", *seen]
     if alone := length_alone(summary):
         lines += ["## The input's length alone", "", *alone]
+    if settings:
+        lines += ["## The methods' settings", "",
+                  "Each method's arguments for these rows: its defaults, over them what the dataset's configuration "
+                  "gives. A network trains for at most `max_epochs`, stops after `patience` (`early_stopping`) "
+                  "epochs without improving on the validation stays, and keeps its best epoch. GARLIC's settings are "
+                  "its preset's, `garlic/configs/<preset>.json`.",
+                  "", *settings, ""]  # fmt: skip
     if len(paired):
         shown = paired.copy()
         for column in ("difference", "ci_low", "ci_high"):
@@ -646,7 +673,9 @@ def compare_command(argv: list[str] | None) -> None:
     by_protocol = {name: list(dict.fromkeys(unit.method for unit in unnamed if unit.protocol == name))
                    for name in protocols}  # fmt: skip
     text = report(summary, paired, drops, missing, kept, command, args.dataset, seen,
-                  {name: found for name, found in by_protocol.items() if found})
+                  {name: found for name, found in by_protocol.items() if found},
+                  method_settings([m for m in methods if m in set(summary["method"])],
+                                  list(dict.fromkeys(datasets[name] for name in protocols)), overrides))
     experiment_id = studies.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     studies.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})

@@ -625,3 +625,20 @@ def test_the_report_says_what_the_input_hours_alone_score_on_each_protocol_and_w
     assert "- `raindrop`: AUROC 0.750 ± 0.050, AUPRC 0.375 ± 0.025 (2 runs)\n" in section
     assert "- `garlic-reference`: AUROC 0.520 ± 0.000, AUPRC 0.260 ± 0.000 (1 run)\n" in section
     assert "length alone" not in made(summary[summary["method"] != "input_hours"])
+
+
+def test_the_report_gives_each_methods_settings_with_the_epoch_budget_the_datasets_configuration_sets():
+    from garlic.config import Config
+
+    (line,) = compare.method_settings(["pypots_raindrop", "garlic"], ["physionet2012"], [])  # GARLIC's: its preset
+    budget = Config.for_dataset("physionet2012")
+    assert line.startswith("- `pypots_raindrop`: hidden_dim 64, dropout 0.2, batch_size 64, ")
+    assert f"max_epochs {budget.max_epochs}, patience {budget.early_stopping}, seed 0" in line
+    # where the datasets' configurations differ, a line for each; --set reaches them as it reaches the runs
+    assert Config.for_dataset("synthetic").max_epochs != budget.max_epochs
+    lines = compare.method_settings(["decay_gru"], ["physionet2012", "synthetic"], ["max_epochs=7"])
+    assert [line.split(":")[0] for line in lines] == ["- `decay_gru` on `physionet2012`", "- `decay_gru` on `synthetic`"]
+    assert all("max_epochs 7," in line for line in lines)
+    text = compare.report(compare.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [],
+                          {}, lines)  # fmt: skip
+    assert text.split("## The methods' settings\n\n")[1].endswith("\n\n" + "\n".join(lines) + "\n")
