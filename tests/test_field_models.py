@@ -89,9 +89,12 @@ def test_raindrop_runs_on_pytorch_geometrics_scatter_where_torch_scatter_is_miss
 
 
 @needs_pypots
-def test_seft_on_the_observed_cells_gives_the_risks_and_gradients_of_pypots_whole_grid_set():
+def test_seft_on_the_observed_cells_gives_the_risks_and_gradients_of_pypots_whole_grid_set(monkeypatch):
     from pypots.nn.modules.seft import BackboneSeFT
 
+    from garlic.methods import field
+
+    monkeypatch.setattr(field, "SET_CHUNK", 2)  # the 5 stays in 3 chunks of similar counts
     torch.manual_seed(3)
     stays, steps, variables = 5, 6, 4
     observed = torch.rand(stays, steps, variables) < 0.3
