@@ -1,10 +1,13 @@
 """``--workers`` and ``--deadline``: one definition and one check for every study that trains units in workers."""
 import argparse
 import importlib
+import os
+import sys
+import time
 
 import pytest
 
-from garlic.training.workers import add_worker_arguments, check_worker_arguments
+from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
 STUDIES = ["experiments.compare", "experiments.ablations", "experiments.fidelity"]
 
@@ -38,3 +41,19 @@ def test_a_worker_leaves_the_deadline_to_its_parent():
     with pytest.raises(SystemExit):
         check_worker_arguments(parser, parser.parse_args(["--deadline", "1.5", "--workers", "1"]))
 
+
+
+def test_at_the_deadline_the_running_jobs_are_stopped_and_the_others_never_start(tmp_path):
+    sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    jobs = [Job(f"unit {k}", [sys.executable, "-c", sleeper], tmp_path / "locks" / f"unit-{k}", tmp_path / f"{k}.log")
+            for k in range(3)]  # fmt: skip
+    started = time.monotonic()
+    outcomes = run_jobs(jobs, 2, minutes=0.05)  # 3 s: the two first run into it, the third finds it passed
+    assert time.monotonic() - started < 30  # not the sleepers' 120 s
+    for k in (0, 1):
+        assert outcomes[f"unit {k}"] == ("stopped at the deadline (its run is FAILED and resumable), see "
+                                         f"{tmp_path / f'{k}.log'}")  # fmt: skip
+        with pytest.raises(ProcessLookupError):  # terminated and waited for: gone
+            os.kill(int((tmp_path / f"{k}.log").read_text()), 0)
+    assert outcomes["unit 2"] == "not started: the deadline had passed"
+    assert not (tmp_path / "2.log").exists()
