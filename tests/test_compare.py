@@ -125,7 +125,7 @@ def test_seeds_replace_the_protocols_model_seeds_for_every_preset(compared, tmp_
     table = pd.read_csv(out / "synthetic.csv").set_index("method")
     assert table.loc["synthetic", "runs"] == 1  # seed 1 found; seed 0 not asked for
     report = (out / "synthetic.md").read_text()
-    assert "- synthetic tiny/split_0 seed 2" in report and "seed 0" not in report
+    assert "- synthetic tiny/split_0 seed 2" in report and "split_0 seed 0" not in report
     kept = pd.read_csv(out / "synthetic-runs" / "runs.csv").query("method == 'synthetic'")
     assert kept["seed"].tolist() == [1]
 
