@@ -37,6 +37,7 @@ pytestmark = [
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium: pip install -e '.[test]'")
 By = pytest.importorskip("selenium.webdriver.common.by").By
 Keys = pytest.importorskip("selenium.webdriver.common.keys").Keys
+selenium_errors = pytest.importorskip("selenium.common.exceptions")
 
 
 def free_port() -> int:
@@ -207,16 +208,21 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
         assert f"bed {last} crossed" in banner[0].text
 
         # Picking the first row (its selection box) opens that bed in the bedside view, with its live data. A click
-        # that lands while the ward redraws itself is lost, as a user's would be: it is tried again every 20 s.
+        # that lands while the ward redraws itself is lost, as a user's would be: it is tried again every 20 s; one
+        # that finds the table mid-redraw (gone, or not yet laid out) is tried again at the next look.
         next_click = [0.0]
 
         def picked() -> list[str]:
             heading = [h.text for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith("Bed ")]
             grids = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
             if not heading and grids and time.monotonic() >= next_click[0]:
-                box = grids[0].rect
-                webdriver.ActionChains(browser).move_to_element_with_offset(
-                    grids[0], -box["width"] / 2 + 16, -box["height"] / 2 + 35 + 17).click().perform()
+                try:
+                    box = grids[0].rect
+                    webdriver.ActionChains(browser).move_to_element_with_offset(
+                        grids[0], -box["width"] / 2 + 16, -box["height"] / 2 + 35 + 17).click().perform()
+                except (selenium_errors.ElementNotInteractableException,
+                        selenium_errors.StaleElementReferenceException):  # fmt: skip
+                    return heading
                 next_click[0] = time.monotonic() + 20
             return heading
 
