@@ -68,6 +68,10 @@ def test_a_pypots_model_is_trained_tested_and_saved_by_garlic_train(tmp_path_fac
                                 filter_string=f"tags.method = 'pypots_{name}'")  # fmt: skip
     assert run.info.status == "FINISHED" and run.data.params["max_epochs"] == "1"
     assert 0 <= run.data.metrics["test_auroc"] <= 1 and np.isfinite(run.data.metrics["test_brier"])
+    # its epoch's validation loss and scores are logged with the run, as GARLIC's are
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_bce")
+    assert [m.step for m in history] == [1] and np.isfinite(history[0].value)
+    assert "stage_is_prediction" not in run.data.metrics  # GARLIC's own, where its stages alternate
     # its model was saved with the run: read back, it scores the test stays as the run did
     capsys.readouterr()
     garlic_main(["--data-root", str(root), "--mlruns", str(store), "evaluate", "--run", run.info.run_id])

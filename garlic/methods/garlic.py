@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -79,8 +79,6 @@ class GarlicEstimator(NetworkMethod):
         return self.config.architecture == "compact"
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "GarlicEstimator":
-        import mlflow
-
         from garlic.training.schedules import make_trainer
 
         if self.learns_score is not None:
@@ -88,24 +86,12 @@ class GarlicEstimator(NetworkMethod):
             train, validation = train.with_utility_targets(), validation.with_utility_targets()
         tensors = train.tensors
         trainer = make_trainer(self.config, len(tensors.variables), len(tensors.static_features))
-        hooks = self.training_hooks()
-        if mlflow.active_run() is not None:  # per-epoch metrics go to the active run, then to the hook
-            hooks["on_epoch"] = self._logging_epochs(hooks["on_epoch"])
-        self.fit_result_ = trainer.fit(train, validation, **hooks)
+        self.fit_result_ = trainer.fit(train, validation, **self.training_hooks())
         self.model_, self.inputs_ = self.fit_result_.model, fitted_inputs(train)
         return self
 
-    @staticmethod
-    def _logging_epochs(on_epoch: Callable[[EpochRecord], None] | None) -> Callable[[EpochRecord], None]:
-        import mlflow
-
-        def log_epoch(record: EpochRecord) -> None:
-            mlflow.log_metrics({**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")},
-                               step=record.epoch)  # fmt: skip
-            if on_epoch is not None:
-                on_epoch(record)
-
-        return log_epoch
+    def epoch_metrics(self, record: EpochRecord) -> dict[str, float]:
+        return {**record.metrics(), "stage_is_prediction": float(record.stage == "prediction")}
 
     @property
     def model(self) -> torch.nn.Module:

@@ -247,9 +247,26 @@ class ResumableFit:
         self._training_hooks = {"on_epoch": on_epoch, "on_state": on_state, "resume": resume}
 
     def training_hooks(self) -> dict:
-        """The hooks of ``set_training_hooks`` (none before it is called), keyed as ``Trainer.fit`` takes them. An
-        attribute of its own, not a setting: scikit-learn's settings are the constructor's arguments."""
-        return getattr(self, "_training_hooks", dict.fromkeys(("on_epoch", "on_state", "resume")))
+        """The hooks of ``set_training_hooks`` (none before it is called), keyed as ``Trainer.fit`` takes them (an
+        attribute of its own, not a setting: scikit-learn's settings are the constructor's arguments). Within an
+        active MLflow run, each epoch's ``epoch_metrics`` are logged to it (step: the epoch) before ``on_epoch``."""
+        import mlflow
+
+        hooks = dict(getattr(self, "_training_hooks", dict.fromkeys(("on_epoch", "on_state", "resume"))))
+        if mlflow.active_run() is not None:
+            on_epoch = hooks["on_epoch"]
+
+            def log_epoch(record: EpochRecord) -> None:
+                mlflow.log_metrics(self.epoch_metrics(record), step=record.epoch)
+                if on_epoch is not None:
+                    on_epoch(record)
+
+            hooks["on_epoch"] = log_epoch
+        return hooks
+
+    def epoch_metrics(self, record: EpochRecord) -> dict[str, float]:
+        """What an epoch logs: its record's losses and validation scores."""
+        return record.metrics()
 
 
 class NetworkMethod(ResumableFit):
