@@ -490,11 +490,10 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
             continue
         given = {dataset: spec.arguments(registry.MethodContext(Config.for_dataset(dataset).override(overrides),
                                                                 pd.DataFrame())) for dataset in datasets}  # fmt: skip
-        for dataset, arguments in given.items():
-            where = "" if len(set(map(str, given.values()))) == 1 else f" on `{dataset}`"
+        agree = len({str(arguments) for arguments in given.values()}) == 1
+        for dataset, arguments in list(given.items())[:1] if agree else given.items():
+            where = "" if agree else f" on `{dataset}`"
             lines.append(f"- `{name}`{where}: " + ", ".join(f"{key} {value}" for key, value in arguments.items()))
-            if not where:
-                break
     return lines
 
 

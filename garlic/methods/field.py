@@ -77,8 +77,7 @@ def seft_on_observed_cells(classifier) -> None:
     SeFT paper has it, gives the same risks and gradients (tested against PyPOTS's forward) at a twentieth of the
     cost (a real P12 batch of 64 on one thread, forward and backward: 1.2 s, against 28 s). Its dropout draws differ
     from PyPOTS's (they are drawn over the smaller set): with dropout, a fit is PyPOTS's in distribution, not draw
-    for draw.
-    The weights are PyPOTS's own: saved, they load into PyPOTS's SeFT."""
+    for draw. The weights are PyPOTS's own: saved, they load into PyPOTS's SeFT."""
     backbone = classifier.model.backbone
     backbone.forward = types.MethodType(_observed_set_forward, backbone)
 
