@@ -163,7 +163,8 @@ def print_speed(config: Config, speed: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="physionet2012")
+    parser.add_argument("--dataset", help="the dataset (default: physionet2012, or each preset's own); a source's "
+                                          "preset (physionet2019) runs on the cohort named here or by --set dataset=")
     parser.add_argument("--config", type=Path, help="a JSON config (default: the dataset's shipped one)")
     parser.add_argument("--presets", nargs="+", metavar="NAME", help="shipped presets (garlic/configs/NAME.json)")
     parser.add_argument("--protocol", help="the split protocol (default: the config's)")
@@ -190,9 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.presets:
         # The overrides go in before the values are checked: a source's preset (dataset physionet2019) names its cohort.
         overrides = dict(item.split("=", 1) for item in [*protocol, *args.set])
+        if args.dataset is not None:
+            overrides.setdefault("dataset", args.dataset)
         configs = {name: Config.load(CONFIG_DIR / f"{name}.json", **overrides) for name in args.presets}
     else:
-        config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset)
+        config = Config.load(args.config) if args.config else Config.for_dataset(args.dataset or "physionet2012")
         configs = {None: config.override([*protocol, *args.set])}
     threads = torch.get_num_threads()
     cpu = cpu_name()

@@ -44,7 +44,7 @@ def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_
     common = ["--data-root", str(data), "--mlruns", str(tmp_path / "mlruns"), "--out", str(tmp_path / "out"),
               "--set", "hidden_dim=8", "--set", "feature_dim=4", "--set", "max_epochs=2", "--set", "device=cpu"]
     benchmark_training.main(["--presets", "synthetic", "--full-run", *common])
-    benchmark_training.main(["--presets", "physionet2012-fast", "--set", "dataset=synthetic", *common])
+    benchmark_training.main(["--presets", "physionet2012-fast", "--dataset", "synthetic", *common])  # or --set dataset=
     table = pd.read_csv(tmp_path / "out" / "speed.csv")
     assert table["preset"].tolist() == ["synthetic", "physionet2012-fast"]  # the second run kept the first's row
     first, second = table.itertuples()
