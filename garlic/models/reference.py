@@ -182,10 +182,12 @@ class WindowAttention(nn.Module):
         step_query, step_key, step_value = projected.split(dim, dim=2)  # [B, T, F, D] each
         position = torch.einsum("wf,dfg->wgd", self.position, weight)  # [W, 3F, D]
         position_query, position_key, position_value = position.split(dim, dim=1)
-        queries = [step_query[:, w : w + windows] + position_query[w] for w in range(window)]
-        keys = [step_key[:, u : u + windows] + position_key[u] for u in range(window)]
-        # [B, L, key, query, D]: the softmax runs over a middle axis, many times faster than over a last one of W.
-        scores = torch.stack([torch.stack([(q * k).sum(2) for q in queries], 2) for k in keys], 2)
+        # Each window's steps, [B, L, F, D, W] (unfold's views), with their positions' encodings added.
+        queries = step_query.unfold(1, window, 1) + position_query.permute(1, 2, 0)
+        keys = step_key.unfold(1, window, 1) + position_key.permute(1, 2, 0)
+        # [B, L, key, query, D], one batched product over F (its W x W dot products one by one took twice as long,
+        # backward included); the softmax runs over a middle axis, many times faster than over a last one of W.
+        scores = torch.einsum("blfdu,blfdw->bluwd", keys, queries)
         weights = torch.softmax(scores / math.sqrt(dim), dim=2)
         # sum_w sum_u a[w, u] v[u] = sum_u (sum_w a[w, u]) v[u]
         column = weights.sum(3)  # [B, L, key, D]
