@@ -121,6 +121,24 @@ def test_seft_on_the_observed_cells_gives_the_risks_and_gradients_of_pypots_whol
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@needs_pypots
+def test_seft_gives_a_stay_without_observations_the_seeds_answer_not_nan():
+    torch.manual_seed(4)
+    observed = torch.rand(4, 6, 3) < 0.4
+    observed[[0, 2]] = False  # two stays of no data
+    grid, mask = torch.randn(4, 6, 3) * observed, observed.float()
+    ours = build(FieldModel("seft", hidden_dim=16, dropout=0.0, device="cpu"), 6, 3).model.backbone
+    logits = ours(grid, mask)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[0], logits[2])  # nothing to tell them apart
+    torch.testing.assert_close(logits[[1, 3]], ours(grid[[1, 3]], mask[[1, 3]]))  # the others as without them
+    pma = ours.pma  # the pooling of no element: attention adds 0 to the seeds
+    seeds = pma.norm1(pma.seeds[0])
+    torch.testing.assert_close(logits[0], ours.classifier(pma.norm2(seeds + pma.ffn(seeds)).reshape(-1)))
+    logits.sum().backward()
+    assert all(torch.isfinite(parameter.grad).all() for parameter in ours.parameters() if parameter.grad is not None)
+
+
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory):
     torch.set_num_threads(1)

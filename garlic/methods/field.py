@@ -89,13 +89,29 @@ def _observed_set_forward(backbone, X: torch.Tensor, missing_mask: torch.Tensor)
     """``pypots.nn.modules.seft.BackboneSeFT.forward`` on the observed cells: ``X`` and ``missing_mask`` [B, T, F]
     (1 where observed) -> logits [B, n_classes]. Cell (t, f) is the element [time_enc(t / (T - 1)), embed(f),
     value], projected to d_model. A stay's logits depend on its own set alone, so the batch's stays go through in
-    chunks of ``SET_CHUNK`` of similar counts, each padded to its own largest: less padding to attend over."""
+    chunks of ``SET_CHUNK`` of similar counts, each padded to its own largest: less padding to attend over.
+
+    A stay with no observed cell (P19's Raindrop cohort keeps 65 of its 38,803) has an empty set, over which
+    PyPOTS's attention is NaN (every key masked), and so its loss and every gradient. Here attention over nothing
+    adds nothing: its pooling is the seeds alone (``_empty_set_logits``), a learned answer for a stay of no data."""
     stays, steps, variables = X.shape
     observed = missing_mask.reshape(stays, steps * variables) > 0
-    by_count = torch.argsort(observed.sum(dim=1))
-    chunks = [_observed_set_logits(backbone, X.reshape(stays, -1)[chunk], observed[chunk], steps, variables)
-              for chunk in by_count.split(SET_CHUNK)]  # fmt: skip
+    counts = observed.sum(dim=1)
+    by_count = torch.argsort(counts)
+    empty = int((counts == 0).sum())
+    chunks = [_empty_set_logits(backbone, empty)] if empty else []
+    chunks += [_observed_set_logits(backbone, X.reshape(stays, -1)[chunk], observed[chunk], steps, variables)
+               for chunk in by_count[empty:].split(SET_CHUNK)]  # fmt: skip
     return torch.cat(chunks)[torch.argsort(by_count)]  # back in the batch's order
+
+
+def _empty_set_logits(backbone, stays: int) -> torch.Tensor:
+    """Logits [stays, n_classes] of empty sets: PyPOTS's pooling (``_PMA.forward``) with its attention's output over
+    no element taken as 0, its seeds Q -> norm2(Q' + ffn(Q')), Q' = norm1(Q)."""
+    pma = backbone.pma
+    seeds = pma.norm1(pma.seeds.expand(stays, -1, -1))
+    pooled = pma.norm2(seeds + pma.dropout(pma.ffn(seeds)))  # [stays, n_seeds, d_model]
+    return backbone.classifier(pooled.reshape(stays, -1))
 
 
 def _observed_set_logits(backbone, values: torch.Tensor, observed: torch.Tensor, steps: int,
