@@ -633,7 +633,8 @@ def test_the_report_gives_each_methods_settings_with_the_epoch_budget_the_datase
     # where the datasets' configurations differ, a line for each; --set reaches them as it reaches the runs
     assert Config.for_dataset("synthetic").max_epochs != budget.max_epochs
     lines = compare.method_settings(["decay_gru"], ["physionet2012", "synthetic"], ["max_epochs=7"])
-    assert [line.split(":")[0] for line in lines] == ["- `decay_gru` on `physionet2012`", "- `decay_gru` on `synthetic`"]
+    assert [line.split(":")[0] for line in lines] == ["- `decay_gru` on `physionet2012`",
+                                                      "- `decay_gru` on `synthetic`"]  # fmt: skip
     assert all("max_epochs 7," in line for line in lines)
     text = compare.report(compare.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [],
                           {}, lines)  # fmt: skip
