@@ -46,6 +46,17 @@ def test_keeping_a_unit_again_replaces_it_and_writes_the_same_bytes_for_the_same
     assert np.allclose(back.predictions["risk"], [0.9, 0.1, 0.9, 0.1])
 
 
+def test_two_calls_keeping_into_one_archive_keep_each_others_units(tmp_path):
+    # Raindrop's and SeFT's background calls both keep their splits in the P12 table's archive as they finish.
+    first, second = RunArchive(tmp_path, "data-1", LABELS), RunArchive(tmp_path, "data-1", LABELS)
+    first.keep([unit(seed=0)])
+    second.keep([unit(seed=1)])  # read before the first kept its unit
+    first.keep([unit(seed=2)])
+    kept = RunArchive(tmp_path, "data-1", LABELS)
+    assert [kept.find("preset", "five-split", 2, seed, "abc") is not None for seed in (0, 1, 2)] == [True] * 3
+    assert sorted(pd.read_csv(tmp_path / RUNS)["seed"]) == [0, 1, 2]
+
+
 def test_a_damaged_archive_is_an_error_that_names_the_file(tmp_path):
     RunArchive(tmp_path, "data-1", LABELS).keep([unit()])
     path = tmp_path / risks_path("preset", "five-split", 2, 0)

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from garlic.data.datasets import ensure_processed
 from garlic.io.atomic import atomic_file
+from garlic.io.locks import locked
 from garlic.io.tables import LABELS, read_manifest
 from garlic.metrics import METRICS
 from garlic.tracking import run_contract
@@ -159,7 +160,7 @@ class RunArchive:
     def __init__(self, folder: Path | None, data_digest: str, labels: pd.Series, layout: Layout = TABLE):
         self.folder, self.data_digest, self.labels = None if folder is None else Path(folder), data_digest, labels
         self.layout = layout
-        self.runs = self._read()  # every archived run, on any data; read once, as a study writes it only at its end
+        self.runs = self._read()  # every archived run, on any data; read again by ``keep``
 
     def _read(self) -> pd.DataFrame:
         index = None if self.folder is None else self.folder / self.layout.table
@@ -233,7 +234,8 @@ class RunArchive:
 
     def keep(self, units: list[Unit]) -> None:
         """Record ``units`` in a table's archive (replacing a kept unit of the same method, protocol, split and
-        seed)."""
+        seed), merged with what other processes kept in it since it was read: two calls training other methods of
+        one table into one archive keep each other's units."""
         if not units:
             return
         for unit in units:
@@ -242,9 +244,11 @@ class RunArchive:
                              "run_id": u.run_id, "settings": u.settings,
                              **{name: u.metrics[name] for name in METRICS}} for u in units])  # fmt: skip
         new["seed"] = new["seed"].astype("Int64")
-        self.runs = self.runs_table(new, list(self.layout.key))[RUN_COLUMNS]
-        with atomic_file(self.folder / RUNS, "w") as out:
-            self.runs.to_csv(out, index=False)
+        with locked(self.folder):
+            self.runs = self._read()
+            self.runs = self.runs_table(new, list(self.layout.key))[RUN_COLUMNS]
+            with atomic_file(self.folder / RUNS, "w") as out:
+                self.runs.to_csv(out, index=False)
 
 
 def open_archive(out: Path, dataset: str, data_root: Path) -> RunArchive:
