@@ -153,6 +153,8 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
             units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
                               queries.test_predictions(store, run.info.run_id)))  # fmt: skip
+            if archive is not None:  # now, not after the call's last unit: the machine may not last that long
+                archive.keep(units[-1:])
     return units, missing
 
 
@@ -224,13 +226,18 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
                if found is not None]  # fmt: skip
     for store, runner in [*runners, (stores[0], first)]:
         use_store(store)
-        held = {(unit.method, unit.split) for unit in units}
-        for record in runner.run(to_run, train and runner is first, skip=held).to_dict("records"):
+
+        def gather(record: dict, store=store, runner=runner) -> None:
             predictions = queries.test_predictions(store, record["run_id"])
             metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
             settings = queries.settings_digest(runner.settings(record["method"]))
             units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings,
                               metrics, predictions))  # fmt: skip
+            if archive is not None:  # now, not after the call's last unit: the machine may not last that long
+                archive.keep(units[-1:])
+
+        held = {(unit.method, unit.split) for unit in units}
+        runner.run(to_run, train and runner is first, skip=held, finished=gather)
     done = {(unit.method, unit.split) for unit in units}
     missing = [Pending(method, protocol_name, split.index, None) for method in first.available(to_run)
                for split in cohort.splits if (method, split.index) not in done]  # fmt: skip

@@ -277,9 +277,11 @@ class Baselines:
         """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""
         return registry.method(name).create(self.context)
 
-    def run(self, methods: list[str], train: bool = True, skip: set[tuple[str, int]] = frozenset()) -> pd.DataFrame:
+    def run(self, methods: list[str], train: bool = True, skip: set[tuple[str, int]] = frozenset(),
+            finished: Callable[[dict], None] | None = None) -> pd.DataFrame:  # fmt: skip
         """One record per method and split: reused from a finished run of the experiment, else fitted and tested
-        (with ``train`` False, left out); a (method, split index) in ``skip`` (found elsewhere) is left out."""
+        (with ``train`` False, left out); a (method, split index) in ``skip`` (found elsewhere) is left out. Each
+        record is also given to ``finished`` as soon as it is made (e.g. to archive it before the next is trained)."""
         records = []
         for method in self.available(methods):
             for split in self.cohort.splits:
@@ -298,4 +300,6 @@ class Baselines:
                 metrics, run_id, _ = resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work,
                                                self.store)  # fmt: skip
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
+                if finished is not None:
+                    finished(records[-1])
         return pd.DataFrame(records)

@@ -229,6 +229,33 @@ def test_the_table_is_made_again_from_the_run_archive_when_the_stores_are_gone(c
     assert units == [] and len(missing) == 2
 
 
+def test_each_unit_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_none(tmp_path, monkeypatch):
+    # A long call (five seeds of an hour each) whose machine goes away in its last unit keeps in the run archive
+    # every unit that finished before it, baselines and GARLIC seeds alike.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=300, seed=2)
+    store, out = tmp_path / "mlruns", tmp_path / "results"
+    train = runs.train
+
+    def cut_off_in_seed_1(config, *args, **kwargs):
+        if config.seed == 1:
+            raise KeyboardInterrupt("the machine went away")
+        return train(config, *args, **kwargs)
+
+    monkeypatch.setattr(compare.runs, "train", cut_off_in_seed_1)
+    with pytest.raises(KeyboardInterrupt):
+        compare_tiny(tmp_path, store, out)
+    kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")
+    assert sorted(map(tuple, kept[["method", "seed"]].fillna(-1).values)) == [("gbm", -1), ("logreg", -1),
+                                                                               ("synthetic", 0)]
+    assert not (out / "synthetic.md").exists()  # the table waits for the call's end
+    monkeypatch.setattr(compare.runs, "train", train)
+    fresh = tmp_path / "next-machine"  # the store went with the machine; the next call trains only the cut-off unit
+    compare_tiny(tmp_path, fresh, out)
+    (trained,) = [run for run in split_runs(fresh) if run.info.run_name != "comparison"]
+    assert trained.data.params["seed"] == "1"
+    assert len(pd.read_csv(out / "synthetic-runs" / "runs.csv")) == 4
+
+
 def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(compared, tmp_path):
     root, _, out, first, _ = compared
     moved = tmp_path / "results"
