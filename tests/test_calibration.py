@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from sklearn.metrics import log_loss, roc_auc_score
+from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
 from garlic.evaluation.calibration import (
     fit_temperature,
@@ -25,6 +25,13 @@ def test_ece_against_hand_computed_values():
 def test_brier_against_hand_computed_values():
     scores = binary_metrics([0, 1, 1, 0], [0.2, 0.7, 1.0, 0.5])
     assert scores["brier"] == pytest.approx((0.04 + 0.09 + 0.0 + 0.25) / 4)
+
+
+def test_a_perfect_ranking_scores_an_auprc_of_exactly_1_where_scikit_learns_sum_passes_it():
+    # the run archive refuses a metric outside [0, 1]: a tiny cohort's perfect split must not damage it
+    labels, risks = np.array([1] * 9 + [0] * 2), np.arange(11, 0, -1) / 12
+    assert average_precision_score(labels, risks) > 1  # the rounding this guards against
+    assert binary_metrics(labels, risks)["auprc"] == 1.0
 
 
 def test_logits_stay_finite_at_saturated_probabilities():

@@ -27,8 +27,9 @@ def binary_metrics(
     both_classes = 0 < labels.sum() < len(labels)
     return {
         "auroc": float(roc_auc_score(labels, probabilities, sample_weight=weights)) if both_classes else float("nan"),
-        "auprc": (float(average_precision_score(labels, probabilities, sample_weight=weights)) if both_classes
-                  else float("nan")),  # fmt: skip
+        # scikit-learn's sum of precisions can pass 1 by a rounding (1.0000000000000002 for a perfect ranking)
+        "auprc": (min(1.0, float(average_precision_score(labels, probabilities, sample_weight=weights)))
+                  if both_classes else float("nan")),  # fmt: skip
         "brier": float(np.mean((probabilities - labels) ** 2)),
         "ece": expected_calibration_error(labels, probabilities),
     }
