@@ -36,7 +36,7 @@ from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
 from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
-from garlic.tracking import queries
+from garlic.tracking import carry, queries
 from garlic.tracking.archive import RunArchive, Unit
 from garlic.training.workers import Job, run_jobs
 
@@ -60,9 +60,9 @@ def unit_tags(config: Config, variant: str, split: int) -> dict:
 
 
 def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, store: Path, variants: list[str],
-                 train: bool = True, archive: RunArchive | None = None) -> pd.DataFrame:  # fmt: skip
+                 train: bool = True, archive: RunArchive | None = None, carried: Path | None = None) -> pd.DataFrame:
     """One row per (variant, split) with its test metrics: a finished run of the store, else one of the ``archive``,
-    else (with ``train``) trained now."""
+    else (with ``train``) trained now, its training state also carried in ``carried`` (``garlic.tracking.carry``)."""
     records = []
     for name in variants:
         variant = config.override(VARIANTS[name])
@@ -70,7 +70,10 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, sto
             def work(variant=variant, split=split) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
                 estimator = GarlicEstimator(variant, cohort.planted, explain=False)
-                return studies.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store)
+                state = None if carried is None else carry.unit_state(carried, f"{STUDY}-{name}", split.name, None,
+                                                                      variant.to_dict(), archive.data_digest)
+                return studies.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store,
+                                                     state)  # fmt: skip
 
             tags = unit_tags(config, name, split.index)
             if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
@@ -138,13 +141,19 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     studies.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--carry", type=Path, metavar="DIR",
+                        help="also keep each unfinished unit's training state here, beyond the store, and go on from "
+                             "it in a store that has none (garlic.tracking.carry; not with --workers)")
     studies.add_worker_study_arguments(parser, "the unfinished units")
     args = parser.parse_args(argv)
+    if args.carry is not None and args.workers > 1:
+        parser.error("--carry keeps the states of units trained in this process; drop --workers")
     config, cohort, experiment_id, archive = studies.start_study(parser, args, "ablations", "ablation_runs")
     if args.workers > 1:
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
                          args.workers, args.mlruns, args.deadline, archive)  # fmt: skip
-    records = run_variants(config, cohort, experiment_id, args.mlruns, args.variants, args.workers == 1, archive)
+    records = run_variants(config, cohort, experiment_id, args.mlruns, args.variants, args.workers == 1, archive,
+                           args.carry)  # fmt: skip
     if args.train_only:
         return
     if records.empty:

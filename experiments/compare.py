@@ -34,8 +34,11 @@ Resumable from MLflow (``garlic.tracking.queries``): a GARLIC unit (preset, spli
 new work goes into the first, and a GARLIC unit that another live process trains into it (``unit_lock``) is left to
 that process. A unit whose run stopped half-way in the first store (killed, or its machine gone) with its training
 state kept is resumed from its last state (``queries.interrupted_unit``), in the same MLflow run, not trained again
-from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). ``--no-train`` only
-gathers, and names what is missing.
+from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). Each unit is kept
+in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training state is kept there
+too, outside the store, and a store that has no run of the unit (the next session's, on a fresh machine) goes on
+from it (``garlic.tracking.carry``; in this process: not with ``--workers``). ``--no-train`` only gathers, and names
+what is missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
 with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
@@ -110,10 +113,11 @@ class Pending:
 
 
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
-                 train: bool, archive: RunArchive | None = None,
-                 seeds: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
+                 train: bool, archive: RunArchive | None = None, seeds: list[int] | None = None,
+                 carry: Path | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
     """The preset's units on the protocol, one per split and model seed (``seeds``, else the protocol's, else the
-    config's), from the stores, else from ``archive``, else trained (unless not ``train``); and what is missing."""
+    config's), from the stores, else from ``archive``, else trained (unless not ``train``; ``carry``: where their
+    training states are carried beyond the store, ``garlic.tracking.carry``); and what is missing."""
     chosen = protocol(protocol_name)
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
@@ -139,10 +143,10 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                         interrupted = queries.interrupted_unit(stores[0], unit_config, split_name, digest)
                         if found is None and interrupted is not None:
                             log.info("resuming %s on %s, seed %d (run %s)", name, split_name, seed, interrupted)
-                            runs.resume(interrupted, data_root, stores[0])
+                            runs.resume(interrupted, data_root, stores[0], carry=carry)
                         elif found is None:
                             log.info("training %s on %s, seed %d", name, split_name, seed)
-                            runs.train(unit_config, [index], data_root, stores[0], preset=name)
+                            runs.train(unit_config, [index], data_root, stores[0], preset=name, carry=carry)
                         found = queries.finished_unit(stores[:1], unit_config, split_name, digest)
                     finally:
                         release(claim)
@@ -199,18 +203,18 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores: list[Path], data_root: Path,
-                   overrides: list[str], archive: RunArchive | None = None,
-                   train: bool = True) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
+                   overrides: list[str], archive: RunArchive | None = None, train: bool = True,
+                   carry: Path | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
     """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
     a method kept in ``archive`` on every split is read from it, the others reuse their finished runs in any of
-    ``stores`` or, with ``train``, run into the first; returns the units and, without ``train``, the method and split
-    of each that has no run."""
+    ``stores`` or, with ``train``, run into the first (carrying their training states in ``carry``); returns the
+    units and, without ``train``, the method and split of each that has no run."""
     if not methods:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = studies.load_cohort(dataset, data_root, protocol_name, None)
     name = f"baselines-{dataset}"
-    first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root, stores[0])
+    first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root, stores[0], carry)
     units, to_run = [], []
     for method in first.available(methods):
         settings = queries.settings_digest(first.settings(method))
@@ -617,6 +621,10 @@ def compare_command(argv: list[str] | None) -> None:
     parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
                         help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
+    parser.add_argument("--carry", type=Path, metavar="DIR",
+                        help="also keep each unfinished unit's training state here, beyond the store, and go on from "
+                             "it in a store that has none (a folder committed with the results, e.g. "
+                             "docs/results/unfinished: the next session resumes the unit on a fresh machine)")
     add_worker_arguments(parser, "the missing GARLIC units")
     parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
                                                              "--presets), on the same splits and model seeds")
@@ -629,6 +637,8 @@ def compare_command(argv: list[str] | None) -> None:
     presets = [args.dataset] if args.presets is None else args.presets
 
     check_worker_arguments(parser, args)
+    if args.carry is not None and args.workers > 1:
+        parser.error("--carry keeps the states of units trained in this process; drop --workers")
     if args.against is not None and args.against not in presets:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
@@ -647,13 +657,13 @@ def compare_command(argv: list[str] | None) -> None:
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])
         found, lacking = baseline_units(args.methods, dataset, protocol_name, args.mlruns, args.data_root,
-                                        overrides, archive, train=not args.no_train)  # fmt: skip
+                                        overrides, archive, not args.no_train, args.carry)  # fmt: skip
         units += found
         missing += lacking
         for name, config in configs[dataset].items():
             train = not (args.no_train or in_workers)
             found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive,
-                                          args.seeds)
+                                          args.seeds, args.carry)
             units += found
             missing += lacking
     shown = Extent(args.methods, presets, args.protocols, [args.against] if args.against else [], [])

@@ -40,7 +40,7 @@ from garlic.methods.contract import (
 )
 from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
-from garlic.tracking import queries, run_contract
+from garlic.tracking import carry, queries, run_contract
 from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, tracked_run, use_experiment, use_store,
                                    was_claimed)  # fmt: skip
 from garlic.training import distributed
@@ -70,11 +70,13 @@ def train(
     preset: str | None = None,
     method: str = "garlic",
     method_settings: dict | None = None,
+    carry: Path | None = None,
 ) -> tuple[str | None, list[SplitResult]]:
     """Train the registered ``method`` (default GARLIC of ``config``) on the chosen splits (default: the first) of the
     config's dataset, each with every one of ``seeds`` (default: the config's seed); returns the run id and results.
     ``preset`` names the config file the config came from (``run_contract.PRESET``); ``method_settings``, the
-    method's own settings where they are not its defaults (``MethodSpec.own_settings``).
+    method's own settings where they are not its defaults (``MethodSpec.own_settings``); ``carry``, a folder where
+    each unit's training state is also carried beyond the store, and taken up from (``garlic.tracking.carry``).
 
     ``resume_run`` continues that run (see ``resume``). Inside ``distributed.process_group`` (``garlic train``
     under ``torchrun``), ranks other than 0 help fit and return ``(None, [])``.
@@ -109,7 +111,8 @@ def train(
         return None, []
     # The parent run describes the run's config: with its seed where it trains one, as it was where it trains several.
     described = units[0][1] if len(seeds) == 1 else units[0][1].with_config(config)
-    return _Run(spec, tensors, folder, manifest, store, resume_run, preset).train(described, units, seeds, on_epoch)
+    return _Run(spec, tensors, folder, manifest, store, resume_run, preset, carry).train(described, units, seeds,
+                                                                                        on_epoch)  # fmt: skip
 
 
 def _help_fit(method: Method, tensors: IrregularTensors, split: Split) -> None:
@@ -134,6 +137,7 @@ class _Run:
     store: Path
     resume_run: str | None
     preset: str | None
+    carry: Path | None = None
 
     def train(self, described: registry.MethodContext, units: list[tuple[Split, registry.MethodContext, Method]],
               seeds: list[int], on_epoch: Callable[[str, EpochRecord], None] | None) -> tuple[str, list[SplitResult]]:
@@ -202,13 +206,19 @@ class _Run:
                                                              self.spec.settings(context)))  # fmt: skip
             state_path = run_contract.training_state_path(self.store, run.run_id)
             resumes = can_resume(method)
+            carried = None if self.carry is None or not resumes else carry.unit_state(
+                self.carry, self.preset or self.spec.name, split.name, context.config.seed,
+                run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context)),
+                run_contract.manifest_digest(self.manifest))  # fmt: skip
+            taken_up = carry.take_up(carried, state_path)  # a new run going on from another store's unit
             resume = load_training_state(state_path, context.config) if resumes and state_path.is_file() else None
             distributed.broadcast_state({"resume": resume})
-            if resume is None:
+            if resume is None or taken_up:
                 mlflow.log_params(record)
 
             def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
                 save_training_state(state_path, state, context.config)
+                carry.carry(carried, state_path)
 
             if resumes:
                 method.set_training_hooks(on_epoch=report, on_state=save, resume=resume)
@@ -218,6 +228,7 @@ class _Run:
                 log_method(fitted_on(self.spec.name, method, context.config, parts["train"], context.settings))
             if resumes:
                 shutil.rmtree(state_path.parent, ignore_errors=True)
+                carry.finish(carried)
             best_epoch = metrics.get("best_epoch")
             return SplitResult(run.run_id, run.run_name, None if best_epoch is None else int(best_epoch),
                                {metric: metrics[f"test_{metric}"] for metric in METRICS})  # fmt: skip
@@ -259,14 +270,16 @@ def resume(
     store: Path = DEFAULT_STORE,
     on_epoch: Callable[[str, EpochRecord], None] | None = None,
     device: str | None = None,
+    carry: Path | None = None,
 ) -> tuple[str | None, list[SplitResult]]:
     """Continue the unfinished run ``run_id``, with its own config and splits; returns what ``train`` returns.
 
     Finished split runs are kept; an unfinished one goes on from its last epoch's training state (from its start when it
     was stopped in its first epoch), in the same MLflow run. Epochs done after the last saved state are done again,
     with the same result, and their metrics logged once more at the same steps. ``device`` may differ from the
-    run's (resuming on another machine). Under ``torchrun`` only rank 0 reads the store and sends the others the
-    config. A run that a live process is training is refused (``RunInUseError``); a dead one's claim is taken over.
+    run's (resuming on another machine); ``carry`` as for ``train``. Under ``torchrun`` only rank 0 reads the store
+    and sends the others the config. A run that a live process is training is refused (``RunInUseError``); a dead
+    one's claim is taken over.
     """
     main = distributed.is_main()
     if main:  # asked before the claim below makes a claim file for the run
@@ -283,7 +296,7 @@ def resume(
             config = config.override({"device": device})
         return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id,
                      seeds=plan["seeds"], preset=plan["preset"], method=plan["method"],
-                     method_settings=plan["method_settings"])  # fmt: skip
+                     method_settings=plan["method_settings"], carry=carry)  # fmt: skip
 
 
 def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:

@@ -39,7 +39,7 @@ from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
 from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts  # noqa: E402
 from garlic.methods import registry  # noqa: E402
 from garlic.methods.contract import Method, can_resume  # noqa: E402
-from garlic.tracking import run_contract  # noqa: E402
+from garlic.tracking import carry, run_contract  # noqa: E402
 from garlic.tracking.archive import RunArchive, study_archive  # noqa: E402
 from garlic.tracking.queries import finished_run, interrupted_run, settings_digest, stored_runs  # noqa: E402
 from garlic.tracking.store import DEFAULT_STORE, claim_run, use_experiment, use_store  # noqa: E402
@@ -191,17 +191,26 @@ def resumable(
     return metrics, run.info.run_id, False
 
 
-def fit_and_test_resuming(method: Method, parts: dict, config: Config, store: Path) -> dict[str, float]:
+def fit_and_test_resuming(method: Method, parts: dict, config: Config, store: Path,
+                          carried: Path | None = None) -> dict[str, float]:  # fmt: skip
     """``fit_and_test`` in the active run; a method that resumes (``contract.can_resume``) saves the state of its
     fit (``garlic.training.state``, checked against ``config``) under ``store`` after every epoch and within long
-    ones, and goes on from the state a stopped fit of this run left there. The state is removed once tested."""
+    ones, and goes on from the state a stopped fit of this run left there, else from the unit's ``carried`` state
+    (``garlic.tracking.carry``: also kept there at every save). The states are removed once tested."""
     path = run_contract.training_state_path(store, mlflow.active_run().info.run_id)
     if not can_resume(method):
         return fit_and_test(method, parts)
+    carry.take_up(carried, path)
     resume = load_training_state(path, config) if path.is_file() else None
-    method.set_training_hooks(on_state=lambda state: save_training_state(path, state, config), resume=resume)
+
+    def save(state: dict) -> None:
+        save_training_state(path, state, config)
+        carry.carry(carried, path)
+
+    method.set_training_hooks(on_state=save, resume=resume)
     metrics = fit_and_test(method, parts)
     shutil.rmtree(path.parent, ignore_errors=True)
+    carry.finish(carried)
     return metrics
 
 
@@ -256,9 +265,12 @@ BASELINE_STUDY = "baseline"  # the study tag of ``Baselines``' runs
 class Baselines:
     """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run."""
 
-    def __init__(self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path):
-        """``store``: the MLflow store of ``experiment_id``, where the units' training states are kept."""
+    def __init__(self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path,
+                 carried: Path | None = None):  # fmt: skip
+        """``store``: the MLflow store of ``experiment_id``, where the units' training states are kept; ``carried``,
+        a folder where they are also carried beyond it (``garlic.tracking.carry``)."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, Path(store)
+        self.carried = carried
         folder = processed_folder(config.dataset, data_root)
         self.context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
         self.data_digest = run_contract.manifest_digest(read_manifest(folder))  # a run on other data is never reused
@@ -289,8 +301,10 @@ class Baselines:
                     continue
                 def work(method=method, split=split) -> dict[str, float]:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
+                    carried = None if self.carried is None else carry.unit_state(
+                        self.carried, method, split.name, None, self.settings(method), self.data_digest)
                     return fit_and_test_resuming(self.method(method), split_parts(self.cohort.tensors, split),
-                                                 self.config, self.store)  # fmt: skip
+                                                 self.config, self.store, carried)  # fmt: skip
 
                 tags = {"study": BASELINE_STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
                         "method": method, "split": split.name,

@@ -167,3 +167,37 @@ def test_workers_train_each_unfinished_unit_in_its_own_process_then_tabulate(dat
           "--variants", "full", "no_gru", "--workers", "2"]
          + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
     assert "running 0 units" in capsys.readouterr().out  # both finished: nothing trained again
+
+
+def test_a_variant_whose_store_is_gone_goes_on_from_its_carried_state_and_ends_as_the_uninterrupted_one(
+    data_root, tmp_path, monkeypatch
+):
+    # The P19 ablation units take about an hour each: one cut off with its session goes on in the next.
+    loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
+    config, carried = command_config().override({"max_epochs": 3}), tmp_path / "unfinished"
+    archive = study_archive(None, "ablation_runs", "synthetic", data_root)
+
+    def variants_in(store):
+        experiment = studies.open_experiment("ablations-synthetic", store)
+        return run_variants(config, loaded, experiment, store, ["no_graph"], archive=archive, carried=carried)
+
+    whole = variants_in(tmp_path / "whole")
+    saved = studies.save_training_state
+
+    def save_then_die(path, state, config):
+        saved(path, state, config)
+        if state["progress"]["epoch"] == 2:
+            raise KeyboardInterrupt("the machine went away")
+
+    monkeypatch.setattr(studies, "save_training_state", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        variants_in(tmp_path / "gone")
+    monkeypatch.undo()
+    (state,) = carried.iterdir()
+    assert state.name.startswith("ablation-no_graph-five-split-split_0-")
+    resumed = variants_in(tmp_path / "fresh")
+    assert list(carried.iterdir()) == []
+    steps = [m.step for m in mlflow.MlflowClient().get_metric_history(resumed["run_id"][0], "val_auroc")]
+    assert 1 not in steps and steps[-1] == 3
+    tested = [column for column in whole.columns if column.startswith("test_")]
+    pd.testing.assert_frame_equal(resumed[tested], whole[tested])

@@ -521,3 +521,73 @@ def test_a_study_unit_stopped_half_way_goes_on_in_its_own_run_and_ends_as_the_un
     assert mlflow.get_run(stopped.info.run_id).info.status == "FINISHED"
     tested = [column for column in whole.columns if column.startswith("test_")]
     pd.testing.assert_frame_equal(resumed[tested], whole[tested])
+
+
+def test_a_unit_whose_store_is_gone_goes_on_from_its_carried_state_in_a_fresh_store_and_ends_as_the_uninterrupted_run(
+    cohort, uninterrupted, tmp_path
+):
+    # The next session's machine has none of this one's store: only the repository, with the carried state in it.
+    root, _, _ = cohort
+    config, carried = Config.for_dataset("synthetic").override(SMALL), tmp_path / "unfinished"
+
+    def dies_in_epoch_3(split, record):  # epoch 2's state is saved, and carried, before epoch 3 reports
+        if record.epoch == 3:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        runs.train(config, [0], data_root=root, store=tmp_path / "gone", on_epoch=dies_in_epoch_3, carry=carried)
+    (state,) = carried.iterdir()
+    assert state.name.startswith("garlic-five-split-split_0-seed_") and load_training_state(state, config)
+    other, trained = config.override({"hidden_dim": 8, "max_epochs": 2}), []  # another unit leaves it alone
+    runs.train(other, [0], data_root=root, store=tmp_path / "other", carry=carried,
+               on_epoch=lambda split, record: trained.append(record.epoch))  # fmt: skip
+    assert trained == [1, 2] and list(carried.iterdir()) == [state]
+    trained = []
+    run_id, _ = runs.train(config, [0], data_root=root, store=tmp_path / "fresh",
+                           on_epoch=lambda split, record: trained.append(record.epoch), carry=carried)  # fmt: skip
+    assert trained == [3, 4] and list(carried.iterdir()) == []  # a finished unit carries nothing
+    got, want = _logged(tmp_path / "fresh", run_id), _logged(*uninterrupted)
+    for name in ("validation", "test"):
+        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
+    for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
+        assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
+    assert got["run"].data.params["split"] == want["run"].data.params["split"]  # the new run says what it trained on
+
+
+def test_a_study_unit_whose_store_is_gone_goes_on_from_its_carried_state_and_ends_as_the_uninterrupted_one(
+    cohort, tmp_path, monkeypatch
+):
+    # Raindrop's and SeFT's splits (experiments.compare --carry) take longer than some sessions do.
+    from garlic import studies
+
+    root, _, _ = cohort
+    config = Config.for_dataset("synthetic").override({**SMALL, "max_epochs": 3, "split_protocol": "five-split"})
+    loaded = studies.load_cohort("synthetic", root, "five-split", [0])
+    carried = tmp_path / "unfinished"
+
+    def unit_in(store: Path) -> studies.Baselines:
+        return studies.Baselines(config, loaded, studies.open_experiment("baselines-synthetic", store), root, store,
+                                 carried)  # fmt: skip
+
+    whole = unit_in(tmp_path / "whole").run(["decay_gru"])
+    assert list(carried.iterdir()) == []
+    saved = studies.save_training_state
+
+    def save_then_die(path, state, config):  # the second epoch's state is saved, then the machine goes away
+        saved(path, state, config)
+        if state["progress"]["epoch"] == 2:
+            raise KeyboardInterrupt("the machine went away")
+
+    monkeypatch.setattr(studies, "save_training_state", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        unit_in(tmp_path / "gone").run(["decay_gru"])
+    monkeypatch.undo()
+    (state,) = carried.iterdir()
+    assert state.name.startswith("decay_gru-five-split-split_0-")
+    resumed = unit_in(tmp_path / "fresh").run(["decay_gru"])
+    assert list(carried.iterdir()) == []
+    use_store(tmp_path / "fresh")
+    steps = [m.step for m in mlflow.MlflowClient().get_metric_history(resumed["run_id"][0], "val_auroc")]
+    assert 1 not in steps and steps[-1] == 3  # the first epoch was trained in the store that is gone
+    tested = [column for column in whole.columns if column.startswith("test_")]
+    pd.testing.assert_frame_equal(resumed[tested], whole[tested])

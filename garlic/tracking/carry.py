@@ -1,0 +1,55 @@
+"""The training states of unfinished units, carried where they outlive their store (``--carry DIR``, a folder
+committed with the results, e.g. ``docs/results/unfinished``).
+
+A resumable fit saves its state in its MLflow store after every epoch and within long ones
+(``run_contract.training_state_path``), named by its run; the store lives and dies with one machine. With a carry
+folder, every save is also copied there, named by the unit it belongs to: its method, split, model seed, settings and
+data, none of which depends on a store. A unit started in another store (the next session's, on a fresh machine)
+with no state of its own goes on from its carried state, in a new run: exactly where it stopped, but with the per-epoch
+metrics of the epochs before in the old run only. A carried state is removed once its unit has finished, so the folder
+holds the units under way and nothing else.
+
+    CARRY/<method>-<protocol>-split_<k>[-seed_<s>]-<settings digest>-<data digest>.pt
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from garlic.io.atomic import atomic_file
+from garlic.tracking.queries import settings_digest
+
+DATA_DIGEST_CHARS = 12
+
+
+def unit_state(folder: Path, method: str, split_name: str, seed: int | None, settings: dict, data_digest: str) -> Path:
+    """Where the unit's state is carried in ``folder`` (``split_name``: ``protocol/split_k``; a baseline's unit has
+    no ``seed``)."""
+    seed_part = "" if seed is None else f"-seed_{seed}"
+    name = f"{method}-{split_name.replace('/', '-')}{seed_part}-{settings_digest(settings)}"
+    return Path(folder) / f"{name}-{data_digest[:DATA_DIGEST_CHARS]}.pt"
+
+
+def take_up(carried: Path | None, state: Path) -> bool:
+    """Start the run's state (``state``) from the carried one when the run has none of its own; whether it did."""
+    if carried is None or state.is_file() or not carried.is_file():
+        return False
+    _copy(carried, state)
+    return True
+
+
+def carry(carried: Path | None, state: Path) -> None:
+    """Copy the state a fit has just saved (``state``) to its carried place."""
+    if carried is not None:
+        _copy(state, carried)
+
+
+def finish(carried: Path | None) -> None:
+    """The unit has finished: its carried state goes."""
+    if carried is not None:
+        carried.unlink(missing_ok=True)
+
+
+def _copy(source: Path, target: Path) -> None:
+    with open(source, "rb") as read, atomic_file(target, "wb") as write:
+        shutil.copyfileobj(read, write)
