@@ -206,9 +206,9 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
                    overrides: list[str], archive: RunArchive | None = None, train: bool = True,
                    carry: Path | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
     """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
-    a method kept in ``archive`` on every split is read from it, the others reuse their finished runs in any of
-    ``stores`` or, with ``train``, run into the first (carrying their training states in ``carry``); returns the
-    units and, without ``train``, the method and split of each that has no run."""
+    a split's unit kept in ``archive`` is read from it, the others reuse their finished runs in any of ``stores`` or,
+    with ``train``, run into the first (carrying their training states in ``carry``); returns the units and, without
+    ``train``, the method and split of each that has no run."""
     if not methods:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
@@ -220,9 +220,8 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
         settings = queries.settings_digest(first.settings(method))
         kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
                 for split in cohort.splits]  # fmt: skip
-        if all(unit is not None for unit in kept):
-            units += kept
-        else:
+        units += [unit for unit in kept if unit is not None]
+        if any(unit is None for unit in kept):  # some splits kept, by a call whose machine went away before the rest
             to_run.append(method)
     # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
     others = [(store, queries.existing_experiment(name, store)) for store in stores[1:]]

@@ -256,6 +256,23 @@ def test_each_unit_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_none
     assert len(pd.read_csv(out / "synthetic-runs" / "runs.csv")) == 4
 
 
+def test_a_baseline_trains_only_the_splits_the_run_archive_does_not_keep(tmp_path, monkeypatch):
+    # Raindrop's first two P12 splits are in the archive; a fresh machine trains the third, not the first two again.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=300, seed=2)
+    digest = run_contract.manifest_digest(read_manifest(tmp_path / "processed" / "synthetic"))
+    labels = pd.read_parquet(tmp_path / "processed" / "synthetic" / "labels.parquet").set_index("stay_id")["label"]
+    archive = RunArchive(tmp_path / "synthetic-runs", digest, labels)
+    monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (0, 1)))
+    first, _ = compare.baseline_units(["logreg"], "synthetic", "two", [tmp_path / "first"], tmp_path, [], archive)
+    kept = pd.read_csv(tmp_path / "synthetic-runs" / "runs.csv")
+    kept[kept["split"] == 0].to_csv(tmp_path / "synthetic-runs" / "runs.csv", index=False)  # split 1 was cut off
+    archive = RunArchive(tmp_path / "synthetic-runs", digest, labels)
+    units, _ = compare.baseline_units(["logreg"], "synthetic", "two", [tmp_path / "next"], tmp_path, [], archive)
+    assert [unit.run_id for unit in units] == [first[0].run_id, units[1].run_id] != [u.run_id for u in first]
+    (trained,) = split_runs(tmp_path / "next")
+    assert trained.info.run_id == units[1].run_id and trained.data.params["split_name"] == "two/split_1"
+
+
 def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(compared, tmp_path):
     root, _, out, first, _ = compared
     moved = tmp_path / "results"
