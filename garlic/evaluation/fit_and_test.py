@@ -56,7 +56,9 @@ def fit_and_test(method: Method, parts: dict[str, IrregularDataset]) -> dict[str
     mlflow.log_params({f"n_{part}": len(parts[part]) for part in PARTS})
     method.fit(parts["train"], parts["validation"])
     times = {part: parts[part].prediction_times for part in ("validation", "test")}
-    risks = {part: method.predict_proba(parts[part]) for part in ("validation", "test")}
+    # float64 before anything reads them: the predictions CSV then holds exactly the risks the threshold and the
+    # metrics were computed on (a float32 is written in its own shortest digits, which read back as another float64)
+    risks = {part: np.asarray(method.predict_proba(parts[part]), dtype=np.float64) for part in ("validation", "test")}
     labels = {part: times[part].label for part in ("validation", "test")}
     for part, risk in risks.items():
         stay_ids = parts[part].stay_ids[times[part].stay]
