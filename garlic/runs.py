@@ -210,10 +210,10 @@ class _Run:
                 self.carry, self.preset or self.spec.name, split.name, context.config.seed,
                 run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context)),
                 run_contract.manifest_digest(self.manifest))  # fmt: skip
-            taken_up = carry.take_up(carried, state_path)  # a new run going on from another store's unit
-            resume = load_training_state(state_path, context.config) if resumes and state_path.is_file() else None
+            source = carry.resume_from(carried, state_path) if resumes else None
+            resume = load_training_state(source, context.config) if source is not None else None
             distributed.broadcast_state({"resume": resume})
-            if resume is None or taken_up:
+            if source != state_path:  # a new run, even where it goes on from its unit's carried state
                 mlflow.log_params(record)
 
             def save(state: dict) -> None:  # called on every rank: gathering the state takes them all

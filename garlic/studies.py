@@ -200,8 +200,8 @@ def fit_and_test_resuming(method: Method, parts: dict, config: Config, store: Pa
     path = run_contract.training_state_path(store, mlflow.active_run().info.run_id)
     if not can_resume(method):
         return fit_and_test(method, parts)
-    carry.take_up(carried, path)
-    resume = load_training_state(path, config) if path.is_file() else None
+    source = carry.resume_from(carried, path)
+    resume = load_training_state(source, config) if source is not None else None
 
     def save(state: dict) -> None:
         save_training_state(path, state, config)

@@ -591,3 +591,6 @@ def test_a_study_unit_whose_store_is_gone_goes_on_from_its_carried_state_and_end
     assert 1 not in steps and steps[-1] == 3  # the first epoch was trained in the store that is gone
     tested = [column for column in whole.columns if column.startswith("test_")]
     pd.testing.assert_frame_equal(resumed[tested], whole[tested])
+    state.write_bytes(b"not a state")  # a damaged carried state is refused, naming it
+    with pytest.raises(ValueError, match=f"{state}: not a readable training state"):
+        unit_in(tmp_path / "third").run(["decay_gru"])

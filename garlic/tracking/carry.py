@@ -30,26 +30,23 @@ def unit_state(folder: Path, method: str, split_name: str, seed: int | None, set
     return Path(folder) / f"{name}-{data_digest[:DATA_DIGEST_CHARS]}.pt"
 
 
-def take_up(carried: Path | None, state: Path) -> bool:
-    """Start the run's state (``state``) from the carried one when the run has none of its own; whether it did."""
-    if carried is None or state.is_file() or not carried.is_file():
-        return False
-    _copy(carried, state)
-    return True
+def resume_from(carried: Path | None, state: Path) -> Path | None:
+    """The state a unit's fit goes on from: its run's own (``state``), else the unit's carried one, else none (read
+    with ``garlic.training.state.load_training_state``, which names the file it refuses)."""
+    for path in (state, carried):
+        if path is not None and path.is_file():
+            return path
+    return None
 
 
 def carry(carried: Path | None, state: Path) -> None:
     """Copy the state a fit has just saved (``state``) to its carried place."""
     if carried is not None:
-        _copy(state, carried)
+        with open(state, "rb") as read, atomic_file(carried, "wb") as write:
+            shutil.copyfileobj(read, write)
 
 
 def finish(carried: Path | None) -> None:
     """The unit has finished: its carried state goes."""
     if carried is not None:
         carried.unlink(missing_ok=True)
-
-
-def _copy(source: Path, target: Path) -> None:
-    with open(source, "rb") as read, atomic_file(target, "wb") as write:
-        shutil.copyfileobj(read, write)
