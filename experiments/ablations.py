@@ -13,7 +13,9 @@ split, settings), reused when already finished. Three tables are logged as artif
 - ``ablation_runs``: every run's test metrics, so that the tables can be read without the store.
 
 With ``--out``, that folder is also the study's run archive (``garlic.tracking.archive``: the runs table and each
-run's test risks), read where the store lacks a run: the tables are made again from the repository alone.
+run's test risks), read where the store lacks a run: the tables are made again from the repository alone. Each unit
+is kept there as soon as it has finished, and with ``--carry DIR`` an unfinished one's training state is carried
+beyond the store (``garlic.tracking.carry``), so that a unit cut off with its machine goes on in the next session.
 
     python -m experiments.ablations --dataset synthetic --splits 0 1 --max-epochs 3
 
@@ -85,6 +87,9 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, sto
             metrics, run_id, _ = studies.resumable(experiment_id, tags, f"{name}/split_{split.index}", work, store)
             records.append({"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"],
                             **metrics})  # fmt: skip
+            if archive is not None:  # now, not at the call's end: the machine may not last through seven units
+                archive.predictions(store, run_id)
+                archive.keep_rows(pd.DataFrame(records[-1:]), ["variant", "split", "settings"])
     return pd.DataFrame(records)
 
 

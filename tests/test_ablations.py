@@ -201,3 +201,30 @@ def test_a_variant_whose_store_is_gone_goes_on_from_its_carried_state_and_ends_a
     assert 1 not in steps and steps[-1] == 3
     tested = [column for column in whole.columns if column.startswith("test_")]
     pd.testing.assert_frame_equal(resumed[tested], whole[tested])
+
+
+def test_each_variant_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_none(data_root, tmp_path, monkeypatch):
+    loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
+    out = tmp_path / "out"
+    archive = study_archive(out, "ablation_runs", "synthetic", data_root)
+    experiment = studies.open_experiment("ablations-synthetic", tmp_path / "gone")
+    fit = studies.fit_and_test_resuming
+
+    def cut_off_in_no_graph(estimator, parts, variant, store, carried=None):
+        if not variant.use_graph:
+            raise KeyboardInterrupt("the machine went away")
+        return fit(estimator, parts, variant, store, carried)
+
+    monkeypatch.setattr(studies, "fit_and_test_resuming", cut_off_in_no_graph)
+    with pytest.raises(KeyboardInterrupt):
+        run_variants(command_config(), loaded, experiment, tmp_path / "gone", ["full", "no_graph"], archive=archive)
+    kept = pd.read_csv(out / "ablation_runs.csv")
+    assert list(kept["variant"]) == ["full"] and (out / "risks" / f"{kept['run_id'][0]}.csv.gz").is_file()
+    monkeypatch.undo()
+    # the next machine, its store empty, trains the variant that was cut off and reads the other from the archive
+    again = study_archive(out, "ablation_runs", "synthetic", data_root)
+    fresh = studies.open_experiment("ablations-synthetic", tmp_path / "fresh")
+    records = run_variants(command_config(), loaded, fresh, tmp_path / "fresh", ["full", "no_graph"], archive=again)
+    assert list(records["variant"]) == ["full", "no_graph"] and records["run_id"][0] == kept["run_id"][0]
+    assert len(mlflow.search_runs(experiment_ids=[fresh])) == 1
+    assert sorted(pd.read_csv(out / "ablation_runs.csv")["variant"]) == ["full", "no_graph"]

@@ -244,10 +244,21 @@ class RunArchive:
                              "run_id": u.run_id, "settings": u.settings,
                              **{name: u.metrics[name] for name in METRICS}} for u in units])  # fmt: skip
         new["seed"] = new["seed"].astype("Int64")
+        self.keep_rows(new, list(self.layout.key), RUN_COLUMNS)
+
+    def keep_rows(self, records: pd.DataFrame, unit: list[str], columns: list[str] | None = None) -> None:
+        """Merge ``records`` (rows of the runs table, a unit told by the columns ``unit``; in the order ``columns``)
+        into the runs table on disk, with what other processes kept there since it was read (under the folder's
+        lock); nothing without a folder. A study keeps each unit so as it finishes, its risks first
+        (``predictions``)."""
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
         with locked(self.folder):
             self.runs = self._read()
-            self.runs = self.runs_table(new, list(self.layout.key))[RUN_COLUMNS]
-            with atomic_file(self.folder / RUNS, "w") as out:
+            runs = self.runs_table(records, unit)
+            self.runs = runs if columns is None else runs[columns]
+            with atomic_file(self.folder / self.layout.table, "w") as out:
                 self.runs.to_csv(out, index=False)
 
 
