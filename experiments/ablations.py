@@ -146,13 +146,10 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     studies.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--carry", type=Path, metavar="DIR",
-                        help="also keep each unfinished unit's training state here, beyond the store, and go on from "
-                             "it in a store that has none (garlic.tracking.carry; not with --workers)")
+    studies.add_carry_argument(parser)
     studies.add_worker_study_arguments(parser, "the unfinished units")
     args = parser.parse_args(argv)
-    if args.carry is not None and args.workers > 1:
-        parser.error("--carry keeps the states of units trained in this process; drop --workers")
+    studies.check_carry_argument(parser, args)
     config, cohort, experiment_id, archive = studies.start_study(parser, args, "ablations", "ablation_runs")
     if args.workers > 1:
         train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,

@@ -620,10 +620,7 @@ def compare_command(argv: list[str] | None) -> None:
     parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
                         help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
-    parser.add_argument("--carry", type=Path, metavar="DIR",
-                        help="also keep each unfinished unit's training state here, beyond the store, and go on from "
-                             "it in a store that has none (a folder committed with the results, e.g. "
-                             "docs/results/unfinished: the next session resumes the unit on a fresh machine)")
+    studies.add_carry_argument(parser)
     add_worker_arguments(parser, "the missing GARLIC units")
     parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
                                                              "--presets), on the same splits and model seeds")
@@ -636,8 +633,7 @@ def compare_command(argv: list[str] | None) -> None:
     presets = [args.dataset] if args.presets is None else args.presets
 
     check_worker_arguments(parser, args)
-    if args.carry is not None and args.workers > 1:
-        parser.error("--carry keeps the states of units trained in this process; drop --workers")
+    studies.check_carry_argument(parser, args)
     if args.against is not None and args.against not in presets:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)

@@ -273,6 +273,17 @@ def test_a_baseline_trains_only_the_splits_the_run_archive_does_not_keep(tmp_pat
     assert trained.info.run_id == units[1].run_id and trained.data.params["split_name"] == "two/split_1"
 
 
+def test_carry_names_a_folder_and_refuses_workers_before_anything_is_trained(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    for extra, said in ((["--carry", str(tmp_path / "a-file")], "is a file; it names the folder"),
+                        (["--carry", str(tmp_path / "unfinished"), "--workers", "2"], "drop --workers")):
+        with pytest.raises(SystemExit):
+            compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(tmp_path),
+                          "--mlruns", str(tmp_path / "mlruns"), *extra])  # fmt: skip
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "unfinished").exists()
+
+
 def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(compared, tmp_path):
     root, _, out, first, _ = compared
     moved = tmp_path / "results"
