@@ -142,8 +142,8 @@ def add_carry_argument(parser: argparse.ArgumentParser) -> None:
     """``--carry DIR`` (``garlic.tracking.carry``), for a command that trains its units in its own process."""
     parser.add_argument("--carry", type=Path, metavar="DIR",
                         help="also keep each unfinished unit's training state in this folder, beyond the store, and "
-                             "go on from it in a store that has none (e.g. docs/results/unfinished, committed: the "
-                             "next session resumes the unit on a fresh machine; not with --workers)")  # fmt: skip
+                             "go on from it in a store that has none (storage that outlives the store's machine; "
+                             "not with --workers)")  # fmt: skip
 
 
 def check_carry_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

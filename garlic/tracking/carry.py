@@ -1,5 +1,5 @@
-"""The training states of unfinished units, carried where they outlive their store (``--carry DIR``, a folder
-committed with the results, e.g. ``docs/results/unfinished``).
+"""The training states of unfinished units, carried where they outlive their store (``--carry DIR``: durable storage
+beside a scratch store, or a working tree that a cut-off session gets back, e.g. ``docs/results/unfinished``).
 
 A resumable fit saves its state in its MLflow store after every epoch and within long ones
 (``run_contract.training_state_path``), named by its run; the store lives and dies with one machine. With a carry
