@@ -201,6 +201,7 @@ def resumable(
         log.info("resuming run %s (%s) from its training state", stopped, run_name)
         with claim_run(store, stopped), mlflow.start_run(run_id=stopped) as run:
             return work(), run.info.run_id, False
+    log.info("training %s", run_name)
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         with claim_run(store, run.info.run_id) if store is not None else nullcontext():
             metrics = work()
