@@ -87,6 +87,8 @@ COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean"
 # A source's table (``--dataset physionet2019``) runs each protocol on its own cohort: a published one on the cohort it
 # was published for (``garlic-reference`` on ``physionet2019-garlic``), any other on this one.
 TABLE_COHORTS = {"physionet2019": "physionet2019-raindrop"}
+
+
 def protocol_dataset(table: str, protocol_name: str) -> str:
     """The dataset a protocol of the table ``table`` (a dataset, or a source of ``TABLE_COHORTS``) runs on."""
     if is_dataset(table):
