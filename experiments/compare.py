@@ -672,9 +672,7 @@ def compare_command(argv: list[str] | None) -> None:
     summary = table(units + unnamed, protocols, args.dataset)
     paired = comparisons(units + unnamed, presets, protocols, shown.against)
     kept = []
-    if args.out is not None:
-        for dataset, archive in archives.items():
-            archive.keep([unit for unit in units if datasets[unit.protocol] == dataset])
+    if args.out is not None:  # every unit is in its archive already: read from it, or kept as it was gathered
         summary, paired, missing, kept = with_rows_kept(args.out / args.dataset, summary, paired, missing,
                                                         [*methods, *presets], presets, protocols)  # fmt: skip
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
