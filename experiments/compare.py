@@ -37,7 +37,7 @@ state kept is resumed from its last state (``queries.interrupted_unit``), in the
 from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). Each unit is kept
 in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training state is kept there
 too, outside the store, and a store that has no run of the unit (the next session's, on a fresh machine) goes on
-from it (``garlic.tracking.carry``; in this process: not with ``--workers``). ``--no-train`` only gathers, and names
+from it (``garlic.tracking.carry``; with ``--workers``, each ``garlic train --carry DIR``). ``--no-train`` only gathers, and names
 what is missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
@@ -155,22 +155,31 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
             if found is None:
                 missing.append(Pending(name, protocol_name, index, seed, config.dataset))
                 continue
-            store, run = found
-            metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
-            units.append(Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
-                              queries.test_predictions(store, run.info.run_id)))  # fmt: skip
+            units.append(finished_unit(name, protocol_name, index, seed, settings, *found))
             if archive is not None:  # now, not after the call's last unit: the machine may not last that long
                 archive.keep(units[-1:])
     return units, missing
+
+
+def finished_unit(name: str, protocol_name: str, index: int, seed: int, settings: str, store: Path, run) -> Unit:
+    """The unit that the finished MLflow ``run`` of ``store`` trained: its test metrics and risks."""
+    metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
+    return Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
+                queries.test_predictions(store, run.info.run_id))  # fmt: skip
+
+
+def pending_config(unit: Pending, data_root: Path, overrides: list[str]) -> tuple[Config, str]:
+    """A pending GARLIC unit's config (its preset's, on its protocol, with its seed) and its data's digest."""
+    config = preset_config(unit.preset, unit.dataset, overrides).override(
+        {"split_protocol": unit.protocol, "seed": unit.seed})
+    return config, run_contract.manifest_digest(read_manifest(ensure_processed(unit.dataset, data_root)))
 
 
 def interrupted_pending(unit: Pending, store: Path, data_root: Path, overrides: list[str]) -> str | None:
     """``queries.interrupted_unit`` of a pending unit in ``store`` (None while the store has no database yet)."""
     if not queries.has_database(store):
         return None
-    config = preset_config(unit.preset, unit.dataset, overrides).override(
-        {"split_protocol": unit.protocol, "seed": unit.seed})
-    digest = run_contract.manifest_digest(read_manifest(ensure_processed(unit.dataset, data_root)))
+    config, digest = pending_config(unit, data_root, overrides)
     return queries.interrupted_unit(store, config, f"{unit.protocol}/split_{unit.split}", digest)
 
 
@@ -182,12 +191,15 @@ def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: in
 
 
 def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
-                     minutes: float | None = None) -> None:  # fmt: skip
+                     minutes: float | None = None, carry: Path | None = None,
+                     archives: dict[str, RunArchive] | None = None) -> None:  # fmt: skip
     """Train ``pending`` in ``workers`` parallel ``garlic train`` processes (``garlic.training.workers``: the CPU threads
-    shared out evenly, each unit claimed by its ``unit_lock``, output in ``store/logs/``), all into ``store``. A unit
-    whose process fails is reported and stays missing; after ``minutes`` (``--deadline``) no unit starts any more
-    and the running ones are stopped, their runs FAILED and trained anew by a later call."""
-    jobs = []
+    shared out evenly, each unit claimed by its ``unit_lock``, output in ``store/logs/``), all into ``store``, each
+    carrying its training state in ``carry`` (``garlic train --carry``). A unit is kept in its dataset's run archive
+    (``archives``) as soon as its process ends, while the others train. A unit whose process fails is reported and
+    stays missing; after ``minutes`` (``--deadline``) no unit starts any more and the running ones are stopped, their
+    runs FAILED, to be resumed by a later call."""
+    jobs, by_name = [], {str(unit): unit for unit in pending}
     for unit in pending:
         settings = [item for value in [*overrides, f"seed={unit.seed}"] for item in ("--set", value)]
         interrupted = interrupted_pending(unit, store, data_root, overrides)
@@ -197,11 +209,23 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
         else:
             command += ["--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--dataset", unit.dataset, "--protocol",
                         unit.protocol, "--split", str(unit.split), *settings]  # fmt: skip
+        if carry is not None:
+            command += ["--carry", str(carry)]
         log_name = f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
         jobs.append(Job(str(unit), command, unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
                         Path(store) / "logs" / log_name))  # fmt: skip
     use_store(store)  # made once, here, rather than by the first worker while the deadline's clock runs
-    run_jobs(jobs, workers, minutes)
+
+    def keep(job: Job) -> None:
+        unit = by_name[job.name]
+        archive = (archives or {}).get(unit.dataset)
+        config, digest = pending_config(unit, data_root, overrides)
+        found = queries.finished_unit([store], config, f"{unit.protocol}/split_{unit.split}", digest)
+        if archive is not None and found is not None:
+            archive.keep([finished_unit(unit.preset, unit.protocol, unit.split, unit.seed,
+                                        queries.config_digest(config), *found)])  # fmt: skip
+
+    run_jobs(jobs, workers, minutes, keep)
 
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores: list[Path], data_root: Path,
@@ -649,7 +673,8 @@ def compare_command(argv: list[str] | None) -> None:
                    for name, config in configs[datasets[protocol_name]].items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False,
                                             archives.get(datasets[protocol_name]), args.seeds)[1]]
-        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, args.deadline)
+        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, args.deadline, args.carry,
+                         archives)  # fmt: skip
     units, missing = [], []
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])

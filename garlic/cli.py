@@ -304,6 +304,8 @@ def _train(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
         )
+    if args.carry is not None and args.carry.exists() and not args.carry.is_dir():
+        raise ConfigError(f"--carry {args.carry} is a file; it names the folder the training states are carried in")
     if args.resume:
         _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
         config, preset_name, method_settings = None, None, None
@@ -341,7 +343,7 @@ def _train(args: argparse.Namespace) -> None:
         if args.resume:
             with _Progress(None, enabled=distributed.is_main()) as progress:  # the run's config is read later
                 run_id, results = runs.resume(args.resume, args.data_root, store, stopping.checked(progress),
-                                              args.device)  # fmt: skip
+                                              args.device, args.carry)  # fmt: skip
         else:
             with distributed.main_first():
                 if distributed.is_main():
@@ -349,7 +351,7 @@ def _train(args: argparse.Namespace) -> None:
             with _Progress(epochs, enabled=distributed.is_main(), counts_epochs=epochs is not None) as progress:
                 run_id, results = runs.train(config, indices, args.data_root, store, stopping.checked(progress),
                                              seeds=seeds, preset=preset_name, method=args.method,
-                                             method_settings=method_settings)  # fmt: skip
+                                             method_settings=method_settings, carry=args.carry)  # fmt: skip
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     import mlflow
@@ -658,6 +660,9 @@ def parser() -> argparse.ArgumentParser:
                        help="a method of the registry, garlic.methods.registry (gbm_static, grud, ...; default garlic)")
     train.add_argument("--resume", metavar="RUN_ID",
                        help="continue this killed run from its last epoch's training state")
+    train.add_argument("--carry", type=Path, metavar="DIR",
+                       help="also keep each unfinished unit's training state in this folder, beyond the store, and go "
+                            "on from it where the store has no run of the unit (garlic.tracking.carry)")  # fmt: skip
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="re-evaluate a finished run on its test split")

@@ -139,19 +139,16 @@ def add_worker_study_arguments(parser: argparse.ArgumentParser, units: str) -> N
 
 
 def add_carry_argument(parser: argparse.ArgumentParser) -> None:
-    """``--carry DIR`` (``garlic.tracking.carry``), for a command that trains its units in its own process."""
+    """``--carry DIR`` (``garlic.tracking.carry``), for a command that trains units, in its process or its workers'."""
     parser.add_argument("--carry", type=Path, metavar="DIR",
                         help="also keep each unfinished unit's training state in this folder, beyond the store, and "
-                             "go on from it in a store that has none (storage that outlives the store's machine; "
-                             "not with --workers)")  # fmt: skip
+                             "go on from it in a store that has none (storage that outlives the store's machine)")
 
 
 def check_carry_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse a ``--carry`` that is a file, or beside ``--workers`` (their processes do not carry)."""
+    """Refuse a ``--carry`` that is a file."""
     if args.carry is not None and args.carry.exists() and not args.carry.is_dir():
         parser.error(f"--carry {args.carry} is a file; it names the folder the training states are carried in")
-    if args.carry is not None and args.workers > 1:
-        parser.error("--carry keeps the states of units trained in this process; drop --workers")
 
 
 class StudyStart(NamedTuple):

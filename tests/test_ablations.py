@@ -149,12 +149,13 @@ def test_the_papers_auroc_sits_beside_each_variant_on_p12_and_p19():
 
 
 def test_workers_train_each_unfinished_unit_in_its_own_process_then_tabulate(data_root, tmp_path, capsys):
-    store = tmp_path / "mlruns"
+    store, carried = tmp_path / "mlruns", tmp_path / "unfinished"
     main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
-          "--variants", "full", "no_gru", "--workers", "2", "--out", str(tmp_path / "out")]
+          "--variants", "full", "no_gru", "--workers", "2", "--out", str(tmp_path / "out"), "--carry", str(carried)]
          + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "full/split_0: done" in printed and "no_gru/split_0: done" in printed
+    assert carried.is_dir() and not any(carried.iterdir())  # each worker carried its state, gone once finished
     assert len(list((store / "logs").glob("ablation-synthetic-*.log"))) == 2  # one process per unit
     runs = mlflow.search_runs(experiment_names=["ablations-synthetic"], output_format="list")
     units = [r for r in runs if r.data.tags.get("kind") != "summary"]

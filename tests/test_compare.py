@@ -176,15 +176,28 @@ def test_a_table_with_nothing_paired_is_read_back_by_the_next_call(compared, tmp
 
 
 @pytest.mark.slow
-def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_store(tmp_path):
+def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_store(tmp_path, monkeypatch):
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
-    store, out = tmp_path / "mlruns", tmp_path / "results"
+    store, out, carried = tmp_path / "mlruns", tmp_path / "results", tmp_path / "unfinished"
     # splits 0, 2 and 4 are trained here first, as any earlier command would have left them
     config = compare.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "five-split"})
     for split in (0, 2, 4):
         runs.train(config, [split], data_root=tmp_path, store=store, preset="synthetic")
-    compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods", *TINY,
-                  "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out), "--workers", "2"])  # fmt: skip
+    command = ["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods", *TINY,
+               "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out), "--workers", "2",
+               "--carry", str(carried)]  # fmt: skip
+
+    def machine_gone(*args, **kwargs):
+        raise KeyboardInterrupt("the machine went away")
+
+    with monkeypatch.context() as patched:  # cut off as the workers end: each unit was kept as its process ended
+        patched.setattr(compare, "baseline_units", machine_gone)
+        with pytest.raises(KeyboardInterrupt):
+            compare.main(command)
+    kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")  # 0, 2 and 4 as the store was read, 1 and 3 as trained
+    assert sorted(kept["split"]) == [0, 1, 2, 3, 4] and set(kept["method"]) == {"synthetic"}
+    assert carried.is_dir() and not any(carried.iterdir())  # the workers carried their states, gone once finished
+    compare.main(command)
     table = pd.read_csv(out / "synthetic.csv")
     assert table[["method", "protocol", "runs"]].values.tolist() == [["synthetic", "five-split", 5]]
     logs = sorted(log.name for log in (store / "logs").glob("*.log"))
@@ -273,15 +286,13 @@ def test_a_baseline_trains_only_the_splits_the_run_archive_does_not_keep(tmp_pat
     assert trained.info.run_id == units[1].run_id and trained.data.params["split_name"] == "two/split_1"
 
 
-def test_carry_names_a_folder_and_refuses_workers_before_anything_is_trained(tmp_path, capsys):
+def test_carry_names_a_folder_before_anything_is_trained(tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
-    for extra, said in ((["--carry", str(tmp_path / "a-file")], "is a file; it names the folder"),
-                        (["--carry", str(tmp_path / "unfinished"), "--workers", "2"], "drop --workers")):
-        with pytest.raises(SystemExit):
-            compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(tmp_path),
-                          "--mlruns", str(tmp_path / "mlruns"), *extra])  # fmt: skip
-        assert said in capsys.readouterr().err
-    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "unfinished").exists()
+    with pytest.raises(SystemExit):
+        compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(tmp_path),
+                      "--mlruns", str(tmp_path / "mlruns"), "--carry", str(tmp_path / "a-file")])  # fmt: skip
+    assert "is a file; it names the folder" in capsys.readouterr().err
+    assert not (tmp_path / "mlruns").exists()
 
 
 def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(compared, tmp_path):

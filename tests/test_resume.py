@@ -218,11 +218,11 @@ def _epoch_of(state: Path) -> int:
 STOPPED_BY = {signal.SIGKILL: -signal.SIGKILL, signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 
 
-def _start_and_kill(root: Path, store: Path, sent: signal.Signals) -> tuple[str, str]:
-    """Start ``garlic train``, stop it with ``sent`` once its epoch-2 training state exists; return the run id and
-    what the command wrote to its standard error."""
+def _start_and_kill(root: Path, store: Path, sent: signal.Signals, *options: str) -> tuple[str, str]:
+    """Start ``garlic train [options]``, stop it with ``sent`` once its epoch-2 training state exists; return the run
+    id and what the command wrote to its standard error."""
     settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
-    command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", *settings]
+    command = [*GARLIC, "--data-root", str(root), "--mlruns", str(store), "train", *settings, *options]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
     deadline = time.monotonic() + 240
     states = store / "training-states"
@@ -552,6 +552,29 @@ def test_a_unit_whose_store_is_gone_goes_on_from_its_carried_state_in_a_fresh_st
     for metric in ("test_auroc", "test_auprc", "test_brier", "test_ece", "best_epoch"):
         assert got["run"].data.metrics[metric] == want["run"].data.metrics[metric]
     assert got["run"].data.params["split"] == want["run"].data.params["split"]  # the new run says what it trained on
+
+
+def test_garlic_train_carries_a_killed_units_state_and_a_fresh_store_goes_on_from_it(cohort, uninterrupted, tmp_path,
+                                                                                      capsys):  # fmt: skip
+    # The workers of experiments.compare --carry are `garlic train --carry DIR` processes.
+    root, _, _ = cohort
+    carried = tmp_path / "unfinished"
+    with pytest.raises(SystemExit):
+        garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path / "mlruns"), "train", "--carry",
+                     str(Path(__file__))])  # fmt: skip
+    assert "is a file; it names the folder" in capsys.readouterr().err
+    _start_and_kill(root, tmp_path / "gone", signal.SIGKILL, "--carry", str(carried))
+    (state,) = carried.iterdir()
+    assert load_training_state(state, Config.for_dataset("synthetic").override(SMALL))["progress"]["epoch"] >= 2
+    settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
+    fresh = tmp_path / "fresh"
+    garlic_main(["--data-root", str(root), "--mlruns", str(fresh), "train", *settings, "--carry", str(carried)])
+    run_id = re.search(r"run ([0-9a-f]{32})", capsys.readouterr().out).group(1)
+    got, want = _logged(fresh, run_id), _logged(*uninterrupted)
+    for name in ("validation", "test"):
+        pd.testing.assert_frame_equal(got["tables"][name], want["tables"][name], check_exact=True)
+    assert got["run"].data.metrics["best_epoch"] == want["run"].data.metrics["best_epoch"]
+    assert sorted(got["history"]) == [3, 4] and not any(carried.iterdir())  # went on from epoch 3; nothing left
 
 
 def test_a_study_unit_whose_store_is_gone_goes_on_from_its_carried_state_and_ends_as_the_uninterrupted_one(

@@ -57,3 +57,15 @@ def test_at_the_deadline_the_running_jobs_are_stopped_and_the_others_never_start
             os.kill(int((tmp_path / f"{k}.log").read_text()), 0)
     assert outcomes["unit 2"] == "not started: the deadline had passed"
     assert not (tmp_path / "2.log").exists()
+
+
+def test_each_job_that_succeeds_is_handed_over_as_it_ends_while_the_others_still_run(tmp_path):
+    # experiments.compare keeps each unit in its run archive then, not after the last: the machine may not last
+    commands = {"quick": "pass", "slow": "import time; time.sleep(4)", "failing": "raise SystemExit(3)"}
+    jobs = [Job(name, [sys.executable, "-c", code], tmp_path / "locks" / name, tmp_path / f"{name}.log")
+            for name, code in commands.items()]  # fmt: skip
+    handed, started = [], time.monotonic()
+    outcomes = run_jobs(jobs, 3, finished=lambda job: handed.append((job.name, time.monotonic() - started)))
+    assert [name for name, _ in handed] == ["quick", "slow"]  # not the one that failed
+    assert handed[0][1] < 3 < handed[1][1]  # the quick one before the slow one had ended
+    assert outcomes == {"quick": "done", "slow": "done", "failing": f"failed (exit 3), see {tmp_path / 'failing.log'}"}

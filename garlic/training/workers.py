@@ -14,10 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from garlic.io.locks import LockHeld, acquire, release
 
@@ -50,10 +52,13 @@ class Job:
     log: Path  # its stdout and stderr
 
 
-def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None) -> dict[str, str]:
+def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None,
+             finished: Callable[[Job], None] | None = None) -> dict[str, str]:  # fmt: skip
     """Run ``jobs``, ``workers`` at a time; returns each job's outcome by name ("done" when its command succeeded).
-    ``minutes`` from now is the deadline (none without)."""
+    ``minutes`` from now is the deadline (none without). ``finished(job)`` is called, one call at a time, as soon as
+    a job's command has succeeded: to keep its unit while the other jobs run."""
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
+    one_at_a_time = threading.Lock()
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     environment = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, PARENT_ENV: str(os.getpid())}
 
@@ -79,7 +84,12 @@ def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None) -> dic
                 return f"stopped at the deadline (its run is FAILED and resumable), see {job.log}"
         finally:
             release(claim)
-        return "done" if code == 0 else f"failed (exit {code}), see {job.log}"
+        if code != 0:
+            return f"failed (exit {code}), see {job.log}"
+        if finished is not None:
+            with one_at_a_time:
+                finished(job)
+        return "done"
 
     print(f"running {len(jobs)} units in {workers} processes of {threads} thread(s)")
     with ThreadPoolExecutor(workers) as pool:
