@@ -37,8 +37,8 @@ state kept is resumed from its last state (``queries.interrupted_unit``), in the
 from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). Each unit is kept
 in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training state is kept there
 too, outside the store, and a store that has no run of the unit (the next session's, on a fresh machine) goes on
-from it (``garlic.tracking.carry``; with ``--workers``, each ``garlic train --carry DIR``). ``--no-train`` only gathers, and names
-what is missing.
+from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``). ``--no-train``
+only gathers, and names what is missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
 with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
@@ -219,9 +219,11 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
     def keep(job: Job) -> None:
         unit = by_name[job.name]
         archive = (archives or {}).get(unit.dataset)
+        if archive is None:
+            return
         config, digest = pending_config(unit, data_root, overrides)
         found = queries.finished_unit([store], config, f"{unit.protocol}/split_{unit.split}", digest)
-        if archive is not None and found is not None:
+        if found is not None:
             archive.keep([finished_unit(unit.preset, unit.protocol, unit.split, unit.seed,
                                         queries.config_digest(config), *found)])  # fmt: skip
 
