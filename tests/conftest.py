@@ -1,15 +1,23 @@
 """Session fixtures: the real PhysioNet 2012 release, read once without the preprocessor (``helpers.RawRelease``)
 and preprocessed once per test session. Plain helpers live in ``helpers.py``.
+
+Torch runs one thread in the tests and in the commands they start, as the user would set it (``OMP_NUM_THREADS``):
+left to choose (``garlic.training.threads``), a fit picks its threads from what the other test workers keep busy,
+and two fits meant to be the same differ in their last bits. The tests of that choice clear it
+(``tests/test_threads.py``).
 """
 from __future__ import annotations
 
 import csv
+import os
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from helpers import HAVE_P12, P12, RawRelease, raw_series
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: it reads it once
 
 
 @pytest.fixture(scope="session")
