@@ -320,17 +320,21 @@ PAIRED_COLUMNS = ["preset", "protocol", "metric", "baseline", "runs", "differenc
 def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
                 against: list[str] = ()) -> pd.DataFrame:  # fmt: skip
     """Every preset against the protocol's best simple baseline (per metric) and against each preset of ``against``
-    too (unit by unit: the same split and model seed)."""
+    too (unit by unit: the same split and model seed); a preset of ``against`` also against each network baseline
+    of the protocol (``registry.network_baselines``: the field's models)."""
     rows = []
     summary = table(units, protocols)
     is_simple = summary["method"].isin(registry.simple_baselines())
+    is_network = summary["method"].isin(registry.network_baselines())
     for protocol_name in protocols:
         simple = summary[(summary["protocol"] == protocol_name) & is_simple]
+        networks = list(summary.loc[(summary["protocol"] == protocol_name) & is_network, "method"])
         for name in presets:
             ours = [u for u in units if u.method == name and u.protocol == protocol_name]
+            others = [other for other in against if other != name] + (networks if name in against else [])
             for metric in ("auroc", "auprc"):
                 baselines = [] if simple.empty else [simple.loc[simple[f"{metric}_mean"].idxmax(), "method"]]
-                for baseline in baselines + [other for other in against if other != name]:
+                for baseline in baselines + others:
                     theirs = [u for u in units if u.method == baseline and u.protocol == protocol_name]
                     if ours and theirs:
                         rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": baseline,
@@ -565,7 +569,8 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
                   f"Mean over the protocol's runs of (preset - baseline) on the same test stays, with a 95% interval "
                   f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie. The "
                   f"baseline is the protocol's best simple baseline in that metric, or a preset named with "
-                  f"`--against` (then paired run by run: the same split and model seed).", "",
+                  f"`--against` (then paired run by run: the same split and model seed); that preset is also paired "
+                  f"with each network baseline of the table (GRU-D, decay-GRU, PyPOTS's models).", "",
                   studies.markdown(shown), ""]  # fmt: skip
     if len(drops):
         shown = drops.copy()

@@ -428,14 +428,18 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     risks = [generator.random(200) + labels * k for k in (0.2, 0.6, 1.0)]
     old = [unit("old", seed, risk) for seed, risk in enumerate(risks)]
     same = [unit("new", seed, risk) for seed, risk in enumerate(risks)]  # each seed equals the old one's
-    baseline = [unit("logreg", None, risks[1])]
-    paired = compare.comparisons(old + same + baseline, ["old", "new"], ["garlic-reference"], against=["old"])
+    baseline, network = [unit("logreg", None, risks[1])], [unit("pypots_raindrop", None, risks[0])]
+    paired = compare.comparisons(old + same + baseline + network, ["old", "new"], ["garlic-reference"],
+                                 against=["old"])  # fmt: skip
     rows = paired.set_index(["preset", "baseline", "metric"])
     for metric in ("auroc", "auprc"):
         tie = rows.loc[("new", "old", metric)]
         assert tie["difference"] == 0 and tie["ci_low"] == 0 and tie["ci_high"] == 0 and tie["runs"] == 3
         assert ("new", "logreg", metric) in rows.index and ("old", "logreg", metric) in rows.index
         assert ("old", "old", metric) not in rows.index  # no preset against itself
+        # the preset named with --against meets the field's models too, each of its seeds the model's one run
+        assert rows.loc[("old", "pypots_raindrop", metric), "verdict"] == "win"
+        assert ("new", "pypots_raindrop", metric) not in rows.index
     # By split alone every seed would have met the last old seed's risks (the strongest): a clear loss instead.
     assert stats.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
 

@@ -202,6 +202,11 @@ def simple_baselines() -> list[str]:
     return [name for name, spec in METHODS.items() if spec.simple]
 
 
+def network_baselines() -> list[str]:
+    """The baselines trained epoch by epoch, as GARLIC is (GRU-D, decay-GRU, PyPOTS's models)."""
+    return [name for name, spec in METHODS.items() if hasattr(spec.make, "set_training_hooks") and not spec.seeded]
+
+
 def _score(name: str, column: str) -> MethodSpec:
     return MethodSpec(name, f"the {column} score of the outcomes file, mapped to a risk by a logistic fit",
                       SeverityScore, from_data={"scores": lambda context: context.labels.set_index("stay_id")[column]},
