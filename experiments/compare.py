@@ -37,8 +37,8 @@ state kept is resumed from its last state (``queries.interrupted_unit``), in the
 from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). Each unit is kept
 in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training state is kept there
 too, outside the store, and a store that has no run of the unit (the next session's, on a fresh machine) goes on
-from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``). ``--no-train``
-only gathers, and names what is missing.
+from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``); the report then
+says how far each carried unit has come ("Under way"). ``--no-train`` only gathers, and names what is missing.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
 with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
@@ -77,6 +77,7 @@ from garlic.studies import preset_config
 from garlic.tracking import queries, run_contract
 from garlic.tracking.archive import RUNS, DamagedArchiveError, RunArchive, Unit, open_archive
 from garlic.tracking.store import DEFAULT_STORE, use_store
+from garlic.training.state import progress_of
 from garlic.training.workers import Job, add_worker_arguments, check_worker_arguments, run_jobs
 
 log = logging.getLogger("experiments")
@@ -539,9 +540,23 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
     return lines
 
 
+def under_way(carried: Path) -> list[str]:
+    """A line for each unit whose training state is carried in ``carried`` (``--carry``): how far it has come."""
+    lines = []
+    for path in sorted(Path(carried).glob("*.pt")):
+        try:
+            progress = progress_of(path)
+        except ValueError as exc:
+            lines.append(f"`{path.name}`: {exc}")
+            continue
+        lines.append(f"`{path.stem}`: {progress.get('epoch')} epochs done, the best at epoch "
+                     f"{progress.get('best_epoch')}")  # fmt: skip
+    return lines
+
+
 def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
            command: str, dataset: str, seen: list[str], unnamed: dict[str, list[str]],
-           settings: list[str] = ()) -> str:  # fmt: skip
+           settings: list[str] = (), carried: tuple[Path, list[str]] | None = None) -> str:  # fmt: skip
     lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
              "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
              "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
@@ -593,6 +608,10 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, mis
                   "made again here:", "", *[f"- {k}" for k in kept], ""]  # fmt: skip
     if missing:
         lines += ["## Not yet run", "", *[f"- {m}" for m in missing], ""]
+    if carried is not None and carried[1]:
+        lines += ["## Under way", "", f"Units whose training states are carried in `{carried[0]}` (`--carry`), to go "
+                  "on from where they stopped (method, protocol, split, seed, settings and data digests):", "",
+                  *[f"- {line}" for line in carried[1]], ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -718,7 +737,8 @@ def compare_command(argv: list[str] | None) -> None:
     text = report(summary, paired, drops, missing, kept, command, args.dataset, seen,
                   {name: found for name, found in by_protocol.items() if found},
                   method_settings([m for m in methods if m in set(summary["method"])],
-                                  list(dict.fromkeys(datasets[name] for name in protocols)), overrides))
+                                  list(dict.fromkeys(datasets[name] for name in protocols)), overrides),
+                  None if args.carry is None else (args.carry, under_way(args.carry)))  # fmt: skip
     experiment_id = studies.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     studies.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})

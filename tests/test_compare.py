@@ -295,6 +295,23 @@ def test_carry_names_a_folder_before_anything_is_trained(tmp_path, capsys):
     assert not (tmp_path / "mlruns").exists()
 
 
+def test_the_report_says_how_far_each_carried_unit_has_come_and_names_a_damaged_state(compared, tmp_path):
+    from garlic.config import Config
+    from garlic.training.state import save_training_state
+
+    root, _, out, _, _ = compared
+    moved, carried = tmp_path / "results", tmp_path / "unfinished"
+    shutil.copytree(out, moved)
+    carried.mkdir()
+    unit = "pypots_seft-raindrop-split_0-af42c96c4dae-05276b8b540e"
+    save_training_state(carried / f"{unit}.pt", {"progress": {"epoch": 12, "best_epoch": 9}}, Config())
+    (carried / "cut-short.pt").write_bytes(b"PK\x03\x04 half a file")
+    compare_tiny(root, tmp_path / "empty", moved, "--no-train", "--carry", str(carried))
+    under_way = (moved / "synthetic.md").read_text().split("## Under way")[1]
+    assert f"- `{unit}`: 12 epochs done, the best at epoch 9" in under_way
+    assert "- `cut-short.pt`: " in under_way and "cut-short.pt: not a readable training state" in under_way
+
+
 def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(compared, tmp_path):
     root, _, out, first, _ = compared
     moved = tmp_path / "results"

@@ -34,12 +34,26 @@ def save_training_state(path: Path, state: dict, config: Config) -> None:
         torch.save({**state, "config": config.to_dict()}, out)
 
 
-def load_training_state(path: Path, config: Config) -> dict:
-    """The state in ``path``, refused (``ValueError`` naming the file) unless it is one, made under ``config``."""
+def _read(path: Path):
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"{path}: not a readable training state ({exc})") from exc
+
+
+def progress_of(path: Path) -> dict:
+    """How far the fit saved in ``path`` has come, whatever config it was made under: its ``progress``
+    (``garlic.training.trainer.Progress``'s fields: ``epoch``, ``best_epoch`` ...); ``ValueError`` naming the file
+    where it holds none."""
+    state = _read(path)
+    if not isinstance(state, dict) or not isinstance(state.get("progress"), dict):
+        raise ValueError(f"{path}: not a training state (lacks or garbles progress)")
+    return state["progress"]
+
+
+def load_training_state(path: Path, config: Config) -> dict:
+    """The state in ``path``, refused (``ValueError`` naming the file) unless it is one, made under ``config``."""
+    state = _read(path)
     garbled = [key for key, kind in PARTS.items() if not isinstance(state, dict) or not isinstance(state.get(key), kind)]
     if not garbled and WITHIN_EPOCH in state:
         underway = state[WITHIN_EPOCH]
