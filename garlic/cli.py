@@ -304,8 +304,9 @@ def _train(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--resume continues a run with its own config and splits; drop --set/--config/--split/--protocol"
         )
-    if args.carry is not None and args.carry.exists() and not args.carry.is_dir():
-        raise ConfigError(f"--carry {args.carry} is a file; it names the folder the training states are carried in")
+    from garlic.tracking.carry import check_folder
+
+    check_folder(args.carry)  # a ValueError: one line, as every bad argument
     if args.resume:
         _say(f"resuming run {args.resume}; loading torch, scikit-learn and MLflow ...")
         config, preset_name, method_settings = None, None, None

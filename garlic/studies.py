@@ -147,8 +147,10 @@ def add_carry_argument(parser: argparse.ArgumentParser) -> None:
 
 def check_carry_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse a ``--carry`` that is a file."""
-    if args.carry is not None and args.carry.exists() and not args.carry.is_dir():
-        parser.error(f"--carry {args.carry} is a file; it names the folder the training states are carried in")
+    try:
+        carry.check_folder(args.carry)
+    except ValueError as refused:
+        parser.error(str(refused))
 
 
 class StudyStart(NamedTuple):

@@ -22,6 +22,12 @@ from garlic.tracking.queries import settings_digest
 DATA_DIGEST_CHARS = 12
 
 
+def check_folder(folder: Path | None) -> None:
+    """Refuse (``ValueError``) a carry folder that is a file."""
+    if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
+        raise ValueError(f"--carry {folder} is a file; it names the folder the training states are carried in")
+
+
 def unit_state(folder: Path, method: str, split_name: str, seed: int | None, settings: dict, data_digest: str) -> Path:
     """Where the unit's state is carried in ``folder`` (``split_name``: ``protocol/split_k``; a baseline's unit has
     no ``seed``)."""
