@@ -176,6 +176,7 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
         later = observation(codes, "bed-1", "HR", start.replace(hour=9), 95.0)
         bad = {
             "malformed": (b'{"resourceType": "Observation", ', TOKEN, 400, "not JSON"),
+            "nested past the parser's depth": (b"[" * 100_000 + b"]" * 100_000, TOKEN, 400, "nested"),
             "oversized": (b" " * (2 << 20), TOKEN, 413, "bytes"),
             "unknown code": (json.dumps(unknown).encode(), TOKEN, 422, "0000-0 is not an input of this model"),
             "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
@@ -184,6 +185,8 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
                           "bed-2 is not admitted"),
             "a bundle with one bad entry": (json.dumps({"resourceType": "Bundle", "type": "batch", "entry": [
                 {"resource": later}, {"resource": unknown}]}).encode(), TOKEN, 422, "entry[1]"),
+            "dated years after the admission": (json.dumps(observation(codes, "bed-1", "HR", start.replace(
+                year=9999), 90.0)).encode(), TOKEN, 422, "days after the bed's admission"),
             "unauthenticated": (json.dumps(later).encode(), None, 401, "token"),
             "a wrong token": (json.dumps(later).encode(), TOKEN[::-1], 401, "token"),
         }  # fmt: skip

@@ -78,6 +78,8 @@ def parse_json(body: bytes) -> dict:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FhirError(400, f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise FhirError(400, "the body is not JSON this service reads: nested deeper than its parser goes") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("resourceType"), str):
         raise FhirError(422, "expected a FHIR resource: a JSON object with a resourceType")
     return payload

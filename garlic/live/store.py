@@ -26,6 +26,9 @@ import sqlalchemy as sa
 from garlic.live.fhir import FhirError, Observed, Stay
 
 SCHEMA_VERSION = "1"
+# A reading dated further from its bed's admission has a wrong date (a year or a time zone typed wrong); the model's
+# float32 hours also lose their minutes past it (a year is 8,784 hours: float32 steps of 0.001 hours there).
+LONGEST_STAY_HOURS = 366 * 24
 metadata = sa.MetaData()
 META = sa.Table("meta", metadata, sa.Column("key", sa.String(32), primary_key=True),
                 sa.Column("value", sa.String(200), nullable=False))  # fmt: skip
@@ -151,7 +154,8 @@ class LiveStore:
 
     def add(self, observed: list[Observed]) -> tuple[int, int]:
         """Store the readings, all or none, committed before this returns: (stored, repeats already held). Refused:
-        a bed never admitted (404) or discharged (409), a time before the bed's admission (422)."""
+        a bed never admitted (404) or discharged (409), a time before the bed's admission or more than a year after
+        it (422)."""
         if not observed:
             return 0, 0
         received = time.time()
@@ -168,6 +172,9 @@ class LiveStore:
                 hours = (_seconds(reading.at) - bed.admitted) / 3600
                 if hours < 0:
                     raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission")
+                if hours > LONGEST_STAY_HOURS:
+                    raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after the "
+                                         "bed's admission; a stay is taken up to a year: is its date right?")  # fmt: skip
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
                              "received": received, "scored": False})  # fmt: skip
             if self.insert_reading is not None:
