@@ -160,6 +160,14 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
         assert score["risk"] == pytest.approx(float(predict_tables(trained, cut, static)["risk"].iloc[0]), abs=1e-6)
 
 
+def nested(observation: dict, depth: int) -> dict:
+    """``observation`` with an extension that holds an extension ... ``depth`` deep (valid FHIR)."""
+    extension: dict = {"url": "http://example.org/inner"}
+    for _ in range(depth):
+        extension = {"url": "http://example.org/outer", "extension": [extension]}
+    return {**observation, "extension": [extension]}
+
+
 def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path):
     from datetime import datetime, timezone
 
@@ -176,9 +184,14 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
         later = observation(codes, "bed-1", "HR", start.replace(hour=9), 95.0)
         bad = {
             "malformed": (b'{"resourceType": "Observation", ', TOKEN, 400, "not JSON"),
-            "nested past the parser's depth": (b"[" * 100_000 + b"]" * 100_000, TOKEN, 400, "nested"),
+            "nested past the parser's depth": (b"[" * 100_000 + b"]" * 100_000, TOKEN, 400, "nests deeper"),
+            "nested past the FHIR models' depth": (json.dumps(nested(good, 400)).encode(), TOKEN, 400, "nests deeper"),
+            "a number of 5,000 digits": (json.dumps(good).replace("90.0", "9" * 5000).encode(), TOKEN, 400,
+                                         "not JSON"),
             "oversized": (b" " * (2 << 20), TOKEN, 413, "bytes"),
             "unknown code": (json.dumps(unknown).encode(), TOKEN, 422, "0000-0 is not an input of this model"),
+            "a thousand unknown codes": (json.dumps({**good, "code": {"coding": [{"system": "http://loinc.org", "code":
+                f"0000-{n}"} for n in range(1000)]}}).encode(), TOKEN, 422, "0000-2 (and 997 more codings) is not"),
             "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
                          "valueQuantity"),
             "wrong bed": (json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(), TOKEN, 404,

@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from garlic.live.codes import Codes
 
 MAX_ENTRIES = 5000  # a Bundle: an ICU stay's hour of every monitor is a few hundred readings
+# A Bundle of Observations nests about ten deep; past a few hundred, the FHIR models' validation runs out of stack.
+MAX_DEPTH = 64
 ADMITTING = {"planned", "arrived", "triaged", "in-progress", "onleave"}
 DISCHARGING = {"finished", "cancelled"}
 BED_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")  # a FHIR id
@@ -76,13 +78,27 @@ def _resource_class(kind: str):
 def parse_json(body: bytes) -> dict:
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FhirError(400, f"the body is not JSON: {exc}") from None
     except RecursionError:
-        raise FhirError(400, "the body is not JSON this service reads: nested deeper than its parser goes") from None
+        raise FhirError(400, f"the body nests deeper than the {MAX_DEPTH} levels a FHIR resource is read to") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or a number of more digits than Python reads
+        raise FhirError(400, f"the body is not JSON: {exc}") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("resourceType"), str):
         raise FhirError(422, "expected a FHIR resource: a JSON object with a resourceType")
+    if _depth(payload) > MAX_DEPTH:
+        raise FhirError(400, f"the body nests deeper than the {MAX_DEPTH} levels a FHIR resource is read to")
     return payload
+
+
+def _depth(payload) -> int:
+    """How deep objects and arrays nest in ``payload``, counted without recursion."""
+    deepest, level = 0, [(payload, 1)]
+    while level:
+        node, depth = level.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_DEPTH:
+            children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+            level.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def validated(payload: dict, expected: tuple[str, ...]):
@@ -118,7 +134,8 @@ def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
     names = [codes.variable(c.system, c.code) for c in codings]
     known = [name for name in names if name is not None]
     if not known:
-        sent = ", ".join(f"{c.system}|{c.code}" for c in codings) or "no coding"
+        sent = ", ".join(f"{c.system}|{c.code}" for c in codings[:3]) or "no coding"
+        sent += f" (and {len(codings) - 3} more codings)" if len(codings) > 3 else ""
         raise FhirError(422, f"{where}.code: {sent} is not an input of this model (garlic/live/codes.csv lists the "
                              "codes it reads)")  # fmt: skip
     at = observation.effectiveDateTime or observation.effectiveInstant
