@@ -329,6 +329,29 @@ def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
     ]
 
 
+def test_a_pipe_or_a_device_in_the_watched_folder_is_left_out_and_the_watcher_goes_on(run, trained, tmp_path):
+    from garlic.live.watch import FolderWatcher
+    from garlic.sources.physionet2012 import format_record
+
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=1)
+    stay = int(static["stay_id"].iloc[0])
+    folder = tmp_path / "export"
+    folder.mkdir()
+    os.mkfifo(folder / "1.txt")  # opened for reading, a pipe waits for a writer that never comes
+    (folder / "2.txt").symlink_to("/dev/zero")  # read to its end, a device never ends
+    (folder / f"{stay}.txt").write_text(format_record(stay, observations, static.drop(columns="stay_id").iloc[0]
+                                                      .to_dict()))  # fmt: skip
+    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
+                      Hysteresis(0.5))  # fmt: skip
+    watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
+    scanned: list[int] = []
+    scanning = threading.Thread(target=lambda: scanned.append(watcher.scan()), daemon=True)
+    scanning.start()
+    scanning.join(timeout=30)
+    assert scanned == [len(observations) + len(trained.static_features)]
+    assert monitor.store.counts()["beds"] == 1
+
+
 def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, tmp_path):
     from garlic.live.watch import FolderWatcher
     from garlic.sources.physionet2012 import format_record

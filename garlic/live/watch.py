@@ -7,12 +7,15 @@ line by the project's own reader for its format (``garlic.sources.records``, as 
 hourly run's ``.psv`` as ``garlic predict --hourly`` reads it), and its readings of the model's inputs are stored:
 those already held count once (``LiveStore.add``), so reading the whole file again costs no repeat. A bed is
 admitted when its file is first seen; its record's times are hours since then. A file that cannot be read yet is
-logged by name and read again when it changes; files over ``MAX_FILE_BYTES`` and beyond ``MAX_FILES`` are left out.
+logged by name and read again when it changes; files over ``MAX_FILE_BYTES``, beyond ``MAX_FILES`` or not regular files
+(a pipe, a device) are left out.
 """
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 import tempfile
 import threading
 from datetime import datetime, timedelta, timezone
@@ -31,8 +34,12 @@ log = logging.getLogger("garlic.live")
 
 
 def complete_lines(path: Path) -> bytes:
-    """The file up to and including its last newline: a line still being written is left for later."""
-    data = path.read_bytes()[: MAX_FILE_BYTES + 1]
+    """The file up to and including its last newline: a line still being written is left for later. Only a regular
+    file is read, opened without blocking: a pipe of that name would hold the watcher forever, a device never end."""
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        data = file.read(MAX_FILE_BYTES + 1)
     return data[: data.rfind(b"\n") + 1]
 
 
