@@ -319,6 +319,22 @@ def test_a_shard_breaking_the_meds_schema_is_named_with_its_column(tmp_path):
         preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="5")
 
 
+def test_a_value_not_finite_or_past_any_measurement_is_left_out_counted_and_its_row_named(tmp_path, caplog):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [
+        (1, None, "AGE", float("inf")), (1, None, "WEIGHT", float("nan")), (1, 1.0, "HR", 80.0),
+        (1, 2.0, "HR", float("nan")), (1, 3.0, "HR", float("-inf")), (1, 4.0, "HR", 3e38), (1, 5.0, "HR", -2e5),
+        (1, 6.0, "HR", 1e5), (2, 1.0, "HR", 70.0), (2, None, "AGE", 60.0)])  # fmt: skip
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True), (2, 24.0, False)])
+    with caplog.at_level("WARNING", logger="garlic.sources.meds"):
+        manifest = preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="5")
+    tables = read_processed(tmp_path / "out")
+    assert tables.observations["value"].tolist() == [80.0, 1e5, 70.0]
+    assert tables.static.set_index("stay_id")["AGE"].isna().tolist() == [True, False]
+    assert tables.static.set_index("stay_id")["WEIGHT"].isna().all()  # a static NaN: not known, not counted
+    assert manifest["counts"]["events_left_out_for_their_value"] == 5
+    assert "0.parquet: row 0, column numeric_value: inf (code 'AGE')" in caplog.text
+
+
 def test_a_label_file_without_boolean_value_a_repeated_label_row_or_a_doubled_code_is_named(tmp_path):
     write_shard(tmp_path / "meds" / "data" / "0.parquet", [(1, 1.0, "HR", 80.0)])
     pq.write_table(pa.table({"subject_id": pa.array([1], pa.int64()),

@@ -273,14 +273,15 @@ def shards(folder: Path) -> list[Path]:
 @dataclass
 class EventBatch:
     """One batch of a shard's events that have a number: subject ids, times (microseconds since the epoch, 0 where
-    ``timed`` is False: a static event), codes (dictionary-encoded: ``code_positions`` maps them to a vocabulary)
-    and values."""
+    ``timed`` is False: a static event), codes (dictionary-encoded: ``code_positions`` maps them to a vocabulary),
+    values, and each event's row in its shard (counted from 0), to name it."""
 
     subject_id: np.ndarray
     time: np.ndarray
     timed: np.ndarray
     code: pa.DictionaryArray
     value: np.ndarray
+    row: np.ndarray
 
 
 def code_positions(codes: pa.DictionaryArray, vocabulary: list[str]) -> np.ndarray:
@@ -323,6 +324,7 @@ def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[Even
             timed=pc.is_valid(time).to_numpy(zero_copy_only=False),
             code=code if isinstance(code, pa.DictionaryArray) else code.dictionary_encode(),
             value=kept.column("numeric_value").to_numpy(zero_copy_only=False).astype("float32"),
+            row=row + np.flatnonzero(keep),
         )
         row += batch.num_rows
 

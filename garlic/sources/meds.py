@@ -10,7 +10,9 @@ The time-series variables are numeric codes with a time, chosen by one rule: the
 in its order), or the N most frequent among the training subjects' timed numeric events (``metadata/
 subject_splits.parquet``'s ``train`` subjects when the folder has that file, else every labelled subject), most
 frequent first. The static features are numeric codes with a null time: those of a list file, or every one found,
-in alphabetical order. An event without a numeric value is not read; a static code recorded twice keeps its later
+in alphabetical order. An event without a numeric value is not read, nor one whose value is not finite or beyond
++-100,000 (``garlic.sources.raw.MAX_MEASUREMENT``: corruption, not a clinical outlier, as the record readers have it):
+those are counted in the manifest and the first is named in the log. A static code recorded twice keeps its later
 value, as a variable recorded twice at one time does in the tensors. A subject with static features but no event
 of the variables in its window is kept, as a stay of one empty step (Raindrop's P19 cohort keeps such stays); one
 with neither is dropped, counted in the manifest.
@@ -48,6 +50,7 @@ from garlic.io.meds import (
 )
 from garlic.io.tables import read_manifest, sha256_of, write_processed
 from garlic.sources import Source
+from garlic.sources.raw import MAX_MEASUREMENT
 
 log = logging.getLogger(__name__)
 
@@ -95,18 +98,24 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
     opens, closes = windows["opens"].to_numpy("int64"), windows["closes"].to_numpy("int64")
     parts: dict[str, list[np.ndarray]] = {key: [] for key in ("stay", "time", "code", "value")}
     static_rows: list[pd.DataFrame] = []
+    left_out = LeftOut()
     for path in paths:
         for batch in iter_events(path, subjects):
             where = np.searchsorted(subjects, batch.subject_id)
             code = code_positions(batch.code, variables)
+            usable = np.abs(batch.value) <= MAX_MEASUREMENT  # False for NaN and inf too
             inside = batch.timed & (code >= 0) & (batch.time >= opens[where]) & (batch.time <= closes[where])
+            untimed = ~batch.timed
+            if static is not None:
+                untimed &= code_positions(batch.code, static) >= 0
+            unknown = np.isnan(batch.value)  # a static NaN is a feature not known: it stays missing
+            left_out.count(path, batch, (inside & ~usable) | (untimed & ~usable & ~unknown))
+            inside &= usable
+            untimed &= usable | unknown
             parts["stay"].append(batch.subject_id[inside])
             parts["time"].append(times_to_hours(batch.time[inside], opens[where[inside]]))
             parts["code"].append(code[inside].astype("int32"))
             parts["value"].append(batch.value[inside])
-            untimed = ~batch.timed
-            if static is not None:
-                untimed &= code_positions(batch.code, static) >= 0
             if untimed.any():
                 codes = batch.code.filter(pa.array(untimed)).cast(pa.string()).to_numpy(zero_copy_only=False)
                 static_rows.append(pd.DataFrame({"stay_id": batch.subject_id[untimed], "code": codes,
@@ -118,7 +127,22 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
         "value": arrays["value"].astype("float32")})  # fmt: skip
     static_events = (pd.concat(static_rows, ignore_index=True) if static_rows
                      else pd.DataFrame({"stay_id": [], "code": [], "value": []}))  # fmt: skip
-    return observations, static_events
+    return observations, static_events, left_out
+
+
+@dataclass
+class LeftOut:
+    """The events left out for their value (not finite, or beyond +-MAX_MEASUREMENT): how many, and the first."""
+
+    events: int = 0
+    first: str | None = None
+
+    def count(self, path: Path, batch, bad: np.ndarray) -> None:
+        if bad.any():
+            at = int(np.flatnonzero(bad)[0])
+            self.events += int(bad.sum())
+            self.first = self.first or (f"{path}: row {int(batch.row[at])}, column numeric_value: "
+                                        f"{float(batch.value[at])!r} (code {batch.code[at].as_py()!r})")
 
 
 @dataclass
@@ -131,6 +155,7 @@ class MedsTables:
     labels: pd.DataFrame
     tasks: pd.DataFrame | None
     label_rows: pd.DataFrame
+    left_out: LeftOut
 
 
 def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float, variables: list[str],
@@ -139,7 +164,7 @@ def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float
     ``variables`` inside each window, the ``static`` codes (None: every numeric code with a null time, in
     alphabetical order); a tasks table when a subject has several label rows."""
     windows = _prediction_windows(label_rows, window_hours)
-    observations, static_events = _read_events(paths, windows, variables, static)
+    observations, static_events, left_out = _read_events(paths, windows, variables, static)
     features = static if static is not None else sorted(static_events["code"].unique())
     # A subject with static features but no event in its window is a stay of one empty step, as Raindrop's P19
     # cohort keeps them (garlic.io.tensors); one with neither is not.
@@ -158,7 +183,7 @@ def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float
         tasks = pd.DataFrame({"stay_id": kept_rows["subject_id"].to_numpy("int64"),
                               "time": times_to_hours(kept_rows["prediction_time"].to_numpy(), opens),
                               "label": kept_rows["label"].to_numpy("int8")})  # fmt: skip
-    return MedsTables(observations, static_table, label_table, tasks, kept_rows)
+    return MedsTables(observations, static_table, label_table, tasks, kept_rows, left_out)
 
 
 def preprocess(
@@ -216,6 +241,7 @@ def preprocess(
         "counts": {"label_rows": int(len(label_rows)), "subjects_labelled": int(len(subjects)),
                    "dropped_stays": {reason: len(ids) for reason, ids in dropped.items()},
                    "stays_without_input": int(len(observed) - tables.observations["stay_id"].nunique()),
+                   "events_left_out_for_their_value": tables.left_out.events,
                    "observations_per_variable": tables.observations["variable"].value_counts().reindex(chosen)
                    .astype(int).to_dict()},
         "dropped_stays": {reason: [int(s) for s in ids] for reason, ids in dropped.items()},
@@ -224,6 +250,9 @@ def preprocess(
                                               "label": "their boolean_value", "score": ""}}),
     }  # fmt: skip
     write_processed(destination, tables.observations, tables.static, tables.labels, chosen, manifest, tables.tasks)
+    if tables.left_out.events:
+        log.warning("meds: %d events left out for a value not finite or beyond +-%s; the first: %s",
+                    tables.left_out.events, f"{MAX_MEASUREMENT:,.0f}", tables.left_out.first)  # fmt: skip
     log.info("meds: %d stays kept, %d dropped", len(observed), len(subjects) - len(observed))
     return read_manifest(destination)
 
