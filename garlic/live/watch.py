@@ -13,9 +13,7 @@ logged by name and read again when it changes; files over ``MAX_FILE_BYTES``, be
 from __future__ import annotations
 
 import logging
-import os
 import re
-import stat
 import tempfile
 import threading
 from datetime import datetime, timedelta, timezone
@@ -25,6 +23,7 @@ import pandas as pd
 
 from garlic.live.fhir import Observed, Stay
 from garlic.live.monitor import Monitor
+from garlic.sources.raw import read_record_file
 
 RECORD_NAME = re.compile(r"^(\d+\.txt|p\d+\.psv)$")
 MAX_FILE_BYTES = 1 << 20  # a record is under 100 kB
@@ -34,12 +33,11 @@ log = logging.getLogger("garlic.live")
 
 
 def complete_lines(path: Path) -> bytes:
-    """The file up to and including its last newline: a line still being written is left for later. Only a regular
-    file is read, opened without blocking: a pipe of that name would hold the watcher forever, a device never end."""
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise ValueError(f"{path.name} is not a regular file")
-        data = file.read(MAX_FILE_BYTES + 1)
+    """The file up to and including its last newline: a line still being written is left for later. Read as every
+    record file is (``garlic.sources.raw.read_record_file``): a pipe or a device of that name is refused, not read."""
+    data = read_record_file(path)
+    if isinstance(data, str):
+        raise ValueError(f"{path.name}: {data}")
     return data[: data.rfind(b"\n") + 1]
 
 
