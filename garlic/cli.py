@@ -765,11 +765,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def database_error(exc: BaseException) -> sqlite3.DatabaseError | None:
-    """The SQLite error under ``exc`` (SQLAlchemy keeps it as ``orig``, MLflow as the cause), None when none is."""
+    """The SQLite error under ``exc`` (SQLAlchemy keeps it as ``orig``, MLflow as the cause), None when none is. An
+    error raised ``from None`` has said what went wrong itself (the live store's): its context is not followed."""
     for _ in range(10):  # a chain is short; a cycle is not followed forever
         if exc is None or isinstance(exc, sqlite3.DatabaseError):
             return exc
-        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+        exc = getattr(exc, "orig", None) or exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return None
 
 

@@ -27,7 +27,7 @@ from garlic.live.feed import Client, encounter, feed, observation, recorded_stay
 from garlic.live.monitor import Monitor  # noqa: E402
 from garlic.live.scoring import BedScorer  # noqa: E402
 from garlic.live.service import create_app  # noqa: E402
-from garlic.live.store import LiveStore  # noqa: E402
+from garlic.live.store import LiveStore, StoreError  # noqa: E402
 from garlic.methods.saved import load_predictor  # noqa: E402
 from helpers import tiny_run  # noqa: E402
 
@@ -166,6 +166,23 @@ def nested(observation: dict, depth: int) -> dict:
     for _ in range(depth):
         extension = {"url": "http://example.org/outer", "extension": [extension]}
     return {**observation, "extension": [extension]}
+
+
+def test_a_live_store_that_cannot_be_used_is_named_as_the_live_store_in_one_line(tmp_path):
+    from garlic.cli import database_error
+
+    (tmp_path / "notes.txt").write_text("not a database\n" * 100)
+    cases = {
+        f"sqlite:///{tmp_path / 'notes.txt'}": "cannot be used: file is not a database",
+        f"sqlite:///{tmp_path / 'absent' / 'ward.sqlite'}": "cannot be used: unable to open database file",
+        "postgresql+nodriver://nurse:secret@127.0.0.1/ward": "needs a driver that is not installed",
+        "ward at secret": "is not a database URL",
+    }
+    for url, says in cases.items():
+        with pytest.raises(StoreError, match=says) as raised:
+            LiveStore(url, "run")
+        assert "secret" not in str(raised.value)
+        assert database_error(raised.value) is None  # so the command says this, not that the MLflow store is damaged
 
 
 def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path):

@@ -101,10 +101,22 @@ class LiveStore:
     view), an existing one only."""
 
     def __init__(self, url: str, run_id: str, create: bool = True):
-        self.engine = sa.create_engine(url)
+        try:
+            self.engine = sa.create_engine(url)
+        except (ImportError, sa.exc.NoSuchModuleError) as exc:  # before ArgumentError: it is one
+            raise StoreError(f"the live store's database needs a driver that is not installed: {exc}") from None
+        except sa.exc.ArgumentError:  # not quoted: a URL that does not parse may still hold a password
+            raise StoreError("the live store is not a database URL (sqlite:///PATH, postgresql://...)") from None
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_settings)
         shown = self.engine.url.render_as_string(hide_password=True)
+        try:
+            self._open(run_id, create, shown)
+        except sa.exc.DBAPIError as exc:  # not a database, not reachable, not writable
+            self.engine.dispose()
+            raise StoreError(f"the live store {shown} cannot be used: {exc.orig}") from None
+
+    def _open(self, run_id: str, create: bool, shown: str) -> None:
         if create:
             metadata.create_all(self.engine)
         elif not sa.inspect(self.engine).has_table(META.name):
