@@ -115,6 +115,10 @@ def scored(base: str, token: str | None = None, timeout: float = 60) -> dict:
 
 def test_posted_readings_get_the_offline_risk_of_the_same_prefix(run, trained, tmp_path):
     dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=2)
+    assert static["stay_id"].nunique() == 2
+    for beds in (0, -3):  # a slice would take all the test stays but the last three
+        with pytest.raises(ValueError, match=f"--beds must be at least 1, got {beds}"):
+            recorded_stays(run.run_id, run.store, run.data_root, beds=beds)
     codes = Codes(dataset, trained.variables + trained.static_features)
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
         fed = feed(Client(base), observations, static, codes, speed=1e7)

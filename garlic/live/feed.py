@@ -45,6 +45,8 @@ def recorded_stays(run_id: str, store: Path, data_root: Path, beds: int) -> tupl
     from garlic.tracking import run_contract
     from garlic.tracking.store import get_run, use_store
 
+    if beds < 1:  # [:beds] would take all but the last -beds stays
+        raise ValueError(f"--beds must be at least 1, got {beds}")
     use_store(store)
     params = get_run(run_id).data.params
     if run_contract.DATASET not in params:
