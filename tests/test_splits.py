@@ -65,6 +65,18 @@ def test_splits_on_synthetic_and_determinism(synthetic, tmp_path):
         assert a.to_json() == b.to_json()
 
 
+def test_too_few_stays_of_an_outcome_to_split_is_one_error_naming_the_split_and_the_counts(tmp_path):
+    generate(tmp_path / "tiny", n_stays=12, seed=3)
+    tensors = load_tensors(tmp_path / "tiny")
+    negatives, positives = int((tensors.labels == 0).sum()), int((tensors.labels == 1).sum())
+    assert min(negatives, positives) < 2  # too few of one outcome for stratified parts
+    with pytest.raises(ValueError, match=rf"protocol 'five-split' split 1: 12 stays \(0: {negatives}, 1: {positives}, by "
+                                         r"stratum\) are too few to split off 20%"):  # fmt: skip
+        draw_split(tensors, "five-split", 1)
+    with pytest.raises(ValueError, match="--stays must be at least 1, got 0"):
+        generate(tmp_path / "none", n_stays=0)
+
+
 def test_saved_splits_are_read_back_not_redrawn(synthetic, tmp_path):
     _, tensors = synthetic
     load_splits(tmp_path, tensors, "five-split")

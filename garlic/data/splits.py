@@ -250,31 +250,38 @@ def strata(tensors: IrregularTensors, names: list[str], dataset: str) -> np.ndar
     return np.array(["|".join(parts) for parts in zip(*keys)]) if keys else np.zeros(len(tensors), str)
 
 
+def _stratified_part(ids: np.ndarray, strata: np.ndarray, fraction: float, seed: int, protocol: str, index: int):
+    """``train_test_split`` of ``ids`` stratified on ``strata`` (the kept part, the part split off, and their strata);
+    a ValueError naming the split and the strata's sizes when there are too few stays of one stratum."""
+    from sklearn.model_selection import train_test_split  # 2.5 s to import: only where a split is drawn
+
+    try:
+        return train_test_split(ids, strata, test_size=fraction, stratify=strata, random_state=seed)
+    except ValueError as exc:
+        values, counts = np.unique(strata, return_counts=True)
+        sizes = ", ".join(f"{value:g}: {count}" if isinstance(value, np.floating) else f"{value}: {count}"
+                          for value, count in zip(values, counts))  # fmt: skip
+        raise ValueError(f"protocol {protocol!r} split {index}: {len(ids)} stays ({sizes}, by stratum) are too few to "
+                         f"split off {fraction:.0%} with every stratum in each part ({exc})") from None
+
+
 def draw_split(tensors: IrregularTensors, protocol: str, index: int, stratum: np.ndarray | None = None) -> Split:
     """80/10/10 split of the stays, drawn with ``random_state=index``, stratified on ``stratum`` (default: the
     label)."""
-    from sklearn.model_selection import train_test_split  # 2.5 s to import: only where a split is drawn
-
-    stay_ids = tensors.stay_ids
     labels = tensors.labels if stratum is None else stratum
-    train, rest, _, rest_labels = train_test_split(
-        stay_ids, labels, test_size=0.2, stratify=labels, random_state=index
-    )
-    validation, test = train_test_split(rest, test_size=0.5, stratify=rest_labels, random_state=index)
+    train, rest, _, rest_labels = _stratified_part(tensors.stay_ids, labels, 0.2, index, protocol, index)
+    validation, test, _, _ = _stratified_part(rest, rest_labels, 0.5, index, protocol, index)
     return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
 
 
 def hospital_split(tensors: IrregularTensors, protocol: str, index: int, dataset: str) -> Split:
     """Split ``index`` of ``cross-hospital`` or ``in-hospital`` (see the module's docstring)."""
-    from sklearn.model_selection import train_test_split
-
     source, target = DIRECTIONS[index]
     systems = source_of(dataset).hospital_systems(tensors.stay_ids)
     home = systems == source
-    train, rest, _, rest_labels = train_test_split(
-        tensors.stay_ids[home], tensors.labels[home], test_size=0.2, stratify=tensors.labels[home], random_state=0
-    )
-    validation, held_out = train_test_split(rest, test_size=0.5, stratify=rest_labels, random_state=0)
+    train, rest, _, rest_labels = _stratified_part(tensors.stay_ids[home], tensors.labels[home], 0.2, 0, protocol,
+                                                   index)  # fmt: skip
+    validation, held_out, _, _ = _stratified_part(rest, rest_labels, 0.5, 0, protocol, index)
     test = tensors.stay_ids[systems == target] if protocol == "cross-hospital" else held_out
     return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
 

@@ -59,6 +59,8 @@ PLANTED_GRAPH = [
 
 def simulate(n_stays: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Observations, static and label tables for ``n_stays`` stays; the same seed gives the same cohort."""
+    if n_stays < 1:
+        raise ValueError(f"--stays must be at least 1, got {n_stays}")
     rng = np.random.default_rng(seed)
     d = len(VARIABLES)
     position = {name: i for i, name in enumerate(VARIABLES)}
