@@ -399,6 +399,16 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
+    if args.threshold is not None and not 0 < args.threshold <= 1:
+        raise ValueError(f"--threshold is a risk in (0, 1], got {args.threshold}")
+    if args.window_hours is not None and not args.window_hours > 0:
+        raise ValueError(f"--window-hours must be a positive number of hours, got {args.window_hours}")
+    unused = [flag for flag, value, used in (("--threshold", args.threshold, args.hourly or args.labels),
+                                             ("--window-hours", args.window_hours, args.labels))
+              if value is not None and not used]  # fmt: skip
+    if unused:
+        raise ValueError(f"{' and '.join(unused)}: a per-stay prediction has no alarm or window to set; "
+                         "--threshold goes with --hourly or --labels, --window-hours with --labels")
     store = _existing_store(args)
     # The model code, not MLflow's nor scikit-learn's: a one-stay predict (a user's first try, a live service) reads
     # the model's folder straight from the store (garlic.tracking.local_store).

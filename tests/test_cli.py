@@ -155,6 +155,13 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
         (["train", "--dataset", "physionet2012"], "garlic preprocess physionet2012"),
         (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no MLflow store in"),
         (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no MLflow store in"),
+        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt", "--hourly", "--threshold", "2"],
+         "--threshold is a risk in (0, 1], got 2.0"),
+        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt", "--threshold", "0.3"],
+         "--threshold goes with --hourly or --labels"),  # a per-stay predict would have ignored it
+        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x", "--labels", "y", "--window-hours",
+          "-1"], "--window-hours must be a positive number of hours, got -1.0"),
+        (["preprocess", "synthetic", "--stays", "-5"], "--stays must be at least 1, got -5"),
         (["preprocess", "synthetic", "--strict"], "--strict does not apply to synthetic"),
         (["preprocess", "synthetic", "--cohort", "garlic"], "--cohort does not apply to synthetic"),
         (["preprocess", "physionet2012", "--source", ".", "--cohort", "garlic"], "unknown cohort 'garlic' for physionet2012"),
