@@ -664,19 +664,19 @@ def compare_command(argv: list[str] | None) -> None:
                         default=list(BASELINES), help="methods of the registry (garlic.methods.registry); GARLIC: --presets")
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    parser.add_argument("--seeds", type=int, nargs="+", metavar="K",
+    parser.add_argument("--seeds", type=studies.count, nargs="+", metavar="K",
                         help="model seeds of every GARLIC preset on every protocol, in place of the protocol's "
                              "(five on garlic-reference, the preset's one elsewhere): the runs of a seed ensemble")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
-    parser.add_argument("--mlruns", type=Path, nargs="+", default=[DEFAULT_STORE],
+    parser.add_argument("--data-root", type=studies.folder, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--mlruns", type=studies.folder, nargs="+", default=[DEFAULT_STORE],
                         help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
     studies.add_carry_argument(parser)
     add_worker_arguments(parser, "the missing GARLIC units")
     parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
                                                              "--presets), on the same splits and model seeds")
-    parser.add_argument("--out", type=Path, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
+    parser.add_argument("--out", type=studies.folder, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
                                                  "<dataset>-runs/ of each dataset (e.g. docs/results)")  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -690,8 +690,11 @@ def compare_command(argv: list[str] | None) -> None:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
     datasets = {name: protocol_dataset(args.dataset, name) for name in args.protocols}  # protocol -> its dataset
-    configs = {dataset: {name: preset_config(name, dataset, overrides) for name in presets}
-               for dataset in dict.fromkeys(datasets.values())}  # fmt: skip
+    try:
+        configs = {dataset: {name: preset_config(name, dataset, overrides) for name in presets}
+                   for dataset in dict.fromkeys(datasets.values())}  # fmt: skip
+    except ValueError as refused:  # an unknown preset, one of another dataset, a bad --set
+        parser.error(str(refused))
     in_workers = args.workers > 1 and not args.no_train
     archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
     if in_workers:  # the units that neither a store nor the run archive holds

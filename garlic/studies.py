@@ -52,16 +52,33 @@ from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
 log = logging.getLogger("experiments")
 
 
+def folder(text: str) -> Path:
+    """An argument naming a folder, made later if absent: one that names a file is refused by the parser, in one
+    line, where every later step would fail deep inside with a traceback."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a file, not a folder")
+    return path
+
+
+def count(text: str) -> int:
+    """An argument that counts from 0: a split index, a model seed."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", type=dataset_name, default="synthetic")
-    parser.add_argument("--splits", type=int, nargs="+", metavar="K", help="split indices (default: all five)")
+    parser.add_argument("--splits", type=count, nargs="+", metavar="K", help="split indices (default: all five)")
     parser.add_argument("--preset", help="a shipped preset (garlic/configs/NAME.json; default: the dataset's)")
     parser.add_argument("--max-epochs", type=int, help="cap on training epochs, for quick looks")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
-    parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE, help="the local MLflow store")
-    parser.add_argument("--out", type=Path, help="also write the final tables (CSV, Markdown) into this folder")
+    parser.add_argument("--data-root", type=folder, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
+    parser.add_argument("--mlruns", type=folder, default=DEFAULT_STORE, help="the local MLflow store")
+    parser.add_argument("--out", type=folder, help="also write the final tables (CSV, Markdown) into this folder")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -85,8 +102,8 @@ def add_preset_runs_arguments(parser: argparse.ArgumentParser, reads: str) -> No
     parser.add_argument("--dataset", type=dataset_name, required=True)
     parser.add_argument("--protocol", required=True)
     parser.add_argument("--preset", required=True, help=f"the GARLIC preset whose {reads} are read")
-    parser.add_argument("--mlruns", type=Path, nargs="+", required=True, help="the stores holding the runs")
-    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--mlruns", type=folder, nargs="+", required=True, help="the stores holding the runs")
+    parser.add_argument("--data-root", type=folder, default=DEFAULT_DATA_ROOT)
 
 
 def preset_runs(args: argparse.Namespace) -> list[tuple[int, int, Path, mlflow.entities.Run]]:

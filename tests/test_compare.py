@@ -461,6 +461,24 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     assert stats.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
 
 
+@pytest.mark.parametrize("arguments, says", [
+    (["--presets", "no-such-preset"], "no preset 'no-such-preset' in"),
+    (["--presets", "synthetic", "--set", "no_such_key=1"], "unknown config key 'no_such_key'"),
+    (["--seeds", "-1"], "argument --seeds: expected 0 or more, got -1"),
+    (["--mlruns", "A_FILE"], "argument --mlruns: A_FILE is a file, not a folder"),
+    (["--out", "A_FILE"], "argument --out: A_FILE is a file, not a folder"),
+])  # fmt: skip
+def test_a_bad_argument_is_one_line_naming_it_before_anything_is_read(tmp_path, capsys, arguments, says):
+    (tmp_path / "notes.txt").write_text("a file")
+    arguments = [str(tmp_path / "notes.txt") if a == "A_FILE" else a for a in arguments]
+    with pytest.raises(SystemExit) as refused:
+        compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--methods", "logreg", "--data-root",
+                      str(tmp_path / "data"), "--no-train", *arguments])  # fmt: skip
+    assert refused.value.code == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error and says.replace("A_FILE", str(tmp_path / "notes.txt")) in error
+
+
 def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tmp_path, capsys):
     root, store = tmp_path, tmp_path / "mlruns"
     synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=2)
