@@ -91,6 +91,17 @@ def test_saved_splits_are_read_back_not_redrawn(synthetic, tmp_path):
     assert json.loads(path.read_text()) == payload
 
 
+def test_a_damaged_saved_split_is_refused_naming_its_file_never_drawn_again(synthetic, tmp_path):
+    folder, tensors = synthetic
+    load_splits(tmp_path, tensors, "five-split")
+    saved = tmp_path / "splits" / "five-split" / "split_2.json"
+    for damage in ("{not json", '{"protocol": "five-split"}', "\udcff"):
+        saved.write_text(damage, errors="surrogateescape")
+        with pytest.raises(ValueError, match=f"^{saved}: not a saved split .*delete it to have it made again"):
+            load_splits(tmp_path, tensors, "five-split")
+        assert saved.read_text(errors="surrogateescape") == damage  # left for the user to restore
+
+
 def test_protocols_name_their_splits_and_seeds(synthetic, tmp_path):
     assert PROTOCOLS["raindrop"].splits == (0, 1, 2, 3, 4) and PROTOCOLS["raindrop"].seeds is None
     assert PROTOCOLS["garlic-reference"].splits == (0,) and PROTOCOLS["garlic-reference"].seeds == (0, 1, 2, 3, 4)

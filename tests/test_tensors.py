@@ -173,6 +173,21 @@ def test_stale_cache_is_rebuilt_when_only_a_value_changes(tmp_path):
     check_against_long_table(new, changed, static, labels)
 
 
+@pytest.mark.parametrize("damage", ["cut short", "not a zip"])
+def test_a_damaged_cache_is_made_again_from_the_tables_saying_so(tmp_path, caplog, damage):
+    observations, static, labels = small_tables()
+    write_processed(tmp_path, observations, static, labels, VARIABLES, {"dataset": "hand-made"})
+    load_tensors(tmp_path)
+    cache = tmp_path / TENSORS
+    whole = cache.read_bytes()
+    cache.write_bytes(whole[: len(whole) // 2] if damage == "cut short" else b"not an archive")
+    with caplog.at_level("WARNING", logger="garlic.io.tensors"):
+        again = load_tensors(tmp_path)
+    assert f"the tensor cache {cache} cannot be read" in caplog.text
+    check_against_long_table(again, observations, static, labels)
+    assert cache.read_bytes() == whole  # made again, whole
+
+
 @requires_p12
 def test_real_p12_tensors_against_the_long_table(p12_tensors, p12_dataset, p12_raw):
     n, t, d = p12_tensors.values.shape

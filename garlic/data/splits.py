@@ -379,9 +379,17 @@ def split_path(folder: Path, protocol: str, index: int) -> Path:
 
 
 def read_split(folder: Path, protocol: str, index: int) -> Split | None:
-    """The saved split, or None when it has not been saved (this never draws one)."""
+    """The saved split, or None when it has not been saved (this never draws one). A damaged one is refused, never
+    drawn again in its place: runs were tested on the stays it names."""
     path = split_path(folder, protocol, index)
-    return Split.from_json(json.loads(path.read_text())) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return Split.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as damage:  # not UTF-8, not JSON, not a split's fields
+        raise ValueError(f"{path}: not a saved split ({type(damage).__name__}: {damage}); restore it from a copy, "
+                         "or delete it to have it made again: a drawn split comes back the same from its seed, a "
+                         "published one from the shipped id lists") from None
 
 
 def load_splits(

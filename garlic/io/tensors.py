@@ -11,6 +11,8 @@ The prediction times of a dataset with a tasks table (``tables.TASKS``) ride alo
 from __future__ import annotations
 
 import hashlib
+import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from garlic.io.tables import (
 )
 
 TENSORS = "tensors.npz"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -240,15 +243,29 @@ def load_tensors(folder: Path) -> IrregularTensors:
     cache = folder / TENSORS
     remove_stale_temporaries(cache, suffix=".npz")
     if cache.is_file():
-        with np.load(cache, allow_pickle=False) as stored:
-            if str(stored["fingerprint"]) == fingerprint:
-                arrays = {key: stored[key] for key in stored.files if key != "fingerprint"}
-                arrays["variables"] = arrays["variables"].tolist()
-                arrays["static_features"] = arrays["static_features"].tolist()
-                task = {key: arrays.pop(f"task_{key}") for key in TASK_ARRAYS if f"task_{key}" in arrays}
-                if task:
-                    task["score"] = str(task["score"])
-                return IrregularTensors(**arrays, task=PredictionTimes(**task) if task else None)
+        try:
+            cached = _cached_tensors(cache, fingerprint)
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as damage:
+            # Written atomically, a cache is damaged only from outside (a copy cut short, a disk error); it is
+            # derived from the tables, so it is made again rather than refused.
+            log.warning("the tensor cache %s cannot be read (%s): making it again from the tables", cache, damage)
+            cached = None
+        if cached is not None:
+            return cached
     tensors = tensorize(read_processed(folder))
     save_tensors(tensors, cache, fingerprint)
     return tensors
+
+
+def _cached_tensors(cache: Path, fingerprint: str) -> IrregularTensors | None:
+    """The tensors of the cache file, None when it was made from other tables than those of ``fingerprint``."""
+    with np.load(cache, allow_pickle=False) as stored:
+        if str(stored["fingerprint"]) != fingerprint:
+            return None
+        arrays = {key: stored[key] for key in stored.files if key != "fingerprint"}
+    arrays["variables"] = arrays["variables"].tolist()
+    arrays["static_features"] = arrays["static_features"].tolist()
+    task = {key: arrays.pop(f"task_{key}") for key in TASK_ARRAYS if f"task_{key}" in arrays}
+    if task:
+        task["score"] = str(task["score"])
+    return IrregularTensors(**arrays, task=PredictionTimes(**task) if task else None)
