@@ -188,6 +188,15 @@ def test_a_damaged_cache_is_made_again_from_the_tables_saying_so(tmp_path, caplo
     assert cache.read_bytes() == whole  # made again, whole
 
 
+@pytest.mark.parametrize("damage", ["{not json", "[]", "\udcff"])
+def test_a_damaged_manifest_is_one_error_naming_it(tmp_path, damage):
+    observations, static, labels = small_tables()
+    write_processed(tmp_path, observations, static, labels, VARIABLES, {"dataset": "hand-made"})
+    (tmp_path / "manifest.json").write_text(damage, errors="surrogateescape")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'manifest.json'}: not a processed dataset's manifest"):
+        load_tensors(tmp_path)
+
+
 @requires_p12
 def test_real_p12_tensors_against_the_long_table(p12_tensors, p12_dataset, p12_raw):
     n, t, d = p12_tensors.values.shape

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from garlic.data.datasets import SOURCES, source_of
-from garlic.io.tables import MANIFEST, write_json_atomic
+from garlic.io.tables import MANIFEST, read_manifest, write_json_atomic
 from garlic.io.tensors import IrregularTensors
 
 log = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ def load_splits(
     chosen = protocol(protocol_name)
     dataset = dataset or Path(folder).name
     manifest_path = Path(folder) / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = read_manifest(folder) if manifest_path.is_file() else {}
     splits = []
     for index in chosen.splits:
         path = split_path(folder, chosen.name, index)

@@ -292,7 +292,14 @@ def read_manifest(folder: Path) -> dict:
         raise DatasetNotFoundError(
             f"{folder} holds no processed dataset (no {MANIFEST}); run `garlic preprocess` for it first"
         )
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as damage:  # not UTF-8 or not JSON
+        manifest = damage
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not a processed dataset's manifest ({manifest!s:.200}); run `garlic preprocess` "
+                         "for it again")  # fmt: skip
+    return manifest
 
 
 def read_processed(folder: Path) -> ProcessedDataset:
