@@ -676,8 +676,8 @@ def compare_command(argv: list[str] | None) -> None:
     add_worker_arguments(parser, "the missing GARLIC units")
     parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
                                                              "--presets), on the same splits and model seeds")
-    parser.add_argument("--out", type=studies.folder, help="folder for <dataset>.md, .csv, -paired.csv and the run archive "
-                                                 "<dataset>-runs/ of each dataset (e.g. docs/results)")  # fmt: skip
+    parser.add_argument("--out", type=studies.folder, help="folder for <dataset>.md, .csv, -paired.csv and the run "
+                                                            "archive <dataset>-runs/ of each dataset (e.g. docs/results)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")

@@ -185,8 +185,8 @@ class LiveStore:
                 if hours < 0:
                     raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission")
                 if hours > LONGEST_STAY_HOURS:
-                    raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after the "
-                                         "bed's admission; a stay is taken up to a year: is its date right?")  # fmt: skip
+                    raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after "
+                                         "the bed's admission; a stay is taken up to a year: is its date right?")
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
                              "received": received, "scored": False})  # fmt: skip
             if self.insert_reading is not None:
