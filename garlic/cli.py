@@ -603,7 +603,7 @@ def _feed(args: argparse.Namespace) -> None:
     from garlic.live.feed import Client, feed, recorded_stays
 
     store = _existing_store(args)
-    client = Client(args.url, os.environ.get(MONITOR_TOKEN) or None)
+    client = Client(args.url, os.environ.get(MONITOR_TOKEN) or None, say=_say)
     dataset, observations, static = recorded_stays(args.run, store, args.data_root, args.beds)
     names = sorted(set(observations["variable"].astype(str))) + [c for c in static.columns if c != "stay_id"]
     _say(f"feeding {len(static)} test stays of run {args.run} to {args.url} at {args.speed:g} times real time ...")

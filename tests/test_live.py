@@ -232,6 +232,17 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
         assert request("GET", f"{base}/ward", b"", None)[0] == 401
 
 
+def test_a_feed_without_a_service_says_so_once_and_gives_up_after_its_retry_time(monkeypatch):
+    import garlic.live.feed as feeding
+
+    monkeypatch.setattr(feeding, "RETRY_SECONDS", 1.2)
+    said: list[str] = []
+    client = Client(f"http://127.0.0.1:{free_port()}", say=said.append)  # nothing listens there
+    with pytest.raises(ConnectionError, match="no answer from http://127.0.0.1:"):
+        client.send("GET", "/health", {})
+    assert len(said) == 1 and "Connection refused" in said[0] and "sending again for up to 1.2 s" in said[0]
+
+
 def test_a_restart_in_the_middle_of_a_feed_loses_nothing(run, trained, tmp_path):
     # A real `garlic monitor` killed outright mid-feed; the feed keeps sending until a new service answers.
     dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=3)

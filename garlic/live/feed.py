@@ -105,11 +105,11 @@ def chart_rows(observations: pd.DataFrame, static: pd.DataFrame, codes: Codes,
 class Client:
     """One kept-alive HTTP connection to the service, sending each request again until it is answered."""
 
-    def __init__(self, url: str, token: str | None = None):
+    def __init__(self, url: str, token: str | None = None, say: Callable[[str], None] = lambda message: None):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--url {url!r} is not an http(s) address such as {DEFAULT_URL}")
-        self.parts, self.connection = parts, None
+        self.parts, self.connection, self.say, self.unanswered = parts, None, say, False
         self.headers = {"Content-Type": "application/fhir+json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -129,13 +129,18 @@ class Client:
                 response = self.connection.getresponse()
                 answer = response.read()
                 if response.status < 300:
+                    self.unanswered = False
                     return json.loads(answer)
                 if 400 <= response.status < 500 and response.status != 429:
                     raise ValueError(f"the service refused {method} {path}: {response.status} {_diagnostics(answer)}")
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as exc:
                 if self.connection is not None:
                     self.connection.close()
                 self.connection = None
+                if not self.unanswered:  # said once an outage, not every half second
+                    self.say(f"no answer from {self.parts.geturl()} ({exc}); sending again for up to "
+                             f"{RETRY_SECONDS} s")  # fmt: skip
+                    self.unanswered = True
             if time.monotonic() > deadline:
                 raise ConnectionError(f"no answer from {self.parts.geturl()} for {RETRY_SECONDS} s")
             time.sleep(0.5)
