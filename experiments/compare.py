@@ -38,7 +38,10 @@ from the start. Baselines reuse their finished runs the same way (``garlic.studi
 in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training state is kept there
 too, outside the store, and a store that has no run of the unit (the next session's, on a fresh machine) goes on
 from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``); the report then
-says how far each carried unit has come ("Under way"). ``--no-train`` only gathers, and names what is missing.
+says how far each carried unit has come ("Under way"). ``--no-train`` only gathers, and names what is missing;
+``--splits K ...`` trains only those splits and gathers the others: two calls, each into its own store with its own
+splits, train one method's splits on two cores (a registered method trains in its call's process), and a last
+``--no-train`` call naming both stores makes the whole table.
 
 The table (test AUROC, AUPRC mean +/- std over the protocol's runs, mean Brier and ECE) is logged to MLflow and,
 with ``--out``, written as ``<dataset>.md``, ``<dataset>.csv`` and ``<dataset>-paired.csv`` (the paired
@@ -117,10 +120,11 @@ class Pending:
 
 def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
                  train: bool, archive: RunArchive | None = None, seeds: list[int] | None = None,
-                 carry: Path | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
+                 carry: Path | None = None, splits: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:
     """The preset's units on the protocol, one per split and model seed (``seeds``, else the protocol's, else the
-    config's), from the stores, else from ``archive``, else trained (unless not ``train``; ``carry``: where their
-    training states are carried beyond the store, ``garlic.tracking.carry``); and what is missing."""
+    config's), from the stores, else from ``archive``, else trained (unless not ``train``, or the split is not one
+    of ``splits``; ``carry``: where their training states are carried beyond the store, ``garlic.tracking.carry``);
+    and what is missing."""
     chosen = protocol(protocol_name)
     digest = run_contract.manifest_digest(read_manifest(ensure_processed(config.dataset, data_root)))
     units, missing = [], []
@@ -135,7 +139,7 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
                 if kept is not None:
                     units.append(kept)
                     continue
-            if found is None and train:
+            if found is None and train and (splits is None or index in splits):
                 try:
                     claim = acquire(unit_lock(stores[0], name, protocol_name, index, seed), wait=False)
                 except LockHeld:
@@ -233,11 +237,11 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
 
 def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores: list[Path], data_root: Path,
                    overrides: list[str], archive: RunArchive | None = None, train: bool = True,
-                   carry: Path | None = None) -> tuple[list[Unit], list[Pending]]:  # fmt: skip
+                   carry: Path | None = None, splits: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:
     """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
     a split's unit kept in ``archive`` is read from it, the others reuse their finished runs in any of ``stores`` or,
-    with ``train``, run into the first (carrying their training states in ``carry``); returns the units and, without
-    ``train``, the method and split of each that has no run."""
+    with ``train``, run into the first (carrying their training states in ``carry``; only the splits of ``splits``
+    when given); returns the units and the method and split of each that has no run."""
     if not methods:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
@@ -269,6 +273,10 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
                 archive.keep(units[-1:])
 
         held = {(unit.method, unit.split) for unit in units}
+        if runner is first and train and splits is not None:  # the other splits: gathered, not trained
+            runner.run(to_run, False, skip=held, finished=gather)
+            held = {(unit.method, unit.split) for unit in units} | {
+                (method, split.index) for method in to_run for split in cohort.splits if split.index not in splits}
         runner.run(to_run, train and runner is first, skip=held, finished=gather)
     done = {(unit.method, unit.split) for unit in units}
     missing = [Pending(method, protocol_name, split.index, None) for method in first.available(to_run)
@@ -667,6 +675,10 @@ def compare_command(argv: list[str] | None) -> None:
     parser.add_argument("--seeds", type=studies.count, nargs="+", metavar="K",
                         help="model seeds of every GARLIC preset on every protocol, in place of the protocol's "
                              "(five on garlic-reference, the preset's one elsewhere): the runs of a seed ensemble")
+    parser.add_argument("--splits", type=studies.count, nargs="+", metavar="K",
+                        help="train only these splits of each protocol; the others are gathered where a store or "
+                             "the run archive holds them, else listed as missing (one split to screen on, or the "
+                             "splits that one core trains beside another call's)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--data-root", type=studies.folder, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--mlruns", type=studies.folder, nargs="+", default=[DEFAULT_STORE],
@@ -689,6 +701,10 @@ def compare_command(argv: list[str] | None) -> None:
     if args.against is not None and args.against not in presets:
         parser.error(f"--against names one of the --presets ({', '.join(presets)}), got {args.against!r}")
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
+    for name in args.protocols if args.splits else []:
+        if unknown := sorted(set(args.splits) - set(protocol(name).splits)):
+            parser.error(f"--splits {' '.join(map(str, unknown))}: protocol {name} has splits "
+                         f"{', '.join(map(str, protocol(name).splits))}")
     datasets = {name: protocol_dataset(args.dataset, name) for name in args.protocols}  # protocol -> its dataset
     try:
         configs = {dataset: {name: preset_config(name, dataset, overrides) for name in presets}
@@ -701,20 +717,21 @@ def compare_command(argv: list[str] | None) -> None:
         pending = [unit for protocol_name in args.protocols
                    for name, config in configs[datasets[protocol_name]].items()
                    for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False,
-                                            archives.get(datasets[protocol_name]), args.seeds)[1]]
+                                            archives.get(datasets[protocol_name]), args.seeds)[1]
+                   if args.splits is None or unit.split in args.splits]
         train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, args.deadline, args.carry,
                          archives)  # fmt: skip
     units, missing = [], []
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])
         found, lacking = baseline_units(args.methods, dataset, protocol_name, args.mlruns, args.data_root,
-                                        overrides, archive, not args.no_train, args.carry)  # fmt: skip
+                                        overrides, archive, not args.no_train, args.carry, args.splits)  # fmt: skip
         units += found
         missing += lacking
         for name, config in configs[dataset].items():
             train = not (args.no_train or in_workers)
             found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive,
-                                          args.seeds, args.carry)
+                                          args.seeds, args.carry, args.splits)
             units += found
             missing += lacking
     shown = Extent(args.methods, presets, args.protocols, [args.against] if args.against else [], [])

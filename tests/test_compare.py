@@ -209,6 +209,27 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
     assert second[0] < first[1] and first[0] < second[1]  # the missing two trained at the same time, in two processes
 
 
+def test_two_calls_with_their_own_splits_and_stores_make_one_whole_table(tmp_path, capsys):
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
+    first, second, out = tmp_path / "first", tmp_path / "second", tmp_path / "results"
+    command = ["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods", "logreg",
+               *TINY, "--data-root", str(tmp_path)]  # fmt: skip
+    with pytest.raises(SystemExit):
+        compare.main([*command, "--mlruns", str(first), "--splits", "1", "7"])
+    assert "--splits 7: protocol five-split has splits 0, 1, 2, 3, 4" in capsys.readouterr().err
+    compare.main([*command, "--mlruns", str(first), "--splits", "0", "1"])
+    assert "synthetic five-split/split_2 seed 0" in capsys.readouterr().out  # listed as missing, not trained
+    compare.main([*command, "--mlruns", str(second), "--splits", "2", "3", "4"])
+    for store, splits in ((first, [0, 1]), (second, [2, 3, 4])):
+        trained = [run.data.params.get("split") or run.data.tags.get("split") for run in split_runs(store)]
+        assert sorted(name for name in trained if name) == sorted(f"five-split/split_{k}" for k in splits for _ in
+                                                                  ("logreg", "synthetic"))  # fmt: skip
+    compare.main([*command, "--mlruns", str(first), str(second), "--no-train", "--out", str(out)])
+    table = pd.read_csv(out / "synthetic.csv")
+    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5],
+                                                                     ["synthetic", "five-split", 5]]  # fmt: skip
+
+
 def test_workers_train_nothing_that_the_run_archive_holds(compared, tmp_path):
     root, _, out, first, _ = compared
     moved = tmp_path / "results"
