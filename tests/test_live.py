@@ -384,6 +384,30 @@ def test_a_pipe_or_a_device_in_the_watched_folder_is_left_out_and_the_watcher_go
     assert monitor.store.counts()["beds"] == 1
 
 
+def test_past_its_file_cap_the_watcher_reads_the_most_recently_changed_files_and_says_how_many_it_leaves(
+        run, trained, tmp_path, monkeypatch, caplog):  # fmt: skip
+    import garlic.live.watch as watch
+    from garlic.sources.physionet2012 import format_record
+
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=3)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for age, (stay, rows) in enumerate(observations.groupby("stay_id")):  # the first stay's file the oldest
+        record = static[static["stay_id"] == stay].drop(columns="stay_id").iloc[0].to_dict()
+        (folder / f"{stay}.txt").write_text(format_record(int(stay), rows, record))
+        os.utime(folder / f"{stay}.txt", ns=(age * 10**9, age * 10**9))
+    monkeypatch.setattr(watch, "MAX_FILES", 2)
+    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
+                      Hysteresis(0.5))  # fmt: skip
+    watcher = watch.FolderWatcher(folder, monitor, trained.variables + trained.static_features)
+    with caplog.at_level("WARNING", logger="garlic.live"):
+        watcher.scan()
+        watcher.scan()
+    stays = sorted(observations["stay_id"].unique())
+    assert sorted(monitor.store.beds()["bed"].astype(int)) == stays[1:]  # the two newest files
+    assert caplog.text.count("1 record files left out: the watched folder holds 3") == 1  # said once, not per scan
+
+
 def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, tmp_path):
     from garlic.live.watch import FolderWatcher
     from garlic.sources.physionet2012 import format_record

@@ -7,8 +7,8 @@ line by the project's own reader for its format (``garlic.sources.records``, as 
 hourly run's ``.psv`` as ``garlic predict --hourly`` reads it), and its readings of the model's inputs are stored:
 those already held count once (``LiveStore.add``), so reading the whole file again costs no repeat. A bed is
 admitted when its file is first seen; its record's times are hours since then. A file that cannot be read yet is
-logged by name and read again when it changes; files over ``MAX_FILE_BYTES``, beyond ``MAX_FILES`` or not regular files
-(a pipe, a device) are left out.
+logged by name and read again when it changes; files over ``MAX_FILE_BYTES`` or not regular files (a pipe, a device)
+are left out, and beyond ``MAX_FILES`` the least recently changed (a warning says how many).
 """
 from __future__ import annotations
 
@@ -66,17 +66,29 @@ class FolderWatcher:
             raise ValueError(f"--watch {folder}: not a folder")
         self.folder, self.monitor, self.names, self.hourly = Path(folder), monitor, set(names), hourly
         self.seen: dict[str, tuple[int, int]] = {}  # file name -> (size, modification time) when last read
+        self.left_out = 0  # record files beyond MAX_FILES at the last scan, said when it changes
         self.stopping = threading.Event()
 
     def scan(self) -> int:
-        """Read every record file that changed since the last scan; the readings stored."""
+        """Read every record file that changed since the last scan; the readings stored. Beyond ``MAX_FILES``, the
+        most recently changed are read: a folder that keeps the files of discharged stays grows past the cap, and
+        its newest beds are the ones that must not be left out."""
         stored = 0
-        files = sorted(entry for entry in self.folder.iterdir() if RECORD_NAME.match(entry.name))[:MAX_FILES]
-        for path in files:
-            try:
-                status = path.stat()
-            except OSError:  # removed meanwhile
-                continue
+        statuses = {}
+        for entry in self.folder.iterdir():
+            if RECORD_NAME.match(entry.name):
+                try:
+                    statuses[entry] = entry.stat()
+                except OSError:  # removed meanwhile
+                    continue
+        newest = sorted(statuses, key=lambda path: statuses[path].st_mtime_ns, reverse=True)[:MAX_FILES]
+        if len(statuses) - len(newest) != self.left_out:
+            self.left_out = len(statuses) - len(newest)
+            if self.left_out:
+                log.warning("%d record files left out: the watched folder holds %d, and the %d most recently changed "
+                            "are read", self.left_out, len(statuses), MAX_FILES)  # fmt: skip
+        for path in sorted(newest):
+            status = statuses[path]
             signature = (status.st_size, status.st_mtime_ns)
             if self.seen.get(path.name) == signature:
                 continue
