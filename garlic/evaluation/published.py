@@ -25,6 +25,8 @@ SUMMARIES = "GARLIC paper (ICLR 2026), as reported in summaries of it"
 RESULTS = {
     "physionet2012": [
         Result("published: GARLIC", "garlic-reference", (0.8640, 0.0086), (0.5689, 0.0175), "GARLIC paper (ICLR 2026)"),
+        Result("published: GRU-D", "raindrop", (0.819, 0.021), (0.461, 0.047), "ViTST repository"),
+        Result("published: SeFT", "raindrop", (0.739, 0.025), (0.311, 0.041), "ViTST repository"),
         Result("published: Raindrop", "raindrop", (0.828, 0.017), (0.440, 0.030), "ViTST repository"),
         Result("published: mTAND", "raindrop", (0.842, 0.008), (0.482, 0.034), "ViTST repository"),
         Result("published: ViTST", "raindrop", (0.851, 0.008), (0.511, 0.041), "ViTST repository"),
@@ -33,6 +35,7 @@ RESULTS = {
     ],
     "physionet2019-raindrop": [
         Result("published: GRU-D", "raindrop", (0.839, 0.017), (0.469, 0.021), "ViTST repository"),
+        Result("published: SeFT", "raindrop", (0.812, 0.023), (0.419, 0.031), "ViTST repository"),
         Result("published: Raindrop", "raindrop", (0.870, 0.023), (0.518, 0.055), "ViTST repository"),
         Result("published: ViTST", "raindrop", (0.892, 0.020), (0.531, 0.034), "ViTST repository"),
         Result("published: ISTS-PLM", "raindrop", (0.894, 0.022), (0.569, 0.050), "ISTS-PLM repository"),
