@@ -330,7 +330,8 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
                 against: list[str] = ()) -> pd.DataFrame:  # fmt: skip
     """Every preset against the protocol's best simple baseline (per metric) and against each preset of ``against``
     too (unit by unit: the same split and model seed); a preset of ``against`` also against each network baseline
-    of the protocol (``registry.network_baselines``: the field's models)."""
+    of the protocol (``registry.network_baselines``: the field's models). Each pair covers the splits both sides
+    have run (a model still training has some): ``runs`` says how many of the preset's runs."""
     rows = []
     summary = table(units, protocols)
     is_simple = summary["method"].isin(registry.simple_baselines())
@@ -345,9 +346,10 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
                 baselines = [] if simple.empty else [simple.loc[simple[f"{metric}_mean"].idxmax(), "method"]]
                 for baseline in baselines + others:
                     theirs = [u for u in units if u.method == baseline and u.protocol == protocol_name]
-                    if ours and theirs:
+                    shared = [u for u in ours if u.split in {other.split for other in theirs}]
+                    if shared:
                         rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": baseline,
-                                     "runs": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
+                                     "runs": len(shared), **paired_difference(shared, theirs, metric)})  # fmt: skip
     # The columns even without a row, so that the -paired.csv written from it is read back by the next call.
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 

@@ -482,6 +482,23 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     assert stats.paired_difference(same, old[2:], "auroc")["verdict"] == "loss"
 
 
+def test_a_network_baseline_still_training_is_paired_on_the_splits_it_has():
+    generator = np.random.default_rng(5)
+    labels = (generator.random(300) < 0.3).astype(int)
+
+    def scored(method, split, strength):
+        made = unit(method, split, generator.random(300) + strength * labels, labels)
+        made.metrics.update(auroc=0.0, auprc=0.0, brier=0.0, ece=0.0)  # what the table reads; the pairing reads risks
+        return made
+
+    preset = [scored("fast", split, 1.0) for split in range(5)]
+    partial = [scored("pypots_seft", split, 0.2) for split in (0, 1)]
+    paired = compare.comparisons(preset + partial, ["fast"], ["p"], against=["fast"])
+    row = paired.set_index(["baseline", "metric"]).loc[("pypots_seft", "auroc")]
+    assert row["runs"] == 2 and row["verdict"] == "win"
+    assert row["difference"] == pytest.approx(stats.paired_difference(preset[:2], partial, "auroc")["difference"])
+
+
 @pytest.mark.parametrize("arguments, says", [
     (["--presets", "no-such-preset"], "no preset 'no-such-preset' in"),
     (["--presets", "synthetic", "--set", "no_such_key=1"], "unknown config key 'no_such_key'"),
