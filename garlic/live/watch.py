@@ -7,8 +7,9 @@ line by the project's own reader for its format (``garlic.sources.records``, as 
 hourly run's ``.psv`` as ``garlic predict --hourly`` reads it), and its readings of the model's inputs are stored:
 those already held count once (``LiveStore.add``), so reading the whole file again costs no repeat. A bed is
 admitted when its file is first seen; its record's times are hours since then. A file that cannot be read yet is
-logged by name and read again when it changes; files over ``MAX_FILE_BYTES`` or not regular files (a pipe, a device)
-are left out, and beyond ``MAX_FILES`` the least recently changed (a warning says how many).
+logged by name and read again when it changes; a file larger than a record may be (``raw.MAX_RECORD_BYTES``) or
+not a regular file (a pipe, a device) is left out, and beyond ``MAX_FILES`` the least recently changed (a warning
+says how many).
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from garlic.live.monitor import Monitor
 from garlic.sources.raw import read_record_file
 
 RECORD_NAME = re.compile(r"^(\d+\.txt|p\d+\.psv)$")
-MAX_FILE_BYTES = 1 << 20  # a record is under 100 kB
 MAX_FILES = 2000
 POLL_SECONDS = 1.0
 log = logging.getLogger("garlic.live")
@@ -93,9 +93,6 @@ class FolderWatcher:
             if self.seen.get(path.name) == signature:
                 continue
             self.seen[path.name] = signature
-            if status.st_size > MAX_FILE_BYTES:
-                log.warning("%s is over %d bytes: left out", path.name, MAX_FILE_BYTES)
-                continue
             try:
                 stored += self.take(path)
             except (OSError, ValueError) as exc:
