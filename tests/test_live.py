@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -215,6 +216,8 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
                 f"0000-{n}"} for n in range(1000)]}}).encode(), TOKEN, 422, "0000-2 (and 997 more codings) is not"),
             "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
                          "valueQuantity"),
+            "in another unit": (json.dumps({**good, "valueQuantity": {"value": 1.5, "unit": "beats/s"}}).encode(),
+                                TOKEN, 422, "'beats/s' is not the unit of HR, which this model reads in /min"),
             "wrong bed": (json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(), TOKEN, 404,
                           "bed-2 is not admitted"),
             "a bundle with one bad entry": (json.dumps({"resourceType": "Bundle", "type": "batch", "entry": [
@@ -230,6 +233,34 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
             assert says in answer[1]["issue"][0]["diagnostics"], name
         assert monitor.store.counts() == before
         assert request("GET", f"{base}/ward", b"", None)[0] == 401
+
+
+def test_a_value_sent_in_another_unit_is_refused_and_another_spelling_of_the_unit_is_taken():
+    from datetime import datetime, timezone
+
+    from garlic.live.fhir import FhirError, observations_in
+
+    codes = Codes("synthetic", ["Temp", "SysABP", "Platelets", "GCS"])
+    at = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+
+    def sent(variable: str, value: float, **quantity) -> dict:
+        reading = observation(codes, "bed-1", variable, at, value)
+        return {**reading, "valueQuantity": {"value": value, **quantity}}
+
+    ucum = "http://unitsofmeasure.org"
+    taken = [sent("Temp", 37.2, unit="°C", system=ucum, code="Cel"), sent("Temp", 37.2, unit="°C"),
+             sent("SysABP", 120, unit="mmHg"), sent("SysABP", 120, system=ucum, code="mm[Hg]"),
+             sent("Platelets", 210, unit="10^9/L"), sent("GCS", 14), observation(codes, "bed-1", "SysABP", at, 120)]
+    assert [observations_in(reading, codes)[0].value for reading in taken] == [37.2, 37.2, 120, 120, 210, 14, 120]
+    refused = {"[degF]": sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),  # the code decides, not the label
+               "kPa": sent("SysABP", 16.0, unit="kPa"), "mmol/L": sent("Platelets", 210, unit="mmol/L")}
+    said = {}
+    for unit, reading in refused.items():
+        with pytest.raises(FhirError, match=rf"valueQuantity: '{re.escape(unit)}' is not the unit of") as refusal:
+            observations_in(reading, codes)
+        assert refusal.value.status == 422
+        said[unit] = str(refusal.value)
+    assert "of Temp, which this model reads in Cel (sent as 'Cel', '°C', 'degC'); values are not" in said["[degF]"]
 
 
 def test_a_feed_without_a_service_says_so_once_and_gives_up_after_its_retry_time(monkeypatch):

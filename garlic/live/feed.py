@@ -21,12 +21,11 @@ from urllib.parse import urlsplit
 import numpy as np
 import pandas as pd
 
-from garlic.live.codes import LOINC, Codes
+from garlic.live.codes import LOINC, UCUM, Codes
 
 DEFAULT_URL = "http://127.0.0.1:8600"
 RETRY_SECONDS = 120  # how long a request is sent again before the feed gives up
 ENCOUNTER_CLASS = {"system": "http://terminology.hl7.org/CodeSystem/v3-ActCode", "code": "IMP"}
-UCUM = "http://unitsofmeasure.org"
 
 
 @dataclass

@@ -5,8 +5,9 @@ The resources are validated by ``fhir.resources`` (its R4B models, which read R4
 ``Encounter`` unchanged): a kept library rather than a schema of our own. On top of that, what the model needs: an
 Observation must name its bed (``encounter``: ``Encounter/ID``), a code this model reads
 (``garlic.live.codes``), a time with its time zone (``effectiveDateTime`` or ``effectiveInstant``) and a number
-(``valueQuantity.value``); an Encounter must have an id, a status and, to admit, ``period.start``: the bed's time
-zero, from which every reading's time is counted in hours, as in the datasets. Anything else is refused with a
+(``valueQuantity.value``) in the unit the model reads it in, when a unit is sent (``valueQuantity.code`` under
+UCUM, else ``valueQuantity.unit``); an Encounter must have an id, a status and, to admit, ``period.start``: the bed's
+time zero, from which every reading's time is counted in hours, as in the datasets. Anything else is refused with a
 ``FhirError`` whose ``status`` is the HTTP answer and whose message says which field is wrong.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from garlic.live.codes import Codes
+from garlic.live.codes import UCUM, Codes
 
 MAX_ENTRIES = 5000  # a Bundle: an ICU stay's hour of every monitor is a few hundred readings
 # A Bundle of Observations nests about ten deep; past a few hundred, the FHIR models' validation runs out of stack.
@@ -147,6 +148,10 @@ def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
     value = float(quantity.value)
     if not abs(value) < 1e30:  # float32's range, and no NaN
         raise FhirError(422, f"{where}.valueQuantity.value {value} is out of range")
+    unit = quantity.code if quantity.code and quantity.system == UCUM else quantity.unit
+    refusal = codes.unit_refusal(known[0], unit)
+    if refusal:
+        raise FhirError(422, f"{where}.valueQuantity: {refusal}")
     return Observed(reference.removeprefix("Encounter/"), known[0], _instant(at, f"{where}.effectiveDateTime"), value)
 
 
