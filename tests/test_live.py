@@ -153,7 +153,7 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
             status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
             assert status == 201
             scored(base)
-        assert answer == {"stored": 0, "repeats": 1}
+        assert answer == {"stored": 0, "repeats": 1, "withdrawn": 0}
         history = get(f"{base}/beds/bed-7")
     assert [len(history["readings"]), [s["time"] for s in history["scores"]]] == [3, [1.0, 2.0, 4.0]]
     import pandas as pd
@@ -163,6 +163,69 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
     for score in history["scores"]:
         cut = table[table["time"] <= score["time"]].astype({"time": "float32", "value": "float32"})
         assert score["risk"] == pytest.approx(float(predict_tables(trained, cut, static)["risk"].iloc[0]), abs=1e-6)
+
+
+def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_of_its_readings_without_it(
+    run, trained, tmp_path
+):
+    from datetime import datetime, timedelta, timezone
+
+    import pandas as pd
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    held = {"hr-1": ("HR", 1.0, 95.0), "lac-2": ("Lactate", 2.0, 9.5), "hr-3": ("HR", 3.0, 300.0),
+            "hr-4": ("HR", 4.0, 110.0)}  # fmt: skip
+
+    def send(base: str, source: str, status: str = "final") -> tuple[int, dict]:
+        variable, hours, value = held.get(source, ("HR", 1.0, 90.0))
+        resource = {**observation(codes, "bed-3", variable, start + timedelta(hours=hours), value), "id": source,
+                    "status": status}  # fmt: skip
+        answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
+        scored(base)
+        return answer
+
+    def offline_risks_match(base: str) -> None:
+        """Every risk of the bed's history (and its newest, on the ward) is the offline risk of its readings held."""
+        table = pd.DataFrame([{"stay_id": 3, "variable": v, "time": t, "value": x} for v, t, x in held.values()])
+        static = pd.DataFrame({"stay_id": [3], **{name: [np.nan] for name in trained.static_features}})
+        history = get(f"{base}/beds/bed-3")
+        assert sorted((r["variable"], r["time"], r["value"]) for r in history["readings"]) == sorted(held.values())
+        for score in history["scores"]:
+            cut = table[table["time"] <= score["time"]].astype({"time": "float32", "value": "float32"})
+            offline = float(predict_tables(trained, cut, static)["risk"].iloc[0])
+            assert score["risk"] == pytest.approx(offline, abs=1e-6), score
+        newest = float(predict_tables(trained, table.astype({"time": "float32", "value": "float32"}), static)[
+            "risk"].iloc[0])  # fmt: skip
+        assert get(f"{base}/ward")[0]["risk"] == pytest.approx(newest, abs=1e-6)
+
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-3", json.dumps(encounter("bed-3", start)).encode())[0] == 200
+        for source in held:
+            assert send(base, source) == (201, {"stored": 1, "repeats": 0, "withdrawn": 0})
+        offline_risks_match(base)
+        held["hr-3"] = ("HR", 3.0, 130.0)  # the 300 was a typing mistake: corrected, at a step the bed took
+        assert send(base, "hr-3", "corrected") == (201, {"stored": 1, "repeats": 0, "withdrawn": 1})
+        offline_risks_match(base)
+        del held["lac-2"]  # entered in error, before the bed's last step
+        assert send(base, "lac-2", "entered-in-error") == (201, {"stored": 0, "repeats": 0, "withdrawn": 1})
+        assert send(base, "lac-2", "entered-in-error") == (201, {"stored": 0, "repeats": 1, "withdrawn": 0})
+        offline_risks_match(base)
+        del held["hr-4"]  # the bed's newest reading withdrawn: its newest risk is that of the reading before
+        assert send(base, "hr-4", "entered-in-error")[1]["withdrawn"] == 1
+        offline_risks_match(base)
+        held["hr-4"] = ("HR", 4.0, 110.0)  # sent again after all: taken back
+        assert send(base, "hr-4") == (201, {"stored": 1, "repeats": 0, "withdrawn": 0})
+        offline_risks_match(base)
+        held["hr-4"] = ("HR", 4.0, 150.0)  # the newest reading corrected: as many readings at the bed's last step
+        assert send(base, "hr-4", "amended") == (201, {"stored": 1, "repeats": 0, "withdrawn": 1})
+        offline_risks_match(base)
+        status, answer = send(base, "hr-9", "entered-in-error")
+        assert (status, answer["issue"][0]["diagnostics"]) == (404, "bed bed-3 holds no reading sent with the id hr-9")
+        no_id = {**observation(codes, "bed-3", "HR", start, 90.0), "status": "entered-in-error"}
+        status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(no_id).encode())
+        assert status == 422 and answer["issue"][0]["diagnostics"].startswith("Observation.id is required to withdraw")
+        assert monitor.store.counts() == {"beds": 1, "readings": 3, "scored": 3, "withdrawn": 3, "pending": 0}
 
 
 def nested(observation: dict, depth: int) -> dict:
@@ -188,6 +251,43 @@ def test_a_live_store_that_cannot_be_used_is_named_as_the_live_store_in_one_line
             LiveStore(url, "run")
         assert "secret" not in str(raised.value)
         assert database_error(raised.value) is None  # so the command says this, not that the MLflow store is damaged
+
+
+def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_and_scores_kept(tmp_path):
+    import sqlalchemy as sa
+    from datetime import datetime, timezone
+
+    from garlic.live.fhir import Observed
+    from garlic.live.store import BEDS, META, READINGS, SCORES
+
+    url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns
+    for table in (META, BEDS, SCORES):
+        table.to_metadata(first)
+    sa.Table("readings", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                                  for c in READINGS.columns if c.name not in ("source", "withdrawn")],
+             sa.UniqueConstraint("bed", "variable", "time", "value"))  # fmt: skip
+    engine = sa.create_engine(url)
+    first.create_all(engine)
+    admitted = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    with engine.begin() as db:
+        db.execute(META.insert(), [{"key": "run_id", "value": "run"}, {"key": "schema", "value": "1"}])
+        db.execute(BEDS.insert().values(bed="bed-1", admitted=admitted.timestamp(), discharged=None))
+        db.execute(first.tables["readings"].insert().values(bed="bed-1", variable="HR", time=1.0, value=90.0,
+                                                            received=0.0, scored=True))  # fmt: skip
+        db.execute(SCORES.insert().values(bed="bed-1", time=1.0, risk=0.2, alert=False, drivers="[]", scored_at=0.0))
+    engine.dispose()
+    store = LiveStore(url, "run")
+    try:
+        assert store.counts() == {"beds": 1, "readings": 1, "scored": 1, "withdrawn": 0, "pending": 0}
+        assert store.history("bed-1")["risk"].tolist() == [0.2]
+        at = admitted.replace(hour=10)
+        assert store.add([Observed("bed-1", "HR", at, 95.0, "obs-2")]) == (1, 0, 0)
+        assert store.add([Observed("bed-1", "", None, float("nan"), "obs-2", withdrawn=True)]) == (0, 0, 1)
+        assert store.readings(["bed-1"])[["time", "value"]].values.tolist() == [[1.0, 90.0]]
+    finally:
+        store.close()
+    LiveStore(url, "run").close()  # opened again: layout 2 already
 
 
 def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path):
@@ -336,6 +436,9 @@ class NewestValue:
     def reads_after(self, earliest):
         return {}  # every reading of a bed
 
+    def forget(self, beds):
+        pass  # it keeps nothing between rounds
+
     def score(self, readings, asked, partial):
         risks = [readings[(readings["bed"] == bed) & (readings["time"] <= time)]["value"].iloc[-1]
                  for bed, time in zip(asked["bed"], asked["time"])]  # fmt: skip
@@ -461,7 +564,7 @@ def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, t
     assert watcher.scan() == len(observations) - (half - header)
     while monitor.score_round():
         pass
-    assert monitor.store.counts() == {"beds": 1, "readings": len(observations) + descriptors,
+    assert monitor.store.counts() == {"beds": 1, "readings": len(observations) + descriptors, "withdrawn": 0,
                                       "scored": len(observations) + descriptors, "pending": 0}  # fmt: skip
     offline = predict_tables(trained, observations, static)["risk"].iloc[0]
     assert monitor.store.history(str(stay))["risk"].iloc[-1] == pytest.approx(float(offline), abs=1e-6)

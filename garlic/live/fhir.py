@@ -9,6 +9,10 @@ Observation must name its bed (``encounter``: ``Encounter/ID``), a code this mod
 UCUM, else ``valueQuantity.unit``); an Encounter must have an id, a status and, to admit, ``period.start``: the bed's
 time zero, from which every reading's time is counted in hours, as in the datasets. Anything else is refused with a
 ``FhirError`` whose ``status`` is the HTTP answer and whose message says which field is wrong.
+
+An Observation's ``id``, where it has one, names its reading for later: the same id sent again with another value,
+time or code (``amended``, ``corrected``) replaces the reading, and sent with the status ``entered-in-error`` (its
+bed and id suffice) withdraws it, as FHIR marks a reading that should never have been made.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ MAX_DEPTH = 64
 ADMITTING = {"planned", "arrived", "triaged", "in-progress", "onleave"}
 DISCHARGING = {"finished", "cancelled"}
 BED_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")  # a FHIR id
-KEPT_STATUSES = {"registered", "preliminary", "final", "amended", "corrected"}  # not entered-in-error, cancelled
+KEPT_STATUSES = {"registered", "preliminary", "final", "amended", "corrected"}  # not cancelled
+WITHDRAWING = "entered-in-error"
 
 
 class FhirError(ValueError):
@@ -41,12 +46,16 @@ class FhirError(ValueError):
 
 @dataclass(frozen=True)
 class Observed:
-    """One reading as sent: its bed (the Encounter's id), the model's variable, when, and the value."""
+    """One reading as sent: its bed (the Encounter's id), the model's variable, when, and the value; ``source``, the
+    Observation's id where it has one. ``withdrawn``: the reading ``source`` names is withdrawn (its bed and source
+    alone are read)."""
 
     bed: str
     variable: str
-    at: datetime
+    at: datetime | None
     value: float
+    source: str | None = None
+    withdrawn: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,13 +133,19 @@ def _instant(value, field: str) -> datetime:
 
 def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
     """The reading an Observation resource holds, for a model reading ``codes``."""
-    if observation.status not in KEPT_STATUSES:
+    if observation.status not in KEPT_STATUSES | {WITHDRAWING}:
         raise FhirError(422, f"{where}.status {observation.status!r} is not a reading to keep (expected one of "
-                             f"{', '.join(sorted(KEPT_STATUSES))})")  # fmt: skip
+                             f"{', '.join(sorted(KEPT_STATUSES))}) nor one to withdraw ({WITHDRAWING})")  # fmt: skip
     reference = observation.encounter.reference if observation.encounter else None
     if not reference or not reference.startswith("Encounter/") or not BED_ID.match(reference[len("Encounter/"):]):
         raise FhirError(422, f"{where}.encounter.reference must name the bed's Encounter (Encounter/ID, an id of "
                              "letters, digits, '-' and '.')")  # fmt: skip
+    bed = reference.removeprefix("Encounter/")
+    if observation.status == WITHDRAWING:
+        if not observation.id:
+            raise FhirError(422, f"{where}.id is required to withdraw a reading ({WITHDRAWING}): the id it was sent "
+                                 "with")  # fmt: skip
+        return Observed(bed, "", None, float("nan"), observation.id, withdrawn=True)
     codings = observation.code.coding or []
     names = [codes.variable(c.system, c.code) for c in codings]
     known = [name for name in names if name is not None]
@@ -152,7 +167,7 @@ def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
     refusal = codes.unit_refusal(known[0], unit)
     if refusal:
         raise FhirError(422, f"{where}.valueQuantity: {refusal}")
-    return Observed(reference.removeprefix("Encounter/"), known[0], _instant(at, f"{where}.effectiveDateTime"), value)
+    return Observed(bed, known[0], _instant(at, f"{where}.effectiveDateTime"), value, observation.id)
 
 
 def observations_in(payload: dict, codes: Codes) -> list[Observed]:

@@ -5,9 +5,12 @@ what is pending in rounds: each round takes up to ``ROUND`` unscored readings, a
 the model for the risk at every reading time from the earliest new one on. A bed that goes on from its step state
 (``garlic.live.steps``) is read from its last step on, the others whole. A reading that arrived in time order
 costs its own time only; one that arrived late is placed at its time, and every later time of its bed is scored
-again from there. The alerts follow in time order from the bed's state before that time (``Hysteresis``), and the
-risks, alerts and drivers are stored with the readings marked as scored, in one transaction. A round's beds are
-scored as one batch, so that a busy ward costs a pass per round, not per reading.
+again from there. A reading withdrawn (entered in error, or replaced) is pending too: its bed is scored again from
+its time on without it, from its first reading (its step state, made with the reading, is dropped), and its time is
+asked as well, so that the bed's newest risk never keeps it. The alerts follow in time order from the bed's state
+before that time (``Hysteresis``), and the risks, alerts and drivers are stored with the readings marked as scored,
+in one transaction. A round's beds are scored as one batch, so that a busy ward costs a pass per round, not per
+reading.
 
 The loop is the store's only writer of scores, so it remembers each bed's newest scored time and alert as it stored
 them (``newest``, for at most ``REMEMBERED`` beds): a bed whose new readings all come after that time continues from
@@ -41,16 +44,16 @@ class Monitor:
         self.lock = threading.Lock()
         self.newest: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # bed -> (time, alert), as stored
 
-    def take(self, observed: list[Observed]) -> tuple[int, int]:
-        """Store ``observed`` (committed on return): (stored, repeats). Refused with 503 while the loop is
-        ``max_pending`` readings behind."""
+    def take(self, observed: list[Observed]) -> tuple[int, int, int]:
+        """Store ``observed`` (committed on return): (stored, repeats, withdrawn). Refused with 503 while the loop
+        is ``max_pending`` readings behind."""
         if self.pending + len(observed) > self.max_pending:
             raise FhirError(503, f"{self.pending} readings are waiting to be scored; send again in a few seconds")
-        stored, repeats = self.store.add(observed)
+        stored, repeats, withdrawn = self.store.add(observed)
         with self.lock:
-            self.pending += stored
+            self.pending += stored + withdrawn
         self.wake.set()
-        return stored, repeats
+        return stored, repeats, withdrawn
 
     def score_round(self) -> int:
         """Score up to ``ROUND`` pending readings; how many."""
@@ -58,9 +61,11 @@ class Monitor:
         if pending.empty:
             return 0
         earliest = pending.groupby("bed")["time"].min()
+        withdrawn = pending[pending["withdrawn"].astype(bool)]
+        self.scorer.forget(set(withdrawn["bed"]))
         after = self.scorer.reads_after(earliest.to_dict())
         readings = self.store.readings(list(earliest.index), after, self.scorer.static_features)
-        times = readings[["bed", "time"]].drop_duplicates()
+        times = pd.concat([readings[["bed", "time"]], withdrawn[["bed", "time"]]]).drop_duplicates()
         asked = times[times["time"] >= times["bed"].map(earliest)].sort_values(["bed", "time"], ignore_index=True)
         risk, drivers = self.scorer.score(readings, asked, set(after))
         alert = self.alerts_before(earliest.to_dict())

@@ -57,6 +57,11 @@ class BedScorer:
         """The descriptors the model reads (readings too: each bed's newest value of each)."""
         return self.trained.static_features
 
+    def forget(self, beds: set[str]) -> None:
+        """Drop the step states of ``beds`` (a reading of theirs was withdrawn): they are made again from the store."""
+        if self.steps is not None:
+            self.steps.forget(beds)
+
     def reads_after(self, earliest: dict[str, float]) -> dict[str, float]:
         """The beds (asked from ``earliest[bed]`` on) whose readings ``score`` needs only after a time, and that
         time: those that go on from their step state. Every other bed needs all its readings."""

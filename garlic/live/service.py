@@ -1,13 +1,13 @@
 """The live ward's HTTP service (``garlic monitor``): FHIR R4 readings in, each bed's risk, alert and drivers out.
 
     PUT  /fhir/Encounter/{bed}   admit a bed (status in-progress and period.start) or discharge it (finished)
-    POST /fhir/Observation       one reading
+    POST /fhir/Observation       one reading (or, entered-in-error, the withdrawal of the reading sent with its id)
     POST /fhir/Bundle            a Bundle of Observations, taken all or none
     POST /fhir                   either of the two above, by its resourceType
     GET  /ward                   every bed with its newest risk, its change over the last hour and its alert,
                                  highest risk first
     GET  /beds/{bed}             a bed's readings and its risk, alert and drivers at each reading time
-    GET  /health                 counts: beds, readings, scored, pending
+    GET  /health                 counts: beds, readings, scored, withdrawn, pending
 
 A reading is answered 201 only once it is committed to the store; the scoring loop (``garlic.live.monitor``) then
 scores it. Every refusal is a 4xx (5xx: the store is behind or failing) with a FHIR ``OperationOutcome`` saying
@@ -87,8 +87,8 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         return await call_next(request)
 
     def take(payload: dict) -> dict:
-        stored, repeats = monitor.take(observations_in(payload, codes))
-        return {"stored": stored, "repeats": repeats}
+        stored, repeats, withdrawn = monitor.take(observations_in(payload, codes))
+        return {"stored": stored, "repeats": repeats, "withdrawn": withdrawn}
 
     async def post(request: Request) -> JSONResponse:
         payload = parse_json(await bounded_body(request))

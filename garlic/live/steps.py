@@ -17,11 +17,12 @@ A scoring round, for each bed, from the earliest time asked on:
                                             at a time, the round's rebuilt beds in one batch), then on from there
 
 The bed's readings before its last step are known unchanged when there are as many as when the state was made: the
-store only ever adds readings. A bed that goes on from its state is read from its last step on (``reads_after``),
-so that a round's cost does not grow with its beds' stays; a reading before that step is one the round has pending
-(the store marks every new reading so), so such a bed is read whole. The beds of a round take their steps together,
-one batch per step. At most ``MAX_BEDS`` beds keep a state, the most recently scored ones; another bed's state is
-made again when it is next scored (``WardSteps.capacity``).
+store only ever adds readings, but for a withdrawn one, whose bed's state is dropped (``forget``). A bed that goes
+on from its state is read from its last step on (``reads_after``), so that a round's cost does not grow with its
+beds' stays; a reading before that step is one the round has pending (the store marks every new reading so), so such
+a bed is read whole. The beds of a round take their steps together, one batch per step. At most ``MAX_BEDS`` beds
+keep a state, the most recently scored ones; another bed's state is made again when it is next scored
+(``WardSteps.capacity``).
 """
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ class WardSteps:
     def __init__(self, trained: SavedMethod, explains: bool, capacity: int = MAX_BEDS):
         self.trained, self.model, self.explains, self.capacity = trained, trained.model, explains, capacity
         self.beds: OrderedDict[str, BedSteps] = OrderedDict()
+
+    def forget(self, beds: set[str]) -> None:
+        for bed in beds:
+            self.beds.pop(bed, None)
 
     def reads_after(self, earliest: dict[str, float]) -> dict[str, float]:
         """For each bed that goes on from its state (its earliest time asked at or after its last step), the time

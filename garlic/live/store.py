@@ -5,14 +5,17 @@ SQLite in WAL mode by default (a file beside the service, each commit on disk be
 
     meta      the run whose model scores this store (a store scored by one run is never scored by another)
     beds      bed (the FHIR Encounter id), admitted and discharged (UTC seconds)
-    readings  id, bed, variable, time (hours since the bed's admission), value, received (UTC seconds), scored;
-              one row per (bed, variable, time, value): a repeated reading counts once
+    readings  id, bed, variable, time (hours since the bed's admission), value, received (UTC seconds), scored,
+              source (the Observation's id, where it had one), withdrawn; one row per (bed, variable, time, value):
+              a repeated reading counts once. A withdrawn reading (entered in error, or replaced by a reading sent
+              with its source) is kept, marked, and no longer read
     scores    id, bed, time, risk, alert, drivers (JSON list of variable names), scored_at (UTC seconds); rows are
               only added: a reading that arrives out of time order adds new rows for its time and every later one,
               and a bed's history is the newest row at each time (``history``), the older ones kept for audit
 
 A reading is committed before the service acknowledges it; ``scored`` turns true in the same transaction that adds
-its risk, so a service restarted after a crash scores exactly what it had not (``pending``).
+its risk, so a service restarted after a crash scores exactly what it had not (``pending``). A reading withdrawn is
+marked unscored again, so that its bed is scored again from its time on without it.
 """
 from __future__ import annotations
 
@@ -20,12 +23,13 @@ import json
 import time
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
 from garlic.live.fhir import FhirError, Observed, Stay
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: readings' source and withdrawn (a store of layout 1 is brought to 2 when opened)
 # A reading dated further from its bed's admission has a wrong date (a year or a time zone typed wrong); the model's
 # float32 hours also lose their minutes past it (a year is 8,784 hours: float32 steps of 0.001 hours there).
 LONGEST_STAY_HOURS = 366 * 24
@@ -47,8 +51,11 @@ READINGS = sa.Table(
     sa.Column("value", sa.Float, nullable=False),
     sa.Column("received", sa.Float, nullable=False),
     sa.Column("scored", sa.Boolean, nullable=False, default=False, index=True),
+    sa.Column("source", sa.String(64)),
+    sa.Column("withdrawn", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     sa.UniqueConstraint("bed", "variable", "time", "value", name="one_reading"),
     sa.Index("readings_of_bed", "bed", "time"),
+    sa.Index("readings_of_source", "bed", "source"),
 )  # fmt: skip
 SCORES = sa.Table(
     "scores", metadata,
@@ -86,6 +93,16 @@ def _insert_ignoring_repeats(engine: sa.Engine, table: sa.Table):
     return insert(table).on_conflict_do_nothing()
 
 
+def _add_layout_2(db: sa.Connection) -> None:
+    """Layout 1 -> 2, in the transaction that opens the store: the readings' source and withdrawn columns."""
+    false = sa.false().compile(dialect=db.dialect)
+    db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN source {sa.String(64).compile(dialect=db.dialect)}"))
+    db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN withdrawn {sa.Boolean().compile(dialect=db.dialect)} "
+                       f"NOT NULL DEFAULT {false}"))  # fmt: skip
+    db.execute(sa.schema.CreateIndex(next(i for i in READINGS.indexes if i.name == "readings_of_source")))
+    db.execute(META.update().where(META.c.key == "schema").values(value=SCHEMA_VERSION))
+
+
 def _seconds(at: datetime) -> float:
     return at.timestamp()
 
@@ -94,6 +111,44 @@ def _table(rows: list[sa.Row], columns: list[str]) -> pd.DataFrame:
     """Rows of a query as a table. As plain tuples: pandas inspects every ``Row`` it is given for fields, which took
     most of the time of reading a ward's readings."""
     return pd.DataFrame([tuple(row) for row in rows], columns=columns)
+
+
+def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
+    """Store one reading (or withdrawal) in the open transaction: how many readings it (stored, repeated, withdrew).
+    ``insert``: the store's insert that skips a repeat (another process may add the same reading meanwhile), where
+    its database has one."""
+    held = []
+    if row["source"]:
+        held = db.execute(sa.select(READINGS.c.id, READINGS.c.variable, READINGS.c.time, READINGS.c.value,
+                                    READINGS.c.withdrawn)
+                          .where(READINGS.c.bed == row["bed"], READINGS.c.source == row["source"])).all()  # fmt: skip
+    if row["withdrawn"]:
+        if not held:
+            raise FhirError(404, f"bed {row['bed']} holds no reading sent with the id {row['source']}")
+        live = [r.id for r in held if not r.withdrawn]
+        _withdraw(db, live)
+        return 0, 0 if live else 1, len(live)  # nothing left to withdraw: a withdrawal sent again
+    same = (READINGS.c.bed == row["bed"]) & (READINGS.c.variable == row["variable"]) & (
+        READINGS.c.time == row["time"]) & (READINGS.c.value == row["value"])  # fmt: skip
+    replaced = [r.id for r in held if not r.withdrawn and (r.variable, r.time, r.value) != (
+        row["variable"], row["time"], row["value"])]  # fmt: skip
+    _withdraw(db, replaced)
+    kept = db.execute(sa.select(READINGS.c.id, READINGS.c.withdrawn).where(same)).first()
+    if kept is None:
+        if not db.execute(insert if insert is not None else READINGS.insert(), row).rowcount:
+            return 0, 1, len(replaced)
+    elif kept.withdrawn:  # a reading withdrawn before, sent again: taken back
+        db.execute(READINGS.update().where(READINGS.c.id == kept.id).values(
+            withdrawn=False, scored=False, source=row["source"], received=row["received"]))  # fmt: skip
+    else:
+        return 0, 1, len(replaced)
+    return 1, 0, len(replaced)
+
+
+def _withdraw(db: sa.Connection, ids: list[int]) -> None:
+    """Withdraw readings, unscored again so that their bed is scored again from their time on."""
+    if ids:
+        db.execute(READINGS.update().where(READINGS.c.id.in_(ids)).values(withdrawn=True, scored=False))
 
 
 class LiveStore:
@@ -131,6 +186,8 @@ class LiveStore:
             elif kept.get("run_id") != run_id:
                 raise StoreError(f"the live store {shown} holds the scores of run {kept.get('run_id')}, not "
                                  f"{run_id}: give another --store")  # fmt: skip
+            elif kept.get("schema") == "1":
+                _add_layout_2(db)
             elif kept.get("schema") != SCHEMA_VERSION:
                 raise StoreError(f"the live store has layout {kept.get('schema')}; this version reads {SCHEMA_VERSION}")
 
@@ -164,12 +221,14 @@ class LiveStore:
             db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=end))
             return True
 
-    def add(self, observed: list[Observed]) -> tuple[int, int]:
-        """Store the readings, all or none, committed before this returns: (stored, repeats already held). Refused:
-        a bed never admitted (404) or discharged (409), a time before the bed's admission or more than a year after
-        it (422)."""
+    def add(self, observed: list[Observed]) -> tuple[int, int, int]:
+        """Store the readings, all or none, committed before this returns: (stored, repeats already held, readings
+        withdrawn). A reading with a source replaces (withdraws) the reading held under that source where it
+        differs; a withdrawal withdraws it. Refused: a bed never admitted (404) or discharged (409), a time before
+        the bed's admission or more than a year after it (422), a withdrawal of a source the bed never sent
+        (404)."""
         if not observed:
-            return 0, 0
+            return 0, 0, 0
         received = time.time()
         with self.engine.begin() as db:
             wanted = sorted({reading.bed for reading in observed})
@@ -181,6 +240,9 @@ class LiveStore:
                     raise FhirError(404, f"bed {reading.bed} is not admitted: send its Encounter first")
                 if bed.discharged is not None:
                     raise FhirError(409, f"bed {reading.bed} was discharged; its readings are closed")
+                if reading.withdrawn:
+                    rows.append({"bed": reading.bed, "source": reading.source, "withdrawn": True})
+                    continue
                 hours = (_seconds(reading.at) - bed.admitted) / 3600
                 if hours < 0:
                     raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission")
@@ -188,19 +250,17 @@ class LiveStore:
                     raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after "
                                          "the bed's admission; a stay is taken up to a year: is its date right?")
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
-                             "received": received, "scored": False})  # fmt: skip
-            if self.insert_reading is not None:
+                             "received": received, "scored": False, "source": reading.source,
+                             "withdrawn": False})  # fmt: skip
+            plain = not any(row["source"] for row in rows) and db.execute(sa.select(sa.func.count()).where(
+                READINGS.c.withdrawn, READINGS.c.bed.in_(wanted))).scalar_one() == 0  # fmt: skip
+            if plain and self.insert_reading is not None:  # the feeds' case: new readings only, in one statement
                 stored = db.execute(self.insert_reading, rows).rowcount
-            else:  # another server: one row at a time, each repeat refused by the constraint
-                stored = 0
-                for row in rows:
-                    try:
-                        with db.begin_nested():
-                            db.execute(READINGS.insert(), row)
-                        stored += 1
-                    except sa.exc.IntegrityError:
-                        pass
-        return stored, len(rows) - stored
+                return stored, len(rows) - stored, 0
+            counts = np.zeros(3, dtype=int)
+            for row in rows:
+                counts += _add_one(db, row, self.insert_reading)
+        return int(counts[0]), int(counts[1]), int(counts[2])
 
     def save_scores(self, scores: list[dict], scored_ids: list[int]) -> None:
         """Add scores (bed, time, risk, alert, drivers) and mark the readings they answer as scored, at once."""
@@ -221,28 +281,30 @@ class LiveStore:
         return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
 
     def pending(self, limit: int) -> pd.DataFrame:
-        """Up to ``limit`` readings not scored yet, oldest first: id, bed, time."""
-        query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time).where(READINGS.c.scored.is_(False))
-                 .order_by(READINGS.c.id).limit(limit))  # fmt: skip
+        """Up to ``limit`` readings not scored yet (withdrawn ones among them, whose bed is to be scored again
+        without them), oldest first: id, bed, time, withdrawn."""
+        query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time, READINGS.c.withdrawn)
+                 .where(READINGS.c.scored.is_(False)).order_by(READINGS.c.id).limit(limit))  # fmt: skip
         with self.engine.connect() as db:
-            return _table(db.execute(query).all(), ["id", "bed", "time"])
+            return _table(db.execute(query).all(), ["id", "bed", "time", "withdrawn"])
 
     def readings(self, beds: list[str], after: dict[str, float] | None = None,
                  always: list[str] = ()) -> pd.DataFrame:  # fmt: skip
-        """Every reading of ``beds``: bed, variable, time, value, in time order. A bed in ``after`` only from just
-        after that time on, with every reading of the variables ``always`` (the static descriptors, whatever their
-        time)."""
+        """Every reading of ``beds`` not withdrawn: bed, variable, time, value, in time order. A bed in ``after`` only
+        from just after that time on, with every reading of the variables ``always`` (the static descriptors,
+        whatever their time)."""
         asked = set(beds)
         after = {bed: time for bed, time in (after or {}).items() if bed in asked}
+        held = READINGS.c.withdrawn.is_(False)
         columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.id)
-        parts = [sa.select(*columns).where(READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
+        parts = [sa.select(*columns).where(held, READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
         if after:  # joined to each bed's time, so that the index on (bed, time) finds its later readings
             since = (sa.values(sa.column("bed", sa.String), sa.column("after", sa.Float), name="since")
                      .data(list(after.items())).cte("since"))  # fmt: skip
             of_bed = since.c.bed == READINGS.c.bed
-            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)),
+            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(held),
                       sa.select(*columns).join(since, of_bed & (READINGS.c.time <= since.c.after)
-                                               & READINGS.c.variable.in_(list(always)))]  # fmt: skip
+                                               & READINGS.c.variable.in_(list(always))).where(held)]  # fmt: skip
         union = sa.union_all(*parts).subquery()
         query = sa.select(union.c.bed, union.c.variable, union.c.time, union.c.value).order_by(
             union.c.bed, union.c.time, union.c.id)
@@ -274,7 +336,8 @@ class LiveStore:
         """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers)."""
         newest = sa.select(sa.func.max(SCORES.c.id).label("id")).group_by(SCORES.c.bed).subquery()
         latest = (sa.select(SCORES).join(newest, SCORES.c.id == newest.c.id)).subquery()
-        counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).group_by(READINGS.c.bed)).subquery()
+        counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(READINGS.c.withdrawn.is_(False))
+                  .group_by(READINGS.c.bed)).subquery()  # fmt: skip
         query = (sa.select(BEDS.c.bed, BEDS.c.admitted, BEDS.c.discharged, counts.c.readings, latest.c.time,
                            latest.c.risk, latest.c.alert, latest.c.drivers)
                  .outerjoin(counts, counts.c.bed == BEDS.c.bed)
@@ -300,8 +363,12 @@ class LiveStore:
         return risks
 
     def counts(self) -> dict[str, int]:
+        """beds; readings held (not withdrawn), of which scored; withdrawn; pending: unscored, withdrawn ones too."""
+        held = READINGS.c.withdrawn.is_(False)
         with self.engine.connect() as db:
-            readings = db.execute(sa.select(sa.func.count()).select_from(READINGS)).scalar_one()
+            readings = db.execute(sa.select(sa.func.count()).where(held)).scalar_one()
+            scored = db.execute(sa.select(sa.func.count()).where(held, READINGS.c.scored)).scalar_one()
+            withdrawn = db.execute(sa.select(sa.func.count()).where(READINGS.c.withdrawn)).scalar_one()
             pending = db.execute(sa.select(sa.func.count()).where(READINGS.c.scored.is_(False))).scalar_one()
             beds = db.execute(sa.select(sa.func.count()).select_from(BEDS)).scalar_one()
-        return {"beds": beds, "readings": readings, "scored": readings - pending, "pending": pending}
+        return {"beds": beds, "readings": readings, "scored": scored, "withdrawn": withdrawn, "pending": pending}
