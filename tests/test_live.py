@@ -191,6 +191,7 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         static = pd.DataFrame({"stay_id": [3], **{name: [np.nan] for name in trained.static_features}})
         history = get(f"{base}/beds/bed-3")
         assert sorted((r["variable"], r["time"], r["value"]) for r in history["readings"]) == sorted(held.values())
+        assert [score["time"] for score in history["scores"]] == sorted({t for _, t, _ in held.values()})
         for score in history["scores"]:
             cut = table[table["time"] <= score["time"]].astype({"time": "float32", "value": "float32"})
             offline = float(predict_tables(trained, cut, static)["risk"].iloc[0])

@@ -322,9 +322,11 @@ class LiveStore:
         return states
 
     def history(self, bed: str) -> pd.DataFrame:
-        """A bed's risk at each time it had a reading (the newest score of each time): time, risk, alert, drivers,
-        scored_at."""
-        newest = sa.select(sa.func.max(SCORES.c.id)).where(SCORES.c.bed == bed).group_by(SCORES.c.time)
+        """A bed's risk at each time it has a reading (the newest score of each time; a time whose readings were all
+        withdrawn is left out): time, risk, alert, drivers, scored_at."""
+        held = sa.select(READINGS.c.time).where(READINGS.c.bed == bed, READINGS.c.withdrawn.is_(False))
+        newest = (sa.select(sa.func.max(SCORES.c.id)).where(SCORES.c.bed == bed, SCORES.c.time.in_(held))
+                  .group_by(SCORES.c.time))  # fmt: skip
         query = (sa.select(SCORES.c.time, SCORES.c.risk, SCORES.c.alert, SCORES.c.drivers, SCORES.c.scored_at)
                  .where(SCORES.c.id.in_(newest)).order_by(SCORES.c.time))  # fmt: skip
         with self.engine.connect() as db:
