@@ -165,6 +165,23 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
         assert score["risk"] == pytest.approx(float(predict_tables(trained, cut, static)["risk"].iloc[0]), abs=1e-6)
 
 
+def test_the_ward_lists_a_bed_admitted_with_no_reading_yet_beside_one_with_readings(run, trained, tmp_path):
+    from datetime import datetime, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        for bed in ("bed-1", "bed-2"):
+            assert request("PUT", f"{base}/fhir/Encounter/{bed}", json.dumps(encounter(bed, start)).encode())[0] == 200
+        reading = observation(codes, "bed-1", "HR", start.replace(hour=9), 90.0)
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(reading).encode())[0] == 201
+        scored(base)
+        ward = get(f"{base}/ward")  # was a 500: the empty bed's count of readings came back as NaN
+    assert [(bed["bed"], bed["readings"], bed["risk"] is None, bed["alert"], bed["drivers"]) for bed in ward][1] == (
+        "bed-2", 0, True, False, [])  # fmt: skip
+    assert (ward[0]["bed"], ward[0]["readings"]) == ("bed-1", 1)
+
+
 def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_of_its_readings_without_it(
     run, trained, tmp_path
 ):
@@ -198,7 +215,8 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
             assert score["risk"] == pytest.approx(offline, abs=1e-6), score
         newest = float(predict_tables(trained, table.astype({"time": "float32", "value": "float32"}), static)[
             "risk"].iloc[0])  # fmt: skip
-        assert get(f"{base}/ward")[0]["risk"] == pytest.approx(newest, abs=1e-6)
+        ward = get(f"{base}/ward")[0]
+        assert (ward["time"], ward["risk"]) == (max(t for _, t, _ in held.values()), pytest.approx(newest, abs=1e-6))
 
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
         assert request("PUT", f"{base}/fhir/Encounter/bed-3", json.dumps(encounter("bed-3", start)).encode())[0] == 200
@@ -226,7 +244,15 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         no_id = {**observation(codes, "bed-3", "HR", start, 90.0), "status": "entered-in-error"}
         status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(no_id).encode())
         assert status == 422 and answer["issue"][0]["diagnostics"].startswith("Observation.id is required to withdraw")
-        assert monitor.store.counts() == {"beds": 1, "readings": 3, "scored": 3, "withdrawn": 3, "pending": 0}
+        only = {**observation(codes, "bed-4", "HR", start + timedelta(hours=1), 300.0), "id": "x-1"}
+        assert request("PUT", f"{base}/fhir/Encounter/bed-4", json.dumps(encounter("bed-4", start)).encode())[0] == 200
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(only).encode())[0] == 201
+        assert scored(base) and get(f"{base}/ward")[0]["bed"] == "bed-4"  # a risk above bed-3's
+        only["status"] = "entered-in-error"  # the bed's one reading: none left, and no risk
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(only).encode())[1]["withdrawn"] == 1
+        scored(base)
+        assert [(b["bed"], b["risk"], b["readings"]) for b in get(f"{base}/ward")][1] == ("bed-4", None, 0)
+        assert monitor.store.counts() == {"beds": 2, "readings": 3, "scored": 3, "withdrawn": 4, "pending": 0}
 
 
 def nested(observation: dict, depth: int) -> dict:

@@ -6,11 +6,11 @@ the model for the risk at every reading time from the earliest new one on. A bed
 (``garlic.live.steps``) is read from its last step on, the others whole. A reading that arrived in time order
 costs its own time only; one that arrived late is placed at its time, and every later time of its bed is scored
 again from there. A reading withdrawn (entered in error, or replaced) is pending too: its bed is scored again from
-its time on without it, from its first reading (its step state, made with the reading, is dropped), and its time is
-asked as well, so that the bed's newest risk never keeps it. The alerts follow in time order from the bed's state
-before that time (``Hysteresis``), and the risks, alerts and drivers are stored with the readings marked as scored,
-in one transaction. A round's beds are scored as one batch, so that a busy ward costs a pass per round, not per
-reading.
+its time on without it, from its first reading (its step state, made with the reading, is dropped), and at its last
+time held (a bed with none left: at the withdrawn time, with no risk), so that the bed's newest score never keeps
+it. The alerts follow in time order from the bed's state before that time (``Hysteresis``), and the risks, alerts
+and drivers are stored with the readings marked as scored, in one transaction. A round's beds are scored as one
+batch, so that a busy ward costs a pass per round, not per reading.
 
 The loop is the store's only writer of scores, so it remembers each bed's newest scored time and alert as it stored
 them (``newest``, for at most ``REMEMBERED`` beds): a bed whose new readings all come after that time continues from
@@ -65,8 +65,14 @@ class Monitor:
         self.scorer.forget(set(withdrawn["bed"]))
         after = self.scorer.reads_after(earliest.to_dict())
         readings = self.store.readings(list(earliest.index), after, self.scorer.static_features)
-        times = pd.concat([readings[["bed", "time"]], withdrawn[["bed", "time"]]]).drop_duplicates()
-        asked = times[times["time"] >= times["bed"].map(earliest)].sort_values(["bed", "time"], ignore_index=True)
+        times = readings[["bed", "time"]].drop_duplicates()
+        asked = times[times["time"] >= times["bed"].map(earliest)]
+        if not withdrawn.empty:  # each such bed's last time asked too, that its newest score be at a time it has
+            last = times.groupby("bed")["time"].max()
+            emptied = withdrawn[~withdrawn["bed"].isin(last.index)].groupby("bed")["time"].max()  # nothing held
+            asked = pd.concat([asked, last[last.index.isin(withdrawn["bed"])].reset_index(),
+                               emptied.reset_index()]).drop_duplicates()  # fmt: skip
+        asked = asked.sort_values(["bed", "time"], ignore_index=True)
         risk, drivers = self.scorer.score(readings, asked, set(after))
         alert = self.alerts_before(earliest.to_dict())
         scores = []

@@ -113,7 +113,8 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         return [{"bed": row.bed, "time": _number(row.time), "risk": _number(row.risk),
                  "trend": None if _number(row.risk) is None or trend.get(row.bed) is None
                  else float(row.risk) - trend[row.bed],
-                 "alert": bool(row.alert) if row.alert is not None else False, "readings": int(row.readings or 0),
+                 "alert": bool(row.alert) if row.alert is not None else False,
+                 "readings": int(_number(row.readings) or 0),
                  "drivers": row.drivers} for row in beds.itertuples()]  # fmt: skip
 
     @app.get("/beds/{bed}")
