@@ -579,10 +579,10 @@ def _monitor(args: argparse.Namespace) -> None:
     from garlic.methods.saved import load_predictor
 
     trained = load_predictor(args.run, store)
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features, args.codes)
     threshold, chosen_by, hourly = run_alarm(args.run, store, args.threshold)
     live = LiveStore(_live_store(args), args.run)
     monitor = Monitor(live, BedScorer(trained, hourly), Hysteresis(threshold, args.band))
-    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
     adapt_threads()
     _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; alert at risk >= {threshold:.3g} ({chosen_by}), "
          f"cleared below {monitor.alerts.release:.3g}; store {live.engine.url.render_as_string(hide_password=True)}, "
@@ -607,7 +607,7 @@ def _feed(args: argparse.Namespace) -> None:
     dataset, observations, static = recorded_stays(args.run, store, args.data_root, args.beds)
     names = sorted(set(observations["variable"].astype(str))) + [c for c in static.columns if c != "stay_id"]
     _say(f"feeding {len(static)} test stays of run {args.run} to {args.url} at {args.speed:g} times real time ...")
-    fed = feed(client, observations, static, Codes(dataset, names), args.speed, say=_say)
+    fed = feed(client, observations, static, Codes(dataset, names, args.codes), args.speed, say=_say)
     print(f"beds {fed.beds}, readings sent {fed.sent}, stored {fed.stored}, repeats {fed.repeats}")
 
 
@@ -732,6 +732,9 @@ def parser() -> argparse.ArgumentParser:
     monitor.add_argument("--watch", type=Path, metavar="FOLDER",
                          help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they "
                               "grow, one bed per file")  # fmt: skip
+    monitor.add_argument("--codes", type=Path, metavar="FILE",
+                         help="the hospital's own code table (CSV: variable, system, code, unit), read instead of "
+                              "garlic/live/codes.csv (docs/live.md)")  # fmt: skip
     monitor.set_defaults(handler=_monitor)
 
     feeder = commands.add_parser("feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR "
@@ -740,6 +743,8 @@ def parser() -> argparse.ArgumentParser:
     feeder.add_argument("--beds", type=int, default=50, help="how many test stays, one bed each (default 50)")
     feeder.add_argument("--speed", type=float, default=3600, help="times real time (default 3600: an hour a second)")
     feeder.add_argument("--url", default="http://127.0.0.1:8600", help="the service (default http://127.0.0.1:8600)")
+    feeder.add_argument("--codes", type=Path, metavar="FILE", help="send the codes of this table, as the "
+                        "monitor's --codes reads them (default: garlic/live/codes.csv)")  # fmt: skip
     feeder.set_defaults(handler=_feed)
     return main
 

@@ -53,14 +53,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def service(run, trained, url: str, token: str | None = None, port: int | None = None):
-    """``garlic monitor``'s service and scoring loop in this process, on loopback ``port`` (default: a free one):
-    (base URL, monitor)."""
+def service(run, trained, url: str, token: str | None = None, port: int | None = None, codes: Codes | None = None):
+    """``garlic monitor``'s service and scoring loop in this process, on loopback ``port`` (default: a free one),
+    reading ``codes`` (default: ``codes.csv``'s): (base URL, monitor)."""
     import uvicorn
 
     threshold, _, hourly = run_alarm(run.run_id, run.store)
     monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained, hourly), Hysteresis(threshold))
-    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    codes = codes or Codes(trained.config.dataset, trained.variables + trained.static_features)
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(monitor, codes, token), host="127.0.0.1", port=port,
                                            log_level="warning"))  # fmt: skip
@@ -163,6 +163,50 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
     for score in history["scores"]:
         cut = table[table["time"] <= score["time"]].astype({"time": "float32", "value": "float32"})
         assert score["risk"] == pytest.approx(float(predict_tables(trained, cut, static)["risk"].iloc[0]), abs=1e-6)
+
+
+def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_checked_line_by_line(run, trained,
+                                                                                                  tmp_path):
+    from datetime import datetime, timezone
+
+    from garlic.config import ConfigError
+    from garlic.live.codes import GARLIC_SYSTEM, LOINC
+    from helpers import garlic_here
+
+    names = trained.variables + trained.static_features
+    own = tmp_path / "codes.csv"
+    own.write_text("variable,system,code,unit\nHR,http://hospital.example/obs,hr-42,/min\n"
+                   "Lactate,http://hospital.example/lab,LAC,mmol/L\n")
+    codes = Codes(trained.config.dataset, names, own)
+    assert [codes.variable("http://hospital.example/obs", "hr-42"), codes.variable(GARLIC_SYSTEM, "Temp"),
+            codes.variable(LOINC, "8867-4")] == ["HR", "Temp", None]  # instead of codes.csv's LOINC codes
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", codes=codes) as (base, _):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode())[0] == 200
+        reading = observation(codes, "bed-1", "Lactate", start.replace(hour=9), 4.2)  # as garlic feed --codes sends
+        assert reading["code"]["coding"][0]["code"] == "LAC"
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(reading).encode())[0] == 201
+        assert scored(base)["scored"] == 1
+        assert get(f"{base}/ward")[0]["risk"] is not None
+
+    header = "variable,system,code,unit\n"
+    bad = {
+        "variable,code\nHR,hr-42\n": "has no column system (expected a header of variable, system, code",
+        header + "HR,http://h/obs,hr-42,/min\nLactose,http://h/lab,LAC,\n": "line 3: 'Lactose' is not an input of",
+        header + "HR,http://h/obs,hr-42,\nTemp,http://h/obs,hr-42,\n": "line 3: http://h/obs|hr-42 is given "
+                                                                         "already, on line 2",
+        header + "HR,,hr-42,\n": "line 2: system and code are required",
+        header: "maps no code to an input of this model",
+        "variable,system,code\nHR,http://h/obs,\xe9\n".encode("latin-1"): "cannot be read",
+    }  # fmt: skip
+    for text, says in bad.items():
+        own.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(ConfigError, match=re.escape(says)) as refused:
+            Codes(trained.config.dataset, names, own)
+        assert str(own) in str(refused.value)
+    result = garlic_here("monitor", "--run", run.run_id, "--codes", str(own), "--port", str(free_port()),
+                         root=run.data_root.parent)  # fmt: skip
+    assert result.returncode != 0 and "cannot be read" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_the_ward_lists_a_bed_admitted_with_no_reading_yet_beside_one_with_readings(run, trained, tmp_path):
