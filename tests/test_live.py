@@ -188,6 +188,11 @@ def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_chec
         assert request("POST", f"{base}/fhir/Observation", json.dumps(reading).encode())[0] == 201
         assert scored(base)["scored"] == 1
         assert get(f"{base}/ward")[0]["risk"] is not None
+        loinc = observation(Codes(trained.config.dataset, names), "bed-1", "HR", start.replace(hour=9), 90.0)
+        status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(loinc).encode())
+        assert (status, answer["issue"][0]["diagnostics"]) == (422, "Observation.code: http://loinc.org|8867-4 is "
+                                                                    "not an input of this model (the monitor's "
+                                                                    "--codes table lists the codes it reads)")
 
     header = "variable,system,code,unit\n"
     bad = {

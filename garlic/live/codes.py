@@ -64,6 +64,7 @@ class Codes:
         """``table``: a hospital's own code table, read instead of ``codes.csv`` and checked (``ConfigError``
         naming its file and line)."""
         self.names = list(names)
+        self.listed_in = "garlic/live/codes.csv" if table is None else "the monitor's --codes table"
         self.by_code: dict[tuple[str, str], str] = {(GARLIC_SYSTEM, name): name for name in names}
         self.of_variable: dict[str, Code] = {name: Code(GARLIC_SYSTEM, name) for name in names}
         if table is None:

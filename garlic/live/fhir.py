@@ -152,8 +152,8 @@ def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
     if not known:
         sent = ", ".join(f"{c.system}|{c.code}" for c in codings[:3]) or "no coding"
         sent += f" (and {len(codings) - 3} more codings)" if len(codings) > 3 else ""
-        raise FhirError(422, f"{where}.code: {sent} is not an input of this model (garlic/live/codes.csv lists the "
-                             "codes it reads)")  # fmt: skip
+        raise FhirError(422, f"{where}.code: {sent} is not an input of this model ({codes.listed_in} lists "
+                             "the codes it reads)")  # fmt: skip
     at = observation.effectiveDateTime or observation.effectiveInstant
     if at is None:
         raise FhirError(422, f"{where}: effectiveDateTime (or effectiveInstant) is required")
