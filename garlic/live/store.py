@@ -55,8 +55,15 @@ READINGS = sa.Table(
     sa.Column("withdrawn", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     sa.UniqueConstraint("bed", "variable", "time", "value", name="one_reading"),
     sa.Index("readings_of_bed", "bed", "time"),
-    sa.Index("readings_of_source", "bed", "source"),
 )  # fmt: skip
+# Partial indexes (the sourced readings, the withdrawn ones): the feeds' readings have no source and are not
+# withdrawn, so that adding them touches neither.
+SOURCED = READINGS.c.source.is_not(None)
+WITHDRAWN = READINGS.c.withdrawn == sa.true()
+LAYOUT_2_INDEXES = [
+    sa.Index("readings_of_source", READINGS.c.bed, READINGS.c.source, sqlite_where=SOURCED, postgresql_where=SOURCED),
+    sa.Index("readings_withdrawn", READINGS.c.bed, sqlite_where=WITHDRAWN, postgresql_where=WITHDRAWN),
+]
 SCORES = sa.Table(
     "scores", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -99,7 +106,8 @@ def _add_layout_2(db: sa.Connection) -> None:
     db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN source {sa.String(64).compile(dialect=db.dialect)}"))
     db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN withdrawn {sa.Boolean().compile(dialect=db.dialect)} "
                        f"NOT NULL DEFAULT {false}"))  # fmt: skip
-    db.execute(sa.schema.CreateIndex(next(i for i in READINGS.indexes if i.name == "readings_of_source")))
+    for index in LAYOUT_2_INDEXES:
+        db.execute(sa.schema.CreateIndex(index))
     db.execute(META.update().where(META.c.key == "schema").values(value=SCHEMA_VERSION))
 
 
@@ -121,7 +129,8 @@ def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
     if row["source"]:
         held = db.execute(sa.select(READINGS.c.id, READINGS.c.variable, READINGS.c.time, READINGS.c.value,
                                     READINGS.c.withdrawn)
-                          .where(READINGS.c.bed == row["bed"], READINGS.c.source == row["source"])).all()  # fmt: skip
+                          .where(READINGS.c.bed == row["bed"], READINGS.c.source == row["source"], SOURCED)
+                          ).all()  # fmt: skip
     if row["withdrawn"]:
         if not held:
             raise FhirError(404, f"bed {row['bed']} holds no reading sent with the id {row['source']}")
@@ -143,6 +152,14 @@ def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
     else:
         return 0, 1, len(replaced)
     return 1, 0, len(replaced)
+
+
+def _take_back(db: sa.Connection, rows: list[dict]) -> int:
+    """Take back the withdrawn readings that ``rows`` sends again (found by the uniqueness index); how many."""
+    same = sa.and_(*(READINGS.c[key] == sa.bindparam(f"sent_{key}") for key in ("bed", "variable", "time", "value")))
+    again = READINGS.update().where(same, WITHDRAWN).values(withdrawn=False, scored=False)
+    return sum(db.execute(again, {f"sent_{key}": row[key] for key in ("bed", "variable", "time", "value")}).rowcount
+               for row in rows)  # fmt: skip
 
 
 def _withdraw(db: sa.Connection, ids: list[int]) -> None:
@@ -252,10 +269,10 @@ class LiveStore:
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
                              "received": received, "scored": False, "source": reading.source,
                              "withdrawn": False})  # fmt: skip
-            plain = not any(row["source"] for row in rows) and db.execute(sa.select(sa.func.count()).where(
-                READINGS.c.withdrawn, READINGS.c.bed.in_(wanted))).scalar_one() == 0  # fmt: skip
-            if plain and self.insert_reading is not None:  # the feeds' case: new readings only, in one statement
-                stored = db.execute(self.insert_reading, rows).rowcount
+            if self.insert_reading is not None and not any(row["source"] for row in rows):  # the feeds' case
+                stored = db.execute(self.insert_reading, rows).rowcount  # one statement
+                if stored < len(rows):  # some were held already: a withdrawn one sent again is taken back
+                    stored += _take_back(db, rows)
                 return stored, len(rows) - stored, 0
             counts = np.zeros(3, dtype=int)
             for row in rows:
@@ -370,7 +387,7 @@ class LiveStore:
         with self.engine.connect() as db:
             readings = db.execute(sa.select(sa.func.count()).where(held)).scalar_one()
             scored = db.execute(sa.select(sa.func.count()).where(held, READINGS.c.scored)).scalar_one()
-            withdrawn = db.execute(sa.select(sa.func.count()).where(READINGS.c.withdrawn)).scalar_one()
+            withdrawn = db.execute(sa.select(sa.func.count()).where(WITHDRAWN)).scalar_one()
             pending = db.execute(sa.select(sa.func.count()).where(READINGS.c.scored.is_(False))).scalar_one()
             beds = db.execute(sa.select(sa.func.count()).select_from(BEDS)).scalar_one()
         return {"beds": beds, "readings": readings, "scored": scored, "withdrawn": withdrawn, "pending": pending}
