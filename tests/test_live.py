@@ -209,6 +209,10 @@ def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_chec
         with pytest.raises(ConfigError, match=re.escape(says)) as refused:
             Codes(trained.config.dataset, names, own)
         assert str(own) in str(refused.value)
+    pipe = tmp_path / "codes-pipe.csv"
+    os.mkfifo(pipe)  # nothing writes to it: opened, it would wait for ever
+    with pytest.raises(ConfigError, match="is not a file"):
+        Codes(trained.config.dataset, names, pipe)
     result = garlic_here("monitor", "--run", run.run_id, "--codes", str(own), "--port", str(free_port()),
                          root=run.data_root.parent)  # fmt: skip
     assert result.returncode != 0 and "cannot be read" in result.stderr and "Traceback" not in result.stderr

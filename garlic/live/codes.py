@@ -96,6 +96,8 @@ class Codes:
 def _rows(table: Path) -> list[tuple[int, dict]]:
     """The rows of a code table with their line numbers; a table that cannot be read as one is a ``ConfigError``."""
     try:
+        if not table.is_file():  # a pipe or a device would block the monitor before it starts
+            raise ConfigError(f"the code table {table} is not a file")
         if table.stat().st_size > MAX_TABLE_BYTES:
             raise ConfigError(f"the code table {table} is over {MAX_TABLE_BYTES} bytes; a code table is a few hundred "
                               "rows")  # fmt: skip
