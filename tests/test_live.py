@@ -337,7 +337,7 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
     import sqlalchemy as sa
     from datetime import datetime, timezone
 
-    from garlic.live.fhir import Observed
+    from garlic.live.fhir import Observed, Withdrawal
     from garlic.live.store import BEDS, META, READINGS, SCORES
 
     url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
@@ -363,7 +363,7 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
         assert store.history("bed-1")["risk"].tolist() == [0.2]
         at = admitted.replace(hour=10)
         assert store.add([Observed("bed-1", "HR", at, 95.0, "obs-2")]) == (1, 0, 0)
-        assert store.add([Observed("bed-1", "", None, float("nan"), "obs-2", withdrawn=True)]) == (0, 0, 1)
+        assert store.add([Withdrawal("bed-1", "obs-2")]) == (0, 0, 1)
         assert store.readings(["bed-1"])[["time", "value"]].values.tolist() == [[1.0, 90.0]]
         plain = Observed("bed-1", "HR", at, 95.0)  # the withdrawn reading sent again with no id, as feeds send
         assert [store.add([plain]), store.add([plain])] == [(1, 0, 0), (0, 1, 0)]  # taken back, then a repeat

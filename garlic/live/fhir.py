@@ -47,15 +47,21 @@ class FhirError(ValueError):
 @dataclass(frozen=True)
 class Observed:
     """One reading as sent: its bed (the Encounter's id), the model's variable, when, and the value; ``source``, the
-    Observation's id where it has one. ``withdrawn``: the reading ``source`` names is withdrawn (its bed and source
-    alone are read)."""
+    Observation's id where it has one."""
 
     bed: str
     variable: str
-    at: datetime | None
+    at: datetime
     value: float
     source: str | None = None
-    withdrawn: bool = False
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """An Observation sent as entered in error: the reading of ``bed`` sent with the id ``source`` is withdrawn."""
+
+    bed: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -131,8 +137,8 @@ def _instant(value, field: str) -> datetime:
     return value
 
 
-def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
-    """The reading an Observation resource holds, for a model reading ``codes``."""
+def observed(observation, codes: Codes, where: str = "Observation") -> Observed | Withdrawal:
+    """The reading an Observation resource holds, for a model reading ``codes``, or the withdrawal it sends."""
     if observation.status not in KEPT_STATUSES | {WITHDRAWING}:
         raise FhirError(422, f"{where}.status {observation.status!r} is not a reading to keep (expected one of "
                              f"{', '.join(sorted(KEPT_STATUSES))}) nor one to withdraw ({WITHDRAWING})")  # fmt: skip
@@ -145,7 +151,7 @@ def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
         if not observation.id:
             raise FhirError(422, f"{where}.id is required to withdraw a reading ({WITHDRAWING}): the id it was sent "
                                  "with")  # fmt: skip
-        return Observed(bed, "", None, float("nan"), observation.id, withdrawn=True)
+        return Withdrawal(bed, observation.id)
     codings = observation.code.coding or []
     names = [codes.variable(c.system, c.code) for c in codings]
     known = [name for name in names if name is not None]
@@ -170,8 +176,8 @@ def observed(observation, codes: Codes, where: str = "Observation") -> Observed:
     return Observed(bed, known[0], _instant(at, f"{where}.effectiveDateTime"), value, observation.id)
 
 
-def observations_in(payload: dict, codes: Codes) -> list[Observed]:
-    """The readings of an Observation, or of a Bundle whose every entry is an Observation."""
+def observations_in(payload: dict, codes: Codes) -> list[Observed | Withdrawal]:
+    """The readings (and withdrawals) of an Observation, or of a Bundle whose every entry is an Observation."""
     resource = validated(payload, ("Observation", "Bundle"))
     if payload["resourceType"] == "Observation":
         return [observed(resource, codes)]

@@ -25,7 +25,7 @@ from collections import OrderedDict
 import pandas as pd
 
 from garlic.live.alerts import Hysteresis
-from garlic.live.fhir import FhirError, Observed
+from garlic.live.fhir import FhirError, Observed, Withdrawal
 from garlic.live.scoring import BedScorer
 from garlic.live.store import LiveStore
 
@@ -44,7 +44,7 @@ class Monitor:
         self.lock = threading.Lock()
         self.newest: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # bed -> (time, alert), as stored
 
-    def take(self, observed: list[Observed]) -> tuple[int, int, int]:
+    def take(self, observed: list[Observed | Withdrawal]) -> tuple[int, int, int]:
         """Store ``observed`` (committed on return): (stored, repeats, withdrawn). Refused with 503 while the loop
         is ``max_pending`` readings behind."""
         if self.pending + len(observed) > self.max_pending:

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from garlic.live.fhir import FhirError, Observed, Stay
+from garlic.live.fhir import FhirError, Observed, Stay, Withdrawal
 
 SCHEMA_VERSION = "2"  # 2: readings' source and withdrawn (a store of layout 1 is brought to 2 when opened)
 # A reading dated further from its bed's admission has a wrong date (a year or a time zone typed wrong); the model's
@@ -238,7 +238,7 @@ class LiveStore:
             db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=end))
             return True
 
-    def add(self, observed: list[Observed]) -> tuple[int, int, int]:
+    def add(self, observed: list[Observed | Withdrawal]) -> tuple[int, int, int]:
         """Store the readings, all or none, committed before this returns: (stored, repeats already held, readings
         withdrawn). A reading with a source replaces (withdraws) the reading held under that source where it
         differs; a withdrawal withdraws it. Refused: a bed never admitted (404) or discharged (409), a time before
@@ -257,7 +257,7 @@ class LiveStore:
                     raise FhirError(404, f"bed {reading.bed} is not admitted: send its Encounter first")
                 if bed.discharged is not None:
                     raise FhirError(409, f"bed {reading.bed} was discharged; its readings are closed")
-                if reading.withdrawn:
+                if isinstance(reading, Withdrawal):
                     rows.append({"bed": reading.bed, "source": reading.source, "withdrawn": True})
                     continue
                 hours = (_seconds(reading.at) - bed.admitted) / 3600
