@@ -333,14 +333,66 @@ def test_a_live_store_that_cannot_be_used_is_named_as_the_live_store_in_one_line
         assert database_error(raised.value) is None  # so the command says this, not that the MLflow store is damaged
 
 
-def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_and_scores_kept(tmp_path):
+@pytest.fixture(scope="module")
+def postgresql():
+    """A PostgreSQL server of this module's own (``initdb`` and ``pg_ctl`` on the PATH, psycopg installed: ``bin/setup
+    live``), run as the user nobody where the tests run as root (PostgreSQL refuses root): a function that makes a
+    fresh database on it and returns its URL."""
+    import shutil
+    import tempfile
+
+    pytest.importorskip("psycopg", reason="a PostgreSQL store needs psycopg: bin/setup live")
+    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+        pytest.skip("no PostgreSQL server on this machine (initdb, pg_ctl)")
+    as_user = []
+    folder = Path(tempfile.mkdtemp(prefix="garlic-postgresql-"))
+    if os.geteuid() == 0:
+        import pwd
+
+        if not shutil.which("runuser"):
+            pytest.skip("PostgreSQL refuses to run as root, and there is no runuser to run it as nobody")
+        nobody = pwd.getpwnam("nobody")
+        os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+        as_user = ["runuser", "-u", "nobody", "--"]
+    data, port = folder / "data", free_port()
+    subprocess.run([*as_user, "initdb", "-D", str(data), "-A", "trust", "-U", "ward"], check=True, capture_output=True)
+    subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-o", f"-p {port} -k {folder}", "-l", str(folder / "log"),
+                    "-w", "start"], check=True, capture_output=True)  # fmt: skip
+    import sqlalchemy as sa
+
+    server = sa.create_engine(f"postgresql+psycopg://ward@127.0.0.1:{port}/postgres", isolation_level="AUTOCOMMIT")
+    made = []
+
+    def database() -> str:
+        made.append(f"ward{len(made)}")
+        with server.connect() as db:
+            db.execute(sa.text(f"CREATE DATABASE {made[-1]}"))
+        return f"postgresql+psycopg://ward@127.0.0.1:{port}/{made[-1]}"
+
+    try:
+        yield database
+    finally:
+        server.dispose()
+        subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """An empty database for a live store: a SQLite file, and a PostgreSQL database where a server can be run."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    return request.getfixturevalue("postgresql")()
+
+
+def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_and_scores_kept(store_url):
     import sqlalchemy as sa
     from datetime import datetime, timezone
 
     from garlic.live.fhir import Observed, Withdrawal
     from garlic.live.store import BEDS, META, READINGS, SCORES
 
-    url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    url = store_url
     first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns
     for table in (META, BEDS, SCORES):
         table.to_metadata(first)
@@ -368,6 +420,8 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
         plain = Observed("bed-1", "HR", at, 95.0)  # the withdrawn reading sent again with no id, as feeds send
         assert [store.add([plain]), store.add([plain])] == [(1, 0, 0), (0, 1, 0)]  # taken back, then a repeat
         assert store.readings(["bed-1"])[["time", "value"]].values.tolist() == [[1.0, 90.0], [2.0, 95.0]]
+        more = [Observed("bed-1", "HR", at.replace(minute=minute), 80.0) for minute in range(1, 50)]
+        assert [store.add(more), store.add(more[:10])] == [(49, 0, 0), (0, 10, 0)]  # counted in one statement too
     finally:
         store.close()
     LiveStore(url, "run").close()  # opened again: layout 2 already

@@ -91,13 +91,21 @@ def _sqlite_settings(connection, _record) -> None:
 
 def _insert_ignoring_repeats(engine: sa.Engine, table: sa.Table):
     """An INSERT that skips rows breaking a uniqueness constraint, in the dialects that have one."""
-    if engine.dialect.name == "sqlite":
+    if engine.dialect.name == "sqlite":  # sqlite3 sums an executemany's rows stored into its rowcount
         from sqlalchemy.dialects.sqlite import insert
-    elif engine.dialect.name == "postgresql":
+
+        return insert(table).on_conflict_do_nothing()
+    if engine.dialect.name == "postgresql":  # an executemany's rowcount is -1 there (psycopg): RETURNING counts
         from sqlalchemy.dialects.postgresql import insert
-    else:
-        return None
-    return insert(table).on_conflict_do_nothing()
+
+        return insert(table).on_conflict_do_nothing().returning(table.c.id)
+    return None
+
+
+def _inserted(db: sa.Connection, insert, rows: list[dict]) -> int:
+    """How many of ``rows`` the insert that skips repeats stored."""
+    result = db.execute(insert, rows)
+    return len(result.all()) if result.returns_rows else result.rowcount
 
 
 def _add_layout_2(db: sa.Connection) -> None:
@@ -144,7 +152,9 @@ def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
     _withdraw(db, replaced)
     kept = db.execute(sa.select(READINGS.c.id, READINGS.c.withdrawn).where(same)).first()
     if kept is None:
-        if not db.execute(insert if insert is not None else READINGS.insert(), row).rowcount:
+        if insert is None:
+            db.execute(READINGS.insert(), row)
+        elif not _inserted(db, insert, [row]):  # another process stored it meanwhile
             return 0, 1, len(replaced)
     elif kept.withdrawn:  # a reading withdrawn before, sent again: taken back
         db.execute(READINGS.update().where(READINGS.c.id == kept.id).values(
@@ -270,7 +280,7 @@ class LiveStore:
                              "received": received, "scored": False, "source": reading.source,
                              "withdrawn": False})  # fmt: skip
             if self.insert_reading is not None and not any(row["source"] for row in rows):  # the feeds' case
-                stored = db.execute(self.insert_reading, rows).rowcount  # one statement
+                stored = _inserted(db, self.insert_reading, rows)  # one statement
                 if stored < len(rows):  # some were held already: a withdrawn one sent again is taken back
                     stored += _take_back(db, rows)
                 return stored, len(rows) - stored, 0
