@@ -420,6 +420,10 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
         plain = Observed("bed-1", "HR", at, 95.0)  # the withdrawn reading sent again with no id, as feeds send
         assert [store.add([plain]), store.add([plain])] == [(1, 0, 0), (0, 1, 0)]  # taken back, then a repeat
         assert store.readings(["bed-1"])[["time", "value"]].values.tolist() == [[1.0, 90.0], [2.0, 95.0]]
+        later = at.replace(hour=12)
+        assert store.add([Observed("bed-1", "HR", later, 99.0)]) == (1, 0, 0)  # from a feed without ids
+        assert store.add([Observed("bed-1", "HR", later, 99.0, "obs-3")]) == (0, 1, 0)  # held: named obs-3 now
+        assert store.add([Withdrawal("bed-1", "obs-3")]) == (0, 0, 1)
         more = [Observed("bed-1", "HR", at.replace(minute=minute), 80.0) for minute in range(1, 50)]
         assert [store.add(more), store.add(more[:10])] == [(49, 0, 0), (0, 10, 0)]  # counted in one statement too
     finally:

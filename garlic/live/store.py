@@ -150,7 +150,7 @@ def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
     replaced = [r.id for r in held if not r.withdrawn and (r.variable, r.time, r.value) != (
         row["variable"], row["time"], row["value"])]  # fmt: skip
     _withdraw(db, replaced)
-    kept = db.execute(sa.select(READINGS.c.id, READINGS.c.withdrawn).where(same)).first()
+    kept = db.execute(sa.select(READINGS.c.id, READINGS.c.withdrawn, READINGS.c.source).where(same)).first()
     if kept is None:
         if insert is None:
             db.execute(READINGS.insert(), row)
@@ -160,6 +160,8 @@ def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
         db.execute(READINGS.update().where(READINGS.c.id == kept.id).values(
             withdrawn=False, scored=False, source=row["source"], received=row["received"]))  # fmt: skip
     else:
+        if row["source"] and kept.source is None:  # held from a feed without ids: this id names it from now on
+            db.execute(READINGS.update().where(READINGS.c.id == kept.id).values(source=row["source"]))
         return 0, 1, len(replaced)
     return 1, 0, len(replaced)
 
