@@ -145,33 +145,41 @@ def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
         live = [r.id for r in held if not r.withdrawn]
         _withdraw(db, live)
         return 0, 0 if live else 1, len(live)  # nothing left to withdraw: a withdrawal sent again
-    same = (READINGS.c.bed == row["bed"]) & (READINGS.c.variable == row["variable"]) & (
-        READINGS.c.time == row["time"]) & (READINGS.c.value == row["value"])  # fmt: skip
     replaced = [r.id for r in held if not r.withdrawn and (r.variable, r.time, r.value) != (
         row["variable"], row["time"], row["value"])]  # fmt: skip
     _withdraw(db, replaced)
-    kept = db.execute(sa.select(READINGS.c.id, READINGS.c.withdrawn, READINGS.c.source).where(same)).first()
-    if kept is None:
-        if insert is None:
-            db.execute(READINGS.insert(), row)
-        elif not _inserted(db, insert, [row]):  # another process stored it meanwhile
-            return 0, 1, len(replaced)
-    elif kept.withdrawn:  # a reading withdrawn before, sent again: taken back
-        db.execute(READINGS.update().where(READINGS.c.id == kept.id).values(
-            withdrawn=False, scored=False, source=row["source"], received=row["received"]))  # fmt: skip
+    if insert is not None:
+        stored = _inserted(db, insert, [row])
     else:
-        if row["source"] and kept.source is None:  # held from a feed without ids: this id names it from now on
-            db.execute(READINGS.update().where(READINGS.c.id == kept.id).values(source=row["source"]))
-        return 0, 1, len(replaced)
-    return 1, 0, len(replaced)
+        stored = int(not db.execute(sa.select(sa.func.count()).where(_same(row))).scalar_one())
+        if stored:
+            db.execute(READINGS.insert(), row)
+    taken_back = 0 if stored else _repeated(db, [row])
+    return stored + taken_back, 1 - stored - taken_back, len(replaced)
 
 
-def _take_back(db: sa.Connection, rows: list[dict]) -> int:
-    """Take back the withdrawn readings that ``rows`` sends again (found by the uniqueness index); how many."""
-    same = sa.and_(*(READINGS.c[key] == sa.bindparam(f"sent_{key}") for key in ("bed", "variable", "time", "value")))
-    again = READINGS.update().where(same, WITHDRAWN).values(withdrawn=False, scored=False)
-    return sum(db.execute(again, {f"sent_{key}": row[key] for key in ("bed", "variable", "time", "value")}).rowcount
-               for row in rows)  # fmt: skip
+def _same(row: dict):
+    """The reading held as ``row`` (its bed, variable, time and value: the uniqueness index's columns)."""
+    return sa.and_(*(READINGS.c[key] == row[key] for key in ("bed", "variable", "time", "value")))
+
+
+def _repeated(db: sa.Connection, rows: list[dict]) -> int:
+    """For readings of ``rows`` held already: a withdrawn one sent again is taken back (with the id it comes with,
+    if any), a held one without an id takes the one it comes with. How many were taken back."""
+    taken_back = 0
+    for row in rows:
+        source = sa.func.coalesce(sa.literal(row["source"], sa.String), READINGS.c.source)
+        taken_back += db.execute(READINGS.update().where(_same(row), WITHDRAWN).values(
+            withdrawn=False, scored=False, source=source)).rowcount  # fmt: skip
+        if row["source"]:
+            db.execute(READINGS.update().where(_same(row), READINGS.c.source.is_(None)).values(source=row["source"]))
+    return taken_back
+
+
+def _held_under(db: sa.Connection, sources: list[tuple[str, str]]) -> bool:
+    """Whether any reading is held under one of these (bed, source) pairs."""
+    pairs = sa.tuple_(READINGS.c.bed, READINGS.c.source).in_(sources)
+    return bool(sources) and db.execute(sa.select(READINGS.c.id).where(SOURCED, pairs).limit(1)).first() is not None
 
 
 def _withdraw(db: sa.Connection, ids: list[int]) -> None:
@@ -281,10 +289,13 @@ class LiveStore:
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
                              "received": received, "scored": False, "source": reading.source,
                              "withdrawn": False})  # fmt: skip
-            if self.insert_reading is not None and not any(row["source"] for row in rows):  # the feeds' case
-                stored = _inserted(db, self.insert_reading, rows)  # one statement
-                if stored < len(rows):  # some were held already: a withdrawn one sent again is taken back
-                    stored += _take_back(db, rows)
+            # New readings (new ids, or none), as feeds send them: one statement; else one reading at a time
+            sources = [(row["bed"], row["source"]) for row in rows if row["source"]]
+            if (self.insert_reading is not None and not any(row["withdrawn"] for row in rows)
+                    and len(set(sources)) == len(sources) and not _held_under(db, sources)):  # fmt: skip
+                stored = _inserted(db, self.insert_reading, rows)
+                if stored < len(rows):  # some were held already
+                    stored += _repeated(db, rows)
                 return stored, len(rows) - stored, 0
             counts = np.zeros(3, dtype=int)
             for row in rows:
