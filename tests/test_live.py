@@ -424,6 +424,9 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
         assert store.add([Observed("bed-1", "HR", later, 99.0)]) == (1, 0, 0)  # from a feed without ids
         assert store.add([Observed("bed-1", "HR", later, 99.0, "obs-3")]) == (0, 1, 0)  # held: named obs-3 now
         assert store.add([Withdrawal("bed-1", "obs-3")]) == (0, 0, 1)
+        versions = [Observed("bed-1", "HR", later, value, "obs-9") for value in (140.0, 104.0)]  # in one request
+        assert store.add(versions) == (2, 0, 1)  # the second replaces the first
+        assert store.readings(["bed-1"])["value"].tolist()[-1:] == [104.0]
         more = [Observed("bed-1", "HR", at.replace(minute=minute), 80.0) for minute in range(1, 50)]
         assert [store.add(more), store.add(more[:10])] == [(49, 0, 0), (0, 10, 0)]  # counted in one statement too
     finally:
