@@ -504,7 +504,7 @@ def test_a_value_sent_in_another_unit_is_refused_and_another_spelling_of_the_uni
             observations_in(reading, codes)
         assert refusal.value.status == 422
         said[unit] = str(refusal.value)
-    assert "of Temp, which this model reads in Cel (sent as 'Cel', '°C', 'degC'); values are not" in said["[degF]"]
+    assert "of Temp, which this model reads in Cel (accepted as 'Cel', '°C', 'degC'); values are not" in said["[degF]"]
 
 
 def test_a_feed_without_a_service_says_so_once_and_gives_up_after_its_retry_time(monkeypatch):

@@ -89,7 +89,7 @@ class Codes:
         if not sent or not expected or sent == expected or sent in SAME_NUMBER.get(expected, ()):
             return None
         spellings = ", ".join(repr(s) for s in (expected, *SAME_NUMBER.get(expected, ())))
-        return (f"{sent!r:.40} is not the unit of {variable}, which this model reads in {expected} (sent as "
+        return (f"{sent!r:.40} is not the unit of {variable}, which this model reads in {expected} (accepted as "
                 f"{spellings}); values are not converted")
 
 
