@@ -184,7 +184,7 @@ def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_chec
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", codes=codes) as (base, _):
         assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode())[0] == 200
         reading = observation(codes, "bed-1", "Lactate", start.replace(hour=9), 4.2)  # as garlic feed --codes sends
-        assert reading["code"]["coding"][0]["code"] == "LAC"
+        assert (reading["code"]["coding"][0]["code"], reading["valueQuantity"]["code"]) == ("LAC", "mmol/L")
         assert request("POST", f"{base}/fhir/Observation", json.dumps(reading).encode())[0] == 201
         assert scored(base)["scored"] == 1
         assert get(f"{base}/ward")[0]["risk"] is not None

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pandas as pd
 
-from garlic.live.codes import LOINC, UCUM, Codes
+from garlic.live.codes import UCUM, Codes
 
 DEFAULT_URL = "http://127.0.0.1:8600"
 RETRY_SECONDS = 120  # how long a request is sent again before the feed gives up
@@ -70,7 +70,7 @@ def encounter(bed: str, start: datetime) -> dict:
 def observation(codes: Codes, bed: str, variable: str, at: datetime, value: float) -> dict:
     code = codes.of_variable[variable]
     quantity = {"value": float(f"{value:.6g}")}
-    if code.system == LOINC and code.unit:
+    if code.unit:  # the table's, under any system: a hospital's own codes too
         quantity |= {"unit": code.unit, "system": UCUM, "code": code.unit}
     return {"resourceType": "Observation", "status": "final",
             "code": {"coding": [{"system": code.system, "code": code.code, **({"display": code.display}
