@@ -551,7 +551,8 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
 
 
 def under_way(carried: Path) -> list[str]:
-    """A line for each unit whose training state is carried in ``carried`` (``--carry``): how far it has come."""
+    """A line for each unit whose training state is carried in ``carried`` (``--carry``): how far it has come, and
+    how long its last epochs took (what the hours left are counted from)."""
     lines = []
     for path in sorted(Path(carried).glob("*.pt")):
         try:
@@ -559,8 +560,11 @@ def under_way(carried: Path) -> list[str]:
         except ValueError as exc:
             lines.append(f"`{path.name}`: {exc}")
             continue
+        history = progress.get("history") if isinstance(progress.get("history"), list) else []
+        seconds = [r["seconds"] for r in history[-5:] if isinstance(r, dict) and isinstance(r.get("seconds"), float)]
+        pace = f", {np.median(seconds) / 60:.1f} minutes an epoch lately" if seconds else ""
         lines.append(f"`{path.stem}`: {progress.get('epoch')} epochs done, the best at epoch "
-                     f"{progress.get('best_epoch')}")  # fmt: skip
+                     f"{progress.get('best_epoch')}{pace}")  # fmt: skip
     return lines
 
 
