@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ from garlic.methods import registry
 from garlic.metrics import METRICS
 from garlic.studies import preset_config
 from garlic.tracking import queries, run_contract
+from garlic.tracking.carry import DATA_DIGEST_CHARS
 from garlic.tracking.archive import RUNS, DamagedArchiveError, RunArchive, Unit, open_archive
 from garlic.tracking.store import DEFAULT_STORE, use_store
 from garlic.training.state import progress_of
@@ -550,11 +552,15 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
     return lines
 
 
-def under_way(carried: Path) -> list[str]:
+def under_way(carried: Path, digests: set[str]) -> list[str]:
     """A line for each unit whose training state is carried in ``carried`` (``--carry``): how far it has come, and
-    how long its last epochs took (what the hours left are counted from)."""
+    how long its last epochs took (what the hours left are counted from). A unit of other data (its name ends in
+    another of ``garlic.tracking.carry.unit_state``'s data digests than ``digests``) belongs to another table, and is left out."""
     lines = []
     for path in sorted(Path(carried).glob("*.pt")):
+        digest = re.search(rf"-([0-9a-f]{{{DATA_DIGEST_CHARS}}})$", path.stem)
+        if digest is not None and digest.group(1) not in digests:
+            continue
         try:
             progress = progress_of(path)
         except ValueError as exc:
@@ -566,6 +572,18 @@ def under_way(carried: Path) -> list[str]:
         lines.append(f"`{path.stem}`: {progress.get('epoch')} epochs done, the best at epoch "
                      f"{progress.get('best_epoch')}{pace}")  # fmt: skip
     return lines
+
+
+def data_digests(datasets: list[str], data_root: Path) -> set[str]:
+    """The data digests, as carried units' names end (``garlic.tracking.carry.unit_state``), of ``datasets`` processed here."""
+    digests = set()
+    for dataset in datasets:
+        try:
+            manifest = read_manifest(processed_folder(dataset, data_root))
+        except (DatasetNotFoundError, ValueError):  # not processed here: its units are not this machine's
+            continue
+        digests.add(run_contract.manifest_digest(manifest)[: DATA_DIGEST_CHARS])
+    return digests
 
 
 def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
@@ -764,7 +782,8 @@ def compare_command(argv: list[str] | None) -> None:
                   {name: found for name, found in by_protocol.items() if found},
                   method_settings([m for m in methods if m in set(summary["method"])],
                                   list(dict.fromkeys(datasets[name] for name in protocols)), overrides),
-                  None if args.carry is None else (args.carry, under_way(args.carry)))  # fmt: skip
+                  None if args.carry is None else (args.carry, under_way(args.carry, data_digests(
+                      list(dict.fromkeys(datasets[name] for name in protocols)), args.data_root))))  # fmt: skip
     experiment_id = studies.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     studies.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})

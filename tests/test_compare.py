@@ -324,14 +324,22 @@ def test_the_report_says_how_far_each_carried_unit_has_come_and_names_a_damaged_
     moved, carried = tmp_path / "results", tmp_path / "unfinished"
     shutil.copytree(out, moved)
     carried.mkdir()
-    unit = "pypots_seft-raindrop-split_0-af42c96c4dae-05276b8b540e"
+    from garlic.data.datasets import processed_folder
+    from garlic.io.tables import read_manifest
+    from garlic.tracking.run_contract import manifest_digest
+
+    digest = manifest_digest(read_manifest(processed_folder("synthetic", root)))[:12]
+    unit = f"pypots_seft-tiny-split_0-af42c96c4dae-{digest}"  # this cohort's unit
     history = [{"epoch": epoch, "seconds": 60.0 * epoch} for epoch in range(1, 13)]  # the last five: 8-12 minutes
     save_training_state(carried / f"{unit}.pt", {"progress": {"epoch": 12, "best_epoch": 9, "history": history}},
                         Config())  # fmt: skip
     (carried / "cut-short.pt").write_bytes(b"PK\x03\x04 half a file")
+    other = "pypots_seft-raindrop-split_0-af42c96c4dae-0123456789ab"  # another dataset's unit: another table's
+    save_training_state(carried / f"{other}.pt", {"progress": {"epoch": 3, "best_epoch": 3}}, Config())
     compare_tiny(root, tmp_path / "empty", moved, "--no-train", "--carry", str(carried))
     under_way = (moved / "synthetic.md").read_text().split("## Under way")[1]
     assert f"- `{unit}`: 12 epochs done, the best at epoch 9, 10.0 minutes an epoch lately" in under_way
+    assert other not in under_way
     assert "- `cut-short.pt`: " in under_way and "cut-short.pt: not a readable training state" in under_way
 
 
