@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -79,7 +78,7 @@ from garlic.methods import registry
 from garlic.metrics import METRICS
 from garlic.studies import preset_config
 from garlic.tracking import queries, run_contract
-from garlic.tracking.carry import DATA_DIGEST_CHARS
+from garlic.tracking.carry import of_data
 from garlic.tracking.archive import RUNS, DamagedArchiveError, RunArchive, Unit, open_archive
 from garlic.tracking.store import DEFAULT_STORE, use_store
 from garlic.training.state import progress_of
@@ -554,12 +553,11 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
 
 def under_way(carried: Path, digests: set[str]) -> list[str]:
     """A line for each unit whose training state is carried in ``carried`` (``--carry``): how far it has come, and
-    how long its last epochs took (what the hours left are counted from). A unit of other data (its name ends in
-    another of ``garlic.tracking.carry.unit_state``'s data digests than ``digests``) belongs to another table, and is left out."""
+    how long its last epochs took (what the hours left are counted from). A unit of data other than ``digests``'
+    (manifest digests) belongs to another table, and is left out (``garlic.tracking.carry.of_data``)."""
     lines = []
     for path in sorted(Path(carried).glob("*.pt")):
-        digest = re.search(rf"-([0-9a-f]{{{DATA_DIGEST_CHARS}}})$", path.stem)
-        if digest is not None and digest.group(1) not in digests:
+        if not of_data(path, digests):
             continue
         try:
             progress = progress_of(path)
@@ -575,14 +573,14 @@ def under_way(carried: Path, digests: set[str]) -> list[str]:
 
 
 def data_digests(datasets: list[str], data_root: Path) -> set[str]:
-    """The data digests, as carried units' names end (``garlic.tracking.carry.unit_state``), of ``datasets`` processed here."""
+    """The manifest digests of those of ``datasets`` processed here."""
     digests = set()
     for dataset in datasets:
         try:
             manifest = read_manifest(processed_folder(dataset, data_root))
         except (DatasetNotFoundError, ValueError):  # not processed here: its units are not this machine's
             continue
-        digests.add(run_contract.manifest_digest(manifest)[: DATA_DIGEST_CHARS])
+        digests.add(run_contract.manifest_digest(manifest))
     return digests
 
 
@@ -773,17 +771,17 @@ def compare_command(argv: list[str] | None) -> None:
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     drops = hospital_drops(units + unnamed)
     readable = set(configs) | set(archives)  # the datasets on this machine
-    seen = [line for dataset in dict.fromkeys(datasets[name] for name in protocols) if dataset in readable
+    cohorts = list(dict.fromkeys(datasets[name] for name in protocols))
+    seen = [line for dataset in cohorts if dataset in readable
             for line in what_the_model_sees(dataset, args.data_root,
                                             [name for name in protocols if datasets[name] == dataset])]  # fmt: skip
     by_protocol = {name: list(dict.fromkeys(unit.method for unit in unnamed if unit.protocol == name))
                    for name in protocols}  # fmt: skip
     text = report(summary, paired, drops, missing, kept, command, args.dataset, seen,
                   {name: found for name, found in by_protocol.items() if found},
-                  method_settings([m for m in methods if m in set(summary["method"])],
-                                  list(dict.fromkeys(datasets[name] for name in protocols)), overrides),
-                  None if args.carry is None else (args.carry, under_way(args.carry, data_digests(
-                      list(dict.fromkeys(datasets[name] for name in protocols)), args.data_root))))  # fmt: skip
+                  method_settings([m for m in methods if m in set(summary["method"])], cohorts, overrides),
+                  None if args.carry is None
+                  else (args.carry, under_way(args.carry, data_digests(cohorts, args.data_root))))  # fmt: skip
     experiment_id = studies.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     studies.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})

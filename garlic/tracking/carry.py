@@ -13,6 +13,7 @@ holds the units under way and nothing else.
 """
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from garlic.io.atomic import atomic_file
 from garlic.tracking.queries import settings_digest
 
 DATA_DIGEST_CHARS = 12
+_DATA_DIGEST = re.compile(rf"-([0-9a-f]{{{DATA_DIGEST_CHARS}}})$")  # how a unit's file name ends
 
 
 def check_folder(folder: Path | None) -> None:
@@ -34,6 +36,13 @@ def unit_state(folder: Path, method: str, split_name: str, seed: int | None, set
     seed_part = "" if seed is None else f"-seed_{seed}"
     name = f"{method}-{split_name.replace('/', '-')}{seed_part}-{settings_digest(settings)}"
     return Path(folder) / f"{name}-{data_digest[:DATA_DIGEST_CHARS]}.pt"
+
+
+def of_data(path: Path, data_digests: set[str]) -> bool:
+    """Whether the carried state ``path`` is a unit of the data of one of ``data_digests`` (manifest digests); a file
+    not named as a unit's is taken for any data's, so that a report still names it."""
+    named = _DATA_DIGEST.search(Path(path).stem)
+    return named is None or named.group(1) in {digest[:DATA_DIGEST_CHARS] for digest in data_digests}
 
 
 def resume_from(carried: Path | None, state: Path) -> Path | None:
