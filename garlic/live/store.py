@@ -60,6 +60,7 @@ READINGS = sa.Table(
 # withdrawn, so that adding them touches neither.
 SOURCED = READINGS.c.source.is_not(None)
 WITHDRAWN = READINGS.c.withdrawn == sa.true()
+HELD = READINGS.c.withdrawn.is_(False)
 LAYOUT_2_INDEXES = [
     sa.Index("readings_of_source", READINGS.c.bed, READINGS.c.source, sqlite_where=SOURCED, postgresql_where=SOURCED),
     sa.Index("readings_withdrawn", READINGS.c.bed, sqlite_where=WITHDRAWN, postgresql_where=WITHDRAWN),
@@ -335,16 +336,15 @@ class LiveStore:
         whatever their time)."""
         asked = set(beds)
         after = {bed: time for bed, time in (after or {}).items() if bed in asked}
-        held = READINGS.c.withdrawn.is_(False)
         columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.id)
-        parts = [sa.select(*columns).where(held, READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
+        parts = [sa.select(*columns).where(HELD, READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
         if after:  # joined to each bed's time, so that the index on (bed, time) finds its later readings
             since = (sa.values(sa.column("bed", sa.String), sa.column("after", sa.Float), name="since")
                      .data(list(after.items())).cte("since"))  # fmt: skip
             of_bed = since.c.bed == READINGS.c.bed
-            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(held),
+            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(HELD),
                       sa.select(*columns).join(since, of_bed & (READINGS.c.time <= since.c.after)
-                                               & READINGS.c.variable.in_(list(always))).where(held)]  # fmt: skip
+                                               & READINGS.c.variable.in_(list(always))).where(HELD)]  # fmt: skip
         union = sa.union_all(*parts).subquery()
         query = sa.select(union.c.bed, union.c.variable, union.c.time, union.c.value).order_by(
             union.c.bed, union.c.time, union.c.id)
@@ -364,7 +364,7 @@ class LiveStore:
     def history(self, bed: str) -> pd.DataFrame:
         """A bed's risk at each time it has a reading (the newest score of each time; a time whose readings were all
         withdrawn is left out): time, risk, alert, drivers, scored_at."""
-        held = sa.select(READINGS.c.time).where(READINGS.c.bed == bed, READINGS.c.withdrawn.is_(False))
+        held = sa.select(READINGS.c.time).where(READINGS.c.bed == bed, HELD)
         newest = (sa.select(sa.func.max(SCORES.c.id)).where(SCORES.c.bed == bed, SCORES.c.time.in_(held))
                   .group_by(SCORES.c.time))  # fmt: skip
         query = (sa.select(SCORES.c.time, SCORES.c.risk, SCORES.c.alert, SCORES.c.drivers, SCORES.c.scored_at)
@@ -378,7 +378,7 @@ class LiveStore:
         """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers)."""
         newest = sa.select(sa.func.max(SCORES.c.id).label("id")).group_by(SCORES.c.bed).subquery()
         latest = (sa.select(SCORES).join(newest, SCORES.c.id == newest.c.id)).subquery()
-        counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(READINGS.c.withdrawn.is_(False))
+        counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(HELD)
                   .group_by(READINGS.c.bed)).subquery()  # fmt: skip
         query = (sa.select(BEDS.c.bed, BEDS.c.admitted, BEDS.c.discharged, counts.c.readings, latest.c.time,
                            latest.c.risk, latest.c.alert, latest.c.drivers)
@@ -406,11 +406,13 @@ class LiveStore:
 
     def counts(self) -> dict[str, int]:
         """beds; readings held (not withdrawn), of which scored; withdrawn; pending: unscored, withdrawn ones too."""
-        held = READINGS.c.withdrawn.is_(False)
-        with self.engine.connect() as db:
-            readings = db.execute(sa.select(sa.func.count()).where(held)).scalar_one()
-            scored = db.execute(sa.select(sa.func.count()).where(held, READINGS.c.scored)).scalar_one()
+        unscored = READINGS.c.scored.is_(False)
+        with self.engine.connect() as db:  # each count an index's, the withdrawn ones' partial: no scan of readings
+            stored = db.execute(sa.select(sa.func.count()).select_from(READINGS)).scalar_one()
+            pending = db.execute(sa.select(sa.func.count()).where(unscored)).scalar_one()
             withdrawn = db.execute(sa.select(sa.func.count()).where(WITHDRAWN)).scalar_one()
-            pending = db.execute(sa.select(sa.func.count()).where(READINGS.c.scored.is_(False))).scalar_one()
+            withdrawn_pending = db.execute(sa.select(sa.func.count()).where(WITHDRAWN, unscored)).scalar_one()
             beds = db.execute(sa.select(sa.func.count()).select_from(BEDS)).scalar_one()
-        return {"beds": beds, "readings": readings, "scored": scored, "withdrawn": withdrawn, "pending": pending}
+        readings = stored - withdrawn
+        return {"beds": beds, "readings": readings, "scored": readings - (pending - withdrawn_pending),
+                "withdrawn": withdrawn, "pending": pending}
