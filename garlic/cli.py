@@ -403,12 +403,16 @@ def _predict(args: argparse.Namespace) -> None:
         raise ValueError(f"--threshold is a risk in (0, 1], got {args.threshold}")
     if args.window_hours is not None and not args.window_hours > 0:
         raise ValueError(f"--window-hours must be a positive number of hours, got {args.window_hours}")
+    policy_flags = (("--profile", args.profile), ("--band", args.band), ("--quiet-hours", args.quiet_hours),
+                    ("--margin", args.margin))  # fmt: skip
     unused = [flag for flag, value, used in (("--threshold", args.threshold, args.hourly or args.labels),
-                                             ("--window-hours", args.window_hours, args.labels))
+                                             ("--window-hours", args.window_hours, args.labels),
+                                             *((flag, value, args.hourly) for flag, value in policy_flags))
               if value is not None and not used]  # fmt: skip
     if unused:
         raise ValueError(f"{' and '.join(unused)}: a per-stay prediction has no alarm or window to set; "
-                         "--threshold goes with --hourly or --labels, --window-hours with --labels")
+                         "--threshold goes with --hourly or --labels, --window-hours with --labels, the alert "
+                         "policy's --profile, --band, --quiet-hours and --margin with --hourly")  # fmt: skip
     store = _existing_store(args)
     # The model code, not MLflow's nor scikit-learn's: a one-stay predict (a user's first try, a live service) reads
     # the model's folder straight from the store (garlic.tracking.local_store).
@@ -454,12 +458,13 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
 
     if args.output is None:
         raise ValueError("--hourly writes one prediction file per record: name their folder with --output")
-    threshold = args.threshold if args.threshold is not None else _run_threshold(args.run, store)
+    found = _policy(args, store)
     trained = load_predictor(args.run, store)
     observations, static, tasks = read_hourly_record_files(record_files(args.input, ".psv"))
-    _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays, alarm at risk >= {threshold:.4g} ...")
+    _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays; {found.policy.describe()} "
+         f"({found.chosen_by}) ...")  # fmt: skip
     adapt_threads()
-    written = write_hourly_predictions(args.output, predict_hourly(trained, observations, static, tasks), threshold)
+    written = write_hourly_predictions(args.output, predict_hourly(trained, observations, static, tasks), found.policy)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
 
 
@@ -523,6 +528,20 @@ def _score_utility(args: argparse.Namespace) -> None:
     print(read_folders(args.labels, args.predictions).scores().table())
 
 
+def _score_alerts(args: argparse.Namespace) -> None:
+    """The files' alarms (``PredictedLabel``) counted per alert (``garlic.metrics.alerts``), printed as
+    score-utility prints: a line of names, a line of values."""
+    from garlic.metrics.alerts import alert_parts, alert_scores
+    from garlic.metrics.utility import read_folders
+
+    files = read_folders(args.labels, args.predictions)
+    scores = alert_scores(alert_parts(files.labels, files.predictions, files.lengths))
+    names = ("Sensitivity", "PPV", "Lead hours (median)", "Lead hours (Q1)", "Lead hours (Q3)",
+             "Alerts per 100 patient-days", "Share of stays alerted", "Utility")  # fmt: skip
+    values = [*scores.values(), files.scores().utility]
+    print("|".join(names) + "\n" + "|".join(f"{value:.6g}" for value in values))
+
+
 def _dashboard(args: argparse.Namespace) -> None:
     command = [sys.executable, "-m", "garlic.app.serve", "--host", args.host, "--port", str(args.port),
                "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
@@ -550,6 +569,15 @@ def _dashboard(args: argparse.Namespace) -> None:
     raise SystemExit(128 - status if status < 0 else status)  # killed by signal N: 128 + N, as a shell reports it
 
 
+def _policy(args: argparse.Namespace, store: Path):
+    """The run's alert policy (``garlic.evaluation.alerting.policy_for``): its own, or ``--profile``'s, with the
+    settings given on the command line in their place."""
+    from garlic.evaluation.alerting import policy_for
+
+    return policy_for(args.run, store, args.profile, threshold=args.threshold, band=args.band,
+                      quiet_hours=args.quiet_hours, margin=args.margin)  # fmt: skip
+
+
 def _live_store(args: argparse.Namespace) -> str:
     """``--store``, else a SQLite file for the run under ``live/`` (made here)."""
     if args.store:
@@ -570,7 +598,6 @@ def _monitor(args: argparse.Namespace) -> None:
         raise ConfigError("garlic monitor validates FHIR R4 with fhir.resources, which is not installed: run "
                           "bin/setup live (or pip install -e '.[live]')") from None  # fmt: skip
     _say(f"loading run {args.run}'s model; loading torch and the model code ...")
-    from garlic.live.alerts import Hysteresis, run_alarm
     from garlic.live.codes import Codes
     from garlic.live.monitor import Monitor
     from garlic.live.scoring import BedScorer
@@ -580,13 +607,13 @@ def _monitor(args: argparse.Namespace) -> None:
 
     trained = load_predictor(args.run, store)
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features, args.codes)
-    threshold, chosen_by, hourly = run_alarm(args.run, store, args.threshold)
+    found = _policy(args, store)
+    hourly = found.hourly
     live = LiveStore(_live_store(args), args.run)
-    monitor = Monitor(live, BedScorer(trained, hourly), Hysteresis(threshold, args.band))
+    monitor = Monitor(live, BedScorer(trained, hourly), found.policy)
     adapt_threads()
-    _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; alert at risk >= {threshold:.3g} ({chosen_by}), "
-         f"cleared below {monitor.alerts.release:.3g}; store {live.engine.url.render_as_string(hide_password=True)}, "
-         f"{monitor.pending} readings left to score")  # fmt: skip
+    _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
+         f"store {live.engine.url.render_as_string(hide_password=True)}, {monitor.pending} readings left to score")
     watcher = None
     if args.watch is not None:
         from garlic.live.watch import FolderWatcher
@@ -609,6 +636,19 @@ def _feed(args: argparse.Namespace) -> None:
     _say(f"feeding {len(static)} test stays of run {args.run} to {args.url} at {args.speed:g} times real time ...")
     fed = feed(client, observations, static, Codes(dataset, names, args.codes), args.speed, say=_say)
     print(f"beds {fed.beds}, readings sent {fed.sent}, stored {fed.stored}, repeats {fed.repeats}")
+
+
+def add_policy_arguments(command: argparse.ArgumentParser) -> None:
+    """The alert policy's settings (``garlic.metrics.alert_policy``), each replacing the run's or the profile's."""
+    command.add_argument("--profile", type=Path, metavar="FILE",
+                         help="a site profile of this run (garlic calibrate): its alert policy, instead of the run's")
+    command.add_argument("--threshold", type=float,
+                         help="alert at risk >= this (default: the run's policy, chosen on its validation stays)")
+    command.add_argument("--band", type=float, help="an alert clears below threshold x (1 - band) (default 0.1)")
+    command.add_argument("--quiet-hours", type=float, metavar="H",
+                         help="a cleared alert stays quiet for H hours ... (default 6)")
+    command.add_argument("--margin", type=float,
+                         help="... unless the risk reaches threshold x (1 + margin) (default 0.5)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -691,8 +731,7 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--hourly", action="store_true",
                          help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
                               "Challenge's prediction files (pNNNNNN.psv) in --output; needs an hourly run")
-    predict.add_argument("--threshold", type=float,
-                         help="with --hourly or --labels, alarm at risk >= this (default: the threshold the run chose)")
+    add_policy_arguments(predict)  # --hourly: the alarms are the alert policy's; --labels: --threshold alone
     predict.add_argument("--labels", type=Path, help="MEDS: --input is a MEDS folder, this its label file(s); writes "
                          "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)")
     predict.add_argument("--window-hours", type=float,
@@ -706,6 +745,14 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--predictions", required=True, type=Path,
                        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
     score.set_defaults(handler=_score_utility)
+
+    alerts = commands.add_parser(
+        "score-alerts", help="hourly predictions' alarms counted per alert: sensitivity, PPV, lead time, alerts per "
+        "100 patient-days, share of stays alerted (docs/alerts.md), and the Challenge's utility")  # fmt: skip
+    alerts.add_argument("--labels", required=True, type=Path, help="folder of label files pNNNNNN.psv (SepsisLabel)")
+    alerts.add_argument("--predictions", required=True, type=Path,
+                        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
+    alerts.set_defaults(handler=_score_alerts)
 
     dashboard = commands.add_parser("dashboard", help="the bedside dashboard (Streamlit)")
     dashboard.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
@@ -726,9 +773,7 @@ def parser() -> argparse.ArgumentParser:
                          help="address to listen on (default 127.0.0.1, this machine only); any other address "
                               "needs a token in GARLIC_MONITOR_TOKEN (docs/live.md)")  # fmt: skip
     monitor.add_argument("--port", type=port_number, default=8600)
-    monitor.add_argument("--threshold", type=float, help="alert at risk >= this (default: the run's threshold)")
-    monitor.add_argument("--band", type=float, default=0.1,
-                         help="an alert clears below threshold x (1 - band) (default 0.1)")  # fmt: skip
+    add_policy_arguments(monitor)
     monitor.add_argument("--watch", type=Path, metavar="FOLDER",
                          help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they "
                               "grow, one bed per file")  # fmt: skip

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from garlic.methods.saved import SavedMethod
+from garlic.metrics.alert_policy import AlertPolicy
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 from garlic.sources.meds import MedsTables
@@ -62,14 +63,16 @@ def predict_hourly(
     return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
 
 
-def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float) -> list[Path]:
+def write_hourly_predictions(folder: Path, risks: pd.DataFrame, policy: AlertPolicy) -> list[Path]:
     """The Sepsis Challenge's prediction files of ``predict_hourly``'s risks: one ``pNNNNNN.psv`` per stay, a row
-    per hour, ``PredictedProbability|PredictedLabel`` (alarm where the risk reaches ``threshold``)."""
-    from garlic.metrics.utility import write_predictions
+    per hour, ``PredictedProbability|PredictedLabel``, the label 1 where ``policy``'s alert is on (the alert policy
+    the live ward and the tables apply, ``garlic.metrics.alert_policy``)."""
+    from garlic.metrics.utility import stay_lengths, write_predictions
 
-    return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(),
-                              (group["risk"].to_numpy() >= threshold).astype(int))
-            for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip
+    risks = risks.sort_values(["stay_id", "time"], kind="stable")
+    alarms = policy.alarms(risks["risk"].to_numpy(), risks["time"].to_numpy(), stay_lengths(risks["stay_id"].to_numpy()))
+    return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(), alarms[group.index].astype(int))
+            for stay_id, group in risks.reset_index(drop=True).groupby("stay_id", sort=True)]  # fmt: skip
 
 
 def predict_meds(trained: SavedMethod, tables: MedsTables) -> pd.DataFrame:

@@ -269,7 +269,50 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     capsys.readouterr()
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
+    # The files' alarms are the run's alert policy's (chosen on validation): its utility, and per alert its scores.
+    assert 0 < metrics["alert_threshold"] <= 1 and metrics["alert_quiet_hours"] == 6
+    assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_alert_utility"])
+    main(["score-alerts", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
+    names, values = capsys.readouterr().out.strip().splitlines()
+    scored = dict(zip(names.split("|"), map(float, values.split("|"))))
+    for name, metric in (("Sensitivity", "sensitivity"), ("PPV", "ppv"), ("Alerts per 100 patient-days",
+                                                                        "alerts_per_100_days")):  # fmt: skip
+        assert scored[name] == pytest.approx(metrics[f"test_alert_{metric}"], rel=1e-5, nan_ok=True)
+    # The bare threshold, as the Challenge scores it, given as a policy with no band, quiet hours or margin
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
+          str(tmp_path / "bare"), "--threshold", str(metrics["threshold"]), "--band", "0", "--quiet-hours", "0",
+          "--margin", "0"])  # fmt: skip
+    capsys.readouterr()
+    main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "bare")])
+    names, values = capsys.readouterr().out.strip().splitlines()
     assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_utility"])
+    # A policy setting out of its range: one line naming it, nothing written
+    with pytest.raises(SystemExit):
+        main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
+              str(tmp_path / "refused"), "--band", "1.5"])  # fmt: skip
+    assert "alert policy: band must be a share of the threshold in [0, 1), got 1.5" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+
+
+def test_the_floor_is_saved_and_predicts_hourly(hourly_root, tmp_path, capsys):
+    store = tmp_path / "store"
+    main(["--data-root", str(hourly_root), "--mlruns", str(store), "train", "--dataset", "physionet2019-hourly",
+          "--split", "0", "--method", "alarm_after_hour"])  # fmt: skip
+    run_id = capsys.readouterr().out.split("(run ")[1].split(")")[0]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    after = float(mlflow.get_run(run_id).data.params["chosen_after_hour"])
+    records = tmp_path / "records"
+    records.mkdir()
+    for name in sorted((hourly_root / "source" / "training_setA").iterdir())[:3]:
+        shutil.copy(name, records)
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
+          str(tmp_path / "predictions")])  # fmt: skip
+    for written in sorted((tmp_path / "predictions").iterdir()):
+        risks = pd.read_csv(written, sep="|")["PredictedProbability"].to_numpy()
+        hours = np.arange(1, len(risks) + 1)  # ICULOS of these records: 1, 2, ...
+        np.testing.assert_array_equal(risks, (hours >= after).astype(float))
 
 
 def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(hourly_root, hourly_run, monkeypatch):
@@ -406,6 +449,25 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
         alarms = (validation["risk"] >= threshold).astype(int)
         assert row.validation_utility == pytest.approx(normalised_utility(
             validation["label"], alarms, stay_lengths(validation["stay_id"].to_numpy())), abs=1e-6)
+    # Per alert: each unit's policy chosen on its validation stays, scored on its test stays as score-alerts would
+    from garlic.evaluation import alerting
+
+    assert "## Per alert, under the alert policy" in made["early-warning.md"]
+    assert "| hourly_logreg | alarm_after_hour | cross-hospital | 2 | ppv |" in made["early-warning.md"]
+    assert "## A new hospital's threshold" in made["early-warning.md"]
+    for row in kept.itertuples():
+        validation = test_predictions(tmp_path / "store", row.run_id, "validation")
+        assert row.alert_threshold == pytest.approx(alerting.choose(validation).policy.threshold, rel=1e-5)
+        test = test_predictions(tmp_path / "store", row.run_id)
+        metrics = mlflow.get_run(row.run_id).data.metrics
+        kept_stays = pd.read_csv(early_warning.parts_path(out, row.method, row.protocol, row.split, "alerts"))
+        assert alerting.scores(alerting.as_parts(kept_stays))["ppv"] == pytest.approx(
+            metrics["test_alert_ppv"], nan_ok=True)
+        assert len(kept_stays) == test["stay_id"].nunique()
+    sites = pd.read_csv(out / "physionet2019-hourly-runs" / "site-thresholds.csv")
+    assert sorted(sites["policy"].unique()) == ["carried", "site-burden", "site-labelled"] and len(sites) == 12
+    assert (out / "early-warning-burden-cross-hospital.png").stat().st_size > 10_000
+    made |= {name: (out / name).read_text() for name in ("early-warning-alerts.csv", "early-warning-sites.csv")}
     early_warning.main([*arguments, "--mlruns", str(tmp_path / "empty-store"), "--no-train"])  # the store is gone
     assert {name: (out / name).read_text() for name in made} == made
 
