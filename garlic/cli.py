@@ -528,6 +528,48 @@ def _score_utility(args: argparse.Namespace) -> None:
     print(read_folders(args.labels, args.predictions).scores().table())
 
 
+def _calibrate(args: argparse.Namespace) -> None:
+    """``garlic calibrate``: a run's alert policy set on a site's own record files, written as a site profile."""
+    targets = [flag for flag, value in (("--alerts-per-day", args.alerts_per_day), ("--sensitivity",
+               args.sensitivity), ("--labelled", args.labelled or None)) if value is not None]  # fmt: skip
+    if len(targets) != 1:
+        raise ValueError("set the threshold for one target: --alerts-per-day X (no labels needed), --sensitivity S or "
+                         f"--labelled (the highest utility), got {' and '.join(targets) or 'none'}")  # fmt: skip
+    store = _existing_store(args)
+    _say(f"calibrating run {args.run} on {_shown(args.site)}; loading torch and the model code ...")
+    from garlic.evaluation import alerting
+    from garlic.inference import predict_each_hour
+    from garlic.methods.saved import load_predictor
+    from garlic.sources.physionet2019 import read_hourly_record_files
+    from garlic.sources.records import read_record_files, record_files
+
+    found = alerting.policy_for(args.run, store, band=args.band, quiet_hours=args.quiet_hours, margin=args.margin)
+    trained = load_predictor(args.run, store)
+    if found.hourly:  # the Challenge's files: every row a prediction time, with its SepsisLabel
+        observations, static, tasks = read_hourly_record_files(record_files([args.site], ".psv"))
+    else:
+        observations, static = read_record_files([args.site])
+        tasks = None
+    if static.empty:
+        raise ValueError(f"{args.site}: no record file with an observation to calibrate on")
+    labelled = args.sensitivity is not None or args.labelled
+    if labelled and not found.hourly:
+        raise ValueError(f"run {args.run} gives one risk per stay: its alerts have no hourly labels to set a "
+                         "sensitivity or a utility on; use --alerts-per-day")  # fmt: skip
+    _say(f"scoring every hour of {static['stay_id'].nunique()} stays ...")
+    adapt_threads()
+    risks = predict_each_hour(trained, observations, static, tasks)
+    if labelled:
+        risks = risks.merge(tasks, on=["stay_id", "time"], how="left", validate="one_to_one")
+    settings = {"band": found.policy.band, "quiet_hours": found.policy.quiet_hours, "margin": found.policy.margin}
+    choice = alerting.choose(risks, alerts_per_day=args.alerts_per_day, sensitivity=args.sensitivity, **settings)
+    written = alerting.write_profile(args.profile, args.run, Path(args.site).name, choice, risks["stay_id"].nunique(),
+                                     len(risks))  # fmt: skip
+    scored = ", ".join(f"{name} {value:.3g}" for name, value in choice.scores.items())
+    print(f"{choice.policy.describe()}; chosen for {choice.chosen_by} on "
+          f"{risks['stay_id'].nunique()} stays ({scored}); wrote {_shown(written)}")  # fmt: skip
+
+
 def _score_alerts(args: argparse.Namespace) -> None:
     """The files' alarms (``PredictedLabel``) counted per alert (``garlic.metrics.alerts``), printed as
     score-utility prints: a line of names, a line of values."""
@@ -745,6 +787,25 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--predictions", required=True, type=Path,
                        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
     score.set_defaults(handler=_score_utility)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="set a run's alert threshold on a new hospital's own record files, for a burden or on its "
+        "labels, and write a site profile that monitor, predict --hourly and the dashboard read (docs/alerts.md)")
+    calibrate.add_argument("--run", required=True, help="MLflow run id")
+    calibrate.add_argument("--site", required=True, type=Path, metavar="FOLDER",
+                           help="the site's record files (P19 .psv for an hourly run, P12 .txt or .psv otherwise)")
+    calibrate.add_argument("--alerts-per-day", type=float, metavar="X",
+                           help="the lowest threshold raising at most X alerts per patient-day on the site's stays "
+                                "(0.3: 30 per 100 patient-days; no labels needed)")  # fmt: skip
+    calibrate.add_argument("--sensitivity", type=float, metavar="S",
+                           help="the highest threshold whose alerts find S of the septic stays (SepsisLabel)")
+    calibrate.add_argument("--labelled", action="store_true",
+                           help="the threshold of highest Challenge utility on the files' SepsisLabel")
+    calibrate.add_argument("--band", type=float, help="the policy's band (default: the run's)")
+    calibrate.add_argument("--quiet-hours", type=float, metavar="H", help="the policy's quiet hours (default: the run's)")
+    calibrate.add_argument("--margin", type=float, help="the policy's margin (default: the run's)")
+    calibrate.add_argument("--profile", required=True, type=Path, metavar="FILE", help="the site profile to write (JSON)")
+    calibrate.set_defaults(handler=_calibrate)
 
     alerts = commands.add_parser(
         "score-alerts", help="hourly predictions' alarms counted per alert: sensitivity, PPV, lead time, alerts per "

@@ -63,6 +63,35 @@ def predict_hourly(
     return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
 
 
+def every_hour(observations: pd.DataFrame) -> pd.DataFrame:
+    """Prediction times at every whole ICU hour of each stay, from its first observation's hour (at least 1) to its
+    last observation: what a bedside sees hour by hour (label 0: unknown here)."""
+    span = observations.groupby("stay_id")["time"].agg(["min", "max"])
+    first = np.maximum(np.ceil(span["min"].to_numpy()), 1).astype(np.int64)
+    last = np.floor(span["max"].to_numpy()).astype(np.int64)
+    counts = np.maximum(last - first + 1, 0)
+    starts = np.repeat(first, counts)
+    hours = starts + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return pd.DataFrame({"stay_id": np.repeat(span.index.to_numpy(), counts), "time": hours.astype("float32"),
+                         "label": np.zeros(counts.sum(), np.int8)})  # fmt: skip
+
+
+def predict_each_hour(trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame,
+                      tasks: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per prediction time of ``tasks`` (default: ``every_hour``): stay_id, time, risk. An hourly model is
+    asked there (``predict_hourly``); a model of whole stays scores the record cut there, as the live ward and the
+    dashboard's replay score it."""
+    from garlic.methods.contract import answers_prediction_times
+
+    tasks = every_hour(observations) if tasks is None else tasks
+    if answers_prediction_times(trained.method):
+        return predict_hourly(trained, observations, static, tasks)
+    tensors = tensors_for_model(trained, observations, static, tasks)
+    times = tensors.prediction_times()
+    risk = trained.predict_proba(trained.dataset(tensors.cut_at_prediction_times()))
+    return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
+
+
 def write_hourly_predictions(folder: Path, risks: pd.DataFrame, policy: AlertPolicy) -> list[Path]:
     """The Sepsis Challenge's prediction files of ``predict_hourly``'s risks: one ``pNNNNNN.psv`` per stay, a row
     per hour, ``PredictedProbability|PredictedLabel``, the label 1 where ``policy``'s alert is on (the alert policy

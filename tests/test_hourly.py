@@ -516,3 +516,64 @@ def test_the_boosting_screen_scores_a_setting_on_validation_as_the_method_fitted
     times = parts["validation"].prediction_times
     choice = choose_threshold(times.label, method.predict_proba(parts["validation"]), stay_lengths(times.stay))
     assert choice.normalised_utility == pytest.approx(best["validation_utility"])
+
+
+def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_root, hourly_run, tmp_path, capsys):
+    import json
+
+    from garlic.evaluation.alerting import policy_for
+
+    store, run_id = hourly_run
+    site = tmp_path / "site-b"
+    site.mkdir()
+    for name in sorted((hourly_root / "source" / "training_setB").iterdir()):
+        shutil.copy(name, site)
+    profile = tmp_path / "site-b.json"
+    main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--alerts-per-day", "0.5",
+          "--profile", str(profile)])  # fmt: skip
+    said = capsys.readouterr().out
+    assert "chosen for at most 0.5 alerts per patient-day on 30 stays" in said, said
+    written = json.loads(profile.read_text())
+    assert written["run"] == run_id and written["stays"] == 30 and written["scores_on_site"]["alerts_per_100_days"] <= 50
+    found = policy_for(run_id, store, profile)
+    assert found.policy.threshold == written["policy"]["threshold"] and "site profile site-b.json" in found.chosen_by
+    # predict --hourly with the profile: the site's own alarms stay within the burden asked
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(site), "--output",
+          str(tmp_path / "predictions"), "--profile", str(profile)])  # fmt: skip
+    capsys.readouterr()
+    main(["score-alerts", "--labels", str(site), "--predictions", str(tmp_path / "predictions")])
+    names, values = capsys.readouterr().out.strip().splitlines()
+    scored = dict(zip(names.split("|"), map(float, values.split("|"))))
+    assert scored["Alerts per 100 patient-days"] == pytest.approx(written["scores_on_site"]["alerts_per_100_days"])
+    # on the site's labels, by utility
+    main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--labelled", "--profile",
+          str(tmp_path / "labelled.json")])  # fmt: skip
+    assert "chosen for the highest Challenge utility" in capsys.readouterr().out
+    # Refused in one line, nothing written: no target or two, a burden no threshold meets, an empty site, another
+    # run's profile, a damaged one
+    refusals = [(["--alerts-per-day", "0.5", "--labelled"], "set the threshold for one target"),
+                ([], "set the threshold for one target: --alerts-per-day X"),
+                (["--alerts-per-day", "0"], "alerts per patient-day must be a number in (0, 24), got 0.0"),
+                (["--sensitivity", "1.5"], "the sensitivity must be in (0, 1], got 1.5"),
+                (["--alerts-per-day", "0.5", "--band", "2"], "alert policy: band must be a share")]  # fmt: skip
+    for extra, message in refusals:
+        with pytest.raises(SystemExit):
+            main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--profile",
+                  str(tmp_path / "refused.json"), *extra])  # fmt: skip
+        assert message in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(empty), "--alerts-per-day", "1",
+              "--profile", str(tmp_path / "refused.json")])  # fmt: skip
+    assert str(empty) in capsys.readouterr().err
+    assert not (tmp_path / "refused.json").exists()
+    other = tmp_path / "other.json"
+    other.write_text(profile.read_text().replace(run_id, "0" * 32))
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(profile.read_text()[:40])
+    for path, message in ((other, "a site profile for run '00000000"), (damaged, "damaged.json: not a site profile")):
+        with pytest.raises(SystemExit):
+            main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(site), "--output",
+                  str(tmp_path / "refused"), "--profile", str(path)])  # fmt: skip
+        assert message in capsys.readouterr().err
