@@ -591,6 +591,8 @@ def _dashboard(args: argparse.Namespace) -> None:
         command += ["--run", args.run]
     if args.ward:
         command += ["--ward", args.ward]
+    if args.profile:
+        command += ["--profile", str(args.profile)]
     server: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -823,6 +825,8 @@ def parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=port_number, default=8501)
     dashboard.add_argument("--ward", metavar="URL", help="the live ward's store (garlic monitor --store, e.g. "
                            "sqlite:///live/RUN_ID.sqlite): adds the ward view, every bed live")  # fmt: skip
+    dashboard.add_argument("--profile", type=Path, metavar="FILE",
+                           help="a site profile of the run (garlic calibrate): alert by its policy")
     dashboard.set_defaults(handler=_dashboard)
 
     monitor = commands.add_parser("monitor", help="the live ward: a FHIR R4 service scoring every bed as its "

@@ -337,7 +337,8 @@ def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(ho
     finally:
         streamlit_config.set_option("server.address", before)
     assert not at.exception
-    assert any("highest utility on validation" in c.value for c in at.sidebar.caption)
+    assert any("the run's, chosen on its validation stays by utility" in c.value for c in at.sidebar.caption)
+    assert any("Per alert, under its policy" in m.value for m in at.markdown)  # the model view's burden
     onset = labels.loc[septic, "first_septic_hour"] + 6
     assert any(c.value.startswith(f"Sepsis onset at hour {onset:g}") for c in at.caption)
     assert any("Sepsis Challenge's utility on the test stays" in m.value for m in at.markdown)
