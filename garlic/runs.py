@@ -336,7 +336,8 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     dataset under ``data_root`` (as training and the dashboard find it, from any folder); ``say`` is told each step
     before it is taken (reading the model, reading the stays, scoring them).
 
-    Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
+    On a dataset with prediction times (a tasks table) the metrics are over them, as the run's test look had them
+    (``n_prediction_times``). Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
     """
     use_store(store)
     say(f"reading run {run_id}'s model ...")
@@ -347,8 +348,12 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     say(f"reading the {params[run_contract.DATASET]} stays in {folder} ...")
     tensors = load_tensors(folder)
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
-    say(f"scoring the {len(test)} test stays of {params['split']} ...")
+    times = test.prediction_times  # one per stay, or the tasks table's: the rows the run was tested on
+    timed = test.tensors.task is not None
+    say(f"scoring the {len(test)} test stays of {params['split']}"
+        + (f" at their {len(times)} prediction times ..." if timed else " ..."))
     adapt_threads()
     probabilities = trained.predict_proba(test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),
-            **binary_metrics(test.labels.numpy(), probabilities)}  # fmt: skip
+            **({"n_prediction_times": len(times)} if timed else {}),
+            **binary_metrics(times.label, probabilities)}  # fmt: skip

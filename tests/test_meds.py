@@ -431,3 +431,57 @@ def test_the_benchmark_writes_a_valid_synthetic_meds_folder_of_n_rows_and_measur
     assert len(manifest["variables"]) == 20 and manifest["static_features"] == ["AGE", "HEIGHT", "WEIGHT"]
     assert manifest["counts"]["stays"] == 30
     assert lines[-1].startswith("| synthetic MEDS, 30,000 rows |") and " MB |" in lines[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Several prediction times per subject (the usual MEDS label file): train, evaluate, predict, meds-evaluation
+
+
+@pytest.fixture(scope="module")
+def timed_meds(tmp_path_factory):
+    """A MEDS folder of 80 synthetic stays with two prediction times each (24 h and 48 h after admission), read as
+    the dataset ``meds-timed`` (a tasks table) and trained on with ``hourly_logreg``: the root and the run."""
+    root = tmp_path_factory.mktemp("timed")
+    observations, static, labels = synthetic.simulate(80, seed=11)
+    tasks = pd.DataFrame({"stay_id": np.repeat(labels["stay_id"].to_numpy(), 2), "time": np.tile([24.0, 48.0], 80),
+                          "label": np.repeat(labels["label"].to_numpy(), 2) * np.tile([0, 1], 80)})  # fmt: skip
+    write_processed(root / "native", observations, static, labels, synthetic.VARIABLES, {}, tasks)
+    write_meds(root / "meds", read_processed(root / "native"), "timed")
+    done = garlic_here("preprocess", "meds", "--source", str(root / "meds"), "--labels", str(root / "meds" / "labels"),
+                       "--window-hours", "24", "--name", "timed", root=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = garlic_here("train", "--dataset", "meds-timed", "--method", "hourly_logreg", root=root)
+    assert done.returncode == 0, done.stderr
+    return root, re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
+
+
+def test_a_run_on_several_prediction_times_per_subject_evaluates_as_it_was_tested(timed_meds):
+    root, run = timed_meds
+    done = garlic_here("evaluate", "--run", run, root=root)
+    assert done.returncode == 0, done.stderr
+    from garlic.tracking.store import get_run, use_store
+
+    use_store(root / "mlruns")
+    logged = get_run(run).data.metrics
+    evaluated = json.loads(done.stdout[done.stdout.index("{"):])
+    assert (evaluated["n_test"], evaluated["n_prediction_times"]) == (8, 16)  # 8 test stays, two times each
+    assert evaluated["auroc"] == pytest.approx(logged["test_auroc"], abs=1e-9)
+
+
+def test_predict_scores_every_prediction_time_of_a_subject(timed_meds, tmp_path):
+    from garlic.app.sources import predictions
+
+    root, run = timed_meds
+    logged = predictions(root / "mlruns", run, "test")  # stay_id, time, label, risk: a row per prediction time
+    labels = pq.read_table(root / "meds" / "labels" / "labels.parquet").to_pandas()
+    held_out = labels[labels["subject_id"].isin(logged["stay_id"])]
+    held_out.to_parquet(tmp_path / "held_out.parquet", index=False)
+    done = garlic_here("predict", "--run", run, "--input", str(root / "meds"), "--labels",
+                       str(tmp_path / "held_out.parquet"), "--output", str(tmp_path / "predictions.parquet"),
+                       root=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    scored = pq.read_table(tmp_path / "predictions.parquet").to_pandas()
+    assert len(scored) == len(held_out) == 16
+    assert scored[["subject_id", "prediction_time", "boolean_value"]].equals(
+        held_out[["subject_id", "prediction_time", "boolean_value"]].reset_index(drop=True))
+    assert np.allclose(scored["predicted_boolean_probability"], logged["risk"], atol=1e-6)
