@@ -468,20 +468,49 @@ def test_a_run_on_several_prediction_times_per_subject_evaluates_as_it_was_teste
     assert evaluated["auroc"] == pytest.approx(logged["test_auroc"], abs=1e-9)
 
 
-def test_predict_scores_every_prediction_time_of_a_subject(timed_meds, tmp_path):
+@pytest.fixture(scope="module")
+def timed_predictions(timed_meds, tmp_path_factory):
+    """``garlic predict --labels`` of the timed run on its test subjects' label rows (alarm at 0.5): the label rows
+    asked, the run's logged test predictions and the predictions file."""
     from garlic.app.sources import predictions
 
     root, run = timed_meds
+    folder = tmp_path_factory.mktemp("timed-predictions")
     logged = predictions(root / "mlruns", run, "test")  # stay_id, time, label, risk: a row per prediction time
     labels = pq.read_table(root / "meds" / "labels" / "labels.parquet").to_pandas()
-    held_out = labels[labels["subject_id"].isin(logged["stay_id"])]
-    held_out.to_parquet(tmp_path / "held_out.parquet", index=False)
+    held_out = labels[labels["subject_id"].isin(logged["stay_id"])].reset_index(drop=True)
+    held_out.to_parquet(folder / "held_out.parquet", index=False)
     done = garlic_here("predict", "--run", run, "--input", str(root / "meds"), "--labels",
-                       str(tmp_path / "held_out.parquet"), "--output", str(tmp_path / "predictions.parquet"),
-                       root=root)  # fmt: skip
+                       str(folder / "held_out.parquet"), "--output", str(folder / "predictions.parquet"),
+                       "--threshold", "0.5", root=root)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    scored = pq.read_table(tmp_path / "predictions.parquet").to_pandas()
+    return held_out, logged, folder / "predictions.parquet"
+
+
+def test_predict_scores_every_prediction_time_of_a_subject(timed_predictions):
+    held_out, logged, written = timed_predictions
+    scored = pq.read_table(written).to_pandas()
     assert len(scored) == len(held_out) == 16
     assert scored[["subject_id", "prediction_time", "boolean_value"]].equals(
-        held_out[["subject_id", "prediction_time", "boolean_value"]].reset_index(drop=True))
+        held_out[["subject_id", "prediction_time", "boolean_value"]])
     assert np.allclose(scored["predicted_boolean_probability"], logged["risk"], atol=1e-6)
+    assert (scored["predicted_boolean_value"] == (scored["predicted_boolean_probability"] >= 0.5)).all()
+
+
+def test_predictions_pass_meds_evaluations_strict_schema_and_are_scored_by_it(timed_predictions):
+    from garlic.io.meds import PREDICTION_SCHEMA
+
+    _, _, written = timed_predictions
+    table = pq.read_table(written)
+    assert table.schema.equals(PREDICTION_SCHEMA)
+    assert table.schema.field("predicted_boolean_probability").type == pa.float32()  # as meds-evaluation has it
+    pytest.importorskip("meds_evaluation", reason="meds-evaluation is not installed (pip install "
+                                     "meds-evaluation: the test extra)")  # fmt: skip
+    from meds_evaluation.evaluate import evaluate_binary_classification
+    from meds_evaluation.schema import PredictionSchema
+
+    PredictionSchema.validate(table)  # strict: no cast first
+    import polars
+
+    scores = evaluate_binary_classification(polars.from_arrow(table))
+    assert 0 <= scores["samples_equally_weighted"]["binary_accuracy"] <= 1

@@ -211,14 +211,15 @@ PREDICTION_SCHEMA = pa.schema([  # meds-evaluation's binary classification schem
     ("prediction_time", pa.timestamp("us")),
     ("boolean_value", pa.bool_()),
     ("predicted_boolean_value", pa.bool_()),
-    ("predicted_boolean_probability", pa.float64()),
+    ("predicted_boolean_probability", pa.float32()),  # float32, as meds_evaluation.schema.PredictionSchema checks it
 ])  # fmt: skip
 
 
 def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -> None:
     """Risks as MEDS predictions (``PREDICTION_SCHEMA``, as ``meds-evaluation`` reads them), atomically: ``rows``
     has ``subject_id``, ``prediction_time`` (microseconds since the epoch), ``label`` (the label row's 0/1) and
-    ``risk``. ``predicted_boolean_value`` is ``risk >= threshold``; null throughout without a threshold."""
+    ``risk``. ``predicted_boolean_value`` is ``risk >= threshold`` (the risk as the model gave it, before it is
+    stored as float32); null throughout without a threshold."""
     risk = rows["risk"].to_numpy("float64")
     alarm = pa.array(risk >= threshold) if threshold is not None else pa.nulls(len(rows), pa.bool_())
     table = pa.table({
@@ -226,7 +227,7 @@ def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -
         "prediction_time": pa.array(rows["prediction_time"].to_numpy("int64"), pa.int64()).cast(pa.timestamp("us")),
         "boolean_value": pa.array(rows["label"].to_numpy().astype(bool)),
         "predicted_boolean_value": alarm,
-        "predicted_boolean_probability": pa.array(risk),
+        "predicted_boolean_probability": pa.array(risk.astype("float32")),
     }, schema=PREDICTION_SCHEMA)  # fmt: skip
     with atomic_file(Path(path), suffix=".parquet") as out:
         pq.write_table(table, out)
