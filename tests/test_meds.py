@@ -302,6 +302,53 @@ def test_most_frequent_codes_of_training_subjects_and_the_window_both_ends_inclu
     assert manifest["dropped_stays"] == {"no event of the variables in the input window and no static feature": [5]}
 
 
+def _other_layouts(folder: Path, to: Path) -> None:
+    """The MEDS folder ``folder`` copied to ``to`` in the layouts polars writes: strings as ``large_string``, the codes
+    of every other shard as a dictionary, ``numeric_value`` as ``double``, ``parent_codes`` as a ``large_list``."""
+    for number, path in enumerate(sorted(folder.rglob("*.parquet"))):
+        table = pq.read_table(path)
+        fields = []
+        for field in table.schema:
+            kind = field.type
+            if pa.types.is_string(kind):
+                kind = pa.large_string() if number % 2 or field.name != "code" else pa.dictionary(pa.uint32(),
+                                                                                                   pa.large_string())
+            elif pa.types.is_list(kind):
+                kind = pa.large_list(pa.large_string())
+            elif field.name == "numeric_value":
+                kind = pa.float64()
+            fields.append(field.with_type(kind))
+        (to / path.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.cast(pa.schema(fields)), to / path.relative_to(folder))
+
+
+def test_a_meds_folder_in_polars_layouts_reads_as_the_pyarrow_written_one(tmp_path):
+    observations, static, labels = synthetic.simulate(40, seed=2)
+    write_processed(tmp_path / "native", observations, static, labels, synthetic.VARIABLES, {})
+    dataset = read_processed(tmp_path / "native")
+    write_meds(tmp_path / "meds", dataset, "layouts", rows_per_shard=2_000,
+               splits={"train": labels["stay_id"][:30].to_numpy(), "validation": labels["stay_id"][30:35].to_numpy(),
+                       "test": labels["stay_id"][35:].to_numpy()})  # fmt: skip
+    _other_layouts(tmp_path / "meds", tmp_path / "large")
+    assert pq.read_schema(tmp_path / "large" / "data" / "1.parquet").field("code").type == pa.large_string()
+    variables, static_list = code_lists(dataset, tmp_path)
+    for name in ("meds", "large"):
+        preprocess(tmp_path / name, tmp_path / f"{name}-back", tmp_path / name / "labels", 48.0, str(variables),
+                   static_list)  # fmt: skip
+    assert_same_tensors(tmp_path / "meds-back", tmp_path / "large-back")
+    assert read_processed(tmp_path / "large-back").manifest["subject_splits"] == \
+        read_processed(tmp_path / "meds-back").manifest["subject_splits"]  # fmt: skip
+    polars = pytest.importorskip("polars", reason="polars is not installed (the test extra)")
+    (tmp_path / "polars" / "data").mkdir(parents=True)
+    for path in sorted((tmp_path / "meds" / "data").glob("*.parquet")):  # as a polars ETL writes its shards
+        polars.read_parquet(path).with_columns(polars.col("numeric_value").cast(polars.Float64)).write_parquet(
+            tmp_path / "polars" / "data" / path.name)
+    polars.read_parquet(tmp_path / "meds" / "labels" / "labels.parquet").write_parquet(tmp_path / "labels.parquet")
+    preprocess(tmp_path / "polars", tmp_path / "polars-back", tmp_path / "labels.parquet", 48.0, str(variables),
+               static_list)  # fmt: skip
+    assert_same_tensors(tmp_path / "meds-back", tmp_path / "polars-back")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: the file, the row, the column
 

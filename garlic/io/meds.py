@@ -237,17 +237,36 @@ def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -
 # Reading
 
 
+def read_as(data_type: pa.DataType) -> pa.DataType:
+    """The type a column of ``data_type`` is read as: the layouts of one logical type (polars writes ``large_string``
+    and ``large_list``, a categorical as a dictionary, some writers ``string_view``) as one (``string``, ``list``),
+    and a ``double`` as the ``float`` its values are read into (the tables hold float32); any other type as it is."""
+    if pa.types.is_dictionary(data_type):
+        return read_as(data_type.value_type)
+    if pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type):
+        return pa.string()
+    if pa.types.is_large_list(data_type) or pa.types.is_list_view(data_type):
+        return pa.list_(read_as(data_type.value_type))
+    if pa.types.is_float64(data_type):
+        return pa.float32()
+    return data_type
+
+
 def _checked_schema(schema_class, arrow_schema: pa.Schema, path: Path, required: tuple[str, ...]) -> None:
-    """``arrow_schema`` against ``schema_class`` of the ``meds`` package: a MedsError naming the file and column."""
+    """``arrow_schema`` against ``schema_class`` of the ``meds`` package, a column of another layout of the type it
+    wants (``read_as``) as that type: a MedsError naming the file and column."""
     absent = [column for column in required if column not in arrow_schema.names]
     if absent:
         raise MedsError(f"{path}: no column {', '.join(absent)}; a MEDS {schema_class.__name__} file has "
                         f"{', '.join(required)}")  # fmt: skip
     from flexible_schema.exceptions import SchemaValidationError  # with meds, only where a file is checked
 
-    try:
-        schema_class.validate(pa.schema([arrow_schema.field(name) for name in arrow_schema.names
-                                         if name in schema_class.schema().names]))  # fmt: skip
+    wanted = schema_class.schema()
+    found = [arrow_schema.field(name) for name in arrow_schema.names if name in wanted.names]
+    try:  # a column read as the schema's type is read alike: checked as that type
+        schema_class.validate(pa.schema([
+            field.with_type(wanted.field(field.name).type)
+            if read_as(field.type) == read_as(wanted.field(field.name).type) else field for field in found]))
     except SchemaValidationError as error:
         mistyped = ", ".join(f"column {column}: expected {want}, found {got}" for column, want, got in
                              error.mistyped_cols or [])  # fmt: skip
@@ -323,11 +342,21 @@ def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[Even
             subject_id=subject_id[keep],
             time=time.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
             timed=pc.is_valid(time).to_numpy(zero_copy_only=False),
-            code=code if isinstance(code, pa.DictionaryArray) else code.dictionary_encode(),
+            code=_string_codes(code),
             value=kept.column("numeric_value").to_numpy(zero_copy_only=False).astype("float32"),
             row=row + np.flatnonzero(keep),
         )
         row += batch.num_rows
+
+
+def _string_codes(code: pa.Array) -> pa.DictionaryArray:
+    """A batch's codes as a dictionary of ``string`` (``code_positions`` looks them up as such), whatever string
+    layout the shard has."""
+    if not isinstance(code, pa.DictionaryArray):
+        code = code.dictionary_encode()
+    if code.dictionary.type != pa.string():
+        code = pa.DictionaryArray.from_arrays(code.indices, code.dictionary.cast(pa.string()))
+    return code
 
 
 def read_labels(source: Path) -> pd.DataFrame:
