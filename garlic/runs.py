@@ -88,6 +88,8 @@ def train(
         tensors = load_tensors(folder)
         splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
+    for split in chosen:  # before any run opens: a fit on one outcome fails deep inside a method, or learns nothing
+        _check_both_outcomes(tensors, split, config.dataset)
     manifest = read_manifest(folder)
     labels, settings = pq.read_table(folder / LABELS).to_pandas(), spec.checked_settings(method_settings or {})
     if not spec.available(labels):
@@ -113,6 +115,19 @@ def train(
     described = units[0][1] if len(seeds) == 1 else units[0][1].with_config(config)
     return _Run(spec, tensors, folder, manifest, store, resume_run, preset, carry).train(described, units, seeds,
                                                                                         on_epoch)  # fmt: skip
+
+
+def _check_both_outcomes(tensors: IrregularTensors, split: Split, dataset: str) -> None:
+    """A ValueError, naming the dataset, the split and the counts, when ``split``'s training part holds one outcome
+    (its stays, or its prediction times on a dataset with a tasks table)."""
+    labels = tensors.subset(split.positions(tensors, "train")).prediction_times().label
+    positive = int((labels == 1).sum())
+    if 0 < positive < len(labels):
+        return
+    unit = "stays" if tensors.task is None else "prediction times"
+    raise ValueError(f"{dataset}: the training part of {split.name} has {positive} positive and "
+                     f"{len(labels) - positive} negative {unit}: a model learns from both outcomes; preprocess the "
+                     "dataset with labels of both")  # fmt: skip
 
 
 def _help_fit(method: Method, tensors: IrregularTensors, split: Split) -> None:

@@ -399,6 +399,27 @@ def test_a_label_file_without_boolean_value_a_repeated_label_row_or_a_doubled_co
     assert not (tmp_path / "out").exists()
 
 
+def test_labels_of_one_outcome_are_refused_at_preprocess_and_at_train_in_one_line(tmp_path):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [(s, h, "HR", 80.0 + h) for s in range(1, 41)
+                                                           for h in (1.0, 2.0)])  # fmt: skip
+    labels = write_labels(tmp_path / "labels.parquet", [(s, 24.0, False) for s in range(1, 41)])
+    done = garlic_here("preprocess", "meds", "--source", str(tmp_path / "meds"), "--labels", str(labels), root=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"garlic: error: {labels}: 40 label rows, 0 true and 40 false (40 subjects kept: 0 true, 40 false): a model "
+        "learns from both outcomes; give label rows of both")  # fmt: skip
+    assert not (tmp_path / "data" / "processed" / "meds").exists()
+    # A dataset of one outcome made otherwise: garlic train says so before any run starts, naming the part.
+    observations, static, stays = synthetic.simulate(40, seed=4)
+    write_processed(tmp_path / "data" / "processed" / "meds", observations, static, stays.assign(label=0),
+                    synthetic.VARIABLES, {"dataset": "meds"})  # fmt: skip
+    done = garlic_here("train", "--dataset", "meds", "--method", "logreg", root=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(
+        "garlic: error: meds: the training part of five-split/split_0 has 0 positive and 32 negative stays"), \
+        done.stderr  # fmt: skip
+    assert not (tmp_path / "mlruns").exists()  # refused before the store is made
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Real data: P12, the P19 raindrop cohort and the MIMIC-III demo, native tables out to MEDS and back
 

@@ -186,6 +186,19 @@ def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float
     return MedsTables(observations, static_table, label_table, tasks, kept_rows, left_out)
 
 
+def _check_both_outcomes(labels: Path, label_rows: pd.DataFrame, tables: MedsTables) -> None:
+    """A MedsError unless what is kept (the stays, or the label rows of a tasks table) has both outcomes: a model of
+    one outcome learns nothing (and most fail on it), so the label file is named with its counts."""
+    kept, unit = ((tables.labels["label"], "subjects kept") if tables.tasks is None
+                  else (tables.tasks["label"], "label rows kept"))  # fmt: skip
+    true, kept_true = int(label_rows["label"].sum()), int(kept.sum())
+    if 0 < kept_true < len(kept):
+        return
+    raise MedsError(f"{labels}: {len(label_rows)} label rows, {true} true and {len(label_rows) - true} false "
+                    f"({len(kept)} {unit}: {kept_true} true, {len(kept) - kept_true} false): a model learns from both "
+                    "outcomes; give label rows of both")  # fmt: skip
+
+
 def preprocess(
     source: Path,
     destination: Path,
@@ -218,6 +231,7 @@ def preprocess(
         raise MedsError(f"{source}: no timed numeric event of a labelled subject; nothing to use as a variable")
 
     tables = read_tables(paths, label_rows, float(window_hours), chosen, static_codes)
+    _check_both_outcomes(Path(labels), label_rows, tables)
     observed = tables.labels["stay_id"].to_numpy("int64")
     subjects = np.unique(label_rows["subject_id"].to_numpy("int64"))
     dropped = {"no event of the variables in the input window and no static feature":
