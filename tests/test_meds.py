@@ -420,6 +420,37 @@ def test_labels_of_one_outcome_are_refused_at_preprocess_and_at_train_in_one_lin
     assert not (tmp_path / "mlruns").exists()  # refused before the store is made
 
 
+def test_an_empty_read_is_named_never_silent(tmp_path, caplog):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [
+        (1, None, "AGE", 70.0), (1, 1.0, "HR", 80.0), (1, 30.0, "K", 4.0), (2, None, "AGE", 50.0), (2, 2.0, "HR", 90.0),
+        (3, 1.0, "HR", 85.0)])  # fmt: skip
+    both = [(1, 24.0, True), (2, 24.0, False), (3, 24.0, True)]
+    # Every prediction time before any event (a label file of 1900): no window holds one.
+    early = write_labels(tmp_path / "early.parquet", [(s, -876_600.0 + h, b) for s, h, b in both])
+    with pytest.raises(MedsError, match=r"early\.parquet: no event of the variables falls in any input window \(48 h "
+                       r"up to each prediction time\): the prediction times run from 1900-01-01 00:00:00 to "
+                       r"1900-01-01 00:00:00, the subjects' 4 events of the variables from 2000-01-01 01:00:00 to "
+                       r"2000-01-02 06:00:00; check prediction_time and --window-hours"):  # fmt: skip
+        preprocess(tmp_path / "meds", tmp_path / "out", early, variables="5")
+    labels = write_labels(tmp_path / "labels.parquet", both)
+    (tmp_path / "absent.txt").write_text("GLUCOSE\n")
+    with pytest.raises(MedsError, match=r"labels\.parquet: its subjects have no timed numeric event of the codes listed "
+                       r"in .*absent\.txt \(GLUCOSE\) in the MEDS folder"):  # fmt: skip
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables=str(tmp_path / "absent.txt"))
+    with pytest.raises(MedsError, match=r"^--variables 0: give N of at least 1"):
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="0")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "some.txt").write_text("HR\nGLUCOSE\nK\n")
+    (tmp_path / "static.txt").write_text("AGE\nSEX\n")
+    with caplog.at_level("WARNING", logger="garlic.sources.meds"):
+        manifest = preprocess(tmp_path / "meds", tmp_path / "out", labels, window_hours=24.0,
+                              variables=str(tmp_path / "some.txt"), static=tmp_path / "static.txt")  # fmt: skip
+    assert manifest["counts"]["observations_per_variable"] == {"HR": 3, "GLUCOSE": 0, "K": 0}
+    assert "some.txt: 'GLUCOSE': no timed numeric event of the labelled subjects has this code" in caplog.text
+    assert "some.txt: 'K': every event of this code lies outside the input windows" in caplog.text
+    assert "static.txt: 'SEX': no static numeric event of the labelled subjects has this code" in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Real data: P12, the P19 raindrop cohort and the MIMIC-III demo, native tables out to MEDS and back
 

@@ -98,12 +98,13 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
     opens, closes = windows["opens"].to_numpy("int64"), windows["closes"].to_numpy("int64")
     parts: dict[str, list[np.ndarray]] = {key: [] for key in ("stay", "time", "code", "value")}
     static_rows: list[pd.DataFrame] = []
-    left_out = LeftOut()
+    left_out, seen = LeftOut(), Seen(np.zeros(len(variables), "int64"))
     for path in paths:
         for batch in iter_events(path, subjects):
             where = np.searchsorted(subjects, batch.subject_id)
             code = code_positions(batch.code, variables)
             usable = np.abs(batch.value) <= MAX_MEASUREMENT  # False for NaN and inf too
+            seen.count(code, batch.time[batch.timed & (code >= 0) & usable], batch.timed & (code >= 0) & usable)
             inside = batch.timed & (code >= 0) & (batch.time >= opens[where]) & (batch.time <= closes[where])
             untimed = ~batch.timed
             if static is not None:
@@ -127,7 +128,23 @@ def _read_events(paths: list[Path], windows: pd.DataFrame, variables: list[str],
         "value": arrays["value"].astype("float32")})  # fmt: skip
     static_events = (pd.concat(static_rows, ignore_index=True) if static_rows
                      else pd.DataFrame({"stay_id": [], "code": [], "value": []}))  # fmt: skip
-    return observations, static_events, left_out
+    return observations, static_events, left_out, seen
+
+
+@dataclass
+class Seen:
+    """The variables' usable events of the labelled subjects at any time, in their windows or not: how many of each
+    variable, and the first and last time (microseconds; None before any), to say why a window holds none."""
+
+    events: np.ndarray
+    first: int | None = None
+    last: int | None = None
+
+    def count(self, code: np.ndarray, times: np.ndarray, among: np.ndarray) -> None:
+        self.events += np.bincount(code[among], minlength=len(self.events))
+        if len(times):
+            self.first = int(times.min()) if self.first is None else min(self.first, int(times.min()))
+            self.last = int(times.max()) if self.last is None else max(self.last, int(times.max()))
 
 
 @dataclass
@@ -156,6 +173,7 @@ class MedsTables:
     tasks: pd.DataFrame | None
     label_rows: pd.DataFrame
     left_out: LeftOut
+    seen: Seen
 
 
 def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float, variables: list[str],
@@ -164,7 +182,7 @@ def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float
     ``variables`` inside each window, the ``static`` codes (None: every numeric code with a null time, in
     alphabetical order); a tasks table when a subject has several label rows."""
     windows = _prediction_windows(label_rows, window_hours)
-    observations, static_events, left_out = _read_events(paths, windows, variables, static)
+    observations, static_events, left_out, seen = _read_events(paths, windows, variables, static)
     features = static if static is not None else sorted(static_events["code"].unique())
     # A subject with static features but no event in its window is a stay of one empty step, as Raindrop's P19
     # cohort keeps them (garlic.io.tensors); one with neither is not.
@@ -183,7 +201,46 @@ def read_tables(paths: list[Path], label_rows: pd.DataFrame, window_hours: float
         tasks = pd.DataFrame({"stay_id": kept_rows["subject_id"].to_numpy("int64"),
                               "time": times_to_hours(kept_rows["prediction_time"].to_numpy(), opens),
                               "label": kept_rows["label"].to_numpy("int8")})  # fmt: skip
-    return MedsTables(observations, static_table, label_table, tasks, kept_rows, left_out)
+    return MedsTables(observations, static_table, label_table, tasks, kept_rows, left_out, seen)
+
+
+def _shown_time(microseconds: int) -> str:
+    return str(pd.Timestamp(int(microseconds), unit="us"))
+
+
+def _check_events_read(tables: MedsTables, variables: list[str], static: list[str] | None, variables_given: str | None,
+                       static_given: Path | None, labels: Path, window_hours: float) -> None:  # fmt: skip
+    """A MedsError when no window holds an event of the variables (the label file and the events' times named, or the
+    list of codes that none matched), and a warning for each listed code that nothing matched: never a dataset
+    that is empty without a word."""
+    listed = variables_given is not None and not str(variables_given).isdigit()
+    if not len(tables.observations):
+        if not tables.seen.events.any():
+            given = f"the codes listed in {variables_given}" if listed else "the variables"
+            raise MedsError(f"{labels}: its subjects have no timed numeric event of {given} ({', '.join(variables[:5])}"
+                            f"{', ...' if len(variables) > 5 else ''}) in the MEDS folder")  # fmt: skip
+        times = tables.label_rows["prediction_time"]
+        raise MedsError(f"{labels}: no event of the variables falls in any input window ({window_hours:g} h up to "
+                        f"each prediction time): the prediction times run from {_shown_time(times.min())} to "
+                        f"{_shown_time(times.max())}, the subjects' {int(tables.seen.events.sum())} events of the "
+                        f"variables from {_shown_time(tables.seen.first)} to {_shown_time(tables.seen.last)}; check "
+                        "prediction_time and --window-hours")  # fmt: skip
+    if listed:
+        kept = tables.observations["variable"].value_counts().reindex(variables).fillna(0).to_numpy()
+        absent = [code for code, n in zip(variables, tables.seen.events) if n == 0]
+        outside = [code for code, n, k in zip(variables, tables.seen.events, kept) if n and not k]
+        if absent:
+            log.warning("meds: %s: %s: no timed numeric event of the labelled subjects has this code; its column "
+                        "stays empty", variables_given, ", ".join(map(repr, absent)))  # fmt: skip
+        if outside:
+            log.warning("meds: %s: %s: every event of this code lies outside the input windows; its column stays "
+                        "empty", variables_given, ", ".join(map(repr, outside)))  # fmt: skip
+    if static is not None:
+        found = set(tables.static.columns[tables.static.notna().any()])
+        absent = [code for code in static if code not in found]
+        if absent:
+            log.warning("meds: %s: %s: no static numeric event of the labelled subjects has this code; its column "
+                        "stays empty", static_given, ", ".join(map(repr, absent)))  # fmt: skip
 
 
 def _check_both_outcomes(labels: Path, label_rows: pd.DataFrame, tables: MedsTables) -> None:
@@ -214,6 +271,9 @@ def preprocess(
     if not window_hours > 0:
         raise MedsError(f"--window-hours must be a positive number of hours, got {window_hours}")
     counted = variables is None or str(variables).isdigit()
+    if counted and variables is not None and int(variables) == 0:
+        raise MedsError("--variables 0: give N of at least 1 (the N most frequent timed numeric codes), or a file of "
+                        "codes")  # fmt: skip
     listed = None if counted else read_code_list(Path(variables))  # the lists first: before any long read
     static_codes = None if static is None else read_code_list(Path(static))
     paths = shards(source)
@@ -231,6 +291,7 @@ def preprocess(
         raise MedsError(f"{source}: no timed numeric event of a labelled subject; nothing to use as a variable")
 
     tables = read_tables(paths, label_rows, float(window_hours), chosen, static_codes)
+    _check_events_read(tables, chosen, static_codes, variables, static, Path(labels), float(window_hours))
     _check_both_outcomes(Path(labels), label_rows, tables)
     observed = tables.labels["stay_id"].to_numpy("int64")
     subjects = np.unique(label_rows["subject_id"].to_numpy("int64"))
@@ -267,6 +328,14 @@ def preprocess(
     if tables.left_out.events:
         log.warning("meds: %d events left out for a value not finite or beyond +-%s; the first: %s",
                     tables.left_out.events, f"{MAX_MEASUREMENT:,.0f}", tables.left_out.first)  # fmt: skip
+    without_input = manifest["counts"]["stays_without_input"]
+    if without_input:
+        log.warning("meds: %d of %d stays kept have no event of the variables in their input window (static features "
+                    "alone)", without_input, len(observed))  # fmt: skip
+    if len(subjects) > len(observed):
+        log.warning("meds: %d of %d labelled subjects dropped: neither an event of the variables in the input window "
+                    "nor a static feature (the manifest's dropped_stays)", len(subjects) - len(observed),
+                    len(subjects))  # fmt: skip
     log.info("meds: %d stays kept, %d dropped", len(observed), len(subjects) - len(observed))
     return read_manifest(destination)
 
