@@ -234,6 +234,25 @@ def test_prediction_times_come_back_as_the_tasks_table_read_row_group_by_row_gro
     assert_same_tensors(tmp_path / "native", tmp_path / "back")
 
 
+def test_exported_times_are_exact_to_the_microsecond_and_come_back_as_the_same_hours(tmp_path):
+    from garlic.io.meds import ADMISSION, hours_to_times, times_to_hours
+
+    rng = np.random.default_rng(0)
+    for grid, count in ((60_000_000, 200 * 60), (1_000_000, 50 * 3600), (1_000, 3_600_000)):
+        recorded = np.arange(count, dtype="int64") * grid  # every minute of 200 h, second of 50 h, ms of an hour
+        hours = times_to_hours(recorded, 0)  # as the tables hold them: float32 hours
+        assert np.array_equal((hours_to_times(hours) - ADMISSION).astype("int64"), recorded), grid
+    anything = rng.uniform(0, 5_000, 100_000).astype("float32")
+    assert np.array_equal(times_to_hours((hours_to_times(anything) - ADMISSION).astype("int64"), 0), anything)
+    # A whole export: every event of a cohort charted to the minute lies on its minute.
+    observations, static, labels = synthetic.simulate(30, seed=6)
+    observations["time"] = (np.round(observations["time"] * 60) / 60).astype("float32")
+    write_processed(tmp_path / "native", observations, static, labels, synthetic.VARIABLES, {})
+    write_meds(tmp_path / "meds", read_processed(tmp_path / "native"), "minutes")
+    times = pq.read_table(tmp_path / "meds" / "data").column("time").drop_null().cast(pa.int64()).to_numpy()
+    assert len(times) == len(observations) and (times % 60_000_000 == 0).all()
+
+
 def test_the_folder_layout_is_the_meds_packages_and_garlic_starts_without_it():
     import meds
 
