@@ -92,6 +92,17 @@ def test_export_writes_meds_data_codes_labels_and_the_saved_split(exported):
     assert "garlic preprocess meds" in said
 
 
+def test_the_printed_next_command_reads_the_export_back_in_the_same_column_order(exported):
+    import shlex
+
+    root, said = exported
+    command = shlex.split(re.search(r"^next: garlic (preprocess meds .*)$", said, re.MULTILINE).group(1))
+    assert "--variables" in command and "--static" in command
+    done = garlic_here(*command, "--name", "next", root=root)
+    assert done.returncode == 0, done.stderr
+    assert_same_tensors(root / "data" / "processed" / "synthetic", root / "data" / "processed" / "meds-next")
+
+
 @pytest.fixture(scope="module")
 def imported(exported):
     """The exported folder preprocessed back as the dataset ``meds-back`` (``--name back``), with the native variable

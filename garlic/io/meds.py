@@ -45,6 +45,10 @@ MICROSECONDS_PER_HOUR = 3_600_000_000
 ROWS_PER_SHARD = 1_000_000  # a shard ends at the first stay boundary past this many events
 LABELS_FOLDER = "labels"
 LABELS_FILE = "labels.parquet"
+# The dataset's variables and static features in their order, as --variables and --static take them (one a line),
+# beside the MEDS metadata: ``garlic preprocess meds`` with them reads the export back in the same column order.
+VARIABLES_LIST = "metadata/garlic_variables.txt"
+STATIC_LIST = "metadata/garlic_static.txt"
 # The meds package's names (meds.data_subdirectory, ...; tests/test_meds.py checks them), spelled here so that
 # importing this module does not import meds: its schemas pull in jsonschema, 60 ms at every garlic start.
 DATA = "data"
@@ -188,8 +192,10 @@ def _refuse_to_replace(destination: Path) -> None:
 def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: dict[str, np.ndarray] | None = None,
                rows_per_shard: int = ROWS_PER_SHARD) -> dict:  # fmt: skip
     """Write ``dataset`` as a MEDS folder ``destination`` (replaced atomically): data shards, codes, label file,
-    and, given ``splits`` (``train``/``validation``/``test`` -> stay ids), the subject splits. Returns what it wrote:
-    the shard, event and label counts and the label rows' ``window_hours``."""
+    the variable and static lists (``VARIABLES_LIST``, ``STATIC_LIST`` where there are static features), and, given
+    ``splits`` (``train``/``validation``/``test`` -> stay ids), the subject splits. Returns what it wrote: the shard,
+    event and label counts, the label rows' ``window_hours`` and the ``preprocess_options`` that read it back
+    (``--labels``, ``--window-hours``, ``--variables``, ``--static``)."""
     _refuse_to_replace(Path(destination))
     span = window_hours(dataset)
     events = _events(dataset)
@@ -214,11 +220,20 @@ def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: 
                               "split": pa.array([SPLIT_NAMES[part] for part in SPLIT_NAMES
                                                  for _ in splits[part]], pa.string())})  # fmt: skip
             pq.write_table(_meds().SubjectSplitSchema.align(table), staging / SUBJECT_SPLITS)
+        (staging / VARIABLES_LIST).write_text("".join(f"{name}\n" for name in dataset.variables))
+        if dataset.static_features:
+            (staging / STATIC_LIST).write_text("".join(f"{name}\n" for name in dataset.static_features))
         (staging / LABELS_FOLDER).mkdir()
         pq.write_table(labels, staging / LABELS_FOLDER / LABELS_FILE)
         write_json_atomic(staging / DATASET_METADATA, {
             "dataset_name": name, "etl_name": ETL_NAME, "meds_version": _meds().__version__})  # fmt: skip
-    return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span}
+    destination = Path(destination)
+    options = ["--labels", str(destination / LABELS_FOLDER / LABELS_FILE), "--window-hours", f"{span:g}",
+               "--variables", str(destination / VARIABLES_LIST)]
+    if dataset.static_features:
+        options += ["--static", str(destination / STATIC_LIST)]
+    return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span,
+            "preprocess_options": options}  # fmt: skip
 
 
 PREDICTION_SCHEMA = pa.schema([  # meds-evaluation's binary classification schema
