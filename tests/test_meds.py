@@ -481,6 +481,38 @@ def test_an_empty_read_is_named_never_silent(tmp_path, caplog):
     assert "static.txt: 'SEX': no static numeric event of the labelled subjects has this code" in caplog.text
 
 
+def test_row_order_decides_nothing_silently(tmp_path, caplog):
+    rows = [(1, None, "AGE", 70.0), (1, None, "AGE", 71.0), (1, None, "SEX", float("nan")), (1, None, "SEX", 1.0),
+            (1, 1.0, "HR", 80.0), (1, 2.0, "HR", 81.0), (1, 2.0, "HR", 82.0), (2, None, "AGE", 50.0),
+            (2, 1.0, "HR", 90.0), (3, None, "AGE", 40.0), (3, 1.0, "HR", 60.0)]  # fmt: skip
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True), (2, 24.0, False), (3, 24.0, True)])
+    read = {}
+    for name, order in (("sorted", rows), ("reversed", rows[::-1])):
+        write_shard(tmp_path / name / "data" / "0.parquet", order)
+        with caplog.at_level("WARNING", logger="garlic.sources.meds"):
+            caplog.clear()
+            preprocess(tmp_path / name, tmp_path / f"{name}-out", labels, window_hours=24.0, variables="1")
+        read[name] = read_processed(tmp_path / f"{name}-out").static.set_index("stay_id")
+        assert ("1 subject(s) have a static code recorded with different values; each keeps the value recorded most "
+                "often, the largest of equally frequent ones: the first, subject 1, code 'AGE': 70, 71") in caplog.text
+        assert "at 1 time(s) of a subject, a variable has two values" in caplog.text
+        assert ("not sorted" in caplog.text) == (name == "reversed")
+    assert read["sorted"].equals(read["reversed"])  # whatever the rows' order
+    assert read["sorted"].loc[1, "AGE"] == 71.0 and read["sorted"].loc[1, "SEX"] == 1.0
+    assert "0.parquet: row 1, subject 3: no time (a static event) after 2000-01-01 01:00:00" in caplog.text
+    # A subject in two shards is read as one, and said; a label file's other columns are said not to be read.
+    write_shard(tmp_path / "split" / "data" / "0.parquet", rows[:9])
+    write_shard(tmp_path / "split" / "data" / "1.parquet", rows[9:] + [(2, 3.0, "HR", 91.0)])
+    pq.write_table(pq.read_table(labels).append_column("integer_value", pa.array([1, 0, 2], pa.int64())),
+                   tmp_path / "extra.parquet")  # fmt: skip
+    with caplog.at_level("WARNING"):
+        caplog.clear()
+        preprocess(tmp_path / "split", tmp_path / "split-out", tmp_path / "extra.parquet", 24.0, "1")
+    assert "1 subject(s) have events in more than one shard" in caplog.text and "subject 2 in 1.parquet" in caplog.text
+    assert "extra.parquet: column(s) integer_value not read: the label is boolean_value" in caplog.text
+    assert read_processed(tmp_path / "split-out").observations.query("stay_id == 2")["value"].tolist() == [90.0, 91.0]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Real data: P12, the P19 raindrop cohort and the MIMIC-III demo, native tables out to MEDS and back
 

@@ -27,6 +27,7 @@ Every folder and file is written beside its destination and renamed into place (
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -58,6 +59,7 @@ DATASET_METADATA = "metadata/dataset.json"
 SPLIT_NAMES = {"train": "train", "validation": "tuning", "test": "held_out"}
 DATA_COLUMNS = ("subject_id", "time", "code", "numeric_value")
 LABEL_COLUMNS = ("subject_id", "prediction_time", "boolean_value")
+log = logging.getLogger(__name__)
 
 
 def _meds():
@@ -404,6 +406,10 @@ def read_labels(source: Path) -> pd.DataFrame:
             raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
         _checked_schema(_meds().LabelSchema, table.schema, path, LABEL_COLUMNS)
         _first_null(table, LABEL_COLUMNS, path, 0)
+        unread = [name for name in table.column_names if name not in LABEL_COLUMNS and table.column(name).null_count
+                  < table.num_rows]  # fmt: skip
+        if unread:  # another task's values (integer_value, float_value, ...): not this binary task's label
+            log.warning("meds: %s: column(s) %s not read: the label is boolean_value", path, ", ".join(unread))
         frame = pd.DataFrame({
             "subject_id": table.column("subject_id").to_numpy(),
             "prediction_time": table.column("prediction_time").cast(pa.int64()).to_numpy(),
