@@ -253,6 +253,7 @@ def test_exported_times_are_exact_to_the_microsecond_and_come_back_as_the_same_h
         recorded = np.arange(count, dtype="int64") * grid  # every minute of 200 h, second of 50 h, ms of an hour
         hours = times_to_hours(recorded, 0)  # as the tables hold them: float32 hours
         assert np.array_equal((hours_to_times(hours) - ADMISSION).astype("int64"), recorded), grid
+    assert hours_to_times(np.float32(7 / 60)) == np.datetime64("2000-01-01T00:07")  # one time, as an array of them
     anything = rng.uniform(0, 5_000, 100_000).astype("float32")
     assert np.array_equal(times_to_hours((hours_to_times(anything) - ADMISSION).astype("int64"), 0), anything)
     # A whole export: every event of a cohort charted to the minute lies on its minute.

@@ -89,15 +89,16 @@ def hours_to_times(hours: np.ndarray) -> np.ndarray:
     product of the float32 gives) and every time comes back as the hours it left as. Where no grid gives the float32
     back (before 8.4 s, 0.0023 h, a microsecond is more than a float32 step), the nearest microsecond."""
     hours = np.asarray(hours, dtype="float32")
-    exact = hours.astype("float64") * MICROSECONDS_PER_HOUR
+    flat = hours.ravel()
+    exact = flat.astype("float64") * MICROSECONDS_PER_HOUR
     offsets = np.rint(exact).astype("int64")
-    placed = np.zeros(hours.shape, dtype=bool)
-    for grid in GRIDS_US:
-        candidate = np.rint(exact / grid).astype("int64") * grid
-        fits = ~placed & (times_to_hours(candidate, 0) == hours)
-        offsets[fits] = candidate[fits]
-        placed |= fits
-    return ADMISSION + offsets.astype("timedelta64[us]")
+    left = np.arange(flat.size)  # the times not yet placed: each grid tries only those the coarser ones did not fit
+    for grid in GRIDS_US[:-1]:
+        candidate = np.rint(exact[left] / grid).astype("int64") * grid
+        fits = times_to_hours(candidate, 0) == flat[left]
+        offsets[left[fits]] = candidate[fits]
+        left = left[~fits]
+    return ADMISSION + offsets.reshape(hours.shape).astype("timedelta64[us]")
 
 
 def times_to_hours(microseconds: np.ndarray, origin: np.ndarray) -> np.ndarray:
