@@ -120,7 +120,9 @@ def train(
 def _check_both_outcomes(tensors: IrregularTensors, split: Split, dataset: str) -> None:
     """A ValueError, naming the dataset, the split and the counts, when ``split``'s training part holds one outcome
     (its stays, or its prediction times on a dataset with a tasks table)."""
-    labels = tensors.subset(split.positions(tensors, "train")).prediction_times().label
+    train = split.positions(tensors, "train")  # the labels alone: a subset would copy the part's arrays
+    task = tensors.task
+    labels = tensors.labels[train] if task is None else task.label[np.isin(task.stay, train)]
     positive = int((labels == 1).sum())
     if 0 < positive < len(labels):
         return
