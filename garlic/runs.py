@@ -354,7 +354,8 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     before it is taken (reading the model, reading the stays, scoring them).
 
     On a dataset with prediction times (a tasks table) the metrics are over them, as the run's test look had them
-    (``n_prediction_times``). Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
+    (``n_prediction_times``). Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the
+    run was trained on.
     """
     use_store(store)
     say(f"reading run {run_id}'s model ...")

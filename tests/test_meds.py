@@ -465,8 +465,8 @@ def test_an_empty_read_is_named_never_silent(tmp_path, caplog):
         preprocess(tmp_path / "meds", tmp_path / "out", early, variables="5")
     labels = write_labels(tmp_path / "labels.parquet", both)
     (tmp_path / "absent.txt").write_text("GLUCOSE\n")
-    with pytest.raises(MedsError, match=r"labels\.parquet: its subjects have no timed numeric event of the codes listed "
-                       r"in .*absent\.txt \(GLUCOSE\) in the MEDS folder"):  # fmt: skip
+    with pytest.raises(MedsError, match=r"labels\.parquet: its subjects have no timed numeric event of the codes "
+                       r"listed in .*absent\.txt \(GLUCOSE\) in the MEDS folder"):  # fmt: skip
         preprocess(tmp_path / "meds", tmp_path / "out", labels, variables=str(tmp_path / "absent.txt"))
     with pytest.raises(MedsError, match=r"^--variables 0: give N of at least 1"):
         preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="0")

@@ -15,9 +15,9 @@ in alphabetical order. An event without a numeric value is not read, nor one who
 those are counted in the manifest and the first is named in the log. A static code recorded with several values
 keeps the one recorded most often, the largest of equally frequent ones, whatever the rows' order; a variable
 recorded twice at one time keeps the later row, as the tensors do; a warning names either, as it names rows not
-sorted by subject and time and a subject found in several shards (read all the same). A subject with static features but no event
-of the variables in its window is kept, as a stay of one empty step (Raindrop's P19 cohort keeps such stays); one
-with neither is dropped, counted in the manifest.
+sorted by subject and time and a subject found in several shards (read all the same). A subject with static
+features but no event of the variables in its window is kept, as a stay of one empty step (Raindrop's P19 cohort
+keeps such stays); one with neither is dropped, counted in the manifest.
 
 When the folder has ``metadata/subject_splits.parquet``, the manifest records its parts (``train``, ``tuning`` as
 the validation part, ``held_out`` as the test part) for the protocol ``subject-splits`` (``garlic.data.splits``).
