@@ -380,6 +380,33 @@ def test_a_meds_folder_in_polars_layouts_reads_as_the_pyarrow_written_one(tmp_pa
     assert_same_tensors(tmp_path / "meds-back", tmp_path / "polars-back")
 
 
+def test_times_in_another_unit_read_as_microseconds_and_a_finer_one_is_named(tmp_path):
+    rows = [(1, None, "AGE", 70.0), (1, 1.0, "HR", 80.0), (1, 2.5, "HR", 81.0), (2, 0.25, "HR", 90.0)]
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", rows)
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True), (2, 24.0, False)])
+    preprocess(tmp_path / "meds", tmp_path / "back", labels, window_hours=24.0, variables="1")
+    for unit in ("ns", "ms"):  # pandas writes nanoseconds, some tools milliseconds
+        folder = tmp_path / unit
+        (folder / "data").mkdir(parents=True)
+        table = pq.read_table(tmp_path / "meds" / "data" / "0.parquet")
+        pq.write_table(table.set_column(1, "time", table.column("time").cast(pa.timestamp(unit))),
+                       folder / "data" / "0.parquet")  # fmt: skip
+        written = pq.read_table(labels)
+        pq.write_table(written.set_column(1, "prediction_time", written.column("prediction_time").cast(
+            pa.timestamp(unit))), folder / "labels.parquet")  # fmt: skip
+        assert pq.read_schema(folder / "data" / "0.parquet").field("time").type == pa.timestamp(unit)
+        preprocess(folder, tmp_path / f"{unit}-back", folder / "labels.parquet", window_hours=24.0, variables="1")
+        assert_same_tensors(tmp_path / "back", tmp_path / f"{unit}-back")
+    table = pq.read_table(tmp_path / "ns" / "data" / "0.parquet")
+    nanoseconds = table.column("time").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).copy()
+    nanoseconds[2] += 1
+    pq.write_table(table.set_column(1, "time", pa.array(nanoseconds, pa.int64(), mask=table.column("time").is_null()
+                                                        .to_numpy(zero_copy_only=False)).cast(pa.timestamp("ns"))),
+                   tmp_path / "ns" / "data" / "0.parquet")  # fmt: skip
+    with pytest.raises(MedsError, match=r"0\.parquet: row 2, column time: a time finer than a microsecond"):
+        preprocess(tmp_path / "ns", tmp_path / "finer", tmp_path / "ns" / "labels.parquet", 24.0, "1")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: the file, the row, the column
 

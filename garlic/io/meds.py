@@ -282,7 +282,23 @@ def read_as(data_type: pa.DataType) -> pa.DataType:
         return pa.list_(read_as(data_type.value_type))
     if pa.types.is_float64(data_type):
         return pa.float32()
+    if pa.types.is_timestamp(data_type) and data_type.tz is None:  # pandas writes nanoseconds: read as microseconds
+        return pa.timestamp("us")
     return data_type
+
+
+def _microseconds(values: pa.Array | pa.ChunkedArray, path: Path, column: str, offset: int = 0) -> np.ndarray:
+    """A timestamp column in microseconds since the epoch (int64, 0 for a null), from any unit; a MedsError naming
+    the first row with a finer part than a microsecond (MEDS times are microseconds)."""
+    if values.type != pa.timestamp("us"):
+        try:
+            values = values.cast(pa.timestamp("us"))  # safe: refuses to drop a nanosecond
+        except pa.ArrowInvalid:
+            nanoseconds = values.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+            row = offset + int(np.flatnonzero(nanoseconds % 1000)[0])
+            raise MedsError(f"{path}: row {row}, column {column}: a time finer than a microsecond, where MEDS "
+                            "times are whole microseconds") from None  # fmt: skip
+    return values.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
 
 
 def _checked_schema(schema_class, arrow_schema: pa.Schema, path: Path, required: tuple[str, ...]) -> None:
@@ -371,9 +387,11 @@ def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[Even
         kept = batch.filter(pa.array(keep))
         time = kept.column("time")
         code = kept.column("code")
+        if time.type != pa.timestamp("us"):  # another unit (pandas writes nanoseconds): a finer time named by its row
+            _microseconds(batch.column("time"), path, "time", row)
         yield EventBatch(
             subject_id=subject_id[keep],
-            time=time.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
+            time=_microseconds(time, path, "time", row),
             timed=pc.is_valid(time).to_numpy(zero_copy_only=False),
             code=_string_codes(code),
             value=kept.column("numeric_value").to_numpy(zero_copy_only=False).astype("float32"),
@@ -413,7 +431,7 @@ def read_labels(source: Path) -> pd.DataFrame:
             log.warning("meds: %s: column(s) %s not read: the label is boolean_value", path, ", ".join(unread))
         frame = pd.DataFrame({
             "subject_id": table.column("subject_id").to_numpy(),
-            "prediction_time": table.column("prediction_time").cast(pa.int64()).to_numpy(),
+            "prediction_time": _microseconds(table.column("prediction_time"), path, "prediction_time"),
             "label": table.column("boolean_value").to_numpy(zero_copy_only=False).astype("int8")})  # fmt: skip
         frames.append(frame.assign(file=str(path), row=np.arange(len(frame))))
     rows = pd.concat(frames, ignore_index=True)
