@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -119,7 +120,7 @@ def _export(args: argparse.Namespace) -> None:
     ``--split`` of ``--protocol`` (made and saved as ``garlic train`` would, when not saved yet)."""
     from garlic.data.datasets import ensure_processed
     from garlic.data.splits import PARTS, chosen_splits, load_splits
-    from garlic.io.meds import LABELS_FILE, LABELS_FOLDER, write_meds
+    from garlic.io.meds import write_meds
     from garlic.io.tables import read_processed
     from garlic.io.tensors import load_tensors
 
@@ -129,8 +130,9 @@ def _export(args: argparse.Namespace) -> None:
     written = write_meds(args.to, read_processed(folder), args.dataset, parts)
     print(f"{args.dataset}: wrote {args.to} ({written['events']} events in {written['shards']} shard(s), "
           f"{written['labels']} label rows; subject splits: {split.name})")
-    print(f"next: garlic preprocess meds --source {args.to} --labels {Path(args.to) / LABELS_FOLDER / LABELS_FILE} "
-          f"--window-hours {written['window_hours']:g}")
+    # with the dataset's own lists: read back, its columns come in the same order (docs/own-data.md)
+    print(f"next: garlic preprocess meds --source {shlex.quote(str(args.to))} "
+          f"{' '.join(map(shlex.quote, written['preprocess_options']))}")
 
 
 def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> Config:
