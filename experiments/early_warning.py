@@ -303,8 +303,8 @@ def alert_report(per_alert: pd.DataFrame, paired: pd.DataFrame, sites: pd.DataFr
         "## Per alert, under the alert policy",
         "",
         "What a ward reads: alerts, not hours. Each run's alarms go through the one alert policy "
-        "(`garlic.metrics.alert_policy`: on at the threshold, cleared below 90% of it, then quiet for 6 hours "
-        "unless the risk reaches 1.5 times the threshold), its threshold chosen on the run's validation stays by "
+        "(`garlic.metrics.alert_policy`: on at the threshold, cleared below 75% of it, then quiet for 24 hours "
+        "unless the risk reaches 1.25 times the threshold), its threshold chosen on the run's validation stays by "
         "the Challenge's utility. An alert is a run of consecutive alarmed hours; it is true when it overlaps "
         "onset - 12 h to onset + 3 h of a septic stay (onset: the first labelled hour + 6). Sensitivity: septic "
         "stays with a true alert; PPV: true alerts over all alerts; lead time: onset minus the start of the first "

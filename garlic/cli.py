@@ -690,11 +690,11 @@ def add_policy_arguments(command: argparse.ArgumentParser) -> None:
                          help="a site profile of this run (garlic calibrate): its alert policy, instead of the run's")
     command.add_argument("--threshold", type=float,
                          help="alert at risk >= this (default: the run's policy, chosen on its validation stays)")
-    command.add_argument("--band", type=float, help="an alert clears below threshold x (1 - band) (default 0.1)")
+    command.add_argument("--band", type=float, help="an alert clears below threshold x (1 - band) (default: the run's)")
     command.add_argument("--quiet-hours", type=float, metavar="H",
-                         help="a cleared alert stays quiet for H hours ... (default 6)")
+                         help="a cleared alert stays quiet for H hours ... (default: the run's)")
     command.add_argument("--margin", type=float,
-                         help="... unless the risk reaches threshold x (1 + margin) (default 0.5)")
+                         help="... unless the risk reaches threshold x (1 + margin) (default: the run's)")
 
 
 def parser() -> argparse.ArgumentParser:

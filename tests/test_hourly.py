@@ -270,7 +270,7 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
     # The files' alarms are the run's alert policy's (chosen on validation): its utility, and per alert its scores.
-    assert 0 < metrics["alert_threshold"] <= 1 and metrics["alert_quiet_hours"] == 6
+    assert 0 < metrics["alert_threshold"] <= 1 and metrics["alert_quiet_hours"] == 24
     assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_alert_utility"])
     main(["score-alerts", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
