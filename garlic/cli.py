@@ -359,13 +359,15 @@ def _train(args: argparse.Namespace) -> None:
         return
     import mlflow
 
+    from garlic.tracking import run_contract
+
     for result in results:
         scores = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items())
         if result.best_epoch is None:  # a method without epochs
             print(f"{result.split} (run {result.run_id}): test {scores}")
             continue
         spans = _stage_spans(result.run_id)
-        mlflow.MlflowClient().set_tag(result.run_id, "stages", spans)
+        mlflow.MlflowClient().set_tag(result.run_id, run_contract.STAGES, spans)
         print(f"{result.split} (run {result.run_id}, best epoch {result.best_epoch}): test {scores}")
         if spans:
             print(f"{result.split} stages by epoch: {spans}")
