@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,6 +107,17 @@ def request(method: str, url: str, body: bytes, token: str | None = None) -> tup
         connection.close()
 
 
+def counted(url: str, body: bytes, token: str | None = None) -> tuple[int, dict]:
+    """A POST's status and its counts (the readings it stored, repeated, withdrew: the X-Garlic-* headers)."""
+    headers = {"Content-Type": "application/fhir+json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as answer:
+            return answer.status, {name: int(answer.headers[f"X-Garlic-{name.title()}"])
+                                   for name in ("stored", "repeats", "withdrawn")}  # fmt: skip
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
 def scored(base: str, token: str | None = None, timeout: float = 60) -> dict:
     """The service's counts once nothing is left to score."""
     deadline = time.monotonic() + timeout
@@ -148,12 +160,13 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
     readings = [("HR", 2.0, 120.0), ("HR", 4.0, 130.0), ("Lactate", 1.0, 6.0)]  # the lactate comes in late
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
         assert request("PUT", f"{base}/fhir/Encounter/bed-7", json.dumps(encounter("bed-7", start)).encode())[0] == 200
+        answers = []
         for variable, hours, value in readings + readings[:1]:
             resource = observation(codes, "bed-7", variable, start + timedelta(hours=hours), value)
-            status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
-            assert status == 201
+            answers.append(request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode()))
             scored(base)
-        assert answer == {"stored": 0, "repeats": 1, "withdrawn": 0}
+        assert [status for status, _ in answers] == [201, 201, 201, 200]  # the repeat: 200, the reading held
+        assert answers[3][1]["id"] == answers[0][1]["id"] and answers[3][1]["meta"] == answers[0][1]["meta"]
         history = get(f"{base}/beds/bed-7")
     assert [len(history["readings"]), [s["time"] for s in history["scores"]]] == [3, [1.0, 2.0, 4.0]]
     import pandas as pd
@@ -251,7 +264,7 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         variable, hours, value = held.get(source, ("HR", 1.0, 90.0))
         resource = {**observation(codes, "bed-3", variable, start + timedelta(hours=hours), value), "id": source,
                     "status": status}  # fmt: skip
-        answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
+        answer = counted(f"{base}/fhir/Observation", json.dumps(resource).encode())
         scored(base)
         return answer
 
@@ -280,8 +293,8 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         assert send(base, "hr-3", "corrected") == (201, {"stored": 1, "repeats": 0, "withdrawn": 1})
         offline_risks_match(base)
         del held["lac-2"]  # entered in error, before the bed's last step
-        assert send(base, "lac-2", "entered-in-error") == (201, {"stored": 0, "repeats": 0, "withdrawn": 1})
-        assert send(base, "lac-2", "entered-in-error") == (201, {"stored": 0, "repeats": 1, "withdrawn": 0})
+        assert send(base, "lac-2", "entered-in-error") == (200, {"stored": 0, "repeats": 0, "withdrawn": 1})
+        assert send(base, "lac-2", "entered-in-error") == (200, {"stored": 0, "repeats": 1, "withdrawn": 0})
         offline_risks_match(base)
         del held["hr-4"]  # the bed's newest reading withdrawn: its newest risk is that of the reading before
         assert send(base, "hr-4", "entered-in-error")[1]["withdrawn"] == 1
@@ -302,7 +315,7 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         assert request("POST", f"{base}/fhir/Observation", json.dumps(only).encode())[0] == 201
         assert scored(base) and get(f"{base}/ward")[0]["bed"] == "bed-4"  # a risk above bed-3's
         only["status"] = "entered-in-error"  # the bed's one reading: none left, and no risk
-        assert request("POST", f"{base}/fhir/Observation", json.dumps(only).encode())[1]["withdrawn"] == 1
+        assert counted(f"{base}/fhir/Observation", json.dumps(only).encode())[1]["withdrawn"] == 1
         scored(base)
         assert [(b["bed"], b["risk"], b["readings"]) for b in get(f"{base}/ward")][1] == ("bed-4", None, 0)
         assert monitor.store.counts() == {"beds": 2, "readings": 3, "scored": 3, "withdrawn": 4, "pending": 0}
@@ -391,7 +404,7 @@ def store_url(request, tmp_path) -> str:
     return request.getfixturevalue("postgresql")()
 
 
-def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_and_scores_kept(store_url):
+def test_a_store_of_the_first_layout_is_brought_to_the_third_with_its_readings_and_scores_kept(store_url):
     import sqlalchemy as sa
     from datetime import datetime, timezone
 
@@ -399,9 +412,11 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
     from garlic.live.store import BEDS, META, READINGS, SCORES
 
     url = store_url
-    first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns
-    for table in (META, BEDS, SCORES):
+    first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns, the beds' patient
+    for table in (META, SCORES):
         table.to_metadata(first)
+    sa.Table("beds", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                              for c in BEDS.columns if c.name != "patient"])
     sa.Table("readings", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
                                   for c in READINGS.columns if c.name not in ("source", "withdrawn")],
              sa.UniqueConstraint("bed", "variable", "time", "value"))  # fmt: skip
@@ -437,7 +452,7 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
         assert [store.add(more), store.add(more[:10])] == [(49, 0, 0), (0, 10, 0)]  # counted in one statement too
     finally:
         store.close()
-    LiveStore(url, "run").close()  # opened again: layout 2 already
+    LiveStore(url, "run").close()  # opened again: layout 3 already
 
 
 def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path):
@@ -467,13 +482,13 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
             "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
                          "valueQuantity"),
             "in another unit": (json.dumps({**good, "valueQuantity": {"value": 1.5, "unit": "beats/s"}}).encode(),
-                                TOKEN, 422, "'beats/s' is not the unit of HR, which this model reads in /min"),
+                                TOKEN, 422, "'beats/s' is not a unit this service reads for HR (it reads HR in /min"),
             "wrong bed": (json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(), TOKEN, 404,
                           "bed-2 is not admitted"),
             "a bundle with one bad entry": (json.dumps({"resourceType": "Bundle", "type": "batch", "entry": [
                 {"resource": later}, {"resource": unknown}]}).encode(), TOKEN, 422, "entry[1]"),
-            "dated years after the admission": (json.dumps(observation(codes, "bed-1", "HR", start.replace(
-                year=9999), 90.0)).encode(), TOKEN, 422, "days after the bed's admission"),
+            "dated years ahead": (json.dumps(observation(codes, "bed-1", "HR", start.replace(
+                year=9999), 90.0)).encode(), TOKEN, 422, "minutes after the service's clock; at most 5 minutes"),
             "unauthenticated": (json.dumps(later).encode(), None, 401, "token"),
             "a wrong token": (json.dumps(later).encode(), TOKEN[::-1], 401, "token"),
         }  # fmt: skip
@@ -485,32 +500,51 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
         assert request("GET", f"{base}/ward", b"", None)[0] == 401
 
 
-def test_a_value_sent_in_another_unit_is_refused_and_another_spelling_of_the_unit_is_taken():
+def test_a_unit_ucum_converts_is_converted_another_spelling_taken_and_any_other_unit_refused_whatever_its_system():
     from datetime import datetime, timezone
 
     from garlic.live.fhir import FhirError, observations_in
 
-    codes = Codes("synthetic", ["Temp", "SysABP", "Platelets", "GCS"])
+    codes = Codes("synthetic", ["Temp", "SysABP", "Platelets", "GCS", "FiO2", "SaO2", "Weight"])
     at = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
 
     def sent(variable: str, value: float, **quantity) -> dict:
         reading = observation(codes, "bed-1", variable, at, value)
         return {**reading, "valueQuantity": {"value": value, **quantity}}
 
-    ucum = "http://unitsofmeasure.org"
+    def read(reading: dict) -> float:
+        return observations_in(reading, codes).all()[0].value
+
+    ucum, local = "http://unitsofmeasure.org", "http://hospital.example/units"
     taken = [sent("Temp", 37.2, unit="°C", system=ucum, code="Cel"), sent("Temp", 37.2, unit="°C"),
              sent("SysABP", 120, unit="mmHg"), sent("SysABP", 120, system=ucum, code="mm[Hg]"),
              sent("Platelets", 210, unit="10^9/L"), sent("GCS", 14), observation(codes, "bed-1", "SysABP", at, 120)]
-    assert [observations_in(reading, codes)[0].value for reading in taken] == [37.2, 37.2, 120, 120, 210, 14, 120]
-    refused = {"[degF]": sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),  # the code decides, not the label
-               "kPa": sent("SysABP", 16.0, unit="kPa"), "mmol/L": sent("Platelets", 210, unit="mmol/L")}
-    said = {}
-    for unit, reading in refused.items():
-        with pytest.raises(FhirError, match=rf"valueQuantity: '{re.escape(unit)}' is not the unit of") as refusal:
+    assert [read(reading) for reading in taken] == [37.2, 37.2, 120, 120, 210, 14, 120]
+    converted = {  # as UCUM relates the units, whatever system (or none) the unit comes under
+        "[degF] under UCUM": (sent("Temp", 98.6, system=ucum, code="[degF]", unit="°F"), 37.0),
+        "[degF] without a system": (sent("Temp", 98.6, code="[degF]"), 37.0),
+        "degF under a local system": (sent("Temp", 98.6, system=local, code="degF", unit="degF"), 37.0),
+        "FiO2 in %": (sent("FiO2", 40, unit="%", system=ucum, code="%"), 0.4),
+        "SaO2 as a fraction": (sent("SaO2", 0.97, system=ucum, code="1"), 97.0),
+        "kPa": (sent("SysABP", 16.0, unit="kPa"), 120.01),
+        "pounds": (sent("Weight", 176.37, system=ucum, code="[lb_av]"), 80.0),
+    }
+    for name, (reading, value) in converted.items():
+        assert (name, read(reading)) == (name, pytest.approx(value, abs=0.01))
+    refused = {
+        "mmol/L": (sent("Platelets", 210, unit="mmol/L"), "'mmol/L' is not the unit of Platelets, which this model "
+                                                          "reads in 10*3/uL (accepted as '10*3/uL', '10^3/uL', "
+                                                          "'10*9/L', '10^9/L', 'K/uL'); UCUM gives no fixed "
+                                                          "conversion from mmol/L to it"),
+        "the code and the label disagree": (sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),
+                                            "code '[degF]' and unit '°C' name different units"),
+        "a local unit": (sent("Temp", 37.0, system=local, code="C-body"), "'C-body' is not a unit this service "
+                                                                           "reads for Temp"),
+    }
+    for name, (reading, says) in refused.items():
+        with pytest.raises(FhirError, match=re.escape(says)) as refusal:
             observations_in(reading, codes)
-        assert refusal.value.status == 422
-        said[unit] = str(refusal.value)
-    assert "of Temp, which this model reads in Cel (accepted as 'Cel', '°C', 'degC'); values are not" in said["[degF]"]
+        assert refusal.value.status == 422, name
 
 
 def test_a_feed_without_a_service_says_so_once_and_gives_up_after_its_retry_time(monkeypatch):
@@ -718,3 +752,108 @@ def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, t
                                       "scored": len(observations) + descriptors, "pending": 0}  # fmt: skip
     offline = predict_tables(trained, observations, static)["risk"].iloc[0]
     assert monitor.store.history(str(stay))["risk"].iloc[-1] == pytest.approx(float(offline), abs=1e-6)
+
+
+def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_and_bundle_kinds(run, trained,
+                                                                                               tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    start = now - timedelta(hours=6)
+
+    def reading(variable: str, value: float, bed: str = "bed-1", hours: float = 1.0, **extra) -> dict:
+        return {**observation(codes, bed, variable, start + timedelta(hours=hours), value), **extra}
+
+    def quantity(resource: dict, **given) -> dict:
+        return {**resource, "valueQuantity": {"value": resource["valueQuantity"]["value"], **given}}
+
+    patient = {"subject": {"reference": "Patient/p-1"}}
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        admit = {**encounter("bed-1", start), **patient}
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(admit).encode())[0] == 200
+        assert request("PUT", f"{base}/fhir/Encounter/bed-2", json.dumps(encounter("bed-2", start)).encode())[0] == 200
+        fahrenheit = quantity(reading("Temp", 98.6), code="[degF]")  # no system: still Fahrenheit
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(fahrenheit).encode())[0] == 201
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(reading("HR", 90.0, id="obs-1", **patient))
+                       .encode())[0] == 201  # fmt: skip
+        before = monitor.store.counts()
+        bp = {"resourceType": "Bundle", "type": "searchset", "entry": [{"resource": reading("HR", 91.0)}]}
+        get_entry = {"resourceType": "Bundle", "type": "batch", "entry": [
+            {"resource": reading("HR", 92.0), "request": {"method": "GET", "url": "Observation"}}]}
+        two = reading("HR", 93.0)
+        two["code"]["coding"].append({"system": "urn:garlic-icu:variable", "code": "RespRate"})
+        bad = {
+            "HR 10000": (reading("HR", 10000.0), "HR 10000 /min is outside its plausible range 0 to 350 /min"),
+            "HR -20": (reading("HR", -20.0), "HR -20 /min is outside its plausible range 0 to 350"),
+            "HR 9.9e29": (reading("HR", 9.9e29), "HR 9.9e+29 /min is outside its plausible range"),
+            "Temp -50": (reading("Temp", -50.0), "Temp -50 Cel is outside its plausible range 25 to 45 Cel"),
+            "98.6 as Cel": (reading("Temp", 98.6), "Temp 98.6 Cel is outside its plausible range 25 to 45"),
+            "SaO2 250": (reading("SaO2", 250.0), "SaO2 250 % is outside its plausible range 0 to 100 %"),
+            "Age -5": (reading("Age", -5.0, hours=0), "Age -5 a is outside its plausible range 0 to 125 a"),
+            "Gender 7": (reading("Gender", 7.0, hours=0), "Gender 7 is outside its plausible range 0 to 1"),
+            "30 days ahead": (reading("HR", 90.0, hours=6 + 30 * 24), "minutes after the service's clock"),
+            "a comparator": (quantity(reading("Lactate", 1.0), comparator="<"), "valueQuantity.comparator"),
+            "two variables": (two, "is coded as 2 different inputs of this model (HR, RespRate)"),
+            "a searchset": (bp, "Bundle.type searchset is not taken here"),
+            "a GET entry": (get_entry, "Bundle.entry[0].request.method GET is not taken here"),
+            "another subject": (reading("HR", 94.0, subject={"reference": "Patient/p-2"}),
+                                "Observation.subject is not the patient of bed bed-1"),
+            "the same id, another subject": (reading("HR", 95.0, id="obs-1", subject={"reference": "Patient/p-2"}),
+                                             "Observation.subject is not the patient of bed bed-1"),
+            "the same id in another bed": (reading("HR", 96.0, bed="bed-2", id="obs-1"),
+                                           "an Observation id sent for bed bed-2 is held by bed bed-1"),
+            "a local unit": (quantity(reading("Temp", 37.0), system="http://hospital.example/u", code="dC"),
+                             "'dC' is not a unit this service reads for Temp"),
+        }  # fmt: skip
+        for name, (resource, says) in bad.items():
+            status, answer = request("POST", f"{base}/fhir", json.dumps(resource).encode())
+            assert (name, status in (409, 422)) == (name, True)
+            assert says in answer["issue"][0]["diagnostics"], (name, answer)
+        future = {**encounter("bed-9", datetime(2099, 1, 1, tzinfo=timezone.utc))}
+        status, answer = request("PUT", f"{base}/fhir/Encounter/bed-9", json.dumps(future).encode())
+        assert (status, "Encounter.period.start is" in answer["issue"][0]["diagnostics"]) == (422, True)
+        other = {**encounter("bed-1", start), "subject": {"reference": "Patient/p-2"}}
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(other).encode())[0] == 409
+        assert monitor.store.counts() == before
+        held = {r["variable"]: r["value"] for r in get(f"{base}/beds/bed-1")["readings"]}
+    assert held == {"Temp": pytest.approx(37.0), "HR": 90.0}
+
+
+def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correction_replaces_them_together(tmp_path):
+    from datetime import datetime, timezone
+
+    from garlic.live.fhir import FhirError, Stay, observations_in
+
+    codes = Codes("physionet2019", ["SBP", "DBP", "MAP", "HR"])
+    at = datetime(2026, 1, 1, 9, tzinfo=timezone.utc)
+
+    def component(code: str, value: float) -> dict:
+        return {"code": {"coding": [{"system": "http://loinc.org", "code": code}]},
+                "valueQuantity": {"value": value, "unit": "mmHg", "system": "http://unitsofmeasure.org",
+                                  "code": "mm[Hg]"}}  # fmt: skip
+
+    panel = {"resourceType": "Observation", "id": "bp-1", "status": "final",
+             "code": {"coding": [{"system": "http://loinc.org", "code": "85354-9"}]},
+             "encounter": {"reference": "Encounter/bed-1"}, "effectiveDateTime": "2026-01-01T09:00:00Z",
+             "component": [component("8480-6", 120), component("8462-4", 80)]}  # fmt: skip
+    readings = observations_in(panel, codes).all()
+    assert [(r.variable, r.value, r.source, r.part) for r in readings] == [("SBP", 120, "bp-1", 0),
+                                                                         ("DBP", 80, "bp-1", 1)]  # fmt: skip
+    beside = {**panel, "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+              "valueQuantity": {"value": 88, "unit": "/min"}}  # a value and components: all of them read
+    assert [r.variable for r in observations_in(beside, codes).all()] == ["HR", "SBP", "DBP"]
+    unread = {**panel, "component": [component("8480-6", 120), component("2708-6", 97)]}
+    with pytest.raises(FhirError, match=r"component\[1\]\.code: http://loinc.org\|2708-6 is not an input"):
+        observations_in(unread, codes)
+    store = LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", "run")
+    try:
+        store.admit(Stay("bed-1", True, at.replace(hour=8), None))
+        assert store.add(readings) == (2, 0, 0)
+        corrected = {**panel, "status": "corrected", "component": [component("8480-6", 125), component("8462-4", 80)]}
+        assert store.add(observations_in(corrected, codes).all()) == (1, 1, 1)  # the systolic replaced
+        assert sorted(store.readings(["bed-1"])["value"]) == [80, 125]
+        withdrawn = {**panel, "status": "entered-in-error"}
+        assert store.add(observations_in(withdrawn, codes).all()) == (0, 0, 2)
+    finally:
+        store.close()

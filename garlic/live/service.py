@@ -20,42 +20,103 @@ Listening on 127.0.0.1 by default; any other address needs a token in ``GARLIC_M
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from garlic.live.access import MONITOR_TOKEN, Attempts, token_matches
 from garlic.live.codes import Codes
-from garlic.live.fhir import BED_ID, FhirError, observations_in, parse_json, stay_of
+from garlic.live.fhir import FhirError, Withdrawal, is_id, observations_in, parse_json, stay_of
 from garlic.live.monitor import Monitor
+from garlic.live.resources import capability, observation_bundle, stored_observation
 from garlic.live.watch import FolderWatcher
 
 MAX_BODY_BYTES = 1 << 20  # a Bundle of an hour of every monitor of a bed is under 100 kB
 MAX_CONNECTIONS = 500  # open at once; beyond, uvicorn answers 503
+BODY_SECONDS = 10.0  # a body still arriving after this is refused (408): a client that stalls holds a connection
+MAX_DIAGNOSTICS = 500  # characters of a refusal's message: a bad input is never echoed whole
+TRUSTED_SECONDS = 600.0  # an address that gave the right token is trusted this long, whatever guesses it shares
+FHIR_JSON = "application/fhir+json"
+TAKEN_TYPES = {FHIR_JSON, "application/json", "application/json+fhir"}  # the last: DSTU2's, still sent by clients
 log = logging.getLogger("garlic.live")
 
 
-def outcome(status: int, message: str) -> JSONResponse:
-    issue = {"severity": "error", "code": "security" if status in (401, 429) else "invalid", "diagnostics": message}
-    return JSONResponse({"resourceType": "OperationOutcome", "issue": [issue]}, status_code=status,
-                        headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)  # fmt: skip
+class FhirResponse(JSONResponse):
+    media_type = FHIR_JSON
+
+
+def outcome(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    message = message if len(message) <= MAX_DIAGNOSTICS else message[:MAX_DIAGNOSTICS] + "... (cut)"
+    code = {401: "login", 404: "not-found", 405: "not-supported", 408: "timeout", 409: "conflict", 413: "too-long",
+            415: "not-supported", 429: "throttled", 503: "transient"}.get(status, "invalid")  # fmt: skip
+    issue = {"severity": "error", "code": code, "diagnostics": message}
+    headers = {**({"WWW-Authenticate": "Bearer"} if status == 401 else {}), **(headers or {})}
+    return FhirResponse({"resourceType": "OperationOutcome", "issue": [issue]}, status_code=status,
+                        headers=headers or None)  # fmt: skip
+
+
+def refusal(request: Request, status: int, message: str, reason: str, headers: dict | None = None) -> JSONResponse:
+    """The OperationOutcome of a refused request, logged in one line: its status, reason and bed, never a value."""
+    bed = getattr(request.state, "bed", None)
+    log.warning("refused %s %s: %d %s%s", request.method, _route(request), status, reason,
+                f" (bed {bed})" if bed else "")  # fmt: skip
+    return outcome(status, message, headers)
+
+
+def _route(request: Request) -> str:
+    """The request's route as declared (``/fhir/Encounter/{bed}``), not its path, which may hold anything sent."""
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "(no such path)"
 
 
 async def bounded_body(request: Request) -> bytes:
-    """The request's body, refused (413) past ``MAX_BODY_BYTES`` before more of it is read."""
+    """The request's body, refused (413) past ``MAX_BODY_BYTES`` before more of it is read, and (408) when it is
+    not all there within ``BODY_SECONDS``."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise FhirError(413, f"the body is {int(declared)} bytes; at most {MAX_BODY_BYTES} are taken")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    deadline = time.monotonic() + BODY_SECONDS
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - time.monotonic(), 0.001))
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise FhirError(408, f"the body did not arrive within {BODY_SECONDS:g} s") from None
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise FhirError(413, f"the body is over {MAX_BODY_BYTES} bytes, the most taken")
         chunks.append(chunk)
-    return b"".join(chunks)
+
+
+def _content_type(request: Request) -> None:
+    given = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if given not in TAKEN_TYPES:
+        raise FhirError(415, f"Content-Type {given or '(none)'!s:.60} is not taken: send {FHIR_JSON}",
+                        "content type")  # fmt: skip
+
+
+def _bed_named(payload: dict) -> str | None:
+    """The bed a posted resource names (an Observation's, a Bundle's first entry's), for the log; None when none
+    or not an id."""
+    resource = payload
+    if payload.get("resourceType") == "Bundle":
+        entries = payload.get("entry")
+        resource = entries[0].get("resource") if isinstance(entries, list) and entries and isinstance(
+            entries[0], dict) else None  # fmt: skip
+    encounter = resource.get("encounter") if isinstance(resource, dict) else None
+    reference = encounter.get("reference") if isinstance(encounter, dict) else None
+    bed = reference[len("Encounter/"):] if isinstance(reference, str) and reference.startswith("Encounter/") else ""
+    return bed if is_id(bed) else None
 
 
 def _number(value) -> float | None:
@@ -66,44 +127,111 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
     """The service for ``monitor``'s store, reading ``codes``; with ``token``, only for requests that bring it."""
     app = FastAPI(title="GARLIC-ICU live ward", docs_url=None, redoc_url=None, openapi_url=None)
     attempts = attempts or Attempts()
+    trusted: dict[str, float] = {}  # address -> when it last gave the right token
     store = monitor.store
 
     @app.exception_handler(FhirError)
     async def refused(request: Request, exc: FhirError) -> JSONResponse:
-        return outcome(exc.status, str(exc))
+        return refusal(request, exc.status, str(exc), exc.reason)
+
+    @app.exception_handler(HTTPException)
+    async def not_here(request: Request, exc: HTTPException) -> JSONResponse:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = (f"{request.method} is not taken here (this path takes {allowed})" if exc.status_code == 405
+                   else "no such resource or path (GET /fhir/metadata lists what this service takes)")  # fmt: skip
+        return refusal(request, exc.status_code, message, "method" if exc.status_code == 405 else "no such path",
+                       exc.headers)  # fmt: skip
+
+    @app.exception_handler(ClientDisconnect)
+    async def hung_up(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        return refusal(request, 400, "the client hung up before the end of its body", "client hung up")
 
     @app.middleware("http")
     async def only_with_the_token(request: Request, call_next):
         if token is None:
             return await call_next(request)
         client = request.client.host if request.client else "unknown"
-        if attempts.blocked(client):
-            return outcome(429, "too many wrong tokens; wait a minute")
         given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and token_matches(given[len("Bearer "):], token)):
-            failures = attempts.failed(client)
-            log.warning("refused a request without the right token (%d in the last minute)", failures)
-            return outcome(401, f"this service needs its token: send Authorization: Bearer ${MONITOR_TOKEN}")
-        return await call_next(request)
+        right = given.startswith("Bearer ") and token_matches(given[len("Bearer "):], token)
+        now = time.monotonic()
+        if right and (now - trusted.get(client, -math.inf) < TRUSTED_SECONDS or not attempts.blocked_client(client)):
+            trusted[client] = now  # a client of the right token is never locked out by another's guesses
+            return await call_next(request)
+        if given and not right and not attempts.blocked_client(client):
+            attempts.failed(client)  # no token at all (a probe) is no guess
+        if attempts.blocked_client(client):
+            return refusal(request, 429, "too many wrong tokens from this address; wait a minute", "throttled")
+        return refusal(request, 401, f"this service needs its token: send Authorization: Bearer ${MONITOR_TOKEN}",
+                       "no token" if not given else "wrong token")  # fmt: skip
 
-    def take(payload: dict) -> dict:
-        stored, repeats, withdrawn = monitor.take(observations_in(payload, codes))
-        return {"stored": stored, "repeats": repeats, "withdrawn": withdrawn}
+    def take(posted, started: float) -> tuple[int, dict, dict]:
+        stored, repeats, withdrawn = monitor.take(posted.all())
+        readings = [r for sent in posted.sent if not isinstance(sent.readings, Withdrawal) for r in sent.readings]
+        held = dict(zip(readings, store.ids_of(readings)))
+        answers = [stored_observation(sent, held, started) for sent in posted.sent]
+        return stored, answers, {"stored": stored, "repeats": repeats, "withdrawn": withdrawn}
 
     async def post(request: Request) -> JSONResponse:
+        _content_type(request)
         payload = parse_json(await bounded_body(request))
-        return JSONResponse(await run_in_threadpool(take, payload), status_code=201)
+        request.state.bed = _bed_named(payload)
+        posted = observations_in(payload, codes)
+        _, answers, counts = await run_in_threadpool(take, posted, time.time())
+        counted = {"X-Garlic-Stored": str(counts["stored"]), "X-Garlic-Repeats": str(counts["repeats"]),
+                   "X-Garlic-Withdrawn": str(counts["withdrawn"])}  # fmt: skip
+        base = str(request.base_url).rstrip("/") + "/fhir/"
+        if posted.kind == "Observation":
+            status, location, resource = answers[0]
+            return FhirResponse(resource, status_code=status, headers={
+                **counted, **({"Location": base + location} if location else {}),
+                **({"ETag": f'W/"{resource["meta"]["versionId"]}"'} if "meta" in resource else {})})  # fmt: skip
+        entries = [{"response": {"status": f"{status} {'Created' if status == 201 else 'OK'}",
+                                 **({"location": location} if location else {})}, "resource": resource}
+                   for status, location, resource in answers]  # fmt: skip
+        return FhirResponse({"resourceType": "Bundle", "type": f"{posted.kind}-response", "entry": entries},
+                            status_code=200, headers=counted)  # fmt: skip
 
     for path in ("/fhir", "/fhir/Observation", "/fhir/Bundle"):
         app.add_api_route(path, post, methods=["POST"])
 
     @app.put("/fhir/Encounter/{bed}")
     async def encounter(bed: str, request: Request) -> JSONResponse:
-        if not BED_ID.match(bed):
-            raise FhirError(422, "a bed is a FHIR id: letters, digits, '-' and '.', at most 64")
-        stay = stay_of(parse_json(await bounded_body(request)), bed)
-        changed = await run_in_threadpool(store.admit, stay)
-        return JSONResponse({"bed": bed, "admitted": stay.admitted, "changed": changed})
+        if not is_id(bed):
+            raise FhirError(422, "a bed is a FHIR id: letters, digits, '-' and '.' (not dots only), at most 64")
+        request.state.bed = bed
+        _content_type(request)
+        payload = parse_json(await bounded_body(request))
+        stay = stay_of(payload, bed)
+        await run_in_threadpool(store.admit, stay)
+        return FhirResponse(payload)
+
+    @app.get("/fhir/metadata")
+    def metadata(request: Request) -> JSONResponse:
+        return FhirResponse(capability(str(request.base_url).rstrip("/") + "/fhir", codes))
+
+    @app.get("/fhir/Observation/{logical_id}")
+    def read_observation(logical_id: str) -> JSONResponse:
+        rows = store.observation(logical_id) if is_id(logical_id) else None
+        if rows is None or rows.empty:
+            raise FhirError(404, "no Observation of that id here", "unknown id")
+        resource = observation_bundle(rows, codes, single=True)
+        return FhirResponse(resource, headers={"ETag": f'W/"{resource["meta"]["versionId"]}"'})
+
+    @app.get("/fhir/Observation")
+    def search_observations(request: Request) -> JSONResponse:
+        params = dict(request.query_params)
+        unknown = sorted(set(params) - {"encounter", "_since", "_count", "_format"})
+        if unknown:
+            raise FhirError(400, f"search parameter {unknown[0]!s:.40} is not supported: encounter (Encounter/ID) "
+                                 "and _since (an instant) are", "search parameter")  # fmt: skip
+        bed = params.get("encounter", "").removeprefix("Encounter/")
+        if not is_id(bed):
+            raise FhirError(400, "encounter=Encounter/ID (the bed) is required to search Observations",
+                            "search parameter")  # fmt: skip
+        request.state.bed = bed
+        since = _since(params.get("_since"))
+        rows = store.observations(bed, since)
+        return FhirResponse(observation_bundle(rows, codes, single=False))
 
     @app.get("/ward")
     def ward() -> list[dict]:
@@ -119,8 +247,8 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
 
     @app.get("/beds/{bed}")
     def bed_history(bed: str) -> dict:
-        if not BED_ID.match(bed) or bed not in set(store.beds()["bed"]):
-            raise FhirError(404, "no such bed")
+        if not is_id(bed) or bed not in set(store.beds()["bed"]):
+            raise FhirError(404, "no such bed", "unknown bed")
         history = store.history(bed)
         readings = store.readings([bed])
         return {"bed": bed, "threshold": monitor.alerts.threshold,
@@ -134,6 +262,21 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         return store.counts()
 
     return app
+
+
+def _since(text: str | None) -> float | None:
+    """``_since``'s instant as UTC seconds; one without its time zone is refused."""
+    if text is None:
+        return None
+    from datetime import datetime
+
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise FhirError(400, "_since must be an instant with its time zone (2026-01-01T10:00:00Z)", "search parameter")
+    return at.timestamp()
 
 
 def serve(monitor: Monitor, codes: Codes, host: str, port: int, token: str | None,
