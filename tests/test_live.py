@@ -857,3 +857,91 @@ def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correctio
         assert store.add(observations_in(withdrawn, codes).all()) == (0, 0, 2)
     finally:
         store.close()
+
+
+def test_fhirpy_and_fhirclient_create_read_and_search_observations_against_the_service(run, trained, tmp_path):
+    fhirpy = pytest.importorskip("fhirpy", reason="the FHIR clients are in the test extra: pip install -e '.[test]'")
+    pytest.importorskip("fhirclient", reason="the FHIR clients are in the test extra: pip install -e '.[test]'")
+    from datetime import datetime, timedelta, timezone
+
+    from fhirclient import server as fhirclient_server
+    from fhirclient.models.observation import Observation as ClientObservation
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, monitor):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
+                       TOKEN)[0] == 200  # fmt: skip
+        client = fhirpy.SyncFHIRClient(f"{base}/fhir", authorization=f"Bearer {TOKEN}")
+        made = client.resource("Observation", **observation(codes, "bed-1", "HR", start + timedelta(hours=1), 88.0))
+        made.save()
+        assert made.id and made["meta"]["versionId"]
+        read = client.reference("Observation", made.id).to_resource()
+        assert (read["valueQuantity"]["value"], read["encounter"]["reference"]) == (88.0, "Encounter/bed-1")
+        found = client.resources("Observation").search(encounter="Encounter/bed-1").fetch()
+        assert [o.id for o in found] == [made.id]
+
+        server = fhirclient_server.FHIRServer(None, base_uri=f"{base}/fhir/")
+        server.session.headers["Authorization"] = f"Bearer {TOKEN}"
+        assert server.capabilityStatement.fhirVersion == "4.0.1"
+        sent = ClientObservation(observation(codes, "bed-1", "HR", start + timedelta(hours=2), 92.0))
+        answer = sent.create(server)
+        assert answer["id"] and answer["valueQuantity"]["value"] == 92.0
+        again = ClientObservation.read(answer["id"], server)
+        assert (again.id, again.valueQuantity.value) == (answer["id"], 92.0)
+        bundle = ClientObservation.where({"encounter": "Encounter/bed-1"}).perform(server)
+        assert sorted(e.resource.valueQuantity.value for e in bundle.entry) == [88.0, 92.0]
+        assert scored(base, TOKEN)["scored"] == 2
+
+
+def raw(method: str, url: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, dict, dict]:
+    """Status, headers and JSON body of one request, whatever its status."""
+    request_ = urllib.request.Request(url, body or None, headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request_, timeout=30) as answer:
+            return answer.status, dict(answer.headers), json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), json.loads(refused.read())
+
+
+def test_the_service_answers_as_fhir_r4_clients_expect_created_locations_response_bundles_and_outcomes(
+        run, trained, tmp_path):  # fmt: skip
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    fhir_json = {"Content-Type": "application/fhir+json"}
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        assert raw("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
+                   fhir_json)[0] == 200  # fmt: skip
+        reading = observation(codes, "bed-1", "HR", start + timedelta(hours=1), 88.0)
+        status, headers, body = raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(), fhir_json)
+        assert (status, headers["content-type"].split(";")[0]) == (201, "application/fhir+json")
+        assert headers["location"] == f"{base}/fhir/Observation/{body['id']}/_history/{body['meta']['versionId']}"
+        assert raw("GET", f"{base}/fhir/Observation/{body['id']}")[2]["valueQuantity"]["value"] == 88.0
+        later = observation(codes, "bed-1", "HR", start + timedelta(hours=2), 90.0)
+        transaction = {"resourceType": "Bundle", "type": "transaction", "entry": [
+            {"resource": later, "request": {"method": "POST", "url": "Observation"}},
+            {"resource": reading, "request": {"method": "POST", "url": "Observation"}}]}
+        status, _, body = raw("POST", f"{base}/fhir", json.dumps(transaction).encode(), fhir_json)
+        assert (status, body["type"]) == (200, "transaction-response")
+        assert [e["response"]["status"] for e in body["entry"]] == ["201 Created", "200 OK"]  # the second: held
+        status, _, capability = raw("GET", f"{base}/fhir/metadata")
+        assert (status, capability["resourceType"], capability["fhirVersion"]) == (200, "CapabilityStatement",
+                                                                                   "4.0.1")  # fmt: skip
+        observation_rest = capability["rest"][0]["resource"][0]
+        assert [i["code"] for i in observation_rest["interaction"]] == ["create", "read", "search-type"]
+        since = (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat().replace("+00:00", "Z")
+        assert raw("GET", f"{base}/fhir/Observation?encounter=Encounter/bed-1&_since={since}")[2]["total"] == 0
+        assert raw("GET", f"{base}/fhir/Observation?encounter=Encounter/bed-1")[2]["total"] == 2
+        refusals = {
+            "text/plain": (raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(),
+                               {"Content-Type": "text/plain"}), 415),
+            "no such path": (raw("GET", f"{base}/fhir/Patient/1"), 404),
+            "no such Observation": (raw("GET", f"{base}/fhir/Observation/nothing-here"), 404),
+            "a DELETE": (raw("DELETE", f"{base}/fhir/Observation"), 405),
+            "an unknown search parameter": (raw("GET", f"{base}/fhir/Observation?code=8867-4"), 400),
+        }  # fmt: skip
+        for name, ((status, headers, body), expected) in refusals.items():
+            assert (name, status, body["resourceType"]) == (name, expected, "OperationOutcome")
+            assert headers["content-type"].split(";")[0] == "application/fhir+json", name
