@@ -945,3 +945,113 @@ def test_the_service_answers_as_fhir_r4_clients_expect_created_locations_respons
         for name, ((status, headers, body), expected) in refusals.items():
             assert (name, status, body["resourceType"]) == (name, expected, "OperationOutcome")
             assert headers["content-type"].split(";")[0] == "application/fhir+json", name
+
+
+def test_wrong_tokens_throttle_their_own_address_only_and_a_probe_without_a_token_is_no_guess(run, trained, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, _):
+        for _ in range(10):  # a start-up probe polling /health before it has the token: no guess
+            assert request("GET", f"{base}/health", b"")[0] == 401
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
+                       TOKEN)[0] == 200  # fmt: skip
+        statuses = []
+        for minute in range(30):  # a guesser on the same address, between the feed's readings
+            statuses.append(request("GET", f"{base}/ward", b"", f"guess-{minute:012d}")[0])
+            reading = observation(codes, "bed-1", "HR", start + timedelta(minutes=minute + 1), 80.0 + minute)
+            assert request("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(), TOKEN)[0] == 201
+        assert statuses == [401] * 5 + [429] * 25
+
+
+def test_a_refused_request_is_logged_in_one_line_without_its_values_and_its_echo_is_bounded(run, trained, tmp_path,
+                                                                                           caplog):
+    import logging
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    huge = {**observation(codes, "bed-1", "HR", start + timedelta(hours=1), 90.0),
+            "code": {"coding": [{"system": "http://loinc.org", "code": "7" * 600_000}]}}  # fmt: skip
+    tiny_entries = {"resourceType": "Bundle", "type": "batch", "entry": [{"resource": {"resourceType": "Observation"}}
+                                                                        for _ in range(10_000)]}  # fmt: skip
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode())[0] == 200
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="garlic.live"):
+            status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(huge).encode())
+            assert status == 422 and len(answer["issue"][0]["diagnostics"]) <= 600
+            high = observation(codes, "bed-1", "HR", start + timedelta(hours=1), 4321.0)
+            assert request("POST", f"{base}/fhir/Observation", json.dumps(high).encode())[0] == 422
+            status, answer = request("POST", f"{base}/fhir", json.dumps(tiny_entries).encode())  # size first
+            assert (status, answer["issue"][0]["diagnostics"]) == (413, "the Bundle holds 10000 entries; at most "
+                                                                        "5000 are taken at once")  # fmt: skip
+            for bed in ("..", "...", "bed-1\n"):
+                bad = observation(codes, bed, "HR", start + timedelta(hours=1), 90.0)
+                assert request("POST", f"{base}/fhir/Observation", json.dumps(bad).encode())[0] == 422, bed
+            assert request("PUT", f"{base}/fhir/Encounter/...", json.dumps(encounter("...", start)).encode())[0] == 422
+            assert request("PUT", f"{base}/fhir/Encounter/bed-2%0A", json.dumps(encounter("bed-2\n", start))
+                           .encode())[0] == 422  # fmt: skip
+        lines = [record.getMessage() for record in caplog.records if record.name == "garlic.live"]
+    assert lines[:3] == ["refused POST /fhir/Observation: 422 code (bed bed-1)",
+                         "refused POST /fhir/Observation: 422 range (bed bed-1)",
+                         "refused POST /fhir: 413 too many entries"]  # fmt: skip
+    assert len(lines) == 8 and not any("4321" in line or "7777" in line for line in lines)
+
+
+def test_a_slow_body_is_refused_after_its_time_and_a_client_that_hangs_up_leaves_one_line_no_traceback(
+        run, trained, tmp_path, monkeypatch, caplog):  # fmt: skip
+    import logging
+
+    import garlic.live.service as live_service
+
+    monkeypatch.setattr(live_service, "BODY_SECONDS", 1.0)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        head = (b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
+                b"Content-Length: 1000\r\n\r\n{\"resourceType\": ")  # fmt: skip
+        with caplog.at_level(logging.INFO):
+            began = time.monotonic()
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+                slow.sendall(head)  # and nothing more
+                answer = slow.recv(65536).decode()
+            assert answer.startswith("HTTP/1.1 408") and time.monotonic() - began < 10
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as gone:
+                gone.sendall(head)
+            time.sleep(1.5)
+            assert request("GET", f"{base}/health", b"")[0] == 200  # the service goes on
+        tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+        assert tracebacks == []
+        refused = [r.getMessage() for r in caplog.records if r.name == "garlic.live"]
+        assert refused[0] == "refused POST /fhir/Observation: 408 body too slow"
+        assert len(refused) == 2 and refused[1].startswith("refused POST /fhir/Observation: ")
+
+
+def test_the_ward_shows_each_bed_at_its_newest_time_not_after_the_clock(run, trained, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from garlic.live.fhir import Observed, Stay
+
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        monitor.store.admit(Stay("bed-1", True, start, None))
+        # As a store filled before future times were refused holds it: straight into the store
+        monitor.take([Observed("bed-1", "HR", start + timedelta(hours=1), 90.0),
+                      Observed("bed-1", "HR", start + timedelta(days=30), 150.0)])  # fmt: skip
+        scored(base)
+        assert [(bed["bed"], bed["time"]) for bed in get(f"{base}/ward")] == [("bed-1", 1.0)]
+
+
+def test_a_sites_range_table_replaces_the_rows_of_its_variables_and_a_bad_one_is_named_by_line(tmp_path):
+    from garlic.config import ConfigError
+    from garlic.live.values import Ranges
+
+    site = tmp_path / "ranges.csv"
+    site.write_text("variable,low,high,source\nHR,20,250,our ward's monitors\n")
+    ranges = Ranges(site)
+    assert ranges.refusal("HR", 260, "/min").startswith("HR 260 /min is outside its plausible range 20 to 250 /min")
+    assert ranges.refusal("HR", 100, "/min") is None and ranges.refusal("Temp", 50, "Cel") is not None
+    site.write_text("variable,low,high\nHR,250,20\n")
+    with pytest.raises(ConfigError, match="ranges.csv line 2: expected finite low <= high"):
+        Ranges(site)

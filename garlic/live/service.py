@@ -157,10 +157,10 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         if right and (now - trusted.get(client, -math.inf) < TRUSTED_SECONDS or not attempts.blocked_client(client)):
             trusted[client] = now  # a client of the right token is never locked out by another's guesses
             return await call_next(request)
-        if given and not right and not attempts.blocked_client(client):
-            attempts.failed(client)  # no token at all (a probe) is no guess
-        if attempts.blocked_client(client):
+        if given and attempts.blocked_client(client):  # not even checked: guessing on is pointless
             return refusal(request, 429, "too many wrong tokens from this address; wait a minute", "throttled")
+        if given and not right:
+            attempts.failed(client)  # no token at all (a probe) is no guess
         return refusal(request, 401, f"this service needs its token: send Authorization: Bearer ${MONITOR_TOKEN}",
                        "no token" if not given else "wrong token")  # fmt: skip
 

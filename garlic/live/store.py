@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from garlic.live.fhir import FhirError, Observed, Stay, Withdrawal
+from garlic.live.fhir import MAX_AHEAD_SECONDS, FhirError, Observed, Stay, Withdrawal
 
 SCHEMA_VERSION = "3"  # 2: readings' source and withdrawn; 3: beds' patient (older layouts are brought up when opened)
 # A reading dated further from its bed's admission has a wrong date (a year or a time zone typed wrong); the model's
@@ -490,8 +490,12 @@ class LiveStore:
         return table
 
     def beds(self) -> pd.DataFrame:
-        """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers)."""
-        newest = sa.select(sa.func.max(SCORES.c.id).label("id")).group_by(SCORES.c.bed).subquery()
+        """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers) at a time
+        not after the clock: a reading dated in the future (a store filled before such readings were refused, or a
+        watched file's) never stands for the bed's present."""
+        present = SCORES.c.time * 3600 + BEDS.c.admitted <= time.time() + MAX_AHEAD_SECONDS
+        newest = (sa.select(sa.func.max(SCORES.c.id).label("id")).join(BEDS, BEDS.c.bed == SCORES.c.bed)
+                  .where(present).group_by(SCORES.c.bed)).subquery()  # fmt: skip
         latest = (sa.select(SCORES).join(newest, SCORES.c.id == newest.c.id)).subquery()
         counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(HELD)
                   .group_by(READINGS.c.bed)).subquery()  # fmt: skip
