@@ -1,18 +1,21 @@
-"""HL7 FHIR R4 resources in, readings out: an ``Observation`` (or a ``Bundle`` of them) is one reading of one bed,
-an ``Encounter`` admits a bed or discharges it.
+"""HL7 FHIR R4 resources in, readings out: an ``Observation`` (or a ``batch`` or ``transaction`` Bundle of them)
+holds readings of one bed, an ``Encounter`` admits a bed or discharges it.
 
 The resources are validated by ``fhir.resources`` (its R4B models, which read R4's ``Observation``, ``Bundle`` and
 ``Encounter`` unchanged): a kept library rather than a schema of our own. On top of that, what the model needs: an
-Observation must name its bed (``encounter``: ``Encounter/ID``), a code this model reads
-(``garlic.live.codes``), a time with its time zone (``effectiveDateTime`` or ``effectiveInstant``) and a number
-(``valueQuantity.value``) in the unit the model reads it in, when a unit is sent (``valueQuantity.code`` under
-UCUM, else ``valueQuantity.unit``); an Encounter must have an id, a status and, to admit, ``period.start``: the bed's
-time zero, from which every reading's time is counted in hours, as in the datasets. Anything else is refused with a
-``FhirError`` whose ``status`` is the HTTP answer and whose message says which field is wrong.
+Observation must name its bed (``encounter``: ``Encounter/ID``), a code this model reads (``garlic.live.codes``),
+coded as one input only, a time with its time zone (``effectiveDateTime`` or ``effectiveInstant``) no more than
+``MAX_AHEAD_SECONDS`` after the service's clock, and a number (``valueQuantity.value``, no ``comparator``) in a unit
+that is, or converts to, the model's, inside the variable's plausible range (``garlic.live.values``). Its
+``component``s are readings too (a blood pressure panel's systolic and diastolic), each checked the same way. A
+``subject`` must be ``Patient/ID``; the store holds a bed to one patient. An Encounter must have an id, a status
+and, to admit, ``period.start`` not in the future: the bed's time zero, from which every reading's time is counted
+in hours, as in the datasets. Anything else is refused with a ``FhirError`` whose ``status`` is the HTTP answer,
+whose message says which field is wrong and whose ``reason`` (a few words, never a value) is what the log says.
 
-An Observation's ``id``, where it has one, names its reading for later: the same id sent again with another value,
-time or code (``amended``, ``corrected``) replaces the reading, and sent with the status ``entered-in-error`` (its
-bed and id suffice) withdraws it, as FHIR marks a reading that should never have been made.
+An Observation's ``id``, where it has one, names its readings for later: the same id sent again with another value,
+time or code (``amended``, ``corrected``) replaces them, and sent with the status ``entered-in-error`` (its bed and
+id suffice) withdraws them, as FHIR marks a reading that should never have been made.
 """
 from __future__ import annotations
 

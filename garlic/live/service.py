@@ -1,19 +1,26 @@
 """The live ward's HTTP service (``garlic monitor``): FHIR R4 readings in, each bed's risk, alert and drivers out.
 
-    PUT  /fhir/Encounter/{bed}   admit a bed (status in-progress and period.start) or discharge it (finished)
-    POST /fhir/Observation       one reading (or, entered-in-error, the withdrawal of the reading sent with its id)
-    POST /fhir/Bundle            a Bundle of Observations, taken all or none
-    POST /fhir                   either of the two above, by its resourceType
-    GET  /ward                   every bed with its newest risk, its change over the last hour and its alert,
-                                 highest risk first
-    GET  /beds/{bed}             a bed's readings and its risk, alert and drivers at each reading time
-    GET  /health                 counts: beds, readings, scored, withdrawn, pending
+    PUT  /fhir/Encounter/{bed}     admit a bed (status in-progress and period.start) or discharge it (finished)
+    POST /fhir/Observation         one Observation: 201 Created, Location and the Observation as held (its id and
+                                   meta.versionId); 200 for a repeat or a withdrawal (entered-in-error)
+    POST /fhir, /fhir/Bundle       a batch or transaction Bundle of Observations, taken all or none: a
+                                   batch-response or transaction-response Bundle (or a single Observation, as above)
+    GET  /fhir/metadata            the CapabilityStatement: exactly what is taken
+    GET  /fhir/Observation/{id}    an Observation as held (in the model's unit)
+    GET  /fhir/Observation?encounter=Encounter/ID[&_since=INSTANT]   a searchset Bundle of a bed's Observations
+    GET  /ward                     every bed with its newest risk, its change over the last hour and its alert,
+                                   highest risk first
+    GET  /beds/{bed}               a bed's readings and its risk, alert and drivers at each reading time
+    GET  /health                   counts: beds, readings, scored, withdrawn, pending
 
-A reading is answered 201 only once it is committed to the store; the scoring loop (``garlic.live.monitor``) then
-scores it. Every refusal is a 4xx (5xx: the store is behind or failing) with a FHIR ``OperationOutcome`` saying
-what was wrong, and changes nothing: 400 not JSON, 401 no or a wrong token, 404 an unknown bed, 409 a discharged
-bed, 413 a body over ``MAX_BODY_BYTES``, 422 not the FHIR resource or code expected, 429 too many wrong tokens,
-503 the scoring loop too far behind.
+FHIR answers are ``application/fhir+json``; a POST or PUT must be too (or ``application/json``), else 415. A reading
+is answered 201 only once it is committed to the store; the scoring loop (``garlic.live.monitor``) then scores it.
+Every refusal is a 4xx (5xx: the store is behind or failing) with a FHIR ``OperationOutcome`` saying what was wrong,
+and changes nothing: 400 not JSON, 401 no or a wrong token, 404 an unknown bed or path, 405 a method not taken, 408 a
+body slower than ``BODY_SECONDS``, 409 a discharged bed, another patient or another bed's Observation id, 413 a body
+over ``MAX_BODY_BYTES``, 415 not FHIR JSON, 422 not the FHIR resource, code, unit, range or time expected, 429 too
+many wrong tokens from the address, 503 the scoring loop too far behind. Each refusal is logged in one line (status,
+reason, bed), never with a value sent.
 
 Listening on 127.0.0.1 by default; any other address needs a token in ``GARLIC_MONITOR_TOKEN``
 (``garlic.live.access``), which every request must then bring as ``Authorization: Bearer TOKEN``.
