@@ -820,7 +820,7 @@ def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_a
     assert held == {"Temp": pytest.approx(37.0), "HR": 90.0}
 
 
-def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correction_replaces_them_together(tmp_path):
+def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correction_replaces_them_together(store_url):
     from datetime import datetime, timezone
 
     from garlic.live.fhir import FhirError, Stay, observations_in
@@ -846,10 +846,15 @@ def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correctio
     unread = {**panel, "component": [component("8480-6", 120), component("2708-6", 97)]}
     with pytest.raises(FhirError, match=r"component\[1\]\.code: http://loinc.org\|2708-6 is not an input"):
         observations_in(unread, codes)
-    store = LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", "run")
+    store = LiveStore(store_url, "run")
     try:
         store.admit(Stay("bed-1", True, at.replace(hour=8), None))
+        store.admit(Stay("bed-2", True, at.replace(hour=8), None))
         assert store.add(readings) == (2, 0, 0)
+        elsewhere = observations_in({**panel, "encounter": {"reference": "Encounter/bed-2"}}, codes).all()
+        with pytest.raises(FhirError, match="an Observation id sent for bed bed-2 is held by bed bed-1"):
+            store.add(elsewhere)
+        assert [held[0] > 0 for held in store.ids_of(readings)] == [True, True]
         corrected = {**panel, "status": "corrected", "component": [component("8480-6", 125), component("8462-4", 80)]}
         assert store.add(observations_in(corrected, codes).all()) == (1, 1, 1)  # the systolic replaced
         assert sorted(store.readings(["bed-1"])["value"]) == [80, 125]

@@ -50,6 +50,7 @@ MAX_CONNECTIONS = 500  # open at once; beyond, uvicorn answers 503
 BODY_SECONDS = 10.0  # a body still arriving after this is refused (408): a client that stalls holds a connection
 MAX_DIAGNOSTICS = 500  # characters of a refusal's message: a bad input is never echoed whole
 TRUSTED_SECONDS = 600.0  # an address that gave the right token is trusted this long, whatever guesses it shares
+MAX_TRUSTED = 10_000  # trusted addresses kept before those of over TRUSTED_SECONDS ago are dropped
 FHIR_JSON = "application/fhir+json"
 TAKEN_TYPES = {FHIR_JSON, "application/json", "application/json+fhir"}  # the last: DSTU2's, still sent by clients
 log = logging.getLogger("garlic.live")
@@ -163,6 +164,9 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         now = time.monotonic()
         if right and (now - trusted.get(client, -math.inf) < TRUSTED_SECONDS or not attempts.blocked_client(client)):
             trusted[client] = now  # a client of the right token is never locked out by another's guesses
+            if len(trusted) > MAX_TRUSTED:  # addresses seen long ago forgotten, that the table stays small
+                for address in [a for a, seen in trusted.items() if now - seen >= TRUSTED_SECONDS]:
+                    del trusted[address]
             return await call_next(request)
         if given and attempts.blocked_client(client):  # not even checked: guessing on is pointless
             return refusal(request, 429, "too many wrong tokens from this address; wait a minute", "throttled")
