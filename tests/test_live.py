@@ -1060,3 +1060,22 @@ def test_a_sites_range_table_replaces_the_rows_of_its_variables_and_a_bad_one_is
     site.write_text("variable,low,high\nHR,250,20\n")
     with pytest.raises(ConfigError, match="ranges.csv line 2: expected finite low <= high"):
         Ranges(site)
+
+
+def test_past_its_requests_in_flight_the_service_answers_503_as_an_operation_outcome(run, trained, tmp_path,
+                                                                                     monkeypatch):
+    import garlic.live.service as live_service
+
+    monkeypatch.setattr(live_service, "MAX_IN_FLIGHT", 1)
+    monkeypatch.setattr(live_service, "BODY_SECONDS", 2.0)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+            slow.sendall(b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")  # held in flight until its body times out
+            time.sleep(0.5)
+            status, headers, body = raw("GET", f"{base}/health")
+            assert (status, body["resourceType"], headers["content-type"]) == (503, "OperationOutcome",
+                                                                               "application/fhir+json")  # fmt: skip
+            assert slow.recv(65536).startswith(b"HTTP/1.1 408")
+        assert raw("GET", f"{base}/health")[0] == 200

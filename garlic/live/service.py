@@ -19,7 +19,8 @@ Every refusal is a 4xx (5xx: the store is behind or failing) with a FHIR ``Opera
 and changes nothing: 400 not JSON, 401 no or a wrong token, 404 an unknown bed or path, 405 a method not taken, 408 a
 body slower than ``BODY_SECONDS``, 409 a discharged bed, another patient or another bed's Observation id, 413 a body
 over ``MAX_BODY_BYTES``, 415 not FHIR JSON, 422 not the FHIR resource, code, unit, range or time expected, 429 too
-many wrong tokens from the address, 503 the scoring loop too far behind. Each refusal is logged in one line (status,
+many wrong tokens from the address, 500 a failure of the service's own, 503 the scoring loop too far behind or
+``MAX_IN_FLIGHT`` requests being answered. Each refusal is logged in one line (status,
 reason, bed), never with a value sent.
 
 Listening on 127.0.0.1 by default; any other address needs a token in ``GARLIC_MONITOR_TOKEN``
@@ -46,7 +47,8 @@ from garlic.live.resources import capability, observation_bundle, stored_observa
 from garlic.live.watch import FolderWatcher
 
 MAX_BODY_BYTES = 1 << 20  # a Bundle of an hour of every monitor of a bed is under 100 kB
-MAX_CONNECTIONS = 500  # open at once; beyond, uvicorn answers 503
+MAX_IN_FLIGHT = 500  # requests being answered at once; beyond, a 503 OperationOutcome
+MAX_CONNECTIONS = 600  # open at once, idle kept-alive ones too; beyond, uvicorn answers a plain 503
 BODY_SECONDS = 10.0  # a body still arriving after this is refused (408): a client that stalls holds a connection
 MAX_DIAGNOSTICS = 500  # characters of a refusal's message: a bad input is never echoed whole
 TRUSTED_SECONDS = 600.0  # an address that gave the right token is trusted this long, whatever guesses it shares
@@ -153,6 +155,23 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
     @app.exception_handler(ClientDisconnect)
     async def hung_up(request: Request, exc: ClientDisconnect) -> JSONResponse:
         return refusal(request, 400, "the client hung up before the end of its body", "client hung up")
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:  # logged with its traceback by uvicorn
+        return refusal(request, 500, "the service failed on this request; nothing was stored", "failed")
+
+    in_flight = [0]  # requests being answered (one event loop: no lock needed)
+
+    @app.middleware("http")
+    async def bounded(request: Request, call_next):
+        if in_flight[0] >= MAX_IN_FLIGHT:
+            return refusal(request, 503, f"{MAX_IN_FLIGHT} requests are being answered; send again in a few "
+                                         "seconds", "busy")  # fmt: skip
+        in_flight[0] += 1
+        try:
+            return await call_next(request)
+        finally:
+            in_flight[0] -= 1
 
     @app.middleware("http")
     async def only_with_the_token(request: Request, call_next):
