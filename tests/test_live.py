@@ -777,6 +777,7 @@ def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_a
         assert request("POST", f"{base}/fhir/Observation", json.dumps(fahrenheit).encode())[0] == 201
         assert request("POST", f"{base}/fhir/Observation", json.dumps(reading("HR", 90.0, id="obs-1", **patient))
                        .encode())[0] == 201  # fmt: skip
+        scored(base)
         before = monitor.store.counts()
         bp = {"resourceType": "Bundle", "type": "searchset", "entry": [{"resource": reading("HR", 91.0)}]}
         get_entry = {"resourceType": "Bundle", "type": "batch", "entry": [
@@ -1079,3 +1080,19 @@ def test_past_its_requests_in_flight_the_service_answers_503_as_an_operation_out
                                                                                "application/fhir+json")  # fmt: skip
             assert slow.recv(65536).startswith(b"HTTP/1.1 408")
         assert raw("GET", f"{base}/health")[0] == 200
+
+
+def test_an_absolute_reference_names_the_same_bed_and_patient_and_a_subject_by_identifier_only_is_not_compared():
+    from garlic.live.fhir import FhirError, observations_in
+
+    codes = Codes("synthetic", ["HR"])
+    sent = {"resourceType": "Observation", "status": "final",
+            "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+            "encounter": {"reference": "https://ehr.example/fhir/Encounter/bed-1"},
+            "subject": {"reference": "https://ehr.example/fhir/Patient/p-9"},
+            "effectiveDateTime": "2026-01-01T09:00:00Z", "valueQuantity": {"value": 80}}  # fmt: skip
+    (reading,) = observations_in(sent, codes).all()
+    assert (reading.bed, reading.subject) == ("bed-1", "p-9")
+    assert observations_in({**sent, "subject": {"identifier": {"value": "123"}}}, codes).all()[0].subject is None
+    with pytest.raises(FhirError, match=r"Observation.subject.reference must be Patient/ID"):
+        observations_in({**sent, "subject": {"reference": "Group/ward-3"}}, codes)

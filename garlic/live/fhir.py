@@ -38,6 +38,7 @@ DISCHARGING = {"finished", "cancelled"}
 BED_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")  # a FHIR id (matched whole: fullmatch, no trailing newline)
 MAX_AHEAD_SECONDS = 300  # a monitor's clock a few minutes ahead of the service's; a later time is a wrong date
 BUNDLE_TYPES = {"batch", "transaction"}
+ABSOLUTE = re.compile(r"https?://")
 TAKEN_METHODS = {"POST", "PUT"}
 KEPT_STATUSES = {"registered", "preliminary", "final", "amended", "corrected"}  # not cancelled
 WITHDRAWING = "entered-in-error"
@@ -154,12 +155,20 @@ def _instant(value, field: str) -> datetime:
 
 
 def _reference(reference, kind: str, field: str) -> str:
-    """The id in ``reference`` (``kind/ID``), refused unless it is one."""
+    """The id in ``reference`` (``kind/ID``, or an absolute URL ending so), refused unless it is one."""
     text = reference.reference if reference is not None else None
+    if text and ABSOLUTE.match(text):  # http://ehr.example/fhir/Patient/123: the same Patient/123
+        text = "/".join(text.rsplit("/", 2)[-2:])
     if not text or not text.startswith(f"{kind}/") or not is_id(text[len(kind) + 1:]):
         raise FhirError(422, f"{field}.reference must be {kind}/ID (an id of letters, digits, '-' and '.', at most "
                              "64, not dots only)", "reference")  # fmt: skip
     return text[len(kind) + 1:]
+
+
+def _subject(reference, field: str) -> str | None:
+    """The Patient a ``subject`` names, None where it names none by reference (absent, or an identifier only, which
+    cannot be compared with the bed's)."""
+    return _reference(reference, "Patient", field) if reference is not None and reference.reference else None
 
 
 def is_id(text: str) -> bool:
@@ -169,7 +178,7 @@ def is_id(text: str) -> bool:
 
 def _codes_read(concept, codes: Codes, where: str) -> str | None:
     """The one model variable ``concept`` is coded as, None when none; two different ones are refused."""
-    codings = concept.coding or [] if concept is not None else []
+    codings = (concept.coding or []) if concept is not None else []
     known = sorted({name for name in (codes.variable(c.system, c.code) for c in codings) if name is not None})
     if len(known) > 1:
         raise FhirError(422, f"{where}.code is coded as {len(known)} different inputs of this model ("
@@ -215,7 +224,7 @@ def observed(observation, codes: Codes, where: str = "Observation",
                              f"{', '.join(sorted(KEPT_STATUSES))}) nor one to withdraw ({WITHDRAWING})",
                         "status")  # fmt: skip
     bed = _reference(observation.encounter, "Encounter", f"{where}.encounter")
-    subject = _reference(observation.subject, "Patient", f"{where}.subject") if observation.subject else None
+    subject = _subject(observation.subject, f"{where}.subject")
     if observation.status == WITHDRAWING:
         if not observation.id:
             raise FhirError(422, f"{where}.id is required to withdraw a reading ({WITHDRAWING}): the id it was sent "
@@ -327,7 +336,7 @@ def stay_of(payload: dict, bed: str, now: float | None = None) -> Stay:
     encounter = validated(payload, ("Encounter",))
     if encounter.id != bed:
         raise FhirError(422, f"Encounter.id {encounter.id!s:.64} differs from the bed {bed} it is sent to", "id")
-    subject = _reference(encounter.subject, "Patient", "Encounter.subject") if encounter.subject else None
+    subject = _subject(encounter.subject, "Encounter.subject")
     period = encounter.period
     start = _instant(period.start, "Encounter.period.start") if period and period.start else None
     end = _instant(period.end, "Encounter.period.end") if period and period.end else None
