@@ -895,7 +895,7 @@ def test_fhirpy_and_fhirclient_create_read_and_search_observations_against_the_s
         assert answer["id"] and answer["valueQuantity"]["value"] == 92.0
         again = ClientObservation.read(answer["id"], server)
         assert (again.id, again.valueQuantity.value) == (answer["id"], 92.0)
-        found = ClientObservation.where({"encounter": "Encounter/bed-1"}).perform_iter(server)
+        found = ClientObservation.where({"encounter": "Encounter/bed-1"}).perform_resources_iter(server)
         assert sorted(o.valueQuantity.value for o in found) == [88.0, 92.0]
         assert scored(base, TOKEN)["scored"] == 2
 
