@@ -163,7 +163,11 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
     in_flight = [0]  # requests being answered (one event loop: no lock needed)
 
     @app.middleware("http")
-    async def bounded(request: Request, call_next):
+    async def bounded_and_only_with_the_token(request: Request, call_next):
+        """One middleware (each costs a task and a stream per request): the token, then the requests in flight."""
+        refused = None if token is None else allowed(request)
+        if refused is not None:
+            return refused
         if in_flight[0] >= MAX_IN_FLIGHT:
             return refusal(request, 503, f"{MAX_IN_FLIGHT} requests are being answered; send again in a few "
                                          "seconds", "busy")  # fmt: skip
@@ -173,10 +177,8 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         finally:
             in_flight[0] -= 1
 
-    @app.middleware("http")
-    async def only_with_the_token(request: Request, call_next):
-        if token is None:
-            return await call_next(request)
+    def allowed(request: Request) -> JSONResponse | None:
+        """None for a request with the right token, else its refusal (401, or 429 from an address guessing)."""
         client = request.client.host if request.client else "unknown"
         given = request.headers.get("authorization", "")
         right = given.startswith("Bearer ") and token_matches(given[len("Bearer "):], token)
@@ -186,7 +188,7 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
             if len(trusted) > MAX_TRUSTED:  # addresses seen long ago forgotten, that the table stays small
                 for address in [a for a, seen in trusted.items() if now - seen >= TRUSTED_SECONDS]:
                     del trusted[address]
-            return await call_next(request)
+            return None
         if given and attempts.blocked_client(client):  # not even checked: guessing on is pointless
             return refusal(request, 429, "too many wrong tokens from this address; wait a minute", "throttled")
         if given and not right:
