@@ -197,9 +197,11 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
                        "no token" if not given else "wrong token")  # fmt: skip
 
     def take(posted, started: float) -> tuple[int, dict, dict]:
-        stored, repeats, withdrawn = monitor.take(posted.all())
+        ids: dict = {}
+        stored, repeats, withdrawn = monitor.take(posted.all(), ids)
         readings = [r for sent in posted.sent if not isinstance(sent.readings, Withdrawal) for r in sent.readings]
-        held = dict(zip(readings, store.ids_of(readings)))
+        missing = [reading for reading in readings if reading not in ids]  # repeats: held before this request
+        held = ids | dict(zip(missing, store.ids_of(missing)))
         answers = [stored_observation(sent, held, started) for sent in posted.sent]
         return stored, answers, {"stored": stored, "repeats": repeats, "withdrawn": withdrawn}
 

@@ -95,22 +95,29 @@ def _sqlite_settings(connection, _record) -> None:
 
 
 def _insert_ignoring_repeats(engine: sa.Engine, table: sa.Table):
-    """An INSERT that skips rows breaking a uniqueness constraint, in the dialects that have one."""
-    if engine.dialect.name == "sqlite":  # sqlite3 sums an executemany's rows stored into its rowcount
+    """An INSERT that skips rows breaking a uniqueness constraint, in the dialects that have one, returning the rows
+    it stored (their id and received time, by their key): how many it stored, and which id each reading got, in one
+    statement."""
+    if engine.dialect.name == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
-
-        return insert(table).on_conflict_do_nothing()
-    if engine.dialect.name == "postgresql":  # an executemany's rowcount is -1 there (psycopg): RETURNING counts
+    elif engine.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
+    else:
+        return None
+    return insert(table).on_conflict_do_nothing().returning(table.c.id, table.c.received, *_KEY(table))
 
-        return insert(table).on_conflict_do_nothing().returning(table.c.id)
-    return None
+
+def _KEY(table: sa.Table) -> tuple:  # noqa: N802  (the uniqueness index's columns)
+    return table.c.bed, table.c.variable, table.c.time, table.c.value
 
 
-def _inserted(db: sa.Connection, insert, rows: list[dict]) -> int:
-    """How many of ``rows`` the insert that skips repeats stored."""
-    result = db.execute(insert, rows)
-    return len(result.all()) if result.returns_rows else result.rowcount
+def _inserted(db: sa.Connection, insert, rows: list[dict], held: dict | None = None) -> int:
+    """How many of ``rows`` the insert that skips repeats stored; ``held`` gets each stored reading's (id, received)
+    by its key (bed, variable, time, value)."""
+    stored = db.execute(insert, rows).all()
+    if held is not None:
+        held.update({tuple(row[2:]): (row[0], row[1]) for row in stored})
+    return len(stored)
 
 
 def _add_layout_2(db: sa.Connection) -> None:
@@ -142,7 +149,7 @@ def _table(rows: list[sa.Row], columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame([tuple(row) for row in rows], columns=columns)
 
 
-def _add_group(db: sa.Connection, rows: list[dict], insert) -> tuple[int, int, int]:
+def _add_group(db: sa.Connection, rows: list[dict], insert, held_ids: dict | None = None) -> tuple[int, int, int]:
     """Store the readings of one Observation (or one reading without an id, or a withdrawal) in the open
     transaction: how many readings it (stored, repeated, withdrew). ``insert``: the store's insert that skips a
     repeat (another process may add the same reading meanwhile), where its database has one."""
@@ -165,7 +172,7 @@ def _add_group(db: sa.Connection, rows: list[dict], insert) -> tuple[int, int, i
     counts = np.zeros(3, dtype=int)
     for row in map(_columns, rows):
         if insert is not None:
-            stored = _inserted(db, insert, [row])
+            stored = _inserted(db, insert, [row], held_ids)
         else:
             stored = int(not db.execute(sa.select(sa.func.count()).where(_same(row))).scalar_one())
             if stored:
@@ -322,15 +329,26 @@ class LiveStore:
             db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=end))
             return True
 
-    def add(self, observed: list[Observed | Withdrawal]) -> tuple[int, int, int]:
+    def add(self, observed: list[Observed | Withdrawal], held: dict | None = None) -> tuple[int, int, int]:
         """Store the readings, all or none, committed before this returns: (stored, repeats already held, readings
         withdrawn). The readings sent with one source (an Observation's id: its value and components) replace
         (withdraw) those held under that source that differ; a withdrawal withdraws them all. Refused: a bed never
         admitted (404) or discharged (409), a time before the bed's admission or more than a year after it (422),
         a withdrawal of a source the bed never sent (404), a subject that is not the bed's patient and a source
-        held by another bed (409)."""
+        held by another bed (409). ``held``, where given, gets the (row id, received) of each reading this stored,
+        by its key (bed, variable, time in hours, value); ``ids_of`` finds the others'."""
         if not observed:
             return 0, 0, 0
+        by_key: dict = {}
+        keys: list[tuple[Observed, tuple]] = []
+        counts = self._add(observed, by_key, keys)
+        if held is not None:
+            held.update({reading: by_key[key] for reading, key in keys if key in by_key})
+        return counts
+
+    def _add(self, observed: list[Observed | Withdrawal], held: dict, keys: list) -> tuple[int, int, int]:
+        """``add``'s work: ``held`` gets the (id, received) of each reading stored by its key, ``keys`` each
+        reading's key."""
         received = time.time()
         with self.engine.begin() as db:
             wanted = sorted({reading.bed for reading in observed})
@@ -353,6 +371,7 @@ class LiveStore:
                     raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after "
                                          "the bed's admission; a stay is taken up to a year: is its date right?",
                                     "after a year")  # fmt: skip
+                keys.append((reading, (reading.bed, reading.variable, hours, reading.value)))
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
                              "received": received, "scored": False, "source": reading.source,
                              "withdrawn": False, "part": reading.part})  # fmt: skip
@@ -362,13 +381,13 @@ class LiveStore:
             # New readings (new ids, or none), as feeds send them: one statement; else one Observation at a time
             if (self.insert_reading is not None and not any(row["withdrawn"] for row in rows)
                     and not _repeats_a_source(rows) and not _held_under(db, sources)):  # fmt: skip
-                stored = _inserted(db, self.insert_reading, [_columns(row) for row in rows])
+                stored = _inserted(db, self.insert_reading, [_columns(row) for row in rows], held)
                 if stored < len(rows):  # some were held already
                     stored += _repeated(db, rows)
                 return stored, len(rows) - stored, 0
             counts = np.zeros(3, dtype=int)
             for group in _by_source(rows):
-                counts += _add_group(db, group, self.insert_reading)
+                counts += _add_group(db, group, self.insert_reading, held)
         return int(counts[0]), int(counts[1]), int(counts[2])
 
     @staticmethod
@@ -392,9 +411,9 @@ class LiveStore:
             admitted = dict(db.execute(sa.select(BEDS.c.bed, BEDS.c.admitted).where(
                 BEDS.c.bed.in_({r.bed for r in observed}))).all())  # fmt: skip
             keys = [(r.bed, r.variable, (_seconds(r.at) - admitted[r.bed]) / 3600, r.value) for r in observed]
-            columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value)
-            found = {tuple(row[:4]): (row.id, row.received) for row in db.execute(
-                sa.select(*columns, READINGS.c.id, READINGS.c.received).where(sa.tuple_(*columns).in_(keys), HELD))}
+            columns = _KEY(READINGS)
+            found = {tuple(row[2:]): (row.id, row.received) for row in db.execute(
+                sa.select(READINGS.c.id, READINGS.c.received, *columns).where(sa.tuple_(*columns).in_(keys), HELD))}
         return [found.get(key) for key in keys]
 
     def observation(self, logical_id: str) -> pd.DataFrame:
