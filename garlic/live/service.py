@@ -196,21 +196,22 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         return refusal(request, 401, f"this service needs its token: send Authorization: Bearer ${MONITOR_TOKEN}",
                        "no token" if not given else "wrong token")  # fmt: skip
 
-    def take(posted, started: float) -> tuple[int, dict, dict]:
+    def take(posted, started: float) -> tuple[list[tuple[int, str | None, dict]], dict]:
+        """Store what was posted: each Observation's (status, location, resource), and the readings' counts."""
         ids: dict = {}
         stored, repeats, withdrawn = monitor.take(posted.all(), ids)
         readings = [r for sent in posted.sent if not isinstance(sent.readings, Withdrawal) for r in sent.readings]
         missing = [reading for reading in readings if reading not in ids]  # repeats: held before this request
         held = ids | dict(zip(missing, store.ids_of(missing)))
         answers = [stored_observation(sent, held, started) for sent in posted.sent]
-        return stored, answers, {"stored": stored, "repeats": repeats, "withdrawn": withdrawn}
+        return answers, {"stored": stored, "repeats": repeats, "withdrawn": withdrawn}
 
     async def post(request: Request) -> JSONResponse:
         _content_type(request)
         payload = parse_json(await bounded_body(request))
         request.state.bed = _bed_named(payload)
         posted = observations_in(payload, codes)
-        _, answers, counts = await run_in_threadpool(take, posted, time.time())
+        answers, counts = await run_in_threadpool(take, posted, time.time())
         counted = {"X-Garlic-Stored": str(counts["stored"]), "X-Garlic-Repeats": str(counts["repeats"]),
                    "X-Garlic-Withdrawn": str(counts["withdrawn"])}  # fmt: skip
         base = str(request.base_url).rstrip("/") + "/fhir/"
