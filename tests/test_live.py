@@ -948,6 +948,7 @@ def test_the_service_answers_as_fhir_r4_clients_expect_created_locations_respons
             "a DELETE": (raw("DELETE", f"{base}/fhir/Observation"), 405),
             "an unknown search parameter": (raw("GET", f"{base}/fhir/Observation?code=8867-4"), 400),
         }  # fmt: skip
+        assert refusals["a DELETE"][0][1]["allow"] == "GET, POST"
         for name, ((status, headers, body), expected) in refusals.items():
             assert (name, status, body["resourceType"]) == (name, expected, "OperationOutcome")
             assert headers["content-type"].split(";")[0] == "application/fhir+json", name

@@ -38,6 +38,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from garlic.live.access import MONITOR_TOKEN, Attempts, token_matches
 from garlic.live.codes import Codes
@@ -146,11 +147,18 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
 
     @app.exception_handler(HTTPException)
     async def not_here(request: Request, exc: HTTPException) -> JSONResponse:
-        allowed = (exc.headers or {}).get("Allow", "")
+        allowed = ", ".join(methods_of(request))
+        headers = {**(exc.headers or {}), **({"Allow": allowed} if exc.status_code == 405 else {})}
         message = (f"{request.method} is not taken here (this path takes {allowed})" if exc.status_code == 405
                    else "no such resource or path (GET /fhir/metadata lists what this service takes)")  # fmt: skip
         return refusal(request, exc.status_code, message, "method" if exc.status_code == 405 else "no such path",
-                       exc.headers)  # fmt: skip
+                       headers)  # fmt: skip
+
+    def methods_of(request: Request) -> list[str]:
+        """Every method some route of this request's path takes (Starlette's 405 names the first route's only)."""
+        scope = {**request.scope, "method": "GET"}
+        return sorted({method for route in app.routes if getattr(route, "methods", None)
+                       and route.matches(scope)[0] != Match.NONE for method in route.methods} - {"HEAD"})
 
     @app.exception_handler(ClientDisconnect)
     async def hung_up(request: Request, exc: ClientDisconnect) -> JSONResponse:
