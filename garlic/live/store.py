@@ -4,7 +4,8 @@ SQLite in WAL mode by default (a file beside the service, each commit on disk be
 ``synchronous=FULL``); any SQLAlchemy URL names a shared server instead. Tables:
 
     meta      the run whose model scores this store (a store scored by one run is never scored by another)
-    beds      bed (the FHIR Encounter id), admitted and discharged (UTC seconds)
+    beds      bed (the FHIR Encounter id), admitted and discharged (UTC seconds), patient (the Patient id its
+              Encounter, or its first Observation, named: a bed holds one patient's readings)
     readings  id, bed, variable, time (hours since the bed's admission), value, received (UTC seconds), scored,
               source (the Observation's id, where it had one), withdrawn; one row per (bed, variable, time, value):
               a repeated reading counts once. A withdrawn reading (entered in error, or replaced by a reading sent
