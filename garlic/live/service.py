@@ -101,7 +101,7 @@ async def bounded_body(request: Request) -> bytes:
             chunk = await asyncio.wait_for(stream.__anext__(), max(deadline - time.monotonic(), 0.001))
         except StopAsyncIteration:
             return b"".join(chunks)
-        except asyncio.TimeoutError:
+        except TimeoutError:  # asyncio.TimeoutError since Python 3.11
             raise FhirError(408, f"the body did not arrive within {BODY_SECONDS:g} s") from None
         size += len(chunk)
         if size > MAX_BODY_BYTES:
@@ -314,7 +314,7 @@ def _since(text: str | None) -> float | None:
     from datetime import datetime
 
     try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        at = datetime.fromisoformat(text)  # Python 3.11 reads a trailing Z
     except ValueError:
         at = None
     if at is None or at.tzinfo is None:
