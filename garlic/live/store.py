@@ -396,10 +396,12 @@ class LiveStore:
         """Refuse readings whose subject is not their bed's patient; a bed without one takes the first named."""
         patients = {bed: row.patient for bed, row in beds.items()}
         for reading in readings:
-            if patients[reading.bed] is None:
-                patients[reading.bed] = reading.subject
-                db.execute(BEDS.update().where(BEDS.c.bed == reading.bed).values(patient=reading.subject))
-            elif patients[reading.bed] != reading.subject:
+            if patients[reading.bed] is None:  # only where still none: another request may have named one meanwhile
+                db.execute(BEDS.update().where(BEDS.c.bed == reading.bed, BEDS.c.patient.is_(None))
+                           .values(patient=reading.subject))  # fmt: skip
+                patients[reading.bed] = db.execute(sa.select(BEDS.c.patient).where(BEDS.c.bed == reading.bed)
+                                                   ).scalar_one()  # fmt: skip
+            if patients[reading.bed] != reading.subject:
                 raise FhirError(409, f"Observation.subject is not the patient of bed {reading.bed} (its Encounter's "
                                      "or its first Observation's subject): a bed holds one patient's readings",
                                 "subject")  # fmt: skip
