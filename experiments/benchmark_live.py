@@ -88,6 +88,14 @@ def post(connection: http.client.HTTPConnection, method: str, path: str, payload
         raise RuntimeError(f"{method} {path}: {answer.status} {body[:300]!r}")
 
 
+def plausible(codes: Codes, variable: str, second: int) -> float:
+    """A value of ``variable`` inside its plausible range (the service refuses others), changing every second."""
+    bounds = codes.ranges.of_variable.get(variable)
+    if bounds is None:
+        return 1.0 + second
+    return bounds.low + (bounds.high - bounds.low) * (0.3 + 0.02 * (second % 20))
+
+
 def load(port: int, beds: list[str], seconds: int, codes: Codes, variables: list[str], start: datetime,
          sent: dict, clients: int) -> None:  # fmt: skip
     """Post one reading per bed per second for ``seconds``, from ``clients`` threads; ``sent[(bed, second)]`` is
@@ -104,7 +112,8 @@ def load(port: int, beds: list[str], seconds: int, codes: Codes, variables: list
                     time.sleep(delay)
                 for number, bed in enumerate(share):
                     variable = variables[(second + number) % len(variables)]
-                    resource = observation(codes, bed, variable, start + timedelta(seconds=second + 1), 1.0 + second)
+                    resource = observation(codes, bed, variable, start + timedelta(seconds=second + 1),
+                                           plausible(codes, variable, second))
                     sent[(bed, second + 1)] = time.time()
                     post(connection, "POST", "/fhir/Observation", resource)
         except BaseException as exc:  # reported after the threads end

@@ -651,10 +651,12 @@ def _monitor(args: argparse.Namespace) -> None:
     from garlic.live.scoring import BedScorer
     from garlic.live.service import serve
     from garlic.live.store import LiveStore
+    from garlic.live.values import Ranges
     from garlic.methods.saved import load_predictor
 
+    ranges = Ranges(args.ranges)  # a site's table that cannot be read is refused before the model loads
     trained = load_predictor(args.run, store)
-    codes = Codes(trained.config.dataset, trained.variables + trained.static_features, args.codes)
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features, args.codes, ranges)
     found = _policy(args, store)
     hourly = found.hourly
     live = LiveStore(_live_store(args), args.run)
@@ -849,6 +851,9 @@ def parser() -> argparse.ArgumentParser:
     monitor.add_argument("--codes", type=Path, metavar="FILE",
                          help="the hospital's own code table (CSV: variable, system, code, unit), read instead of "
                               "garlic/live/codes.csv (docs/live.md)")  # fmt: skip
+    monitor.add_argument("--ranges", type=Path, metavar="FILE",
+                         help="the site's own plausible ranges (CSV: variable, low, high, and optionally unit, "
+                              "source), each row instead of garlic/live/ranges.csv's for its variable")  # fmt: skip
     monitor.set_defaults(handler=_monitor)
 
     feeder = commands.add_parser("feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR "

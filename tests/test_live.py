@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,6 +109,17 @@ def request(method: str, url: str, body: bytes, token: str | None = None) -> tup
         connection.close()
 
 
+def counted(url: str, body: bytes, token: str | None = None) -> tuple[int, dict]:
+    """A POST's status and its counts (the readings it stored, repeated, withdrew: the X-Garlic-* headers)."""
+    headers = {"Content-Type": "application/fhir+json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as answer:
+            return answer.status, {name: int(answer.headers[f"X-Garlic-{name.title()}"])
+                                   for name in ("stored", "repeats", "withdrawn")}  # fmt: skip
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
 def scored(base: str, token: str | None = None, timeout: float = 60) -> dict:
     """The service's counts once nothing is left to score."""
     deadline = time.monotonic() + timeout
@@ -158,12 +170,13 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
     readings = [("HR", 2.0, 120.0), ("HR", 4.0, 130.0), ("Lactate", 1.0, 6.0)]  # the lactate comes in late
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
         assert request("PUT", f"{base}/fhir/Encounter/bed-7", json.dumps(encounter("bed-7", start)).encode())[0] == 200
+        answers = []
         for variable, hours, value in readings + readings[:1]:
             resource = observation(codes, "bed-7", variable, start + timedelta(hours=hours), value)
-            status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
-            assert status == 201
+            answers.append(request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode()))
             scored(base)
-        assert answer == {"stored": 0, "repeats": 1, "withdrawn": 0}
+        assert [status for status, _ in answers] == [201, 201, 201, 200]  # the repeat: 200, the reading held
+        assert answers[3][1]["id"] == answers[0][1]["id"] and answers[3][1]["meta"] == answers[0][1]["meta"]
         history = get(f"{base}/beds/bed-7")
     assert [len(history["readings"]), [s["time"] for s in history["scores"]]] == [3, [1.0, 2.0, 4.0]]
     import pandas as pd
@@ -261,7 +274,7 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         variable, hours, value = held.get(source, ("HR", 1.0, 90.0))
         resource = {**observation(codes, "bed-3", variable, start + timedelta(hours=hours), value), "id": source,
                     "status": status}  # fmt: skip
-        answer = request("POST", f"{base}/fhir/Observation", json.dumps(resource).encode())
+        answer = counted(f"{base}/fhir/Observation", json.dumps(resource).encode())
         scored(base)
         return answer
 
@@ -290,8 +303,8 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         assert send(base, "hr-3", "corrected") == (201, {"stored": 1, "repeats": 0, "withdrawn": 1})
         offline_risks_match(base)
         del held["lac-2"]  # entered in error, before the bed's last step
-        assert send(base, "lac-2", "entered-in-error") == (201, {"stored": 0, "repeats": 0, "withdrawn": 1})
-        assert send(base, "lac-2", "entered-in-error") == (201, {"stored": 0, "repeats": 1, "withdrawn": 0})
+        assert send(base, "lac-2", "entered-in-error") == (200, {"stored": 0, "repeats": 0, "withdrawn": 1})
+        assert send(base, "lac-2", "entered-in-error") == (200, {"stored": 0, "repeats": 1, "withdrawn": 0})
         offline_risks_match(base)
         del held["hr-4"]  # the bed's newest reading withdrawn: its newest risk is that of the reading before
         assert send(base, "hr-4", "entered-in-error")[1]["withdrawn"] == 1
@@ -312,7 +325,7 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
         assert request("POST", f"{base}/fhir/Observation", json.dumps(only).encode())[0] == 201
         assert scored(base) and get(f"{base}/ward")[0]["bed"] == "bed-4"  # a risk above bed-3's
         only["status"] = "entered-in-error"  # the bed's one reading: none left, and no risk
-        assert request("POST", f"{base}/fhir/Observation", json.dumps(only).encode())[1]["withdrawn"] == 1
+        assert counted(f"{base}/fhir/Observation", json.dumps(only).encode())[1]["withdrawn"] == 1
         scored(base)
         assert [(b["bed"], b["risk"], b["readings"]) for b in get(f"{base}/ward")][1] == ("bed-4", None, 0)
         assert monitor.store.counts() == {"beds": 2, "readings": 3, "scored": 3, "withdrawn": 4, "pending": 0}
@@ -401,7 +414,7 @@ def store_url(request, tmp_path) -> str:
     return request.getfixturevalue("postgresql")()
 
 
-def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_and_scores_kept(store_url):
+def test_a_store_of_the_first_layout_is_brought_to_the_third_with_its_readings_and_scores_kept(store_url):
     import sqlalchemy as sa
     from datetime import datetime, timezone
 
@@ -409,9 +422,11 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
     from garlic.live.store import BEDS, META, READINGS, SCORES
 
     url = store_url
-    first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns
-    for table in (META, BEDS, SCORES):
+    first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns, the beds' patient
+    for table in (META, SCORES):
         table.to_metadata(first)
+    sa.Table("beds", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                              for c in BEDS.columns if c.name != "patient"])
     sa.Table("readings", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
                                   for c in READINGS.columns if c.name not in ("source", "withdrawn")],
              sa.UniqueConstraint("bed", "variable", "time", "value"))  # fmt: skip
@@ -447,7 +462,7 @@ def test_a_store_of_the_first_layout_is_brought_to_the_second_with_its_readings_
         assert [store.add(more), store.add(more[:10])] == [(49, 0, 0), (0, 10, 0)]  # counted in one statement too
     finally:
         store.close()
-    LiveStore(url, "run").close()  # opened again: layout 2 already
+    LiveStore(url, "run").close()  # opened again: layout 3 already
 
 
 def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path):
@@ -477,13 +492,13 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
             "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
                          "valueQuantity"),
             "in another unit": (json.dumps({**good, "valueQuantity": {"value": 1.5, "unit": "beats/s"}}).encode(),
-                                TOKEN, 422, "'beats/s' is not the unit of HR, which this model reads in /min"),
+                                TOKEN, 422, "'beats/s' is not a unit this service reads for HR (it reads HR in /min"),
             "wrong bed": (json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(), TOKEN, 404,
                           "bed-2 is not admitted"),
             "a bundle with one bad entry": (json.dumps({"resourceType": "Bundle", "type": "batch", "entry": [
                 {"resource": later}, {"resource": unknown}]}).encode(), TOKEN, 422, "entry[1]"),
-            "dated years after the admission": (json.dumps(observation(codes, "bed-1", "HR", start.replace(
-                year=9999), 90.0)).encode(), TOKEN, 422, "days after the bed's admission"),
+            "dated years ahead": (json.dumps(observation(codes, "bed-1", "HR", start.replace(
+                year=9999), 90.0)).encode(), TOKEN, 422, "minutes after the service's clock; at most 5 minutes"),
             "unauthenticated": (json.dumps(later).encode(), None, 401, "token"),
             "a wrong token": (json.dumps(later).encode(), TOKEN[::-1], 401, "token"),
         }  # fmt: skip
@@ -495,32 +510,51 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
         assert request("GET", f"{base}/ward", b"", None)[0] == 401
 
 
-def test_a_value_sent_in_another_unit_is_refused_and_another_spelling_of_the_unit_is_taken():
+def test_a_unit_ucum_converts_is_converted_another_spelling_taken_and_any_other_unit_refused_whatever_its_system():
     from datetime import datetime, timezone
 
     from garlic.live.fhir import FhirError, observations_in
 
-    codes = Codes("synthetic", ["Temp", "SysABP", "Platelets", "GCS"])
+    codes = Codes("synthetic", ["Temp", "SysABP", "Platelets", "GCS", "FiO2", "SaO2", "Weight"])
     at = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
 
     def sent(variable: str, value: float, **quantity) -> dict:
         reading = observation(codes, "bed-1", variable, at, value)
         return {**reading, "valueQuantity": {"value": value, **quantity}}
 
-    ucum = "http://unitsofmeasure.org"
+    def read(reading: dict) -> float:
+        return observations_in(reading, codes).all()[0].value
+
+    ucum, local = "http://unitsofmeasure.org", "http://hospital.example/units"
     taken = [sent("Temp", 37.2, unit="°C", system=ucum, code="Cel"), sent("Temp", 37.2, unit="°C"),
              sent("SysABP", 120, unit="mmHg"), sent("SysABP", 120, system=ucum, code="mm[Hg]"),
              sent("Platelets", 210, unit="10^9/L"), sent("GCS", 14), observation(codes, "bed-1", "SysABP", at, 120)]
-    assert [observations_in(reading, codes)[0].value for reading in taken] == [37.2, 37.2, 120, 120, 210, 14, 120]
-    refused = {"[degF]": sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),  # the code decides, not the label
-               "kPa": sent("SysABP", 16.0, unit="kPa"), "mmol/L": sent("Platelets", 210, unit="mmol/L")}
-    said = {}
-    for unit, reading in refused.items():
-        with pytest.raises(FhirError, match=rf"valueQuantity: '{re.escape(unit)}' is not the unit of") as refusal:
+    assert [read(reading) for reading in taken] == [37.2, 37.2, 120, 120, 210, 14, 120]
+    converted = {  # as UCUM relates the units, whatever system (or none) the unit comes under
+        "[degF] under UCUM": (sent("Temp", 98.6, system=ucum, code="[degF]", unit="°F"), 37.0),
+        "[degF] without a system": (sent("Temp", 98.6, code="[degF]"), 37.0),
+        "degF under a local system": (sent("Temp", 98.6, system=local, code="degF", unit="degF"), 37.0),
+        "FiO2 in %": (sent("FiO2", 40, unit="%", system=ucum, code="%"), 0.4),
+        "SaO2 as a fraction": (sent("SaO2", 0.97, system=ucum, code="1"), 97.0),
+        "kPa": (sent("SysABP", 16.0, unit="kPa"), 120.01),
+        "pounds": (sent("Weight", 176.37, system=ucum, code="[lb_av]"), 80.0),
+    }
+    for name, (reading, value) in converted.items():
+        assert (name, read(reading)) == (name, pytest.approx(value, abs=0.01))
+    refused = {
+        "mmol/L": (sent("Platelets", 210, unit="mmol/L"), "'mmol/L' is not the unit of Platelets, which this model "
+                                                          "reads in 10*3/uL (accepted as '10*3/uL', '10^3/uL', "
+                                                          "'10*9/L', '10^9/L', 'K/uL'); UCUM gives no fixed "
+                                                          "conversion from mmol/L to it"),
+        "the code and the label disagree": (sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),
+                                            "code '[degF]' and unit '°C' name different units"),
+        "a local unit": (sent("Temp", 37.0, system=local, code="C-body"), "'C-body' is not a unit this service "
+                                                                           "reads for Temp"),
+    }
+    for name, (reading, says) in refused.items():
+        with pytest.raises(FhirError, match=re.escape(says)) as refusal:
             observations_in(reading, codes)
-        assert refusal.value.status == 422
-        said[unit] = str(refusal.value)
-    assert "of Temp, which this model reads in Cel (accepted as 'Cel', '°C', 'degC'); values are not" in said["[degF]"]
+        assert refusal.value.status == 422, name
 
 
 def test_a_feed_without_a_service_says_so_once_and_gives_up_after_its_retry_time(monkeypatch):
@@ -746,3 +780,348 @@ def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, t
                                       "scored": len(observations) + descriptors, "pending": 0}  # fmt: skip
     offline = predict_tables(trained, observations, static)["risk"].iloc[0]
     assert monitor.store.history(str(stay))["risk"].iloc[-1] == pytest.approx(float(offline), abs=1e-6)
+
+
+def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_and_bundle_kinds(run, trained,
+                                                                                               tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    start = now - timedelta(hours=6)
+
+    def reading(variable: str, value: float, bed: str = "bed-1", hours: float = 1.0, **extra) -> dict:
+        return {**observation(codes, bed, variable, start + timedelta(hours=hours), value), **extra}
+
+    def quantity(resource: dict, **given) -> dict:
+        return {**resource, "valueQuantity": {"value": resource["valueQuantity"]["value"], **given}}
+
+    patient = {"subject": {"reference": "Patient/p-1"}}
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        admit = {**encounter("bed-1", start), **patient}
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(admit).encode())[0] == 200
+        assert request("PUT", f"{base}/fhir/Encounter/bed-2", json.dumps(encounter("bed-2", start)).encode())[0] == 200
+        fahrenheit = quantity(reading("Temp", 98.6), code="[degF]")  # no system: still Fahrenheit
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(fahrenheit).encode())[0] == 201
+        assert request("POST", f"{base}/fhir/Observation", json.dumps(reading("HR", 90.0, id="obs-1", **patient))
+                       .encode())[0] == 201  # fmt: skip
+        scored(base)
+        before = monitor.store.counts()
+        bp = {"resourceType": "Bundle", "type": "searchset", "entry": [{"resource": reading("HR", 91.0)}]}
+        get_entry = {"resourceType": "Bundle", "type": "batch", "entry": [
+            {"resource": reading("HR", 92.0), "request": {"method": "GET", "url": "Observation"}}]}
+        two = reading("HR", 93.0)
+        two["code"]["coding"].append({"system": "urn:garlic-icu:variable", "code": "RespRate"})
+        bad = {
+            "HR 10000": (reading("HR", 10000.0), "HR 10000 /min is outside its plausible range 0 to 350 /min"),
+            "HR -20": (reading("HR", -20.0), "HR -20 /min is outside its plausible range 0 to 350"),
+            "HR 9.9e29": (reading("HR", 9.9e29), "HR 9.9e+29 /min is outside its plausible range"),
+            "Temp -50": (reading("Temp", -50.0), "Temp -50 Cel is outside its plausible range 25 to 45 Cel"),
+            "98.6 as Cel": (reading("Temp", 98.6), "Temp 98.6 Cel is outside its plausible range 25 to 45"),
+            "SaO2 250": (reading("SaO2", 250.0), "SaO2 250 % is outside its plausible range 0 to 100 %"),
+            "Age -5": (reading("Age", -5.0, hours=0), "Age -5 a is outside its plausible range 0 to 125 a"),
+            "Gender 7": (reading("Gender", 7.0, hours=0), "Gender 7 is outside its plausible range 0 to 1"),
+            "30 days ahead": (reading("HR", 90.0, hours=6 + 30 * 24), "minutes after the service's clock"),
+            "a comparator": (quantity(reading("Lactate", 1.0), comparator="<"), "valueQuantity.comparator"),
+            "two variables": (two, "is coded as 2 different inputs of this model (HR, RespRate)"),
+            "a searchset": (bp, "Bundle.type searchset is not taken here"),
+            "a GET entry": (get_entry, "Bundle.entry[0].request.method GET is not taken here"),
+            "another subject": (reading("HR", 94.0, subject={"reference": "Patient/p-2"}),
+                                "Observation.subject is not the patient of bed bed-1"),
+            "the same id, another subject": (reading("HR", 95.0, id="obs-1", subject={"reference": "Patient/p-2"}),
+                                             "Observation.subject is not the patient of bed bed-1"),
+            "the same id in another bed": (reading("HR", 96.0, bed="bed-2", id="obs-1"),
+                                           "an Observation id sent for bed bed-2 is held by bed bed-1"),
+            "a local unit": (quantity(reading("Temp", 37.0), system="http://hospital.example/u", code="dC"),
+                             "'dC' is not a unit this service reads for Temp"),
+        }  # fmt: skip
+        for name, (resource, says) in bad.items():
+            status, answer = request("POST", f"{base}/fhir", json.dumps(resource).encode())
+            assert (name, status in (409, 422)) == (name, True)
+            assert says in answer["issue"][0]["diagnostics"], (name, answer)
+        future = {**encounter("bed-9", datetime(2099, 1, 1, tzinfo=timezone.utc))}
+        status, answer = request("PUT", f"{base}/fhir/Encounter/bed-9", json.dumps(future).encode())
+        assert (status, "Encounter.period.start is" in answer["issue"][0]["diagnostics"]) == (422, True)
+        other = {**encounter("bed-1", start), "subject": {"reference": "Patient/p-2"}}
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(other).encode())[0] == 409
+        assert monitor.store.counts() == before
+        held = {r["variable"]: r["value"] for r in get(f"{base}/beds/bed-1")["readings"]}
+    assert held == {"Temp": pytest.approx(37.0), "HR": 90.0}
+
+
+def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correction_replaces_them_together(store_url):
+    from datetime import datetime, timezone
+
+    from garlic.live.fhir import FhirError, Stay, observations_in
+
+    codes = Codes("physionet2019", ["SBP", "DBP", "MAP", "HR"])
+    at = datetime(2026, 1, 1, 9, tzinfo=timezone.utc)
+
+    def component(code: str, value: float) -> dict:
+        return {"code": {"coding": [{"system": "http://loinc.org", "code": code}]},
+                "valueQuantity": {"value": value, "unit": "mmHg", "system": "http://unitsofmeasure.org",
+                                  "code": "mm[Hg]"}}  # fmt: skip
+
+    panel = {"resourceType": "Observation", "id": "bp-1", "status": "final",
+             "code": {"coding": [{"system": "http://loinc.org", "code": "85354-9"}]},
+             "encounter": {"reference": "Encounter/bed-1"}, "effectiveDateTime": "2026-01-01T09:00:00Z",
+             "component": [component("8480-6", 120), component("8462-4", 80)]}  # fmt: skip
+    readings = observations_in(panel, codes).all()
+    assert [(r.variable, r.value, r.source, r.part) for r in readings] == [("SBP", 120, "bp-1", 0),
+                                                                         ("DBP", 80, "bp-1", 1)]  # fmt: skip
+    beside = {**panel, "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+              "valueQuantity": {"value": 88, "unit": "/min"}}  # a value and components: all of them read
+    assert [r.variable for r in observations_in(beside, codes).all()] == ["HR", "SBP", "DBP"]
+    unread = {**panel, "component": [component("8480-6", 120), component("2708-6", 97)]}
+    with pytest.raises(FhirError, match=r"component\[1\]\.code: http://loinc.org\|2708-6 is not an input"):
+        observations_in(unread, codes)
+    store = LiveStore(store_url, "run")
+    try:
+        store.admit(Stay("bed-1", True, at.replace(hour=8), None))
+        store.admit(Stay("bed-2", True, at.replace(hour=8), None))
+        assert store.add(readings) == (2, 0, 0)
+        elsewhere = observations_in({**panel, "encounter": {"reference": "Encounter/bed-2"}}, codes).all()
+        with pytest.raises(FhirError, match="an Observation id sent for bed bed-2 is held by bed bed-1"):
+            store.add(elsewhere)
+        assert [held[0] > 0 for held in store.ids_of(readings)] == [True, True]
+        corrected = {**panel, "status": "corrected", "component": [component("8480-6", 125), component("8462-4", 80)]}
+        assert store.add(observations_in(corrected, codes).all()) == (1, 1, 1)  # the systolic replaced
+        assert sorted(store.readings(["bed-1"])["value"]) == [80, 125]
+        withdrawn = {**panel, "status": "entered-in-error"}
+        assert store.add(observations_in(withdrawn, codes).all()) == (0, 0, 2)
+    finally:
+        store.close()
+
+
+def test_fhirpy_and_fhirclient_create_read_and_search_observations_against_the_service(run, trained, tmp_path):
+    fhirpy = pytest.importorskip("fhirpy", reason="the FHIR clients are in the test extra: pip install -e '.[test]'")
+    pytest.importorskip("fhirclient", reason="the FHIR clients are in the test extra: pip install -e '.[test]'")
+    from datetime import datetime, timedelta, timezone
+
+    from fhirclient import server as fhirclient_server
+    from fhirclient.models.observation import Observation as ClientObservation
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, monitor):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
+                       TOKEN)[0] == 200  # fmt: skip
+        client = fhirpy.SyncFHIRClient(f"{base}/fhir", authorization=f"Bearer {TOKEN}")
+        made = client.resource("Observation", **observation(codes, "bed-1", "HR", start + timedelta(hours=1), 88.0))
+        made.save()
+        assert made.id and made["meta"]["versionId"]
+        read = client.reference("Observation", made.id).to_resource()
+        assert (read["valueQuantity"]["value"], read["encounter"]["reference"]) == (88.0, "Encounter/bed-1")
+        found = client.resources("Observation").search(encounter="Encounter/bed-1").fetch()
+        assert [o.id for o in found] == [made.id]
+
+        server = fhirclient_server.FHIRServer(None, base_uri=f"{base}/fhir/")
+        server.session.headers["Authorization"] = f"Bearer {TOKEN}"
+        assert server.capabilityStatement.fhirVersion == "4.0.1"
+        sent = ClientObservation(observation(codes, "bed-1", "HR", start + timedelta(hours=2), 92.0))
+        answer = sent.create(server)
+        assert answer["id"] and answer["valueQuantity"]["value"] == 92.0
+        again = ClientObservation.read(answer["id"], server)
+        assert (again.id, again.valueQuantity.value) == (answer["id"], 92.0)
+        found = ClientObservation.where({"encounter": "Encounter/bed-1"}).perform_resources_iter(server)
+        assert sorted(o.valueQuantity.value for o in found) == [88.0, 92.0]
+        assert scored(base, TOKEN)["scored"] == 2
+
+
+def raw(method: str, url: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, dict, dict]:
+    """Status, headers and JSON body of one request, whatever its status."""
+    request_ = urllib.request.Request(url, body or None, headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request_, timeout=30) as answer:
+            return answer.status, dict(answer.headers), json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), json.loads(refused.read())
+
+
+def test_the_service_answers_as_fhir_r4_clients_expect_created_locations_response_bundles_and_outcomes(
+        run, trained, tmp_path):  # fmt: skip
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    fhir_json = {"Content-Type": "application/fhir+json"}
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        assert raw("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
+                   fhir_json)[0] == 200  # fmt: skip
+        reading = observation(codes, "bed-1", "HR", start + timedelta(hours=1), 88.0)
+        status, headers, body = raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(), fhir_json)
+        assert (status, headers["content-type"].split(";")[0]) == (201, "application/fhir+json")
+        assert headers["location"] == f"{base}/fhir/Observation/{body['id']}/_history/{body['meta']['versionId']}"
+        assert raw("GET", f"{base}/fhir/Observation/{body['id']}")[2]["valueQuantity"]["value"] == 88.0
+        later = observation(codes, "bed-1", "HR", start + timedelta(hours=2), 90.0)
+        transaction = {"resourceType": "Bundle", "type": "transaction", "entry": [
+            {"resource": later, "request": {"method": "POST", "url": "Observation"}},
+            {"resource": reading, "request": {"method": "POST", "url": "Observation"}}]}
+        status, _, body = raw("POST", f"{base}/fhir", json.dumps(transaction).encode(), fhir_json)
+        assert (status, body["type"]) == (200, "transaction-response")
+        assert [e["response"]["status"] for e in body["entry"]] == ["201 Created", "200 OK"]  # the second: held
+        status, _, capability = raw("GET", f"{base}/fhir/metadata")
+        assert (status, capability["resourceType"], capability["fhirVersion"]) == (200, "CapabilityStatement",
+                                                                                   "4.0.1")  # fmt: skip
+        observation_rest = capability["rest"][0]["resource"][0]
+        assert [i["code"] for i in observation_rest["interaction"]] == ["create", "read", "search-type"]
+        since = (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat().replace("+00:00", "Z")
+        assert raw("GET", f"{base}/fhir/Observation?encounter=Encounter/bed-1&_since={since}")[2]["total"] == 0
+        assert raw("GET", f"{base}/fhir/Observation?encounter=Encounter/bed-1")[2]["total"] == 2
+        refusals = {
+            "text/plain": (raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(),
+                               {"Content-Type": "text/plain"}), 415),
+            "no such path": (raw("GET", f"{base}/fhir/Patient/1"), 404),
+            "no such Observation": (raw("GET", f"{base}/fhir/Observation/nothing-here"), 404),
+            "a DELETE": (raw("DELETE", f"{base}/fhir/Observation"), 405),
+            "an unknown search parameter": (raw("GET", f"{base}/fhir/Observation?code=8867-4"), 400),
+        }  # fmt: skip
+        assert refusals["a DELETE"][0][1]["allow"] == "GET, POST"
+        for name, ((status, headers, body), expected) in refusals.items():
+            assert (name, status, body["resourceType"]) == (name, expected, "OperationOutcome")
+            assert headers["content-type"].split(";")[0] == "application/fhir+json", name
+
+
+def test_wrong_tokens_throttle_their_own_address_only_and_a_probe_without_a_token_is_no_guess(run, trained, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, _):
+        for _ in range(10):  # a start-up probe polling /health before it has the token: no guess
+            assert request("GET", f"{base}/health", b"")[0] == 401
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
+                       TOKEN)[0] == 200  # fmt: skip
+        statuses = []
+        for minute in range(30):  # a guesser on the same address, between the feed's readings
+            statuses.append(request("GET", f"{base}/ward", b"", f"guess-{minute:012d}")[0])
+            reading = observation(codes, "bed-1", "HR", start + timedelta(minutes=minute + 1), 80.0 + minute)
+            assert request("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(), TOKEN)[0] == 201
+        assert statuses == [401] * 5 + [429] * 25
+
+
+def test_a_refused_request_is_logged_in_one_line_without_its_values_and_its_echo_is_bounded(run, trained, tmp_path,
+                                                                                           caplog):
+    import logging
+    from datetime import datetime, timedelta, timezone
+
+    codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    huge = {**observation(codes, "bed-1", "HR", start + timedelta(hours=1), 90.0),
+            "code": {"coding": [{"system": "http://loinc.org", "code": "7" * 600_000}]}}  # fmt: skip
+    tiny_entries = {"resourceType": "Bundle", "type": "batch", "entry": [{"resource": {"resourceType": "Observation"}}
+                                                                        for _ in range(10_000)]}  # fmt: skip
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode())[0] == 200
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="garlic.live"):
+            status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(huge).encode())
+            assert status == 422 and len(answer["issue"][0]["diagnostics"]) <= 600
+            high = observation(codes, "bed-1", "HR", start + timedelta(hours=1), 4321.0)
+            assert request("POST", f"{base}/fhir/Observation", json.dumps(high).encode())[0] == 422
+            status, answer = request("POST", f"{base}/fhir", json.dumps(tiny_entries).encode())  # size first
+            assert (status, answer["issue"][0]["diagnostics"]) == (413, "the Bundle holds 10000 entries; at most "
+                                                                        "5000 are taken at once")  # fmt: skip
+            for bed in ("..", "...", "bed-1\n"):
+                bad = observation(codes, bed, "HR", start + timedelta(hours=1), 90.0)
+                assert request("POST", f"{base}/fhir/Observation", json.dumps(bad).encode())[0] == 422, bed
+            assert request("PUT", f"{base}/fhir/Encounter/...", json.dumps(encounter("...", start)).encode())[0] == 422
+            assert request("PUT", f"{base}/fhir/Encounter/bed-2%0A", json.dumps(encounter("bed-2\n", start))
+                           .encode())[0] == 422  # fmt: skip
+        lines = [record.getMessage() for record in caplog.records if record.name == "garlic.live"]
+    assert lines[:3] == ["refused POST /fhir/Observation: 422 code (bed bed-1)",
+                         "refused POST /fhir/Observation: 422 range (bed bed-1)",
+                         "refused POST /fhir: 413 too many entries"]  # fmt: skip
+    assert len(lines) == 8 and not any("4321" in line or "7777" in line for line in lines)
+
+
+def test_a_slow_body_is_refused_after_its_time_and_a_client_that_hangs_up_leaves_one_line_no_traceback(
+        run, trained, tmp_path, monkeypatch, caplog):  # fmt: skip
+    import logging
+
+    import garlic.live.service as live_service
+
+    monkeypatch.setattr(live_service, "BODY_SECONDS", 1.0)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        head = (b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
+                b"Content-Length: 1000\r\n\r\n{\"resourceType\": ")  # fmt: skip
+        with caplog.at_level(logging.INFO):
+            began = time.monotonic()
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+                slow.sendall(head)  # and nothing more
+                answer = slow.recv(65536).decode()
+            assert answer.startswith("HTTP/1.1 408") and time.monotonic() - began < 10
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as gone:
+                gone.sendall(head)
+            time.sleep(3)  # past the body's time: a hang-up the server missed would be its 408 by now
+            assert request("GET", f"{base}/health", b"")[0] == 200  # the service goes on
+        tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+        assert tracebacks == []
+        refused = [r.getMessage() for r in caplog.records if r.name == "garlic.live"]
+        assert refused[0] == "refused POST /fhir/Observation: 408 body too slow"
+        assert len(refused) == 2 and refused[1].startswith("refused POST /fhir/Observation: ")
+
+
+def test_the_ward_shows_each_bed_at_its_newest_time_not_after_the_clock(run, trained, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from garlic.live.fhir import Observed, Stay
+
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
+        monitor.store.admit(Stay("bed-1", True, start, None))
+        # As a store filled before future times were refused holds it: straight into the store
+        monitor.take([Observed("bed-1", "HR", start + timedelta(hours=1), 90.0),
+                      Observed("bed-1", "HR", start + timedelta(days=30), 150.0)])  # fmt: skip
+        scored(base)
+        assert [(bed["bed"], bed["time"]) for bed in get(f"{base}/ward")] == [("bed-1", 1.0)]
+
+
+def test_a_sites_range_table_replaces_the_rows_of_its_variables_and_a_bad_one_is_named_by_line(tmp_path):
+    from garlic.config import ConfigError
+    from garlic.live.values import Ranges
+
+    site = tmp_path / "ranges.csv"
+    site.write_text("variable,low,high,source\nHR,20,250,our ward's monitors\n")
+    ranges = Ranges(site)
+    assert ranges.refusal("HR", 260, "/min").startswith("HR 260 /min is outside its plausible range 20 to 250 /min")
+    assert ranges.refusal("HR", 100, "/min") is None and ranges.refusal("Temp", 50, "Cel") is not None
+    site.write_text("variable,low,high\nHR,250,20\n")
+    with pytest.raises(ConfigError, match="ranges.csv line 2: expected finite low <= high"):
+        Ranges(site)
+
+
+def test_past_its_requests_in_flight_the_service_answers_503_as_an_operation_outcome(run, trained, tmp_path,
+                                                                                     monkeypatch):
+    import garlic.live.service as live_service
+
+    monkeypatch.setattr(live_service, "MAX_IN_FLIGHT", 1)
+    monkeypatch.setattr(live_service, "BODY_SECONDS", 2.0)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+            slow.sendall(b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")  # held in flight until its body times out
+            time.sleep(0.5)
+            status, headers, body = raw("GET", f"{base}/health")
+            assert (status, body["resourceType"], headers["content-type"]) == (503, "OperationOutcome",
+                                                                               "application/fhir+json")  # fmt: skip
+            assert slow.recv(65536).startswith(b"HTTP/1.1 408")
+        assert raw("GET", f"{base}/health")[0] == 200
+
+
+def test_an_absolute_reference_names_the_same_bed_and_patient_and_a_subject_by_identifier_only_is_not_compared():
+    from garlic.live.fhir import FhirError, observations_in
+
+    codes = Codes("synthetic", ["HR"])
+    sent = {"resourceType": "Observation", "status": "final",
+            "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+            "encounter": {"reference": "https://ehr.example/fhir/Encounter/bed-1"},
+            "subject": {"reference": "https://ehr.example/fhir/Patient/p-9"},
+            "effectiveDateTime": "2026-01-01T09:00:00Z", "valueQuantity": {"value": 80}}  # fmt: skip
+    (reading,) = observations_in(sent, codes).all()
+    assert (reading.bed, reading.subject) == ("bed-1", "p-9")
+    assert observations_in({**sent, "subject": {"identifier": {"value": "123"}}}, codes).all()[0].subject is None
+    with pytest.raises(FhirError, match=r"Observation.subject.reference must be Patient/ID"):
+        observations_in({**sent, "subject": {"reference": "Group/ward-3"}}, codes)

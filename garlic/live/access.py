@@ -80,6 +80,12 @@ class Attempts:
         with self.lock:
             return self._recent(client) >= self.per_client or self._recent() >= self.overall
 
+    def blocked_client(self, client: str) -> bool:
+        """Whether ``client`` alone made ``per_client`` wrong guesses in the window: the others' guesses never
+        count against it (the live service's rule)."""
+        with self.lock:
+            return self._recent(client) >= self.per_client
+
     def failed(self, client: str) -> int:
         """Record a wrong guess from ``client``; returns the wrong guesses of the window from every client."""
         with self.lock:

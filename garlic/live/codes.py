@@ -1,9 +1,10 @@
 """Which coded readings are which of a model's inputs: the table ``codes.csv`` beside this module.
 
 Each row maps a LOINC code to a variable of one dataset's naming (``physionet2012``, whose names the synthetic
-cohort shares, or ``physionet2019``), with the unit the dataset records it in, as a UCUM code: a feed must send values
-in that unit. Values are not converted; a value sent in another unit (``degF`` for Temp, ``%`` for FiO2) is refused
-(``unit_refusal``), since a number read in the wrong unit would be scored as a real, wrong risk.
+cohort shares, or ``physionet2019``), with the unit the dataset records it in, as a UCUM code: a value sent in
+another unit is converted where UCUM gives a fixed conversion (``[degF]`` for Temp, ``%`` for FiO2) and refused
+otherwise (``garlic.live.values``), since a number read in the wrong unit would be scored as a real, wrong risk;
+each variable's plausible range is ``ranges.csv``'s (``Ranges``).
 
 A hospital's own code table (``garlic monitor --codes FILE``: the columns ``variable``, ``system``, ``code`` and,
 optionally, ``unit``, ``display`` and ``naming``) is read instead of this one, for a model trained on its own data
@@ -20,24 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from garlic.config import ConfigError
+from garlic.live.values import SAME_NUMBER, Ranges  # noqa: F401  (SAME_NUMBER: read here before)
 
 TABLE = Path(__file__).resolve().parent / "codes.csv"
 LOINC = "http://loinc.org"
 GARLIC_SYSTEM = "urn:garlic-icu:variable"
 UCUM = "http://unitsofmeasure.org"
-# Other spellings of the table's UCUM codes that give the same number: what monitors and laboratory systems send.
-SAME_NUMBER = {
-    "mm[Hg]": ("mmHg", "mm Hg"),
-    "[IU]/L": ("IU/L", "U/L", "[U]/L"),
-    "Cel": ("°C", "degC"),
-    "/min": ("1/min", "{beats}/min", "{breaths}/min", "bpm", "beats/min", "breaths/min"),
-    "10*3/uL": ("10^3/uL", "10*9/L", "10^9/L", "K/uL"),
-    "ug/L": ("µg/L", "ng/mL"),
-    "ng/mL": ("ug/L", "µg/L"),
-    "[pH]": ("pH",),
-    "a": ("yr", "years", "{years}"),
-    "{score}": ("{Score}", "score"),
-}
 NAMING_OF_DATASET = {"synthetic": "physionet2012"}  # the synthetic cohort uses PhysioNet 2012's names
 REQUIRED_COLUMNS = ("variable", "system", "code")
 MAX_TABLE_BYTES = 1 << 20  # a code table is a few hundred rows
@@ -60,10 +49,11 @@ def naming(dataset: str) -> str:
 class Codes:
     """The codes a model's inputs (``names``: its variables and static features) arrive under, both ways."""
 
-    def __init__(self, dataset: str, names: list[str], table: Path | None = None):
+    def __init__(self, dataset: str, names: list[str], table: Path | None = None, ranges: Ranges | None = None):
         """``table``: a hospital's own code table, read instead of ``codes.csv`` and checked (``ConfigError``
-        naming its file and line)."""
+        naming its file and line); ``ranges``: the plausible ranges (default: ``ranges.csv``'s)."""
         self.names = list(names)
+        self.ranges = ranges or Ranges()
         self.listed_in = "garlic/live/codes.csv" if table is None else "the monitor's --codes table"
         self.by_code: dict[tuple[str, str], str] = {(GARLIC_SYSTEM, name): name for name in names}
         self.of_variable: dict[str, Code] = {name: Code(GARLIC_SYSTEM, name) for name in names}
@@ -81,16 +71,9 @@ class Codes:
         """The input ``system|code`` names, None when this model reads no such code."""
         return self.by_code.get((system or "", code or ""))
 
-    def unit_refusal(self, variable: str, sent: str | None) -> str | None:
-        """Why a value of ``variable`` sent in the unit ``sent`` cannot be taken, None when it can: when no unit is
-        sent, when the table gives the variable none (the coded descriptors), or when ``sent`` is the table's unit
-        or another spelling of it (``SAME_NUMBER``)."""
-        expected = self.of_variable[variable].unit
-        if not sent or not expected or sent == expected or sent in SAME_NUMBER.get(expected, ()):
-            return None
-        spellings = ", ".join(repr(s) for s in (expected, *SAME_NUMBER.get(expected, ())))
-        return (f"{sent!r:.40} is not the unit of {variable}, which this model reads in {expected} (accepted as "
-                f"{spellings}); values are not converted")
+    def unit(self, variable: str) -> str:
+        """The UCUM unit the model reads ``variable`` in ("" for the coded descriptors)."""
+        return self.of_variable[variable].unit
 
 
 def _rows(table: Path) -> list[tuple[int, dict]]:

@@ -1,7 +1,8 @@
 """Recorded stays streamed into the live service as FHIR resources, at N times real time (``garlic feed``).
 
 Each bed is one of the run's test stays (its record id is the bed's Encounter id), admitted when the feed starts
-(``Encounter`` with ``period.start``: now). Its static descriptors are sent at admission, then each time of its
+(``Encounter`` with ``period.start``: now, or as long ago as the longest stay lasts when played faster than real
+time, so that no reading is dated after the service's clock). Its static descriptors are sent at admission, then each time of its
 record is sent as one ``Bundle`` of the Observations taken then (a chart row, a laboratory panel), when
 ``speed`` times real time has reached it; the beds' readings interleave as they would on a ward. A request the
 service does not acknowledge (it is restarting, or too busy) is sent again until it is: a repeat counts once in the
@@ -157,7 +158,10 @@ def feed(client: Client, observations: pd.DataFrame, static: pd.DataFrame, codes
     """Admit every stay's bed now, then send its chart rows at ``speed`` times real time; what was fed."""
     if not speed > 0:
         raise ValueError(f"--speed must be above 0 (times real time), got {speed}")
-    start = datetime.now(timezone.utc).replace(microsecond=0)
+    # Admitted as long ago as the longest stay lasts: a record played faster than real time is never dated after the
+    # service's clock, which refuses readings from the future.
+    last = max([float(observations["time"].max()) if len(observations) else 0.0, 0.0])
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=last if speed > 1 else 0)
     fed = Fed()
     for stay in static["stay_id"]:
         client.send("PUT", f"/fhir/Encounter/{stay}", encounter(str(stay), start))
@@ -167,10 +171,11 @@ def feed(client: Client, observations: pd.DataFrame, static: pd.DataFrame, codes
         wait = began + hours * 3600 / speed - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        answer = client.send("POST", "/fhir", resources)
+        answer = client.send("POST", "/fhir", resources)  # a batch-response: an entry per Observation
+        statuses = [entry["response"]["status"] for entry in answer["entry"]]
         fed.sent += len(resources["entry"])
-        fed.stored += answer["stored"]
-        fed.repeats += answer["repeats"]
+        fed.stored += sum(status.startswith("201") for status in statuses)
+        fed.repeats += sum(not status.startswith("201") for status in statuses)
         if time.monotonic() - shown > 10:
             say(f"hour {hours:.1f} of the stays: {fed.sent} readings sent")
             shown = time.monotonic()

@@ -45,12 +45,12 @@ class Monitor:
         self.lock = threading.Lock()
         self.newest: OrderedDict[str, tuple[float, AlertState]] = OrderedDict()  # bed -> (time, state), as stored
 
-    def take(self, observed: list[Observed | Withdrawal]) -> tuple[int, int, int]:
-        """Store ``observed`` (committed on return): (stored, repeats, withdrawn). Refused with 503 while the loop
-        is ``max_pending`` readings behind."""
+    def take(self, observed: list[Observed | Withdrawal], held: dict | None = None) -> tuple[int, int, int]:
+        """Store ``observed`` (committed on return): (stored, repeats, withdrawn); ``held`` gets the row ids of
+        those stored (``LiveStore.add``). Refused with 503 while the loop is ``max_pending`` readings behind."""
         if self.pending + len(observed) > self.max_pending:
             raise FhirError(503, f"{self.pending} readings are waiting to be scored; send again in a few seconds")
-        stored, repeats, withdrawn = self.store.add(observed)
+        stored, repeats, withdrawn = self.store.add(observed, held)
         with self.lock:
             self.pending += stored + withdrawn
         self.wake.set()

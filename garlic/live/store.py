@@ -4,7 +4,8 @@ SQLite in WAL mode by default (a file beside the service, each commit on disk be
 ``synchronous=FULL``); any SQLAlchemy URL names a shared server instead. Tables:
 
     meta      the run whose model scores this store (a store scored by one run is never scored by another)
-    beds      bed (the FHIR Encounter id), admitted and discharged (UTC seconds)
+    beds      bed (the FHIR Encounter id), admitted and discharged (UTC seconds), patient (the Patient id its
+              Encounter, or its first Observation, named: a bed holds one patient's readings)
     readings  id, bed, variable, time (hours since the bed's admission), value, received (UTC seconds), scored,
               source (the Observation's id, where it had one), withdrawn; one row per (bed, variable, time, value):
               a repeated reading counts once. A withdrawn reading (entered in error, or replaced by a reading sent
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from datetime import datetime, timezone
 
@@ -28,10 +30,10 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from garlic.live.fhir import FhirError, Observed, Stay, Withdrawal
+from garlic.live.fhir import MAX_AHEAD_SECONDS, FhirError, Observed, Stay, Withdrawal
 from garlic.metrics.alert_policy import AlertState
 
-SCHEMA_VERSION = "2"  # 2: readings' source and withdrawn (a store of layout 1 is brought to 2 when opened)
+SCHEMA_VERSION = "3"  # 2: readings' source and withdrawn; 3: beds' patient (older layouts are brought up when opened)
 # A reading dated further from its bed's admission has a wrong date (a year or a time zone typed wrong); the model's
 # float32 hours also lose their minutes past it (a year is 8,784 hours: float32 steps of 0.001 hours there).
 LONGEST_STAY_HOURS = 366 * 24
@@ -43,6 +45,7 @@ BEDS = sa.Table(
     sa.Column("bed", sa.String(64), primary_key=True),
     sa.Column("admitted", sa.Float, nullable=False),
     sa.Column("discharged", sa.Float),
+    sa.Column("patient", sa.String(64)),
 )  # fmt: skip
 READINGS = sa.Table(
     "readings", metadata,
@@ -67,6 +70,8 @@ LAYOUT_2_INDEXES = [
     sa.Index("readings_of_source", READINGS.c.bed, READINGS.c.source, sqlite_where=SOURCED, postgresql_where=SOURCED),
     sa.Index("readings_withdrawn", READINGS.c.bed, sqlite_where=WITHDRAWN, postgresql_where=WITHDRAWN),
 ]
+# Layout 3: an Observation id belongs to one bed, found from the id alone.
+LAYOUT_3_INDEXES = [sa.Index("readings_by_source", READINGS.c.source, sqlite_where=SOURCED, postgresql_where=SOURCED)]
 SCORES = sa.Table(
     "scores", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -93,22 +98,29 @@ def _sqlite_settings(connection, _record) -> None:
 
 
 def _insert_ignoring_repeats(engine: sa.Engine, table: sa.Table):
-    """An INSERT that skips rows breaking a uniqueness constraint, in the dialects that have one."""
-    if engine.dialect.name == "sqlite":  # sqlite3 sums an executemany's rows stored into its rowcount
+    """An INSERT that skips rows breaking a uniqueness constraint, in the dialects that have one, returning the rows
+    it stored (their id and received time, by their key): how many it stored, and which id each reading got, in one
+    statement."""
+    if engine.dialect.name == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
-
-        return insert(table).on_conflict_do_nothing()
-    if engine.dialect.name == "postgresql":  # an executemany's rowcount is -1 there (psycopg): RETURNING counts
+    elif engine.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
+    else:
+        return None
+    return insert(table).on_conflict_do_nothing().returning(table.c.id, table.c.received, *_KEY(table))
 
-        return insert(table).on_conflict_do_nothing().returning(table.c.id)
-    return None
+
+def _KEY(table: sa.Table) -> tuple:  # noqa: N802  (the uniqueness index's columns)
+    return table.c.bed, table.c.variable, table.c.time, table.c.value
 
 
-def _inserted(db: sa.Connection, insert, rows: list[dict]) -> int:
-    """How many of ``rows`` the insert that skips repeats stored."""
-    result = db.execute(insert, rows)
-    return len(result.all()) if result.returns_rows else result.rowcount
+def _inserted(db: sa.Connection, insert, rows: list[dict], held: dict | None = None) -> int:
+    """How many of ``rows`` the insert that skips repeats stored; ``held`` gets each stored reading's (id, received)
+    by its key (bed, variable, time, value)."""
+    stored = db.execute(insert, rows).all()
+    if held is not None:
+        held.update({tuple(row[2:]): (row[0], row[1]) for row in stored})
+    return len(stored)
 
 
 def _add_layout_2(db: sa.Connection) -> None:
@@ -118,6 +130,14 @@ def _add_layout_2(db: sa.Connection) -> None:
     db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN withdrawn {sa.Boolean().compile(dialect=db.dialect)} "
                        f"NOT NULL DEFAULT {false}"))  # fmt: skip
     for index in LAYOUT_2_INDEXES:
+        db.execute(sa.schema.CreateIndex(index))
+    db.execute(META.update().where(META.c.key == "schema").values(value="2"))
+
+
+def _add_layout_3(db: sa.Connection) -> None:
+    """Layout 2 -> 3, in the transaction that opens the store: the beds' patient, and the index of sources alone."""
+    db.execute(sa.text(f"ALTER TABLE beds ADD COLUMN patient {sa.String(64).compile(dialect=db.dialect)}"))
+    for index in LAYOUT_3_INDEXES:
         db.execute(sa.schema.CreateIndex(index))
     db.execute(META.update().where(META.c.key == "schema").values(value=SCHEMA_VERSION))
 
@@ -132,33 +152,76 @@ def _table(rows: list[sa.Row], columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame([tuple(row) for row in rows], columns=columns)
 
 
-def _add_one(db: sa.Connection, row: dict, insert) -> tuple[int, int, int]:
-    """Store one reading (or withdrawal) in the open transaction: how many readings it (stored, repeated, withdrew).
-    ``insert``: the store's insert that skips a repeat (another process may add the same reading meanwhile), where
-    its database has one."""
-    held = []
-    if row["source"]:
+def _add_group(db: sa.Connection, rows: list[dict], insert, held_ids: dict | None = None) -> tuple[int, int, int]:
+    """Store the readings of one Observation (or one reading without an id, or a withdrawal) in the open
+    transaction: how many readings it (stored, repeated, withdrew). ``insert``: the store's insert that skips a
+    repeat (another process may add the same reading meanwhile), where its database has one."""
+    first, held = rows[0], []
+    if first["source"]:
         held = db.execute(sa.select(READINGS.c.id, READINGS.c.variable, READINGS.c.time, READINGS.c.value,
                                     READINGS.c.withdrawn)
-                          .where(READINGS.c.bed == row["bed"], READINGS.c.source == row["source"], SOURCED)
+                          .where(READINGS.c.bed == first["bed"], READINGS.c.source == first["source"], SOURCED)
                           ).all()  # fmt: skip
-    if row["withdrawn"]:
+    if first["withdrawn"]:
         if not held:
-            raise FhirError(404, f"bed {row['bed']} holds no reading sent with the id {row['source']}")
+            raise FhirError(404, f"bed {first['bed']} holds no reading sent with the id {first['source']}",
+                            "unknown id")  # fmt: skip
         live = [r.id for r in held if not r.withdrawn]
         _withdraw(db, live)
         return 0, 0 if live else 1, len(live)  # nothing left to withdraw: a withdrawal sent again
-    replaced = [r.id for r in held if not r.withdrawn and (r.variable, r.time, r.value) != (
-        row["variable"], row["time"], row["value"])]  # fmt: skip
+    sent = {(row["variable"], row["time"], row["value"]) for row in rows}
+    replaced = [r.id for r in held if not r.withdrawn and (r.variable, r.time, r.value) not in sent]
     _withdraw(db, replaced)
-    if insert is not None:
-        stored = _inserted(db, insert, [row])
-    else:
-        stored = int(not db.execute(sa.select(sa.func.count()).where(_same(row))).scalar_one())
-        if stored:
-            db.execute(READINGS.insert(), row)
-    taken_back = 0 if stored else _repeated(db, [row])
-    return stored + taken_back, 1 - stored - taken_back, len(replaced)
+    counts = np.zeros(3, dtype=int)
+    for row in map(_columns, rows):
+        if insert is not None:
+            stored = _inserted(db, insert, [row], held_ids)
+        else:
+            stored = int(not db.execute(sa.select(sa.func.count()).where(_same(row))).scalar_one())
+            if stored:
+                db.execute(READINGS.insert(), row)
+        taken_back = 0 if stored else _repeated(db, [row])
+        counts += (stored + taken_back, 1 - stored - taken_back, 0)
+    return int(counts[0]), int(counts[1]), len(replaced)
+
+
+def _by_source(rows: list[dict]) -> list[list[dict]]:
+    """``rows`` in groups of one Observation each: its first reading and the further ones of its components."""
+    groups: list[list[dict]] = []
+    for row in rows:
+        if row.get("part"):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _columns(row: dict) -> dict:
+    """A reading's row as the table has it (without which of its Observation's readings it was)."""
+    return {key: value for key, value in row.items() if key != "part"}
+
+
+def _repeats_a_source(rows: list[dict]) -> bool:
+    """Whether any (bed, source) comes twice among ``rows`` (an Observation of several readings, or sent twice)."""
+    sources = [(row["bed"], row["source"]) for row in rows if row["source"]]
+    return len(set(sources)) < len(sources)
+
+
+def _sources_of_one_bed(db: sa.Connection, sources: list[tuple[str, str]]) -> None:
+    """Refuse an Observation id held by another bed: an id names one reading of one bed (and so of one patient)."""
+    by_source: dict[str, str] = {}
+    for bed, source in sources:
+        if by_source.setdefault(source, bed) != bed:
+            raise FhirError(409, f"one Observation id is sent for two beds ({by_source[source]} and {bed}); an id "
+                                 "belongs to one bed", "id of another bed")  # fmt: skip
+    if not sources:
+        return
+    elsewhere = sa.or_(*(sa.and_(READINGS.c.source == source, READINGS.c.bed != bed)
+                         for source, bed in by_source.items()))  # fmt: skip
+    other = db.execute(sa.select(READINGS.c.bed, READINGS.c.source).where(SOURCED, elsewhere).limit(1)).first()
+    if other is not None:
+        raise FhirError(409, f"an Observation id sent for bed {by_source[other.source]} is held by bed {other.bed}; "
+                             "an id belongs to one bed (send a new id)", "id of another bed")  # fmt: skip
 
 
 def _same(row: dict):
@@ -173,7 +236,7 @@ def _repeated(db: sa.Connection, rows: list[dict]) -> int:
     for row in rows:
         source = sa.func.coalesce(sa.literal(row["source"], sa.String), READINGS.c.source)
         taken_back += db.execute(READINGS.update().where(_same(row), WITHDRAWN).values(
-            withdrawn=False, scored=False, source=source)).rowcount  # fmt: skip
+            withdrawn=False, scored=False, source=source, received=row["received"])).rowcount  # fmt: skip
         if row["source"]:
             db.execute(READINGS.update().where(_same(row), READINGS.c.source.is_(None)).values(source=row["source"]))
     return taken_back
@@ -226,8 +289,10 @@ class LiveStore:
             elif kept.get("run_id") != run_id:
                 raise StoreError(f"the live store {shown} holds the scores of run {kept.get('run_id')}, not "
                                  f"{run_id}: give another --store")  # fmt: skip
-            elif kept.get("schema") == "1":
-                _add_layout_2(db)
+            elif kept.get("schema") in ("1", "2"):
+                if kept["schema"] == "1":
+                    _add_layout_2(db)
+                _add_layout_3(db)
             elif kept.get("schema") != SCHEMA_VERSION:
                 raise StoreError(f"the live store has layout {kept.get('schema')}; this version reads {SCHEMA_VERSION}")
 
@@ -237,22 +302,28 @@ class LiveStore:
     # Writes -------------------------------------------------------------------------------------------------------
 
     def admit(self, stay: Stay) -> bool:
-        """Admit or discharge a bed; True when it changed anything. Refused: discharging an unknown bed, and
-        admitting an admitted bed from another time (its readings' times count from its admission)."""
+        """Admit or discharge a bed; True when it changed anything. Refused: discharging an unknown bed, admitting an
+        admitted bed from another time (its readings' times count from its admission), and an Encounter whose
+        subject is not the bed's patient (a bed holds one patient's readings)."""
         with self.engine.begin() as db:
             row = db.execute(sa.select(BEDS).where(BEDS.c.bed == stay.bed)).first()
+            if row is not None and stay.subject and row.patient and row.patient != stay.subject:
+                raise FhirError(409, f"Encounter.subject is not the patient of bed {stay.bed}: a bed holds one "
+                                     "patient; a new stay needs a new Encounter id", "subject")  # fmt: skip
             if stay.admitted:
                 start = _seconds(stay.start)
                 if row is None:
-                    db.execute(BEDS.insert().values(bed=stay.bed, admitted=start, discharged=None))
+                    db.execute(BEDS.insert().values(bed=stay.bed, admitted=start, discharged=None,
+                                                    patient=stay.subject))  # fmt: skip
                     return True
                 if row.admitted != start:
                     raise FhirError(409, f"bed {stay.bed} was admitted at another time; a new stay needs a new "
                                          "Encounter id")  # fmt: skip
-                if row.discharged is None:
-                    return False
-                db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=None))
-                return True
+                changed = row.discharged is not None or (stay.subject is not None and row.patient is None)
+                if changed:
+                    db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(
+                        discharged=None, patient=row.patient or stay.subject))  # fmt: skip
+                return changed
             if row is None:
                 raise FhirError(404, f"bed {stay.bed} was never admitted")
             if row.discharged is not None:
@@ -261,14 +332,26 @@ class LiveStore:
             db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(discharged=end))
             return True
 
-    def add(self, observed: list[Observed | Withdrawal]) -> tuple[int, int, int]:
+    def add(self, observed: list[Observed | Withdrawal], held: dict | None = None) -> tuple[int, int, int]:
         """Store the readings, all or none, committed before this returns: (stored, repeats already held, readings
-        withdrawn). A reading with a source replaces (withdraws) the reading held under that source where it
-        differs; a withdrawal withdraws it. Refused: a bed never admitted (404) or discharged (409), a time before
-        the bed's admission or more than a year after it (422), a withdrawal of a source the bed never sent
-        (404)."""
+        withdrawn). The readings sent with one source (an Observation's id: its value and components) replace
+        (withdraw) those held under that source that differ; a withdrawal withdraws them all. Refused: a bed never
+        admitted (404) or discharged (409), a time before the bed's admission or more than a year after it (422),
+        a withdrawal of a source the bed never sent (404), a subject that is not the bed's patient and a source
+        held by another bed (409). ``held``, where given, gets the (row id, received) of each reading this stored,
+        by its key (bed, variable, time in hours, value); ``ids_of`` finds the others'."""
         if not observed:
             return 0, 0, 0
+        by_key: dict = {}
+        keys: list[tuple[Observed, tuple]] = []
+        counts = self._add(observed, by_key, keys)
+        if held is not None:
+            held.update({reading: by_key[key] for reading, key in keys if key in by_key})
+        return counts
+
+    def _add(self, observed: list[Observed | Withdrawal], held: dict, keys: list) -> tuple[int, int, int]:
+        """``add``'s work: ``held`` gets the (id, received) of each reading stored by its key, ``keys`` each
+        reading's key."""
         received = time.time()
         with self.engine.begin() as db:
             wanted = sorted({reading.bed for reading in observed})
@@ -277,33 +360,87 @@ class LiveStore:
             for reading in observed:
                 bed = beds.get(reading.bed)
                 if bed is None:
-                    raise FhirError(404, f"bed {reading.bed} is not admitted: send its Encounter first")
+                    raise FhirError(404, f"bed {reading.bed} is not admitted: send its Encounter first", "unknown bed")
                 if bed.discharged is not None:
-                    raise FhirError(409, f"bed {reading.bed} was discharged; its readings are closed")
+                    raise FhirError(409, f"bed {reading.bed} was discharged; its readings are closed", "discharged")
                 if isinstance(reading, Withdrawal):
                     rows.append({"bed": reading.bed, "source": reading.source, "withdrawn": True})
                     continue
                 hours = (_seconds(reading.at) - bed.admitted) / 3600
                 if hours < 0:
-                    raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission")
+                    raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission",
+                                    "before admission")  # fmt: skip
                 if hours > LONGEST_STAY_HOURS:
                     raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after "
-                                         "the bed's admission; a stay is taken up to a year: is its date right?")
+                                         "the bed's admission; a stay is taken up to a year: is its date right?",
+                                    "after a year")  # fmt: skip
+                keys.append((reading, (reading.bed, reading.variable, hours, reading.value)))
                 rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
                              "received": received, "scored": False, "source": reading.source,
-                             "withdrawn": False})  # fmt: skip
-            # New readings (new ids, or none), as feeds send them: one statement; else one reading at a time
-            sources = [(row["bed"], row["source"]) for row in rows if row["source"]]
+                             "withdrawn": False, "part": reading.part})  # fmt: skip
+            self._one_patient_a_bed(db, beds, [r for r in observed if isinstance(r, Observed) and r.subject])
+            sources = sorted({(row["bed"], row["source"]) for row in rows if row["source"]})
+            _sources_of_one_bed(db, sources)
+            # New readings (new ids, or none), as feeds send them: one statement; else one Observation at a time
             if (self.insert_reading is not None and not any(row["withdrawn"] for row in rows)
-                    and len(set(sources)) == len(sources) and not _held_under(db, sources)):  # fmt: skip
-                stored = _inserted(db, self.insert_reading, rows)
+                    and not _repeats_a_source(rows) and not _held_under(db, sources)):  # fmt: skip
+                stored = _inserted(db, self.insert_reading, [_columns(row) for row in rows], held)
                 if stored < len(rows):  # some were held already
                     stored += _repeated(db, rows)
                 return stored, len(rows) - stored, 0
             counts = np.zeros(3, dtype=int)
-            for row in rows:
-                counts += _add_one(db, row, self.insert_reading)
+            for group in _by_source(rows):
+                counts += _add_group(db, group, self.insert_reading, held)
         return int(counts[0]), int(counts[1]), int(counts[2])
+
+    @staticmethod
+    def _one_patient_a_bed(db: sa.Connection, beds: dict, readings: list[Observed]) -> None:
+        """Refuse readings whose subject is not their bed's patient; a bed without one takes the first named."""
+        patients = {bed: row.patient for bed, row in beds.items()}
+        for reading in readings:
+            if patients[reading.bed] is None:  # only where still none: another request may have named one meanwhile
+                db.execute(BEDS.update().where(BEDS.c.bed == reading.bed, BEDS.c.patient.is_(None))
+                           .values(patient=reading.subject))  # fmt: skip
+                patients[reading.bed] = db.execute(sa.select(BEDS.c.patient).where(BEDS.c.bed == reading.bed)
+                                                   ).scalar_one()  # fmt: skip
+            if patients[reading.bed] != reading.subject:
+                raise FhirError(409, f"Observation.subject is not the patient of bed {reading.bed} (its Encounter's "
+                                     "or its first Observation's subject): a bed holds one patient's readings",
+                                "subject")  # fmt: skip
+
+    def ids_of(self, observed: list[Observed]) -> list[tuple[int, float] | None]:
+        """The row id and received time of each reading as held now (None where it is not, a withdrawn one)."""
+        if not observed:
+            return []
+        with self.engine.connect() as db:
+            admitted = dict(db.execute(sa.select(BEDS.c.bed, BEDS.c.admitted).where(
+                BEDS.c.bed.in_({r.bed for r in observed}))).all())  # fmt: skip
+            keys = [(r.bed, r.variable, (_seconds(r.at) - admitted[r.bed]) / 3600, r.value) for r in observed]
+            columns = _KEY(READINGS)
+            found = {tuple(row[2:]): (row.id, row.received) for row in db.execute(
+                sa.select(READINGS.c.id, READINGS.c.received, *columns).where(sa.tuple_(*columns).in_(keys), HELD))}
+        return [found.get(key) for key in keys]
+
+    def observation(self, logical_id: str) -> pd.DataFrame:
+        """The readings held under an Observation's id: a source, or ``r`` and a reading's row id (one sent
+        without an id): id, bed, variable, time, value, received, source, withdrawn, admitted, patient."""
+        by = (READINGS.c.id == int(logical_id[1:]) if re.fullmatch(r"r[0-9]{1,18}", logical_id)
+              else sa.and_(SOURCED, READINGS.c.source == logical_id))  # fmt: skip
+        return self._observations(by)
+
+    def observations(self, bed: str, since: float | None = None, limit: int = 1000) -> pd.DataFrame:
+        """A bed's readings held, received at or after ``since`` (UTC seconds), oldest first, at most ``limit``."""
+        by = sa.and_(READINGS.c.bed == bed, HELD, *([READINGS.c.received >= since] if since is not None else []))
+        return self._observations(by, limit)
+
+    def _observations(self, where, limit: int = 1000) -> pd.DataFrame:
+        columns = ["id", "bed", "variable", "time", "value", "received", "source", "withdrawn", "admitted", "patient"]
+        query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value,
+                           READINGS.c.received, READINGS.c.source, READINGS.c.withdrawn, BEDS.c.admitted,
+                           BEDS.c.patient)
+                 .join(BEDS, BEDS.c.bed == READINGS.c.bed).where(where).order_by(READINGS.c.id).limit(limit))
+        with self.engine.connect() as db:
+            return _table(db.execute(query).all(), columns)
 
     def save_scores(self, scores: list[dict], scored_ids: list[int]) -> None:
         """Add scores (bed, time, risk, alert, drivers) and mark the readings they answer as scored, at once."""
@@ -390,8 +527,12 @@ class LiveStore:
         return table
 
     def beds(self) -> pd.DataFrame:
-        """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers)."""
-        newest = sa.select(sa.func.max(SCORES.c.id).label("id")).group_by(SCORES.c.bed).subquery()
+        """Every bed: bed, admitted, discharged, readings, and its newest score (time, risk, alert, drivers) at a time
+        not after the clock: a reading dated in the future (a store filled before such readings were refused, or a
+        watched file's) never stands for the bed's present."""
+        present = SCORES.c.time * 3600 + BEDS.c.admitted <= time.time() + MAX_AHEAD_SECONDS
+        newest = (sa.select(sa.func.max(SCORES.c.id).label("id")).join(BEDS, BEDS.c.bed == SCORES.c.bed)
+                  .where(present).group_by(SCORES.c.bed)).subquery()  # fmt: skip
         latest = (sa.select(SCORES).join(newest, SCORES.c.id == newest.c.id)).subquery()
         counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(HELD)
                   .group_by(READINGS.c.bed)).subquery()  # fmt: skip
