@@ -582,8 +582,11 @@ def _monitor(args: argparse.Namespace) -> None:
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features, args.codes)
     threshold, chosen_by, hourly = run_alarm(args.run, store, args.threshold)
     live = LiveStore(_live_store(args), args.run)
-    monitor = Monitor(live, BedScorer(trained, hourly), Hysteresis(threshold, args.band))
+    scorer = BedScorer(trained, hourly)
+    monitor = Monitor(live, scorer, Hysteresis(threshold, args.band))
     adapt_threads()
+    if scorer.unexplained:
+        _say(f"{trained.name} shows no drivers: {scorer.unexplained}")
     _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; alert at risk >= {threshold:.3g} ({chosen_by}), "
          f"cleared below {monitor.alerts.release:.3g}; store {live.engine.url.render_as_string(hide_password=True)}, "
          f"{monitor.pending} readings left to score")  # fmt: skip

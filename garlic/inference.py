@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from garlic.data.batches import IrregularDataset
 from garlic.methods.saved import SavedMethod
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
@@ -49,17 +50,31 @@ def predict_tables(trained: SavedMethod, observations: pd.DataFrame, static: pd.
 
 
 def predict_hourly(
-    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame
+    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame, drivers: int = 0
 ) -> pd.DataFrame:
     """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
-    model must answer prediction times (an hourly method)."""
-    from garlic.methods.contract import check_answers_prediction_times
+    model must answer prediction times (an hourly method). With ``drivers`` > 0, a model that explains each risk by
+    its variables (``contract.explains_rows``) adds a column ``drivers``: at each time, that many of the variables
+    that raised the risk most (``driver_lists``)."""
+    from garlic.methods.contract import check_answers_prediction_times, explains_rows
 
     check_answers_prediction_times(trained.method, f"the run's model ({trained.name})")
     tensors = tensors_for_model(trained, observations, static, tasks)
     times = tensors.prediction_times()
-    risk = trained.predict_proba(trained.dataset(tensors))
-    return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
+    dataset = trained.dataset(tensors)
+    risks = pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time,
+                          "risk": trained.predict_proba(dataset)})  # fmt: skip
+    if drivers > 0 and explains_rows(trained.method):
+        risks["drivers"] = driver_lists(trained, dataset, drivers)
+    return risks
+
+
+def driver_lists(trained: SavedMethod, dataset: IrregularDataset, top: int) -> list[list[str]]:
+    """At each of the dataset's prediction times, the ``top`` variables whose contributions raised the risk most,
+    highest first (none that lowered it): from a method that explains each risk by its variables."""
+    from garlic.explain.contributions import top_drivers
+
+    return [top_drivers(row, trained.variables, top) for row in trained.method.contributions(dataset)]
 
 
 def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float) -> list[Path]:

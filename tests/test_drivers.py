@@ -195,3 +195,69 @@ def test_removing_an_alerts_top_drivers_lowers_its_risk_more_than_a_random_or_th
                                drops[["drop_top", "drop_random", "drop_bottom"]].mean().to_numpy(), atol=1e-12)
     assert summary["drop_top"] > summary["drop_random"] > summary["drop_bottom"]
     assert alert_faithfulness(model, test, threshold=0.3, max_alerts=5)["alerts"] == 5
+
+
+def saved(model, dataset: IrregularDataset):
+    from garlic.config import Config
+    from garlic.methods.saved import SavedMethod
+
+    tensors = dataset.tensors
+    return SavedMethod(model.name, model, Config(), list(tensors.variables), list(tensors.static_features),
+                       dataset.normalisation)  # fmt: skip
+
+
+def ward_readings(dataset: IrregularDataset, positions: list[int]):
+    """The stays at ``positions`` as a ward's readings (bed, variable, time, value), the static features at hour 0."""
+    import pandas as pd
+
+    tensors, rows = dataset.tensors, []
+    for position in positions:
+        bed = f"bed-{position}"
+        for step in range(int(tensors.lengths[position])):
+            for column in np.flatnonzero(tensors.mask[position, step]):
+                rows.append((bed, tensors.variables[column], float(tensors.times[position, step]),
+                             float(tensors.values[position, step, column])))  # fmt: skip
+        rows += [(bed, name, 0.0, float(value)) for name, value in zip(tensors.static_features, tensors.static[position])]
+    return pd.DataFrame(rows, columns=["bed", "variable", "time", "value"])
+
+
+@pytest.mark.parametrize("kind", ["logreg", pytest.param("gbm", marks=needs_shap)])
+def test_the_live_ward_shows_an_hourly_models_top_drivers_at_every_scored_hour(kind, fitted, hourly_parts):
+    import pandas as pd
+
+    from garlic.live.scoring import TOP_DRIVERS, BedScorer
+
+    model, test = fitted[kind], hourly_parts["test"]
+    positions = [0, 1, 2]
+    scorer = BedScorer(saved(model, test), hourly=True)
+    assert scorer.contributes and scorer.unexplained is None
+    times = test.prediction_times
+    rows = np.flatnonzero(np.isin(times.stay, positions))
+    asked = pd.DataFrame({"bed": [f"bed-{s}" for s in times.stay[rows]], "time": times.time[rows]})
+    risk, drivers = scorer.score(ward_readings(test, positions), asked)
+    np.testing.assert_allclose(risk, model.predict_proba(test)[rows], rtol=1e-5)
+    expected = [top_drivers(row, test.tensors.variables, TOP_DRIVERS) for row in model.contributions(test)[rows]]
+    assert drivers == expected and all(drivers) and all(len(names) <= TOP_DRIVERS for names in drivers)
+
+
+def test_the_live_ward_shows_a_per_stay_models_drivers_and_says_why_boosting_shows_none(fitted, hourly_parts,
+                                                                                         monkeypatch):  # fmt: skip
+    import pandas as pd
+
+    import garlic.methods.summary as summary
+    from garlic.live.scoring import BedScorer
+
+    train, test = replace_task(hourly_parts["train"]), replace_task(hourly_parts["test"])
+    model = SummaryModel("logreg").fit(train, replace_task(hourly_parts["validation"]))
+    end = test.prediction_times.time
+    asked = pd.DataFrame({"bed": ["bed-0", "bed-1"], "time": end[:2]})
+    _, drivers = BedScorer(saved(model, test), top=2).score(ward_readings(test, [0, 1]), asked)
+    assert drivers == [top_drivers(row, test.tensors.variables, 2) for row in model.contributions(test)[:2]]
+    assert all(drivers)
+
+    monkeypatch.setattr(summary, "shap_installed", lambda: False)
+    scorer = BedScorer(saved(fitted["gbm"], hourly_parts["test"]), hourly=True)
+    assert not scorer.contributes and scorer.unexplained == SHAP_MISSING
+    hours = pd.DataFrame({"bed": ["bed-0"], "time": [12.0]})
+    risk, drivers = scorer.score(ward_readings(hourly_parts["test"], [0]), hours)
+    assert np.isfinite(risk).all() and drivers == [[]]
