@@ -13,6 +13,9 @@ from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 from garlic.sources.meds import MedsTables
 
+TOP_DRIVERS = 3  # the drivers an alarm names, as the live ward shows them (``garlic.live.scoring``)
+ALARM_DRIVERS = "alarm-drivers.csv"  # beside the prediction files of ``garlic predict --hourly``
+
 
 def tensors_for_model(
     trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame | None = None
@@ -85,6 +88,17 @@ def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float
     return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(),
                               (group["risk"].to_numpy() >= threshold).astype(int))
             for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip
+
+
+def write_alarm_drivers(path: Path, risks: pd.DataFrame, threshold: float) -> int:
+    """``predict_hourly``'s alarmed hours (risk >= ``threshold``) with their drivers, as CSV (stay_id, time, risk,
+    drivers: "HR, Temp, Lactate"), atomically; how many hours it lists."""
+    from garlic.io.atomic import atomic_file
+
+    alarmed = risks[risks["risk"] >= threshold].assign(drivers=lambda t: t["drivers"].map(", ".join))
+    with atomic_file(path, "w") as out:
+        alarmed[["stay_id", "time", "risk", "drivers"]].to_csv(out, index=False)
+    return len(alarmed)
 
 
 def predict_meds(trained: SavedMethod, tables: MedsTables) -> pd.DataFrame:

@@ -37,7 +37,8 @@ def hourly_parts(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def fitted(hourly_parts) -> dict:
-    return {kind: HourlyModel(kind).fit(hourly_parts["train"], hourly_parts["validation"]) for kind in ("logreg", "gbm")}
+    train, validation = hourly_parts["train"], hourly_parts["validation"]
+    return {kind: HourlyModel(kind).fit(train, validation) for kind in ("logreg", "gbm")}
 
 
 def folded_by_name(model, dataset) -> np.ndarray:
@@ -182,7 +183,7 @@ def test_half_of_the_observed_variables_are_removed_rounded_up_and_never_an_unob
 
 @pytest.mark.parametrize("kind", ["logreg", pytest.param("gbm", marks=needs_shap)])
 def test_removing_an_alerts_top_drivers_lowers_its_risk_more_than_a_random_or_the_bottom_half(kind, fitted,
-                                                                                                hourly_parts):  # fmt: skip
+                                                                                               hourly_parts):
     model, test = fitted[kind], hourly_parts["test"]
     risk = model.predict_proba(test)
     rows = np.flatnonzero(risk >= 0.3)
@@ -217,7 +218,8 @@ def ward_readings(dataset: IrregularDataset, positions: list[int]):
             for column in np.flatnonzero(tensors.mask[position, step]):
                 rows.append((bed, tensors.variables[column], float(tensors.times[position, step]),
                              float(tensors.values[position, step, column])))  # fmt: skip
-        rows += [(bed, name, 0.0, float(value)) for name, value in zip(tensors.static_features, tensors.static[position])]
+        rows += [(bed, name, 0.0, float(value))
+                 for name, value in zip(tensors.static_features, tensors.static[position])]  # fmt: skip
     return pd.DataFrame(rows, columns=["bed", "variable", "time", "value"])
 
 

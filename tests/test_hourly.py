@@ -243,7 +243,8 @@ def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_nee
             capsys.readouterr().err)
 
 
-def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys):
+def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys,
+                                                               monkeypatch):  # fmt: skip
     store, run_id = hourly_run
     import mlflow
 
@@ -266,10 +267,28 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
         shutil.copy(hourly_root / "source" / system / f"p{stay:06d}.psv", records)
     main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
           "--output", str(tmp_path / "predictions")])  # fmt: skip
-    capsys.readouterr()
+    assert "wrote the top drivers of its" in capsys.readouterr().err
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
     assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_utility"])
+    # Every alarmed hour, and only those, with the variables that raised its risk (logistic regression explains)
+    drivers = pd.read_csv(tmp_path / "predictions" / "alarm-drivers.csv", keep_default_na=False)
+    alarmed = [(stay, hour) for stay in test for hour, alarm in enumerate(pd.read_csv(
+        tmp_path / "predictions" / f"p{stay:06d}.psv", sep="|")["PredictedLabel"]) if alarm]  # fmt: skip
+    assert list(drivers.columns) == ["stay_id", "time", "risk", "drivers"] and len(drivers) == len(alarmed) > 0
+    assert (drivers["risk"] >= metrics["threshold"] - 1e-6).all()
+    assert {name for text in drivers["drivers"] for name in text.split(", ") if name} <= {"HR", "Temp"}
+    assert (drivers["drivers"] != "").any()
+    # A model that cannot explain here (as boosting without shap) writes its predictions and says why, once
+    from garlic.methods.summary import ChosenClassifier
+
+    monkeypatch.setattr(ChosenClassifier, "explanation_unavailable", property(lambda self: "shap is not installed"))
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
+          "--output", str(tmp_path / "unexplained")])  # fmt: skip
+    said = capsys.readouterr().err
+    assert said.count("hourly_logreg gives no drivers of its alarms: shap is not installed") == 1
+    assert not (tmp_path / "unexplained" / "alarm-drivers.csv").exists()
+    assert len(list((tmp_path / "unexplained").glob("p*.psv"))) == len(test)
 
 
 def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(hourly_root, hourly_run, monkeypatch):

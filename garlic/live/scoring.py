@@ -23,13 +23,11 @@ import torch
 
 from garlic.data.batches import collate
 from garlic.explain.built_in import explain
-from garlic.inference import driver_lists, predict_hourly, tensors_for_model
+from garlic.inference import TOP_DRIVERS, driver_lists, predict_hourly, tensors_for_model
 from garlic.live.steps import MAX_BEDS, WardSteps
 from garlic.methods.contract import explains_rows, unexplained_reason
 from garlic.methods.saved import SavedMethod
 from garlic.models.compact import Garlic
-
-TOP_DRIVERS = 3
 
 
 def record_tables(readings: pd.DataFrame, static_features: list[str],
