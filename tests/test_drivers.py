@@ -263,3 +263,32 @@ def test_the_live_ward_shows_a_per_stay_models_drivers_and_says_why_boosting_sho
     hours = pd.DataFrame({"bed": ["bed-0"], "time": [12.0]})
     risk, drivers = scorer.score(ward_readings(hourly_parts["test"], [0]), hours)
     assert np.isfinite(risk).all() and drivers == [[]]
+
+
+@pytest.mark.parametrize("kind", ["logreg", pytest.param("gbm", marks=needs_shap)])
+def test_the_dashboards_replay_explains_an_hour_by_the_models_contributions_there(kind, fitted, hourly_parts):
+    from garlic.app.replay import contribution_bars, drivers_at, explain_hour, replay_stay
+
+    model, test = fitted[kind], hourly_parts["test"]
+    trained = saved(model, test)
+    replay = replay_stay(trained, test, 0)
+    index = 23  # hour 24, one of the task's hours
+    hour = explain_hour(trained, replay, index)
+    assert hour.explanation is None and hour.explained
+    at_24 = np.flatnonzero((test.prediction_times.stay == 0) & (test.prediction_times.time == 24))
+    np.testing.assert_allclose(hour.contributions.to_numpy(), model.contributions(test)[at_24][0], rtol=1e-5,
+                               atol=1e-7)  # fmt: skip
+    bars = contribution_bars(hour)
+    assert (bars["contribution"] > 0).all() and bars["contribution"].is_monotonic_decreasing
+    named = [name for name, _ in drivers_at(hour, top=3)]
+    assert named == top_drivers(hour.contributions.to_numpy(), list(hour.contributions.index), 3) and named
+
+
+def test_the_replay_of_a_model_that_cannot_explain_here_has_no_why(fitted, hourly_parts, monkeypatch):
+    import garlic.methods.summary as summary
+    from garlic.app.replay import drivers_at, explain_hour, replay_stay
+
+    monkeypatch.setattr(summary, "shap_installed", lambda: False)
+    trained = saved(fitted["gbm"], hourly_parts["test"])
+    hour = explain_hour(trained, replay_stay(trained, hourly_parts["test"], 0), 23)
+    assert not hour.explained and drivers_at(hour) == []

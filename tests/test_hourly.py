@@ -317,6 +317,10 @@ def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(ho
     onset = labels.loc[septic, "first_septic_hour"] + 6
     assert any(c.value.startswith(f"Sepsis onset at hour {onset:g}") for c in at.caption)
     assert any("Sepsis Challenge's utility on the test stays" in m.value for m in at.markdown)
+    # Its logistic regression explains the hour by its variables' contributions (test_drivers checks the values)
+    assert any("contribution to the risk's log-odds at this hour (coefficient x standardised value" in c.value
+               for c in at.caption)  # fmt: skip
+    assert not any("gives no explanation" in i.value for i in at.info)
 
 
 def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):

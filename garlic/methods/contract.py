@@ -40,7 +40,9 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 regression's coefficient x value);
                                                                                 ``explanation_unavailable`` says
                                                                                 why it cannot here (a package
-                                                                                missing), None when it can
+                                                                                missing), None when it can;
+                                                                                ``explained_by`` (optional) says
+                                                                                how, as a page shows it
 
 The live ward, ``garlic predict`` and the dashboard ask a method for its drivers by these capabilities
 (``explains``, ``explains_rows``), never by its class: the top variables of an alert that raised its risk.

@@ -161,6 +161,12 @@ class ChosenClassifier(BaseEstimator):
         """Why this model gives no contributions here (None: it gives them): boosting's need the shap package."""
         return SHAP_MISSING if self.kind == "gbm" and not shap_installed() else None
 
+    @property
+    def explained_by(self) -> str:
+        """How its contributions are computed, as a page says it."""
+        return ("exact tree SHAP values of the gradient boosting" if self.kind == "gbm" else
+                "coefficient x standardised value of the logistic regression")  # fmt: skip
+
     def column_contributions(self, dataset: IrregularDataset) -> tuple[np.ndarray, float]:
         """[M, kept columns] each kept feature column's contribution to each risk's log-odds, and the base value:
         a row's contributions plus the base are its raw log-odds (``garlic.explain.contributions``)."""
