@@ -477,3 +477,20 @@ def test_the_boosting_screen_scores_a_setting_on_validation_as_the_method_fitted
     times = parts["validation"].prediction_times
     choice = choose_threshold(times.label, method.predict_proba(parts["validation"]), stay_lengths(times.stay))
     assert choice.normalised_utility == pytest.approx(best["validation_utility"])
+
+
+def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root, hourly_run, tmp_path, capsys):
+    from experiments import alert_faithfulness
+
+    store, run_id = hourly_run
+    out = tmp_path / "faithfulness.md"
+    table = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
+                                     "--max-alerts", "40", "--out", str(out)])  # fmt: skip
+    (row,) = table.to_dict("records")
+    assert row["method"] == "hourly_logreg" and 0 < row["alerts"] <= 40 and row["risk"] >= row["threshold"]
+    # Its only measured variable is HR: removing the top half removes HR, the bottom half too (half of one, rounded
+    # up), and so does a random half: the three drops are one, each asked of a record left with nothing observed
+    assert row["drop_top"] == pytest.approx(row["drop_random"]) == pytest.approx(row["drop_bottom"])
+    text = out.read_text()
+    assert text.startswith("`python -m experiments.alert_faithfulness --mlruns") and "| hourly_logreg |" in text
+    assert text in capsys.readouterr().out

@@ -63,8 +63,13 @@ def removed_variables(observed: np.ndarray, scores: np.ndarray, fraction: float)
 
 
 def _asked_at(tensors: IrregularTensors, times: PredictionTimes) -> IrregularTensors:
-    """Each cut record (one stay per row) asked once, at its row's time."""
+    """Each cut record (one stay per row) asked once, at its row's time; arrays of at least one step, so that
+    records all emptied by a removal still have the shape the models read (their padding: nothing observed)."""
     asked = PredictionTimes(np.arange(len(times)), times.time, times.label, times.score)
+    if tensors.mask.shape[1] == 0:
+        one = (len(tensors), 1)
+        tensors = replace(tensors, values=np.zeros((*one, tensors.values.shape[2]), tensors.values.dtype),
+                          mask=np.zeros((*one, tensors.mask.shape[2]), bool), times=np.zeros(one, tensors.times.dtype))
     return replace(tensors, task=asked)
 
 

@@ -1,0 +1,94 @@
+"""Are the drivers the bedside shows for an alert the ones the model needs? Feature removal at alerted hours, for
+trained hourly runs of any method that explains (``garlic.explain.faithfulness``).
+
+    python -m experiments.alert_faithfulness --mlruns STORE --runs RUN_ID [RUN_ID ...] [--max-alerts 1000]
+
+For each run: its saved model, the stays of its split's ``--part`` (default test) read from the run's dataset under
+``--data-root`` (refused when the split or dataset is not the one the run was trained on), and its alarm threshold
+(the one of highest utility on validation that an hourly run logged, or ``--threshold``). At every alerted
+prediction time (risk >= threshold; at most ``--max-alerts`` of them, drawn at random, seeded) the top, a random
+and the bottom half of the variables observed by then, ranked by the model's own explanation at that hour (exact
+tree SHAP values for gradient boosting, coefficient x standardised value for logistic regression, the built-in
+signal importance for GARLIC), are removed from the record, and the model asked again at that hour. The table: per
+run, the alerts measured, their mean risk, and the mean drop in risk under each removal. Faithful drivers give
+top > random > bottom, as the per-stay fidelity study (``experiments.fidelity``) asks of whole stays.
+
+``--out FILE`` writes the table as Markdown, with this command at its top.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
+from garlic.explain.faithfulness import alert_faithfulness
+from garlic.io.atomic import atomic_file
+from garlic.io.tables import read_manifest
+from garlic.io.tensors import load_tensors
+from garlic.methods.saved import load_predictor
+from garlic.tracking import run_contract
+from garlic.tracking.store import get_run, use_store
+
+log = logging.getLogger("experiments.alert_faithfulness")
+COLUMNS = ["run", "method", "split", "threshold", "alerts", "risk", "drop_top", "drop_random", "drop_bottom"]
+
+
+def run_faithfulness(run_id: str, store: Path, data_root: Path, part: str = "test", threshold: float | None = None,
+                     fraction: float = 0.5, max_alerts: int | None = None, seed: int = 0) -> dict:  # fmt: skip
+    """One row of the table for the run ``run_id`` (the module's docstring)."""
+    use_store(store)
+    trained = load_predictor(run_id, store)
+    run = get_run(run_id)
+    params = run.data.params
+    if threshold is None:
+        threshold = run.data.metrics.get("threshold")
+        if threshold is None:
+            raise ValueError(f"run {run_id} logged no alarm threshold (not an hourly run): give one with --threshold")
+    folder = processed_folder(params[run_contract.DATASET], data_root)
+    split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
+    tensors = load_tensors(folder)
+    dataset = trained.dataset(tensors.subset(split.positions(tensors, part)))
+    log.info("run %s (%s): %d %s stays, alarm at risk >= %.4g", run_id, trained.name, len(dataset), part, threshold)
+    measured = alert_faithfulness(trained.method, dataset, threshold, fraction, seed, max_alerts)
+    return {"run": run_id, "method": trained.name, "split": params.get("split", ""), "threshold": threshold,
+            **measured.to_dict()}  # fmt: skip
+
+
+def markdown(table: pd.DataFrame, command: str) -> str:
+    shown = table.assign(alerts=table["alerts"].astype(int)).round(4)
+    lines = [f"`{command}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(row[column]) for column in COLUMNS) + " |" for _, row in shown.iterrows()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mlruns", type=Path, required=True, help="the MLflow store of the runs")
+    parser.add_argument("--runs", nargs="+", required=True, help="hourly run ids (a split run each)")
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--part", choices=["train", "validation", "test"], default="test")
+    parser.add_argument("--threshold", type=float, help="alarm at risk >= this (default: each run's own)")
+    parser.add_argument("--fraction", type=float, default=0.5, help="share of the observed variables removed")
+    parser.add_argument("--max-alerts", type=int, default=1000, help="alerted hours measured per run, at most")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="a Markdown file for the table")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rows = [run_faithfulness(run_id, args.mlruns, args.data_root, args.part, args.threshold, args.fraction,
+                             args.max_alerts, args.seed) for run_id in args.runs]  # fmt: skip
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    command = "python -m experiments.alert_faithfulness " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = markdown(table, command)
+    print(text)
+    if args.out is not None:
+        with atomic_file(args.out, "w") as out:
+            out.write(text)
+    return table
+
+
+if __name__ == "__main__":
+    main()
