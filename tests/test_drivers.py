@@ -292,3 +292,32 @@ def test_the_replay_of_a_model_that_cannot_explain_here_has_no_why(fitted, hourl
     trained = saved(fitted["gbm"], hourly_parts["test"])
     hour = explain_hour(trained, replay_stay(trained, hourly_parts["test"], 0), 23)
     assert not hour.explained and drivers_at(hour) == []
+
+
+def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_each_cut_record(hourly_parts):
+    """GARLIC trained on the same hours (one small epoch): its importance at an hour is its built-in signal
+    importance of the record cut there, and the removal asks it again at that hour as it asks the baselines."""
+    import torch
+
+    from garlic.config import Config
+    from garlic.data.batches import collate
+    from garlic.explain.built_in import explain
+    from garlic.methods.garlic import GarlicEstimator
+
+    torch.manual_seed(0)
+    config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1,
+                                                       "early_stopping": 1, "device": "cpu"})  # fmt: skip
+    garlic = GarlicEstimator(config).fit(hourly_parts["train"], hourly_parts["validation"])
+    test = hourly_parts["test"]
+    importance = row_importance(garlic, test)
+    times = test.prediction_times
+    row = int(np.flatnonzero(times.time == 24)[0])
+    cut = test.tensors.subset(np.array([times.stay[row]]))
+    asked = PredictionTimes(np.zeros(1, np.int64), times.time[row : row + 1], times.label[row : row + 1])
+    cut = replace(cut, task=asked)
+    one = IrregularDataset(cut.cut_at_prediction_times(), test.normalisation)
+    expected = explain(garlic.model, collate([one[0]]), list(test.tensors.variables)).signal.numpy()[0]
+    np.testing.assert_allclose(importance[row], expected, rtol=1e-4, atol=1e-6)
+    drops = removal_drops(garlic, test, np.arange(10), importance=importance)
+    np.testing.assert_allclose(drops["risk"], garlic.predict_proba(test)[:10], rtol=1e-4, atol=1e-6)
+    assert np.isfinite(drops[["drop_top", "drop_random", "drop_bottom"]].to_numpy()).all()
