@@ -56,10 +56,11 @@ def predict_hourly(
     trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame, drivers: int = 0
 ) -> pd.DataFrame:
     """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
-    model must answer prediction times (an hourly method). With ``drivers`` > 0, a model that explains each risk by
-    its variables (``contract.explains_rows``) adds a column ``drivers``: at each time, that many of the variables
-    that raised the risk most (``driver_lists``)."""
-    from garlic.methods.contract import check_answers_prediction_times, explains_rows
+    model must answer prediction times (an hourly method). With ``drivers`` > 0, a model that says what drove each
+    risk (``garlic.explain.drivers.has_row_importance``: one explained by its variables' contributions, GARLIC)
+    adds a column ``drivers``: at each time, that many of the variables that drove the risk most (``driver_lists``)."""
+    from garlic.explain.drivers import has_row_importance
+    from garlic.methods.contract import check_answers_prediction_times
 
     check_answers_prediction_times(trained.method, f"the run's model ({trained.name})")
     tensors = tensors_for_model(trained, observations, static, tasks)
@@ -67,17 +68,18 @@ def predict_hourly(
     dataset = trained.dataset(tensors)
     risks = pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time,
                           "risk": trained.predict_proba(dataset)})  # fmt: skip
-    if drivers > 0 and explains_rows(trained.method):
+    if drivers > 0 and has_row_importance(trained.method):
         risks["drivers"] = driver_lists(trained, dataset, drivers)
     return risks
 
 
 def driver_lists(trained: SavedMethod, dataset: IrregularDataset, top: int) -> list[list[str]]:
-    """At each of the dataset's prediction times, the ``top`` variables whose contributions raised the risk most,
-    highest first (none that lowered it): from a method that explains each risk by its variables."""
-    from garlic.explain.contributions import top_drivers
+    """At each of the dataset's prediction times, the ``top`` variables that drove the risk most by the model's own
+    explanation (``garlic.explain.drivers``), highest first: for a model explained by contributions, those that
+    raised it."""
+    from garlic.explain.drivers import drivers
 
-    return [top_drivers(row, trained.variables, top) for row in trained.method.contributions(dataset)]
+    return drivers(trained.method, dataset, trained.variables, top)
 
 
 def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float) -> list[Path]:

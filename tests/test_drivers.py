@@ -11,7 +11,8 @@ import pytest
 
 from garlic.data.batches import IrregularDataset
 from garlic.explain.contributions import SHAP_MISSING, top_drivers
-from garlic.explain.faithfulness import alert_faithfulness, removal_drops, removed_variables, row_importance
+from garlic.explain.drivers import row_importance
+from garlic.explain.faithfulness import alert_faithfulness, removal_drops, removed_variables
 from garlic.io.tensors import PredictionTimes
 from garlic.methods.contract import explains_rows, unexplained_reason
 from garlic.methods.hourly import HourlyModel, feature_names
@@ -321,3 +322,26 @@ def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_ea
     drops = removal_drops(garlic, test, np.arange(10), importance=importance)
     np.testing.assert_allclose(drops["risk"], garlic.predict_proba(test)[:10], rtol=1e-4, atol=1e-6)
     assert np.isfinite(drops[["drop_top", "drop_random", "drop_bottom"]].to_numpy()).all()
+
+
+def test_the_live_ward_shows_an_hourly_garlics_drivers_by_its_built_in_importance(hourly_parts):
+    import pandas as pd
+    import torch
+
+    from garlic.config import Config
+    from garlic.live.scoring import TOP_DRIVERS, BedScorer
+    from garlic.methods.garlic import GarlicEstimator
+
+    torch.manual_seed(1)
+    config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1,
+                                                       "early_stopping": 1, "device": "cpu"})  # fmt: skip
+    garlic = GarlicEstimator(config).fit(hourly_parts["train"], hourly_parts["validation"])
+    test = hourly_parts["test"]
+    scorer = BedScorer(saved(garlic, test), hourly=True)
+    assert scorer.contributes and not scorer.explains
+    times = test.prediction_times
+    rows = np.flatnonzero(times.stay == 0)
+    asked = pd.DataFrame({"bed": "bed-0", "time": times.time[rows]})
+    _, drivers = scorer.score(ward_readings(test, [0]), asked)
+    importance = row_importance(garlic, test)[rows]
+    assert drivers == [top_drivers(row, test.tensors.variables, TOP_DRIVERS) for row in importance] and all(drivers)

@@ -2,8 +2,8 @@
 explains its risks.
 
 At an alerted prediction time (a stay's record up to hour t), rank the variables the record has observed by up to t
-by the model's own importance at that hour (``row_importance``: a method's contributions, ``contributions``, or
-GARLIC's built-in signal importance on the record cut at t), then remove ``fraction`` of them (rounded half up, as
+by the model's own importance at that hour (``garlic.explain.drivers.row_importance``: a method's
+contributions, or GARLIC's built-in signal importance on the record cut at t), then remove ``fraction`` of them (rounded half up, as
 ``garlic.explain.removal.keep_count`` counts) and ask the model again at t:
 
 - ``top``: the highest-ranked ones (the drivers), ``bottom``: the lowest, ``random``: a seeded random choice.
@@ -21,34 +21,11 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from garlic.data.batches import IrregularDataset, collate
+from garlic.data.batches import IrregularDataset
+from garlic.explain.drivers import CHUNK_ROWS, row_importance
 from garlic.explain.removal import CONDITIONS, keep_count, reduce
 from garlic.io.tensors import IrregularTensors, PredictionTimes
-from garlic.methods.contract import Method, explains, explains_rows, unexplained_reason
-
-CHUNK_ROWS = 256  # prediction times whose cut records ([rows, steps, variables]) are held at once
-
-
-def row_importance(method: Method, dataset: IrregularDataset) -> np.ndarray:
-    """[M, D] how much each variable drove the risk at each of the dataset's prediction times, by the method's own
-    explanation: its contributions (gradient boosting, logistic regression), or GARLIC's built-in signal importance
-    of the record cut at that time (as the dashboard explains an hour)."""
-    if explains_rows(method):
-        return method.contributions(dataset)
-    if explains(method) and getattr(method.model, "explanation_unavailable", None) is None:
-        from garlic.explain.built_in import explain
-
-        cut = dataset.tensors.cut_at_prediction_times()
-        importance = []
-        for start in range(0, len(cut), CHUNK_ROWS):
-            part = IrregularDataset(cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))),
-                                    dataset.normalisation)  # fmt: skip
-            batch = collate([part[position] for position in range(len(part))])
-            importance.append(explain(method.model, batch, list(cut.variables)).signal.numpy())
-        return np.concatenate(importance) if importance else np.zeros((0, len(cut.variables)))
-    name = getattr(method, "name", type(method).__name__)
-    raise ValueError(f"{name} does not explain its risks" + (f": {unexplained_reason(method)}"
-                                                              if unexplained_reason(method) else ""))  # fmt: skip
+from garlic.methods.contract import Method
 
 
 def removed_variables(observed: np.ndarray, scores: np.ndarray, fraction: float) -> np.ndarray:

@@ -9,10 +9,11 @@ descriptors (age, sex ...) are readings too: a bed's newest value of each is its
 reading of a time-varying input has no risk (None).
 
 The drivers are the inputs that the model's own explanation ranks highest at that time: GARLIC's built-in one (the
-compact architecture), or the variables whose contributions raised the risk most for a model that explains each
-risk by its variables (``contract.explains_rows``: gradient boosting's exact tree SHAP values, logistic regression's
-coefficient x value, per stay or at each hour). A model without one (the reference architecture, the floor, an
-hourly GARLIC, gradient boosting without the shap package) gives none; ``unexplained`` says why where it could.
+compact architecture; for an hourly GARLIC, on the record cut at each asked time), or the variables whose
+contributions raised the risk most for a model that explains each risk by its variables (``contract.explains_rows``:
+gradient boosting's exact tree SHAP values, logistic regression's coefficient x value, per stay or at each hour;
+``garlic.explain.drivers``). A model without one (the reference architecture, the floor, gradient boosting without
+the shap package) gives none; ``unexplained`` says why where it could.
 Risk and drivers from a step state are the one pass's on the cut to float rounding.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from garlic.data.batches import collate
 from garlic.explain.built_in import explain
 from garlic.inference import TOP_DRIVERS, driver_lists, predict_hourly, tensors_for_model
 from garlic.live.steps import MAX_BEDS, WardSteps
-from garlic.methods.contract import explains_rows, unexplained_reason
+from garlic.explain.drivers import has_row_importance
+from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
 from garlic.models.compact import Garlic
 
@@ -51,7 +53,9 @@ class BedScorer:
         self.trained, self.hourly, self.top = trained, hourly, top
         self.explains = (not self.hourly and trained.explains
                          and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
-        self.contributes = explains_rows(trained.method)  # drivers from each risk's variable contributions
+        # Any other model that says what drove each risk (garlic.explain.drivers): by its variables' contributions,
+        # or an hourly GARLIC by its built-in importance of the record cut at each asked time
+        self.contributes = not self.explains and has_row_importance(trained.method)
         self.unexplained = unexplained_reason(trained.method)  # why a model that could explain does not here
         has_steps = not hourly and trained.explains and isinstance(trained.model, Garlic)
         self.steps = WardSteps(trained, self.explains, beds) if has_steps else None
