@@ -494,3 +494,14 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
     text = out.read_text()
     assert text.startswith("`python -m experiments.alert_faithfulness --mlruns") and "| hourly_logreg |" in text
     assert text in capsys.readouterr().out
+    # A few stays read from the tables alone: the same stays and hours as in the whole cohort's tensors
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    test = load_splits(folder, tensors, "five-split")[0].test
+    few = alert_faithfulness.stays_of(folder, np.sort(test)[:4])
+    whole = tensors.subset(np.flatnonzero(np.isin(tensors.stay_ids, np.sort(test)[:4])))
+    np.testing.assert_array_equal(few.stay_ids, whole.stay_ids)
+    np.testing.assert_array_equal(few.prediction_times().time, whole.prediction_times().time)
+    small = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
+                                     "--max-stays", "4"])  # fmt: skip
+    assert 0 < small["alerts"].iloc[0] <= len(few.prediction_times())
