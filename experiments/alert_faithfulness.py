@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
+from garlic.data.splits import read_split
 from garlic.explain.faithfulness import alert_faithfulness
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import LABELS, OBSERVATIONS, STATIC, TASKS, ProcessedDataset, read_manifest
@@ -55,6 +56,23 @@ def stays_of(folder: Path, ids: np.ndarray) -> IrregularTensors:
                                       tasks=table(TASKS) if (folder / TASKS).is_file() else None))  # fmt: skip
 
 
+def recorded_split(run_id: str, params: dict[str, str], folder: Path):
+    """The run's split under ``folder``, checked as ``run_contract.verify_split`` checks it; a study's unit, which
+    records its data digest but no split digest, has its split read by name after the data digest is checked."""
+    manifest = read_manifest(folder)
+    if run_contract.SPLIT_DIGEST in params or run_contract.DATA_DIGEST not in params:
+        return run_contract.verify_split(run_id, params, folder, manifest)
+    if run_contract.manifest_digest(manifest) != params[run_contract.DATA_DIGEST]:
+        raise run_contract.StaleRunDataError(f"the dataset under {folder} is not the one run {run_id} was trained on")
+    split = read_split(folder, *run_contract.parse_split_name(params[run_contract.SPLIT]))
+    if split is None:
+        raise run_contract.StaleRunDataError(f"run {run_id}'s split {params[run_contract.SPLIT]} is not saved under "
+                                             f"{folder}")  # fmt: skip
+    log.info("run %s records no split digest (a study's unit): split %s read by name, the data digest checked",
+             run_id, params[run_contract.SPLIT])
+    return split
+
+
 def run_faithfulness(run_id: str, store: Path, data_root: Path, part: str = "test", threshold: float | None = None,
                      fraction: float = 0.5, max_alerts: int | None = None, seed: int = 0,
                      max_stays: int | None = None) -> dict:  # fmt: skip
@@ -62,13 +80,13 @@ def run_faithfulness(run_id: str, store: Path, data_root: Path, part: str = "tes
     use_store(store)
     trained = load_predictor(run_id, store)
     run = get_run(run_id)
-    params = run.data.params
+    params = {**run.data.tags, **run.data.params}  # a study's unit records its dataset and split as tags
     if threshold is None:
         threshold = run.data.metrics.get("threshold")
         if threshold is None:
             raise ValueError(f"run {run_id} logged no alarm threshold (not an hourly run): give one with --threshold")
     folder = processed_folder(params[run_contract.DATASET], data_root)
-    split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
+    split = recorded_split(run_id, params, folder)
     ids = getattr(split, part)
     if max_stays is not None and len(ids) > max_stays:
         tensors = stays_of(folder, np.sort(np.random.default_rng(seed).choice(ids, max_stays, replace=False)))

@@ -505,3 +505,13 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
     small = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
                                      "--max-stays", "4"])  # fmt: skip
     assert 0 < small["alerts"].iloc[0] <= len(few.prediction_times())
+    # A study's unit records its data digest and split name as tags, and no split digest: read by name once the
+    # data digest is checked
+    from garlic.io.tables import read_manifest
+    from garlic.tracking import run_contract
+
+    unit = {"dataset": "physionet2019-hourly", "split": "five-split/split_0",
+            "data_digest": run_contract.manifest_digest(read_manifest(folder))}  # fmt: skip
+    np.testing.assert_array_equal(alert_faithfulness.recorded_split("unit", unit, folder).test, test)
+    with pytest.raises(run_contract.StaleRunDataError, match="is not the one run unit was trained on"):
+        alert_faithfulness.recorded_split("unit", {**unit, "data_digest": "0" * 64}, folder)
