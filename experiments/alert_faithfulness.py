@@ -16,6 +16,16 @@ top > random > bottom, as the per-stay fidelity study (``experiments.fidelity``)
 ``--max-stays N`` measures N of the part's stays drawn at random (seeded), read from the dataset's tables alone
 (not its whole tensor cache, gigabytes for P19): a small measurement on a machine already busy.
 
+Where no run saved its model (a study's units save none), ``--fit NAME [NAME ...]`` fits hourly models afresh on
+a sample of one split instead: ``--train-stays`` and ``--validation-stays`` of its parts (read from the tables, as
+``--max-stays`` of its test part), each setting chosen on validation and the alarm threshold of highest utility
+there (the task must be scored by the Sepsis Challenge's utility), then measured alike. Smaller than the published
+models' data: a check of the explanations, not of the models' accuracy.
+
+    python -m experiments.alert_faithfulness --fit hourly_logreg_utility hourly_gbm_utility \
+        --dataset physionet2019-hourly --split five-split/split_0 --train-stays 4000 --validation-stays 1000 \
+        --max-stays 1000 --max-alerts 1000
+
 ``--out FILE`` writes the table as Markdown, with this command at its top.
 """
 from __future__ import annotations
@@ -29,6 +39,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
 from garlic.data.splits import read_split
 from garlic.explain.faithfulness import alert_faithfulness
@@ -100,6 +111,50 @@ def run_faithfulness(run_id: str, store: Path, data_root: Path, part: str = "tes
             **measured.to_dict()}  # fmt: skip
 
 
+def fitted_faithfulness(names: list[str], dataset: str, split_name: str, data_root: Path, train_stays: int,
+                        validation_stays: int, test_stays: int, fraction: float = 0.5, max_alerts: int | None = None,
+                        seed: int = 0) -> list[dict]:  # fmt: skip
+    """The table's rows for hourly models ``names`` fitted on a sample of the split ``split_name`` (the module's
+    docstring)."""
+    from garlic.methods.hourly import HourlyModel
+    from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
+
+    folder = processed_folder(dataset, data_root)
+    split = read_split(folder, *run_contract.parse_split_name(split_name))
+    if split is None:
+        raise ValueError(f"split {split_name} is not saved under {folder}: train a run on it first")
+    rng = np.random.default_rng(seed)
+    sizes = {"train": train_stays, "validation": validation_stays, "test": test_stays}
+    parts = {}
+    for part, size in sizes.items():
+        ids = getattr(split, part)
+        ids = np.sort(rng.choice(ids, size, replace=False)) if size < len(ids) else np.sort(ids)
+        parts[part] = IrregularDataset(stays_of(folder, ids), split.normalisation)
+    times = parts["validation"].prediction_times
+    if times.score != SEPSIS_UTILITY:
+        raise ValueError(f"--fit chooses the alarm threshold by the utility, but {dataset}'s task is scored by "
+                         f"{times.score or 'its labels alone'}")  # fmt: skip
+    rows = []
+    for name in names:
+        kind, target = _hourly_kind(name)
+        model = HourlyModel(kind, seed=seed, target=target).fit(parts["train"], parts["validation"])
+        risk = model.predict_proba(parts["validation"])
+        threshold = choose_threshold(times.label, risk, stay_lengths(times.stay)).threshold
+        log.info("%s fitted on %d stays, alarm at risk >= %.4g", name, len(parts["train"]), threshold)
+        measured = alert_faithfulness(model, parts["test"], threshold, fraction, seed, max_alerts)
+        rows.append({"run": f"fitted on {train_stays} stays", "method": name, "split": split_name,
+                     "threshold": threshold, **measured.to_dict()})  # fmt: skip
+    return rows
+
+
+def _hourly_kind(name: str) -> tuple[str, str]:
+    """(kind, target) of an hourly model's registry name: hourly_gbm_utility -> ('gbm', 'utility')."""
+    kind, _, target = name.removeprefix("hourly_").partition("_")
+    if not name.startswith("hourly_") or kind not in ("gbm", "logreg") or target not in ("", "utility"):
+        raise ValueError(f"--fit takes hourly_gbm, hourly_logreg and their _utility forms, got {name!r}")
+    return kind, target or "label"
+
+
 def markdown(table: pd.DataFrame, command: str) -> str:
     shown = table.assign(alerts=table["alerts"].astype(int)).round(4)
     lines = [f"`{command}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -109,8 +164,14 @@ def markdown(table: pd.DataFrame, command: str) -> str:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mlruns", type=Path, required=True, help="the MLflow store of the runs")
-    parser.add_argument("--runs", nargs="+", required=True, help="hourly run ids (a split run each)")
+    asked = parser.add_mutually_exclusive_group(required=True)
+    asked.add_argument("--runs", nargs="+", help="hourly run ids (a split run each, with its saved model)")
+    asked.add_argument("--fit", nargs="+", metavar="NAME", help="hourly models fitted afresh on a sample of --split")
+    parser.add_argument("--mlruns", type=Path, help="the MLflow store of the runs")
+    parser.add_argument("--dataset", default="physionet2019-hourly", help="with --fit")
+    parser.add_argument("--split", default="five-split/split_0", help="with --fit: the saved split sampled")
+    parser.add_argument("--train-stays", type=int, default=4000, help="with --fit")
+    parser.add_argument("--validation-stays", type=int, default=1000, help="with --fit")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--part", choices=["train", "validation", "test"], default="test")
     parser.add_argument("--threshold", type=float, help="alarm at risk >= this (default: each run's own)")
@@ -121,8 +182,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--out", type=Path, help="a Markdown file for the table")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = [run_faithfulness(run_id, args.mlruns, args.data_root, args.part, args.threshold, args.fraction,
-                             args.max_alerts, args.seed, args.max_stays) for run_id in args.runs]  # fmt: skip
+    if args.fit:
+        rows = fitted_faithfulness(args.fit, args.dataset, args.split, args.data_root, args.train_stays,
+                                   args.validation_stays, args.max_stays or 1000, args.fraction, args.max_alerts,
+                                   args.seed)  # fmt: skip
+    elif args.mlruns is None:
+        parser.error("--runs needs --mlruns, the store that holds them")
+    else:
+        rows = [run_faithfulness(run_id, args.mlruns, args.data_root, args.part, args.threshold, args.fraction,
+                                 args.max_alerts, args.seed, args.max_stays) for run_id in args.runs]  # fmt: skip
     table = pd.DataFrame(rows, columns=COLUMNS)
     command = "python -m experiments.alert_faithfulness " + " ".join(sys.argv[1:] if argv is None else argv)
     text = markdown(table, command)

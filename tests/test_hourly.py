@@ -515,3 +515,17 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
     np.testing.assert_array_equal(alert_faithfulness.recorded_split("unit", unit, folder).test, test)
     with pytest.raises(run_contract.StaleRunDataError, match="is not the one run unit was trained on"):
         alert_faithfulness.recorded_split("unit", {**unit, "data_digest": "0" * 64}, folder)
+
+
+def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_run_saved_one(hourly_root, capsys):
+    from experiments import alert_faithfulness
+
+    table = alert_faithfulness.main(["--fit", "hourly_logreg_utility", "hourly_logreg", "--data-root", str(hourly_root),
+                                     "--train-stays", "30", "--validation-stays", "6", "--max-stays", "6"])  # fmt: skip
+    assert list(table["method"]) == ["hourly_logreg_utility", "hourly_logreg"] and (table["alerts"] > 0).all()
+    assert table["run"].eq("fitted on 30 stays").all() and table["split"].eq("five-split/split_0").all()
+    with pytest.raises(ValueError, match="--fit takes hourly_gbm, hourly_logreg and their _utility forms, got 'gbm'"):
+        alert_faithfulness.main(["--fit", "gbm", "--data-root", str(hourly_root)])
+    with pytest.raises(SystemExit):
+        alert_faithfulness.main(["--runs", "abc"])
+    assert "--runs needs --mlruns" in capsys.readouterr().err
