@@ -520,6 +520,8 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
 def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_run_saved_one(hourly_root, capsys):
     from experiments import alert_faithfulness
 
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    load_splits(folder, load_tensors(folder), "five-split")  # saved, as the first training on the dataset saves them
     table = alert_faithfulness.main(["--fit", "hourly_logreg_utility", "hourly_logreg", "--data-root", str(hourly_root),
                                      "--train-stays", "30", "--validation-stays", "6", "--max-stays", "6"])  # fmt: skip
     assert list(table["method"]) == ["hourly_logreg_utility", "hourly_logreg"] and (table["alerts"] > 0).all()
