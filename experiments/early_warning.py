@@ -35,7 +35,11 @@ import pandas as pd
 from garlic import studies
 from garlic.config import Config
 from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
+from garlic.data.splits import Split, load_splits
+from garlic.evaluation import alerting
 from garlic.evaluation.stats import BOOTSTRAP
+from garlic.metrics.alert_policy import AlertPolicy, AlertPolicyError
+from garlic.tracking import plots
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import read_manifest
 from garlic.metrics.utility import STAY_PARTS, choose_threshold, stay_lengths, stay_parts, ward_scores
@@ -48,8 +52,12 @@ METHODS = ("hourly_gbm", "hourly_gbm_utility", "hourly_logreg", "alarm_after_hou
 FLOOR = "alarm_after_hour"
 PROTOCOLS = ("five-split", "cross-hospital", "in-hospital")
 TABLE = "early-warning"
+POLICY_COLUMNS = ["alert_threshold", "alert_band", "alert_quiet_hours", "alert_margin"]
 RUN_COLUMNS = ["method", "protocol", "split", "run_id", "settings", "data_digest", "threshold", "validation_utility",
-               "auroc", "auprc"]  # fmt: skip
+               "auroc", "auprc", *POLICY_COLUMNS]  # fmt: skip
+SITE_POLICIES = ("carried", "site-burden", "site-labelled")  # a new hospital's threshold: see ``site_thresholds``
+SITE_COLUMNS = ["method", "split", "policy", "alert_threshold", "alerts_per_100_days_asked", "refused"]
+ALERT_SCORES = ("utility", "sensitivity", "ppv", "alerts_per_100_days")  # paired between methods
 WARD = ("utility", "warned_in_time", "median_warning_hours", "false_alarms_per_100_days")
 
 
@@ -57,8 +65,16 @@ def archive_folder(out: Path) -> Path:
     return Path(out) / f"{DATASET}-runs"
 
 
-def parts_path(out: Path, method: str, protocol: str, split: int) -> Path:
-    return archive_folder(out) / method / f"{protocol}-split_{split}.csv.gz"
+def parts_path(out: Path, method: str, protocol: str, split: int, kind: str = "") -> Path:
+    """A unit's file: its stays' utility parts at the bare threshold (``kind`` ""), its stays' scores under the
+    alert policy ("alerts"), its burden curve ("curve") or its stays under a new hospital's policy ("site-...")."""
+    return archive_folder(out) / method / f"{protocol}-split_{split}{'-' + kind if kind else ''}.csv.gz"
+
+
+def write_frame(path: Path, frame: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path, suffix=".csv.gz") as handle:
+        frame.to_csv(handle, index=False, compression="gzip", float_format="%.6g")
 
 
 def unit_parts(store: Path, run_id: str, threshold: float) -> pd.DataFrame:
@@ -85,7 +101,7 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its stays' parts kept there."""
     digest = run_contract.manifest_digest(read_manifest(processed_folder(DATASET, data_root)))
     experiment = studies.open_experiment(f"baselines-{DATASET}", store)
-    rows = []
+    rows, sites = [], []
     for protocol_name in protocols:
         cohort = studies.load_cohort(DATASET, data_root, protocol_name, None)
         configs = {None: Config.for_dataset(DATASET)} | {
@@ -103,16 +119,55 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
                    "data_digest": digest, "threshold": record["threshold"],
                    "validation_utility": validation_utility(store, record["run_id"]), "auroc": record["test_auroc"],
                    "auprc": record["test_auprc"]}  # fmt: skip
+            validation = queries.test_predictions(store, record["run_id"], "validation")
+            policy = alerting.choose(validation).policy
+            row |= dict(zip(POLICY_COLUMNS, policy.settings().values()))
             rows.append(row)
             if out is not None:
-                path = parts_path(out, row["method"], protocol_name, row["split"])
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_file(path, suffix=".csv.gz") as handle:
-                    unit_parts(store, row["run_id"], row["threshold"]).to_csv(handle, index=False, compression="gzip",
-                                                                              float_format="%.6g")  # fmt: skip
-            log.info("%s %s/split_%d: utility kept", row["method"], protocol_name, row["split"])
+                name, split = row["method"], row["split"]
+                test = queries.test_predictions(store, row["run_id"])
+                write_frame(parts_path(out, name, protocol_name, split), unit_parts(store, row["run_id"], row["threshold"]))
+                write_frame(parts_path(out, name, protocol_name, split, "alerts"), alerting.stay_alerts(policy, test))
+                write_frame(parts_path(out, name, protocol_name, split, "curve"), alerting.burden_curve(policy, test))
+                if protocol_name == "cross-hospital":
+                    target = load_splits(processed_folder(DATASET, data_root), cohort.tensors, "in-hospital")[1 - split]
+                    sites += site_thresholds(out, name, split, policy, validation, test, target)
+            log.info("%s %s/split_%d: utility and alerts kept", row["method"], protocol_name, row["split"])
         del cohort
-    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+    return pd.DataFrame(rows, columns=RUN_COLUMNS), pd.DataFrame(sites, columns=SITE_COLUMNS)
+
+
+def site_thresholds(out: Path, method: str, split: int, policy: AlertPolicy, validation: pd.DataFrame,
+                    test: pd.DataFrame, target: Split) -> list[dict]:  # fmt: skip
+    """A cross-hospital unit's policy for the hospital it is tested on, three ways, each scored on the same stays
+    of that hospital, its held-out tenth (``target``: ``in-hospital`` split ``1 - split``, whose test part that
+    is), and kept per stay:
+    ``carried``, the source hospital's policy as it is; ``site-burden``, the threshold set on the target's own
+    training stays, unlabelled, for the alerts per patient-day the source's policy raised on the source's validation
+    stays; ``site-labelled``, the threshold of highest utility on the target's validation stays (a tenth of it,
+    labelled). The rest of the policy (band, quiet hours, margin) is the source's."""
+
+    def stays(part: str) -> pd.DataFrame:
+        return test[test["stay_id"].isin(getattr(target, part))]
+
+    settings = {"band": policy.band, "quiet_hours": policy.quiet_hours, "margin": policy.margin}
+    asked = alerting.scores(alerting.as_parts(alerting.stay_alerts(policy, validation)))["alerts_per_100_days"]
+    policies = {"carried": lambda: policy,
+                "site-burden": lambda: alerting.choose(stays("train").drop(columns="label"),
+                                                       alerts_per_day=asked / 100, **settings).policy,
+                "site-labelled": lambda: alerting.choose(stays("validation"), **settings).policy}  # fmt: skip
+    rows = []
+    for kind, chosen in policies.items():
+        row = {"method": method, "split": split, "policy": kind, "alert_threshold": np.nan,
+               "alerts_per_100_days_asked": asked if kind == "site-burden" else np.nan, "refused": ""}  # fmt: skip
+        try:
+            made = chosen()
+        except AlertPolicyError as refusal:  # the floor's 0/1 risks cannot lower its burden: said in the table
+            rows.append(row | {"refused": str(refusal)})
+            continue
+        write_frame(parts_path(out, method, "cross-hospital", split, kind), alerting.stay_alerts(made, stays("test")))
+        rows.append(row | {"alert_threshold": made.threshold})
+    return rows
 
 
 def read_parts(out: Path, runs: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
@@ -196,7 +251,8 @@ def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def report(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
+def report(summary: pd.DataFrame, paired: pd.DataFrame, per_alert: pd.DataFrame, per_alert_paired: pd.DataFrame,
+           sites: pd.DataFrame, figures: list[Path]) -> str:  # fmt: skip
     lines = [
         "# Early warning: the P19 hourly task, scored as the Sepsis Challenge scored it",
         "",
@@ -237,17 +293,229 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
     for row in paired.itertuples():
         lines.append(f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.difference:+.3f} | "
                      f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}] | {row.verdict} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + alert_report(per_alert, per_alert_paired, sites, figures)) + "\n"
+
+
+def alert_report(per_alert: pd.DataFrame, paired: pd.DataFrame, sites: pd.DataFrame, figures: list[Path]) -> list[str]:
+    """The per-alert sections of the report."""
+    lines = [
+        "",
+        "## Per alert, under the alert policy",
+        "",
+        "What a ward reads: alerts, not hours. Each run's alarms go through the one alert policy "
+        "(`garlic.metrics.alert_policy`: on at the threshold, cleared below 75% of it, then quiet for 24 hours "
+        "unless the risk reaches 1.25 times the threshold), its threshold chosen on the run's validation stays by "
+        "the Challenge's utility. An alert is a run of consecutive alarmed hours; it is true when it overlaps "
+        "onset - 12 h to onset + 3 h of a septic stay (onset: the first labelled hour + 6). Sensitivity: septic "
+        "stays with a true alert; PPV: true alerts over all alerts; lead time: onset minus the start of the first "
+        "true alert, uncapped (median [quartiles]); burden: alerts per 100 patient-days; alerted: the share of all "
+        "stays with an alert (definitions: `docs/alerts.md`). Utility: the Challenge's, of the policy's alarms, "
+        "mean +/- std over splits; the rest pools the protocol's test stays. Rows whose units were archived before "
+        "alert policies are left out until trained again.",
+        "",
+        "| method | protocol | runs | utility | sensitivity | PPV | lead hours | alerts / 100 days | alerted |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in per_alert.itertuples():
+        lines.append(f"| {row.method} | {row.protocol} | {row.runs} | {row.policy_utility_mean:.3f} ± "
+                     f"{row.policy_utility_std:.3f} | {row.sensitivity:.1%} | {row.ppv:.1%} | {row.lead_median:.0f} "
+                     f"[{row.lead_q1:.0f}, {row.lead_q3:.0f}] | {row.alerts_per_100_days:.1f} | "
+                     f"{row.share_alerted:.1%} |")  # fmt: skip
+    lines += [
+        "",
+        "Anchors from deployed systems, judged per alert on their own hospitals (not these stays): the Epic Sepsis "
+        "Model, externally validated, AUROC 0.63, missed two thirds of sepsis and alerted on 18% of all "
+        "hospitalisations (Wong et al., JAMA Intern Med 2021); TREWS, about one alert in two to three confirmed "
+        "(Adams et al., Nat Med 2022).",
+        "",
+    ]
+    lines += [f"![Burden curves, {path.stem.removeprefix(TABLE + '-burden-')}]({path.name})" for path in figures]
+    lines += [
+        "",
+        "## Per alert, paired (95% bootstrap interval over test stays; an interval holding 0 is a tie)",
+        "",
+        "| method | against | protocol | runs | score | difference | 95% interval | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in paired.itertuples():
+        scale, digits, unit = (100, 1, " pts") if row.score in ("sensitivity", "ppv") else (1, 3, "")
+        if row.score == "alerts_per_100_days":
+            digits = 1
+        lines.append(f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.score} | "
+                     f"{scale * row.difference:+.{digits}f}{unit} | [{scale * row.ci_low:+.{digits}f}, "
+                     f"{scale * row.ci_high:+.{digits}f}] | {row.verdict} |")  # fmt: skip
+    if len(sites):
+        lines += [
+            "",
+            "## A new hospital's threshold",
+            "",
+            "Each `cross-hospital` model on the hospital it was not trained on, scored on that hospital's held-out "
+            "tenth (the `in-hospital` test stays of the other direction), its threshold set three ways: `carried`, "
+            "the source hospital's policy as it is; `site-burden`, set on the new hospital's own training stays, "
+            "unlabelled, for the alerts per patient-day the source policy raised on the source's validation stays "
+            "(`garlic calibrate --alerts-per-day`); `site-labelled`, the threshold of highest utility on the new "
+            "hospital's validation stays, a tenth of it, labelled (`garlic calibrate --labelled`).",
+            "",
+            "| method | direction | policy | threshold | stays | utility | sensitivity | PPV | lead hours | "
+            "alerts / 100 days |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in sites.itertuples():
+            if pd.isna(row.alert_threshold):
+                lines.append(f"| {row.method} | {row.direction} | {row.policy} | none | | {row.refused} | | | | |")
+                continue
+            lines.append(f"| {row.method} | {row.direction} | {row.policy} | {row.alert_threshold:.4g} | "
+                         f"{row.stays:.0f} | {row.utility:.3f} | {row.sensitivity:.1%} | {row.ppv:.1%} | "
+                         f"{row.lead_median:.0f} | {row.alerts_per_100_days:.1f} |")  # fmt: skip
+    return lines
+
+
+def read_alerts(out: Path, runs: pd.DataFrame, kind: str = "alerts") -> dict[tuple[str, str, int], pd.DataFrame]:
+    """Each archived unit's ``kind`` file by (method, protocol, split), for the units that chose an alert policy (a
+    unit archived before policies were has none; its row has no per-alert scores)."""
+    units = {}
+    for row in runs[runs["alert_threshold"].notna()].itertuples():
+        path = parts_path(out, row.method, row.protocol, int(row.split), kind)
+        if not path.is_file():
+            raise FileNotFoundError(f"{archive_folder(out) / 'runs.csv'} gives {row.method} {row.protocol}/split_"
+                                    f"{row.split} an alert policy, but {path} is missing")  # fmt: skip
+        units[(row.method, row.protocol, int(row.split))] = pd.read_csv(path)
+    return units
+
+
+def complete(runs: pd.DataFrame) -> pd.DataFrame:
+    """The units of (method, protocol) groups whose every run chose an alert policy."""
+    whole = runs.groupby(["method", "protocol"])["alert_threshold"].transform(lambda t: t.notna().all())
+    return runs[whole]
+
+
+def alert_table(runs: pd.DataFrame, alerts: dict) -> pd.DataFrame:
+    """Per method and protocol, under each run's alert policy: the utility (mean +/- std over splits) and the
+    per-alert scores of the protocol's test stays pooled."""
+    rows = []
+    for (method, protocol_name), group in complete(runs).groupby(["method", "protocol"], sort=False):
+        frames = [alerts[(method, protocol_name, int(split))] for split in group["split"]]
+        utilities = [alerting.scores(alerting.as_parts(frame))["utility"] for frame in frames]
+        pooled = alerting.scores(alerting.as_parts(pd.concat(frames, ignore_index=True)))
+        rows.append({"method": method, "protocol": protocol_name, "runs": len(group),
+                     "policy_utility_mean": np.mean(utilities), "policy_utility_std": np.std(utilities),
+                     **{name: value for name, value in pooled.items() if name != "utility"}})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def resampled_scores(frames: list[pd.DataFrame], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``ALERT_SCORES`` of ``BOOTSTRAP`` resamples of every split's stays (``frames``, a split each; each resample
+    redraws each split's stays, a draw shared by every method through ``rng``'s seed): the utility as the mean over
+    splits, the per-alert scores pooled over them."""
+    totals, utilities = {}, []
+    for frame in frames:
+        parts = alerting.as_parts(frame)
+        stays = len(frame)
+        counts = rng.multinomial(stays, np.full(stays, 1 / stays), BOOTSTRAP).astype(np.float64)
+        summed = {name: counts @ parts[name] for name in ("observed", "inaction", "best", "hours", "alerts",
+                                                           "true_alerts", "septic", "detected")}  # fmt: skip
+        with np.errstate(divide="ignore", invalid="ignore"):
+            utilities.append((summed["observed"] - summed["inaction"]) / (summed["best"] - summed["inaction"]))
+        totals = {name: totals.get(name, 0) + value for name, value in summed.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {"utility": np.mean(utilities, axis=0), "sensitivity": totals["detected"] / totals["septic"],
+                "ppv": totals["true_alerts"] / totals["alerts"],
+                "alerts_per_100_days": 2400 * totals["alerts"] / totals["hours"]}  # fmt: skip
+
+
+def paired_alerts(alerts: dict, method: str, other: str, protocol_name: str, splits: list[int]) -> list[dict]:
+    """``method`` minus ``other`` under their alert policies, on the same test stays, in each of ``ALERT_SCORES``:
+    the difference of the table's numbers and a 95% bootstrap interval over stays."""
+    ours = [alerts[(method, protocol_name, split)] for split in splits]
+    theirs = [alerts[(other, protocol_name, split)] for split in splits]
+    for split, a, b in zip(splits, ours, theirs):
+        if not np.array_equal(a["stay_id"], b["stay_id"]):
+            raise ValueError(f"{method} and {other} on {protocol_name}/split_{split} were tested on other stays")
+    difference = {name: a - b for (name, a), b in zip(resampled_scores(ours, np.random.default_rng(0)).items(),
+                                                      resampled_scores(theirs, np.random.default_rng(0)).values())}  # fmt: skip
+    point = {}
+    for frames, sign in ((ours, 1), (theirs, -1)):
+        pooled = alerting.scores(alerting.as_parts(pd.concat(frames, ignore_index=True)))
+        pooled["utility"] = np.mean([alerting.scores(alerting.as_parts(f))["utility"] for f in frames])
+        for name in ALERT_SCORES:
+            point[name] = point.get(name, 0.0) + sign * pooled[name]
+    rows = []
+    for name in ALERT_SCORES:
+        low, high = np.nanpercentile(difference[name], [2.5, 97.5])
+        verdict = "tie" if low <= 0 <= high else (f"{method} higher" if low > 0 else f"{other} higher")
+        rows.append({"method": method, "against": other, "protocol": protocol_name, "runs": len(splits),
+                     "score": name, "difference": float(point[name]), "ci_low": float(low), "ci_high": float(high),
+                     "verdict": verdict})  # fmt: skip
+    return rows
+
+
+def alert_pairs(alerts: dict, runs: pd.DataFrame) -> pd.DataFrame:
+    """Each method under its policy against the floor and against gradient boosting, on the splits both have."""
+    rows = []
+    for protocol_name, group in complete(runs).groupby("protocol", sort=False):
+        splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
+        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [(m, "hourly_gbm") for m in splits
+                                                               if m not in (FLOOR, "hourly_gbm")]  # fmt: skip
+        for method, other in wanted:
+            shared = sorted(splits[method] & splits.get(other, set()))
+            if shared:
+                rows += paired_alerts(alerts, method, other, protocol_name, shared)
+    return pd.DataFrame(rows)
+
+
+def site_table(out: Path, sites: pd.DataFrame) -> pd.DataFrame:
+    """Per method, direction and way of setting a new hospital's threshold: what it scores on that hospital's
+    held-out tenth."""
+    rows = []
+    for row in sites.itertuples():
+        source, target = ("A", "B") if int(row.split) == 0 else ("B", "A")
+        found = {"method": row.method, "direction": f"{source}->{target}", "policy": row.policy,
+                 "alert_threshold": row.alert_threshold}  # fmt: skip
+        if pd.isna(row.alert_threshold):  # no threshold met the burden asked
+            rows.append(found | {"refused": row.refused})
+            continue
+        frame = pd.read_csv(parts_path(out, row.method, "cross-hospital", int(row.split), row.policy))
+        rows.append(found | {"stays": len(frame), **alerting.scores(alerting.as_parts(frame))})
+    return pd.DataFrame(rows)
+
+
+def burden_figures(out: Path, runs: pd.DataFrame, summary: pd.DataFrame) -> list[Path]:
+    """Per protocol, each method's sensitivity and PPV against alerts per 100 patient-days over its policy's
+    threshold (the curves of its splits summed), its chosen operating point marked: ``early-warning-burden-
+    <protocol>.png``."""
+    written = []
+    for protocol_name, group in complete(runs).groupby("protocol", sort=False):
+        curves, chosen = {}, {}
+        for method, of_method in group.groupby("method", sort=False):
+            frames = [pd.read_csv(parts_path(out, method, protocol_name, int(split), "curve"))
+                      for split in of_method["split"]]  # fmt: skip
+            curves[method] = alerting.curve_scores(sum(frame.set_index("threshold") for frame in frames).reset_index())
+            point = summary[(summary["method"] == method) & (summary["protocol"] == protocol_name)].iloc[0]
+            chosen[method] = (point["alerts_per_100_days"], point["sensitivity"], point["ppv"])
+        figure = plots.burden_figure(curves, chosen, f"P19 hourly, {protocol_name}: test stays pooled")
+        path = out / f"{TABLE}-burden-{protocol_name}.png"
+        with atomic_file(path, suffix=".png") as handle:
+            figure.savefig(handle, format="png", dpi=110)
+        plots.plt.close(figure)
+        written.append(path)
+    return written
 
 
 def write_table(out: Path, runs: pd.DataFrame) -> pd.DataFrame:
     units = read_parts(out, runs)
     summary, paired = table(runs, units), pairs(units, runs)
-    for name, frame in ((f"{TABLE}.csv", summary), (f"{TABLE}-paired.csv", paired)):
+    alerts = read_alerts(out, runs)
+    per_alert, per_alert_paired = alert_table(runs, alerts), alert_pairs(alerts, runs)
+    sites_index = archive_folder(out) / "site-thresholds.csv"
+    sites = site_table(out, pd.read_csv(sites_index)) if sites_index.is_file() else pd.DataFrame()
+    for name, frame in ((f"{TABLE}.csv", summary), (f"{TABLE}-paired.csv", paired),
+                        (f"{TABLE}-alerts.csv", per_alert), (f"{TABLE}-alerts-paired.csv", per_alert_paired),
+                        (f"{TABLE}-sites.csv", sites)):  # fmt: skip
         with atomic_file(out / name, mode="w", suffix=".csv") as handle:
             frame.to_csv(handle, index=False, float_format="%.6g")
+    figures = burden_figures(out, runs, per_alert) if len(per_alert) else []
     with atomic_file(out / f"{TABLE}.md", mode="w", suffix=".md") as handle:
-        handle.write(report(summary, paired))
+        handle.write(report(summary, paired, per_alert, per_alert_paired, sites, figures))
     return summary
 
 
@@ -262,6 +530,15 @@ def merged_runs(out: Path, made: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([kept, made], ignore_index=True) if len(made) else kept
 
 
+def merged_sites(out: Path, made: pd.DataFrame) -> pd.DataFrame:
+    """The archive's new-hospital policies, with those made now replacing the same units'."""
+    index = archive_folder(out) / "site-thresholds.csv"
+    before = pd.read_csv(index) if index.is_file() else pd.DataFrame(columns=SITE_COLUMNS)
+    key = ["method", "split", "policy"]
+    kept = before[~before.set_index(key).index.isin(made.set_index(key).index)] if len(made) else before
+    return pd.concat([kept, made], ignore_index=True) if len(kept) else made
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="*", default=list(METHODS), help="registry methods (none: presets only)")
@@ -273,15 +550,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    made = train_and_keep(args.methods, args.presets, args.protocols, args.mlruns, args.data_root, args.out,
-                          not args.no_train)  # fmt: skip
+    made, sites = train_and_keep(args.methods, args.presets, args.protocols, args.mlruns, args.data_root, args.out,
+                                 not args.no_train)  # fmt: skip
     if args.out is not None:
         index = archive_folder(args.out) / "runs.csv"
         with atomic_file(index, mode="w", suffix=".csv") as handle:
             merged_runs(args.out, made).to_csv(handle, index=False, float_format="%.6g")
+        with atomic_file(archive_folder(args.out) / "site-thresholds.csv", mode="w", suffix=".csv") as handle:
+            merged_sites(args.out, sites).to_csv(handle, index=False, float_format="%.6g")
         # The table from the archive as kept, so that it is made the same with or without the stores.
         runs = pd.read_csv(index, dtype={"run_id": str, "settings": str, "data_digest": str})
-        print(write_table(args.out, runs).to_string(index=False))
+        print(write_table(args.out, runs.reindex(columns=RUN_COLUMNS)).to_string(index=False))
 
 
 if __name__ == "__main__":

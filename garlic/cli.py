@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -119,7 +120,7 @@ def _export(args: argparse.Namespace) -> None:
     ``--split`` of ``--protocol`` (made and saved as ``garlic train`` would, when not saved yet)."""
     from garlic.data.datasets import ensure_processed
     from garlic.data.splits import PARTS, chosen_splits, load_splits
-    from garlic.io.meds import LABELS_FILE, LABELS_FOLDER, write_meds
+    from garlic.io.meds import write_meds
     from garlic.io.tables import read_processed
     from garlic.io.tensors import load_tensors
 
@@ -129,8 +130,9 @@ def _export(args: argparse.Namespace) -> None:
     written = write_meds(args.to, read_processed(folder), args.dataset, parts)
     print(f"{args.dataset}: wrote {args.to} ({written['events']} events in {written['shards']} shard(s), "
           f"{written['labels']} label rows; subject splits: {split.name})")
-    print(f"next: garlic preprocess meds --source {args.to} --labels {Path(args.to) / LABELS_FOLDER / LABELS_FILE} "
-          f"--window-hours {written['window_hours']:g}")
+    # with the dataset's own lists: read back, its columns come in the same order (docs/own-data.md)
+    print(f"next: garlic preprocess meds --source {shlex.quote(str(args.to))} "
+          f"{' '.join(map(shlex.quote, written['preprocess_options']))}")
 
 
 def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> Config:
@@ -357,13 +359,15 @@ def _train(args: argparse.Namespace) -> None:
         return
     import mlflow
 
+    from garlic.tracking import run_contract
+
     for result in results:
         scores = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items())
         if result.best_epoch is None:  # a method without epochs
             print(f"{result.split} (run {result.run_id}): test {scores}")
             continue
         spans = _stage_spans(result.run_id)
-        mlflow.MlflowClient().set_tag(result.run_id, "stages", spans)
+        mlflow.MlflowClient().set_tag(result.run_id, run_contract.STAGES, spans)
         print(f"{result.split} (run {result.run_id}, best epoch {result.best_epoch}): test {scores}")
         if spans:
             print(f"{result.split} stages by epoch: {spans}")
@@ -403,12 +407,16 @@ def _predict(args: argparse.Namespace) -> None:
         raise ValueError(f"--threshold is a risk in (0, 1], got {args.threshold}")
     if args.window_hours is not None and not args.window_hours > 0:
         raise ValueError(f"--window-hours must be a positive number of hours, got {args.window_hours}")
+    policy_flags = (("--profile", args.profile), ("--band", args.band), ("--quiet-hours", args.quiet_hours),
+                    ("--margin", args.margin))  # fmt: skip
     unused = [flag for flag, value, used in (("--threshold", args.threshold, args.hourly or args.labels),
-                                             ("--window-hours", args.window_hours, args.labels))
+                                             ("--window-hours", args.window_hours, args.labels),
+                                             *((flag, value, args.hourly) for flag, value in policy_flags))
               if value is not None and not used]  # fmt: skip
     if unused:
         raise ValueError(f"{' and '.join(unused)}: a per-stay prediction has no alarm or window to set; "
-                         "--threshold goes with --hourly or --labels, --window-hours with --labels")
+                         "--threshold goes with --hourly or --labels, --window-hours with --labels, the alert "
+                         "policy's --profile, --band, --quiet-hours and --margin with --hourly")  # fmt: skip
     store = _existing_store(args)
     # The model code, not MLflow's nor scikit-learn's: a one-stay predict (a user's first try, a live service) reads
     # the model's folder straight from the store (garlic.tracking.local_store).
@@ -456,16 +464,17 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
 
     if args.output is None:
         raise ValueError("--hourly writes one prediction file per record: name their folder with --output")
-    threshold = args.threshold if args.threshold is not None else _run_threshold(args.run, store)
+    found = _policy(args, store)
     trained = load_predictor(args.run, store)
     observations, static, tasks = read_hourly_record_files(record_files(args.input, ".psv"))
-    _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays, alarm at risk >= {threshold:.4g} ...")
+    _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays; {found.policy.describe()} "
+         f"({found.chosen_by}) ...")  # fmt: skip
     adapt_threads()
     risks = predict_hourly(trained, observations, static, tasks, drivers=TOP_DRIVERS)
-    written = write_hourly_predictions(args.output, risks, threshold)
+    written = write_hourly_predictions(args.output, risks, found.policy)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
     if "drivers" in risks:
-        alarms = write_alarm_drivers(args.output / ALARM_DRIVERS, risks, threshold)
+        alarms = write_alarm_drivers(args.output / ALARM_DRIVERS, risks, found.policy)
         _say(f"wrote the top drivers of its {alarms} alarmed hours in {_shown(args.output / ALARM_DRIVERS)}")
     else:
         _say(f"{trained.name} gives no drivers of its alarms" + (f": {unexplained_reason(trained.method)}"
@@ -532,6 +541,62 @@ def _score_utility(args: argparse.Namespace) -> None:
     print(read_folders(args.labels, args.predictions).scores().table())
 
 
+def _calibrate(args: argparse.Namespace) -> None:
+    """``garlic calibrate``: a run's alert policy set on a site's own record files, written as a site profile."""
+    targets = [flag for flag, value in (("--alerts-per-day", args.alerts_per_day), ("--sensitivity",
+               args.sensitivity), ("--labelled", args.labelled or None)) if value is not None]  # fmt: skip
+    if len(targets) != 1:
+        raise ValueError("set the threshold for one target: --alerts-per-day X (no labels needed), --sensitivity S or "
+                         f"--labelled (the highest utility), got {' and '.join(targets) or 'none'}")  # fmt: skip
+    store = _existing_store(args)
+    _say(f"calibrating run {args.run} on {_shown(args.site)}; loading torch and the model code ...")
+    from garlic.evaluation import alerting
+    from garlic.inference import predict_each_hour
+    from garlic.methods.saved import load_predictor
+    from garlic.sources.physionet2019 import read_hourly_record_files
+    from garlic.sources.records import read_record_files, record_files
+
+    found = alerting.policy_for(args.run, store, band=args.band, quiet_hours=args.quiet_hours, margin=args.margin)
+    trained = load_predictor(args.run, store)
+    if found.hourly:  # the Challenge's files: every row a prediction time, with its SepsisLabel
+        observations, static, tasks = read_hourly_record_files(record_files([args.site], ".psv"))
+    else:
+        observations, static = read_record_files([args.site])
+        tasks = None
+    if static.empty:
+        raise ValueError(f"{args.site}: no record file with an observation to calibrate on")
+    labelled = args.sensitivity is not None or args.labelled
+    if labelled and not found.hourly:
+        raise ValueError(f"run {args.run} gives one risk per stay: its alerts have no hourly labels to set a "
+                         "sensitivity or a utility on; use --alerts-per-day")  # fmt: skip
+    _say(f"scoring every hour of {static['stay_id'].nunique()} stays ...")
+    adapt_threads()
+    risks = predict_each_hour(trained, observations, static, tasks)
+    if labelled:
+        risks = risks.merge(tasks, on=["stay_id", "time"], how="left", validate="one_to_one")
+    settings = {"band": found.policy.band, "quiet_hours": found.policy.quiet_hours, "margin": found.policy.margin}
+    choice = alerting.choose(risks, alerts_per_day=args.alerts_per_day, sensitivity=args.sensitivity, **settings)
+    written = alerting.write_profile(args.profile, args.run, Path(args.site).name, choice, risks["stay_id"].nunique(),
+                                     len(risks))  # fmt: skip
+    scored = ", ".join(f"{name} {value:.3g}" for name, value in choice.scores.items())
+    print(f"{choice.policy.describe()}; chosen for {choice.chosen_by} on "
+          f"{risks['stay_id'].nunique()} stays ({scored}); wrote {_shown(written)}")  # fmt: skip
+
+
+def _score_alerts(args: argparse.Namespace) -> None:
+    """The files' alarms (``PredictedLabel``) counted per alert (``garlic.metrics.alerts``), printed as
+    score-utility prints: a line of names, a line of values."""
+    from garlic.metrics.alerts import alert_parts, alert_scores
+    from garlic.metrics.utility import read_folders
+
+    files = read_folders(args.labels, args.predictions)
+    scores = alert_scores(alert_parts(files.labels, files.predictions, files.lengths))
+    names = ("Sensitivity", "PPV", "Lead hours (median)", "Lead hours (Q1)", "Lead hours (Q3)",
+             "Alerts per 100 patient-days", "Share of stays alerted", "Utility")  # fmt: skip
+    values = [*scores.values(), files.scores().utility]
+    print("|".join(names) + "\n" + "|".join(f"{value:.6g}" for value in values))
+
+
 def _dashboard(args: argparse.Namespace) -> None:
     command = [sys.executable, "-m", "garlic.app.serve", "--host", args.host, "--port", str(args.port),
                "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
@@ -539,6 +604,8 @@ def _dashboard(args: argparse.Namespace) -> None:
         command += ["--run", args.run]
     if args.ward:
         command += ["--ward", args.ward]
+    if args.profile:
+        command += ["--profile", str(args.profile)]
     server: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -557,6 +624,15 @@ def _dashboard(args: argparse.Namespace) -> None:
         server.send_signal(number)
     status = server.wait()
     raise SystemExit(128 - status if status < 0 else status)  # killed by signal N: 128 + N, as a shell reports it
+
+
+def _policy(args: argparse.Namespace, store: Path):
+    """The run's alert policy (``garlic.evaluation.alerting.policy_for``): its own, or ``--profile``'s, with the
+    settings given on the command line in their place."""
+    from garlic.evaluation.alerting import policy_for
+
+    return policy_for(args.run, store, args.profile, threshold=args.threshold, band=args.band,
+                      quiet_hours=args.quiet_hours, margin=args.margin)  # fmt: skip
 
 
 def _live_store(args: argparse.Namespace) -> str:
@@ -579,7 +655,6 @@ def _monitor(args: argparse.Namespace) -> None:
         raise ConfigError("garlic monitor validates FHIR R4 with fhir.resources, which is not installed: run "
                           "bin/setup live (or pip install -e '.[live]')") from None  # fmt: skip
     _say(f"loading run {args.run}'s model; loading torch and the model code ...")
-    from garlic.live.alerts import Hysteresis, run_alarm
     from garlic.live.codes import Codes
     from garlic.live.monitor import Monitor
     from garlic.live.scoring import BedScorer
@@ -589,16 +664,16 @@ def _monitor(args: argparse.Namespace) -> None:
 
     trained = load_predictor(args.run, store)
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features, args.codes)
-    threshold, chosen_by, hourly = run_alarm(args.run, store, args.threshold)
+    found = _policy(args, store)
+    hourly = found.hourly
     live = LiveStore(_live_store(args), args.run)
     scorer = BedScorer(trained, hourly)
-    monitor = Monitor(live, scorer, Hysteresis(threshold, args.band))
+    monitor = Monitor(live, scorer, found.policy)
     adapt_threads()
     if scorer.unexplained:
         _say(f"{trained.name} shows no drivers: {scorer.unexplained}")
-    _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; alert at risk >= {threshold:.3g} ({chosen_by}), "
-         f"cleared below {monitor.alerts.release:.3g}; store {live.engine.url.render_as_string(hide_password=True)}, "
-         f"{monitor.pending} readings left to score")  # fmt: skip
+    _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
+         f"store {live.engine.url.render_as_string(hide_password=True)}, {monitor.pending} readings left to score")
     watcher = None
     if args.watch is not None:
         from garlic.live.watch import FolderWatcher
@@ -621,6 +696,19 @@ def _feed(args: argparse.Namespace) -> None:
     _say(f"feeding {len(static)} test stays of run {args.run} to {args.url} at {args.speed:g} times real time ...")
     fed = feed(client, observations, static, Codes(dataset, names, args.codes), args.speed, say=_say)
     print(f"beds {fed.beds}, readings sent {fed.sent}, stored {fed.stored}, repeats {fed.repeats}")
+
+
+def add_policy_arguments(command: argparse.ArgumentParser) -> None:
+    """The alert policy's settings (``garlic.metrics.alert_policy``), each replacing the run's or the profile's."""
+    command.add_argument("--profile", type=Path, metavar="FILE",
+                         help="a site profile of this run (garlic calibrate): its alert policy, instead of the run's")
+    command.add_argument("--threshold", type=float,
+                         help="alert at risk >= this (default: the run's policy, chosen on its validation stays)")
+    command.add_argument("--band", type=float, help="an alert clears below threshold x (1 - band) (default: the run's)")
+    command.add_argument("--quiet-hours", type=float, metavar="H",
+                         help="a cleared alert stays quiet for H hours ... (default: the run's)")
+    command.add_argument("--margin", type=float,
+                         help="... unless the risk reaches threshold x (1 + margin) (default: the run's)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -704,8 +792,7 @@ def parser() -> argparse.ArgumentParser:
                          help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
                               "Challenge's prediction files (pNNNNNN.psv) in --output, with the top drivers of every "
                               "alarmed hour in alarm-drivers.csv where the model explains; needs an hourly run")
-    predict.add_argument("--threshold", type=float,
-                         help="with --hourly or --labels, alarm at risk >= this (default: the threshold the run chose)")
+    add_policy_arguments(predict)  # --hourly: the alarms are the alert policy's; --labels: --threshold alone
     predict.add_argument("--labels", type=Path, help="MEDS: --input is a MEDS folder, this its label file(s); writes "
                          "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)")
     predict.add_argument("--window-hours", type=float,
@@ -720,6 +807,33 @@ def parser() -> argparse.ArgumentParser:
                        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
     score.set_defaults(handler=_score_utility)
 
+    calibrate = commands.add_parser(
+        "calibrate", help="set a run's alert threshold on a new hospital's own record files, for a burden or on its "
+        "labels, and write a site profile that monitor, predict --hourly and the dashboard read (docs/alerts.md)")
+    calibrate.add_argument("--run", required=True, help="MLflow run id")
+    calibrate.add_argument("--site", required=True, type=Path, metavar="FOLDER",
+                           help="the site's record files (P19 .psv for an hourly run, P12 .txt or .psv otherwise)")
+    calibrate.add_argument("--alerts-per-day", type=float, metavar="X",
+                           help="the lowest threshold raising at most X alerts per patient-day on the site's stays "
+                                "(0.3: 30 per 100 patient-days; no labels needed)")  # fmt: skip
+    calibrate.add_argument("--sensitivity", type=float, metavar="S",
+                           help="the highest threshold whose alerts find S of the septic stays (SepsisLabel)")
+    calibrate.add_argument("--labelled", action="store_true",
+                           help="the threshold of highest Challenge utility on the files' SepsisLabel")
+    calibrate.add_argument("--band", type=float, help="the policy's band (default: the run's)")
+    calibrate.add_argument("--quiet-hours", type=float, metavar="H", help="the policy's quiet hours (default: the run's)")
+    calibrate.add_argument("--margin", type=float, help="the policy's margin (default: the run's)")
+    calibrate.add_argument("--profile", required=True, type=Path, metavar="FILE", help="the site profile to write (JSON)")
+    calibrate.set_defaults(handler=_calibrate)
+
+    alerts = commands.add_parser(
+        "score-alerts", help="hourly predictions' alarms counted per alert: sensitivity, PPV, lead time, alerts per "
+        "100 patient-days, share of stays alerted (docs/alerts.md), and the Challenge's utility")  # fmt: skip
+    alerts.add_argument("--labels", required=True, type=Path, help="folder of label files pNNNNNN.psv (SepsisLabel)")
+    alerts.add_argument("--predictions", required=True, type=Path,
+                        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
+    alerts.set_defaults(handler=_score_alerts)
+
     dashboard = commands.add_parser("dashboard", help="the bedside dashboard (Streamlit)")
     dashboard.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
     dashboard.add_argument("--host", default="127.0.0.1",
@@ -728,6 +842,8 @@ def parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=port_number, default=8501)
     dashboard.add_argument("--ward", metavar="URL", help="the live ward's store (garlic monitor --store, e.g. "
                            "sqlite:///live/RUN_ID.sqlite): adds the ward view, every bed live")  # fmt: skip
+    dashboard.add_argument("--profile", type=Path, metavar="FILE",
+                           help="a site profile of the run (garlic calibrate): alert by its policy")
     dashboard.set_defaults(handler=_dashboard)
 
     monitor = commands.add_parser("monitor", help="the live ward: a FHIR R4 service scoring every bed as its "
@@ -739,9 +855,7 @@ def parser() -> argparse.ArgumentParser:
                          help="address to listen on (default 127.0.0.1, this machine only); any other address "
                               "needs a token in GARLIC_MONITOR_TOKEN (docs/live.md)")  # fmt: skip
     monitor.add_argument("--port", type=port_number, default=8600)
-    monitor.add_argument("--threshold", type=float, help="alert at risk >= this (default: the run's threshold)")
-    monitor.add_argument("--band", type=float, default=0.1,
-                         help="an alert clears below threshold x (1 - band) (default 0.1)")  # fmt: skip
+    add_policy_arguments(monitor)
     monitor.add_argument("--watch", type=Path, metavar="FOLDER",
                          help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they "
                               "grow, one bed per file")  # fmt: skip

@@ -9,6 +9,7 @@ import pandas as pd
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.saved import SavedMethod
+from garlic.metrics.alert_policy import AlertPolicy
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 from garlic.sources.meds import MedsTables
@@ -82,22 +83,62 @@ def driver_lists(trained: SavedMethod, dataset: IrregularDataset, top: int) -> l
     return drivers(trained.method, dataset, trained.variables, top)
 
 
-def write_hourly_predictions(folder: Path, risks: pd.DataFrame, threshold: float) -> list[Path]:
+def every_hour(observations: pd.DataFrame) -> pd.DataFrame:
+    """Prediction times at every whole ICU hour of each stay, from its first observation's hour (at least 1) to its
+    last observation: what a bedside sees hour by hour (label 0: unknown here)."""
+    span = observations.groupby("stay_id")["time"].agg(["min", "max"])
+    first = np.maximum(np.ceil(span["min"].to_numpy()), 1).astype(np.int64)
+    last = np.floor(span["max"].to_numpy()).astype(np.int64)
+    counts = np.maximum(last - first + 1, 0)
+    starts = np.repeat(first, counts)
+    hours = starts + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return pd.DataFrame({"stay_id": np.repeat(span.index.to_numpy(), counts), "time": hours.astype("float32"),
+                         "label": np.zeros(counts.sum(), np.int8)})  # fmt: skip
+
+
+def predict_each_hour(trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame,
+                      tasks: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per prediction time of ``tasks`` (default: ``every_hour``): stay_id, time, risk. An hourly model is
+    asked there (``predict_hourly``); a model of whole stays scores the record cut there, as the live ward and the
+    dashboard's replay score it."""
+    from garlic.methods.contract import answers_prediction_times
+
+    tasks = every_hour(observations) if tasks is None else tasks
+    if answers_prediction_times(trained.method):
+        return predict_hourly(trained, observations, static, tasks)
+    tensors = tensors_for_model(trained, observations, static, tasks)
+    times = tensors.prediction_times()
+    risk = trained.predict_proba(trained.dataset(tensors.cut_at_prediction_times()))
+    return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
+
+
+def write_hourly_predictions(folder: Path, risks: pd.DataFrame, policy: AlertPolicy) -> list[Path]:
     """The Sepsis Challenge's prediction files of ``predict_hourly``'s risks: one ``pNNNNNN.psv`` per stay, a row
-    per hour, ``PredictedProbability|PredictedLabel`` (alarm where the risk reaches ``threshold``)."""
+    per hour, ``PredictedProbability|PredictedLabel``, the label 1 where ``policy``'s alert is on (the alert policy
+    the live ward and the tables apply, ``garlic.metrics.alert_policy``)."""
     from garlic.metrics.utility import write_predictions
 
-    return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(),
-                              (group["risk"].to_numpy() >= threshold).astype(int))
+    risks, alarms = policy_alarms(risks, policy)
+    return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(), alarms[group.index].astype(int))
             for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip
 
 
-def write_alarm_drivers(path: Path, risks: pd.DataFrame, threshold: float) -> int:
-    """``predict_hourly``'s alarmed hours (risk >= ``threshold``) with their drivers, as CSV (stay_id, time, risk,
-    drivers: "HR, Temp, Lactate"), atomically; how many hours it lists."""
+def policy_alarms(risks: pd.DataFrame, policy: AlertPolicy) -> tuple[pd.DataFrame, np.ndarray]:
+    """``risks`` in stay and time order (index 0 ..) and, at each of its rows, whether ``policy``'s alert is on."""
+    from garlic.metrics.utility import stay_lengths
+
+    risks = risks.sort_values(["stay_id", "time"], kind="stable").reset_index(drop=True)
+    lengths = stay_lengths(risks["stay_id"].to_numpy())
+    return risks, np.asarray(policy.alarms(risks["risk"].to_numpy(), risks["time"].to_numpy(), lengths), dtype=bool)
+
+
+def write_alarm_drivers(path: Path, risks: pd.DataFrame, policy: AlertPolicy) -> int:
+    """``predict_hourly``'s hours with ``policy``'s alert on (those its prediction files alarm at) with their
+    drivers, as CSV (stay_id, time, risk, drivers: "HR, Temp, Lactate"), atomically; how many hours it lists."""
     from garlic.io.atomic import atomic_file
 
-    alarmed = risks[risks["risk"] >= threshold].assign(drivers=lambda t: t["drivers"].map(", ".join))
+    risks, alarms = policy_alarms(risks, policy)
+    alarmed = risks[alarms].assign(drivers=lambda t: t["drivers"].map(", ".join))
     with atomic_file(path, "w") as out:
         alarmed[["stay_id", "time", "risk", "drivers"]].to_csv(out, index=False)
     return len(alarmed)

@@ -88,6 +88,8 @@ def train(
         tensors = load_tensors(folder)
         splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
+    for split in chosen:  # before any run opens: a fit on one outcome fails deep inside a method, or learns nothing
+        _check_both_outcomes(tensors, split, config.dataset)
     manifest = read_manifest(folder)
     labels, settings = pq.read_table(folder / LABELS).to_pandas(), spec.checked_settings(method_settings or {})
     if not spec.available(labels):
@@ -113,6 +115,21 @@ def train(
     described = units[0][1] if len(seeds) == 1 else units[0][1].with_config(config)
     return _Run(spec, tensors, folder, manifest, store, resume_run, preset, carry).train(described, units, seeds,
                                                                                         on_epoch)  # fmt: skip
+
+
+def _check_both_outcomes(tensors: IrregularTensors, split: Split, dataset: str) -> None:
+    """A ValueError, naming the dataset, the split and the counts, when ``split``'s training part holds one outcome
+    (its stays, or its prediction times on a dataset with a tasks table)."""
+    train = split.positions(tensors, "train")  # the labels alone: a subset would copy the part's arrays
+    task = tensors.task
+    labels = tensors.labels[train] if task is None else task.label[np.isin(task.stay, train)]
+    positive = int((labels == 1).sum())
+    if 0 < positive < len(labels):
+        return
+    unit = "stays" if tensors.task is None else "prediction times"
+    raise ValueError(f"{dataset}: the training part of {split.name} has {positive} positive and "
+                     f"{len(labels) - positive} negative {unit}: a model learns from both outcomes; preprocess the "
+                     "dataset with labels of both")  # fmt: skip
 
 
 def _help_fit(method: Method, tensors: IrregularTensors, split: Split) -> None:
@@ -336,7 +353,9 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     dataset under ``data_root`` (as training and the dashboard find it, from any folder); ``say`` is told each step
     before it is taken (reading the model, reading the stays, scoring them).
 
-    Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the run was trained on.
+    On a dataset with prediction times (a tasks table) the metrics are over them, as the run's test look had them
+    (``n_prediction_times``). Refuses (``run_contract.StaleRunDataError``) a split or dataset that is not the one the
+    run was trained on.
     """
     use_store(store)
     say(f"reading run {run_id}'s model ...")
@@ -347,8 +366,12 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     say(f"reading the {params[run_contract.DATASET]} stays in {folder} ...")
     tensors = load_tensors(folder)
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
-    say(f"scoring the {len(test)} test stays of {params['split']} ...")
+    times = test.prediction_times  # one per stay, or the tasks table's: the rows the run was tested on
+    timed = test.tensors.task is not None
+    say(f"scoring the {len(test)} test stays of {params['split']}"
+        + (f" at their {len(times)} prediction times ..." if timed else " ..."))
     adapt_threads()
     probabilities = trained.predict_proba(test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),
-            **binary_metrics(test.labels.numpy(), probabilities)}  # fmt: skip
+            **({"n_prediction_times": len(times)} if timed else {}),
+            **binary_metrics(times.label, probabilities)}  # fmt: skip

@@ -20,6 +20,7 @@ from garlic.tracking.store import use_store
 from helpers import error_line, garlic_here, garlic_main, record_files
 from garlic.sources import physionet2012
 from garlic.io.tables import read_processed
+from garlic.inference import predict_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "max_epochs=2", "--set", "hidden_dim=16", "--set", "feature_dim=4"]
@@ -412,3 +413,38 @@ def test_a_full_or_read_only_disk_outside_sqlite_is_one_line_naming_the_file(tmp
     assert refused_training(tmp_path, capsys) == (
         f"garlic: error: cannot write {path}: {os.strerror(number)} (free space or make it writable; a training "
         "stopped this way continues with garlic train --resume RUN_ID)")
+
+
+def test_calibrate_a_per_stay_run_for_a_burden_on_the_sites_records_cut_at_every_hour(trained, tmp_path):
+    from garlic.evaluation.alerting import choose
+    from garlic.inference import predict_each_hour
+    from garlic.methods.saved import load_predictor
+    from garlic.sources.records import read_record_files
+
+    root, run_id, _ = trained
+    use_store(root / "mlruns")
+    logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
+    site = tmp_path / "site"
+    site.mkdir()
+    record_files(root / "data" / "processed" / "synthetic", logged["stay_id"].head(20), site)
+    profile = tmp_path / "site.json"
+    result = garlic_here("calibrate", "--run", run_id, "--site", str(site), "--alerts-per-day", "1", "--profile",
+                         str(profile), root=root)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = json.loads(profile.read_text())
+    assert written["stays"] == 20 and written["scores_on_site"]["alerts_per_100_days"] <= 100
+    # The risk at each hour is the model's on the record cut there, as the ward and the replay score it
+    trained_model = load_predictor(run_id, root / "mlruns")
+    observations, static = read_record_files([site])
+    hourly = predict_each_hour(trained_model, observations, static)
+    stay = int(static["stay_id"].iloc[0])
+    some = hourly[hourly["stay_id"] == stay].iloc[[0, 5, -1]]
+    for row in some.itertuples():
+        cut = observations[(observations["stay_id"] == stay) & (observations["time"] <= row.time)]
+        alone = predict_tables(trained_model, cut, static[static["stay_id"] == stay])["risk"].iloc[0]
+        assert row.risk == pytest.approx(alone, abs=1e-6)
+    assert written["policy"]["threshold"] == choose(hourly, alerts_per_day=1.0).policy.threshold
+    # A per-stay run has no hourly labels: a sensitivity or a utility is refused
+    refused = garlic_here("calibrate", "--run", run_id, "--site", str(site), "--labelled", "--profile",
+                          str(tmp_path / "no.json"), root=root)  # fmt: skip
+    assert refused.returncode == 2 and "gives one risk per stay" in refused.stderr

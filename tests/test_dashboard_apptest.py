@@ -127,13 +127,13 @@ def test_a_stay_opens_at_its_last_hour_with_its_risk_and_the_default_threshold(p
 
 def test_a_low_threshold_raises_a_warning_naming_its_drivers_and_a_high_one_clears_it(page, run):
     at = page()
-    at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(0.0).run()
+    at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(0.001).run()
     (warning,) = warnings(at)
-    assert "above the alert threshold 0.00" in warning and "Driven by" in warning
+    assert "Warning: alert on since hour" in warning and "raised at 0.00" in warning and "Driven by" in warning
     drivers = warning.split("Driven by ")[1].rstrip(".").split(", ")
     assert drivers and all(re.fullmatch(r"\w+ \([\w ]+\)", driver) for driver in drivers), drivers  # each says how
     at.sidebar.number_input(key=f"threshold-{run.run_id}").set_value(1.0).run()
-    assert not warnings(at) and any("below the alert threshold" in s.value for s in at.success)
+    assert not warnings(at) and any("No alert: risk" in s.value for s in at.success)
 
 
 def test_play_follows_the_clock_at_the_speed_shown_and_step_and_pause_stop_it(page):

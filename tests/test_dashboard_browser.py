@@ -159,7 +159,7 @@ def test_playing_a_high_risk_stay_shows_the_risk_chart_and_a_warning(run, dashbo
 def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_a_bed(run, browser, tmp_path):
     from datetime import datetime, timedelta, timezone
 
-    from garlic.live.alerts import Hysteresis
+    from garlic.metrics.alert_policy import AlertPolicy
     from garlic.live.feed import recorded_stays
     from garlic.live.fhir import Observed, Stay
     from garlic.live.monitor import Monitor
@@ -172,7 +172,7 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
     _, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=3)
     url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
     start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
-    monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained), Hysteresis(0.99))
+    monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained), AlertPolicy(0.99))
     for stay in static["stay_id"]:
         monitor.store.admit(Stay(str(stay), True, start, None))
     monitor.take([Observed(str(stay), str(variable), start + timedelta(hours=float(time)), float(value))
@@ -199,7 +199,7 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
         assert wait_for(lambda: ward_beds() == by_risk and ward_beds(), 90, "the ward's beds, highest risk first")
         assert not alerts(browser, "crossed")
         # The last bed crosses a lower threshold at a new reading: the ward, redrawing itself, raises the banner.
-        monitor.alerts = Hysteresis(0.01)
+        monitor.alerts = AlertPolicy(0.01)
         last = by_risk[-1]
         monitor.take([Observed(last, "HR", start + timedelta(hours=47.9), 150.0)])
         while monitor.score_round():

@@ -34,7 +34,7 @@ from garlic.app.summary import (
     risk_trend,
     value_direction,
 )
-from garlic.metrics.threshold import alert_since, threshold_at_sensitivity
+from garlic.metrics.threshold import threshold_at_sensitivity
 from garlic.config import Config
 from garlic.data.batches import collate
 from garlic.data.datasets import processed_folder
@@ -156,13 +156,19 @@ def test_threshold_is_the_highest_that_meets_the_sensitivity():
         threshold_at_sensitivity(np.zeros(3), np.ones(3))
 
 
-def test_alert_since_gives_the_start_of_the_current_alert():
-    hours = np.arange(1, 7, dtype=float)
-    risk = np.array([np.nan, 0.1, 0.5, 0.6, 0.2, 0.7])
-    assert alert_since(hours, risk, 0.5, 0) is None
-    assert alert_since(hours, risk, 0.5, 3) == 3.0
-    assert alert_since(hours, risk, 0.5, 4) is None
-    assert alert_since(hours, risk, 0.5, 5) == 6.0
+def test_the_replay_gives_the_start_of_the_current_alert_under_the_policy():
+    from garlic.app.dashboard import alert_start
+    from garlic.metrics.alert_policy import AlertPolicy
+
+    hours = np.arange(1, 8, dtype=float)
+    risk = np.array([np.nan, 0.1, 0.5, 0.47, 0.2, 0.7, 0.7])
+    alarms = AlertPolicy(0.5, band=0.1, quiet_hours=0, margin=0).alarms(risk, hours, [7])
+    assert alert_start(hours, alarms, 0) is None
+    assert alert_start(hours, alarms, 3) == 3.0  # 0.47 is within the band: the alert raised at hour 3 holds
+    assert alert_start(hours, alarms, 4) is None
+    assert alert_start(hours, alarms, 6) == 6.0
+    quiet = AlertPolicy(0.5, band=0.1, quiet_hours=6, margin=0.5).alarms(risk, hours, [7])
+    assert alert_start(hours, quiet, 6) is None  # cleared at hour 5: quiet, 0.7 is under 0.75
 
 
 def test_plain_summary_reads_like_a_sentence():

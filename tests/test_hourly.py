@@ -270,13 +270,33 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     assert "wrote the top drivers of its" in capsys.readouterr().err
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
+    # The files' alarms are the run's alert policy's (chosen on validation): its utility, and per alert its scores.
+    assert 0 < metrics["alert_threshold"] <= 1 and metrics["alert_quiet_hours"] == 24
+    assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_alert_utility"])
+    main(["score-alerts", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
+    names, values = capsys.readouterr().out.strip().splitlines()
+    scored = dict(zip(names.split("|"), map(float, values.split("|"))))
+    for name, metric in (("Sensitivity", "sensitivity"), ("PPV", "ppv"), ("Alerts per 100 patient-days",
+                                                                        "alerts_per_100_days")):  # fmt: skip
+        assert scored[name] == pytest.approx(metrics[f"test_alert_{metric}"], rel=1e-5, nan_ok=True)
+    # The bare threshold, as the Challenge scores it, given as a policy with no band, quiet hours or margin
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
+          str(tmp_path / "bare"), "--threshold", str(metrics["threshold"]), "--band", "0", "--quiet-hours", "0",
+          "--margin", "0"])  # fmt: skip
+    capsys.readouterr()
+    main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "bare")])
+    names, values = capsys.readouterr().out.strip().splitlines()
     assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_utility"])
-    # Every alarmed hour, and only those, with the variables that raised its risk (logistic regression explains)
+    # Every hour the policy alarms at, and only those, with the variables that raised its risk (logistic
+    # regression explains)
     drivers = pd.read_csv(tmp_path / "predictions" / "alarm-drivers.csv", keep_default_na=False)
-    alarmed = [(stay, hour) for stay in test for hour, alarm in enumerate(pd.read_csv(
-        tmp_path / "predictions" / f"p{stay:06d}.psv", sep="|")["PredictedLabel"]) if alarm]  # fmt: skip
+    alarmed = set()
+    for stay in test:
+        hours = pd.read_csv(records / f"p{stay:06d}.psv", sep="|")["ICULOS"].to_numpy()
+        alarms = pd.read_csv(tmp_path / "predictions" / f"p{stay:06d}.psv", sep="|")["PredictedLabel"].to_numpy()
+        alarmed |= {(int(stay), float(hour)) for hour in hours[alarms == 1]}
     assert list(drivers.columns) == ["stay_id", "time", "risk", "drivers"] and len(drivers) == len(alarmed) > 0
-    assert (drivers["risk"] >= metrics["threshold"] - 1e-6).all()
+    assert set(zip(drivers["stay_id"].astype(int), drivers["time"].astype(float))) == alarmed
     assert {name for text in drivers["drivers"] for name in text.split(", ") if name} <= {"HR", "Temp"}
     assert (drivers["drivers"] != "").any()
     # A model that cannot explain here (as boosting without shap) writes its predictions and says why, once
@@ -289,6 +309,33 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     assert said.count("hourly_logreg gives no drivers of its alarms: shap is not installed") == 1
     assert not (tmp_path / "unexplained" / "alarm-drivers.csv").exists()
     assert len(list((tmp_path / "unexplained").glob("p*.psv"))) == len(test)
+    # A policy setting out of its range: one line naming it, nothing written
+    with pytest.raises(SystemExit):
+        main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
+              str(tmp_path / "refused"), "--band", "1.5"])  # fmt: skip
+    assert "alert policy: band must be a share of the threshold in [0, 1), got 1.5" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+
+
+def test_the_floor_is_saved_and_predicts_hourly(hourly_root, tmp_path, capsys):
+    store = tmp_path / "store"
+    main(["--data-root", str(hourly_root), "--mlruns", str(store), "train", "--dataset", "physionet2019-hourly",
+          "--split", "0", "--method", "alarm_after_hour"])  # fmt: skip
+    run_id = capsys.readouterr().out.split("(run ")[1].split(")")[0]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    after = float(mlflow.get_run(run_id).data.params["chosen_after_hour"])
+    records = tmp_path / "records"
+    records.mkdir()
+    for name in sorted((hourly_root / "source" / "training_setA").iterdir())[:3]:
+        shutil.copy(name, records)
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
+          str(tmp_path / "predictions")])  # fmt: skip
+    for written in sorted((tmp_path / "predictions").iterdir()):
+        risks = pd.read_csv(written, sep="|")["PredictedProbability"].to_numpy()
+        hours = np.arange(1, len(risks) + 1)  # ICULOS of these records: 1, 2, ...
+        np.testing.assert_array_equal(risks, (hours >= after).astype(float))
 
 
 def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(hourly_root, hourly_run, monkeypatch):
@@ -313,7 +360,8 @@ def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(ho
     finally:
         streamlit_config.set_option("server.address", before)
     assert not at.exception
-    assert any("highest utility on validation" in c.value for c in at.sidebar.caption)
+    assert any("the run's, chosen on its validation stays by utility" in c.value for c in at.sidebar.caption)
+    assert any("Per alert, under its policy" in m.value for m in at.markdown)  # the model view's burden
     onset = labels.loc[septic, "first_septic_hour"] + 6
     assert any(c.value.startswith(f"Sepsis onset at hour {onset:g}") for c in at.caption)
     assert any("Sepsis Challenge's utility on the test stays" in m.value for m in at.markdown)
@@ -429,6 +477,25 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
         alarms = (validation["risk"] >= threshold).astype(int)
         assert row.validation_utility == pytest.approx(normalised_utility(
             validation["label"], alarms, stay_lengths(validation["stay_id"].to_numpy())), abs=1e-6)
+    # Per alert: each unit's policy chosen on its validation stays, scored on its test stays as score-alerts would
+    from garlic.evaluation import alerting
+
+    assert "## Per alert, under the alert policy" in made["early-warning.md"]
+    assert "| hourly_logreg | alarm_after_hour | cross-hospital | 2 | ppv |" in made["early-warning.md"]
+    assert "## A new hospital's threshold" in made["early-warning.md"]
+    for row in kept.itertuples():
+        validation = test_predictions(tmp_path / "store", row.run_id, "validation")
+        assert row.alert_threshold == pytest.approx(alerting.choose(validation).policy.threshold, rel=1e-5)
+        test = test_predictions(tmp_path / "store", row.run_id)
+        metrics = mlflow.get_run(row.run_id).data.metrics
+        kept_stays = pd.read_csv(early_warning.parts_path(out, row.method, row.protocol, row.split, "alerts"))
+        assert alerting.scores(alerting.as_parts(kept_stays))["ppv"] == pytest.approx(
+            metrics["test_alert_ppv"], nan_ok=True)
+        assert len(kept_stays) == test["stay_id"].nunique()
+    sites = pd.read_csv(out / "physionet2019-hourly-runs" / "site-thresholds.csv")
+    assert sorted(sites["policy"].unique()) == ["carried", "site-burden", "site-labelled"] and len(sites) == 12
+    assert (out / "early-warning-burden-cross-hospital.png").stat().st_size > 10_000
+    made |= {name: (out / name).read_text() for name in ("early-warning-alerts.csv", "early-warning-sites.csv")}
     early_warning.main([*arguments, "--mlruns", str(tmp_path / "empty-store"), "--no-train"])  # the store is gone
     assert {name: (out / name).read_text() for name in made} == made
 
@@ -531,3 +598,62 @@ def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_ru
     with pytest.raises(SystemExit):
         alert_faithfulness.main(["--runs", "abc"])
     assert "--runs needs --mlruns" in capsys.readouterr().err
+def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_root, hourly_run, tmp_path, capsys):
+    import json
+
+    from garlic.evaluation.alerting import policy_for
+
+    store, run_id = hourly_run
+    site = tmp_path / "site-b"
+    site.mkdir()
+    for name in sorted((hourly_root / "source" / "training_setB").iterdir()):
+        shutil.copy(name, site)
+    profile = tmp_path / "site-b.json"
+    main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--alerts-per-day", "0.5",
+          "--profile", str(profile)])  # fmt: skip
+    said = capsys.readouterr().out
+    assert "chosen for at most 0.5 alerts per patient-day on 30 stays" in said, said
+    written = json.loads(profile.read_text())
+    assert written["run"] == run_id and written["stays"] == 30 and written["scores_on_site"]["alerts_per_100_days"] <= 50
+    found = policy_for(run_id, store, profile)
+    assert found.policy.threshold == written["policy"]["threshold"] and "site profile site-b.json" in found.chosen_by
+    # predict --hourly with the profile: the site's own alarms stay within the burden asked
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(site), "--output",
+          str(tmp_path / "predictions"), "--profile", str(profile)])  # fmt: skip
+    capsys.readouterr()
+    main(["score-alerts", "--labels", str(site), "--predictions", str(tmp_path / "predictions")])
+    names, values = capsys.readouterr().out.strip().splitlines()
+    scored = dict(zip(names.split("|"), map(float, values.split("|"))))
+    assert scored["Alerts per 100 patient-days"] == pytest.approx(written["scores_on_site"]["alerts_per_100_days"])
+    # on the site's labels, by utility
+    main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--labelled", "--profile",
+          str(tmp_path / "labelled.json")])  # fmt: skip
+    assert "chosen for the highest Challenge utility" in capsys.readouterr().out
+    # Refused in one line, nothing written: no target or two, a burden no threshold meets, an empty site, another
+    # run's profile, a damaged one
+    refusals = [(["--alerts-per-day", "0.5", "--labelled"], "set the threshold for one target"),
+                ([], "set the threshold for one target: --alerts-per-day X"),
+                (["--alerts-per-day", "0"], "alerts per patient-day must be a number in (0, 24), got 0.0"),
+                (["--sensitivity", "1.5"], "the sensitivity must be in (0, 1], got 1.5"),
+                (["--alerts-per-day", "0.5", "--band", "2"], "alert policy: band must be a share")]  # fmt: skip
+    for extra, message in refusals:
+        with pytest.raises(SystemExit):
+            main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--profile",
+                  str(tmp_path / "refused.json"), *extra])  # fmt: skip
+        assert message in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(empty), "--alerts-per-day", "1",
+              "--profile", str(tmp_path / "refused.json")])  # fmt: skip
+    assert str(empty) in capsys.readouterr().err
+    assert not (tmp_path / "refused.json").exists()
+    other = tmp_path / "other.json"
+    other.write_text(profile.read_text().replace(run_id, "0" * 32))
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(profile.read_text()[:40])
+    for path, message in ((other, "a site profile for run '00000000"), (damaged, "damaged.json: not a site profile")):
+        with pytest.raises(SystemExit):
+            main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(site), "--output",
+                  str(tmp_path / "refused"), "--profile", str(path)])  # fmt: skip
+        assert message in capsys.readouterr().err

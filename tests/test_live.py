@@ -22,7 +22,7 @@ pytest.importorskip("fhir.resources", reason="the live ward validates FHIR with 
 pytest.importorskip("uvicorn", reason="the live ward's service runs on uvicorn: bin/setup live")
 
 from garlic.inference import predict_tables  # noqa: E402
-from garlic.live.alerts import Hysteresis, run_alarm  # noqa: E402
+from garlic.evaluation.alerting import policy_for  # noqa: E402
 from garlic.live.codes import Codes  # noqa: E402
 from garlic.live.feed import Client, encounter, feed, observation, recorded_stays  # noqa: E402
 from garlic.live.monitor import Monitor  # noqa: E402
@@ -30,6 +30,7 @@ from garlic.live.scoring import BedScorer  # noqa: E402
 from garlic.live.service import create_app  # noqa: E402
 from garlic.live.store import LiveStore, StoreError  # noqa: E402
 from garlic.methods.saved import load_predictor  # noqa: E402
+from garlic.metrics.alert_policy import AlertPolicy  # noqa: E402
 from helpers import tiny_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,13 +54,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def service(run, trained, url: str, token: str | None = None, port: int | None = None, codes: Codes | None = None):
+def service(run, trained, url: str, token: str | None = None, port: int | None = None, codes: Codes | None = None,
+            policy: AlertPolicy | None = None):  # fmt: skip
     """``garlic monitor``'s service and scoring loop in this process, on loopback ``port`` (default: a free one),
-    reading ``codes`` (default: ``codes.csv``'s): (base URL, monitor)."""
+    reading ``codes`` (default: ``codes.csv``'s), alerting by ``policy`` (default: the run's): (base URL, monitor)."""
     import uvicorn
 
-    threshold, _, hourly = run_alarm(run.run_id, run.store)
-    monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained, hourly), Hysteresis(threshold))
+    found = policy_for(run.run_id, run.store)
+    monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained, found.hourly), policy or found.policy)
     codes = codes or Codes(trained.config.dataset, trained.variables + trained.static_features)
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(monitor, codes, token), host="127.0.0.1", port=port,
@@ -121,7 +123,11 @@ def test_posted_readings_get_the_offline_risk_of_the_same_prefix(run, trained, t
         with pytest.raises(ValueError, match=f"--beds must be at least 1, got {beds}"):
             recorded_stays(run.run_id, run.store, run.data_root, beds=beds)
     codes = Codes(dataset, trained.variables + trained.static_features)
-    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
+    # A policy whose threshold the risks cross, with a band and quiet hours: the ward's alerts must be the offline
+    # policy's on the same risks, time by time, though the readings arrive over many scoring rounds.
+    offline_risks = predict_tables(trained, observations, static)["risk"]
+    policy = AlertPolicy(float(offline_risks.median()), band=0.05, quiet_hours=2, margin=0.2)
+    with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", policy=policy) as (base, _):
         fed = feed(Client(base), observations, static, codes, speed=1e7)
         counts = scored(base)
         assert fed.sent == fed.stored == counts["readings"] == counts["scored"] == len(observations) + static[
@@ -138,6 +144,10 @@ def test_posted_readings_get_the_offline_risk_of_the_same_prefix(run, trained, t
                 offline = predict_tables(trained, cut, static[static["stay_id"] == stay])["risk"].iloc[0]
                 assert score["risk"] == pytest.approx(float(offline), abs=1e-6)
                 assert score["drivers"] and set(score["drivers"]) <= set(trained.variables)
+            risks = np.array([np.nan if s["risk"] is None else s["risk"] for s in history])
+            alarms = policy.alarms(risks, [s["time"] for s in history], [len(history)])
+            assert [s["alert"] for s in history] == alarms.tolist()
+        assert any(s["alert"] for stay in static["stay_id"] for s in get(f"{base}/beds/{stay}")["scores"])
 
 
 def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trained, tmp_path):
@@ -568,15 +578,6 @@ def test_a_restart_in_the_middle_of_a_feed_loses_nothing(run, trained, tmp_path)
     assert counts["readings"] == counts["scored"] == fed[0].sent == distinct  # sent = stored = scored
 
 
-def test_hysteresis_keeps_an_alert_until_the_risk_falls_below_its_band():
-    alerts = Hysteresis(0.5, band=0.1)
-    state, states = False, []
-    for risk in [0.3, 0.5, 0.47, 0.46, 0.44, 0.49, float("nan"), 0.5]:
-        state = alerts.next(state, risk)
-        states.append(state)
-    assert states == [False, True, True, True, False, False, False, True]
-
-
 class NewestValue:
     """A stand-in for the model, so that each risk is set by hand: at each asked time, the value of the bed's newest
     reading up to it (the last one stored at that time)."""
@@ -604,7 +605,7 @@ def test_each_alert_follows_from_the_alert_before_its_time_after_a_same_time_rea
 
     start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
     url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
-    alerts = Hysteresis(0.5, band=0.5)  # on at 0.5, off below 0.25
+    alerts = AlertPolicy(0.5, band=0.5, quiet_hours=0, margin=0)  # on at 0.5, off below 0.25
 
     def ward() -> Monitor:
         return Monitor(LiveStore(url, run.run_id), NewestValue(), alerts)
@@ -630,6 +631,33 @@ def test_each_alert_follows_from_the_alert_before_its_time_after_a_same_time_rea
         seen.append(dict(zip(history["time"], history["alert"].astype(bool))))
     monitor.store.close()
     assert seen == expected
+
+
+def test_a_cleared_alert_stays_quiet_for_its_hours_across_a_restart_unless_the_risk_passes_the_margin(run, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from garlic.live.fhir import Observed, Stay
+
+    start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    url = f"sqlite:///{tmp_path / 'ward.sqlite'}"
+    policy = AlertPolicy(0.5, band=0.2, quiet_hours=6, margin=0.5)  # on at 0.5, off below 0.4, back at once at 0.75
+    monitor = Monitor(LiveStore(url, run.run_id), NewestValue(), policy)
+    monitor.store.admit(Stay("bed-1", True, start, None))
+    steps = [(1.0, 0.9), (2.0, 0.1), "restart", (3.0, 0.6), (6.0, 0.6), (7.5, 0.6), (8.0, 0.1), (9.0, 0.8)]
+    # on at 1, off at 2; after the restart (the state read from the store) 0.6 at 3 and 6 stays quiet (within 6 hours
+    # of hour 1), at 7.5 it is past them: on; off at 8; 0.8 at 9 passes 0.75: on at once.
+    for step in steps:
+        if step == "restart":
+            monitor.store.close()
+            monitor = Monitor(LiveStore(url, run.run_id), NewestValue(), policy)
+            continue
+        hours, risk = step
+        monitor.take([Observed("bed-1", "HR", start + timedelta(hours=hours), risk)])
+        assert monitor.score_round() == 1
+    history = monitor.store.history("bed-1")
+    monitor.store.close()
+    assert history["alert"].astype(bool).tolist() == [True, False, False, False, True, False, True]
+    assert history["alert"].astype(bool).tolist() == policy.alarms(history["risk"], history["time"], [7]).tolist()
 
 
 def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
@@ -658,7 +686,7 @@ def test_a_pipe_or_a_device_in_the_watched_folder_is_left_out_and_the_watcher_go
     (folder / f"{stay}.txt").write_text(format_record(stay, observations, static.drop(columns="stay_id").iloc[0]
                                                       .to_dict()))  # fmt: skip
     monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
-                      Hysteresis(0.5))  # fmt: skip
+                      AlertPolicy(0.5))  # fmt: skip
     watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
     scanned: list[int] = []
     scanning = threading.Thread(target=lambda: scanned.append(watcher.scan()), daemon=True)
@@ -682,7 +710,7 @@ def test_past_its_file_cap_the_watcher_reads_the_most_recently_changed_files_and
         os.utime(folder / f"{stay}.txt", ns=(age * 10**9, age * 10**9))
     monkeypatch.setattr(watch, "MAX_FILES", 2)
     monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
-                      Hysteresis(0.5))  # fmt: skip
+                      AlertPolicy(0.5))  # fmt: skip
     watcher = watch.FolderWatcher(folder, monitor, trained.variables + trained.static_features)
     with caplog.at_level("WARNING", logger="garlic.live"):
         watcher.scan()
@@ -705,7 +733,7 @@ def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, t
     half = header + len(observations) // 2
     (folder / f"{stay}.txt").write_text("".join(lines[:half]) + lines[half][:4])  # its last line half written
     monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
-                      Hysteresis(0.5))  # fmt: skip
+                      AlertPolicy(0.5))  # fmt: skip
     watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
     descriptors = len(trained.static_features)
     assert watcher.scan() == half - header + descriptors

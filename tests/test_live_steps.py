@@ -57,7 +57,7 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
     """Two beds fed reading by reading: same-time readings, a late one, a restart, and states for one bed only; a
     bed that goes on from its state is read from its last step on."""
     pytest.importorskip("fhir.resources", reason="the live ward validates FHIR with fhir.resources: bin/setup live")
-    from garlic.live.alerts import Hysteresis
+    from garlic.metrics.alert_policy import AlertPolicy, AlertState
     from garlic.live.feed import recorded_stays
     from garlic.live.fhir import Observed, Stay
     from garlic.live.monitor import Monitor
@@ -95,7 +95,8 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
     one_pass.steps = None  # the one pass per cut, as every model without step states is scored
     risk, drivers = one_pass.score(readings, asked)
     low, high = np.nanquantile(risk, [0.3, 0.7])
-    alerts = Hysteresis(float(high), band=float(1 - low / high))  # on above the 70th centile, off below the 30th
+    # on above the 70th centile, off below the 30th
+    alerts = AlertPolicy(float(high), band=float(1 - low / high), quiet_hours=0, margin=0)
 
     def monitor() -> Monitor:
         scorer = BedScorer(saved, beds=1)  # one bed keeps a state: the other is rebuilt at each of its readings
@@ -140,11 +141,11 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
         assert history["drivers"].tolist() == [drivers[row] for row in np.flatnonzero(expected)]
         # Each time's alert follows from the one before in time order, whether it was scored when its reading came
         # in order, again after a late one, or after the restart (when the loop remembers no bed's last alert).
-        alert = False
+        state = AlertState()
         for time, value, stored in zip(history["time"], history["risk"], history["alert"]):
-            alert = alerts.next(alert, None if pd.isna(value) else float(value))
-            assert bool(stored) == alert, (bed, time)
-            raised.append(alert)
+            state = alerts.next(state, time, None if pd.isna(value) else float(value))
+            assert bool(stored) == state.on, (bed, time)
+            raised.append(state.on)
     assert 0 < sum(raised) < len(raised)
     ward.store.close()
 

@@ -92,6 +92,17 @@ def test_export_writes_meds_data_codes_labels_and_the_saved_split(exported):
     assert "garlic preprocess meds" in said
 
 
+def test_the_printed_next_command_reads_the_export_back_in_the_same_column_order(exported):
+    import shlex
+
+    root, said = exported
+    command = shlex.split(re.search(r"^next: garlic (preprocess meds .*)$", said, re.MULTILINE).group(1))
+    assert "--variables" in command and "--static" in command
+    done = garlic_here(*command, "--name", "next", root=root)
+    assert done.returncode == 0, done.stderr
+    assert_same_tensors(root / "data" / "processed" / "synthetic", root / "data" / "processed" / "meds-next")
+
+
 @pytest.fixture(scope="module")
 def imported(exported):
     """The exported folder preprocessed back as the dataset ``meds-back`` (``--name back``), with the native variable
@@ -234,6 +245,26 @@ def test_prediction_times_come_back_as_the_tasks_table_read_row_group_by_row_gro
     assert_same_tensors(tmp_path / "native", tmp_path / "back")
 
 
+def test_exported_times_are_exact_to_the_microsecond_and_come_back_as_the_same_hours(tmp_path):
+    from garlic.io.meds import ADMISSION, hours_to_times, times_to_hours
+
+    rng = np.random.default_rng(0)
+    for grid, count in ((60_000_000, 200 * 60), (1_000_000, 50 * 3600), (1_000, 3_600_000)):
+        recorded = np.arange(count, dtype="int64") * grid  # every minute of 200 h, second of 50 h, ms of an hour
+        hours = times_to_hours(recorded, 0)  # as the tables hold them: float32 hours
+        assert np.array_equal((hours_to_times(hours) - ADMISSION).astype("int64"), recorded), grid
+    assert hours_to_times(np.float32(7 / 60)) == np.datetime64("2000-01-01T00:07")  # one time, as an array of them
+    anything = rng.uniform(0, 5_000, 100_000).astype("float32")
+    assert np.array_equal(times_to_hours((hours_to_times(anything) - ADMISSION).astype("int64"), 0), anything)
+    # A whole export: every event of a cohort charted to the minute lies on its minute.
+    observations, static, labels = synthetic.simulate(30, seed=6)
+    observations["time"] = (np.round(observations["time"] * 60) / 60).astype("float32")
+    write_processed(tmp_path / "native", observations, static, labels, synthetic.VARIABLES, {})
+    write_meds(tmp_path / "meds", read_processed(tmp_path / "native"), "minutes")
+    times = pq.read_table(tmp_path / "meds" / "data").column("time").drop_null().cast(pa.int64()).to_numpy()
+    assert len(times) == len(observations) and (times % 60_000_000 == 0).all()
+
+
 def test_the_folder_layout_is_the_meds_packages_and_garlic_starts_without_it():
     import meds
 
@@ -302,6 +333,80 @@ def test_most_frequent_codes_of_training_subjects_and_the_window_both_ends_inclu
     assert manifest["dropped_stays"] == {"no event of the variables in the input window and no static feature": [5]}
 
 
+def _other_layouts(folder: Path, to: Path) -> None:
+    """The MEDS folder ``folder`` copied to ``to`` in the layouts polars writes: strings as ``large_string``, the codes
+    of every other shard as a dictionary, ``numeric_value`` as ``double``, ``parent_codes`` as a ``large_list``."""
+    for number, path in enumerate(sorted(folder.rglob("*.parquet"))):
+        table = pq.read_table(path)
+        fields = []
+        for field in table.schema:
+            kind = field.type
+            if pa.types.is_string(kind):
+                kind = pa.large_string() if number % 2 or field.name != "code" else pa.dictionary(pa.uint32(),
+                                                                                                   pa.large_string())
+            elif pa.types.is_list(kind):
+                kind = pa.large_list(pa.large_string())
+            elif field.name == "numeric_value":
+                kind = pa.float64()
+            fields.append(field.with_type(kind))
+        (to / path.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.cast(pa.schema(fields)), to / path.relative_to(folder))
+
+
+def test_a_meds_folder_in_polars_layouts_reads_as_the_pyarrow_written_one(tmp_path):
+    observations, static, labels = synthetic.simulate(40, seed=2)
+    write_processed(tmp_path / "native", observations, static, labels, synthetic.VARIABLES, {})
+    dataset = read_processed(tmp_path / "native")
+    write_meds(tmp_path / "meds", dataset, "layouts", rows_per_shard=2_000,
+               splits={"train": labels["stay_id"][:30].to_numpy(), "validation": labels["stay_id"][30:35].to_numpy(),
+                       "test": labels["stay_id"][35:].to_numpy()})  # fmt: skip
+    _other_layouts(tmp_path / "meds", tmp_path / "large")
+    assert pq.read_schema(tmp_path / "large" / "data" / "1.parquet").field("code").type == pa.large_string()
+    variables, static_list = code_lists(dataset, tmp_path)
+    for name in ("meds", "large"):
+        preprocess(tmp_path / name, tmp_path / f"{name}-back", tmp_path / name / "labels", 48.0, str(variables),
+                   static_list)  # fmt: skip
+    assert_same_tensors(tmp_path / "meds-back", tmp_path / "large-back")
+    assert read_processed(tmp_path / "large-back").manifest["subject_splits"] == \
+        read_processed(tmp_path / "meds-back").manifest["subject_splits"]  # fmt: skip
+    polars = pytest.importorskip("polars", reason="polars is not installed (the test extra)")
+    (tmp_path / "polars" / "data").mkdir(parents=True)
+    for path in sorted((tmp_path / "meds" / "data").glob("*.parquet")):  # as a polars ETL writes its shards
+        polars.read_parquet(path).with_columns(polars.col("numeric_value").cast(polars.Float64)).write_parquet(
+            tmp_path / "polars" / "data" / path.name)
+    polars.read_parquet(tmp_path / "meds" / "labels" / "labels.parquet").write_parquet(tmp_path / "labels.parquet")
+    preprocess(tmp_path / "polars", tmp_path / "polars-back", tmp_path / "labels.parquet", 48.0, str(variables),
+               static_list)  # fmt: skip
+    assert_same_tensors(tmp_path / "meds-back", tmp_path / "polars-back")
+
+
+def test_times_in_another_unit_read_as_microseconds_and_a_finer_one_is_named(tmp_path):
+    rows = [(1, None, "AGE", 70.0), (1, 1.0, "HR", 80.0), (1, 2.5, "HR", 81.0), (2, 0.25, "HR", 90.0)]
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", rows)
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True), (2, 24.0, False)])
+    preprocess(tmp_path / "meds", tmp_path / "back", labels, window_hours=24.0, variables="1")
+    for unit in ("ns", "ms"):  # pandas writes nanoseconds, some tools milliseconds
+        folder = tmp_path / unit
+        (folder / "data").mkdir(parents=True)
+        table = pq.read_table(tmp_path / "meds" / "data" / "0.parquet")
+        pq.write_table(table.set_column(1, "time", table.column("time").cast(pa.timestamp(unit))),
+                       folder / "data" / "0.parquet")  # fmt: skip
+        written = pq.read_table(labels)
+        pq.write_table(written.set_column(1, "prediction_time", written.column("prediction_time").cast(
+            pa.timestamp(unit))), folder / "labels.parquet")  # fmt: skip
+        assert pq.read_schema(folder / "data" / "0.parquet").field("time").type == pa.timestamp(unit)
+        preprocess(folder, tmp_path / f"{unit}-back", folder / "labels.parquet", window_hours=24.0, variables="1")
+        assert_same_tensors(tmp_path / "back", tmp_path / f"{unit}-back")
+    table = pq.read_table(tmp_path / "ns" / "data" / "0.parquet")
+    nanoseconds = table.column("time").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).copy()
+    nanoseconds[2] += 1
+    pq.write_table(table.set_column(1, "time", pa.array(nanoseconds, pa.int64(), mask=table.column("time").is_null()
+                                                        .to_numpy(zero_copy_only=False)).cast(pa.timestamp("ns"))),
+                   tmp_path / "ns" / "data" / "0.parquet")  # fmt: skip
+    with pytest.raises(MedsError, match=r"0\.parquet: row 2, column time: a time finer than a microsecond"):
+        preprocess(tmp_path / "ns", tmp_path / "finer", tmp_path / "ns" / "labels.parquet", 24.0, "1")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: the file, the row, the column
 
@@ -350,6 +455,90 @@ def test_a_label_file_without_boolean_value_a_repeated_label_row_or_a_doubled_co
     with pytest.raises(MedsError, match=r"variables\.txt: line 3: code 'HR' is listed twice"):
         preprocess(tmp_path / "meds", tmp_path / "out", labels, variables=str(tmp_path / "variables.txt"))
     assert not (tmp_path / "out").exists()
+
+
+def test_labels_of_one_outcome_are_refused_at_preprocess_and_at_train_in_one_line(tmp_path):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [(s, h, "HR", 80.0 + h) for s in range(1, 41)
+                                                           for h in (1.0, 2.0)])  # fmt: skip
+    labels = write_labels(tmp_path / "labels.parquet", [(s, 24.0, False) for s in range(1, 41)])
+    done = garlic_here("preprocess", "meds", "--source", str(tmp_path / "meds"), "--labels", str(labels), root=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"garlic: error: {labels}: 40 label rows, 0 true and 40 false (40 subjects kept: 0 true, 40 false): a model "
+        "learns from both outcomes; give label rows of both")  # fmt: skip
+    assert not (tmp_path / "data" / "processed" / "meds").exists()
+    # A dataset of one outcome made otherwise: garlic train says so before any run starts, naming the part.
+    observations, static, stays = synthetic.simulate(40, seed=4)
+    write_processed(tmp_path / "data" / "processed" / "meds", observations, static, stays.assign(label=0),
+                    synthetic.VARIABLES, {"dataset": "meds"})  # fmt: skip
+    done = garlic_here("train", "--dataset", "meds", "--method", "logreg", root=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(
+        "garlic: error: meds: the training part of five-split/split_0 has 0 positive and 32 negative stays"), \
+        done.stderr  # fmt: skip
+    assert not (tmp_path / "mlruns").exists()  # refused before the store is made
+
+
+def test_an_empty_read_is_named_never_silent(tmp_path, caplog):
+    write_shard(tmp_path / "meds" / "data" / "0.parquet", [
+        (1, None, "AGE", 70.0), (1, 1.0, "HR", 80.0), (1, 30.0, "K", 4.0), (2, None, "AGE", 50.0), (2, 2.0, "HR", 90.0),
+        (3, 1.0, "HR", 85.0)])  # fmt: skip
+    both = [(1, 24.0, True), (2, 24.0, False), (3, 24.0, True)]
+    # Every prediction time before any event (a label file of 1900): no window holds one.
+    early = write_labels(tmp_path / "early.parquet", [(s, -876_600.0 + h, b) for s, h, b in both])
+    with pytest.raises(MedsError, match=r"early\.parquet: no event of the variables falls in any input window \(48 h "
+                       r"up to each prediction time\): the prediction times run from 1900-01-01 00:00:00 to "
+                       r"1900-01-01 00:00:00, the subjects' 4 events of the variables from 2000-01-01 01:00:00 to "
+                       r"2000-01-02 06:00:00; check prediction_time and --window-hours"):  # fmt: skip
+        preprocess(tmp_path / "meds", tmp_path / "out", early, variables="5")
+    labels = write_labels(tmp_path / "labels.parquet", both)
+    (tmp_path / "absent.txt").write_text("GLUCOSE\n")
+    with pytest.raises(MedsError, match=r"labels\.parquet: its subjects have no timed numeric event of the codes "
+                       r"listed in .*absent\.txt \(GLUCOSE\) in the MEDS folder"):  # fmt: skip
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables=str(tmp_path / "absent.txt"))
+    with pytest.raises(MedsError, match=r"^--variables 0: give N of at least 1"):
+        preprocess(tmp_path / "meds", tmp_path / "out", labels, variables="0")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "some.txt").write_text("HR\nGLUCOSE\nK\n")
+    (tmp_path / "static.txt").write_text("AGE\nSEX\n")
+    with caplog.at_level("WARNING", logger="garlic.sources.meds"):
+        manifest = preprocess(tmp_path / "meds", tmp_path / "out", labels, window_hours=24.0,
+                              variables=str(tmp_path / "some.txt"), static=tmp_path / "static.txt")  # fmt: skip
+    assert manifest["counts"]["observations_per_variable"] == {"HR": 3, "GLUCOSE": 0, "K": 0}
+    assert "some.txt: 'GLUCOSE': no timed numeric event of the labelled subjects has this code" in caplog.text
+    assert "some.txt: 'K': every event of this code lies outside the input windows" in caplog.text
+    assert "static.txt: 'SEX': no static numeric event of the labelled subjects has this code" in caplog.text
+
+
+def test_row_order_decides_nothing_silently(tmp_path, caplog):
+    rows = [(1, None, "AGE", 70.0), (1, None, "AGE", 71.0), (1, None, "SEX", float("nan")), (1, None, "SEX", 1.0),
+            (1, 1.0, "HR", 80.0), (1, 2.0, "HR", 81.0), (1, 2.0, "HR", 82.0), (2, None, "AGE", 50.0),
+            (2, 1.0, "HR", 90.0), (3, None, "AGE", 40.0), (3, 1.0, "HR", 60.0)]  # fmt: skip
+    labels = write_labels(tmp_path / "labels.parquet", [(1, 24.0, True), (2, 24.0, False), (3, 24.0, True)])
+    read = {}
+    for name, order in (("sorted", rows), ("reversed", rows[::-1])):
+        write_shard(tmp_path / name / "data" / "0.parquet", order)
+        with caplog.at_level("WARNING", logger="garlic.sources.meds"):
+            caplog.clear()
+            preprocess(tmp_path / name, tmp_path / f"{name}-out", labels, window_hours=24.0, variables="1")
+        read[name] = read_processed(tmp_path / f"{name}-out").static.set_index("stay_id")
+        assert ("1 subject(s) have a static code recorded with different values; each keeps the value recorded most "
+                "often, the largest of equally frequent ones: the first, subject 1, code 'AGE': 70, 71") in caplog.text
+        assert "at 1 time(s) of a subject, a variable has two values" in caplog.text
+        assert ("not sorted" in caplog.text) == (name == "reversed")
+    assert read["sorted"].equals(read["reversed"])  # whatever the rows' order
+    assert read["sorted"].loc[1, "AGE"] == 71.0 and read["sorted"].loc[1, "SEX"] == 1.0
+    assert "0.parquet: row 1, subject 3: no time (a static event) after 2000-01-01 01:00:00" in caplog.text
+    # A subject in two shards is read as one, and said; a label file's other columns are said not to be read.
+    write_shard(tmp_path / "split" / "data" / "0.parquet", rows[:9])
+    write_shard(tmp_path / "split" / "data" / "1.parquet", rows[9:] + [(2, 3.0, "HR", 91.0)])
+    pq.write_table(pq.read_table(labels).append_column("integer_value", pa.array([1, 0, 2], pa.int64())),
+                   tmp_path / "extra.parquet")  # fmt: skip
+    with caplog.at_level("WARNING"):
+        caplog.clear()
+        preprocess(tmp_path / "split", tmp_path / "split-out", tmp_path / "extra.parquet", 24.0, "1")
+    assert "1 subject(s) have events in more than one shard" in caplog.text and "subject 2 in 1.parquet" in caplog.text
+    assert "extra.parquet: column(s) integer_value not read: the label is boolean_value" in caplog.text
+    assert read_processed(tmp_path / "split-out").observations.query("stay_id == 2")["value"].tolist() == [90.0, 91.0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -431,3 +620,86 @@ def test_the_benchmark_writes_a_valid_synthetic_meds_folder_of_n_rows_and_measur
     assert len(manifest["variables"]) == 20 and manifest["static_features"] == ["AGE", "HEIGHT", "WEIGHT"]
     assert manifest["counts"]["stays"] == 30
     assert lines[-1].startswith("| synthetic MEDS, 30,000 rows |") and " MB |" in lines[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Several prediction times per subject (the usual MEDS label file): train, evaluate, predict, meds-evaluation
+
+
+@pytest.fixture(scope="module")
+def timed_meds(tmp_path_factory):
+    """A MEDS folder of 80 synthetic stays with two prediction times each (24 h and 48 h after admission), read as
+    the dataset ``meds-timed`` (a tasks table) and trained on with ``hourly_logreg``: the root and the run."""
+    root = tmp_path_factory.mktemp("timed")
+    observations, static, labels = synthetic.simulate(80, seed=11)
+    tasks = pd.DataFrame({"stay_id": np.repeat(labels["stay_id"].to_numpy(), 2), "time": np.tile([24.0, 48.0], 80),
+                          "label": np.repeat(labels["label"].to_numpy(), 2) * np.tile([0, 1], 80)})  # fmt: skip
+    write_processed(root / "native", observations, static, labels, synthetic.VARIABLES, {}, tasks)
+    write_meds(root / "meds", read_processed(root / "native"), "timed")
+    done = garlic_here("preprocess", "meds", "--source", str(root / "meds"), "--labels", str(root / "meds" / "labels"),
+                       "--window-hours", "24", "--name", "timed", root=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = garlic_here("train", "--dataset", "meds-timed", "--method", "hourly_logreg", root=root)
+    assert done.returncode == 0, done.stderr
+    return root, re.search(r"^run ([0-9a-f]{32})", done.stdout, re.MULTILINE).group(1)
+
+
+def test_a_run_on_several_prediction_times_per_subject_evaluates_as_it_was_tested(timed_meds):
+    root, run = timed_meds
+    done = garlic_here("evaluate", "--run", run, root=root)
+    assert done.returncode == 0, done.stderr
+    from garlic.tracking.store import get_run, use_store
+
+    use_store(root / "mlruns")
+    logged = get_run(run).data.metrics
+    evaluated = json.loads(done.stdout[done.stdout.index("{"):])
+    assert (evaluated["n_test"], evaluated["n_prediction_times"]) == (8, 16)  # 8 test stays, two times each
+    assert evaluated["auroc"] == pytest.approx(logged["test_auroc"], abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def timed_predictions(timed_meds, tmp_path_factory):
+    """``garlic predict --labels`` of the timed run on its test subjects' label rows (alarm at 0.5): the label rows
+    asked, the run's logged test predictions and the predictions file."""
+    from garlic.app.sources import predictions
+
+    root, run = timed_meds
+    folder = tmp_path_factory.mktemp("timed-predictions")
+    logged = predictions(root / "mlruns", run, "test")  # stay_id, time, label, risk: a row per prediction time
+    labels = pq.read_table(root / "meds" / "labels" / "labels.parquet").to_pandas()
+    held_out = labels[labels["subject_id"].isin(logged["stay_id"])].reset_index(drop=True)
+    held_out.to_parquet(folder / "held_out.parquet", index=False)
+    done = garlic_here("predict", "--run", run, "--input", str(root / "meds"), "--labels",
+                       str(folder / "held_out.parquet"), "--output", str(folder / "predictions.parquet"),
+                       "--threshold", "0.5", root=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return held_out, logged, folder / "predictions.parquet"
+
+
+def test_predict_scores_every_prediction_time_of_a_subject(timed_predictions):
+    held_out, logged, written = timed_predictions
+    scored = pq.read_table(written).to_pandas()
+    assert len(scored) == len(held_out) == 16
+    assert scored[["subject_id", "prediction_time", "boolean_value"]].equals(
+        held_out[["subject_id", "prediction_time", "boolean_value"]])
+    assert np.allclose(scored["predicted_boolean_probability"], logged["risk"], atol=1e-6)
+    assert (scored["predicted_boolean_value"] == (scored["predicted_boolean_probability"] >= 0.5)).all()
+
+
+def test_predictions_pass_meds_evaluations_strict_schema_and_are_scored_by_it(timed_predictions):
+    from garlic.io.meds import PREDICTION_SCHEMA
+
+    _, _, written = timed_predictions
+    table = pq.read_table(written)
+    assert table.schema.equals(PREDICTION_SCHEMA)
+    assert table.schema.field("predicted_boolean_probability").type == pa.float32()  # as meds-evaluation has it
+    pytest.importorskip("meds_evaluation", reason="meds-evaluation is not installed (pip install "
+                                     "meds-evaluation: the test extra)")  # fmt: skip
+    from meds_evaluation.evaluate import evaluate_binary_classification
+    from meds_evaluation.schema import PredictionSchema
+
+    PredictionSchema.validate(table)  # strict: no cast first
+    import polars
+
+    scores = evaluate_binary_classification(polars.from_arrow(table))
+    assert 0 <= scores["samples_equally_weighted"]["binary_accuracy"] <= 1

@@ -23,13 +23,16 @@ def _quantitative(field: str, title: str | None, **options) -> dict:
     return {"field": field, "type": "quantitative", "title": title, **options}
 
 
-def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int,
-               onset: float | None = None) -> tuple[pd.DataFrame, Spec]:  # fmt: skip
-    """The risk up to position ``now``, the alert threshold as a dashed line, hours above it in red; with a sepsis
-    ``onset`` (hours), the onset as a line and the hours an alarm earns the Sepsis Challenge's utility (12 h
-    before it to 3 h after) shaded, so that a warning in time shows."""
-    seen = pd.DataFrame({"hour": hours[: now + 1].astype(float), "risk": risk[: now + 1].astype(float)}).dropna()
-    seen["alert"] = np.where(seen["risk"] >= threshold, "above threshold", "below threshold")
+def risk_chart(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int, onset: float | None = None,
+               alarms: np.ndarray | None = None) -> tuple[pd.DataFrame, Spec]:  # fmt: skip
+    """The risk up to position ``now``, the alert threshold as a dashed line, the hours the alert is on in red
+    (``alarms``, the alert policy's; default: the risk at or above the threshold); with a sepsis ``onset`` (hours),
+    the onset as a line and the hours an alarm earns the Sepsis Challenge's utility (12 h before it to 3 h after)
+    shaded, so that a warning in time shows."""
+    alarms = np.asarray(risk) >= threshold if alarms is None else np.asarray(alarms, dtype=bool)
+    seen = pd.DataFrame({"hour": hours[: now + 1].astype(float), "risk": risk[: now + 1].astype(float),
+                         "on": alarms[: now + 1]}).dropna()  # fmt: skip
+    seen["alert"] = np.where(seen.pop("on"), "above threshold", "below threshold")
     x = _quantitative("hour", "hours since ICU admission", scale={"domain": [0, float(hours[-1])]})
     y = _quantitative("risk", "predicted risk", scale={"domain": [0, 1]})
     limit = {"values": [{"threshold": float(threshold), "text": f"alert threshold {threshold:.2f}"}]}

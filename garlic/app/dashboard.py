@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import io
 import logging
 import sys
 import time
@@ -31,12 +32,13 @@ from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, t
 from garlic.app.replay import (Hour, Replay, contribution_bars, drivers_at, edges_at, explain_hour, observations_at,
                                replay_stay, signal_bars, signals_at)  # fmt: skip
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
-from garlic.metrics.threshold import DEFAULT_SENSITIVITY, alert_since, threshold_at_sensitivity
+from garlic.evaluation import alerting
+from garlic.metrics.alert_policy import AlertPolicy, AlertPolicyError
 from garlic.cli import database_error
 from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
 from garlic.explain.built_in import BUILT_IN
-from garlic.tracking import run_contract
+from garlic.tracking import plots, run_contract
 from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
 from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
@@ -67,6 +69,7 @@ def settings(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT, help="where processed datasets live")
     parser.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
     parser.add_argument("--ward", help="SQLAlchemy URL of a live ward's store (garlic monitor --store): the ward view")
+    parser.add_argument("--profile", type=Path, help="a site profile of the run (garlic calibrate): its alert policy")
     return parser.parse_args(argv)
 
 
@@ -205,18 +208,23 @@ def choose_run(store: Path, given: str | None) -> str | None:
     return run_id
 
 
-def default_threshold(store: str, run_id: str) -> tuple[float, str]:
-    """The threshold the run chose on validation (an hourly run: by the Sepsis Challenge's utility), else the one
-    at the default sensitivity on the run's validation split; and how it was chosen."""
-    chosen = cached_run(store, run_id)[1].data.metrics.get("threshold")
-    if chosen is not None:
-        return round(chosen, 3), f"Default {chosen:.3f}: the alarm threshold of highest utility on validation"
+def default_policy(store: str, run_id: str, profile: str | None) -> tuple[AlertPolicy, str]:
+    """The alert policy the run alerts with (``garlic.evaluation.alerting.policy_for``: its own, chosen on its
+    validation stays, or the site profile's), and how it was chosen; the default policy at 0.5 where the run has
+    none to read."""
     try:
-        validation = cached_predictions(store, run_id, "validation")
-        threshold = threshold_at_sensitivity(validation["label"], validation["risk"], DEFAULT_SENSITIVITY)
-    except (RunNotFoundError, ValueError, KeyError) as exc:
-        return 0.5, f"0.5 by default: no validation predictions to set it on ({plain(exc)})"
-    return round(threshold, 3), f"Default {threshold:.3f}: {DEFAULT_SENSITIVITY:.0%} sensitivity on validation stays"
+        found = alerting.policy_for(run_id, Path(store), None if profile is None else Path(profile))
+    except (RunNotFoundError, AlertPolicyError, FileNotFoundError, KeyError) as exc:
+        return AlertPolicy(0.5), f"0.5 by default: no alert policy to read ({plain(exc)})"
+    return found.policy, f"Default {found.policy.threshold:.3f}: {found.chosen_by}"
+
+
+def alert_start(hours: np.ndarray, alarms: np.ndarray, now: int) -> float | None:
+    """While the policy's alert is on at position ``now``: the hour this alert began."""
+    if not alarms[now]:
+        return None
+    off = np.flatnonzero(~alarms[: now + 1])
+    return float(hours[off[-1] + 1 if len(off) else 0])
 
 
 def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, str] | None:
@@ -374,7 +382,7 @@ def replayed_hour(last_hour: int, speed: float) -> int:
 
 
 @shown_plainly
-def bedside_view(replay: Replay, title: str, threshold: float, trained: SavedMethod, speed: float,
+def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: SavedMethod, speed: float,
                  timed: bool, onsets: pd.Series) -> None:  # fmt: skip
     last_hour = int(replay.hours[-1])
     if st.session_state.playing != timed:
@@ -406,23 +414,25 @@ def bedside_view(replay: Replay, title: str, threshold: float, trained: SavedMet
     delta, moved = change_text(risk_change(replay.risk, now))
     left.metric(f"Risk at hour {hour}", "—" if not np.isfinite(risk) else f"{risk:.2f}", delta=delta,
                 delta_color="inverse" if moved else "off", delta_arrow="auto" if moved else "off")  # fmt: skip
-    middle.metric("Alert threshold", f"{threshold:.2f}")
+    threshold = policy.threshold
+    middle.metric("Alert threshold", f"{threshold:.2f}", help=policy.describe())
     right.metric("Playback", "playing" if st.session_state.playing else "paused", f"hour {hour} of {last_hour}",
                  delta_color="off", delta_arrow="off")  # fmt: skip
 
-    since = alert_since(replay.hours, replay.risk, threshold, now)
+    alarms = policy.alarms(replay.risk, replay.hours, [len(replay.hours)])  # as the live ward raises them
+    since = alert_start(replay.hours, alarms, now)
     driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
         why = f"Driven by {driven or 'no single signal'}." if explained.explained else ""
-        st.error(f"**Warning: risk {risk:.2f} is above the alert threshold {threshold:.2f}** since hour {since:g}. "
-                 f"{why}", icon=":material/warning:")  # fmt: skip
+        st.error(f"**Warning: alert on since hour {since:g}** (risk {risk:.2f}; raised at {threshold:.2f}, cleared "
+                 f"below {policy.release:.2f}). {why}", icon=":material/warning:")  # fmt: skip
     elif np.isfinite(risk):
-        st.success(f"Risk {risk:.2f} is below the alert threshold {threshold:.2f}.", icon=":material/check_circle:")
+        st.success(f"No alert: risk {risk:.2f} (an alert is raised at {threshold:.2f}).", icon=":material/check_circle:")
     else:
         st.info("No observation yet at this hour.")
     st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
     onset = onsets.get(replay.stay_id)
-    st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now, onset), width="stretch")
+    st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now, onset, alarms), width="stretch")
     if onset is not None:
         st.caption(f"Sepsis onset at hour {onset:g} (green line); an alarm in the shaded hours, 12 before it to 3 "
                    "after, is the warning the Sepsis Challenge rewards.")
@@ -488,7 +498,9 @@ def contributions_view(explained: Hour, trained: SavedMethod) -> None:
 
 
 @shown_plainly
-def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
+def model_view(store: str, run: mlflow.entities.Run, policy: AlertPolicy) -> None:
+    threshold = policy.threshold
+    hourly_test = None
     metrics = run.data.metrics
     names = {"test_auroc": "AUROC", "test_auprc": "AUPRC", "test_brier": "Brier", "test_ece": "ECE"}
     for column, (key, name) in zip(st.columns(len(names)), names.items()):
@@ -503,6 +515,7 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
         sensitivity = (flagged & positives).sum() / max(positives.sum(), 1)
         specificity = (~flagged & ~positives).sum() / max((~positives).sum(), 1)
         rows = "hours" if "time" in test else "stays"  # an hourly run's predictions: one row per prediction time
+        hourly_test = test if "time" in test else None
         st.markdown(f"At the alert threshold {threshold:.2f} on the test split: sensitivity {sensitivity:.2f}, "
                     f"specificity {specificity:.2f}, {flagged.mean():.0%} of {rows} flagged.")  # fmt: skip
     if "test_utility" in metrics:
@@ -511,6 +524,8 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
                     f"{metrics['test_warned_in_time']:.0%} of septic stays warned in time, a median "
                     f"{metrics['test_median_warning_hours']:g} h before onset, "
                     f"{metrics['test_false_alarms_per_100_days']:.0f} false alarms per 100 patient-days.")  # fmt: skip
+    if hourly_test is not None:
+        burden_view(hourly_test, policy, run.info.run_id)
     params = run.data.params
     st.caption(f"Run {run.info.run_id} · dataset {params.get('dataset', '?')} · split {params.get('split', '?')}")
     for column, (path, caption) in zip(st.columns(2) * 2, MODEL_PLOTS.items()):
@@ -524,6 +539,29 @@ def model_view(store: str, run: mlflow.entities.Run, threshold: float) -> None:
             # Inline, not through Streamlit's /media/ route, which a login token closes (garlic.app.access.Gate).
             column.html(f'<img src="data:image/png;base64,{base64.b64encode(image).decode()}" style="width:100%">')
             column.caption(caption)
+
+
+def burden_view(test: pd.DataFrame, policy: AlertPolicy, run_id: str) -> None:
+    """An hourly run's alerts on its test stays, counted per alert under the policy, and its burden curves: what a
+    bedside team reads to pick its operating point."""
+    try:
+        scored = alerting.scores(alerting.as_parts(alerting.stay_alerts(policy, test)))
+        curve = alerting.curve_scores(alerting.burden_curve(policy, test))
+    except ValueError as exc:
+        st.warning(f"No per-alert scores: {plain(exc)}")
+        return
+    st.markdown(f"Per alert, under its policy ({policy.describe()}), on the test stays: sensitivity "
+                f"{scored['sensitivity']:.0%}, PPV {scored['ppv']:.0%}, a median lead of {scored['lead_median']:g} h, "
+                f"{scored['alerts_per_100_days']:.1f} alerts per 100 patient-days, {scored['share_alerted']:.0%} of "
+                "stays alerted (docs/alerts.md).")  # fmt: skip
+    figure = plots.burden_figure({run_id[:8]: curve}, {run_id[:8]: (scored["alerts_per_100_days"],
+                                 scored["sensitivity"], scored["ppv"])}, "Test stays")  # fmt: skip
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=90)
+    plots.plt.close(figure)
+    st.html(f'<img src="data:image/png;base64,{base64.b64encode(image.getvalue()).decode()}" style="width:100%">')
+    st.caption("Burden curves: sensitivity and PPV per alert against alerts per 100 patient-days as the threshold "
+               "moves, the rest of the policy kept; the dot is the policy in use.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -553,10 +591,11 @@ def page(config: argparse.Namespace) -> None:
         st.session_state.update(asked_bed=asked, source=LIVE, bed=asked, view="Bedside")
     sources_offered = [LIVE, TEST_SPLIT, UPLOAD] if ward is not None else [TEST_SPLIT, UPLOAD]
     source = st.sidebar.radio("Stay", sources_offered, key="source")
-    threshold_default, threshold_help = default_threshold(store, run_id)
-    threshold = st.sidebar.number_input("Alert threshold", 0.0, 1.0, threshold_default, step=0.01, format="%.3f",
-                                        key=f"threshold-{run_id}", help=threshold_help)  # fmt: skip
+    policy_default, threshold_help = default_policy(store, run_id, config.profile)
+    threshold = st.sidebar.number_input("Alert threshold", 0.001, 1.0, round(policy_default.threshold, 3), step=0.01,
+                                        format="%.3f", key=f"threshold-{run_id}", help=threshold_help)  # fmt: skip
     st.sidebar.caption(threshold_help)
+    policy = AlertPolicy(threshold, policy_default.band, policy_default.quiet_hours, policy_default.margin)
     if ward is not None:
         ward_tab, bedside, model = st.tabs(["Ward", "Bedside", "Model"], key="view", on_change="rerun")
         with ward_tab:
@@ -564,7 +603,7 @@ def page(config: argparse.Namespace) -> None:
     else:
         bedside, model = st.tabs(["Bedside", "Model"])
     with model:
-        model_view(store, run, threshold)
+        model_view(store, run, policy)
     with bedside:
         if source == LIVE:
             chosen = choose_bed(ward, trained)
@@ -581,7 +620,7 @@ def page(config: argparse.Namespace) -> None:
                                                 on_change=restart_clock)]  # fmt: skip
         playing = st.session_state.playing
         onsets = cached_onsets(store, run_id, data_root) if source == TEST_SPLIT else pd.Series(dtype=float)
-        st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(replay, title, threshold, trained,
+        st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(replay, title, policy, trained,
                                                                               speed, playing, onsets)  # fmt: skip
 
 

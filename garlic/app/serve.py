@@ -36,6 +36,7 @@ def settings(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-root", default="data", help="where processed datasets live")
     parser.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
     parser.add_argument("--ward", help="SQLAlchemy URL of a live ward's store (garlic monitor), for the ward view")
+    parser.add_argument("--profile", help="a site profile of the run (garlic calibrate): alert by its policy")
     return parser.parse_args(argv)
 
 
@@ -44,6 +45,7 @@ def streamlit_arguments(options: argparse.Namespace) -> list[str]:
     page = ["--mlruns", str(options.mlruns), "--data-root", str(options.data_root)]
     page += ["--run", options.run] if options.run else []
     page += ["--ward", options.ward] if options.ward else []
+    page += ["--profile", options.profile] if options.profile else []
     return ["run", str(PAGE), "--server.address", options.host, "--server.port", str(options.port),
             "--server.headless", "true", "--server.fileWatcherType", "none", "--server.maxUploadSize",
             str(MAX_UPLOAD_MB), "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",

@@ -15,7 +15,9 @@ the plots ``roc_pr.png``, ``calibration.png`` and ``calibration_scaled.png``.
 On a dataset with prediction times (a tasks table: ``garlic.io.tables.TASKS``) the method must answer a risk at each
 (``at_prediction_times``), the metrics are over prediction times and the prediction files have a ``time`` column;
 on a task scored by the Sepsis Challenge's utility, the alarm threshold is the one that maximises it on validation
-(``threshold``) and the test look adds ``test_utility`` and the warning counts of ``garlic.metrics.utility``.
+(``threshold``) and the test look adds ``test_utility`` and the warning counts of ``garlic.metrics.utility``;
+and the alert policy (``garlic.metrics.alert_policy``: its ``alert_*`` settings, the threshold chosen on validation
+by the utility of the policy's alarms) with the test look's per-alert scores under it (``test_alert_*``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from garlic.data.splits import Normalisation, Split
 from garlic.evaluation.calibration import logits_from_probabilities, scale, temperature_report
 from garlic.methods.contract import Method, check_answers_prediction_times
 from garlic.metrics import binary_metrics
+from garlic.evaluation import alerting
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths, warning_report
 from garlic.tracking import plots, run_contract
 from garlic.io.tensors import IrregularTensors, PredictionTimes
@@ -60,14 +63,15 @@ def fit_and_test(method: Method, parts: dict[str, IrregularDataset]) -> dict[str
     # metrics were computed on (a float32 is written in its own shortest digits, which read back as another float64)
     risks = {part: np.asarray(method.predict_proba(parts[part]), dtype=np.float64) for part in ("validation", "test")}
     labels = {part: times[part].label for part in ("validation", "test")}
+    predictions = {}
     for part, risk in risks.items():
         stay_ids = parts[part].stay_ids[times[part].stay]
         at = {"time": times[part].time} if timed else {}
-        table = pd.DataFrame({"stay_id": stay_ids, **at, "label": labels[part], "risk": risk})
-        mlflow.log_text(table.to_csv(index=False), run_contract.predictions(part))
+        predictions[part] = pd.DataFrame({"stay_id": stay_ids, **at, "label": labels[part], "risk": risk})
+        mlflow.log_text(predictions[part].to_csv(index=False), run_contract.predictions(part))
     metrics = test_metrics(labels, risks)
     if times["test"].score == SEPSIS_UTILITY:
-        metrics |= warning_metrics(times, risks)
+        metrics |= warning_metrics(times, risks) | alert_metrics(predictions)
     if hasattr(method, "log_fitted"):
         metrics |= method.log_fitted(parts)
     mlflow.log_metrics(metrics)
@@ -81,6 +85,15 @@ def warning_metrics(times: dict[str, PredictionTimes], risks: dict[str, np.ndarr
     threshold = choose_threshold(validation.label, risks["validation"], stay_lengths(validation.stay)).threshold
     report = warning_report(test.label, risks["test"] >= threshold, stay_lengths(test.stay))
     return {"threshold": threshold, **{f"test_{key}": value for key, value in report.items()}}
+
+
+def alert_metrics(predictions: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """The alert policy chosen on validation by the utility of its alarms (its settings, ``alert_*``), and the test
+    look's per-alert scores under it (``test_alert_*``: ``garlic.metrics.alerts``)."""
+    policy = alerting.choose(predictions["validation"]).policy
+    scored = alerting.scores(alerting.as_parts(alerting.stay_alerts(policy, predictions["test"])))
+    return {**{f"alert_{name}": value for name, value in policy.settings().items()},
+            **{f"test_alert_{name}": value for name, value in scored.items()}}  # fmt: skip
 
 
 def test_metrics(labels: dict[str, np.ndarray], risks: dict[str, np.ndarray]) -> dict[str, float]:

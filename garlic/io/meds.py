@@ -27,6 +27,7 @@ Every folder and file is written beside its destination and renamed into place (
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -45,6 +46,10 @@ MICROSECONDS_PER_HOUR = 3_600_000_000
 ROWS_PER_SHARD = 1_000_000  # a shard ends at the first stay boundary past this many events
 LABELS_FOLDER = "labels"
 LABELS_FILE = "labels.parquet"
+# The dataset's variables and static features in their order, as --variables and --static take them (one a line),
+# beside the MEDS metadata: ``garlic preprocess meds`` with them reads the export back in the same column order.
+VARIABLES_LIST = "metadata/garlic_variables.txt"
+STATIC_LIST = "metadata/garlic_static.txt"
 # The meds package's names (meds.data_subdirectory, ...; tests/test_meds.py checks them), spelled here so that
 # importing this module does not import meds: its schemas pull in jsonschema, 60 ms at every garlic start.
 DATA = "data"
@@ -54,6 +59,7 @@ DATASET_METADATA = "metadata/dataset.json"
 SPLIT_NAMES = {"train": "train", "validation": "tuning", "test": "held_out"}
 DATA_COLUMNS = ("subject_id", "time", "code", "numeric_value")
 LABEL_COLUMNS = ("subject_id", "prediction_time", "boolean_value")
+log = logging.getLogger(__name__)
 
 
 def _meds():
@@ -71,12 +77,28 @@ class MedsError(ValueError):
 # Writing
 
 
+# The grids an exported time is put on, coarsest first: a recorded time is a whole minute (P12, MIMIC-III's chart
+# times) or second far more often than not, and float32 hours hold it only to within a step (13.7 ms at 48 h).
+GRIDS_US = (60_000_000, 1_000_000, 1_000, 1)
+
+
 def hours_to_times(hours: np.ndarray) -> np.ndarray:
-    """Hours since admission (float32) -> datetime64[us] from ``ADMISSION``; ``times_to_hours`` gives the same float32
-    back from 8.4 seconds on (0.0023 h: there half a microsecond is below half a float32 step), and within half a
-    microsecond before."""
-    offsets = np.rint(np.asarray(hours, dtype="float64") * MICROSECONDS_PER_HOUR).astype("int64")
-    return ADMISSION + offsets.astype("timedelta64[us]")
+    """Hours since admission (float32) -> datetime64[us] from ``ADMISSION``: each on the coarsest grid (a whole
+    minute, second, millisecond, else microsecond) whose time ``times_to_hours`` reads back as the same float32, so
+    that a time recorded to the minute goes out to the minute exactly (00:07, not 00:07:00.000002, which the plain
+    product of the float32 gives) and every time comes back as the hours it left as. Where no grid gives the float32
+    back (before 8.4 s, 0.0023 h, a microsecond is more than a float32 step), the nearest microsecond."""
+    hours = np.asarray(hours, dtype="float32")
+    flat = hours.ravel()
+    exact = flat.astype("float64") * MICROSECONDS_PER_HOUR
+    offsets = np.rint(exact).astype("int64")
+    left = np.arange(flat.size)  # the times not yet placed: each grid tries only those the coarser ones did not fit
+    for grid in GRIDS_US[:-1]:
+        candidate = np.rint(exact[left] / grid).astype("int64") * grid
+        fits = times_to_hours(candidate, 0) == flat[left]
+        offsets[left[fits]] = candidate[fits]
+        left = left[~fits]
+    return ADMISSION + offsets.reshape(hours.shape).astype("timedelta64[us]")
 
 
 def times_to_hours(microseconds: np.ndarray, origin: np.ndarray) -> np.ndarray:
@@ -173,8 +195,10 @@ def _refuse_to_replace(destination: Path) -> None:
 def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: dict[str, np.ndarray] | None = None,
                rows_per_shard: int = ROWS_PER_SHARD) -> dict:  # fmt: skip
     """Write ``dataset`` as a MEDS folder ``destination`` (replaced atomically): data shards, codes, label file,
-    and, given ``splits`` (``train``/``validation``/``test`` -> stay ids), the subject splits. Returns what it wrote:
-    the shard, event and label counts and the label rows' ``window_hours``."""
+    the variable and static lists (``VARIABLES_LIST``, ``STATIC_LIST`` where there are static features), and, given
+    ``splits`` (``train``/``validation``/``test`` -> stay ids), the subject splits. Returns what it wrote: the shard,
+    event and label counts, the label rows' ``window_hours`` and the ``preprocess_options`` that read it back
+    (``--labels``, ``--window-hours``, ``--variables``, ``--static``)."""
     _refuse_to_replace(Path(destination))
     span = window_hours(dataset)
     events = _events(dataset)
@@ -199,11 +223,20 @@ def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: 
                               "split": pa.array([SPLIT_NAMES[part] for part in SPLIT_NAMES
                                                  for _ in splits[part]], pa.string())})  # fmt: skip
             pq.write_table(_meds().SubjectSplitSchema.align(table), staging / SUBJECT_SPLITS)
+        (staging / VARIABLES_LIST).write_text("".join(f"{name}\n" for name in dataset.variables))
+        if dataset.static_features:
+            (staging / STATIC_LIST).write_text("".join(f"{name}\n" for name in dataset.static_features))
         (staging / LABELS_FOLDER).mkdir()
         pq.write_table(labels, staging / LABELS_FOLDER / LABELS_FILE)
         write_json_atomic(staging / DATASET_METADATA, {
             "dataset_name": name, "etl_name": ETL_NAME, "meds_version": _meds().__version__})  # fmt: skip
-    return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span}
+    destination = Path(destination)
+    options = ["--labels", str(destination / LABELS_FOLDER / LABELS_FILE), "--window-hours", f"{span:g}",
+               "--variables", str(destination / VARIABLES_LIST)]
+    if dataset.static_features:
+        options += ["--static", str(destination / STATIC_LIST)]
+    return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span,
+            "preprocess_options": options}  # fmt: skip
 
 
 PREDICTION_SCHEMA = pa.schema([  # meds-evaluation's binary classification schema
@@ -211,14 +244,15 @@ PREDICTION_SCHEMA = pa.schema([  # meds-evaluation's binary classification schem
     ("prediction_time", pa.timestamp("us")),
     ("boolean_value", pa.bool_()),
     ("predicted_boolean_value", pa.bool_()),
-    ("predicted_boolean_probability", pa.float64()),
+    ("predicted_boolean_probability", pa.float32()),  # float32, as meds_evaluation.schema.PredictionSchema checks it
 ])  # fmt: skip
 
 
 def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -> None:
     """Risks as MEDS predictions (``PREDICTION_SCHEMA``, as ``meds-evaluation`` reads them), atomically: ``rows``
     has ``subject_id``, ``prediction_time`` (microseconds since the epoch), ``label`` (the label row's 0/1) and
-    ``risk``. ``predicted_boolean_value`` is ``risk >= threshold``; null throughout without a threshold."""
+    ``risk``. ``predicted_boolean_value`` is ``risk >= threshold`` (the risk as the model gave it, before it is
+    stored as float32); null throughout without a threshold."""
     risk = rows["risk"].to_numpy("float64")
     alarm = pa.array(risk >= threshold) if threshold is not None else pa.nulls(len(rows), pa.bool_())
     table = pa.table({
@@ -226,7 +260,7 @@ def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -
         "prediction_time": pa.array(rows["prediction_time"].to_numpy("int64"), pa.int64()).cast(pa.timestamp("us")),
         "boolean_value": pa.array(rows["label"].to_numpy().astype(bool)),
         "predicted_boolean_value": alarm,
-        "predicted_boolean_probability": pa.array(risk),
+        "predicted_boolean_probability": pa.array(risk.astype("float32")),
     }, schema=PREDICTION_SCHEMA)  # fmt: skip
     with atomic_file(Path(path), suffix=".parquet") as out:
         pq.write_table(table, out)
@@ -236,17 +270,52 @@ def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -
 # Reading
 
 
+def read_as(data_type: pa.DataType) -> pa.DataType:
+    """The type a column of ``data_type`` is read as: the layouts of one logical type (polars writes ``large_string``
+    and ``large_list``, a categorical as a dictionary, some writers ``string_view``) as one (``string``, ``list``),
+    and a ``double`` as the ``float`` its values are read into (the tables hold float32); any other type as it is."""
+    if pa.types.is_dictionary(data_type):
+        return read_as(data_type.value_type)
+    if pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type):
+        return pa.string()
+    if pa.types.is_large_list(data_type) or pa.types.is_list_view(data_type):
+        return pa.list_(read_as(data_type.value_type))
+    if pa.types.is_float64(data_type):
+        return pa.float32()
+    if pa.types.is_timestamp(data_type) and data_type.tz is None:  # pandas writes nanoseconds: read as microseconds
+        return pa.timestamp("us")
+    return data_type
+
+
+def _microseconds(values: pa.Array | pa.ChunkedArray, path: Path, column: str, offset: int = 0) -> np.ndarray:
+    """A timestamp column in microseconds since the epoch (int64, 0 for a null), from any unit; a MedsError naming
+    the first row with a finer part than a microsecond (MEDS times are microseconds)."""
+    if values.type != pa.timestamp("us"):
+        try:
+            values = values.cast(pa.timestamp("us"))  # safe: refuses to drop a nanosecond
+        except pa.ArrowInvalid:
+            nanoseconds = values.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+            row = offset + int(np.flatnonzero(nanoseconds % 1000)[0])
+            raise MedsError(f"{path}: row {row}, column {column}: a time finer than a microsecond, where MEDS "
+                            "times are whole microseconds") from None  # fmt: skip
+    return values.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+
+
 def _checked_schema(schema_class, arrow_schema: pa.Schema, path: Path, required: tuple[str, ...]) -> None:
-    """``arrow_schema`` against ``schema_class`` of the ``meds`` package: a MedsError naming the file and column."""
+    """``arrow_schema`` against ``schema_class`` of the ``meds`` package, a column of another layout of the type it
+    wants (``read_as``) as that type: a MedsError naming the file and column."""
     absent = [column for column in required if column not in arrow_schema.names]
     if absent:
         raise MedsError(f"{path}: no column {', '.join(absent)}; a MEDS {schema_class.__name__} file has "
                         f"{', '.join(required)}")  # fmt: skip
     from flexible_schema.exceptions import SchemaValidationError  # with meds, only where a file is checked
 
-    try:
-        schema_class.validate(pa.schema([arrow_schema.field(name) for name in arrow_schema.names
-                                         if name in schema_class.schema().names]))  # fmt: skip
+    wanted = schema_class.schema()
+    found = [arrow_schema.field(name) for name in arrow_schema.names if name in wanted.names]
+    try:  # a column read as the schema's type is read alike: checked as that type
+        schema_class.validate(pa.schema([
+            field.with_type(wanted.field(field.name).type)
+            if read_as(field.type) == read_as(wanted.field(field.name).type) else field for field in found]))
     except SchemaValidationError as error:
         mistyped = ", ".join(f"column {column}: expected {want}, found {got}" for column, want, got in
                              error.mistyped_cols or [])  # fmt: skip
@@ -318,15 +387,27 @@ def iter_events(path: Path, subjects: np.ndarray | None = None) -> Iterator[Even
         kept = batch.filter(pa.array(keep))
         time = kept.column("time")
         code = kept.column("code")
+        if time.type != pa.timestamp("us"):  # another unit (pandas writes nanoseconds): a finer time named by its row
+            _microseconds(batch.column("time"), path, "time", row)
         yield EventBatch(
             subject_id=subject_id[keep],
-            time=time.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
+            time=_microseconds(time, path, "time", row),
             timed=pc.is_valid(time).to_numpy(zero_copy_only=False),
-            code=code if isinstance(code, pa.DictionaryArray) else code.dictionary_encode(),
+            code=_string_codes(code),
             value=kept.column("numeric_value").to_numpy(zero_copy_only=False).astype("float32"),
             row=row + np.flatnonzero(keep),
         )
         row += batch.num_rows
+
+
+def _string_codes(code: pa.Array) -> pa.DictionaryArray:
+    """A batch's codes as a dictionary of ``string`` (``code_positions`` looks them up as such), whatever string
+    layout the shard has."""
+    if not isinstance(code, pa.DictionaryArray):
+        code = code.dictionary_encode()
+    if code.dictionary.type != pa.string():
+        code = pa.DictionaryArray.from_arrays(code.indices, code.dictionary.cast(pa.string()))
+    return code
 
 
 def read_labels(source: Path) -> pd.DataFrame:
@@ -344,9 +425,13 @@ def read_labels(source: Path) -> pd.DataFrame:
             raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
         _checked_schema(_meds().LabelSchema, table.schema, path, LABEL_COLUMNS)
         _first_null(table, LABEL_COLUMNS, path, 0)
+        unread = [name for name in table.column_names if name not in LABEL_COLUMNS and table.column(name).null_count
+                  < table.num_rows]  # fmt: skip
+        if unread:  # another task's values (integer_value, float_value, ...): not this binary task's label
+            log.warning("meds: %s: column(s) %s not read: the label is boolean_value", path, ", ".join(unread))
         frame = pd.DataFrame({
             "subject_id": table.column("subject_id").to_numpy(),
-            "prediction_time": table.column("prediction_time").cast(pa.int64()).to_numpy(),
+            "prediction_time": _microseconds(table.column("prediction_time"), path, "prediction_time"),
             "label": table.column("boolean_value").to_numpy(zero_copy_only=False).astype("int8")})  # fmt: skip
         frames.append(frame.assign(file=str(path), row=np.arange(len(frame))))
     rows = pd.concat(frames, ignore_index=True)

@@ -41,7 +41,7 @@ class PredictionTimes:
 
     stay  [M] int64   the stay's position in its tensors
     time  [M] float32 hours since admission: the input is what the stay recorded up to this time
-    label [M] float32 0/1 the outcome to predict at that time
+    label [M] float32 0/1 the outcome to predict at that time (NaN for times to answer, not to score)
     score how the risks at these times are scored beyond AUROC and AUPRC: the manifest's ``task["score"]``
           ("sepsis-utility": the Sepsis Challenge's utility over each stay's hours), "" for none
     """
@@ -194,7 +194,8 @@ def _prediction_times(dataset: ProcessedDataset, stay_ids: np.ndarray) -> Predic
     return PredictionTimes(
         stay=np.searchsorted(stay_ids, tasks["stay_id"].to_numpy("int64")),
         time=tasks["time"].to_numpy("float32"),
-        label=tasks["label"].to_numpy("float32"),
+        # prediction times to answer, not to score (``garlic predict``), may come without labels: NaN
+        label=tasks["label"].to_numpy("float32") if "label" in tasks else np.full(len(tasks), np.nan, "float32"),
         score=dataset.manifest.get("task", {}).get("score", ""),
     )
 

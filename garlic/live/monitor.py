@@ -8,7 +8,8 @@ costs its own time only; one that arrived late is placed at its time, and every 
 again from there. A reading withdrawn (entered in error, or replaced) is pending too: its bed is scored again from
 its time on without it, from its first reading (its step state, made with the reading, is dropped), and at its last
 time held (a bed with none left: at the withdrawn time, with no risk), so that the bed's newest score never keeps
-it. The alerts follow in time order from the bed's state before that time (``Hysteresis``), and the risks, alerts
+it. The alerts follow in time order from the bed's alert state before that time (the run's alert policy,
+``garlic.metrics.alert_policy``), and the risks, alerts
 and drivers are stored with the readings marked as scored, in one transaction. A round's beds are scored as one
 batch, so that a busy ward costs a pass per round, not per reading.
 
@@ -24,25 +25,25 @@ from collections import OrderedDict
 
 import pandas as pd
 
-from garlic.live.alerts import Hysteresis
 from garlic.live.fhir import FhirError, Observed, Withdrawal
 from garlic.live.scoring import BedScorer
 from garlic.live.store import LiveStore
+from garlic.metrics.alert_policy import AlertPolicy, AlertState
 
 ROUND = 2000  # readings a round takes at most
 MAX_PENDING = 50_000  # unscored readings beyond which new ones are refused (503) until the loop catches up
-REMEMBERED = 10_000  # beds whose newest scored time and alert the loop keeps (a time and a flag each)
+REMEMBERED = 10_000  # beds whose newest scored time and alert state the loop keeps
 log = logging.getLogger("garlic.live")
 
 
 class Monitor:
-    def __init__(self, store: LiveStore, scorer: BedScorer, alerts: Hysteresis, max_pending: int = MAX_PENDING):
+    def __init__(self, store: LiveStore, scorer: BedScorer, alerts: AlertPolicy, max_pending: int = MAX_PENDING):
         self.store, self.scorer, self.alerts, self.max_pending = store, scorer, alerts, max_pending
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.pending = store.counts()["pending"]  # what a previous service left unscored is scored first
         self.lock = threading.Lock()
-        self.newest: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # bed -> (time, alert), as stored
+        self.newest: OrderedDict[str, tuple[float, AlertState]] = OrderedDict()  # bed -> (time, state), as stored
 
     def take(self, observed: list[Observed | Withdrawal]) -> tuple[int, int, int]:
         """Store ``observed`` (committed on return): (stored, repeats, withdrawn). Refused with 503 while the loop
@@ -74,16 +75,17 @@ class Monitor:
                                emptied.reset_index()]).drop_duplicates()  # fmt: skip
         asked = asked.sort_values(["bed", "time"], ignore_index=True)
         risk, drivers = self.scorer.score(readings, asked, set(after))
-        alert = self.alerts_before(earliest.to_dict())
-        scores = []
+        state = self.alerts_before(earliest.to_dict())
+        scores, states = [], []
         for row, (bed, time) in enumerate(zip(asked["bed"], asked["time"])):
             value = None if pd.isna(risk[row]) else float(risk[row])
-            alert[bed] = self.alerts.next(alert[bed], value)
-            scores.append({"bed": bed, "time": float(time), "risk": value, "alert": alert[bed],
+            state[bed] = self.alerts.next(state[bed], float(time), value)
+            states.append(state[bed])
+            scores.append({"bed": bed, "time": float(time), "risk": value, "alert": state[bed].on,
                            "drivers": drivers[row]})  # fmt: skip
         self.store.save_scores(scores, pending["id"].tolist())
-        for score in scores:  # a bed's rows in time order: its last one is its newest time
-            self.newest[score["bed"]] = (score["time"], score["alert"])
+        for score, after in zip(scores, states):  # a bed's rows in time order: its last one is its newest time
+            self.newest[score["bed"]] = (score["time"], after)
             self.newest.move_to_end(score["bed"])
         while len(self.newest) > REMEMBERED:
             self.newest.popitem(last=False)
@@ -91,13 +93,13 @@ class Monitor:
             self.pending -= len(pending)
         return len(pending)
 
-    def alerts_before(self, times: dict[str, float]) -> dict[str, bool]:
-        """Each bed's alert at its latest scored time before ``times[bed]``: remembered where that is its newest
-        scored time, else from the store."""
+    def alerts_before(self, times: dict[str, float]) -> dict[str, AlertState]:
+        """Each bed's alert state at its latest scored time before ``times[bed]``: remembered where that is its
+        newest scored time, else from the store."""
         known = {bed: self.newest[bed][1] for bed, time in times.items()
                  if bed in self.newest and self.newest[bed][0] < time}  # fmt: skip
         asked = {bed: time for bed, time in times.items() if bed not in known}
-        return known | (self.store.alerts_before(asked) if asked else {})
+        return known | (self.store.alert_states_before(asked, self.alerts.quiet_hours) if asked else {})
 
     def run(self) -> None:
         """Score until ``stop``: at once while readings are pending, else when ``take`` wakes it."""

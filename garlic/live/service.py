@@ -123,7 +123,7 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
             raise FhirError(404, "no such bed")
         history = store.history(bed)
         readings = store.readings([bed])
-        return {"bed": bed, "threshold": monitor.alerts.threshold,
+        return {"bed": bed, "threshold": monitor.alerts.threshold, "policy": monitor.alerts.settings(),
                 "scores": [{"time": r.time, "risk": _number(r.risk), "alert": bool(r.alert), "drivers": r.drivers}
                            for r in history.itertuples()],
                 "readings": [{"time": r.time, "variable": r.variable, "value": r.value}

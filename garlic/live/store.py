@@ -20,6 +20,7 @@ marked unscored again, so that its bed is scored again from its time on without 
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import datetime, timezone
 
@@ -28,6 +29,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from garlic.live.fhir import FhirError, Observed, Stay, Withdrawal
+from garlic.metrics.alert_policy import AlertState
 
 SCHEMA_VERSION = "2"  # 2: readings' source and withdrawn (a store of layout 1 is brought to 2 when opened)
 # A reading dated further from its bed's admission has a wrong date (a year or a time zone typed wrong); the model's
@@ -351,14 +353,27 @@ class LiveStore:
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), ["bed", "variable", "time", "value"])
 
-    def alerts_before(self, times: dict[str, float]) -> dict[str, bool]:
-        """Each bed's alert state at its latest scored time before ``times[bed]`` (False when none)."""
+    def alert_states_before(self, times: dict[str, float], quiet_hours: float) -> dict[str, AlertState]:
+        """Each bed's alert state at its latest scored time before ``times[bed]``: on or off, and the last time it
+        was on, looked for only as far back as ``quiet_hours`` (earlier, it no longer keeps a new alert quiet)."""
         states = {}
         with self.engine.connect() as db:
             for bed, before in times.items():
-                row = db.execute(sa.select(SCORES.c.alert).where(SCORES.c.bed == bed, SCORES.c.time < before)
-                                 .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
-                states[bed] = bool(row.alert) if row else False
+                rows = db.execute(sa.select(SCORES.c.time, SCORES.c.alert)
+                                  .where(SCORES.c.bed == bed, SCORES.c.time < before,
+                                         SCORES.c.time >= before - quiet_hours)
+                                  .order_by(SCORES.c.time.desc(), SCORES.c.id.desc())).all()  # fmt: skip
+                newest = {}  # time -> the alert of its newest score (the first met, in this order)
+                for row in rows:
+                    newest.setdefault(row.time, bool(row.alert))
+                last_on = max((time for time, alert in newest.items() if alert), default=-math.inf)
+                if newest:
+                    states[bed] = AlertState(newest[max(newest)], last_on)
+                else:  # nothing scored within the quiet hours: the latest score's alert, whenever it was
+                    row = db.execute(sa.select(SCORES.c.time, SCORES.c.alert)
+                                     .where(SCORES.c.bed == bed, SCORES.c.time < before)
+                                     .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
+                    states[bed] = AlertState(bool(row.alert), row.time) if row and row.alert else AlertState()
         return states
 
     def history(self, bed: str) -> pd.DataFrame:

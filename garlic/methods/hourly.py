@@ -20,14 +20,18 @@ the end of its input, so they also run on the per-stay tasks.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import numpy as np
 from sklearn.base import BaseEstimator
 
 from garlic.data.batches import IrregularDataset
+from garlic.io.atomic import write_json_atomic
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths, utility_targets
-from garlic.methods.contract import check_fitted, check_learns_score
+from garlic.methods.contract import check_fitted, check_learns_score, fitted_inputs
+from garlic.methods.saved import FITTED, ModelFileError, read_fitted
 from garlic.methods.summary import CANDIDATES, ChosenClassifier
 
 STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")
@@ -170,6 +174,7 @@ class AlarmAfterHour(BaseEstimator):
     name = "alarm_after_hour"
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "AlarmAfterHour":
+        self.inputs_ = fitted_inputs(train)
         times = train.prediction_times
         if times.score == SEPSIS_UTILITY:
             # Alarming from hour k on is alarming where time / longest >= k / longest: the utility's best threshold
@@ -195,3 +200,19 @@ class AlarmAfterHour(BaseEstimator):
         check_fitted(self)
         mlflow.log_params({"chosen_after_hour": self.after_, "chosen_train_score": self.train_score_})
         return {}
+
+    def save_fitted(self, folder: Path) -> None:
+        """Its hour (none: JSON's null, never alarming) and training score, beside the inputs it was fitted on."""
+        check_fitted(self)
+        after = None if np.isinf(self.after_) else self.after_
+        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "after_hour": after,
+                                            "train_score": self.train_score_})  # fmt: skip
+
+    def restore_fitted(self, folder: Path) -> None:
+        fitted = read_fitted(folder)
+        after = fitted.get("after_hour", "missing")
+        if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or after < 0):
+            raise ModelFileError(f"{folder / FITTED}: 'after_hour' must be an hour >= 0 or null, got {after!r}")
+        self.inputs_ = {key: fitted[key] for key in ("variables", "static_features")}
+        self.after_ = np.inf if after is None else float(after)
+        self.train_score_ = float(fitted.get("train_score", np.nan))

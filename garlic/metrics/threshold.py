@@ -20,12 +20,3 @@ def threshold_at_sensitivity(labels: np.ndarray, risk: np.ndarray, sensitivity: 
         raise ValueError("no positive stay to set a threshold on")
     flagged = math.ceil(sensitivity * len(positives) - 1e-9)  # the tolerance keeps 0.8 * 10 at 8, not 9
     return float(positives[flagged - 1])
-
-
-def alert_since(hours: np.ndarray, risk: np.ndarray, threshold: float, now: int) -> float | None:
-    """While the risk at position ``now`` is at or above the threshold: the hour this unbroken alert began."""
-    above = np.asarray(risk[: now + 1]) >= threshold  # NaN (no data yet) compares False
-    if not above[-1]:
-        return None
-    below = np.flatnonzero(~above)
-    return float(hours[below[-1] + 1 if len(below) else 0])

@@ -1,4 +1,5 @@
-"""Figures logged with every run: ROC and precision-recall curves, reliability diagram, learned graph."""
+"""Figures logged with every run: ROC and precision-recall curves, reliability diagram, learned graph; and the
+alert burden curves of hourly runs."""
 from __future__ import annotations
 
 import matplotlib
@@ -41,6 +42,31 @@ def reliability_figure(labels: np.ndarray, probabilities: np.ndarray, bins: int 
     axis.plot(predicted, observed, marker="o", label=f"ECE {scores['ece']:.3f}, Brier {scores['brier']:.3f}")
     axis.set(xlabel="predicted risk", ylabel="observed rate", title="Calibration", xlim=(0, 1), ylim=(0, 1))
     axis.legend(loc="upper left")
+    figure.tight_layout()
+    return figure
+
+
+def burden_figure(curves: dict, chosen: dict, title: str) -> plt.Figure:
+    """Per method (``curves``: name -> a frame of ``threshold, sensitivity, ppv, alerts_per_100_days``, one row
+    a threshold of its alert policy), sensitivity and PPV against alerts per 100 patient-days, each method's chosen
+    operating point (``chosen``: name -> (alerts per 100 days, sensitivity, PPV)) marked: what a bedside team
+    looks at to pick its burden."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), sharex=True)
+    for index, (name, curve) in enumerate(curves.items()):
+        color = f"C{index}"
+        shown = curve[(curve["alerts_per_100_days"] > 0) & np.isfinite(curve["alerts_per_100_days"])]
+        left.plot(shown["alerts_per_100_days"], shown["sensitivity"], color=color, label=name)
+        right.plot(shown["alerts_per_100_days"], shown["ppv"], color=color, label=name)
+        if name in chosen:
+            burden, sensitivity, ppv = chosen[name]
+            left.plot([burden], [sensitivity], marker="o", color=color, markeredgecolor="black")
+            right.plot([burden], [ppv], marker="o", color=color, markeredgecolor="black")
+    left.set(xscale="log", xlabel="alerts per 100 patient-days", ylabel="sensitivity (septic stays with a true alert)",
+             ylim=(0, 1), title="Sensitivity")  # fmt: skip
+    right.set(xscale="log", xlabel="alerts per 100 patient-days", ylabel="PPV (true alerts / alerts)", ylim=(0, 1),
+              title="PPV")  # fmt: skip
+    left.legend(loc="upper left", fontsize="small")
+    figure.suptitle(f"{title}; dots: the operating point chosen on validation")
     figure.tight_layout()
     return figure
 

@@ -12,6 +12,8 @@ Every split run (the run that holds a model) logs these parameters:
 A run that groups several splits (or seeds) also logs ``split_indices`` and ``seeds``, what ``--resume`` needs.
 A run trained from a config file (``garlic train``, a preset of ``garlic/configs``) carries the tag ``preset``:
 the file's stem (``physionet2012-best``), which names the run in the dashboard; its settings are the params above.
+A GARLIC split run that ``garlic train`` finished carries the tag ``stages`` (``STAGES``): its training stages by
+epoch. An hourly run also logs the alert policy it chose on validation (``alert_*``, ``docs/alerts.md``).
 
 Artifacts (paths inside a run; the names below own them):
 
@@ -49,6 +51,7 @@ SPLIT_INDICES = "split_indices"
 SEEDS = "seeds"
 PRESET = "preset"
 METHOD = "method"  # the tag naming a registered method other than GARLIC (``garlic.methods.registry``)
+STAGES = "stages"  # the tag of a GARLIC split run: its training stages by epoch ("reconstruction 1-3, ...")
 
 CONFIG = "config.json"
 DATA_MANIFEST = "data_manifest.json"
