@@ -2,9 +2,9 @@
 explains its risks.
 
 At an alerted prediction time (a stay's record up to hour t), rank the variables the record has observed by up to t
-by the model's own importance at that hour (``garlic.explain.drivers.row_importance``: a method's
-contributions, or GARLIC's built-in signal importance on the record cut at t), then remove ``fraction`` of them (rounded half up, as
-``garlic.explain.removal.keep_count`` counts) and ask the model again at t:
+by the model's own importance at that hour (``garlic.explain.drivers.row_importance``: a method's contributions,
+or GARLIC's built-in signal importance on the record cut at t), then remove ``fraction`` of them (rounded half up,
+as ``garlic.explain.removal.keep_count`` counts) and ask the model again at t:
 
 - ``top``: the highest-ranked ones (the drivers), ``bottom``: the lowest, ``random``: a seeded random choice.
 
