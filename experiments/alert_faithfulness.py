@@ -1,5 +1,5 @@
 """Are the drivers the bedside shows for an alert the ones the model needs? Feature removal at alerted hours, for
-trained hourly runs of any method that explains (``garlic.explain.faithfulness``).
+trained hourly runs of any method that explains (``garlic.evaluation.faithfulness``).
 
     python -m experiments.alert_faithfulness --mlruns STORE --runs RUN_ID [RUN_ID ...] [--max-alerts 1000]
 
@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT, processed_folder
 from garlic.data.splits import read_split
-from garlic.explain.faithfulness import alert_faithfulness
+from garlic.evaluation.faithfulness import alert_faithfulness
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import LABELS, OBSERVATIONS, STATIC, TASKS, ProcessedDataset, read_manifest
 from garlic.io.tensors import IrregularTensors, load_tensors, tensorize

@@ -58,9 +58,9 @@ def predict_hourly(
 ) -> pd.DataFrame:
     """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
     model must answer prediction times (an hourly method). With ``drivers`` > 0, a model that says what drove each
-    risk (``garlic.explain.drivers.has_row_importance``: one explained by its variables' contributions, GARLIC)
+    risk (``garlic.methods.drivers.has_row_importance``: one explained by its variables' contributions, GARLIC)
     adds a column ``drivers``: at each time, that many of the variables that drove the risk most (``driver_lists``)."""
-    from garlic.explain.drivers import has_row_importance
+    from garlic.methods.drivers import has_row_importance
     from garlic.methods.contract import check_answers_prediction_times
 
     check_answers_prediction_times(trained.method, f"the run's model ({trained.name})")
@@ -76,9 +76,9 @@ def predict_hourly(
 
 def driver_lists(trained: SavedMethod, dataset: IrregularDataset, top: int) -> list[list[str]]:
     """At each of the dataset's prediction times, the ``top`` variables that drove the risk most by the model's own
-    explanation (``garlic.explain.drivers``), highest first: for a model explained by contributions, those that
+    explanation (``garlic.methods.drivers``), highest first: for a model explained by contributions, those that
     raised it."""
-    from garlic.explain.drivers import drivers
+    from garlic.methods.drivers import drivers
 
     return drivers(trained.method, dataset, trained.variables, top)
 

@@ -1,6 +1,6 @@
 """The baselines explain their risks by their variables (``garlic.explain.contributions``): exact tree SHAP values
 for gradient boosting, coefficient x standardised value for logistic regression, folded into the variables; and the
-faithfulness of those drivers at alerted hours (``garlic.explain.faithfulness``). On the synthetic cohort, asked at
+faithfulness of those drivers at alerted hours (``garlic.evaluation.faithfulness``). On the synthetic cohort, asked at
 five hours of every stay as an hourly task asks."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from garlic.data.batches import IrregularDataset
 from garlic.explain.contributions import SHAP_MISSING, top_drivers
-from garlic.explain.drivers import row_importance
-from garlic.explain.faithfulness import alert_faithfulness, removal_drops, removed_variables
+from garlic.methods.drivers import row_importance
+from garlic.evaluation.faithfulness import alert_faithfulness, removal_drops, removed_variables
 from garlic.io.tensors import PredictionTimes
 from garlic.methods.contract import explains_rows, unexplained_reason
 from garlic.methods.hourly import HourlyModel, feature_names

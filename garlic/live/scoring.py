@@ -12,7 +12,7 @@ The drivers are the inputs that the model's own explanation ranks highest at tha
 compact architecture; for an hourly GARLIC, on the record cut at each asked time), or the variables whose
 contributions raised the risk most for a model that explains each risk by its variables (``contract.explains_rows``:
 gradient boosting's exact tree SHAP values, logistic regression's coefficient x value, per stay or at each hour;
-``garlic.explain.drivers``). A model without one (the reference architecture, the floor, gradient boosting without
+``garlic.methods.drivers``). A model without one (the reference architecture, the floor, gradient boosting without
 the shap package) gives none; ``unexplained`` says why where it could.
 Risk and drivers from a step state are the one pass's on the cut to float rounding.
 """
@@ -26,7 +26,7 @@ from garlic.data.batches import collate
 from garlic.explain.built_in import explain
 from garlic.inference import TOP_DRIVERS, driver_lists, predict_hourly, tensors_for_model
 from garlic.live.steps import MAX_BEDS, WardSteps
-from garlic.explain.drivers import has_row_importance
+from garlic.methods.drivers import has_row_importance
 from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
 from garlic.models.compact import Garlic
@@ -53,7 +53,7 @@ class BedScorer:
         self.trained, self.hourly, self.top = trained, hourly, top
         self.explains = (not self.hourly and trained.explains
                          and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
-        # Any other model that says what drove each risk (garlic.explain.drivers): by its variables' contributions,
+        # Any other model that says what drove each risk (garlic.methods.drivers): by its variables' contributions,
         # or an hourly GARLIC by its built-in importance of the record cut at each asked time
         self.contributes = not self.explains and has_row_importance(trained.method)
         self.unexplained = unexplained_reason(trained.method)  # why a model that could explain does not here

@@ -2,7 +2,7 @@
 explains its risks.
 
 At an alerted prediction time (a stay's record up to hour t), rank the variables the record has observed by up to t
-by the model's own importance at that hour (``garlic.explain.drivers.row_importance``: a method's contributions,
+by the model's own importance at that hour (``garlic.methods.drivers.row_importance``: a method's contributions,
 or GARLIC's built-in signal importance on the record cut at t), then remove ``fraction`` of them (rounded half up,
 as ``garlic.explain.removal.keep_count`` counts) and ask the model again at t:
 
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from garlic.data.batches import IrregularDataset
-from garlic.explain.drivers import CHUNK_ROWS, row_importance
+from garlic.methods.drivers import CHUNK_ROWS, row_importance
 from garlic.explain.removal import CONDITIONS, keep_count, reduce
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.methods.contract import Method

@@ -2,7 +2,7 @@
 variable contributions (``contract.explains_rows``: gradient boosting's exact tree SHAP values, logistic
 regression's coefficient x value), or GARLIC's built-in signal importance of the record cut at that time (as the
 dashboard explains an hour). The live ward, ``garlic predict --hourly`` and the faithfulness measurement
-(``garlic.explain.faithfulness``) all read it here.
+(``garlic.evaluation.faithfulness``) all read it here.
 """
 from __future__ import annotations
 
