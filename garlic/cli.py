@@ -455,7 +455,9 @@ def _predict(args: argparse.Namespace) -> None:
 
 def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     """``garlic predict --hourly``: the Sepsis Challenge's prediction files, one per record, in ``--output``."""
-    from garlic.inference import predict_hourly, write_hourly_predictions
+    from garlic.inference import (ALARM_DRIVERS, TOP_DRIVERS, predict_hourly, write_alarm_drivers,
+                                  write_hourly_predictions)
+    from garlic.methods.contract import unexplained_reason
     from garlic.methods.saved import load_predictor
     from garlic.sources.physionet2019 import read_hourly_record_files
     from garlic.sources.records import record_files
@@ -468,8 +470,15 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays; {found.policy.describe()} "
          f"({found.chosen_by}) ...")  # fmt: skip
     adapt_threads()
-    written = write_hourly_predictions(args.output, predict_hourly(trained, observations, static, tasks), found.policy)
+    risks = predict_hourly(trained, observations, static, tasks, drivers=TOP_DRIVERS)
+    written = write_hourly_predictions(args.output, risks, found.policy)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
+    if "drivers" in risks:
+        alarms = write_alarm_drivers(args.output / ALARM_DRIVERS, risks, found.policy)
+        _say(f"wrote the top drivers of its {alarms} alarmed hours in {_shown(args.output / ALARM_DRIVERS)}")
+    else:
+        _say(f"{trained.name} gives no drivers of its alarms" + (f": {unexplained_reason(trained.method)}"
+                                                                 if unexplained_reason(trained.method) else ""))
 
 
 def _predict_meds(args: argparse.Namespace, store: Path) -> None:
@@ -660,8 +669,11 @@ def _monitor(args: argparse.Namespace) -> None:
     found = _policy(args, store)
     hourly = found.hourly
     live = LiveStore(_live_store(args), args.run)
-    monitor = Monitor(live, BedScorer(trained, hourly), found.policy)
+    scorer = BedScorer(trained, hourly)
+    monitor = Monitor(live, scorer, found.policy)
     adapt_threads()
+    if scorer.unexplained:
+        _say(f"{trained.name} shows no drivers: {scorer.unexplained}")
     _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
          f"store {live.engine.url.render_as_string(hide_password=True)}, {monitor.pending} readings left to score")
     watcher = None
@@ -780,7 +792,8 @@ def parser() -> argparse.ArgumentParser:
                          "with --labels, a Parquet file")
     predict.add_argument("--hourly", action="store_true",
                          help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
-                              "Challenge's prediction files (pNNNNNN.psv) in --output; needs an hourly run")
+                              "Challenge's prediction files (pNNNNNN.psv) in --output, with the top drivers of every "
+                              "alarmed hour in alarm-drivers.csv where the model explains; needs an hourly run")
     add_policy_arguments(predict)  # --hourly: the alarms are the alert policy's; --labels: --threshold alone
     predict.add_argument("--labels", type=Path, help="MEDS: --input is a MEDS folder, this its label file(s); writes "
                          "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)")

@@ -7,11 +7,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from garlic.data.batches import IrregularDataset
 from garlic.methods.saved import SavedMethod
 from garlic.metrics.alert_policy import AlertPolicy
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 from garlic.sources.meds import MedsTables
+
+TOP_DRIVERS = 3  # the drivers an alarm names, as the live ward shows them (``garlic.live.scoring``)
+ALARM_DRIVERS = "alarm-drivers.csv"  # beside the prediction files of ``garlic predict --hourly``
 
 
 def tensors_for_model(
@@ -50,17 +54,33 @@ def predict_tables(trained: SavedMethod, observations: pd.DataFrame, static: pd.
 
 
 def predict_hourly(
-    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame
+    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame, drivers: int = 0
 ) -> pd.DataFrame:
     """One row per prediction time of ``tasks``: stay_id, time and the risk from the stay's record up to then; the
-    model must answer prediction times (an hourly method)."""
+    model must answer prediction times (an hourly method). With ``drivers`` > 0, a model that says what drove each
+    risk (``garlic.methods.drivers.has_row_importance``: one explained by its variables' contributions, GARLIC)
+    adds a column ``drivers``: at each time, that many of the variables that drove the risk most (``driver_lists``)."""
+    from garlic.methods.drivers import has_row_importance
     from garlic.methods.contract import check_answers_prediction_times
 
     check_answers_prediction_times(trained.method, f"the run's model ({trained.name})")
     tensors = tensors_for_model(trained, observations, static, tasks)
     times = tensors.prediction_times()
-    risk = trained.predict_proba(trained.dataset(tensors))
-    return pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": risk})
+    dataset = trained.dataset(tensors)
+    risks = pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time,
+                          "risk": trained.predict_proba(dataset)})  # fmt: skip
+    if drivers > 0 and has_row_importance(trained.method):
+        risks["drivers"] = driver_lists(trained, dataset, drivers)
+    return risks
+
+
+def driver_lists(trained: SavedMethod, dataset: IrregularDataset, top: int) -> list[list[str]]:
+    """At each of the dataset's prediction times, the ``top`` variables that drove the risk most by the model's own
+    explanation (``garlic.methods.drivers``), highest first: for a model explained by contributions, those that
+    raised it."""
+    from garlic.methods.drivers import drivers
+
+    return drivers(trained.method, dataset, trained.variables, top)
 
 
 def every_hour(observations: pd.DataFrame) -> pd.DataFrame:
@@ -96,12 +116,32 @@ def write_hourly_predictions(folder: Path, risks: pd.DataFrame, policy: AlertPol
     """The Sepsis Challenge's prediction files of ``predict_hourly``'s risks: one ``pNNNNNN.psv`` per stay, a row
     per hour, ``PredictedProbability|PredictedLabel``, the label 1 where ``policy``'s alert is on (the alert policy
     the live ward and the tables apply, ``garlic.metrics.alert_policy``)."""
-    from garlic.metrics.utility import stay_lengths, write_predictions
+    from garlic.metrics.utility import write_predictions
 
-    risks = risks.sort_values(["stay_id", "time"], kind="stable")
-    alarms = policy.alarms(risks["risk"].to_numpy(), risks["time"].to_numpy(), stay_lengths(risks["stay_id"].to_numpy()))
+    risks, alarms = policy_alarms(risks, policy)
     return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(), alarms[group.index].astype(int))
-            for stay_id, group in risks.reset_index(drop=True).groupby("stay_id", sort=True)]  # fmt: skip
+            for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip
+
+
+def policy_alarms(risks: pd.DataFrame, policy: AlertPolicy) -> tuple[pd.DataFrame, np.ndarray]:
+    """``risks`` in stay and time order (index 0 ..) and, at each of its rows, whether ``policy``'s alert is on."""
+    from garlic.metrics.utility import stay_lengths
+
+    risks = risks.sort_values(["stay_id", "time"], kind="stable").reset_index(drop=True)
+    lengths = stay_lengths(risks["stay_id"].to_numpy())
+    return risks, np.asarray(policy.alarms(risks["risk"].to_numpy(), risks["time"].to_numpy(), lengths), dtype=bool)
+
+
+def write_alarm_drivers(path: Path, risks: pd.DataFrame, policy: AlertPolicy) -> int:
+    """``predict_hourly``'s hours with ``policy``'s alert on (those its prediction files alarm at) with their
+    drivers, as CSV (stay_id, time, risk, drivers: "HR, Temp, Lactate"), atomically; how many hours it lists."""
+    from garlic.io.atomic import atomic_file
+
+    risks, alarms = policy_alarms(risks, policy)
+    alarmed = risks[alarms].assign(drivers=lambda t: t["drivers"].map(", ".join))
+    with atomic_file(path, "w") as out:
+        alarmed[["stay_id", "time", "risk", "drivers"]].to_csv(out, index=False)
+    return len(alarmed)
 
 
 def predict_meds(trained: SavedMethod, tables: MedsTables) -> pd.DataFrame:

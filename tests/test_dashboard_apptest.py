@@ -1,6 +1,7 @@
 """The dashboard page driven through Streamlit's testing API: choosing a stay, replaying it, and bad input."""
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 import time
@@ -67,17 +68,38 @@ def test_a_run_whose_model_has_no_built_in_explanation_is_explained_by_integrate
     assert "Driven by " in warning and "no single signal" not in warning
 
 
-def test_a_run_of_another_method_replays_its_risk_and_says_it_explains_nothing(page, tmp_path_factory):
+@pytest.mark.skipif(importlib.util.find_spec("shap") is None,
+                    reason="needs the explain extra (shap): bin/setup explain")  # fmt: skip
+def test_a_run_of_another_method_replays_its_risk_and_explains_it_by_its_variables(page, tmp_path_factory):
     boosting = tiny_method_run(tmp_path_factory, "gbm_static")
     at = page(boosting.run_id, boosting.store, data_root=boosting.data_root)
     assert not at.exception
     assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
     assert any(m.label == "Test AUROC" for m in at.metric)
-    said = [e.value for e in at.info]
-    assert any(s.startswith("This run's model (gbm_static) gives no explanation of its own") for s in said), said
+    assert not any("gives no explanation" in e.value for e in at.info)
+    assert any("contribution to the risk's log-odds at this hour (exact tree SHAP values" in c.value
+               for c in at.caption)  # fmt: skip
     assert not [e.value for e in at.error if "Something went wrong" in e.value]
     (choice,) = sources.runs_with_models(boosting.store)  # listed with the runs that have a model, by its method
     assert choice.run_id == boosting.run_id and choice.label.startswith("gbm_static · AUROC ")
+    at.sidebar.number_input(key=f"threshold-{boosting.run_id}").set_value(0.0).run()
+    (warning,) = warnings(at)
+    assert "since hour" in warning and "Driven by " in warning and "no single signal" not in warning
+
+
+def test_a_run_of_a_method_that_cannot_explain_here_replays_its_risk_and_says_why(page, tmp_path_factory,
+                                                                                   monkeypatch):  # fmt: skip
+    import garlic.methods.summary
+
+    monkeypatch.setattr(garlic.methods.summary, "shap_installed", lambda: False)  # boosting without the shap package
+    boosting = tiny_method_run(tmp_path_factory, "gbm_static")
+    at = page(boosting.run_id, boosting.store, data_root=boosting.data_root)
+    assert not at.exception
+    assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
+    said = [e.value for e in at.info]
+    assert any(s.startswith("This run's model (gbm_static) gives no explanation here: gradient boosting's drivers "
+                            "need the shap package") for s in said), said  # fmt: skip
+    assert not [e.value for e in at.error if "Something went wrong" in e.value]
     at.sidebar.number_input(key=f"threshold-{boosting.run_id}").set_value(0.0).run()
     (warning,) = warnings(at)
     assert "since hour" in warning and "Driven by" not in warning  # it names no driver it cannot know

@@ -243,7 +243,8 @@ def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_nee
             capsys.readouterr().err)
 
 
-def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys):
+def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys,
+                                                               monkeypatch):  # fmt: skip
     store, run_id = hourly_run
     import mlflow
 
@@ -266,7 +267,7 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
         shutil.copy(hourly_root / "source" / system / f"p{stay:06d}.psv", records)
     main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
           "--output", str(tmp_path / "predictions")])  # fmt: skip
-    capsys.readouterr()
+    assert "wrote the top drivers of its" in capsys.readouterr().err
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
     # The files' alarms are the run's alert policy's (chosen on validation): its utility, and per alert its scores.
@@ -286,6 +287,28 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "bare")])
     names, values = capsys.readouterr().out.strip().splitlines()
     assert float(values.split("|")[names.split("|").index("Utility")]) == pytest.approx(metrics["test_utility"])
+    # Every hour the policy alarms at, and only those, with the variables that raised its risk (logistic
+    # regression explains)
+    drivers = pd.read_csv(tmp_path / "predictions" / "alarm-drivers.csv", keep_default_na=False)
+    alarmed = set()
+    for stay in test:
+        hours = pd.read_csv(records / f"p{stay:06d}.psv", sep="|")["ICULOS"].to_numpy()
+        alarms = pd.read_csv(tmp_path / "predictions" / f"p{stay:06d}.psv", sep="|")["PredictedLabel"].to_numpy()
+        alarmed |= {(int(stay), float(hour)) for hour in hours[alarms == 1]}
+    assert list(drivers.columns) == ["stay_id", "time", "risk", "drivers"] and len(drivers) == len(alarmed) > 0
+    assert set(zip(drivers["stay_id"].astype(int), drivers["time"].astype(float))) == alarmed
+    assert {name for text in drivers["drivers"] for name in text.split(", ") if name} <= {"HR", "Temp"}
+    assert (drivers["drivers"] != "").any()
+    # A model that cannot explain here (as boosting without shap) writes its predictions and says why, once
+    from garlic.methods.summary import ChosenClassifier
+
+    monkeypatch.setattr(ChosenClassifier, "explanation_unavailable", property(lambda self: "shap is not installed"))
+    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
+          "--output", str(tmp_path / "unexplained")])  # fmt: skip
+    said = capsys.readouterr().err
+    assert said.count("hourly_logreg gives no drivers of its alarms: shap is not installed") == 1
+    assert not (tmp_path / "unexplained" / "alarm-drivers.csv").exists()
+    assert len(list((tmp_path / "unexplained").glob("p*.psv"))) == len(test)
     # A policy setting out of its range: one line naming it, nothing written
     with pytest.raises(SystemExit):
         main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
@@ -342,6 +365,10 @@ def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(ho
     onset = labels.loc[septic, "first_septic_hour"] + 6
     assert any(c.value.startswith(f"Sepsis onset at hour {onset:g}") for c in at.caption)
     assert any("Sepsis Challenge's utility on the test stays" in m.value for m in at.markdown)
+    # Its logistic regression explains the hour by its variables' contributions (test_drivers checks the values)
+    assert any("contribution to the risk's log-odds at this hour (coefficient x standardised value" in c.value
+               for c in at.caption)  # fmt: skip
+    assert not any("gives no explanation" in i.value for i in at.info)
 
 
 def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):
@@ -519,6 +546,58 @@ def test_the_boosting_screen_scores_a_setting_on_validation_as_the_method_fitted
     assert choice.normalised_utility == pytest.approx(best["validation_utility"])
 
 
+def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root, hourly_run, tmp_path, capsys):
+    from experiments import alert_faithfulness
+
+    store, run_id = hourly_run
+    out = tmp_path / "faithfulness.md"
+    table = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
+                                     "--max-alerts", "40", "--out", str(out)])  # fmt: skip
+    (row,) = table.to_dict("records")
+    assert row["method"] == "hourly_logreg" and 0 < row["alerts"] <= 40 and row["risk"] >= row["threshold"]
+    # Its only measured variable is HR: removing the top half removes HR, the bottom half too (half of one, rounded
+    # up), and so does a random half: the three drops are one, each asked of a record left with nothing observed
+    assert row["drop_top"] == pytest.approx(row["drop_random"]) == pytest.approx(row["drop_bottom"])
+    text = out.read_text()
+    assert text.startswith("`python -m experiments.alert_faithfulness --mlruns") and "| hourly_logreg |" in text
+    assert text in capsys.readouterr().out
+    # A few stays read from the tables alone: the same stays and hours as in the whole cohort's tensors
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    test = load_splits(folder, tensors, "five-split")[0].test
+    few = alert_faithfulness.stays_of(folder, np.sort(test)[:4])
+    whole = tensors.subset(np.flatnonzero(np.isin(tensors.stay_ids, np.sort(test)[:4])))
+    np.testing.assert_array_equal(few.stay_ids, whole.stay_ids)
+    np.testing.assert_array_equal(few.prediction_times().time, whole.prediction_times().time)
+    small = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
+                                     "--max-stays", "4"])  # fmt: skip
+    assert 0 < small["alerts"].iloc[0] <= len(few.prediction_times())
+    # A study's unit records its data digest and split name as tags, and no split digest: read by name once the
+    # data digest is checked
+    from garlic.io.tables import read_manifest
+    from garlic.tracking import run_contract
+
+    unit = {"dataset": "physionet2019-hourly", "split": "five-split/split_0",
+            "data_digest": run_contract.manifest_digest(read_manifest(folder))}  # fmt: skip
+    np.testing.assert_array_equal(alert_faithfulness.recorded_split("unit", unit, folder).test, test)
+    with pytest.raises(run_contract.StaleRunDataError, match="is not the one run unit was trained on"):
+        alert_faithfulness.recorded_split("unit", {**unit, "data_digest": "0" * 64}, folder)
+
+
+def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_run_saved_one(hourly_root, capsys):
+    from experiments import alert_faithfulness
+
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    load_splits(folder, load_tensors(folder), "five-split")  # saved, as the first training on the dataset saves them
+    table = alert_faithfulness.main(["--fit", "hourly_logreg_utility", "hourly_logreg", "--data-root", str(hourly_root),
+                                     "--train-stays", "30", "--validation-stays", "6", "--max-stays", "6"])  # fmt: skip
+    assert list(table["method"]) == ["hourly_logreg_utility", "hourly_logreg"] and (table["alerts"] > 0).all()
+    assert table["run"].eq("fitted on 30 stays").all() and table["split"].eq("five-split/split_0").all()
+    with pytest.raises(ValueError, match="--fit takes hourly_gbm, hourly_logreg and their _utility forms, got 'gbm'"):
+        alert_faithfulness.main(["--fit", "gbm", "--data-root", str(hourly_root)])
+    with pytest.raises(SystemExit):
+        alert_faithfulness.main(["--runs", "abc"])
+    assert "--runs needs --mlruns" in capsys.readouterr().err
 def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_root, hourly_run, tmp_path, capsys):
     import json
 

@@ -9,7 +9,9 @@ registered later, is held to the contract of ``garlic.methods.contract`` with no
 - one that can be saved (``contract.can_be_saved``) is read back from its folder (``garlic.methods.saved``) with
   the same risks;
 - ``predict_proba`` before ``fit`` raises scikit-learn's ``NotFittedError``;
-- the same seed gives the same risks.
+- the same seed gives the same risks;
+- one that explains each risk by its variables (``contract.explains_rows``) gives a finite contribution of every
+  variable to every risk, read back from its folder alike; one that could but cannot here says why in one line.
 
 On a small synthetic cohort, one epoch, the networks made small through the config and the methods' own settings
 where they have them. An entry whose optional extra is missing is skipped, naming it.
@@ -26,7 +28,7 @@ from dataclasses import replace
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.methods import registry
-from garlic.methods.contract import can_be_saved, explains
+from garlic.methods.contract import can_be_saved, explains, explains_rows, unexplained_reason
 from garlic.methods.saved import SavedMethod, load_method, save_method
 from helpers import synthetic_cohort
 
@@ -140,3 +142,23 @@ def test_predict_proba_before_fit_says_it_is_not_fitted(name, cohort):
     unfitted = registry.method(name).create(context(name, cohort))
     with pytest.raises(NotFittedError, match=f"This {type(unfitted).__name__} instance is not fitted yet"):
         unfitted.predict_proba(cohort.parts["test"])
+
+
+@every_method
+def test_a_method_that_explains_by_variable_gives_each_risk_a_contribution_of_every_variable(name, cohort, fitted,
+                                                                                               tmp_path):  # fmt: skip
+    method, _, _ = fitted(name)
+    reason = unexplained_reason(method)
+    assert reason is None or (reason and "\n" not in reason)
+    if not explains_rows(method):
+        pytest.skip(f"{name} gives no contributions here" + (f": {reason}" if reason else ""))
+    test = parts(name, cohort)["test"]
+    contributions = method.contributions(test)
+    assert contributions.shape == (len(test.prediction_times), len(cohort.tensors.variables))
+    assert np.isfinite(contributions).all() and (contributions != 0).any()
+    if can_be_saved(method):
+        unit, tensors = context(name, cohort), cohort.tensors
+        saved = SavedMethod(name, method, unit.config, list(tensors.variables), list(tensors.static_features),
+                            cohort.split.normalisation, unit.settings)  # fmt: skip
+        loaded = load_method(save_method(tmp_path / "model", saved))
+        np.testing.assert_allclose(loaded.method.contributions(test), contributions)

@@ -29,8 +29,8 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from garlic.app import charts, sources
 from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
-from garlic.app.replay import (Replay, drivers_at, edges_at, explain_hour, observations_at, replay_stay, signal_bars,
-                        signals_at)  # fmt: skip
+from garlic.app.replay import (Hour, Replay, contribution_bars, drivers_at, edges_at, explain_hour, observations_at,
+                               replay_stay, signal_bars, signals_at)  # fmt: skip
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from garlic.evaluation import alerting
 from garlic.metrics.alert_policy import AlertPolicy, AlertPolicyError
@@ -39,6 +39,7 @@ from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
 from garlic.explain.built_in import BUILT_IN
 from garlic.tracking import plots, run_contract
+from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
 from garlic.tracking.store import DEFAULT_STORE, RunNotFoundError
 from garlic.io.tables import DatasetNotFoundError
@@ -422,7 +423,7 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
     since = alert_start(replay.hours, alarms, now)
     driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
-        why = "" if explained.explanation is None else f"Driven by {driven or 'no single signal'}."
+        why = f"Driven by {driven or 'no single signal'}." if explained.explained else ""
         st.error(f"**Warning: alert on since hour {since:g}** (risk {risk:.2f}; raised at {threshold:.2f}, cleared "
                  f"below {policy.release:.2f}). {why}", icon=":material/warning:")  # fmt: skip
     elif np.isfinite(risk):
@@ -437,9 +438,14 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
                    "after, is the warning the Sepsis Challenge rewards.")
 
     st.subheader("Why")
+    if explained.contributions is not None:
+        contributions_view(explained, trained)
+        return
     if explained.explanation is None:
-        st.info(f"This run's model ({trained.name}) gives no explanation of its own: the page shows its risk only. "
-                "GARLIC runs show which signals, observations and edges drove the risk.", icon=":material/info:")
+        reason = unexplained_reason(trained.method)
+        st.info(f"This run's model ({trained.name}) gives no explanation " + (f"here: {reason}. " if reason else
+                "of its own: ") + "the page shows its risk only. GARLIC runs show which signals, observations and "
+                "edges drove the risk.", icon=":material/info:")  # fmt: skip
         return
     gradients = explained.explanation.method != BUILT_IN
     if gradients:
@@ -472,6 +478,19 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
                "importance to the risk")  # fmt: skip
     if top:
         st.vega_lite_chart(*charts.observations_chart(observed, top, float(replay.hours[-1])), width="content")
+
+
+def contributions_view(explained: Hour, trained: SavedMethod) -> None:
+    """The "Why" of a method that explains each risk by its variables: the variables that raised the hour's risk."""
+    how = getattr(trained.method, "explained_by", "the model's own attribution")
+    st.caption(f"Each variable's contribution to the risk's log-odds at this hour ({how}), all its features summed "
+               "(last value, hours since it, means and spread over the last hours); the variables that raised the "
+               "risk, largest first")  # fmt: skip
+    bars = contribution_bars(explained)
+    if bars.empty:
+        st.write("No variable raised the risk above the model's baseline at this hour.")
+    else:
+        st.vega_lite_chart(*charts.bar_chart(bars, "variable", "contribution", "contribution"), width="stretch")
 
 
 # ---------------------------------------------------------------------------------------------------------------

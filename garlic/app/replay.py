@@ -8,7 +8,10 @@ first steps, and all prefixes are pooled as one batch. That is one pass over the
 (48 times less work for a 48-hour stay); a test checks every hour against the model run on the stay cut there.
 
 The explanation of an hour is computed for that hour alone, on the stay really cut at that hour: the model's
-built-in one, or integrated gradients for a model without one (the reference architecture).
+built-in one, or integrated gradients for a model without one (the reference architecture); for a method that
+explains each risk by its variables (``contract.explains_rows``: gradient boosting's exact tree SHAP values,
+logistic regression's coefficient x value), its variables' contributions to the risk at that hour, asked as its
+risk curve asks it.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
 from garlic.methods.saved import SavedMethod
 from garlic.io.tensors import IrregularTensors, PredictionTimes
-from garlic.methods.contract import answers_prediction_times
+from garlic.methods.contract import answers_prediction_times, explains_rows
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 
@@ -45,17 +48,25 @@ class Replay:
     hours: np.ndarray
     risk: np.ndarray
     stay: Stay
+    record: IrregularTensors | None = None  # the stay as recorded (one stay), which a method other than GARLIC reads
 
 
 @dataclass
 class Hour:
     """What the model had seen by one hour of a replay, and why it gave its risk (both as batches of one); no
-    explanation for a method that gives none (``SavedMethod.explains``)."""
+    explanation for a method that gives none (``SavedMethod.explains``). ``contributions``: for a method that
+    explains each risk by its variables, each variable's contribution to the hour's log-odds (else None)."""
 
     stay_id: int
     hour: float
     batch: Batch
     explanation: Explanation | None
+    contributions: pd.Series | None = None
+
+    @property
+    def explained(self) -> bool:
+        """Whether the hour has a why: an explanation of the model's or its variables' contributions."""
+        return self.explanation is not None or self.contributions is not None
 
 
 def replay_hours(last_time: float) -> np.ndarray:
@@ -102,19 +113,26 @@ def method_risk_curve(trained: SavedMethod, tensors: IrregularTensors, hours: np
     method that answers prediction times (an hourly one) is asked at each hour of the stay (``tensors``, one stay,
     as recorded); another scores the stay cut at each hour, all cuts as one dataset. NaN before the first
     observation."""
-    if answers_prediction_times(trained.method):
-        seen = hours >= tensors.times[0, 0]
-        asked = replace(tensors, task=PredictionTimes(np.zeros(seen.sum(), np.int64), hours[seen].astype("float32"),
-                                                      np.zeros(seen.sum(), "float32")))  # fmt: skip
-        risk = np.full(len(hours), np.nan)
-        risk[seen] = trained.predict_proba(IrregularDataset(asked, trained.normalisation))
-        return risk
-    prefixes = prefix_tensors(tensors, hours)
-    seen = np.flatnonzero(prefixes.lengths > 0)
+    asked, seen = method_input(trained, tensors, hours)
     risk = np.full(len(hours), np.nan)
     if len(seen):
-        risk[seen] = trained.predict_proba(IrregularDataset(prefixes.subset(seen), trained.normalisation))
+        risk[seen] = trained.predict_proba(asked)
     return risk
+
+
+def method_input(trained: SavedMethod, tensors: IrregularTensors,
+                 hours: np.ndarray) -> tuple[IrregularDataset, np.ndarray]:  # fmt: skip
+    """The one stay of ``tensors`` as a method other than GARLIC is asked at ``hours``, and the positions of the
+    hours it is asked at (those from the first observation on): an hourly method at each hour of the stay as
+    recorded, another on the stay cut at each hour."""
+    if answers_prediction_times(trained.method):
+        seen = np.flatnonzero(hours >= tensors.times[0, 0])
+        asked = replace(tensors, task=PredictionTimes(np.zeros(len(seen), np.int64), hours[seen].astype("float32"),
+                                                      np.zeros(len(seen), "float32")))  # fmt: skip
+        return IrregularDataset(asked, trained.normalisation), seen
+    prefixes = prefix_tensors(tensors, hours)
+    seen = np.flatnonzero(prefixes.lengths > 0)
+    return IrregularDataset(prefixes.subset(seen), trained.normalisation), seen
 
 
 def prefix_tensors(tensors: IrregularTensors, hours: np.ndarray) -> IrregularTensors:
@@ -133,18 +151,24 @@ def replay_stay(trained: SavedMethod, dataset: IrregularDataset, position: int) 
         raise ValueError(f"stay {dataset.stay_ids[position]} has no observation to replay")
     hours = replay_hours(float(stay["times"][steps - 1]))
     if trained.explains:
-        risk = risk_curve(trained.model, stay, hours)
-    else:
-        risk = method_risk_curve(trained, dataset.tensors.subset(np.array([position])), hours)
-    return Replay(int(dataset.stay_ids[position]), hours, risk, stay)
+        return Replay(int(dataset.stay_ids[position]), hours, risk_curve(trained.model, stay, hours), stay)
+    record = dataset.tensors.subset(np.array([position]))
+    return Replay(int(dataset.stay_ids[position]), hours, method_risk_curve(trained, record, hours), stay, record)
 
 
 def explain_hour(trained: SavedMethod, replay: Replay, index: int) -> Hour:
     """Observation-, signal- and edge-level importance of the risk at hour ``hours[index]``: the model's built-in
-    explanation, integrated gradients (no edges) for a GARLIC model without one, none for another method."""
+    explanation, integrated gradients (no edges) for a GARLIC model without one; for another method, its variables'
+    contributions where it explains each risk by them (none before the first observation), else nothing."""
     batch = prefix_batch(replay.stay, replay.hours[index : index + 1])
     if not trained.explains:
-        return Hour(replay.stay_id, float(replay.hours[index]), batch, None)
+        contributions = None
+        if explains_rows(trained.method) and replay.record is not None:
+            asked, seen = method_input(trained, replay.record, replay.hours[index : index + 1])
+            if len(seen):
+                contributions = pd.Series(trained.method.contributions(asked)[0], index=trained.variables,
+                                          name="contribution")  # fmt: skip
+        return Hour(replay.stay_id, float(replay.hours[index]), batch, None, contributions)
     if trained.model.explanation_unavailable is None:
         explanation = explain(trained.model, batch, trained.variables)
     else:
@@ -187,15 +211,26 @@ def edges_at(hour: Hour, top: int = 8) -> pd.DataFrame:
     return table[table["importance"] > 0].reset_index(drop=True)
 
 
+def contribution_bars(hour: Hour, top: int = 10) -> pd.DataFrame:
+    """The ``top`` variables whose contributions raised the risk at the hour most (above zero): variable,
+    contribution."""
+    raised = hour.contributions[hour.contributions > 0].sort_values(ascending=False, kind="stable")
+    return raised.head(top).rename_axis("variable").reset_index()
+
+
 def drivers_at(hour: Hour, top: int = 2) -> list[tuple[str, str | None]]:
-    """The ``top`` most important variables at the hour and which way each has moved lately (none without an
-    explanation)."""
-    if hour.explanation is None:
+    """The ``top`` most important variables at the hour (for a method explained by contributions, those that raised
+    the risk most) and which way each has moved lately (none without an explanation)."""
+    if hour.explanation is not None:
+        signals = signals_at(hour)
+        names, variables = signals[signals > 0].index[:top], hour.explanation.variables
+    elif hour.contributions is not None:
+        names, variables = contribution_bars(hour, top)["variable"], list(hour.contributions.index)
+    else:
         return []
-    signals = signals_at(hour)
     drivers = []
-    for name in signals[signals > 0].index[:top]:
-        column = hour.explanation.variables.index(name)
+    for name in names:
+        column = variables.index(name)
         observed = hour.batch.mask[0, :, column] > 0
         times, values = hour.batch.times[0][observed].numpy(), hour.batch.values[0, :, column][observed].numpy()
         drivers.append((name, value_direction(times, values, hour.hour)))

@@ -8,9 +8,13 @@ model (the early-warning task's) is asked at each time, as ``garlic predict --ho
 descriptors (age, sex ...) are readings too: a bed's newest value of each is its static feature. A cut with no
 reading of a time-varying input has no risk (None).
 
-The drivers are the inputs that the model's built-in explanation ranks highest at that time (GARLIC's compact
-architecture); a model without one (the baselines, the reference architecture, an hourly model) gives none. Risk
-and drivers from a step state are the one pass's on the cut to float rounding.
+The drivers are the inputs that the model's own explanation ranks highest at that time: GARLIC's built-in one (the
+compact architecture; for an hourly GARLIC, on the record cut at each asked time), or the variables whose
+contributions raised the risk most for a model that explains each risk by its variables (``contract.explains_rows``:
+gradient boosting's exact tree SHAP values, logistic regression's coefficient x value, per stay or at each hour;
+``garlic.methods.drivers``). A model without one (the reference architecture, the floor, gradient boosting without
+the shap package) gives none; ``unexplained`` says why where it could.
+Risk and drivers from a step state are the one pass's on the cut to float rounding.
 """
 from __future__ import annotations
 
@@ -20,12 +24,12 @@ import torch
 
 from garlic.data.batches import collate
 from garlic.explain.built_in import explain
-from garlic.inference import predict_hourly, tensors_for_model
+from garlic.inference import TOP_DRIVERS, driver_lists, predict_hourly, tensors_for_model
 from garlic.live.steps import MAX_BEDS, WardSteps
+from garlic.methods.drivers import has_row_importance
+from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
 from garlic.models.compact import Garlic
-
-TOP_DRIVERS = 3
 
 
 def record_tables(readings: pd.DataFrame, static_features: list[str],
@@ -49,6 +53,10 @@ class BedScorer:
         self.trained, self.hourly, self.top = trained, hourly, top
         self.explains = (not self.hourly and trained.explains
                          and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
+        # Any other model that says what drove each risk (garlic.methods.drivers): by its variables' contributions,
+        # or an hourly GARLIC by its built-in importance of the record cut at each asked time
+        self.contributes = not self.explains and has_row_importance(trained.method)
+        self.unexplained = unexplained_reason(trained.method)  # why a model that could explain does not here
         has_steps = not hourly and trained.explains and isinstance(trained.model, Garlic)
         self.steps = WardSteps(trained, self.explains, beds) if has_steps else None
 
@@ -80,7 +88,7 @@ class BedScorer:
         static = descriptors.groupby(["bed", "variable"], sort=False)["value"].last().unstack("variable")
         static = static.reindex(columns=static_names)
         if self.hourly:
-            scored = self._hourly(series, static, asked)
+            scored = self._hourly(series, static, asked, drivers)
         elif self.steps is not None:
             scored, importance = self.steps.score(series, static, asked, partial)
             for row, bed_importance in importance.items():
@@ -110,6 +118,9 @@ class BedScorer:
             risk = self._explained(dataset, tensors.stay_ids, drivers)
         else:
             risk = self.trained.predict_proba(dataset)
+            if self.contributes:
+                for row, names in zip(tensors.stay_ids, driver_lists(self.trained, dataset, self.top)):
+                    drivers[row] = names
         return pd.Series(risk, index=tensors.stay_ids)
 
     @torch.no_grad()
@@ -126,7 +137,7 @@ class BedScorer:
         order = np.argsort(importance)[::-1][: self.top]
         return [str(name) for name in np.asarray(self.trained.variables)[order[importance[order] > 0]]]
 
-    def _hourly(self, series, static, asked) -> pd.Series:
+    def _hourly(self, series, static, asked, drivers) -> pd.Series:
         beds = sorted(set(series["bed"]) & set(asked["bed"]))
         if not beds:
             return pd.Series(dtype=float)
@@ -140,5 +151,9 @@ class BedScorer:
         observations = observations[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
                                                                                      "value": "float32"})
         asked_times = tasks[["stay_id", "time", "label"]].astype({"time": "float32", "label": "int8"})
-        risks = predict_hourly(self.trained, observations, stay_static, asked_times)
+        risks = predict_hourly(self.trained, observations, stay_static, asked_times,
+                               self.top if self.contributes else 0)  # fmt: skip
+        if self.contributes:
+            for row, names in zip(tasks["row"].to_numpy(), risks["drivers"]):
+                drivers[row] = names
         return pd.Series(risks["risk"].to_numpy(), index=tasks["row"].to_numpy())

@@ -32,6 +32,20 @@ path (``garlic.evaluation.fit_and_test``) fits, selects and tests every model of
                                                                                 GARLIC network, which
                                                                                 ``garlic.explain`` and the
                                                                                 dashboard read
+    contributions(dataset) -> np.ndarray [M, D]                                 optional: the method explains each
+    explanation_unavailable -> str | None                                       risk by its variables: each one's
+                                                                                additive share of the risk's
+                                                                                log-odds (gradient boosting's
+                                                                                exact tree SHAP values, logistic
+                                                                                regression's coefficient x value);
+                                                                                ``explanation_unavailable`` says
+                                                                                why it cannot here (a package
+                                                                                missing), None when it can;
+                                                                                ``explained_by`` (optional) says
+                                                                                how, as a page shows it
+
+The live ward, ``garlic predict`` and the dashboard ask a method for its drivers by these capabilities
+(``explains``, ``explains_rows``), never by its class: the top variables of an alert that raised its risk.
 
 A method that can be saved (``can_be_saved``) is saved with its run by ``garlic train --method``
 (``garlic.methods.saved``), as GARLIC is, so that ``garlic predict`` and the dashboard use any of them alike. Its
@@ -112,3 +126,15 @@ def explains(method: Method) -> bool:
     """Whether ``method`` explains its risks through its fitted network (``model``): GARLIC's built-in explanations,
     or integrated gradients where its architecture has none."""
     return getattr(method, "explains", False)
+
+
+def explains_rows(method: Method) -> bool:
+    """Whether ``method`` explains each of its risks by its variables here (``contributions``): it has them and
+    nothing it needs is missing (``explanation_unavailable`` is None)."""
+    return hasattr(method, "contributions") and getattr(method, "explanation_unavailable", None) is None
+
+
+def unexplained_reason(method: Method) -> str | None:
+    """Why ``method``, which could explain its risks by its variables, does not here (None otherwise): what a
+    command or page says once, in place of drivers."""
+    return getattr(method, "explanation_unavailable", None) if hasattr(method, "contributions") else None

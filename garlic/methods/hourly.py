@@ -118,10 +118,14 @@ class HourlyModel(ChosenClassifier):
     training part: ``kind`` 'gbm' (scikit-learn's histogram gradient boosting) or 'logreg' (logistic regression after
     median imputation with missingness indicators), the best validation AUROC over prediction times kept; ``target``
     each time's label, or 'utility': whether alarming there gains utility, weighted by how much (the module's
-    docstring)."""
+    docstring).
+
+    Its drivers fold every statistic of a variable (``HR_last``, ``HR_hours_since``, ``HR_mean_6h`` ...) into the
+    variable (``HR``); the static features and the hour are left out of them (``ChosenClassifier``)."""
 
     at_prediction_times = True
     COLUMNS = "hourly feature"
+    STATISTICS_PER_VARIABLE = len(STATISTICS)
 
     def __init__(self, kind: str, seed: int = 0, target: str = "label"):
         if kind not in CANDIDATES:

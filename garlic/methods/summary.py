@@ -21,6 +21,8 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from garlic.data.batches import IrregularDataset
+from garlic.explain.contributions import (SHAP_MISSING, fold, linear_contributions, shap_installed,
+                                          tree_contributions)
 from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.methods.saved import FITTED, ModelFileError, read_fitted
 from garlic.io.atomic import atomic_file, write_json_atomic
@@ -120,9 +122,16 @@ class ChosenClassifier(BaseEstimator):
     A column with no value in the training part (a variable never observed there, such as P19 set A's EtCO2) says
     nothing the model could learn, and scikit-learn's gradient boosting fails on it (``window shape cannot be larger
     than input array shape``): such columns are left out, ``kept_`` marks the others. Saved as the model in skops's
-    format and ``kept_`` and the chosen setting in fitted.json."""
+    format and ``kept_`` and the chosen setting in fitted.json.
+
+    It explains each risk by the model's variables (``contributions``, ``garlic.methods.contract``): exact tree SHAP
+    values for boosting, coefficient x standardised value for logistic regression (``garlic.explain.contributions``),
+    each variable's feature columns summed into it. The static features' columns (and the hour's, for an hourly
+    model) are no variable's: they stay out of the drivers, as GARLIC's signals leave out what is not a time
+    series."""
 
     COLUMNS = "feature"  # what the error of a saved ``kept_`` of the wrong length calls the columns
+    STATISTICS_PER_VARIABLE = len(STATISTICS)  # the table's first columns: each statistic of every variable in turn
 
     def features(self, dataset: IrregularDataset) -> np.ndarray:
         raise NotImplementedError
@@ -137,6 +146,43 @@ class ChosenClassifier(BaseEstimator):
     def sample_weights(self, dataset: IrregularDataset) -> np.ndarray | None:
         """What each row of ``targets`` weighs in fitting and in the validation AUROC (None: all alike)."""
         return None
+
+    def feature_groups(self, inputs: dict) -> np.ndarray:
+        """[columns] the index of each feature column's variable in ``inputs["variables"]``, -1 for a column of
+        none (a static feature, the hour)."""
+        variables = len(inputs["variables"])
+        groups = np.full(self.columns(inputs), -1)
+        per_variable = self.STATISTICS_PER_VARIABLE * variables
+        groups[:per_variable] = np.arange(per_variable) % max(variables, 1)
+        return groups
+
+    @property
+    def explanation_unavailable(self) -> str | None:
+        """Why this model gives no contributions here (None: it gives them): boosting's need the shap package."""
+        return SHAP_MISSING if self.kind == "gbm" and not shap_installed() else None
+
+    @property
+    def explained_by(self) -> str:
+        """How its contributions are computed, as a page says it."""
+        return ("exact tree SHAP values of the gradient boosting" if self.kind == "gbm" else
+                "coefficient x standardised value of the logistic regression")  # fmt: skip
+
+    def column_contributions(self, dataset: IrregularDataset) -> tuple[np.ndarray, float]:
+        """[M, kept columns] each kept feature column's contribution to each risk's log-odds, and the base value:
+        a row's contributions plus the base are its raw log-odds (``garlic.explain.contributions``)."""
+        check_fitted(self)
+        if self.explanation_unavailable is not None:
+            raise RuntimeError(self.explanation_unavailable)
+        features = self.features(dataset)[:, self.kept_]
+        if self.kind == "gbm":
+            return tree_contributions(self.model_, features)
+        return linear_contributions(self.model_, features)
+
+    def contributions(self, dataset: IrregularDataset) -> np.ndarray:
+        """[M, D] each variable's contribution to each risk's log-odds: its feature columns' summed."""
+        columns, _ = self.column_contributions(dataset)
+        groups = self.feature_groups(self.inputs_)[self.kept_]
+        return fold(columns, groups, len(self.inputs_["variables"]))
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "ChosenClassifier":
         features = self.features(train)
