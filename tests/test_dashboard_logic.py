@@ -157,7 +157,7 @@ def test_threshold_is_the_highest_that_meets_the_sensitivity():
 
 
 def test_the_replay_gives_the_start_of_the_current_alert_under_the_policy():
-    from garlic.app.dashboard import alert_start
+    from garlic.app.replay import alert_start
     from garlic.metrics.alert_policy import AlertPolicy
 
     hours = np.arange(1, 8, dtype=float)

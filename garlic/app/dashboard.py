@@ -29,7 +29,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from garlic.app import charts, sources
 from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
-from garlic.app.replay import (Hour, Replay, contribution_bars, drivers_at, edges_at, explain_hour, observations_at,
+from garlic.app.replay import (Hour, Replay, alert_start, contribution_bars, drivers_at, edges_at, explain_hour, observations_at,
                                replay_stay, signal_bars, signals_at)  # fmt: skip
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from garlic.evaluation import alerting
@@ -217,14 +217,6 @@ def default_policy(store: str, run_id: str, profile: str | None) -> tuple[AlertP
     except (RunNotFoundError, AlertPolicyError, FileNotFoundError, KeyError) as exc:
         return AlertPolicy(0.5), f"0.5 by default: no alert policy to read ({plain(exc)})"
     return found.policy, f"Default {found.policy.threshold:.3f}: {found.chosen_by}"
-
-
-def alert_start(hours: np.ndarray, alarms: np.ndarray, now: int) -> float | None:
-    """While the policy's alert is on at position ``now``: the hour this alert began."""
-    if not alarms[now]:
-        return None
-    off = np.flatnonzero(~alarms[: now + 1])
-    return float(hours[off[-1] + 1 if len(off) else 0])
 
 
 def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, str] | None:

@@ -235,3 +235,11 @@ def drivers_at(hour: Hour, top: int = 2) -> list[tuple[str, str | None]]:
         times, values = hour.batch.times[0][observed].numpy(), hour.batch.values[0, :, column][observed].numpy()
         drivers.append((name, value_direction(times, values, hour.hour)))
     return drivers
+
+
+def alert_start(hours: np.ndarray, alarms: np.ndarray, now: int) -> float | None:
+    """While the policy's alert is on at position ``now``: the hour this alert began."""
+    if not alarms[now]:
+        return None
+    off = np.flatnonzero(~alarms[: now + 1])
+    return float(hours[off[-1] + 1 if len(off) else 0])
