@@ -29,8 +29,8 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from garlic.app import charts, sources
 from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
-from garlic.app.replay import (Hour, Replay, alert_start, contribution_bars, drivers_at, edges_at, explain_hour, observations_at,
-                               replay_stay, signal_bars, signals_at)  # fmt: skip
+from garlic.app.replay import (Hour, Replay, alert_start, contribution_bars, drivers_at, edges_at, explain_hour,
+                               observations_at, replay_stay, signal_bars, signals_at)  # fmt: skip
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from garlic.evaluation import alerting
 from garlic.metrics.alert_policy import AlertPolicy, AlertPolicyError
