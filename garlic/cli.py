@@ -13,7 +13,6 @@ import logging
 import os
 import shlex
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +22,8 @@ from pathlib import Path
 
 from garlic.config import Config, ConfigError
 from garlic.data.datasets import DEFAULT_DATA_ROOT, SOURCES, dataset_name, dataset_names, processed_folder
+from garlic.live.access import port_number
+from garlic.tracking.local_store import database_error
 from garlic.training.threads import adapt_threads, watch_cpus
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
@@ -81,17 +82,6 @@ def _program(name: str) -> str:
     if not path.is_file():
         return f"{_shown(Path(sys.executable))} -m {'garlic.cli' if name == 'garlic' else name}"
     return _shown(path)
-
-
-def port_number(text: str) -> int:
-    """An argparse type: a TCP port, 1 to 65535 (a larger one fails only after the server says it is ready)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
-    return port
 
 
 def _download(args: argparse.Namespace) -> None:
@@ -909,16 +899,6 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"garlic: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def database_error(exc: BaseException) -> sqlite3.DatabaseError | None:
-    """The SQLite error under ``exc`` (SQLAlchemy keeps it as ``orig``, MLflow as the cause), None when none is. An
-    error raised ``from None`` has said what went wrong itself (the live store's): its context is not followed."""
-    for _ in range(10):  # a chain is short; a cycle is not followed forever
-        if exc is None or isinstance(exc, sqlite3.DatabaseError):
-            return exc
-        exc = getattr(exc, "orig", None) or exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    return None
 
 
 def _user_error(exc: Exception) -> bool:

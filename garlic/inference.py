@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.saved import SavedMethod
-from garlic.metrics.alert_policy import AlertPolicy
 from garlic.io.tables import ProcessedDataset
 from garlic.io.tensors import IrregularTensors, tensorize
 from garlic.sources.meds import MedsTables
+
+if TYPE_CHECKING:  # the metrics package imports scikit-learn, which a one-stay predict never needs
+    from garlic.metrics.alert_policy import AlertPolicy
 
 TOP_DRIVERS = 3  # the drivers an alarm names, as the live ward shows them (``garlic.live.scoring``)
 ALARM_DRIVERS = "alarm-drivers.csv"  # beside the prediction files of ``garlic predict --hourly``

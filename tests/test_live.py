@@ -340,7 +340,7 @@ def nested(observation: dict, depth: int) -> dict:
 
 
 def test_a_live_store_that_cannot_be_used_is_named_as_the_live_store_in_one_line(tmp_path):
-    from garlic.cli import database_error
+    from garlic.tracking.local_store import database_error
 
     (tmp_path / "notes.txt").write_text("not a database\n" * 100)
     cases = {

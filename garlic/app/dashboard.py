@@ -34,7 +34,7 @@ from garlic.app.replay import (Hour, Replay, alert_start, contribution_bars, dri
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from garlic.evaluation import alerting
 from garlic.metrics.alert_policy import AlertPolicy, AlertPolicyError
-from garlic.cli import database_error
+from garlic.tracking.local_store import database_error
 from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import DEFAULT_DATA_ROOT
 from garlic.explain.built_in import BUILT_IN

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from garlic.app.access import AccessError, Gate, required_token
-from garlic.cli import database_error, port_number
+from garlic.live.access import port_number
+from garlic.tracking.local_store import database_error
 from garlic.training.workers import die_with_parent
 
 PAGE = Path(__file__).resolve().parent / "dashboard.py"

@@ -1,9 +1,10 @@
 """Who may reach a server that holds patient records, the dashboard's as the live monitor's: anyone on this
 machine when it listens on the loopback address only, and only clients that give the server's token (an
 environment variable of its own) when it listens wider. ``Attempts`` bounds token guessing, per client address and
-overall."""
+overall; ``port_number`` checks the port either listens on."""
 from __future__ import annotations
 
+import argparse
 import hmac
 import ipaddress
 import os
@@ -91,3 +92,14 @@ class Attempts:
         with self.lock:
             self.failures[client].append(self.clock())
             return self._recent()
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535 (a larger one fails only after the server says it is ready)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return port

@@ -4,7 +4,9 @@ Importing MLflow and opening its store (SQLAlchemy, its schema check) takes seco
 ``garlic predict`` on a busy machine; a run's model in a local store is a folder that the store's SQLite database
 names. ``stored_model_folder`` reads that name with Python's own ``sqlite3``, and answers only what it is sure of:
 anything else (no such run, a run that groups splits, artifacts elsewhere than on this disk, a database it cannot
-read) is left to MLflow (``garlic.tracking.queries.download_run_model``), whose errors name the problem.
+read) is left to MLflow (``garlic.tracking.queries.download_run_model``), whose errors name the problem. And
+``database_error``: the SQLite error under an exception, which the command line and the dashboard report as a
+store that cannot be used.
 """
 from __future__ import annotations
 
@@ -43,3 +45,13 @@ def stored_model_folder(run_id: str, store: Path = DEFAULT_STORE) -> Path | None
         return None
     folder = Path(url2pathname(location.path)) / MODEL_ARTIFACT
     return folder if folder.is_dir() else None
+
+
+def database_error(exc: BaseException) -> sqlite3.DatabaseError | None:
+    """The SQLite error under ``exc`` (SQLAlchemy keeps it as ``orig``, MLflow as the cause), None when none is. An
+    error raised ``from None`` has said what went wrong itself (the live store's): its context is not followed."""
+    for _ in range(10):  # a chain is short; a cycle is not followed forever
+        if exc is None or isinstance(exc, sqlite3.DatabaseError):
+            return exc
+        exc = getattr(exc, "orig", None) or exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return None
