@@ -155,14 +155,15 @@ def condition_name(training: bool, busy: int) -> str:
 def load_table(rows: list[dict], batches: int) -> str:
     """Markdown: a row per condition, round and variant, its time beside the one-thread time of the same condition
     and round."""
-    lines = [f"| condition | variant | threads | s for {batches} batches | x one thread | inference stays/s |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [f"| condition | variant | threads | s for {batches} batches | x one thread | inference stays/s | load |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     key = lambda row: (row["training"], row["busy"], row["round"])  # noqa: E731
     one = {key(row): row["epoch_seconds"] for row in rows if row["variant"] == "one"}
     for row in rows:
         ratio = f"{row['epoch_seconds'] / one[key(row)]:.2f}" if key(row) in one else ""
         lines.append(f"| {condition_name(row['training'], row['busy'])} | {row['variant']} | {row['threads']} | "
-                     f"{row['epoch_seconds']:.1f} | {ratio} | {row['stays_per_second']:.0f} |")  # fmt: skip
+                     f"{row['epoch_seconds']:.1f} | {ratio} | {row['stays_per_second']:.0f} | "
+                     f"{row['load']:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -174,7 +175,8 @@ def load_section(rows: list[dict], batches: int, preset: str, machine: str, comm
             "and test stays, each in a process of its own, idle and beside busy processes (Python loops on no "
             "particular CPU) or another training (`garlic train --dataset synthetic`, started again as it ends). "
             f"Variants: {variants}. `x one thread` is the time over the one-thread time in the same condition and "
-            f"round. {machine}. Command: `{command}`.\n\n" + load_table(rows, batches))  # fmt: skip
+            f"round; `load` the load average as the measurement began. {machine}. Command: `{command}`.\n\n"
+            + load_table(rows, batches))  # fmt: skip
 
 
 def with_section(report: str, section: str) -> str:
@@ -218,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     for training, busy in [(False, k) for k in args.busy] + [(True, k) for k in args.training]:
         with training_beside() if training else nullcontext(), busy_processes(busy):
             for round_, name in itertools.product(range(args.rounds), args.variants):
-                row = {"training": training, "busy": busy, "round": round_, "variant": name} | measure(
-                    VARIANTS[name], job)  # fmt: skip
+                row = {"training": training, "busy": busy, "round": round_, "variant": name,
+                       "load": os.getloadavg()[0]} | measure(VARIANTS[name], job)  # fmt: skip
                 rows.append(row)
                 print(f"{condition_name(training, busy)}, {name}: {row['threads']} thread(s), "
                       f"{row['epoch_seconds']:.1f} s for {row['batches']} batches, inference "
