@@ -69,6 +69,15 @@ def test_beside_heavy_load_a_check_of_two_threads_costs_one_batch_and_comes_back
     assert machine.now <= 1.1 * 1000 * LOADED[1]
 
 
+def test_a_check_begins_on_a_short_batch(free_choice):
+    machine = Machine(LOADED)
+    works = [1.0, 3.0, 1.0, 3.0, 3.0, 1.0, 3.0, 3.0]
+    counts = machine.loop(ThreadChooser(clock=machine, most=2), works)
+    assert counts == [1, 1, 1, 1, 1, 2, 1, 1]  # due from the fourth batch, begun on the next short one
+    sorted_works = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]  # an inference loop: batches by length
+    assert machine.loop(ThreadChooser(clock=machine, most=2), sorted_works).index(2) == 3 + threads.WAIT_BATCHES
+
+
 def test_batches_are_compared_per_unit_of_work(free_choice):
     # Idle, but the batches on one thread happen to be short ones: per batch one thread would look faster.
     machine = Machine(IDLE)

@@ -14,7 +14,8 @@ times its padded steps):
 - a process starts on one thread, never the slow one by much (at most the 1.5 times of an idle machine);
 - a check runs the other count on a few batches (``TRIAL_BATCHES``) after a few on the current one and keeps the
   faster; a trial batch that is ``ABANDON`` times slower ends the check at once, so a check that loses costs about
-  one batch;
+  one batch, and a check begins on a batch no larger than the loop's median so far (or after ``WAIT_BATCHES``: an
+  inference loop's batches grow), so that batch is a short one;
 - checks come back every ``RECHECK_SECONDS``, or later after a check that lost time, so that checks cost at most
   ``MOST_LOST`` of the time (beside heavy load, one batch on two threads can take as long as 20 on one).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ ABANDON = 2.0  # a trial batch this many times slower per unit of work than the 
 RECHECK_SECONDS = 10.0  # the time between checks that lost nothing
 MOST_LOST = 0.05  # a check that lost time comes back once that time is this share of the time since
 RECENT_BATCHES = 8  # the current count's rate is that of its last batches
+WAIT_BATCHES = 4  # a due check waits at most this many batches for one no larger than the median
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Loop:
 
     current: Timings = field(default_factory=Timings)
     trial: Timings | None = None  # while a check runs
+    works: list[float] = field(default_factory=list)  # every batch's so far
+    waited: int = 0  # batches since a check was due
 
 
 class ThreadChooser:
@@ -110,7 +115,7 @@ class ThreadChooser:
             if self.left_alone():
                 yield batch
                 continue
-            count = self.count_for(loop)
+            count = self.count_for(loop, work(batch))
             if count != torch.get_num_threads():
                 torch.set_num_threads(count)
             self.set = count
@@ -119,10 +124,13 @@ class ThreadChooser:
             if index >= WARMUP_BATCHES:
                 self.measured(loop, count, self.clock() - start, work(batch))
 
-    def count_for(self, loop: Loop) -> int:
-        """The count for a loop's next batch: the other one while a check runs or when one is due."""
+    def count_for(self, loop: Loop, work: float) -> int:
+        """The count for a loop's next batch, of ``work``: the other one while a check runs or when one is due."""
         if loop.trial is None and len(loop.current) >= BASELINE_BATCHES and self.clock() >= self.next_check:
-            loop.trial = Timings()
+            loop.waited += 1
+            if work <= statistics.median(loop.works) or loop.waited > WAIT_BATCHES:
+                loop.trial, loop.waited = Timings(), 0
+        loop.works.append(work)
         return self.current if loop.trial is None else self.other()
 
     def measured(self, loop: Loop, count: int, seconds: float, work: float) -> None:
