@@ -12,6 +12,9 @@ through ``ThreadChooser.run``, which times each batch and compares the two count
 times its padded steps):
 
 - a process starts on one thread, never the slow one by much (at most the 1.5 times of an idle machine);
+- a check of more threads first times small parallel operations on each count for a moment (``PROBE_SECONDS``):
+  beside heavy load one on two threads took 500 to 1500 times as long as on one (their threads meet at its end, and
+  one of them waits for the system), and where it is ``GATE`` times slower the check ends there, before a batch;
 - a check runs the other count on a few batches (``TRIAL_BATCHES``) after a few on the current one and keeps the
   faster; a trial batch that is ``ABANDON`` times slower ends the check at once, so a check that loses costs about
   one batch, and a check begins on a batch no larger than the loop's median so far (or after ``WAIT_BATCHES``: an
@@ -51,6 +54,9 @@ RECHECK_SECONDS = 10.0  # the time between checks that lost nothing
 MOST_LOST = 0.05  # a check that lost time comes back once that time is this share of the time since
 RECENT_BATCHES = 8  # the current count's rate is that of its last batches
 WAIT_BATCHES = 4  # a due check waits at most this many batches for one no larger than the median
+GATE = 2.0  # a check of more threads runs batches where small parallel operations are at most this much slower on them
+PROBE_SECONDS = 0.02  # the small parallel operations are timed this long on each count
+SMALL_OPERATION = 1 << 16  # numbers multiplied in place: above torch's grain (32768), one parallel region on two threads
 
 
 @dataclass
@@ -86,8 +92,10 @@ class ThreadChooser:
     """Chooses torch's thread count for each batch of the loops it runs (``run``), between one and ``most`` (torch's
     count when the first loop starts), from the batches' times on ``clock``."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, most: int | None = None):
-        self.clock, self.most = clock, most
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, most: int | None = None,
+                 probe: Callable[[int], float] | None = None):  # fmt: skip
+        """``probe(threads)``: the seconds of a small parallel operation on ``threads`` (``seconds_per_operation``)."""
+        self.clock, self.most, self.probe = clock, most, probe or seconds_per_operation
         self.current = FIRST_COUNT
         self.set: int | None = None  # the count this chooser last set
         self.next_check = -math.inf
@@ -129,7 +137,13 @@ class ThreadChooser:
         if loop.trial is None and len(loop.current) >= BASELINE_BATCHES and self.clock() >= self.next_check:
             loop.waited += 1
             if work <= statistics.median(loop.works) or loop.waited > WAIT_BATCHES:
-                loop.trial, loop.waited = Timings(), 0
+                loop.waited = 0
+                if self.other() > self.current and self.probe(self.other()) > GATE * self.probe(self.current):
+                    log.debug("%d threads: small parallel operations over %g times as slow as on %d", self.other(),
+                              GATE, self.current)  # fmt: skip
+                    self.next_check = self.clock() + RECHECK_SECONDS
+                else:
+                    loop.trial = Timings()
         loop.works.append(work)
         return self.current if loop.trial is None else self.other()
 
@@ -153,6 +167,19 @@ class ThreadChooser:
             self.current, loop.current = self.other(), loop.trial
         loop.trial = None
         self.next_check = self.clock() + max(RECHECK_SECONDS, lost / MOST_LOST)
+
+
+def seconds_per_operation(threads: int) -> float:
+    """The seconds of a small parallel operation (an in-place multiply of ``SMALL_OPERATION`` numbers) on
+    ``threads``, timed over about ``PROBE_SECONDS``; torch's count is left as it was."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    numbers, done, start = torch.ones(SMALL_OPERATION), 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < PROBE_SECONDS:
+        numbers.mul_(1.0)
+        done += 1
+    torch.set_num_threads(before)
+    return elapsed / done
 
 
 PROCESS_CHOOSER = ThreadChooser()  # this process's (torch's thread count is the process's)
