@@ -12,13 +12,14 @@ through ``ThreadChooser.run``, which times each batch and compares the two count
 times its padded steps):
 
 - a process starts on one thread, never the slow one by much (at most the 1.5 times of an idle machine);
-- a check of more threads first times small parallel operations on each count for a moment (``PROBE_SECONDS``):
-  beside heavy load one on two threads took 500 to 1500 times as long as on one (their threads meet at its end, and
-  one of them waits for the system), and where it is ``GATE`` times slower the check ends there, before a batch;
 - a check runs the other count on a few batches (``TRIAL_BATCHES``) after a few on the current one and keeps the
   faster; a trial batch that is ``ABANDON`` times slower ends the check at once, so a check that loses costs about
   one batch, and a check begins on a batch no larger than the loop's median so far (or after ``WAIT_BATCHES``: an
   inference loop's batches grow), so that batch is a short one;
+- a check of more threads first times small parallel operations on each count for a moment (``PROBE_SECONDS``),
+  this process's own work too: beside heavy load one took 500 to 1500 times as long on two threads as on one (their
+  threads meet at its end, and one of them waits for the system), while a batch on two threads cost as much as 18 on
+  one; where they are ``GATE`` times slower the check ends there, before a batch;
 - checks come back every ``RECHECK_SECONDS``, or later after a check that lost time, so that checks cost at most
   ``MOST_LOST`` of the time (beside heavy load, one batch on two threads can take as long as 20 on one).
 
