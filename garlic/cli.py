@@ -24,7 +24,6 @@ from garlic.config import Config, ConfigError
 from garlic.data.datasets import DEFAULT_DATA_ROOT, SOURCES, dataset_name, dataset_names, processed_folder
 from garlic.live.access import port_number
 from garlic.tracking.local_store import database_error
-from garlic.training.threads import adapt_threads, watch_cpus
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
 log = logging.getLogger("garlic")
@@ -220,8 +219,9 @@ def _prepare(dataset: str, protocol_name: str, data_root: Path) -> None:
 
 class _Progress:
     """Training as the console shows it: a bar per split with the epoch, the stage, validation AUROC and AUPRC and
-    the measured seconds per epoch, redrawn every few seconds so that the elapsed time moves inside a long epoch too
-    (the first one included: the bar exists from the start). Called as ``on_epoch(split, record)``."""
+    the measured seconds per epoch, redrawn every few seconds with the batches the running epoch has done
+    (``EpochPass.running``), so that a slow epoch shows where it is (the first one included: the bar exists from
+    the start). Called as ``on_epoch(split, record)``."""
 
     REDRAW_SECONDS = 5.0
     FORMAT = "{desc}: epoch {n_fmt}/{total_fmt} |{bar:12}| {elapsed} elapsed{postfix}"
@@ -234,6 +234,8 @@ class _Progress:
         self.bars: dict = {}
         self.seconds: dict[str, list[float]] = {}
         self.stages: dict[str, str] = {}
+        self.summaries: dict[str, str] = {}  # split: the postfix its last epoch set
+        self.last: str | None = None  # the split whose epoch ended last
         self.waiting = None
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -261,8 +263,26 @@ class _Progress:
     def _redraw(self) -> None:
         while not self.stopped.wait(self.REDRAW_SECONDS):
             with self.lock:
+                if self.bar_format == self.FORMAT:
+                    self._show_running_epoch()
                 for bar in self._open():
                     bar.refresh()
+
+    def _show_running_epoch(self) -> None:
+        """The running epoch's batches done, on its split's bar: the bar last updated where the epoch follows its
+        last, else a bar for a split yet to finish an epoch (the first split's from the start, another made now)."""
+        from garlic.training.trainer import EpochPass
+
+        running = EpochPass.running
+        if running is None:
+            return
+        bar, summary = self.bars.get(self.last), self.summaries.get(self.last)
+        if bar is None or bar.n != running.epoch - 1:
+            if self.waiting is None:
+                self.waiting = self._bar("training", running.epoch - 1)
+            bar, summary = self.waiting, None
+        shown = [summary, f"epoch {running.epoch}: {running.done}/{len(running)} batches"]
+        bar.set_postfix_str(", ".join(part for part in shown if part), refresh=False)
 
     def __call__(self, split: str, record) -> None:
         if not self.enabled:
@@ -282,9 +302,11 @@ class _Progress:
             seconds.append(record.seconds)
             pace = sum(seconds) / len(seconds)
             left = f", at most {pace * (bar.total - record.epoch):.0f} s left" if bar.total else ""
-            bar.set_postfix_str(f"{record.stage}, val AUROC {record.val_auroc:.3f} AUPRC {record.val_auprc:.3f}, "
-                                f"{pace:.1f} s/epoch{left}", refresh=False)  # fmt: skip
+            self.summaries[split] = (f"{record.stage}, val AUROC {record.val_auroc:.3f} AUPRC "
+                                     f"{record.val_auprc:.3f}, {pace:.1f} s/epoch{left}")  # fmt: skip
+            bar.set_postfix_str(self.summaries[split], refresh=False)
             bar.update(1)
+            self.last = split
             if bar.total is not None and bar.n >= bar.total:
                 bar.write(f"{split}: testing the selected epoch, writing plots, explanations and the model ...",
                           file=sys.stderr)  # fmt: skip
@@ -431,7 +453,6 @@ def _predict(args: argparse.Namespace) -> None:
     observations, static = read_record_files(args.input, left_out=left_out)
     stays = static["stay_id"].nunique()
     _say(f"scoring {stays} stay{'s' if stays != 1 else ''} ...")
-    adapt_threads()
     risks = predict_tables(trained, observations, static).assign(left_out="")
     unscored = pd.DataFrame({"stay_id": [r.stay_id for r in left_out], "risk": np.nan,
                              "left_out": [r.reason for r in left_out]})  # fmt: skip
@@ -459,7 +480,6 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     observations, static, tasks = read_hourly_record_files(record_files(args.input, ".psv"))
     _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays; {found.policy.describe()} "
          f"({found.chosen_by}) ...")  # fmt: skip
-    adapt_threads()
     risks = predict_hourly(trained, observations, static, tasks, drivers=TOP_DRIVERS)
     written = write_hourly_predictions(args.output, risks, found.policy)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
@@ -493,7 +513,6 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
     label_rows = read_labels(args.labels)
     _say(f"reading {_shown(args.input[0])} for {len(label_rows)} label rows, a window of {window:g} h ...")
     tables = read_tables(shards(args.input[0]), label_rows, float(window), trained.variables, trained.static_features)
-    adapt_threads()
     risks = predict_meds(trained, tables)
     threshold = args.threshold
     if threshold is None:
@@ -560,7 +579,6 @@ def _calibrate(args: argparse.Namespace) -> None:
         raise ValueError(f"run {args.run} gives one risk per stay: its alerts have no hourly labels to set a "
                          "sensitivity or a utility on; use --alerts-per-day")  # fmt: skip
     _say(f"scoring every hour of {static['stay_id'].nunique()} stays ...")
-    adapt_threads()
     risks = predict_each_hour(trained, observations, static, tasks)
     if labelled:
         risks = risks.merge(tasks, on=["stay_id", "time"], how="left", validate="one_to_one")
@@ -661,7 +679,6 @@ def _monitor(args: argparse.Namespace) -> None:
     live = LiveStore(_live_store(args), args.run)
     scorer = BedScorer(trained, hourly)
     monitor = Monitor(live, scorer, found.policy)
-    adapt_threads()
     if scorer.unexplained:
         _say(f"{trained.name} shows no drivers: {scorer.unexplained}")
     _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
@@ -873,7 +890,6 @@ def parser() -> argparse.ArgumentParser:
 
 # Set by a program that runs ``garlic`` as its worker (``experiments.compare --workers``): the worker ends with it.
 def main(argv: list[str] | None = None) -> None:
-    watch_cpus()  # torch's threads are chosen from the CPUs' use from here on (garlic.training.threads)
     die_with_parent()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")

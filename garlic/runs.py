@@ -45,7 +45,6 @@ from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, tracked_ru
                                    was_claimed)  # fmt: skip
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
-from garlic.training.threads import adapt_threads
 from garlic.training.trainer import EpochRecord
 from garlic.io.tables import LABELS, read_manifest
 from garlic.io.tensors import IrregularTensors, load_tensors
@@ -370,7 +369,6 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     timed = test.tensors.task is not None
     say(f"scoring the {len(test)} test stays of {params['split']}"
         + (f" at their {len(times)} prediction times ..." if timed else " ..."))
-    adapt_threads()
     probabilities = trained.predict_proba(test)
     return {"run": run_id, "split": params["split"], "n_test": len(test),
             **({"n_prediction_times": len(times)} if timed else {}),

@@ -1,59 +1,46 @@
-"""Torch's CPU threads chosen from the CPUs other processes leave free, and OpenMP's passive wait (issue #56: beside
-one busy process, two spinning threads made an epoch 3.3 times slower; beside two, 17 to 26 times; one thread was
-never slower than 6.5 s)."""
+"""Torch's CPU threads chosen from the batches' own times (issue #72: beside other work, two threads were 2 to 30 times
+slower than one; idle, one thread is 1.5 times slower than two), and OpenMP's wait as the user sets it (issue #56).
+The chooser's decisions run on a fake clock that each batch advances by its scripted cost."""
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from garlic.training import threads
-from garlic.training.threads import CpuTimes, ThreadChooser, busy_elsewhere, choose_threads
+from garlic.training.threads import ThreadChooser
+from garlic.training.trainer import EpochPass
 
 ROOT = Path(__file__).resolve().parents[1]
+IDLE = {1: 1.5, 2: 1.0}  # seconds per unit of work on each thread count
+LOADED = {1: 1.0, 2: 20.0}  # beside heavy load: a batch on two threads takes as long as 20 on one
 
 
-@pytest.mark.parametrize(
-    "most, cpus, elsewhere, expected",
-    [
-        (2, 2, 0.0, 2),  # idle: all torch would use, as before
-        (2, 2, 0.2, 2),  # a shell, a log writer: still all
-        (2, 2, 0.6, 1),  # one busy process beside two threads of ours (it gets about two thirds of a CPU)
-        (2, 2, 1.0, 1),  # the same beside one thread of ours
-        (2, 2, 1.4, 1),  # two busy processes
-        (2, 2, 2.0, 1),  # every CPU taken: never fewer than one
-        (8, 16, 0.0, 8),  # torch's own count (physical cores) is the most, never the logical CPUs
-        (8, 16, 10.0, 6),  # six CPUs left free
-        (4, 4, 3.2, 1),
-    ],
-)
-def test_the_thread_count_follows_the_cpus_left_free(most, cpus, elsewhere, expected):
-    assert choose_threads(most, cpus, elsewhere) == expected
+class Machine:
+    """A fake clock, and batches that advance it by ``cost[threads]`` seconds per unit of work, on the count torch
+    has as each runs (``cost`` may be changed between batches); small parallel operations cost ``small[threads]``,
+    in the same proportion unless given."""
 
+    def __init__(self, cost: dict[int, float], small: dict[int, float] | None = None):
+        self.now, self.cost, self.small = 0.0, cost, small
 
-def test_what_other_processes_used_is_the_cpus_busy_time_less_this_processs():
-    # Over 2 s, the CPUs were busy 3 CPU-seconds, 2 of them ours: others kept half a CPU busy.
-    assert busy_elsewhere(CpuTimes(busy=100.0, own=10.0, at=50.0), CpuTimes(busy=103.0, own=12.0, at=52.0)) == 0.5
-    # Our own time counted at another tick than the CPUs' is never a negative use.
-    assert busy_elsewhere(CpuTimes(100.0, 10.0, 50.0), CpuTimes(101.0, 11.5, 51.0)) == 0.0
+    def __call__(self) -> float:
+        return self.now
 
+    def chooser(self) -> ThreadChooser:
+        return ThreadChooser(clock=self, most=2, probe=lambda threads: (self.small or self.cost)[threads])
 
-class Readings:
-    """Scripted ``read_cpu_times``: 2 CPUs, a second between readings, in which our process keeps ``own`` CPUs busy
-    and other processes ``others``."""
-
-    def __init__(self):
-        self.times = CpuTimes(busy=0.0, own=0.0, at=0.0)
-        self.own, self.others = 2.0, 0.0
-
-    def __call__(self, cpus):
-        assert cpus == frozenset({0, 1})
-        t = self.times
-        self.times = CpuTimes(t.busy + self.own + self.others, t.own + self.own, t.at + 1.0)
-        return self.times  # the second that ends now, with the use set before this call
+    def loop(self, chooser: ThreadChooser, works: list[float], changes: dict | None = None) -> list[int]:
+        """Run batches of ``works`` through ``chooser`` (the cost set to ``changes[i]`` before batch i); the count
+        each ran on."""
+        counts = []
+        for index, work in enumerate(chooser.run(works, work=lambda work: work)):
+            self.cost = (changes or {}).get(index, self.cost)
+            counts.append(torch.get_num_threads())
+            self.now += self.cost[counts[-1]] * work
+        return counts
 
 
 @pytest.fixture
@@ -66,64 +53,111 @@ def free_choice(monkeypatch):
     torch.set_num_threads(before)
 
 
-def test_the_chooser_drops_to_one_thread_beside_a_busy_process_and_comes_back(free_choice):
-    readings = Readings()
-    chooser = ThreadChooser(read=readings, cpus=frozenset({0, 1}), most=2)
-    chooser.start()
-    assert chooser.adapt() == 2 and torch.get_num_threads() == 2  # idle
-    readings.others, readings.own = 0.7, 1.3  # a busy process arrives, beside our two threads
-    assert chooser.adapt() == 1 and torch.get_num_threads() == 1
-    readings.others, readings.own = 1.0, 1.0  # it stays (now with a whole CPU): we stay on one
-    assert chooser.adapt() == 1
-    readings.others = 0.0  # it is gone
-    assert chooser.adapt() == 2 and torch.get_num_threads() == 2
+def seconds(counts: list[int], cost: dict[int, float]) -> float:
+    return sum(cost[count] for count in counts)
 
 
-def test_the_first_choice_without_a_start_measures_a_short_window(free_choice):
-    readings = Readings()
-    readings.others = 1.5
-    assert ThreadChooser(read=readings, cpus=frozenset({0, 1}), most=2).adapt() == 1
+def test_idle_the_chooser_moves_to_two_threads_after_a_few_batches_and_stays_near_their_speed(free_choice):
+    machine = Machine(IDLE)
+    counts = machine.loop(machine.chooser(), [1.0] * 200)
+    # the warm-up and two baseline batches on one thread, then the check's two batches on two: kept
+    assert counts[:6] == [1, 1, 1, 2, 2, 2]
+    assert machine.now <= 1.1 * 200 * IDLE[2]  # within 10% of two threads, checks of one thread included
 
 
-def test_a_users_thread_count_is_kept(free_choice, monkeypatch):
-    readings = Readings()
-    readings.others = 1.5  # the chooser would pick one thread
+def test_beside_heavy_load_a_check_of_two_threads_ends_before_a_batch_where_small_operations_are_slow(free_choice):
+    machine = Machine(LOADED)
+    counts = machine.loop(machine.chooser(), [1.0] * 1000)
+    assert counts == [1] * 1000
+
+
+def test_where_only_the_batches_are_slow_on_two_threads_a_check_costs_one_batch_and_comes_back_rarely(free_choice):
+    machine = Machine(LOADED, small=IDLE)
+    counts = machine.loop(machine.chooser(), [1.0] * 1000)
+    assert counts[:5] == [1, 1, 1, 2, 1]  # the check abandoned after its first batch
+    assert counts.count(2) <= 3
+    assert machine.now <= 1.1 * 1000 * LOADED[1]
+
+
+def test_a_check_begins_on_a_short_batch(free_choice):
+    machine = Machine(LOADED, small=IDLE)
+    works = [1.0, 3.0, 1.0, 3.0, 3.0, 1.0, 3.0, 3.0]
+    counts = machine.loop(machine.chooser(), works)
+    assert counts == [1, 1, 1, 1, 1, 2, 1, 1]  # due from the fourth batch, begun on the next short one
+    sorted_works = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]  # an inference loop: batches by length
+    assert machine.loop(machine.chooser(), sorted_works).index(2) == 3 + threads.WAIT_BATCHES
+
+
+def test_batches_are_compared_per_unit_of_work(free_choice):
+    # Idle, but the batches on one thread happen to be short ones: per batch one thread would look faster.
+    machine = Machine(IDLE)
+    works = [1.0, 1.0, 1.0, 3.0, 3.0] + [1.0] * 20
+    counts = machine.loop(machine.chooser(), works)
+    assert counts[5:10] == [2] * 5  # until the next check
+
+
+def test_load_that_arrives_is_left_within_the_recheck_time_and_two_threads_come_back_after_it(free_choice):
+    machine = Machine(IDLE)
+    chooser = machine.chooser()
+    counts = machine.loop(chooser, [1.0] * 400, changes={100: {1: 1.0, 2: 5.0}, 250: IDLE})
+    assert counts[95:100] == [2] * 5
+    after = counts[100:].index(1) + 100
+    assert after - 100 <= threads.RECHECK_SECONDS / 5 + threads.TRIAL_BATCHES + 1
+    assert counts[after + 2 : 250].count(2) <= 3  # checks, each abandoned after a batch
+    assert counts[-20:].count(2) >= 18  # back on two threads once the load has gone
+
+
+def test_each_loop_measures_anew_from_the_count_chosen_before(free_choice):
+    machine = Machine(IDLE)
+    chooser = machine.chooser()
+    machine.loop(chooser, [1.0] * 20)
+    assert machine.loop(chooser, [5.0] * 5)[:3] == [2, 2, 2]  # an inference pass after training: its own costs
+
+
+def test_a_users_or_a_programs_thread_count_is_kept(free_choice, monkeypatch):
+    machine = Machine(LOADED)
     torch.set_num_threads(2)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    chooser = ThreadChooser(read=readings, cpus=frozenset({0, 1}), most=2)
-    assert chooser.adapt() is None and torch.get_num_threads() == 2
-    # set in the program, after a choice of ours: kept as well
+    chooser = machine.chooser()
+    assert machine.loop(chooser, [1.0] * 10) == [2] * 10
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert chooser.adapt() == 1
-    torch.set_num_threads(2)
-    assert chooser.adapt() is None and torch.get_num_threads() == 2
+    assert machine.loop(chooser, [1.0] * 3) == [1] * 3
+    torch.set_num_threads(2)  # the program's own choice, after ours
+    assert machine.loop(chooser, [1.0] * 10) == [2] * 10
 
 
-def test_without_cpu_times_torch_is_left_as_it_is(free_choice):
+def test_with_one_thread_for_torch_there_is_nothing_to_choose(free_choice):
+    torch.set_num_threads(1)
+    machine = Machine(IDLE)
+    assert machine.loop(ThreadChooser(clock=machine), [1.0] * 10) == [1] * 10
+
+
+def test_a_training_pass_runs_its_batches_on_the_processs_chooser_and_shows_how_far_it_has_come(free_choice):
+    # Real batches of small parallel work on the real clock: every batch in order, each on one or torch's count.
     torch.set_num_threads(2)
-    assert ThreadChooser(read=lambda cpus: None, cpus=frozenset({0, 1}), most=2).adapt() is None
+    chooser = ThreadChooser(most=2)
+    seen = []
+    old, threads.PROCESS_CHOOSER = threads.PROCESS_CHOOSER, chooser
+    try:
+        epoch_pass = EpochPass([torch.randn(64, 256) for _ in range(12)])
+        for index, batch in epoch_pass:
+            assert EpochPass.running is epoch_pass and epoch_pass.done == index
+            (batch @ batch.T).relu().sum()
+            seen.append((index, torch.get_num_threads()))
+    finally:
+        threads.PROCESS_CHOOSER = old
+    assert [index for index, _ in seen] == list(range(12)) and {count for _, count in seen} <= {1, 2}
+    assert EpochPass.running is None and chooser.set in (1, 2)
+    torch.set_num_threads(2)
+    assert threads.seconds_per_operation(1) > 0 and threads.seconds_per_operation(2) > 0
     assert torch.get_num_threads() == 2
-
-
-@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="reads Linux's /proc/stat")
-def test_this_machines_cpu_times_are_read():
-    cpus = threads.allowed_cpus()
-    first = threads.read_cpu_times(cpus)
-    # CPU time of our own, for long enough that /proc/stat's 10 ms ticks cannot make the others' share look larger
-    # than the CPUs (busy_elsewhere 2.05 of 2 over a 13 ms window, with both CPUs busy)
-    deadline = time.monotonic() + 0.5
-    while time.monotonic() < deadline:
-        sum(i * i for i in range(10_000))
-    second = threads.read_cpu_times(cpus)
-    assert second.own > first.own and second.busy >= first.busy and second.at > first.at
-    assert 0 <= busy_elsewhere(first, second) <= len(cpus)
 
 
 @pytest.mark.parametrize("given, spin_count", [(None, "300000"), ("PASSIVE", "0")])
 def test_the_garlic_command_leaves_openmps_wait_as_openmp_or_the_user_sets_it(tmp_path, given, spin_count):
     # libgomp reports the wait it was given as torch loaded it (GOMP_SPINCOUNT 300000: its default, spinning a while;
     # 0: passive); the command stops at the device check, just after importing torch. Idle, a passive wait made an
-    # epoch slower (docs/results/speed.md); beside busy processes garlic runs one thread, which waits for none.
+    # epoch slower (docs/results/speed.md); where two threads are slow garlic runs one, which waits for none.
     environment = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     environment |= {"OMP_DISPLAY_ENV": "VERBOSE"} | ({"OMP_WAIT_POLICY": given} if given else {})
     result = subprocess.run([sys.executable, "-m", "garlic.cli", "--data-root", str(tmp_path), "--mlruns",

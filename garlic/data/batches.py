@@ -75,6 +75,16 @@ class Batch:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def cells(self) -> int:
+        """Stays times padded steps: a batch's time grows with it (``garlic.training.threads`` compares by it)."""
+        return int(self.values.shape[0] * self.values.shape[1])
+
+
+def batch_work(batch) -> float:
+    """A training or inference batch's size for timing it: a ``Batch``'s cells; 1 for another kind of batch."""
+    return float(batch.cells) if isinstance(batch, Batch) else 1.0
+
 
 class IrregularDataset(Dataset):
     """The stays of one split, normalised with statistics from the training split, and the times at which a risk

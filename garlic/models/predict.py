@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from garlic.data.batches import IrregularDataset, collate
+from garlic.data.batches import IrregularDataset, batch_work, collate
+from garlic.training.threads import on_chosen_threads
 
 # The GRU runs over whole batches of 128 (the layers before it take a few stays at a time, ``Garlic.predict_logits``);
 # batches of 256 or 512 were no faster on P12 here.
@@ -15,11 +16,12 @@ INFERENCE_BATCH = 128
 
 
 def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int):
-    """(positions in ``dataset``, batch on the model's device) for batches of stays sorted by length."""
+    """(positions in ``dataset``, batch on the model's device) for batches of stays sorted by length, each on the
+    CPU threads the process's chooser picks for it (``garlic.training.threads``)."""
     device = next(model.parameters()).device
     order = torch.argsort(dataset.lengths, stable=True)
     batches = DataLoader(dataset, batch_size=batch_size, sampler=order.tolist(), collate_fn=collate)
-    for start, batch in zip(range(0, len(dataset), batch_size), batches):
+    for start, batch in zip(range(0, len(dataset), batch_size), on_chosen_threads(batches, batch_work)):
         yield order[start : start + len(batch)], batch.to(device)
 
 

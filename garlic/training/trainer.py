@@ -14,16 +14,16 @@ import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
-from garlic.data.batches import IrregularDataset
+from garlic.data.batches import IrregularDataset, batch_work
 from garlic.metrics import binary_metrics
 from garlic.training import distributed
 from garlic.training.state import RANK_TALLIES, WITHIN_EPOCH
-from garlic.training.threads import adapt_threads
+from garlic.training.threads import on_chosen_threads
 
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
 WARMUP = 0.05
@@ -93,11 +93,19 @@ class EpochPass:
     it calls ``checkpoint`` with how far it has come (``underway``: the batches done, the tally, the seconds spent). A
     pass continued from there (``resume``) skips the batches done without loading them or drawing random numbers,
     and starts from that tally: with the fit's weights, optimisers and random state restored, it goes on as the
-    uninterrupted pass did."""
+    uninterrupted pass did.
+
+    Each batch runs on the CPU threads the process's chooser picks for it (``garlic.training.threads``), and the
+    pass being iterated is ``EpochPass.running``, where a progress display reads how far the fit's ``epoch`` has come
+    (``done`` of ``len``)."""
+
+    running: ClassVar["EpochPass | None"] = None
 
     def __init__(self, batches: Iterable, resume: dict | None = None,
-                 checkpoint: Callable[[dict], None] | None = None, checkpoint_seconds: float = math.inf):  # fmt: skip
+                 checkpoint: Callable[[dict], None] | None = None, checkpoint_seconds: float = math.inf,
+                 epoch: int = 1):  # fmt: skip
         self.batches, self.checkpoint, self.checkpoint_seconds = batches, checkpoint, checkpoint_seconds
+        self.epoch = epoch  # the fit's epoch this pass is (from 1), for the progress display
         self.done = resume["batches_done"] if resume else 0
         self.sums = copy.deepcopy(resume["tally"]) if resume else {}  # the state it resumes from stays as written
         self.seconds_before = resume["seconds"] if resume else 0.0
@@ -126,13 +134,18 @@ class EpochPass:
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         batches = _batches_after(self.batches, self.done) if self.done else self.batches
         last = time.monotonic()
-        for index, batch in enumerate(batches, start=self.done):
-            yield index, batch
-            self.done = index + 1
-            # Under torchrun every rank takes part in a state: they checkpoint together once any rank's time is up.
-            if self.checkpoint is not None and distributed.any_rank(time.monotonic() - last >= self.checkpoint_seconds):
-                self.checkpoint(self.underway())
-                last = time.monotonic()
+        EpochPass.running = self
+        try:
+            for index, batch in enumerate(on_chosen_threads(batches, batch_work), start=self.done):
+                yield index, batch
+                self.done = index + 1
+                # Under torchrun every rank takes part in a state: they checkpoint together once any rank's time is up.
+                if self.checkpoint is not None and distributed.any_rank(
+                        time.monotonic() - last >= self.checkpoint_seconds):  # fmt: skip
+                    self.checkpoint(self.underway())
+                    last = time.monotonic()
+        finally:
+            EpochPass.running = None
 
 
 def _batches_after(batches: DataLoader, done: int) -> DataLoader:
@@ -205,13 +218,12 @@ class Trainer:
         checkpoints = on_state is not None
         while not progress.stopped and progress.epoch < config.max_epochs:
             progress.epoch += 1
-            adapt_threads()  # from the CPUs other processes used since the last epoch (or the command's start)
             start = time.perf_counter()
             # Within the epoch, the fit stands where it stood when the epoch began, and the sampler draws this epoch.
             began, sampler_epoch = replace(progress, epoch=progress.epoch - 1), sampler.epoch
             checkpoint = (lambda underway: on_state(self.state(began, best_state, sampler_epoch, underway))
                           ) if checkpoints else None  # fmt: skip
-            epoch_pass = EpochPass(batches, underway, checkpoint, self.checkpoint_seconds)
+            epoch_pass = EpochPass(batches, underway, checkpoint, self.checkpoint_seconds, progress.epoch)
             underway = None
             trained = self.run_epoch(epoch_pass, progress)
             checked = self.validate(validation)
