@@ -134,6 +134,66 @@ def load(port: int, beds: list[str], seconds: int, every: int, codes: Codes, var
         raise RuntimeError(f"the load stopped: {failures[0]}")
 
 
+def backlog(args, run_id: str, mlruns: Path, store: str, port: int, trained) -> None:
+    """Store every reading of the load first (as the service stores them, without HTTP), then start the service and
+    time its scorers scoring them all: the scoring rate alone, from the first score to the last."""
+    import sqlalchemy as sa
+
+    from garlic.live.fhir import Observed, Stay
+    from garlic.live.store import LiveStore
+
+    live = LiveStore(store, run_id)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=args.seconds + 60)
+    beds = [f"bed-{number}" for number in range(1, args.beds + 1)]
+    for bed in beds:
+        live.admit(Stay(bed, True, start, None))
+    turns = max(1, args.seconds // args.every)
+    for turn in range(turns):
+        readings = [Observed(bed, trained.variables[(turn + number) % len(trained.variables)],
+                             start + timedelta(seconds=turn * args.every + 1), 50.0 + turn % 20)
+                    for number, bed in enumerate(beds)]  # fmt: skip
+        for part in range(0, len(readings), 500):
+            live.add(readings[part:part + 500])
+    live.close()
+    service = start_service(run_id, mlruns, store, port, args.scorers)
+    try:
+        cpu = cpu_seconds(service.pid)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
+                if json.loads(answer.read())["pending"] == 0:
+                    break
+            time.sleep(0.2)
+        cpu = cpu_seconds(service.pid, cpu)
+    finally:
+        service.terminate()
+        service.wait(60)
+    engine = sa.create_engine(store)
+    with engine.connect() as db:
+        first, last, scores = db.execute(sa.text("SELECT MIN(scored_at), MAX(scored_at), COUNT(*) FROM scores")).one()
+        pending = db.execute(sa.text("SELECT COUNT(*) FROM readings WHERE NOT scored")).scalar_one()
+    engine.dispose()
+    print("CPU seconds while scoring: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
+    kind = sa.engine.make_url(store).get_backend_name()
+    print(f"backlog: beds {args.beds}, readings {args.beds * turns}, {kind}, scorers {args.scorers}: scores {scores} "
+          f"in {last - first:.1f} s, {scores / (last - first):.0f}/s, left {pending}")
+
+
+def cpu_seconds(pid: int, since: dict | None = None) -> dict[str, float]:
+    """CPU seconds of the service (its HTTP side and first scorer), its other scorers, this load generator and the
+    rest of the machine (PostgreSQL, other jobs): since ``since``'s."""
+    import psutil
+
+    service = psutil.Process(pid)
+    scorers = sum(sum(child.cpu_times()[:2]) for child in service.children(recursive=True))
+    machine = psutil.cpu_times()
+    used = {"service": sum(service.cpu_times()[:2]), "other scorers": scorers,
+            "load generator": sum(psutil.Process().cpu_times()[:2]),
+            "machine": machine.user + machine.system + machine.nice}  # fmt: skip
+    used["rest of the machine"] = used.pop("machine") - used["service"] - scorers - used["load generator"]
+    return {name: seconds - (since or {}).get(name, 0.0) for name, seconds in used.items()}
+
+
 def admit(port: int, beds: list[str], start: datetime, clients: int) -> None:
     """Admit every bed, from ``clients`` threads."""
     def client(share: list[str]) -> None:
@@ -157,6 +217,9 @@ def main() -> None:
     options.add_argument("--clients", type=int, default=8, help="posting threads (default 8)")
     options.add_argument("--store", help="an empty database's SQLAlchemy URL (default: a fresh SQLite file)")
     options.add_argument("--scorers", type=int, default=1, help="garlic monitor --scorers (PostgreSQL only)")
+    options.add_argument("--backlog", action="store_true",
+                         help="the scorers alone: the readings stored first (no HTTP), then how fast the service's "
+                              "scorers score them all")  # fmt: skip
     options.add_argument("--run", help="a run whose model scores the ward (default: a tiny synthetic run)")
     options.add_argument("--mlruns", type=Path, default=Path("mlruns"), help="the store that holds --run")
     args = options.parse_args()
@@ -170,6 +233,8 @@ def main() -> None:
         trained = load_predictor(run_id, mlruns)
         codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
         port, store = free_port(), args.store or f"sqlite:///{work / 'ward.sqlite'}"
+        if args.backlog:
+            return backlog(args, run_id, mlruns, store, port, trained)
         service = start_service(run_id, mlruns, store, port, args.scorers)
         try:
             start = datetime.now(timezone.utc).replace(microsecond=0)
@@ -178,6 +243,7 @@ def main() -> None:
             admit(port, beds, start, args.clients)
             print(f"admitted {len(beds)} beds in {time.monotonic() - admitted:.0f} s", flush=True)
             sent: dict[tuple[str, int], float] = {}
+            cpu = cpu_seconds(service.pid)
             began = time.monotonic()
             load(port, beds, args.seconds, args.every, codes, trained.variables, start, sent, args.clients)
             took = time.monotonic() - began
@@ -187,6 +253,7 @@ def main() -> None:
                     if json.loads(answer.read())["pending"] == 0:
                         break
                 time.sleep(0.5)
+            cpu = cpu_seconds(service.pid, cpu)
         finally:
             service.terminate()
             service.wait(60)
@@ -212,6 +279,8 @@ def main() -> None:
     if len(rounds):
         print(f"scoring rounds {len(rounds)} ({args.scorers} scorer{'s' * (args.scorers > 1)}), scores a round "
               f"p50 {np.percentile(rounds, 50):.0f}, p99 {np.percentile(rounds, 99):.0f}, max {rounds.max()}")
+    print(f"CPU seconds over the load ({took:.0f} s, {os.cpu_count()} cores): "
+          + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
     p50, p99 = np.percentile(latency, [50, 99]) if len(latency) else (float("nan"), float("nan"))
     kind = sa.engine.make_url(store).get_backend_name()
     print(f"beds {args.beds}, every {args.every} s, readings {len(sent)} ({len(sent) / took:.0f}/s, offered "

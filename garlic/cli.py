@@ -681,6 +681,7 @@ def _monitor(args: argparse.Namespace) -> None:
     if args.score_only is not None:  # one of --scorers' processes: the scoring loop only, until the service stops
         _say(f"scorer {args.score_only + 1} of {args.scorers} scoring store "
              f"{live.engine.url.render_as_string(hide_password=True)}")  # fmt: skip
+        print("ready", flush=True)  # the service serves once every scorer is ready (its only line on stdout)
         monitor.run()
         return
     if scorer.unexplained:
@@ -699,8 +700,13 @@ def _monitor(args: argparse.Namespace) -> None:
         watcher = FolderWatcher(args.watch, monitor, codes.names, hourly)
         _say(f"taking the record files in {_shown(args.watch)} as they grow")
     scorers = [subprocess.Popen([sys.executable, "-m", "garlic.cli", *args.argv, "--score-only", str(number)],
-                                env=os.environ | {PARENT_ENV: str(os.getpid())})
+                                env=os.environ | {PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE)
                for number in range(1, args.scorers)]  # fmt: skip
+    for number, process in enumerate(scorers, 2):  # served once all score: else their beds wait for a takeover
+        if process.stdout.readline().strip() != b"ready":
+            for other in scorers:
+                other.terminate()
+            raise ConfigError(f"scorer {number} of {args.scorers} stopped before it was ready (its error is above)")
     if scorers:
         _say(f"{args.scorers} scorers: this process and {len(scorers)} more, each bed scored by one at a time")
     _say(f"serving http://{args.host}:{args.port}/ (FHIR R4 at /fhir, the ward at /ward); Ctrl-C stops it")
