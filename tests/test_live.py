@@ -767,6 +767,49 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
         scorer.store.close()
 
 
+def test_garlic_monitor_with_two_scorer_processes_on_postgresql_gives_the_offline_risks_and_alerts(postgresql, run,
+                                                                                                    trained):
+    """``garlic monitor --scorers 2`` as run: the service and a second scoring process over one PostgreSQL store,
+    each with its step states; every reading is scored, each risk the offline one, each alert the policy's."""
+    url = postgresql()
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=4)
+    codes = Codes(dataset, trained.variables + trained.static_features)
+    port = free_port()
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment.pop("GARLIC_MONITOR_TOKEN", None)
+    monitor = subprocess.Popen([sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "monitor", "--run",
+                                run.run_id, "--store", url, "--port", str(port), "--scorers", "2"],
+                               env=environment, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                get(f"{base}/health")
+                break
+            except OSError:
+                assert monitor.poll() is None, "garlic monitor stopped"
+                time.sleep(0.3)
+        fed = feed(Client(base), observations, static, codes, speed=1e7)
+        counts = scored(base)
+        assert fed.sent == fed.stored == counts["readings"] == counts["scored"]
+        policy = policy_for(run.run_id, run.store).policy
+        for stay in static["stay_id"]:
+            history = get(f"{base}/beds/{stay}")["scores"]
+            stay_observations = observations[observations["stay_id"] == stay]
+            for score in history[1::5] + history[-1:]:
+                cut = stay_observations[stay_observations["time"] <= score["time"] + 1e-5]
+                offline = predict_tables(trained, cut, static[static["stay_id"] == stay])["risk"].iloc[0]
+                assert score["risk"] == pytest.approx(float(offline), abs=1e-5)
+            risks = np.array([np.nan if s["risk"] is None else s["risk"] for s in history])
+            alarms = policy.alarms(risks, [s["time"] for s in history], [len(history)])
+            assert [s["alert"] for s in history] == alarms.tolist()
+    finally:
+        monitor.terminate()
+        _, said = monitor.communicate(timeout=60)
+    assert "scorer 2 of 2 scoring store" in said and "2 scorers: this process and 1 more" in said
+
+
 def test_more_than_one_scorer_on_a_sqlite_store_is_refused_in_one_line(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-m", "garlic.cli", "--mlruns", str(tmp_path), "monitor", "--run",
