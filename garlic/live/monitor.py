@@ -3,8 +3,8 @@
 ``take`` stores readings (committed before it returns) and wakes the loop; the loop (``run``, one thread) scores
 what is pending in rounds: each round takes up to ``ROUND`` unscored readings, and for each of their beds asks
 the model for the risk at every reading time from the earliest new one on (its readings as held when the round
-took them: one that arrived since waits for the next round, so that no time is scored twice for it). A bed that goes on from its step state
-(``garlic.live.steps``) is read from its last step on, the others whole. A reading that arrived in time order
+took them: one that arrived since waits for the next round, so that no time is scored twice for it). A bed that
+goes on from its step state (``garlic.live.steps``) is read from its last step on, the others whole. A reading that arrived in time order
 costs its own time only; one that arrived late is placed at its time, and every later time of its bed is scored
 again from there. A reading withdrawn (entered in error, or replaced) is pending too: its bed is scored again from
 its time on without it, from its first reading (its step state, made with the reading, is dropped), and at its last

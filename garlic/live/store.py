@@ -573,26 +573,43 @@ class LiveStore:
 
     def alert_states_before(self, times: dict[str, float], quiet_hours: float) -> dict[str, AlertState]:
         """Each bed's alert state at its latest scored time before ``times[bed]``: on or off, and the last time it
-        was on, looked for only as far back as ``quiet_hours`` (earlier, it no longer keeps a new alert quiet)."""
-        states = {}
+        was on, looked for only as far back as ``quiet_hours`` (earlier, it no longer keeps a new alert quiet). All
+        beds in two statements (the scores within the quiet hours; for beds with none, the latest before), whatever
+        their number."""
+        if not times:
+            return {}
+        since = (sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="asked")
+                 .data(list(times.items())).cte("asked"))  # fmt: skip
+        columns = (SCORES.c.bed, SCORES.c.time, SCORES.c.alert, SCORES.c.id)
+        within = sa.select(*columns).join(since, (since.c.bed == SCORES.c.bed) & (SCORES.c.time < since.c.before)
+                                          & (SCORES.c.time >= since.c.before - quiet_hours))  # fmt: skip
+        newest: dict[str, dict[float, tuple[int, bool]]] = {}  # bed -> time -> (id, alert) of its newest score
         with self.engine.connect() as db:
-            for bed, before in times.items():
-                rows = db.execute(sa.select(SCORES.c.time, SCORES.c.alert)
-                                  .where(SCORES.c.bed == bed, SCORES.c.time < before,
-                                         SCORES.c.time >= before - quiet_hours)
-                                  .order_by(SCORES.c.time.desc(), SCORES.c.id.desc())).all()  # fmt: skip
-                newest = {}  # time -> the alert of its newest score (the first met, in this order)
-                for row in rows:
-                    newest.setdefault(row.time, bool(row.alert))
-                last_on = max((time for time, alert in newest.items() if alert), default=-math.inf)
-                if newest:
-                    states[bed] = AlertState(newest[max(newest)], last_on)
-                else:  # nothing scored within the quiet hours: the latest score's alert, whenever it was
-                    row = db.execute(sa.select(SCORES.c.time, SCORES.c.alert)
-                                     .where(SCORES.c.bed == bed, SCORES.c.time < before)
-                                     .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
-                    states[bed] = AlertState(bool(row.alert), row.time) if row and row.alert else AlertState()
-        return states
+            for bed, at, alert, score_id in db.execute(within):
+                kept = newest.setdefault(bed, {}).get(at)
+                if kept is None or score_id > kept[0]:
+                    newest[bed][at] = (score_id, bool(alert))
+            states = {}
+            for bed, by_time in newest.items():
+                last_on = max((at for at, (_, alert) in by_time.items() if alert), default=-math.inf)
+                states[bed] = AlertState(by_time[max(by_time)][1], last_on)
+            rest = [(bed, before) for bed, before in times.items() if bed not in states]
+            if rest:  # nothing scored within the quiet hours: the latest score's alert, whenever it was
+                earlier = (sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="rest")
+                           .data(rest).cte("rest"))  # fmt: skip
+                older = SCORES.alias("older")
+                latest = (sa.select(sa.func.max(older.c.time)).where(older.c.bed == earlier.c.bed,
+                                                                     older.c.time < earlier.c.before)
+                          .scalar_subquery())  # fmt: skip
+                found: dict[str, tuple[int, float, bool]] = {}
+                for bed, at, alert, score_id in db.execute(sa.select(*columns).join(
+                        earlier, (earlier.c.bed == SCORES.c.bed) & (SCORES.c.time == latest))):  # fmt: skip
+                    if bed not in found or score_id > found[bed][0]:
+                        found[bed] = (score_id, at, bool(alert))
+                for bed, _ in rest:
+                    _, at, alert = found.get(bed, (0, 0.0, False))
+                    states[bed] = AlertState(True, at) if alert else AlertState()
+        return {bed: states[bed] for bed in times}
 
     def history(self, bed: str) -> pd.DataFrame:
         """A bed's risk at each time it has a reading (the newest score of each time; a time whose readings were all
