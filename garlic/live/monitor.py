@@ -4,15 +4,15 @@
 what is pending in rounds: each round takes up to ``ROUND`` unscored readings, and for each of their beds asks
 the model for the risk at every reading time from the earliest new one on (its readings as held when the round
 took them: one that arrived since waits for the next round, so that no time is scored twice for it). A bed that
-goes on from its step state (``garlic.live.steps``) is read from its last step on, the others whole. A reading that arrived in time order
-costs its own time only; one that arrived late is placed at its time, and every later time of its bed is scored
-again from there. A reading withdrawn (entered in error, or replaced) is pending too: its bed is scored again from
-its time on without it, from its first reading (its step state, made with the reading, is dropped), and at its last
-time held (a bed with none left: at the withdrawn time, with no risk), so that the bed's newest score never keeps
-it. The alerts follow in time order from the bed's alert state before that time (the run's alert policy,
-``garlic.metrics.alert_policy``), and the risks, alerts
-and drivers are stored with the readings marked as scored, in one transaction. A round's beds are scored as one
-batch, so that a busy ward costs a pass per round, not per reading.
+goes on from its step state (``garlic.live.steps``) is read from its last step on, the others whole. A reading that
+arrived in time order costs its own time only; one that arrived late is placed at its time, and every later time of
+its bed is scored again from there. A reading withdrawn (entered in error, or replaced) is pending too: its bed is
+scored again from its time on without it, from its first reading (its step state, made with the reading, is
+dropped), and at its last time held (a bed with none left: at the withdrawn time, with no risk), so that the bed's
+newest score never keeps it. The alerts follow in time order from the bed's alert state before that time (the run's
+alert policy, ``garlic.metrics.alert_policy``), and the risks, alerts and drivers are stored with the readings marked
+as scored, in one transaction. A round's beds are scored as one batch, so that a busy ward costs a pass per round, not
+per reading.
 
 The loop remembers each bed's newest scored time and alert as it stored them (``newest``, for at most ``REMEMBERED``
 beds): a bed whose new readings all come after that time continues from there without asking the store; a late

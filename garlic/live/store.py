@@ -31,9 +31,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
