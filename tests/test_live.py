@@ -730,7 +730,7 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
     asked, busy, lock = [], set(), threading.Lock()
     scorers = [Monitor(LiveStore(url, run.run_id), Recorded(f"scorer {k}", asked, busy, lock), policy, shard=(0, 1),
                        takeover=0.0) for k in range(3)]  # fmt: skip  (one share: each takes any bed)
-    feeder = scorers[0]
+    feeder = Monitor(LiveStore(url, run.run_id), NewestValue(), policy)  # stores only: it wakes no scorer
     beds, readings = [f"bed-{number}" for number in range(24)], 15
     for bed in beds:
         feeder.store.admit(Stay(bed, True, start, None))
@@ -742,7 +742,7 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
             for part in range(0, len(beds), 5):
                 feeder.take([Observed(bed, "HR", start + timedelta(hours=hour), float(risks[bed][hour]))
                              for bed in beds[part:part + 5]])  # fmt: skip
-                time.sleep(0.002)
+                time.sleep(0.03)  # readings keep arriving across many polls of the scorers
         deadline = time.monotonic() + 60
         while feeder.store.counts()["pending"] and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -763,7 +763,7 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
         assert history["alert"].astype(bool).tolist() == policy.alarms(history["risk"], history["time"],
                                                                        [readings]).tolist()  # fmt: skip
     assert moved >= len(beds) // 2  # beds did move between scorers
-    for scorer in scorers:
+    for scorer in [*scorers, feeder]:
         scorer.store.close()
 
 
