@@ -1,21 +1,25 @@
-"""The live ward under load: N beds, one reading per bed per second, posted over loopback to a real
+"""The live ward under load: N beds, one reading per bed every ``--every`` seconds, posted over loopback to a real
 ``garlic monitor``; how long from a reading's POST to its bed's risk stored, and whether any reading was lost.
 
-    python -m experiments.benchmark_live --beds 200 --seconds 60
+    python -m experiments.benchmark_live --beds 200 --seconds 60                    # a reading per bed a second
+    python -m experiments.benchmark_live --beds 10000 --every 60 --seconds 300      # a health system's ward
+    python -m experiments.benchmark_live --beds 400 --store postgresql+psycopg://USER@HOST/EMPTY_DB --scorers 2
     python -m experiments.benchmark_live --beds 50 --seconds 30 --run RUN_ID --mlruns mlruns   # another run's model
 
 Without ``--run``, a tiny synthetic run (300 stays, one epoch) is trained first in a temporary folder. The service
-runs in a process of its own with a fresh SQLite store in WAL mode (the default), as ``garlic monitor`` starts it;
-the load comes from ``--clients`` threads of this process, each keeping one connection open and posting, every
-second, one FHIR Observation per bed of its share (the model's variables in turn, at the bed's next second). A
-reading's latency runs from just before its POST to the ``scored_at`` of its bed's first risk at its time, read from
+runs in a process of its own, as ``garlic monitor`` starts it, with a fresh SQLite store in WAL mode (the default)
+or ``--store`` (an empty database) and ``--scorers`` scoring processes. The load comes from ``--clients`` threads of
+this process, each keeping one connection open and posting one FHIR Observation per bed of its share every
+``--every`` seconds (the model's variables in turn, at the bed's next time), the beds spread evenly over the period.
+A reading's latency runs from just before its POST to the ``scored_at`` of its bed's first risk at its time, read from
 the store when the service has scored everything. Lost: readings acknowledged but not stored and scored. It ends
-with where the time went (from the POST to the service taking the reading in, and from there to its risk stored)
-and one line:
+with where the time went (from the POST to the service taking the reading in, from there to its risk stored, and
+the scoring rounds: how many, and their readings) and one line:
 
-    beds N, readings R, lost L, p50 X ms, p99 Y ms
+    beds N, every S s, readings R (X/s), lost L, p50 X ms, p99 Y ms
 
-Not a test: it takes ``--seconds`` plus the set-up, and its numbers depend on what else the machine runs.
+Not a test: it takes ``--seconds`` plus the set-up (admitting the beds), and its numbers depend on what else the
+machine runs. A load generator that falls behind its schedule posts late, so the rate it reached is in the line.
 """
 from __future__ import annotations
 
@@ -24,7 +28,6 @@ import http.client
 import json
 import os
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -61,11 +64,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_service(run_id: str, mlruns: Path, database: Path, port: int) -> subprocess.Popen:
+def start_service(run_id: str, mlruns: Path, store: str, port: int, scorers: int) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)
     command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(mlruns), "monitor", "--run", run_id, "--store",
-               f"sqlite:///{database}", "--port", str(port)]  # fmt: skip
+               store, "--port", str(port), "--scorers", str(scorers)]  # fmt: skip
     service = subprocess.Popen(command, env=environment)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -96,26 +99,29 @@ def plausible(codes: Codes, variable: str, second: int) -> float:
     return bounds.low + (bounds.high - bounds.low) * (0.3 + 0.02 * (second % 20))
 
 
-def load(port: int, beds: list[str], seconds: int, codes: Codes, variables: list[str], start: datetime,
-         sent: dict, clients: int) -> None:  # fmt: skip
-    """Post one reading per bed per second for ``seconds``, from ``clients`` threads; ``sent[(bed, second)]`` is
-    the wall time just before each POST."""
+def load(port: int, beds: list[str], seconds: int, every: int, codes: Codes, variables: list[str],
+         start: datetime, sent: dict, clients: int) -> None:  # fmt: skip
+    """Post one reading per bed every ``every`` seconds for ``seconds``, bed i of N first at second i * every / N,
+    from ``clients`` threads; ``sent[(bed, second)]`` is the wall time just before each POST of the reading dated
+    ``second`` after ``start``."""
+    offsets = {bed: number * every // len(beds) for number, bed in enumerate(beds)}
     began = time.monotonic()
     failures: list[BaseException] = []
 
     def client(share: list[str]) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        schedule = sorted((offsets[bed] + turn * every, number, bed) for number, bed in enumerate(share)
+                          for turn in range(max(1, seconds // every)))  # fmt: skip
         try:
-            for second in range(seconds):
+            for second, number, bed in schedule:
                 delay = began + second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                for number, bed in enumerate(share):
-                    variable = variables[(second + number) % len(variables)]
-                    resource = observation(codes, bed, variable, start + timedelta(seconds=second + 1),
-                                           plausible(codes, variable, second))
-                    sent[(bed, second + 1)] = time.time()
-                    post(connection, "POST", "/fhir/Observation", resource)
+                variable = variables[(second // every + number) % len(variables)]
+                resource = observation(codes, bed, variable, start + timedelta(seconds=second + 1),
+                                       plausible(codes, variable, second // every))  # fmt: skip
+                sent[(bed, second + 1)] = time.time()
+                post(connection, "POST", "/fhir/Observation", resource)
         except BaseException as exc:  # reported after the threads end
             failures.append(exc)
 
@@ -128,14 +134,97 @@ def load(port: int, beds: list[str], seconds: int, codes: Codes, variables: list
         raise RuntimeError(f"the load stopped: {failures[0]}")
 
 
+def backlog(args, run_id: str, mlruns: Path, store: str, port: int, trained) -> None:
+    """Store every reading of the load first (as the service stores them, without HTTP), then start the service and
+    time its scorers scoring them all: the scoring rate alone, from the first score to the last."""
+    import sqlalchemy as sa
+
+    from garlic.live.fhir import Observed, Stay
+    from garlic.live.store import LiveStore
+
+    live = LiveStore(store, run_id)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=args.seconds + 60)
+    beds = [f"bed-{number}" for number in range(1, args.beds + 1)]
+    for bed in beds:
+        live.admit(Stay(bed, True, start, None))
+    turns = max(1, args.seconds // args.every)
+    for turn in range(turns):
+        readings = [Observed(bed, trained.variables[(turn + number) % len(trained.variables)],
+                             start + timedelta(seconds=turn * args.every + 1), 50.0 + turn % 20)
+                    for number, bed in enumerate(beds)]  # fmt: skip
+        for part in range(0, len(readings), 500):
+            live.add(readings[part:part + 500])
+    live.close()
+    service = start_service(run_id, mlruns, store, port, args.scorers)
+    try:
+        cpu = cpu_seconds(service.pid)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
+                if json.loads(answer.read())["pending"] == 0:
+                    break
+            time.sleep(0.2)
+        cpu = cpu_seconds(service.pid, cpu)
+    finally:
+        service.terminate()
+        service.wait(60)
+    engine = sa.create_engine(store)
+    with engine.connect() as db:
+        first, last, scores = db.execute(sa.text("SELECT MIN(scored_at), MAX(scored_at), COUNT(*) FROM scores")).one()
+        pending = db.execute(sa.text("SELECT COUNT(*) FROM readings WHERE NOT scored")).scalar_one()
+    engine.dispose()
+    print("CPU seconds while scoring: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
+    kind = sa.engine.make_url(store).get_backend_name()
+    print(f"backlog: beds {args.beds}, readings {args.beds * turns}, {kind}, scorers {args.scorers}: scores {scores} "
+          f"in {last - first:.1f} s, {scores / (last - first):.0f}/s, left {pending}")
+
+
+def cpu_seconds(pid: int, since: dict | None = None) -> dict[str, float]:
+    """CPU seconds of the service (its HTTP side and first scorer), its other scorers, this load generator and the
+    rest of the machine (PostgreSQL, other jobs): since ``since``'s."""
+    import psutil
+
+    service = psutil.Process(pid)
+    scorers = sum(sum(child.cpu_times()[:2]) for child in service.children(recursive=True))
+    machine = psutil.cpu_times()
+    used = {"service": sum(service.cpu_times()[:2]), "other scorers": scorers,
+            "load generator": sum(psutil.Process().cpu_times()[:2]),
+            "machine": machine.user + machine.system + machine.nice}  # fmt: skip
+    used["rest of the machine"] = used.pop("machine") - used["service"] - scorers - used["load generator"]
+    return {name: seconds - (since or {}).get(name, 0.0) for name, seconds in used.items()}
+
+
+def admit(port: int, beds: list[str], start: datetime, clients: int) -> None:
+    """Admit every bed, from ``clients`` threads."""
+    def client(share: list[str]) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for bed in share:
+            post(connection, "PUT", f"/fhir/Encounter/{bed}", encounter(bed, start))
+        connection.close()
+
+    threads = [threading.Thread(target=client, args=(beds[k::clients],)) for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def main() -> None:
     options = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_argument("--beds", type=int, default=200)
+    options.add_argument("--every", type=int, default=1, help="seconds between a bed's readings (default 1)")
     options.add_argument("--seconds", type=int, default=60)
     options.add_argument("--clients", type=int, default=8, help="posting threads (default 8)")
+    options.add_argument("--store", help="an empty database's SQLAlchemy URL (default: a fresh SQLite file)")
+    options.add_argument("--scorers", type=int, default=1, help="garlic monitor --scorers (PostgreSQL only)")
+    options.add_argument("--backlog", action="store_true",
+                         help="the scorers alone: the readings stored first (no HTTP), then how fast the service's "
+                              "scorers score them all")  # fmt: skip
     options.add_argument("--run", help="a run whose model scores the ward (default: a tiny synthetic run)")
     options.add_argument("--mlruns", type=Path, default=Path("mlruns"), help="the store that holds --run")
     args = options.parse_args()
+    import sqlalchemy as sa
+
     with tempfile.TemporaryDirectory(prefix="garlic-live-benchmark-") as work:
         work = Path(work)
         run_id, mlruns = (args.run, args.mlruns) if args.run else tiny_synthetic_run(work)
@@ -143,30 +232,38 @@ def main() -> None:
 
         trained = load_predictor(run_id, mlruns)
         codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
-        port, database = free_port(), work / "ward.sqlite"
-        service = start_service(run_id, mlruns, database, port)
+        port, store = free_port(), args.store or f"sqlite:///{work / 'ward.sqlite'}"
+        if args.backlog:
+            return backlog(args, run_id, mlruns, store, port, trained)
+        service = start_service(run_id, mlruns, store, port, args.scorers)
         try:
             start = datetime.now(timezone.utc).replace(microsecond=0)
             beds = [f"bed-{number}" for number in range(1, args.beds + 1)]
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            for bed in beds:
-                post(connection, "PUT", f"/fhir/Encounter/{bed}", encounter(bed, start))
-            connection.close()
+            admitted = time.monotonic()
+            admit(port, beds, start, args.clients)
+            print(f"admitted {len(beds)} beds in {time.monotonic() - admitted:.0f} s", flush=True)
             sent: dict[tuple[str, int], float] = {}
-            load(port, beds, args.seconds, codes, trained.variables, start, sent, args.clients)
+            cpu = cpu_seconds(service.pid)
+            began = time.monotonic()
+            load(port, beds, args.seconds, args.every, codes, trained.variables, start, sent, args.clients)
+            took = time.monotonic() - began
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
                     if json.loads(answer.read())["pending"] == 0:
                         break
                 time.sleep(0.5)
+            cpu = cpu_seconds(service.pid, cpu)
         finally:
             service.terminate()
             service.wait(60)
-        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
-            stored = db.execute("SELECT COUNT(*) FROM readings WHERE scored").fetchone()[0]
-            first_scores = db.execute("SELECT bed, time, MIN(scored_at) FROM scores GROUP BY bed, time").fetchall()
-            received = db.execute("SELECT bed, time, MIN(received) FROM readings GROUP BY bed, time").fetchall()
+        engine = sa.create_engine(store)
+        with engine.connect() as db:
+            stored = db.execute(sa.text("SELECT COUNT(*) FROM readings WHERE scored")).scalar_one()
+            first_scores = db.execute(sa.text("SELECT bed, time, MIN(scored_at) FROM scores GROUP BY bed, time")).all()
+            received = db.execute(sa.text("SELECT bed, time, MIN(received) FROM readings GROUP BY bed, time")).all()
+            rounds = np.array(db.execute(sa.text("SELECT COUNT(*) FROM scores GROUP BY scored_at")).scalars().all())
+        engine.dispose()
     scored_at = {(bed, round(hours * 3600)): at for bed, hours, at in first_scores}
     received_at = {(bed, round(hours * 3600)): at for bed, hours, at in received}
     scored = [key for key in sent if key in scored_at and key in received_at]
@@ -179,8 +276,16 @@ def main() -> None:
     if scored:
         print("; ".join(f"{name} p50 {np.percentile(values, 50):.0f} ms, p99 {np.percentile(values, 99):.0f} ms"
                         for name, values in parts.items()))  # fmt: skip
+    if len(rounds):
+        print(f"scoring rounds {len(rounds)} ({args.scorers} scorer{'s' * (args.scorers > 1)}), scores a round "
+              f"p50 {np.percentile(rounds, 50):.0f}, p99 {np.percentile(rounds, 99):.0f}, max {rounds.max()}")
+    print(f"CPU seconds over the load ({took:.0f} s, {os.cpu_count()} cores): "
+          + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
     p50, p99 = np.percentile(latency, [50, 99]) if len(latency) else (float("nan"), float("nan"))
-    print(f"beds {args.beds}, readings {len(sent)}, lost {lost}, p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+    kind = sa.engine.make_url(store).get_backend_name()
+    print(f"beds {args.beds}, every {args.every} s, readings {len(sent)} ({len(sent) / took:.0f}/s, offered "
+          f"{args.beds / args.every:.0f}/s), {kind}, scorers {args.scorers}, lost {lost}, p50 {p50:.0f} ms, "
+          f"p99 {p99:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -656,6 +656,11 @@ def _monitor(args: argparse.Namespace) -> None:
     from garlic.live.access import MONITOR_TOKEN, required_token
 
     token = required_token(args.host, MONITOR_TOKEN)  # refused before anything is loaded
+    if args.scorers < 1:
+        raise ConfigError("--scorers must be at least 1")
+    if args.scorers > 1 and not (args.store or "").startswith("postgresql"):
+        raise ConfigError(f"--scorers {args.scorers} needs a PostgreSQL store (--store postgresql+psycopg://...): "
+                          "SQLite has one writer, so one scorer")  # fmt: skip
     store = _existing_store(args)
     try:
         import fhir.resources  # noqa: F401  (the optional extra `live`)
@@ -677,10 +682,22 @@ def _monitor(args: argparse.Namespace) -> None:
     found = _policy(args, store)
     hourly = found.hourly
     live = LiveStore(_live_store(args), args.run)
-    scorer = BedScorer(trained, hourly)
-    monitor = Monitor(live, scorer, found.policy)
+    scorer = BedScorer(trained, hourly, step_memory=args.step_memory << 20)
+    shard = (args.score_only or 0, args.scorers) if args.scorers > 1 else None
+    monitor = Monitor(live, scorer, found.policy, shard=shard)
+    if args.score_only is not None:  # one of --scorers' processes: the scoring loop only, until the service stops
+        _say(f"scorer {args.score_only + 1} of {args.scorers} scoring store "
+             f"{live.engine.url.render_as_string(hide_password=True)}")  # fmt: skip
+        print("ready", flush=True)  # the service serves once every scorer is ready (its only line on stdout)
+        monitor.run()
+        return
     if scorer.unexplained:
         _say(f"{trained.name} shows no drivers: {scorer.unexplained}")
+    if scorer.steps is not None:
+        steps = scorer.steps
+        _say(f"step states for up to {steps.capacity:,} beds ({steps.bed_bytes / 1024:.1f} kB each, at most "
+             f"{steps.capacity * steps.bed_bytes / 2**20:.0f} MB; --step-memory); a bed beyond is rebuilt from its "
+             "readings")  # fmt: skip
     _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
          f"store {live.engine.url.render_as_string(hide_password=True)}, {monitor.pending} readings left to score")
     watcher = None
@@ -689,8 +706,24 @@ def _monitor(args: argparse.Namespace) -> None:
 
         watcher = FolderWatcher(args.watch, monitor, codes.names, hourly)
         _say(f"taking the record files in {_shown(args.watch)} as they grow")
+    scorers = [subprocess.Popen([sys.executable, "-m", "garlic.cli", *args.argv, "--score-only", str(number)],
+                                env=os.environ | {PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE)
+               for number in range(1, args.scorers)]  # fmt: skip
+    for number, process in enumerate(scorers, 2):  # served once all score: else their beds wait for a takeover
+        if process.stdout.readline().strip() != b"ready":
+            for other in scorers:
+                other.terminate()
+            raise ConfigError(f"scorer {number} of {args.scorers} stopped before it was ready (its error is above)")
+    if scorers:
+        _say(f"{args.scorers} scorers: this process and {len(scorers)} more, each bed scored by one at a time")
     _say(f"serving http://{args.host}:{args.port}/ (FHIR R4 at /fhir, the ward at /ward); Ctrl-C stops it")
-    serve(monitor, codes, args.host, args.port, token, watcher)
+    try:
+        serve(monitor, codes, args.host, args.port, token, watcher)
+    finally:
+        for process in scorers:
+            process.terminate()
+        for process in scorers:
+            process.wait(30)
 
 
 def _feed(args: argparse.Namespace) -> None:
@@ -874,6 +907,13 @@ def parser() -> argparse.ArgumentParser:
     monitor.add_argument("--ranges", type=Path, metavar="FILE",
                          help="the site's own plausible ranges (CSV: variable, low, high, and optionally unit, "
                               "source), each row instead of garlic/live/ranges.csv's for its variable")  # fmt: skip
+    monitor.add_argument("--scorers", type=int, default=1, metavar="K",
+                         help="scoring processes over one PostgreSQL store (default 1; SQLite: 1), each bed scored "
+                              "by one of them at a time, in order (docs/live.md, Under load)")  # fmt: skip
+    monitor.add_argument("--step-memory", type=int, default=1024, metavar="MB",
+                         help="memory for the beds' step states (default 1024 MB); beds beyond are rebuilt from "
+                              "their readings when scored")  # fmt: skip
+    monitor.add_argument("--score-only", type=int, help=argparse.SUPPRESS)  # one of --scorers' processes
     monitor.set_defaults(handler=_monitor)
 
     feeder = commands.add_parser("feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR "
@@ -892,6 +932,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a command's own worker processes are given
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         _folder(Path(args.data_root), "--data-root", "GARLIC_DATA_ROOT", args.data_root is not DEFAULT_DATA_ROOT)

@@ -694,6 +694,134 @@ def test_a_cleared_alert_stays_quiet_for_its_hours_across_a_restart_unless_the_r
     assert history["alert"].astype(bool).tolist() == policy.alarms(history["risk"], history["time"], [7]).tolist()
 
 
+class Recorded(NewestValue):
+    """``NewestValue``, saying which scorer asked which bed at which times, and failing where two scorers score one
+    bed at once."""
+
+    def __init__(self, name: str, asked: list, busy: set, lock: threading.Lock):
+        self.name, self.asked, self.busy, self.lock = name, asked, busy, lock
+
+    def score(self, readings, asked, partial):
+        beds = set(asked["bed"])
+        with self.lock:
+            assert not beds & self.busy, f"beds scored by two scorers at once: {sorted(beds & self.busy)}"
+            self.busy |= beds
+        time.sleep(0.005)  # long enough for the other scorers' rounds to overlap this one
+        try:
+            with self.lock:
+                self.asked += [(self.name, bed, hours) for bed, hours in zip(asked["bed"], asked["time"])]
+            return super().score(readings, asked, partial)
+        finally:
+            with self.lock:
+                self.busy -= beds
+
+
+def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_order_by_one_at_a_time(postgresql,
+                                                                                                    run):
+    """Three scorers (own connections, as three processes have) over one PostgreSQL store while readings arrive:
+    beds move between them (any scorer takes any bed at once), yet each bed's readings are scored in time order,
+    each once, by one scorer at a time, and each alert follows from the bed's alert before it, whoever scored that."""
+    from datetime import datetime, timedelta, timezone
+
+    from garlic.live.fhir import Observed, Stay
+
+    url, start = postgresql(), datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
+    policy = AlertPolicy(0.5, band=0.5, quiet_hours=2, margin=0.3)
+    asked, busy, lock = [], set(), threading.Lock()
+    scorers = [Monitor(LiveStore(url, run.run_id), Recorded(f"scorer {k}", asked, busy, lock), policy, shard=(0, 1),
+                       takeover=0.0) for k in range(3)]  # fmt: skip  (one share: each takes any bed)
+    feeder = Monitor(LiveStore(url, run.run_id), NewestValue(), policy)  # stores only: it wakes no scorer
+    beds, readings = [f"bed-{number}" for number in range(24)], 15
+    for bed in beds:
+        feeder.store.admit(Stay(bed, True, start, None))
+    threads = [scorer.start() for scorer in scorers]
+    rng = np.random.default_rng(5)
+    risks = {bed: rng.uniform(0, 1, readings).round(3) for bed in beds}
+    try:
+        for hour in range(readings):  # each bed's readings in time order, a few beds to a request, as feeds send
+            for part in range(0, len(beds), 5):
+                feeder.take([Observed(bed, "HR", start + timedelta(hours=hour), float(risks[bed][hour]))
+                             for bed in beds[part:part + 5]])  # fmt: skip
+                time.sleep(0.03)  # readings keep arriving across many polls of the scorers
+        deadline = time.monotonic() + 60
+        while feeder.store.counts()["pending"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for scorer in scorers:
+            scorer.stop()
+        for thread in threads:
+            thread.join(10)
+    counts = feeder.store.counts()
+    assert counts["readings"] == counts["scored"] == len(beds) * readings and counts["pending"] == 0
+    moved = 0
+    for bed in beds:
+        times = [hours for _, of, hours in asked if of == bed]
+        assert times == [float(hour) for hour in range(readings)], bed  # in order, each once, none lost
+        moved += len({name for name, of, _ in asked if of == bed}) > 1
+        history = feeder.store.history(bed)
+        assert len(history) == readings and history["risk"].tolist() == risks[bed].tolist()
+        assert history["alert"].astype(bool).tolist() == policy.alarms(history["risk"], history["time"],
+                                                                       [readings]).tolist()  # fmt: skip
+    assert moved >= len(beds) // 2  # beds did move between scorers
+    for scorer in [*scorers, feeder]:
+        scorer.store.close()
+
+
+def test_garlic_monitor_with_two_scorer_processes_on_postgresql_gives_the_offline_risks_and_alerts(postgresql, run,
+                                                                                                    trained):
+    """``garlic monitor --scorers 2`` as run: the service and a second scoring process over one PostgreSQL store,
+    each with its step states; every reading is scored, each risk the offline one, each alert the policy's."""
+    url = postgresql()
+    dataset, observations, static = recorded_stays(run.run_id, run.store, run.data_root, beds=4)
+    codes = Codes(dataset, trained.variables + trained.static_features)
+    port = free_port()
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment.pop("GARLIC_MONITOR_TOKEN", None)
+    monitor = subprocess.Popen([sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "monitor", "--run",
+                                run.run_id, "--store", url, "--port", str(port), "--scorers", "2"],
+                               env=environment, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                get(f"{base}/health")
+                break
+            except OSError:
+                assert monitor.poll() is None, "garlic monitor stopped"
+                time.sleep(0.3)
+        fed = feed(Client(base), observations, static, codes, speed=1e7)
+        counts = scored(base)
+        assert fed.sent == fed.stored == counts["readings"] == counts["scored"]
+        policy = policy_for(run.run_id, run.store).policy
+        for stay in static["stay_id"]:
+            history = get(f"{base}/beds/{stay}")["scores"]
+            stay_observations = observations[observations["stay_id"] == stay]
+            for score in history[1::5] + history[-1:]:
+                cut = stay_observations[stay_observations["time"] <= score["time"] + 1e-5]
+                offline = predict_tables(trained, cut, static[static["stay_id"] == stay])["risk"].iloc[0]
+                assert score["risk"] == pytest.approx(float(offline), abs=1e-5)
+            risks = np.array([np.nan if s["risk"] is None else s["risk"] for s in history])
+            alarms = policy.alarms(risks, [s["time"] for s in history], [len(history)])
+            assert [s["alert"] for s in history] == alarms.tolist()
+    finally:
+        monitor.terminate()
+        _, said = monitor.communicate(timeout=60)
+    assert "scorer 2 of 2 scoring store" in said and "2 scorers: this process and 1 more" in said
+
+
+def test_more_than_one_scorer_on_a_sqlite_store_is_refused_in_one_line(tmp_path):
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "garlic.cli", "--mlruns", str(tmp_path), "monitor", "--run",
+                             "0" * 32, "--scorers", "2"],
+                            env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "garlic: error: --scorers 2 needs a PostgreSQL store (--store postgresql+psycopg://...): SQLite has one "
+        "writer, so one scorer"
+    ]
+
+
 def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)

@@ -108,8 +108,8 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
     read = []  # per round, (readings read, readings of its beds)
     whole_read = LiveStore.readings
 
-    def counted(store, chosen, after=None, always=()):
-        got = whole_read(store, chosen, after, always)
+    def counted(store, chosen, after=None, always=(), round_ids=None):
+        got = whole_read(store, chosen, after, always, round_ids)
         read.append((len(got), len(whole_read(store, chosen))))
         return got
 

@@ -25,7 +25,7 @@ import torch
 from garlic.data.batches import collate
 from garlic.explain.built_in import explain
 from garlic.inference import TOP_DRIVERS, driver_lists, predict_hourly, tensors_for_model
-from garlic.live.steps import MAX_BEDS, WardSteps
+from garlic.live.steps import STEP_MEMORY, WardSteps
 from garlic.methods.drivers import has_row_importance
 from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
@@ -47,9 +47,10 @@ def record_tables(readings: pd.DataFrame, static_features: list[str],
 class BedScorer:
     """Risks of cuts of beds' records for one saved method."""
 
-    def __init__(self, trained: SavedMethod, hourly: bool = False, top: int = TOP_DRIVERS, beds: int = MAX_BEDS):
+    def __init__(self, trained: SavedMethod, hourly: bool = False, top: int = TOP_DRIVERS, beds: int | None = None,
+                 step_memory: int = STEP_MEMORY):  # fmt: skip
         """``hourly``: the run was trained on a task of prediction times (the early-warning task); ``beds``: how many
-        beds keep a step state, where the model has them."""
+        beds keep a step state, where the model has them (default: as many as ``step_memory`` bytes hold)."""
         self.trained, self.hourly, self.top = trained, hourly, top
         self.explains = (not self.hourly and trained.explains
                          and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
@@ -58,7 +59,7 @@ class BedScorer:
         self.contributes = not self.explains and has_row_importance(trained.method)
         self.unexplained = unexplained_reason(trained.method)  # why a model that could explain does not here
         has_steps = not hourly and trained.explains and isinstance(trained.model, Garlic)
-        self.steps = WardSteps(trained, self.explains, beds) if has_steps else None
+        self.steps = WardSteps(trained, self.explains, beds, step_memory) if has_steps else None
 
     @property
     def static_features(self) -> list[str]:

@@ -20,9 +20,10 @@ The bed's readings before its last step are known unchanged when there are as ma
 store only ever adds readings, but for a withdrawn one, whose bed's state is dropped (``forget``). A bed that goes
 on from its state is read from its last step on (``reads_after``), so that a round's cost does not grow with its
 beds' stays; a reading before that step is one the round has pending (the store marks every new reading so), so such
-a bed is read whole. The beds of a round take their steps together, one batch per step. At most ``MAX_BEDS`` beds
-keep a state, the most recently scored ones; another bed's state is made again when it is next scored
-(``WardSteps.capacity``).
+a bed is read whole. The beds of a round take their steps together, one batch per step. The states are sized to the
+ward, bounded by memory: at most ``STEP_MEMORY`` bytes (``garlic monitor --step-memory``) and ``MAX_BEDS`` beds keep
+a state, the most recently scored ones; another bed's state is made again when it is next scored
+(``WardSteps.capacity``, said at start-up).
 """
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ from garlic.models.steps import StepState
 
 # Beds whose step state is kept. A state is the lag window's features (W D F numbers) and a few D- and H-vectors, in
 # float64, twice (with its undo), each a tensor of its own: for P12 (D = 36, F = 16, W = 3, H = 128) 2,551 numbers,
-# 41 kB a bed, 42 MB for the bound.
-MAX_BEDS = 1024
+# 41 kB a bed: the memory bound keeps 26,000 such beds; the tiny synthetic run's (H = 16) 3 kB beds reach the
+# bed bound (a health system's ward, 300 MB).
+MAX_BEDS = 100_000
+STEP_MEMORY = 1 << 30  # bytes of step states at most
 
 
 @dataclass
@@ -68,8 +71,13 @@ class _Op:
 class WardSteps:
     """The step states of up to ``capacity`` beds for one saved compact GARLIC (per stay)."""
 
-    def __init__(self, trained: SavedMethod, explains: bool, capacity: int = MAX_BEDS):
-        self.trained, self.model, self.explains, self.capacity = trained, trained.model, explains, capacity
+    def __init__(self, trained: SavedMethod, explains: bool, capacity: int | None = None,
+                 memory: int = STEP_MEMORY):  # fmt: skip
+        """``capacity``: beds kept at most (default: as many as ``memory`` bytes hold, up to ``MAX_BEDS``)."""
+        self.trained, self.model, self.explains = trained, trained.model, explains
+        row = steps.packed(steps.start(self.model))[0]
+        self.bed_bytes = 2 * row.numel() * row.element_size() + 200  # state and undo, and their bookkeeping
+        self.capacity = capacity if capacity is not None else max(1, min(MAX_BEDS, memory // self.bed_bytes))
         self.beds: OrderedDict[str, BedSteps] = OrderedDict()
 
     def forget(self, beds: set[str]) -> None:

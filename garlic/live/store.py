@@ -17,6 +17,13 @@ SQLite in WAL mode by default (a file beside the service, each commit on disk be
 A reading is committed before the service acknowledges it; ``scored`` turns true in the same transaction that adds
 its risk, so a service restarted after a crash scores exactly what it had not (``pending``). A reading withdrawn is
 marked unscored again, so that its bed is scored again from its time on without it.
+
+Several scorers share a PostgreSQL store by claiming beds, not rows (``claim``): a round's transaction takes a
+transaction-scoped advisory lock per bed (``pg_try_advisory_xact_lock``, skipping beds another scorer holds), reads
+the claimed beds' pending readings after the lock is held, and commits their scores with the readings marked, which
+releases the locks. So each bed's readings are scored by one scorer at a time, in order, and none twice: a reading
+is marked scored only while it is still unscored and as withdrawn or not as it was claimed, and a round that finds
+otherwise is rolled back. SQLite has a single writer: one scorer.
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import numpy as np
@@ -87,6 +96,16 @@ SCORES = sa.Table(
 
 class StoreError(ValueError):
     """A store that cannot serve this run (made for another run's model, or a newer layout)."""
+
+
+class StaleRound(RuntimeError):
+    """A scoring round whose readings changed while it scored them (withdrawn meanwhile): rolled back, scored again."""
+
+
+@contextmanager
+def _nothing(db: sa.Connection) -> Iterator[sa.Connection]:
+    """An open transaction, as ``engine.begin`` would give one, left for its owner to end."""
+    yield db
 
 
 def _sqlite_settings(connection, _record) -> None:
@@ -442,15 +461,74 @@ class LiveStore:
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), columns)
 
-    def save_scores(self, scores: list[dict], scored_ids: list[int]) -> None:
-        """Add scores (bed, time, risk, alert, drivers) and mark the readings they answer as scored, at once."""
+    def save_scores(self, scores: list[dict], scored_ids: list[int], withdrawn_ids: list[int] = (),
+                    claim: sa.Connection | None = None) -> dict[str, int]:  # fmt: skip
+        """Add scores (bed, time, risk, alert, drivers) and mark the readings they answer as scored, at once: in the
+        transaction of a ``claim`` where given (committed with it). ``withdrawn_ids``: those of ``scored_ids`` that
+        were withdrawn when read. A reading is marked only while unscored and as withdrawn or not as it was read; one
+        that changed meanwhile (withdrawn, or scored by another) rolls the whole round back (``StaleRound``). Each
+        bed's newest score id as added."""
         now = time.time()
         rows = [{**score, "drivers": json.dumps(score["drivers"]), "scored_at": now} for score in scores]
-        with self.engine.begin() as db:
+        withdrawn = set(withdrawn_ids)
+        with (self.engine.begin() if claim is None else _nothing(claim)) as db:
+            newest: dict[str, int] = {}
             if rows:
-                db.execute(SCORES.insert(), rows)
-            if scored_ids:
-                db.execute(READINGS.update().where(READINGS.c.id.in_(scored_ids)).values(scored=True))
+                if self.engine.dialect.name == "postgresql":
+                    ids = db.execute(SCORES.insert().returning(SCORES.c.id, sort_by_parameter_order=True),
+                                     rows).scalars().all()  # fmt: skip
+                    newest = {row["bed"]: score_id for row, score_id in zip(rows, ids)}
+                else:
+                    db.execute(SCORES.insert(), rows)
+            marked = 0
+            for ids, was in (([i for i in scored_ids if i not in withdrawn], False), (sorted(withdrawn), True)):
+                for part in range(0, len(ids), 10_000):
+                    marked += db.execute(READINGS.update().where(
+                        READINGS.c.id.in_(ids[part:part + 10_000]), READINGS.c.scored.is_(False),
+                        READINGS.c.withdrawn == was).values(scored=True)).rowcount  # fmt: skip
+            if marked != len(scored_ids):
+                raise StaleRound(f"{len(scored_ids) - marked} of a round's readings changed while it scored them")
+        return newest
+
+    @contextmanager
+    def claim(self, limit: int, shard: tuple[int, int] = (0, 1),
+              takeover: float = 0.0) -> Iterator[tuple[pd.DataFrame, sa.Connection]]:  # fmt: skip
+        """A round of a shared PostgreSQL store: up to ``limit`` pending readings (as ``pending``) of the beds this
+        scorer could lock, and the open transaction that holds the locks (give it to ``save_scores``; it commits on
+        leaving, or rolls back on an error). Beds of this scorer's ``shard`` (number, of how many: by the hash of the
+        bed) come first; another shard's are taken once their oldest pending reading waited ``takeover`` seconds (its
+        scorer is gone or behind), so that a bed mostly stays with one scorer and its step state."""
+        number, shards = shard
+        candidates = sa.text(
+            "WITH waiting AS MATERIALIZED ("
+            " SELECT bed, min(id) AS first FROM readings WHERE NOT scored GROUP BY bed"
+            " HAVING mod(abs(hashtext(bed)::bigint), :shards) = :number OR min(received) <= :before"
+            " ORDER BY (mod(abs(hashtext(bed)::bigint), :shards) = :number) DESC, min(id) LIMIT :limit)"
+            " SELECT bed FROM waiting WHERE pg_try_advisory_xact_lock(hashtext(bed))")  # fmt: skip
+        with self.engine.begin() as db:
+            beds = db.execute(candidates, {"shards": shards, "number": number, "limit": limit,
+                                           "before": time.time() - takeover}).scalars().all()  # fmt: skip
+            pending = pd.DataFrame(columns=["id", "bed", "time", "withdrawn"])
+            if beds:  # read once the locks are held: what another scorer committed before is seen as scored
+                query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time, READINGS.c.withdrawn)
+                         .where(READINGS.c.scored.is_(False), READINGS.c.bed.in_(beds))
+                         .order_by(READINGS.c.id).limit(limit))  # fmt: skip
+                pending = _table(db.execute(query).all(), ["id", "bed", "time", "withdrawn"])
+            yield pending, db
+
+    def newest_scores(self, beds: list[str]) -> dict[str, int]:
+        """Each bed's newest score id (beds without one left out): which scorer scored it last is known by it."""
+        if not beds:
+            return {}
+        query = (sa.select(SCORES.c.bed, sa.func.max(SCORES.c.id)).where(SCORES.c.bed.in_(beds))
+                 .group_by(SCORES.c.bed))  # fmt: skip
+        with self.engine.connect() as db:
+            return dict(db.execute(query).all())
+
+    def pending_count(self) -> int:
+        """Readings not scored yet (withdrawn ones among them)."""
+        with self.engine.connect() as db:
+            return db.execute(sa.select(sa.func.count()).where(READINGS.c.scored.is_(False))).scalar_one()
 
     # Reads --------------------------------------------------------------------------------------------------------
 
@@ -468,22 +546,25 @@ class LiveStore:
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), ["id", "bed", "time", "withdrawn"])
 
-    def readings(self, beds: list[str], after: dict[str, float] | None = None,
-                 always: list[str] = ()) -> pd.DataFrame:  # fmt: skip
+    def readings(self, beds: list[str], after: dict[str, float] | None = None, always: list[str] = (),
+                 round_ids: list[int] | None = None) -> pd.DataFrame:  # fmt: skip
         """Every reading of ``beds`` not withdrawn: bed, variable, time, value, in time order. A bed in ``after`` only
         from just after that time on, with every reading of the variables ``always`` (the static descriptors,
-        whatever their time)."""
+        whatever their time). With ``round_ids`` (a round's pending readings), of the unscored readings only those:
+        one that arrived since the round took its readings waits for the next round, which scores its time."""
         asked = set(beds)
         after = {bed: time for bed, time in (after or {}).items() if bed in asked}
+        held = HELD if round_ids is None else sa.and_(HELD, sa.or_(READINGS.c.scored.is_(True),
+                                                                   READINGS.c.id.in_(round_ids)))  # fmt: skip
         columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.id)
-        parts = [sa.select(*columns).where(HELD, READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
+        parts = [sa.select(*columns).where(held, READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
         if after:  # joined to each bed's time, so that the index on (bed, time) finds its later readings
             since = (sa.values(sa.column("bed", sa.String), sa.column("after", sa.Float), name="since")
                      .data(list(after.items())).cte("since"))  # fmt: skip
             of_bed = since.c.bed == READINGS.c.bed
-            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(HELD),
+            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(held),
                       sa.select(*columns).join(since, of_bed & (READINGS.c.time <= since.c.after)
-                                               & READINGS.c.variable.in_(list(always))).where(HELD)]  # fmt: skip
+                                               & READINGS.c.variable.in_(list(always))).where(held)]  # fmt: skip
         union = sa.union_all(*parts).subquery()
         query = sa.select(union.c.bed, union.c.variable, union.c.time, union.c.value).order_by(
             union.c.bed, union.c.time, union.c.id)
@@ -492,26 +573,43 @@ class LiveStore:
 
     def alert_states_before(self, times: dict[str, float], quiet_hours: float) -> dict[str, AlertState]:
         """Each bed's alert state at its latest scored time before ``times[bed]``: on or off, and the last time it
-        was on, looked for only as far back as ``quiet_hours`` (earlier, it no longer keeps a new alert quiet)."""
-        states = {}
+        was on, looked for only as far back as ``quiet_hours`` (earlier, it no longer keeps a new alert quiet). All
+        beds in two statements (the scores within the quiet hours; for beds with none, the latest before), whatever
+        their number."""
+        if not times:
+            return {}
+        since = (sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="asked")
+                 .data(list(times.items())).cte("asked"))  # fmt: skip
+        columns = (SCORES.c.bed, SCORES.c.time, SCORES.c.alert, SCORES.c.id)
+        within = sa.select(*columns).join(since, (since.c.bed == SCORES.c.bed) & (SCORES.c.time < since.c.before)
+                                          & (SCORES.c.time >= since.c.before - quiet_hours))  # fmt: skip
+        newest: dict[str, dict[float, tuple[int, bool]]] = {}  # bed -> time -> (id, alert) of its newest score
         with self.engine.connect() as db:
-            for bed, before in times.items():
-                rows = db.execute(sa.select(SCORES.c.time, SCORES.c.alert)
-                                  .where(SCORES.c.bed == bed, SCORES.c.time < before,
-                                         SCORES.c.time >= before - quiet_hours)
-                                  .order_by(SCORES.c.time.desc(), SCORES.c.id.desc())).all()  # fmt: skip
-                newest = {}  # time -> the alert of its newest score (the first met, in this order)
-                for row in rows:
-                    newest.setdefault(row.time, bool(row.alert))
-                last_on = max((time for time, alert in newest.items() if alert), default=-math.inf)
-                if newest:
-                    states[bed] = AlertState(newest[max(newest)], last_on)
-                else:  # nothing scored within the quiet hours: the latest score's alert, whenever it was
-                    row = db.execute(sa.select(SCORES.c.time, SCORES.c.alert)
-                                     .where(SCORES.c.bed == bed, SCORES.c.time < before)
-                                     .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
-                    states[bed] = AlertState(bool(row.alert), row.time) if row and row.alert else AlertState()
-        return states
+            for bed, at, alert, score_id in db.execute(within):
+                kept = newest.setdefault(bed, {}).get(at)
+                if kept is None or score_id > kept[0]:
+                    newest[bed][at] = (score_id, bool(alert))
+            states = {}
+            for bed, by_time in newest.items():
+                last_on = max((at for at, (_, alert) in by_time.items() if alert), default=-math.inf)
+                states[bed] = AlertState(by_time[max(by_time)][1], last_on)
+            rest = [(bed, before) for bed, before in times.items() if bed not in states]
+            if rest:  # nothing scored within the quiet hours: the latest score's alert, whenever it was
+                earlier = (sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="rest")
+                           .data(rest).cte("rest"))  # fmt: skip
+                older = SCORES.alias("older")
+                latest = (sa.select(sa.func.max(older.c.time)).where(older.c.bed == earlier.c.bed,
+                                                                     older.c.time < earlier.c.before)
+                          .scalar_subquery())  # fmt: skip
+                found: dict[str, tuple[int, float, bool]] = {}
+                for bed, at, alert, score_id in db.execute(sa.select(*columns).join(
+                        earlier, (earlier.c.bed == SCORES.c.bed) & (SCORES.c.time == latest))):  # fmt: skip
+                    if bed not in found or score_id > found[bed][0]:
+                        found[bed] = (score_id, at, bool(alert))
+                for bed, _ in rest:
+                    _, at, alert = found.get(bed, (0, 0.0, False))
+                    states[bed] = AlertState(True, at) if alert else AlertState()
+        return {bed: states[bed] for bed in times}
 
     def history(self, bed: str) -> pd.DataFrame:
         """A bed's risk at each time it has a reading (the newest score of each time; a time whose readings were all
