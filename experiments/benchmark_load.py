@@ -21,7 +21,7 @@ before the first measurement. ``--rounds R`` measures each condition's variants 
     passive     torch's own thread count held, waiting passively (OMP_WAIT_POLICY=PASSIVE)
     one         one thread (OMP_NUM_THREADS=1)
     automatic   what `garlic train` does now: OpenMP's default wait, one thread or torch's count, whichever the
-                batches measure faster, checked again as the epoch goes (garlic.training.threads)
+                batches measure faster, checked again as the epoch goes (garlic.data.threads)
 
 ``--out DIR`` writes the table, the machine and the command as the "Under load" section of ``DIR/speed.md`` (the
 speed table of ``experiments.benchmark_training`` above it stays).

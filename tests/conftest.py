@@ -2,7 +2,7 @@
 and preprocessed once per test session. Plain helpers live in ``helpers.py``.
 
 Torch runs one thread in the tests and in the commands they start, as the user would set it (``OMP_NUM_THREADS``):
-left to choose (``garlic.training.threads``), a fit picks its threads from what the other test workers keep busy,
+left to choose (``garlic.data.threads``), a fit picks its threads from what the other test workers keep busy,
 and two fits meant to be the same differ in their last bits. The tests of that choice clear it
 (``tests/test_threads.py``).
 """

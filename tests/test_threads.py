@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from garlic.training import threads
-from garlic.training.threads import ThreadChooser
+from garlic.data import threads
+from garlic.data.threads import ThreadChooser
 from garlic.training.trainer import EpochPass
 
 ROOT = Path(__file__).resolve().parents[1]

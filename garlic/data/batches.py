@@ -77,7 +77,7 @@ class Batch:
 
     @property
     def cells(self) -> int:
-        """Stays times padded steps: a batch's time grows with it (``garlic.training.threads`` compares by it)."""
+        """Stays times padded steps: a batch's time grows with it (``garlic.data.threads`` compares by it)."""
         return int(self.values.shape[0] * self.values.shape[1])
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from garlic.data.batches import IrregularDataset, batch_work, collate
-from garlic.training.threads import on_chosen_threads
+from garlic.data.threads import on_chosen_threads
 
 # The GRU runs over whole batches of 128 (the layers before it take a few stays at a time, ``Garlic.predict_logits``);
 # batches of 256 or 512 were no faster on P12 here.
@@ -17,7 +17,7 @@ INFERENCE_BATCH = 128
 
 def in_length_order(model: nn.Module, dataset: IrregularDataset, batch_size: int):
     """(positions in ``dataset``, batch on the model's device) for batches of stays sorted by length, each on the
-    CPU threads the process's chooser picks for it (``garlic.training.threads``)."""
+    CPU threads the process's chooser picks for it (``garlic.data.threads``)."""
     device = next(model.parameters()).device
     order = torch.argsort(dataset.lengths, stable=True)
     batches = DataLoader(dataset, batch_size=batch_size, sampler=order.tolist(), collate_fn=collate)

@@ -23,7 +23,7 @@ from garlic.data.batches import IrregularDataset, batch_work
 from garlic.metrics import binary_metrics
 from garlic.training import distributed
 from garlic.training.state import RANK_TALLIES, WITHIN_EPOCH
-from garlic.training.threads import on_chosen_threads
+from garlic.data.threads import on_chosen_threads
 
 # lr_schedule=cosine: the share of the epoch budget over which the learning rates rise linearly from 0.
 WARMUP = 0.05
@@ -95,7 +95,7 @@ class EpochPass:
     and starts from that tally: with the fit's weights, optimisers and random state restored, it goes on as the
     uninterrupted pass did.
 
-    Each batch runs on the CPU threads the process's chooser picks for it (``garlic.training.threads``), and the
+    Each batch runs on the CPU threads the process's chooser picks for it (``garlic.data.threads``), and the
     pass being iterated is ``EpochPass.running``, where a progress display reads how far the fit's ``epoch`` has come
     (``done`` of ``len``)."""
 
