@@ -23,6 +23,7 @@ beyond the store (``garlic.tracking.carry``), so that a unit cut off with its ma
 to its unit (``garlic.training.workers``: one per core on a CPU; many on one GPU with ``--device cuda``, and
 ``--deadline MINUTES`` to start none after that), then writes the tables of what finished.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,25 +58,45 @@ VARIANTS = {
 
 def unit_tags(config: Config, variant: str, split: int) -> dict:
     """What identifies the run of ``variant`` on ``split`` (its settings by digest)."""
-    return {"study": STUDY, "dataset": config.dataset, "variant": variant, "split": split,
-            "settings": queries.settings_digest(config.override(VARIANTS[variant]).to_dict())}  # fmt: skip
+    return {
+        "study": STUDY,
+        "dataset": config.dataset,
+        "variant": variant,
+        "split": split,
+        "settings": queries.settings_digest(config.override(VARIANTS[variant]).to_dict()),
+    }
 
 
-def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, store: Path, variants: list[str],
-                 train: bool = True, archive: RunArchive | None = None, carried: Path | None = None) -> pd.DataFrame:
+def run_variants(
+    config: Config,
+    cohort: studies.Cohort,
+    experiment_id: str,
+    store: Path,
+    variants: list[str],
+    train: bool = True,
+    archive: RunArchive | None = None,
+    carried: Path | None = None,
+) -> pd.DataFrame:
     """One row per (variant, split) with its test metrics: a finished run of the store, else one of the ``archive``,
     else (with ``train``) trained now, its training state also carried in ``carried`` (``garlic.tracking.carry``)."""
     records = []
     for name in variants:
         variant = config.override(VARIANTS[name])
         for split in cohort.splits:
+
             def work(variant=variant, split=split) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
                 estimator = GarlicEstimator(variant, cohort.planted, explain=False)
-                state = None if carried is None else carry.unit_state(carried, f"{STUDY}-{name}", split.name, None,
-                                                                      variant.to_dict(), archive.data_digest)
-                return studies.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store,
-                                                     state)  # fmt: skip
+                state = (
+                    None
+                    if carried is None
+                    else carry.unit_state(
+                        carried, f"{STUDY}-{name}", split.name, None, variant.to_dict(), archive.data_digest
+                    )
+                )
+                return studies.fit_and_test_resuming(
+                    estimator, split_parts(cohort.tensors, split), variant, store, state
+                )
 
             tags = unit_tags(config, name, split.index)
             if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
@@ -85,30 +106,59 @@ def run_variants(config: Config, cohort: studies.Cohort, experiment_id: str, sto
                 if kept is not None or not train:
                     continue
             metrics, run_id, _ = studies.resumable(experiment_id, tags, f"{name}/split_{split.index}", work, store)
-            records.append({"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"],
-                            **metrics})  # fmt: skip
+            records.append(
+                {"variant": name, "split": split.index, "run_id": run_id, "settings": tags["settings"], **metrics}
+            )
             if archive is not None:  # now, not at the call's end: the machine may not last through seven units
                 archive.predictions(store, run_id)
                 archive.keep_rows(pd.DataFrame(records[-1:]), ["variant", "split", "settings"])
     return pd.DataFrame(records)
 
 
-def train_in_workers(argv: list[str], config: Config, cohort: studies.Cohort, experiment_id: str, variants: list[str],
-                     workers: int, store, minutes: float | None, archive: RunArchive) -> None:  # fmt: skip
+def train_in_workers(
+    argv: list[str],
+    config: Config,
+    cohort: studies.Cohort,
+    experiment_id: str,
+    variants: list[str],
+    workers: int,
+    store,
+    minutes: float | None,
+    archive: RunArchive,
+) -> None:
     """The units finished neither in the store nor in the ``archive``, each as this command (``argv``) narrowed to
     it, in ``workers`` processes."""
     jobs = []
     for split in cohort.splits:  # split by split, so that a deadline leaves whole splits to pair
         for name in variants:
             tags = unit_tags(config, name, split.index)
-            if (queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
-                    or archive.row(variant=name, split=split.index, settings=tags["settings"]) is not None):
+            if (
+                queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is not None
+                or archive.row(variant=name, split=split.index, settings=tags["settings"]) is not None
+            ):
                 continue
             unit = f"ablation-{config.dataset}-{name}-split_{split.index}-{tags['settings']}"
-            command = [sys.executable, "-m", "experiments.ablations", *argv, "--variants", name, "--splits",
-                       str(split.index), "--workers", "1", "--train-only"]  # fmt: skip
-            jobs.append(Job(f"{name}/split_{split.index}", command, Path(store) / "locks" / unit,
-                            Path(store) / "logs" / f"{unit}.log"))  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "experiments.ablations",
+                *argv,
+                "--variants",
+                name,
+                "--splits",
+                str(split.index),
+                "--workers",
+                "1",
+                "--train-only",
+            ]
+            jobs.append(
+                Job(
+                    f"{name}/split_{split.index}",
+                    command,
+                    Path(store) / "locks" / unit,
+                    Path(store) / "logs" / f"{unit}.log",
+                )
+            )
     run_jobs(jobs, workers, minutes)
 
 
@@ -117,8 +167,9 @@ def paired_against_full(records: pd.DataFrame, predictions: studies.Predictions)
     bootstrap interval over test stays, each split's stays drawn once for both (``stats.paired_difference``)."""
     units: dict[str, list[Unit]] = {}
     for row in records.itertuples():
-        units.setdefault(row.variant, []).append(Unit(row.variant, "ablation", int(row.split), None, row.run_id, "",
-                                                      {}, predictions(row.run_id)))  # fmt: skip
+        units.setdefault(row.variant, []).append(
+            Unit(row.variant, "ablation", int(row.split), None, row.run_id, "", {}, predictions(row.run_id))
+        )
     rows = []
     full_splits = {unit.split for unit in units.get("full", [])}
     for variant, ours in units.items():
@@ -126,8 +177,14 @@ def paired_against_full(records: pd.DataFrame, predictions: studies.Predictions)
         if variant == "full" or not ours:
             continue
         for metric in ("auroc", "auprc"):
-            rows.append({"variant": variant, "metric": metric, "splits": len(ours),
-                         **paired_difference(ours, units["full"], metric)})  # fmt: skip
+            rows.append(
+                {
+                    "variant": variant,
+                    "metric": metric,
+                    "splits": len(ours),
+                    **paired_difference(ours, units["full"], metric),
+                }
+            )
     paired = pd.DataFrame(rows, columns=["variant", "metric", "splits", "difference", "ci_low", "ci_high", "verdict"])
     return paired.round({"difference": 4, "ci_low": 4, "ci_high": 4})
 
@@ -142,8 +199,11 @@ def with_published(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.ablations", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.ablations",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     studies.add_common_arguments(parser)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     studies.add_carry_argument(parser)
@@ -152,20 +212,34 @@ def main(argv: list[str] | None = None) -> None:
     studies.check_carry_argument(parser, args)
     config, cohort, experiment_id, archive = studies.start_study(parser, args, "ablations", "ablation_runs")
     if args.workers > 1:
-        train_in_workers(list(sys.argv[1:] if argv is None else argv), config, cohort, experiment_id, args.variants,
-                         args.workers, args.mlruns, args.deadline, archive)  # fmt: skip
-    records = run_variants(config, cohort, experiment_id, args.mlruns, args.variants, args.workers == 1, archive,
-                           args.carry)  # fmt: skip
+        train_in_workers(
+            list(sys.argv[1:] if argv is None else argv),
+            config,
+            cohort,
+            experiment_id,
+            args.variants,
+            args.workers,
+            args.mlruns,
+            args.deadline,
+            archive,
+        )
+    records = run_variants(
+        config, cohort, experiment_id, args.mlruns, args.variants, args.workers == 1, archive, args.carry
+    )
     if args.train_only:
         return
     if records.empty:
         raise SystemExit(f"no ablation run has finished in {args.mlruns} or {args.out}: nothing to tabulate")
     table = studies.results_table(records, ["variant"], TEST_METRICS + ("edge_recovery_auroc",))
     paired = paired_against_full(records, lambda run_id: archive.predictions(args.mlruns, run_id))
-    tables = {"ablation_results": with_published(table, args.dataset), "ablation_paired": paired,
-              "ablation_runs": archive.runs_table(records, ["variant", "split", "settings"])}  # fmt: skip
-    summary = studies.log_summary(experiment_id, "summary", tables, {},
-                                {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
+    tables = {
+        "ablation_results": with_published(table, args.dataset),
+        "ablation_paired": paired,
+        "ablation_runs": archive.runs_table(records, ["variant", "split", "settings"]),
+    }
+    summary = studies.log_summary(
+        experiment_id, "summary", tables, {}, {"study": STUDY, "kind": "summary", "dataset": args.dataset}
+    )
     studies.write_tables(args.out, tables)
     for name in ("ablation_results", "ablation_paired"):
         print(f"{name}\n{studies.markdown(tables[name])}\n")

@@ -28,6 +28,7 @@ models' data: a check of the explanations, not of the models' accuracy.
 
 ``--out FILE`` writes the table as Markdown, with this command at its top.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,16 @@ def stays_of(folder: Path, ids: np.ndarray) -> IrregularTensors:
     def table(name: str) -> pd.DataFrame:
         return pq.read_table(folder / name, filters=only).to_pandas()
 
-    return tensorize(ProcessedDataset(observations=table(OBSERVATIONS), static=table(STATIC), labels=table(LABELS),
-                                      variables=manifest["variables"], manifest=manifest,
-                                      tasks=table(TASKS) if (folder / TASKS).is_file() else None))  # fmt: skip
+    return tensorize(
+        ProcessedDataset(
+            observations=table(OBSERVATIONS),
+            static=table(STATIC),
+            labels=table(LABELS),
+            variables=manifest["variables"],
+            manifest=manifest,
+            tasks=table(TASKS) if (folder / TASKS).is_file() else None,
+        )
+    )
 
 
 def recorded_split(run_id: str, params: dict[str, str], folder: Path):
@@ -77,16 +85,28 @@ def recorded_split(run_id: str, params: dict[str, str], folder: Path):
         raise run_contract.StaleRunDataError(f"the dataset under {folder} is not the one run {run_id} was trained on")
     split = read_split(folder, *run_contract.parse_split_name(params[run_contract.SPLIT]))
     if split is None:
-        raise run_contract.StaleRunDataError(f"run {run_id}'s split {params[run_contract.SPLIT]} is not saved under "
-                                             f"{folder}")  # fmt: skip
-    log.info("run %s records no split digest (a study's unit): split %s read by name, the data digest checked",
-             run_id, params[run_contract.SPLIT])
+        raise run_contract.StaleRunDataError(
+            f"run {run_id}'s split {params[run_contract.SPLIT]} is not saved under {folder}"
+        )
+    log.info(
+        "run %s records no split digest (a study's unit): split %s read by name, the data digest checked",
+        run_id,
+        params[run_contract.SPLIT],
+    )
     return split
 
 
-def run_faithfulness(run_id: str, store: Path, data_root: Path, part: str = "test", threshold: float | None = None,
-                     fraction: float = 0.5, max_alerts: int | None = None, seed: int = 0,
-                     max_stays: int | None = None) -> dict:  # fmt: skip
+def run_faithfulness(
+    run_id: str,
+    store: Path,
+    data_root: Path,
+    part: str = "test",
+    threshold: float | None = None,
+    fraction: float = 0.5,
+    max_alerts: int | None = None,
+    seed: int = 0,
+    max_stays: int | None = None,
+) -> dict:
     """One row of the table for the run ``run_id`` (the module's docstring)."""
     use_store(store)
     trained = load_predictor(run_id, store)
@@ -107,13 +127,27 @@ def run_faithfulness(run_id: str, store: Path, data_root: Path, part: str = "tes
     dataset = trained.dataset(tensors)
     log.info("run %s (%s): %d %s stays, alarm at risk >= %.4g", run_id, trained.name, len(dataset), part, threshold)
     measured = alert_faithfulness(trained.method, dataset, threshold, fraction, seed, max_alerts)
-    return {"run": run_id, "method": trained.name, "split": params.get("split", ""), "threshold": threshold,
-            **measured.to_dict()}  # fmt: skip
+    return {
+        "run": run_id,
+        "method": trained.name,
+        "split": params.get("split", ""),
+        "threshold": threshold,
+        **measured.to_dict(),
+    }
 
 
-def fitted_faithfulness(names: list[str], dataset: str, split_name: str, data_root: Path, train_stays: int,
-                        validation_stays: int, test_stays: int, fraction: float = 0.5, max_alerts: int | None = None,
-                        seed: int = 0) -> list[dict]:  # fmt: skip
+def fitted_faithfulness(
+    names: list[str],
+    dataset: str,
+    split_name: str,
+    data_root: Path,
+    train_stays: int,
+    validation_stays: int,
+    test_stays: int,
+    fraction: float = 0.5,
+    max_alerts: int | None = None,
+    seed: int = 0,
+) -> list[dict]:
     """The table's rows for hourly models ``names`` fitted on a sample of the split ``split_name`` (the module's
     docstring)."""
     from garlic.methods.hourly import HourlyModel
@@ -132,8 +166,10 @@ def fitted_faithfulness(names: list[str], dataset: str, split_name: str, data_ro
         parts[part] = IrregularDataset(stays_of(folder, ids), split.normalisation)
     times = parts["validation"].prediction_times
     if times.score != SEPSIS_UTILITY:
-        raise ValueError(f"--fit chooses the alarm threshold by the utility, but {dataset}'s task is scored by "
-                         f"{times.score or 'its labels alone'}")  # fmt: skip
+        raise ValueError(
+            f"--fit chooses the alarm threshold by the utility, but {dataset}'s task is scored by "
+            f"{times.score or 'its labels alone'}"
+        )
     rows = []
     for name in names:
         kind, target = _hourly_kind(name)
@@ -142,8 +178,15 @@ def fitted_faithfulness(names: list[str], dataset: str, split_name: str, data_ro
         threshold = choose_threshold(times.label, risk, stay_lengths(times.stay)).threshold
         log.info("%s fitted on %d stays, alarm at risk >= %.4g", name, len(parts["train"]), threshold)
         measured = alert_faithfulness(model, parts["test"], threshold, fraction, seed, max_alerts)
-        rows.append({"run": f"fitted on {train_stays} stays", "method": name, "split": split_name,
-                     "threshold": threshold, **measured.to_dict()})  # fmt: skip
+        rows.append(
+            {
+                "run": f"fitted on {train_stays} stays",
+                "method": name,
+                "split": split_name,
+                "threshold": threshold,
+                **measured.to_dict(),
+            }
+        )
     return rows
 
 
@@ -183,14 +226,35 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.fit:
-        rows = fitted_faithfulness(args.fit, args.dataset, args.split, args.data_root, args.train_stays,
-                                   args.validation_stays, args.max_stays or 1000, args.fraction, args.max_alerts,
-                                   args.seed)  # fmt: skip
+        rows = fitted_faithfulness(
+            args.fit,
+            args.dataset,
+            args.split,
+            args.data_root,
+            args.train_stays,
+            args.validation_stays,
+            args.max_stays or 1000,
+            args.fraction,
+            args.max_alerts,
+            args.seed,
+        )
     elif args.mlruns is None:
         parser.error("--runs needs --mlruns, the store that holds them")
     else:
-        rows = [run_faithfulness(run_id, args.mlruns, args.data_root, args.part, args.threshold, args.fraction,
-                                 args.max_alerts, args.seed, args.max_stays) for run_id in args.runs]  # fmt: skip
+        rows = [
+            run_faithfulness(
+                run_id,
+                args.mlruns,
+                args.data_root,
+                args.part,
+                args.threshold,
+                args.fraction,
+                args.max_alerts,
+                args.seed,
+                args.max_stays,
+            )
+            for run_id in args.runs
+        ]
     table = pd.DataFrame(rows, columns=COLUMNS)
     command = "python -m experiments.alert_faithfulness " + " ".join(sys.argv[1:] if argv is None else argv)
     text = markdown(table, command)

@@ -18,6 +18,7 @@
 Targets: risk curve of a 48-hour stay <= 200 ms on the CPU (issue #6); first view <= 5 s, a cached view <= 3 s,
 playback within 20% of the speed shown, a step redrawn in <= 1 s (issue #17).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,17 @@ TARGET_INTERACTIVE_S = 3.0
 TARGET_COLD_S, TARGET_STEP_S, TARGET_PLAYBACK_TOLERANCE = 5.0, 1.0, 0.2  # issue #17
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,1700",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1700",
+]
 
 
 def milliseconds(action, repeats: int) -> tuple[float, float]:
@@ -95,8 +104,10 @@ def time_curve(
     curve = milliseconds(lambda: risk_curve(trained.model, replay.stay, replay.hours), repeats)
     hour = milliseconds(lambda: explain_hour(trained, replay, len(replay.hours) - 1), repeats)
     every_prefix = milliseconds(naive, repeats)
-    print(f"{name}: {len(replay.hours)} hourly prefixes of {int(replay.stay['lengths'])} steps x "
-          f"{len(trained.variables)} variables, hidden {trained.config.hidden_dim}")  # fmt: skip
+    print(
+        f"{name}: {len(replay.hours)} hourly prefixes of {int(replay.stay['lengths'])} steps x "
+        f"{len(trained.variables)} variables, hidden {trained.config.hidden_dim}"
+    )
     print(f"  risk curve, one pass (app.replay)        wall {curve[0]:7.1f} ms   CPU {curve[1]:7.1f} ms (medians)")
     print(f"  explanation of the last hour             wall {hour[0]:7.1f} ms   CPU {hour[1]:7.1f} ms")
     print(f"  naive: all prefixes through the model    wall {every_prefix[0]:7.1f} ms   CPU {every_prefix[1]:7.1f} ms")
@@ -115,8 +126,9 @@ def p12_curve(source: Path, repeats: int) -> tuple[float, float]:
     observations, static, _ = physionet2012.records_to_tables([longest])
     d, s = len(physionet2012.TIME_SERIES), len(physionet2012.STATIC)
     config = Config.for_dataset("physionet2012").override({"device": "cpu"})
-    normalisation = Normalisation(np.zeros(d, "float32"), np.ones(d, "float32"), np.zeros(s, "float32"),
-                                  np.ones(s, "float32"))  # fmt: skip
+    normalisation = Normalisation(
+        np.zeros(d, "float32"), np.ones(d, "float32"), np.zeros(s, "float32"), np.ones(s, "float32")
+    )
     estimator = GarlicEstimator(config)
     # An untrained network of P12's size stands in for a fitted one: what is timed does not depend on its weights.
     estimator.model_ = Garlic(d, s, NetworkConfig.from_run(config)).eval()
@@ -233,8 +245,20 @@ def page_times(store: Path, data_root: Path, run_id: str, steps: int = 10) -> Pa
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(store), "--data-root", str(data_root),
-               "dashboard", "--run", run_id, "--port", str(port)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "garlic.cli",
+        "--mlruns",
+        str(store),
+        "--data-root",
+        str(data_root),
+        "dashboard",
+        "--run",
+        run_id,
+        "--port",
+        str(port),
+    ]
     with tempfile.TemporaryDirectory(prefix="garlic-bench-") as folder:
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
@@ -276,8 +300,14 @@ def page_times(store: Path, data_root: Path, run_id: str, steps: int = 10) -> Pa
             for _ in range(steps):
                 start = time.perf_counter()
                 click(driver, "Step +1 h")
-                poll(driver, SHOWN_HOUR.replace("return [parseInt", f"if (parseInt(hour[1]) <= {hour}) return null;"
-                                                "\nreturn [parseInt"), 60, f"hour {hour + 1} redrawn")
+                poll(
+                    driver,
+                    SHOWN_HOUR.replace(
+                        "return [parseInt", f"if (parseInt(hour[1]) <= {hour}) return null;\nreturn [parseInt"
+                    ),
+                    60,
+                    f"hour {hour + 1} redrawn",
+                )
                 step_seconds.append(time.perf_counter() - start)
                 hour += 1
         finally:
@@ -295,12 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mlruns", type=Path, default=Path("mlruns"), help="the MLflow store (default: mlruns)")
     parser.add_argument("--data-root", type=Path, default=Path("data"), help="processed datasets (default: data)")
     parser.add_argument("--run", help="the run to time (default: the newest run with a model)")
-    parser.add_argument("--p12-source", type=Path, default=REPO.parent / "shared" / "data" / "physionet2012",
-                        help="the PhysioNet 2012 release, for the P12-sized timing (skipped when absent)")
+    parser.add_argument(
+        "--p12-source",
+        type=Path,
+        default=REPO.parent / "shared" / "data" / "physionet2012",
+        help="the PhysioNet 2012 release, for the P12-sized timing (skipped when absent)",
+    )
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the dashboard)")
     parser.add_argument("--no-browser", action="store_true", help="time the risk curve only")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
 
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
@@ -316,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     wall, cpu = curves[-1]
     ok = wall <= TARGET_CURVE_MS
     which = "P12-sized" if len(curves) > 1 else "the run"
-    print(f"target risk curve <= {TARGET_CURVE_MS:g} ms ({which}): wall time {'met' if ok else 'MISSED'}, "
-          f"CPU time {'met' if cpu <= TARGET_CURVE_MS else 'MISSED'}")  # fmt: skip
+    print(
+        f"target risk curve <= {TARGET_CURVE_MS:g} ms ({which}): wall time {'met' if ok else 'MISSED'}, "
+        f"CPU time {'met' if cpu <= TARGET_CURVE_MS else 'MISSED'}"
+    )
     if not args.no_browser:
         times = page_times(args.mlruns, args.data_root, run_id)
         median_step, slowest_step = float(np.median(times.steps)), max(times.steps)
@@ -325,12 +361,16 @@ def main(argv: list[str] | None = None) -> int:
             (f"server started (`garlic dashboard` -> health check answered): {times.started:.2f} s", None),
             (f"first view after the server started: {times.cold:.2f} s", times.cold <= TARGET_COLD_S),
             (f"a second visit (server caches warm): {times.cached:.2f} s", times.cached <= TARGET_INTERACTIVE_S),
-            (f"playback at 4 h/s: {times.playback_rate:.2f} h/s over {times.playback_hours} hours",
-             abs(times.playback_rate / 4.0 - 1) <= TARGET_PLAYBACK_TOLERANCE),
-            (f"Step +1 h redrawn: median {median_step:.2f} s, slowest {slowest_step:.2f} s of {len(times.steps)}",
-             slowest_step <= TARGET_STEP_S),
+            (
+                f"playback at 4 h/s: {times.playback_rate:.2f} h/s over {times.playback_hours} hours",
+                abs(times.playback_rate / 4.0 - 1) <= TARGET_PLAYBACK_TOLERANCE,
+            ),
+            (
+                f"Step +1 h redrawn: median {median_step:.2f} s, slowest {slowest_step:.2f} s of {len(times.steps)}",
+                slowest_step <= TARGET_STEP_S,
+            ),
             (f"SIGTERM to `garlic dashboard` freed port {'yes' if times.port_freed else 'NO'}", times.port_freed),
-        ]  # fmt: skip
+        ]
         print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
         for text, met in checks:
             print(f"  {text}" + ("" if met is None else f"   {'met' if met else 'MISSED'}"))

@@ -8,6 +8,7 @@ For the main job it reports when the first line reached the screen, the longest 
 
 Run it on an idle machine: every number is wall-clock time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,13 @@ def main_job(python: Path, repo: Path, work: Path) -> dict:
     """README command 1's job in the empty folder ``work``; every screen update time-stamped."""
     env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
-    process = subprocess.Popen([str(python), "-m", "garlic.cli", "train", "--dataset", "synthetic"], cwd=work,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    process = subprocess.Popen(
+        [str(python), "-m", "garlic.cli", "train", "--dataset", "synthetic"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     updates, line = [], b""
     while True:
         byte = process.stdout.read(1)

@@ -13,6 +13,7 @@ statistics) is asked the same hours, and the line says ``loaded`` where the fit 
 Nothing is logged to MLflow and no test is read: this is speed only (the table's runs are
 ``experiments.early_warning``'s). Run it alone on the machine: another job beside it is timed too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,13 @@ def measure(method_name: str, config: Config, split_index: int, data_root, threa
         scored = time.perf_counter()
     if len(risk) != len(cohort.tensors.prediction_times()) or not np.isfinite(risk).all():
         raise RuntimeError(f"{method_name} gave {len(risk)} risks for {len(cohort.tensors.prediction_times())} hours")
-    return {"training_stays": len(parts["train"]), "fit_seconds": fitted - started, "hours": len(risk),
-            "stays": len(cohort.tensors), "score_seconds": scored - fitted}  # fmt: skip
+    return {
+        "training_stays": len(parts["train"]),
+        "fit_seconds": fitted - started,
+        "hours": len(risk),
+        "stays": len(cohort.tensors),
+        "score_seconds": scored - fitted,
+    }
 
 
 def measure_run(run_id: str, store, data_root, threads: int) -> dict:
@@ -79,8 +85,14 @@ def main(argv: list[str] | None = None) -> None:
     chosen.add_argument("--preset", help="GARLIC with this preset (garlic/configs/), trained on every hour")
     chosen.add_argument("--run", help="a trained run of the hourly task: its saved model scores, nothing is fitted")
     parser.add_argument("--mlruns", default=DEFAULT_STORE, help="the store of --run")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting of the preset changed (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the preset changed (repeatable)",
+    )
     parser.add_argument("--split", type=int, default=0, help="cross-hospital split: 0 fits on A, 1 on B")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
@@ -93,9 +105,11 @@ def main(argv: list[str] | None = None) -> None:
             result = measure_run(args.run, args.mlruns, args.data_root, args.threads)
         except (LookupError, ValueError) as exc:  # no such run, a run without a saved model, an unreadable one
             parser.error(str(exc))
-        print(f"{result['name']} (run {args.run}): loaded; scored {result['hours']} hours of {result['stays']} stays "
-              f"in {result['score_seconds']:.1f} s ({result['hours'] / result['score_seconds']:.0f} hours/s), "
-              f"{args.threads} threads, {cpu_name()}")  # fmt: skip
+        print(
+            f"{result['name']} (run {args.run}): loaded; scored {result['hours']} hours of {result['stays']} stays "
+            f"in {result['score_seconds']:.1f} s ({result['hours'] / result['score_seconds']:.0f} hours/s), "
+            f"{args.threads} threads, {cpu_name()}"
+        )
         return
     if args.preset:
         name, config = f"garlic ({args.preset})", studies.preset_config(args.preset, DATASET, args.overrides)
@@ -103,9 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         name, config, method = args.method, Config.for_dataset(DATASET), args.method
     result = measure(method, config, args.split, args.data_root, args.threads)
-    print(f"{name}: fit on {result['training_stays']} stays {result['fit_seconds']:.1f} s; scored {result['hours']} "
-          f"hours of {result['stays']} stays in {result['score_seconds']:.1f} s "
-          f"({result['hours'] / result['score_seconds']:.0f} hours/s), {args.threads} threads, {cpu_name()}")  # fmt: skip
+    print(
+        f"{name}: fit on {result['training_stays']} stays {result['fit_seconds']:.1f} s; scored {result['hours']} "
+        f"hours of {result['stays']} stays in {result['score_seconds']:.1f} s "
+        f"({result['hours'] / result['score_seconds']:.0f} hours/s), {args.threads} threads, {cpu_name()}"
+    )
 
 
 if __name__ == "__main__":

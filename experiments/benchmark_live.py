@@ -21,6 +21,7 @@ the scoring rounds: how many, and their readings) and one line:
 Not a test: it takes ``--seconds`` plus the set-up (admitting the beds), and its numbers depend on what else the
 machine runs. A load generator that falls behind its schedule posts late, so the rate it reached is in the line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,9 @@ def tiny_synthetic_run(folder: Path) -> tuple[str, Path]:
     from garlic.sources import synthetic
 
     synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
-    config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "max_epochs": 1,
-                                                       "batch_size": 32, "device": "cpu"})  # fmt: skip
+    config = Config.for_dataset("synthetic").override(
+        {"hidden_dim": 16, "feature_dim": 4, "max_epochs": 1, "batch_size": 32, "device": "cpu"}
+    )
     run_id, _ = runs.train(config, data_root=folder / "data", store=folder / "mlruns")
     return run_id, folder / "mlruns"
 
@@ -67,8 +69,22 @@ def free_port() -> int:
 def start_service(run_id: str, mlruns: Path, store: str, port: int, scorers: int) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)
-    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(mlruns), "monitor", "--run", run_id, "--store",
-               store, "--port", str(port), "--scorers", str(scorers)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "garlic.cli",
+        "--mlruns",
+        str(mlruns),
+        "monitor",
+        "--run",
+        run_id,
+        "--store",
+        store,
+        "--port",
+        str(port),
+        "--scorers",
+        str(scorers),
+    ]
     service = subprocess.Popen(command, env=environment)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -99,8 +115,17 @@ def plausible(codes: Codes, variable: str, second: int) -> float:
     return bounds.low + (bounds.high - bounds.low) * (0.3 + 0.02 * (second % 20))
 
 
-def load(port: int, beds: list[str], seconds: int, every: int, codes: Codes, variables: list[str],
-         start: datetime, sent: dict, clients: int) -> None:  # fmt: skip
+def load(
+    port: int,
+    beds: list[str],
+    seconds: int,
+    every: int,
+    codes: Codes,
+    variables: list[str],
+    start: datetime,
+    sent: dict,
+    clients: int,
+) -> None:
     """Post one reading per bed every ``every`` seconds for ``seconds``, bed i of N first at second i * every / N,
     from ``clients`` threads; ``sent[(bed, second)]`` is the wall time just before each POST of the reading dated
     ``second`` after ``start``."""
@@ -110,16 +135,24 @@ def load(port: int, beds: list[str], seconds: int, every: int, codes: Codes, var
 
     def client(share: list[str]) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        schedule = sorted((offsets[bed] + turn * every, number, bed) for number, bed in enumerate(share)
-                          for turn in range(max(1, seconds // every)))  # fmt: skip
+        schedule = sorted(
+            (offsets[bed] + turn * every, number, bed)
+            for number, bed in enumerate(share)
+            for turn in range(max(1, seconds // every))
+        )
         try:
             for second, number, bed in schedule:
                 delay = began + second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
                 variable = variables[(second // every + number) % len(variables)]
-                resource = observation(codes, bed, variable, start + timedelta(seconds=second + 1),
-                                       plausible(codes, variable, second // every))  # fmt: skip
+                resource = observation(
+                    codes,
+                    bed,
+                    variable,
+                    start + timedelta(seconds=second + 1),
+                    plausible(codes, variable, second // every),
+                )
                 sent[(bed, second + 1)] = time.time()
                 post(connection, "POST", "/fhir/Observation", resource)
         except BaseException as exc:  # reported after the threads end
@@ -149,11 +182,17 @@ def backlog(args, run_id: str, mlruns: Path, store: str, port: int, trained) -> 
         live.admit(Stay(bed, True, start, None))
     turns = max(1, args.seconds // args.every)
     for turn in range(turns):
-        readings = [Observed(bed, trained.variables[(turn + number) % len(trained.variables)],
-                             start + timedelta(seconds=turn * args.every + 1), 50.0 + turn % 20)
-                    for number, bed in enumerate(beds)]  # fmt: skip
+        readings = [
+            Observed(
+                bed,
+                trained.variables[(turn + number) % len(trained.variables)],
+                start + timedelta(seconds=turn * args.every + 1),
+                50.0 + turn % 20,
+            )
+            for number, bed in enumerate(beds)
+        ]
         for part in range(0, len(readings), 500):
-            live.add(readings[part:part + 500])
+            live.add(readings[part : part + 500])
     live.close()
     service = start_service(run_id, mlruns, store, port, args.scorers)
     try:
@@ -175,8 +214,10 @@ def backlog(args, run_id: str, mlruns: Path, store: str, port: int, trained) -> 
     engine.dispose()
     print("CPU seconds while scoring: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
     kind = sa.engine.make_url(store).get_backend_name()
-    print(f"backlog: beds {args.beds}, readings {args.beds * turns}, {kind}, scorers {args.scorers}: scores {scores} "
-          f"in {last - first:.1f} s, {scores / (last - first):.0f}/s, left {pending}")
+    print(
+        f"backlog: beds {args.beds}, readings {args.beds * turns}, {kind}, scorers {args.scorers}: scores {scores} "
+        f"in {last - first:.1f} s, {scores / (last - first):.0f}/s, left {pending}"
+    )
 
 
 def cpu_seconds(pid: int, since: dict | None = None) -> dict[str, float]:
@@ -187,15 +228,19 @@ def cpu_seconds(pid: int, since: dict | None = None) -> dict[str, float]:
     service = psutil.Process(pid)
     scorers = sum(sum(child.cpu_times()[:2]) for child in service.children(recursive=True))
     machine = psutil.cpu_times()
-    used = {"service": sum(service.cpu_times()[:2]), "other scorers": scorers,
-            "load generator": sum(psutil.Process().cpu_times()[:2]),
-            "machine": machine.user + machine.system + machine.nice}  # fmt: skip
+    used = {
+        "service": sum(service.cpu_times()[:2]),
+        "other scorers": scorers,
+        "load generator": sum(psutil.Process().cpu_times()[:2]),
+        "machine": machine.user + machine.system + machine.nice,
+    }
     used["rest of the machine"] = used.pop("machine") - used["service"] - scorers - used["load generator"]
     return {name: seconds - (since or {}).get(name, 0.0) for name, seconds in used.items()}
 
 
 def admit(port: int, beds: list[str], start: datetime, clients: int) -> None:
     """Admit every bed, from ``clients`` threads."""
+
     def client(share: list[str]) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         for bed in share:
@@ -217,9 +262,12 @@ def main() -> None:
     options.add_argument("--clients", type=int, default=8, help="posting threads (default 8)")
     options.add_argument("--store", help="an empty database's SQLAlchemy URL (default: a fresh SQLite file)")
     options.add_argument("--scorers", type=int, default=1, help="garlic monitor --scorers (PostgreSQL only)")
-    options.add_argument("--backlog", action="store_true",
-                         help="the scorers alone: the readings stored first (no HTTP), then how fast the service's "
-                              "scorers score them all")  # fmt: skip
+    options.add_argument(
+        "--backlog",
+        action="store_true",
+        help="the scorers alone: the readings stored first (no HTTP), then how fast the service's "
+        "scorers score them all",
+    )
     options.add_argument("--run", help="a run whose model scores the ward (default: a tiny synthetic run)")
     options.add_argument("--mlruns", type=Path, default=Path("mlruns"), help="the store that holds --run")
     args = options.parse_args()
@@ -271,21 +319,33 @@ def main() -> None:
     lost = len(sent) - min(stored, len(latency))
     # Where the time goes: from the POST to the service taking the reading in (HTTP, FHIR validation: its
     # ``received``), and from there to its risk stored (the commit, the wait for a scoring round, the round).
-    parts = {"post to received": [(received_at[key] - sent[key]) * 1000 for key in scored],
-             "received to scored": [(scored_at[key] - received_at[key]) * 1000 for key in scored]}  # fmt: skip
+    parts = {
+        "post to received": [(received_at[key] - sent[key]) * 1000 for key in scored],
+        "received to scored": [(scored_at[key] - received_at[key]) * 1000 for key in scored],
+    }
     if scored:
-        print("; ".join(f"{name} p50 {np.percentile(values, 50):.0f} ms, p99 {np.percentile(values, 99):.0f} ms"
-                        for name, values in parts.items()))  # fmt: skip
+        print(
+            "; ".join(
+                f"{name} p50 {np.percentile(values, 50):.0f} ms, p99 {np.percentile(values, 99):.0f} ms"
+                for name, values in parts.items()
+            )
+        )
     if len(rounds):
-        print(f"scoring rounds {len(rounds)} ({args.scorers} scorer{'s' * (args.scorers > 1)}), scores a round "
-              f"p50 {np.percentile(rounds, 50):.0f}, p99 {np.percentile(rounds, 99):.0f}, max {rounds.max()}")
-    print(f"CPU seconds over the load ({took:.0f} s, {os.cpu_count()} cores): "
-          + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
+        print(
+            f"scoring rounds {len(rounds)} ({args.scorers} scorer{'s' * (args.scorers > 1)}), scores a round "
+            f"p50 {np.percentile(rounds, 50):.0f}, p99 {np.percentile(rounds, 99):.0f}, max {rounds.max()}"
+        )
+    print(
+        f"CPU seconds over the load ({took:.0f} s, {os.cpu_count()} cores): "
+        + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items())
+    )
     p50, p99 = np.percentile(latency, [50, 99]) if len(latency) else (float("nan"), float("nan"))
     kind = sa.engine.make_url(store).get_backend_name()
-    print(f"beds {args.beds}, every {args.every} s, readings {len(sent)} ({len(sent) / took:.0f}/s, offered "
-          f"{args.beds / args.every:.0f}/s), {kind}, scorers {args.scorers}, lost {lost}, p50 {p50:.0f} ms, "
-          f"p99 {p99:.0f} ms")
+    print(
+        f"beds {args.beds}, every {args.every} s, readings {len(sent)} ({len(sent) / took:.0f}/s, offered "
+        f"{args.beds / args.every:.0f}/s), {kind}, scorers {args.scorers}, lost {lost}, p50 {p50:.0f} ms, "
+        f"p99 {p99:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ before the first measurement. ``--rounds R`` measures each condition's variants 
 ``--out DIR`` writes the table, the machine and the command as the "Under load" section of ``DIR/speed.md`` (the
 speed table of ``experiments.benchmark_training`` above it stays).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,13 +65,19 @@ class Variant:
     held: bool = False  # torch's own count, held (as OMP_NUM_THREADS, which garlic's chooser leaves alone)
 
 
-VARIANTS = {v.name: v for v in [
-    Variant("before", "torch's thread count held, OpenMP's default wait (garlic before #56)", {}, held=True),
-    Variant("passive", "torch's thread count held, passive wait", {"OMP_WAIT_POLICY": "PASSIVE"}, held=True),
-    Variant("one", "one thread", {"OMP_NUM_THREADS": "1"}),
-    Variant("automatic", "garlic now: OpenMP's default wait, one thread or torch's count, whichever the batches "
-            "measure faster", {}),
-]}  # fmt: skip
+VARIANTS = {
+    v.name: v
+    for v in [
+        Variant("before", "torch's thread count held, OpenMP's default wait (garlic before #56)", {}, held=True),
+        Variant("passive", "torch's thread count held, passive wait", {"OMP_WAIT_POLICY": "PASSIVE"}, held=True),
+        Variant("one", "one thread", {"OMP_NUM_THREADS": "1"}),
+        Variant(
+            "automatic",
+            "garlic now: OpenMP's default wait, one thread or torch's count, whichever the batches measure faster",
+            {},
+        ),
+    ]
+}
 
 
 def child_command(variant: Variant, job: dict) -> list[str]:
@@ -90,8 +97,16 @@ def child() -> None:
         os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     speed = measure_speed(Config().override(job["config"]), Path(job["data_root"]), job["batches"])
     threads = torch.get_num_threads()
-    print(json.dumps({"threads": threads, "epoch_seconds": speed["epoch_seconds"],
-                      "stays_per_second": speed["stays_per_second"], "batches": speed["batches"]}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "threads": threads,
+                "epoch_seconds": speed["epoch_seconds"],
+                "stays_per_second": speed["stays_per_second"],
+                "batches": speed["batches"],
+            }
+        )
+    )
 
 
 @contextmanager
@@ -119,8 +134,9 @@ def training_beside() -> Iterator[None]:
 
         def train_again() -> None:
             while not stop.is_set():
-                process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           env=environment, cwd=ROOT)  # fmt: skip
+                process = subprocess.Popen(
+                    command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment, cwd=ROOT
+                )
                 while process.poll() is None:
                     if stop.wait(0.5):
                         process.terminate()
@@ -138,8 +154,13 @@ def training_beside() -> Iterator[None]:
 
 def measure(variant: Variant, job: dict) -> dict:
     environment = {k: v for k, v in os.environ.items() if k not in CHOSEN_ENVIRONMENT} | variant.environment
-    result = subprocess.run(child_command(variant, job | {"variant": variant.name}), capture_output=True, text=True,
-                            env=environment, cwd=ROOT)  # fmt: skip
+    result = subprocess.run(
+        child_command(variant, job | {"variant": variant.name}),
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+    )
     if result.returncode != 0:
         raise SystemExit(f"the {variant.name} measurement failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -155,28 +176,35 @@ def condition_name(training: bool, busy: int) -> str:
 def load_table(rows: list[dict], batches: int) -> str:
     """Markdown: a row per condition, round and variant, its time beside the one-thread time of the same condition
     and round."""
-    lines = [f"| condition | variant | threads | s for {batches} batches | x one thread | inference stays/s | load |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| condition | variant | threads | s for {batches} batches | x one thread | inference stays/s | load |",
+        "|---|---|---|---|---|---|---|",
+    ]
     key = lambda row: (row["training"], row["busy"], row["round"])  # noqa: E731
     one = {key(row): row["epoch_seconds"] for row in rows if row["variant"] == "one"}
     for row in rows:
         ratio = f"{row['epoch_seconds'] / one[key(row)]:.2f}" if key(row) in one else ""
-        lines.append(f"| {condition_name(row['training'], row['busy'])} | {row['variant']} | {row['threads']} | "
-                     f"{row['epoch_seconds']:.1f} | {ratio} | {row['stays_per_second']:.0f} | "
-                     f"{row['load']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {condition_name(row['training'], row['busy'])} | {row['variant']} | {row['threads']} | "
+            f"{row['epoch_seconds']:.1f} | {ratio} | {row['stays_per_second']:.0f} | "
+            f"{row['load']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def load_section(rows: list[dict], batches: int, preset: str, machine: str, command: str) -> str:
-    variants = "; ".join(f"**{v.name}**: {v.description}" for v in VARIANTS.values() if v.name in
-                         {row["variant"] for row in rows})  # fmt: skip
-    return (f"{HEADING}\n\nHow training degrades on a machine that other work shares (issue #56): the first {batches} "
-            f"batches of a {preset} training epoch (reconstruction stage) and inference over its split's validation "
-            "and test stays, each in a process of its own, idle and beside busy processes (Python loops on no "
-            "particular CPU) or another training (`garlic train --dataset synthetic`, started again as it ends). "
-            f"Variants: {variants}. `x one thread` is the time over the one-thread time in the same condition and "
-            f"round; `load` the load average as the measurement began. {machine}. Command: `{command}`.\n\n"
-            + load_table(rows, batches))  # fmt: skip
+    variants = "; ".join(
+        f"**{v.name}**: {v.description}" for v in VARIANTS.values() if v.name in {row["variant"] for row in rows}
+    )
+    return (
+        f"{HEADING}\n\nHow training degrades on a machine that other work shares (issue #56): the first {batches} "
+        f"batches of a {preset} training epoch (reconstruction stage) and inference over its split's validation "
+        "and test stays, each in a process of its own, idle and beside busy processes (Python loops on no "
+        "particular CPU) or another training (`garlic train --dataset synthetic`, started again as it ends). "
+        f"Variants: {variants}. `x one thread` is the time over the one-thread time in the same condition and "
+        f"round; `load` the load average as the measurement began. {machine}. Command: `{command}`.\n\n"
+        + load_table(rows, batches)
+    )
 
 
 def with_section(report: str, section: str) -> str:
@@ -194,18 +222,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="physionet2012-fast", help="a shipped preset (garlic/configs/NAME.json)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     parser.add_argument("--batches", type=int, default=40, metavar="N", help="time the epoch's first N batches")
-    parser.add_argument("--busy", type=int, nargs="*", default=[0, 1, 2], metavar="K",
-                        help="the conditions: K busy processes beside each measurement (default 0 1 2)")  # fmt: skip
-    parser.add_argument("--training", type=int, nargs="*", default=[], metavar="K",
-                        help="more conditions: another training and K busy processes beside each measurement")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        nargs="*",
+        default=[0, 1, 2],
+        metavar="K",
+        help="the conditions: K busy processes beside each measurement (default 0 1 2)",
+    )
+    parser.add_argument(
+        "--training",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="K",
+        help="more conditions: another training and K busy processes beside each measurement",
+    )
     parser.add_argument("--rounds", type=int, default=1, metavar="R", help="measure each condition R times")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--out", type=Path, help="write the section 'Under load' of DIR/speed.md")
     args = parser.parse_args(argv)
     if args.batches < 1 or args.rounds < 1 or any(k < 0 for k in args.busy + args.training):
-        parser.error(f"--batches and --rounds must be at least 1, --busy and --training 0 or more, got "
-                     f"{args.batches}, {args.rounds}, {args.busy} and {args.training}")  # fmt: skip
+        parser.error(
+            f"--batches and --rounds must be at least 1, --busy and --training 0 or more, got "
+            f"{args.batches}, {args.rounds}, {args.busy} and {args.training}"
+        )
     if any("=" not in item for item in args.set):
         parser.error(f"--set takes KEY=VALUE, got {args.set}")
     config = Config.load(CONFIG_DIR / f"{args.preset}.json", **dict(item.split("=", 1) for item in args.set))
@@ -220,18 +262,28 @@ def main(argv: list[str] | None = None) -> None:
     for training, busy in [(False, k) for k in args.busy] + [(True, k) for k in args.training]:
         with training_beside() if training else nullcontext(), busy_processes(busy):
             for round_, name in itertools.product(range(args.rounds), args.variants):
-                row = {"training": training, "busy": busy, "round": round_, "variant": name,
-                       "load": os.getloadavg()[0]} | measure(VARIANTS[name], job)  # fmt: skip
+                row = {
+                    "training": training,
+                    "busy": busy,
+                    "round": round_,
+                    "variant": name,
+                    "load": os.getloadavg()[0],
+                } | measure(VARIANTS[name], job)
                 rows.append(row)
-                print(f"{condition_name(training, busy)}, {name}: {row['threads']} thread(s), "
-                      f"{row['epoch_seconds']:.1f} s for {row['batches']} batches, inference "
-                      f"{row['stays_per_second']:.0f} stays/s", flush=True)  # fmt: skip
+                print(
+                    f"{condition_name(training, busy)}, {name}: {row['threads']} thread(s), "
+                    f"{row['epoch_seconds']:.1f} s for {row['batches']} batches, inference "
+                    f"{row['stays_per_second']:.0f} stays/s",
+                    flush=True,
+                )
     print(load_table(rows, args.batches), end="")
     if args.out is not None:
         command = "python -m experiments.benchmark_load " + shlex.join(argv if argv is not None else sys.argv[1:])
         report = args.out / "speed.md"
-        text = with_section(report.read_text() if report.is_file() else "",
-                            load_section(rows, args.batches, args.preset, machine, command))  # fmt: skip
+        text = with_section(
+            report.read_text() if report.is_file() else "",
+            load_section(rows, args.batches, args.preset, machine, command),
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         with atomic_file(report, "w") as out:
             out.write(text)

@@ -19,6 +19,7 @@ read as well.
   is read with ``--variables 20`` (the 20 most frequent codes: two passes over the shards) and a 48 h window, so
   about a fifteenth of the events are kept, as when a long history is cut to a prediction's window.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,17 +65,27 @@ def write_synthetic(folder: Path, rows: int, seed: int = 0) -> int:
         codes = rng.choice(len(TIMED_CODES), (count, timed), p=weights)
         static_values = rng.normal(70, 15, (count, len(STATIC_CODES)))
         static = np.tile(np.arange(EVENTS_PER_SUBJECT) < len(STATIC_CODES), count)  # each subject's first rows
-        table = pa.table({
-            "subject_id": np.repeat(subject, EVENTS_PER_SUBJECT),
-            "time": pa.array(np.concatenate([np.full((count, len(STATIC_CODES)), ADMISSION), times], axis=1).ravel(),
-                             pa.timestamp("us"), mask=static),
-            "code": pa.DictionaryArray.from_arrays(
-                np.concatenate([np.tile(np.arange(len(STATIC_CODES)), (count, 1)), codes + len(STATIC_CODES)],
-                               axis=1).ravel().astype("int32"),
-                pa.array(STATIC_CODES + TIMED_CODES)).cast(pa.string()),
-            "numeric_value": np.concatenate([static_values, rng.normal(1, 0.3, (count, timed))], axis=1)
-                             .ravel().astype("float32"),
-        })  # fmt: skip
+        table = pa.table(
+            {
+                "subject_id": np.repeat(subject, EVENTS_PER_SUBJECT),
+                "time": pa.array(
+                    np.concatenate([np.full((count, len(STATIC_CODES)), ADMISSION), times], axis=1).ravel(),
+                    pa.timestamp("us"),
+                    mask=static,
+                ),
+                "code": pa.DictionaryArray.from_arrays(
+                    np.concatenate(
+                        [np.tile(np.arange(len(STATIC_CODES)), (count, 1)), codes + len(STATIC_CODES)], axis=1
+                    )
+                    .ravel()
+                    .astype("int32"),
+                    pa.array(STATIC_CODES + TIMED_CODES),
+                ).cast(pa.string()),
+                "numeric_value": np.concatenate([static_values, rng.normal(1, 0.3, (count, timed))], axis=1)
+                .ravel()
+                .astype("float32"),
+            }
+        )
         pq.write_table(table, folder / "data" / f"{shard}.parquet", row_group_size=ROW_GROUP_ROWS)
         prediction = rng.uniform(48, HISTORY_HOURS, count)
         labels.append((subject, prediction, rng.random(count) < 0.1))
@@ -82,11 +93,19 @@ def write_synthetic(folder: Path, rows: int, seed: int = 0) -> int:
         first_subject += count
         shard += 1
     subject, prediction, label = (np.concatenate(parts) for parts in zip(*labels))
-    pq.write_table(pa.table({
-        "subject_id": subject,
-        "prediction_time": pa.array(ADMISSION + np.rint(prediction * MICROSECONDS_PER_HOUR).astype("int64")
-                                    .astype("timedelta64[us]"), pa.timestamp("us")),
-        "boolean_value": label}), folder / LABELS_FOLDER / LABELS_FILE)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "subject_id": subject,
+                "prediction_time": pa.array(
+                    ADMISSION + np.rint(prediction * MICROSECONDS_PER_HOUR).astype("int64").astype("timedelta64[us]"),
+                    pa.timestamp("us"),
+                ),
+                "boolean_value": label,
+            }
+        ),
+        folder / LABELS_FOLDER / LABELS_FILE,
+    )
     return written
 
 
@@ -101,23 +120,35 @@ def child() -> None:
     else:
         from garlic.sources.meds import preprocess
 
-        manifest = preprocess(Path(job["source"]), Path(job["destination"]), Path(job["labels"]), 48.0,
-                              job["variables"], Path(job["static"]) if job.get("static") else None)  # fmt: skip
+        manifest = preprocess(
+            Path(job["source"]),
+            Path(job["destination"]),
+            Path(job["labels"]),
+            48.0,
+            job["variables"],
+            Path(job["static"]) if job.get("static") else None,
+        )
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"seconds": seconds, "observations": manifest["counts"]["observations"], "peak_mb": peak_mb}))
 
 
 def measure(job: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "experiments.benchmark_meds", "--child", json.dumps(job)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.benchmark_meds", "--child", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def line(name: str, result: dict, rows_read: int | None = None) -> str:
     read = f", {rows_read / result['seconds']:,.0f} shard rows/s" if rows_read else ""
-    return (f"| {name} | {result['seconds']:.1f} s | {result['observations'] / result['seconds']:,.0f} "
-            f"observations/s{read} | {result['peak_mb']:,.0f} MB |")
+    return (
+        f"| {name} | {result['seconds']:.1f} s | {result['observations'] / result['seconds']:,.0f} "
+        f"observations/s{read} | {result['peak_mb']:,.0f} MB |"
+    )
 
 
 def main(argv: list[str] | None = None) -> list[str]:
@@ -137,16 +168,29 @@ def main(argv: list[str] | None = None) -> list[str]:
         written = write_meds(work / "p12-meds", dataset, "physionet2012")
         (work / "variables.txt").write_text("\n".join(dataset.variables) + "\n")
         (work / "static.txt").write_text("\n".join(dataset.static_features) + "\n")
-        back = measure({"path": "meds", "source": str(work / "p12-meds"), "destination": str(work / "p12-back"),
-                        "labels": str(work / "p12-meds" / LABELS_FOLDER), "variables": str(work / "variables.txt"),
-                        "static": str(work / "static.txt")})  # fmt: skip
+        back = measure(
+            {
+                "path": "meds",
+                "source": str(work / "p12-meds"),
+                "destination": str(work / "p12-back"),
+                "labels": str(work / "p12-meds" / LABELS_FOLDER),
+                "variables": str(work / "variables.txt"),
+                "static": str(work / "static.txt"),
+            }
+        )
         lines.append(line("P12 MEDS", back, written["events"]))
         lines.append(f"| P12 MEDS / native speed | {native['seconds'] / back['seconds']:.2f} | | |")
     if args.rows:
         rows = write_synthetic(work / "synthetic-meds", args.rows)
-        result = measure({"path": "meds", "source": str(work / "synthetic-meds"), "destination":
-                          str(work / "synthetic-back"), "labels": str(work / "synthetic-meds" / LABELS_FOLDER),
-                          "variables": "20"})  # fmt: skip
+        result = measure(
+            {
+                "path": "meds",
+                "source": str(work / "synthetic-meds"),
+                "destination": str(work / "synthetic-back"),
+                "labels": str(work / "synthetic-meds" / LABELS_FOLDER),
+                "variables": "20",
+            }
+        )
         lines.append(line(f"synthetic MEDS, {rows:,} rows", result, 2 * rows))  # two passes: count, then keep
     print("\n".join(lines))
     return lines

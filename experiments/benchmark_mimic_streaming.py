@@ -10,6 +10,7 @@ and peak resident memory (``ru_maxrss``). Measuring in a child keeps the generat
 ``--foreign-fraction`` of the rows belong to patients outside ICUSTAYS: they are read and discarded, so the file can
 grow while the kept observations stay the same (the test suite uses this to show memory does not follow file size).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-CHART_COLUMNS = ["ROW_ID", "SUBJECT_ID", "HADM_ID", "ICUSTAY_ID", "ITEMID", "CHARTTIME", "STORETIME", "CGID",
-                 "VALUE", "VALUENUM", "VALUEUOM", "WARNING", "ERROR", "RESULTSTATUS", "STOPPED"]  # fmt: skip
+CHART_COLUMNS = [
+    "ROW_ID",
+    "SUBJECT_ID",
+    "HADM_ID",
+    "ICUSTAY_ID",
+    "ITEMID",
+    "CHARTTIME",
+    "STORETIME",
+    "CGID",
+    "VALUE",
+    "VALUENUM",
+    "VALUEUOM",
+    "WARNING",
+    "ERROR",
+    "RESULTSTATUS",
+    "STOPPED",
+]
 # Half the rows are benchmark variables (heart rate, blood pressures, respiratory rate, SpO2, temperature, GCS),
 # half are items no cohort reads (alarms, code status, ...), as in the real table.
 WANTED_ITEMS = [211, 220045, 220179, 220180, 220181, 220210, 220277, 223761, 198, 618, 646, 678]
@@ -50,31 +66,72 @@ def write_stays(folder: Path, stays: int, seed: int) -> np.ndarray:
     outtime = intime + (los_days * 86400).astype(np.int64)
     died = rng.random(stays) < 0.12
     unit = pa.array(["MICU"] * stays)
-    pacsv.write_csv(pa.table({
-        "ROW_ID": index, "SUBJECT_ID": FIRST_SUBJECT + index, "HADM_ID": FIRST_HADM + index,
-        "ICUSTAY_ID": FIRST_STAY + index, "DBSOURCE": pa.array(["metavision"] * stays), "FIRST_CAREUNIT": unit,
-        "LAST_CAREUNIT": unit, "FIRST_WARDID": np.full(stays, 52), "LAST_WARDID": np.full(stays, 52),
-        "INTIME": _timestamps(intime), "OUTTIME": _timestamps(outtime), "LOS": np.round(los_days, 4),
-    }), folder / "ICUSTAYS.csv")  # fmt: skip
+    pacsv.write_csv(
+        pa.table(
+            {
+                "ROW_ID": index,
+                "SUBJECT_ID": FIRST_SUBJECT + index,
+                "HADM_ID": FIRST_HADM + index,
+                "ICUSTAY_ID": FIRST_STAY + index,
+                "DBSOURCE": pa.array(["metavision"] * stays),
+                "FIRST_CAREUNIT": unit,
+                "LAST_CAREUNIT": unit,
+                "FIRST_WARDID": np.full(stays, 52),
+                "LAST_WARDID": np.full(stays, 52),
+                "INTIME": _timestamps(intime),
+                "OUTTIME": _timestamps(outtime),
+                "LOS": np.round(los_days, 4),
+            }
+        ),
+        folder / "ICUSTAYS.csv",
+    )
     admit, discharge = intime - 3600, outtime + 86400
     deathtime = pa.array(np.where(died, outtime, 0), pa.int64()).cast(pa.timestamp("s"))
-    deathtime = pc.if_else(pa.array(died), pc.strftime(deathtime, format="%Y-%m-%d %H:%M:%S"),
-                           pa.scalar(None, pa.string()))  # fmt: skip
-    pacsv.write_csv(pa.table({
-        "ROW_ID": index, "SUBJECT_ID": FIRST_SUBJECT + index, "HADM_ID": FIRST_HADM + index,
-        "ADMITTIME": _timestamps(admit), "DISCHTIME": _timestamps(np.where(died, outtime, discharge)),
-        "DEATHTIME": deathtime, "HOSPITAL_EXPIRE_FLAG": died.astype(np.int64),
-    }), folder / "ADMISSIONS.csv")  # fmt: skip
-    pacsv.write_csv(pa.table({
-        "ROW_ID": index, "SUBJECT_ID": FIRST_SUBJECT + index, "GENDER": pa.array(np.where(index % 2, "M", "F")),
-        "DOB": _timestamps(intime - (rng.uniform(20, 85, stays) * 365.25 * 86400).astype(np.int64)),
-        "DOD": pa.nulls(stays, pa.string()),
-    }), folder / "PATIENTS.csv")  # fmt: skip
-    pacsv.write_csv(pa.table({
-        "ROW_ID": index, "SUBJECT_ID": FIRST_SUBJECT + index, "HADM_ID": FIRST_HADM + index,
-        "ITEMID": np.full(stays, 50820), "CHARTTIME": _timestamps(intime + 7200), "VALUE": pa.array(["7.4"] * stays),
-        "VALUENUM": np.full(stays, 7.4), "VALUEUOM": pa.array(["units"] * stays), "FLAG": pa.nulls(stays, pa.string()),
-    }), folder / "LABEVENTS.csv")  # fmt: skip
+    deathtime = pc.if_else(
+        pa.array(died), pc.strftime(deathtime, format="%Y-%m-%d %H:%M:%S"), pa.scalar(None, pa.string())
+    )
+    pacsv.write_csv(
+        pa.table(
+            {
+                "ROW_ID": index,
+                "SUBJECT_ID": FIRST_SUBJECT + index,
+                "HADM_ID": FIRST_HADM + index,
+                "ADMITTIME": _timestamps(admit),
+                "DISCHTIME": _timestamps(np.where(died, outtime, discharge)),
+                "DEATHTIME": deathtime,
+                "HOSPITAL_EXPIRE_FLAG": died.astype(np.int64),
+            }
+        ),
+        folder / "ADMISSIONS.csv",
+    )
+    pacsv.write_csv(
+        pa.table(
+            {
+                "ROW_ID": index,
+                "SUBJECT_ID": FIRST_SUBJECT + index,
+                "GENDER": pa.array(np.where(index % 2, "M", "F")),
+                "DOB": _timestamps(intime - (rng.uniform(20, 85, stays) * 365.25 * 86400).astype(np.int64)),
+                "DOD": pa.nulls(stays, pa.string()),
+            }
+        ),
+        folder / "PATIENTS.csv",
+    )
+    pacsv.write_csv(
+        pa.table(
+            {
+                "ROW_ID": index,
+                "SUBJECT_ID": FIRST_SUBJECT + index,
+                "HADM_ID": FIRST_HADM + index,
+                "ITEMID": np.full(stays, 50820),
+                "CHARTTIME": _timestamps(intime + 7200),
+                "VALUE": pa.array(["7.4"] * stays),
+                "VALUENUM": np.full(stays, 7.4),
+                "VALUEUOM": pa.array(["units"] * stays),
+                "FLAG": pa.nulls(stays, pa.string()),
+            }
+        ),
+        folder / "LABEVENTS.csv",
+    )
     return intime
 
 
@@ -88,19 +145,35 @@ def _chart_chunk(rng, start: int, rows: int, intime: np.ndarray, foreign_fractio
     valuenum = np.round(rng.normal(80.0, 15.0, rows), 1)
     value = pc.cast(pa.array(valuenum), pa.string())
     empty = pa.nulls(rows, pa.string())
-    return pa.table({
-        "ROW_ID": np.arange(start, start + rows), "SUBJECT_ID": subject, "HADM_ID": FIRST_HADM + stay,
-        "ICUSTAY_ID": FIRST_STAY + stay, "ITEMID": item, "CHARTTIME": _timestamps(charttime),
-        "STORETIME": _timestamps(charttime + 600), "CGID": rng.integers(14000, 21000, rows), "VALUE": value,
-        "VALUENUM": valuenum, "VALUEUOM": pa.array(np.where(wanted, "bpm", "")), "WARNING": empty,
-        "ERROR": np.zeros(rows, np.int64), "RESULTSTATUS": empty, "STOPPED": pa.array(["NotStopd"] * rows),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "ROW_ID": np.arange(start, start + rows),
+            "SUBJECT_ID": subject,
+            "HADM_ID": FIRST_HADM + stay,
+            "ICUSTAY_ID": FIRST_STAY + stay,
+            "ITEMID": item,
+            "CHARTTIME": _timestamps(charttime),
+            "STORETIME": _timestamps(charttime + 600),
+            "CGID": rng.integers(14000, 21000, rows),
+            "VALUE": value,
+            "VALUENUM": valuenum,
+            "VALUEUOM": pa.array(np.where(wanted, "bpm", "")),
+            "WARNING": empty,
+            "ERROR": np.zeros(rows, np.int64),
+            "RESULTSTATUS": empty,
+            "STOPPED": pa.array(["NotStopd"] * rows),
+        }
+    )
 
 
 def write_synthetic_mimic(
-    folder: Path, rows: int, stays: int = 5000, foreign_fraction: float = 0.0, seed: int = 0,
+    folder: Path,
+    rows: int,
+    stays: int = 5000,
+    foreign_fraction: float = 0.0,
+    seed: int = 0,
     chunk_rows: int = 1_000_000,
-) -> Path:  # fmt: skip
+) -> Path:
     """A MIMIC-III-shaped folder whose CHARTEVENTS.csv has ``rows`` rows, written chunk by chunk."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -118,8 +191,9 @@ def measure(folder: Path, cohort: str, block_size: int) -> dict:
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as output:
-        manifest = preprocess(folder, Path(output) / "processed", cohort=cohort, block_size=block_size,
-                              hash_sources=False)  # fmt: skip
+        manifest = preprocess(
+            folder, Path(output) / "processed", cohort=cohort, block_size=block_size, hash_sources=False
+        )
     seconds = time.perf_counter() - started
     rows = manifest["tables"]["CHARTEVENTS"]["rows_read"]
     return {
@@ -135,10 +209,21 @@ def measure(folder: Path, cohort: str, block_size: int) -> dict:
 
 def measure_in_child(folder: Path, cohort: str = "benchmark", block_size: int = 16 << 20) -> dict:
     completed = subprocess.run(
-        [sys.executable, "-m", "experiments.benchmark_mimic_streaming", "--measure", str(folder),
-         "--cohort", cohort, "--block-size", str(block_size)],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "experiments.benchmark_mimic_streaming",
+            "--measure",
+            str(folder),
+            "--cohort",
+            cohort,
+            "--block-size",
+            str(block_size),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     if completed.returncode:
         raise RuntimeError(f"measuring {folder} failed:\n{completed.stderr}")
     return json.loads(completed.stdout.strip().splitlines()[-1])

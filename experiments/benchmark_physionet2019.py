@@ -5,6 +5,7 @@
 Each cohort is preprocessed from the archive into a temporary folder (reading, parsing and writing the tables) and
 its wall time, stays read per minute, kept stays, positives and prevalence are printed as JSON.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@
 
 Targets (issue #2): parse + first tensor build <= 60 s, reloading the cached tensors <= 5 s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,20 @@ TARGET_RELOAD_S = 5.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", type=Path, default=REPO.parent / "shared" / "data" / "physionet2012",
-                        help="the PhysioNet 2012 release (default: ../shared/data/physionet2012 from the repo root)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where to write the processed tables (default: a temporary folder, removed afterwards)")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        default=REPO.parent / "shared" / "data" / "physionet2012",
+        help="the PhysioNet 2012 release (default: ../shared/data/physionet2012 from the repo root)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the processed tables (default: a temporary folder, removed afterwards)",
+    )
     parser.add_argument("--sets", nargs="*", default=None, help="only these sets (a, b, c); default all found")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
 
     temporary = None
     if args.out is None:
@@ -71,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'parse + tensors':<34}{total:>10.2f}{stays / total:>12,.0f}")
         ok_total, ok_reload = total <= TARGET_PARSE_AND_TENSORS_S, reload_s <= TARGET_RELOAD_S
         print()
-        print(f"target parse + tensors <= {TARGET_PARSE_AND_TENSORS_S:g} s: {'met' if ok_total else 'MISSED'}; "
-              f"reload <= {TARGET_RELOAD_S:g} s: {'met' if ok_reload else 'MISSED'}")  # fmt: skip
+        print(
+            f"target parse + tensors <= {TARGET_PARSE_AND_TENSORS_S:g} s: {'met' if ok_total else 'MISSED'}; "
+            f"reload <= {TARGET_RELOAD_S:g} s: {'met' if ok_reload else 'MISSED'}"
+        )
         return 0 if ok_total and ok_reload else 1
     finally:
         if temporary is not None:

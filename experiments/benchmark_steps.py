@@ -14,6 +14,7 @@ It ends with one line per stay:
 
 Not a test: its numbers depend on what else the machine runs (``OMP_NUM_THREADS=1`` for the ward's one thread).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     tensors = load_tensors(processed_folder(args.dataset, args.data_root))
     normalisation = Normalisation.fit(tensors.subset(np.arange(min(2000, len(tensors)))))
-    model = Garlic(len(tensors.variables), len(tensors.static_features),
-                   NetworkConfig.from_run(Config.for_dataset(args.dataset))).eval()  # fmt: skip
+    model = Garlic(
+        len(tensors.variables), len(tensors.static_features), NetworkConfig.from_run(Config.for_dataset(args.dataset))
+    ).eval()
     for parameter in model.parameters():  # away from the initial weights, where some terms vanish
         parameter.add_(torch.randn_like(parameter) * 0.1)
     order = np.argsort(tensors.lengths, kind="stable")
@@ -67,12 +69,21 @@ def main(argv: list[str] | None = None) -> None:
         state = steps.start(model)
         for step in range(length):
             before = state
-            state = steps.advance(model, state, stay.values[:, step], stay.mask[:, step], stay.times[:, step],
-                                  explain=True)  # fmt: skip
+            state = steps.advance(
+                model, state, stay.values[:, step], stay.mask[:, step], stay.times[:, step], explain=True
+            )
             if step % 5 == 0 or step == length - 1:
-                cut = collate([{**stays[index], "values": stays[index]["values"][: step + 1],
-                                "mask": stays[index]["mask"][: step + 1], "times": stays[index]["times"][: step + 1],
-                                "lengths": torch.tensor(step + 1)}])  # fmt: skip
+                cut = collate(
+                    [
+                        {
+                            **stays[index],
+                            "values": stays[index]["values"][: step + 1],
+                            "mask": stays[index]["mask"][: step + 1],
+                            "times": stays[index]["times"][: step + 1],
+                            "lengths": torch.tensor(step + 1),
+                        }
+                    ]
+                )
                 one_pass = explain(model, cut, tensors.variables)
                 risk = torch.sigmoid(steps.logits(model, state, stay.static))
                 worst_risk = max(worst_risk, float((risk - one_pass.risk).abs().max()))
@@ -85,9 +96,11 @@ def main(argv: list[str] | None = None) -> None:
         def risk_only():
             return model.predict_logits(stay.values, stay.mask, stay.times, stay.lengths, stay.static)
 
-        lines.append(f"{length} steps over {float(stay.times[0, -1]):.1f} h: step {median_ms(last_step):.2f} ms, "
-                     f"explained pass {median_ms(lambda: explain(model, stay, tensors.variables)):.2f} ms, "
-                     f"risk-only pass {median_ms(risk_only):.2f} ms")  # fmt: skip
+        lines.append(
+            f"{length} steps over {float(stay.times[0, -1]):.1f} h: step {median_ms(last_step):.2f} ms, "
+            f"explained pass {median_ms(lambda: explain(model, stay, tensors.variables)):.2f} ms, "
+            f"risk-only pass {median_ms(risk_only):.2f} ms"
+        )
     print(f"largest difference from the one pass: risk {worst_risk:.1e}, signal importance {worst_signal:.1e}")
     print("\n".join(lines))
 

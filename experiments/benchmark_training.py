@@ -26,6 +26,7 @@ the epochs it ran. ``--out DIR`` keeps one row per preset, protocol, split and t
 
 Accuracy: ``garlic train --all-splits`` with the shipped config, test AUROC/AUPRC mean +/- std beside the paper's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,27 @@ from garlic.training.speed import cpu_name, measure_speed
 from garlic.io.atomic import atomic_file
 
 PAPER = {"physionet2012": {"auroc": (86.40, 0.86), "auprc": (56.89, 1.75)}}
-SPEED_COLUMNS = ["preset", "dataset", "protocol", "split", "cpu", "threads", "training_stays", "batch_size",
-                 "epoch_seconds", "gflop_per_epoch", "matmul_gflops", "floor_seconds", "stays_per_second", "epochs_run",
-                 "best_epoch", "run_seconds", "test_auroc", "test_auprc", "command"]  # fmt: skip
+SPEED_COLUMNS = [
+    "preset",
+    "dataset",
+    "protocol",
+    "split",
+    "cpu",
+    "threads",
+    "training_stays",
+    "batch_size",
+    "epoch_seconds",
+    "gflop_per_epoch",
+    "matmul_gflops",
+    "floor_seconds",
+    "stays_per_second",
+    "epochs_run",
+    "best_epoch",
+    "run_seconds",
+    "test_auroc",
+    "test_auprc",
+    "command",
+]
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
@@ -66,37 +85,55 @@ def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
     return 2 * size**3 / best / 1e9
 
 
-def compare_kernels(config: Config, data_root: Path, batches: int | None, split_index: int, rounds: int) -> pd.DataFrame:
+def compare_kernels(
+    config: Config, data_root: Path, batches: int | None, split_index: int, rounds: int
+) -> pd.DataFrame:
     """``measure_speed`` with PyTorch's layers and with the fused kernels, alternated ``rounds`` times: one row each."""
     rows = []
     for round_ in range(rounds):
         for fused in (False, True):
             with fused_kernels(fused):
                 speed = measure_speed(config, data_root, batches, split_index)
-            rows.append({"round": round_, "kernels": "fused" if fused else "pytorch",
-                         "epoch_seconds": speed["epoch_seconds"], "stays_per_second": speed["stays_per_second"]})  # fmt: skip
+            rows.append(
+                {
+                    "round": round_,
+                    "kernels": "fused" if fused else "pytorch",
+                    "epoch_seconds": speed["epoch_seconds"],
+                    "stays_per_second": speed["stays_per_second"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def print_kernel_comparison(frame: pd.DataFrame) -> None:
     for name, timings in frame.groupby("kernels", sort=False):
-        print(f"{name:8s} training {', '.join(f'{s:.2f}' for s in timings['epoch_seconds'])} s; inference "
-              f"{', '.join(f'{r:.0f}' for r in timings['stays_per_second'])} stays/s")  # fmt: skip
+        print(
+            f"{name:8s} training {', '.join(f'{s:.2f}' for s in timings['epoch_seconds'])} s; inference "
+            f"{', '.join(f'{r:.0f}' for r in timings['stays_per_second'])} stays/s"
+        )
     fused, pytorch = (frame[frame["kernels"] == name].median(numeric_only=True) for name in ("fused", "pytorch"))
-    print(f"fused / pytorch, medians: training time x{fused['epoch_seconds'] / pytorch['epoch_seconds']:.2f}, "
-          f"inference rate x{fused['stays_per_second'] / pytorch['stays_per_second']:.2f}")  # fmt: skip
+    print(
+        f"fused / pytorch, medians: training time x{fused['epoch_seconds'] / pytorch['epoch_seconds']:.2f}, "
+        f"inference rate x{fused['stays_per_second'] / pytorch['stays_per_second']:.2f}"
+    )
 
 
 def full_run(config: Config, split_index: int, data_root: Path, store: Path, preset: str) -> dict:
     """Train, select and test one split as ``garlic train`` does: wall time, epochs run, best epoch, test metrics."""
     epochs = []
     start = time.perf_counter()
-    _, results = runs.train(config, [split_index], data_root, store, on_epoch=lambda _, record: epochs.append(record),
-                            preset=preset)  # fmt: skip
+    _, results = runs.train(
+        config, [split_index], data_root, store, on_epoch=lambda _, record: epochs.append(record), preset=preset
+    )
     seconds = time.perf_counter() - start
     result = results[0]
-    return {"run_seconds": seconds, "epochs_run": len(epochs), "best_epoch": result.best_epoch,
-            "test_auroc": result.test["auroc"], "test_auprc": result.test["auprc"]}  # fmt: skip
+    return {
+        "run_seconds": seconds,
+        "epochs_run": len(epochs),
+        "best_epoch": result.best_epoch,
+        "test_auroc": result.test["auroc"],
+        "test_auprc": result.test["auprc"],
+    }
 
 
 def keep_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
@@ -118,24 +155,31 @@ def sections_after_the_table(report: Path) -> str:
 
 
 def speed_report(frame: pd.DataFrame) -> str:
-    lines = ["# Speed", "", "Each row is one measurement on one of this project's CPU machines, named in its row "
-             "(they have differed between sessions: compare rows of the same CPU; the command is in the row's "
-             "`command` column of `speed.csv`): one training epoch in the reconstruction stage (the costlier stage), "
-             "the matrix-product work of that epoch (forward and backward) and the seconds it would take at this "
-             "machine's measured 2048 x 2048 matrix-multiply rate (the floor), inference over the split's validation "
-             "and test stays (median of 5 passes) and, where a whole run was timed, its wall time (train, select, "
-             "test, explanations and logging) and the epochs it ran.", "",
-             "| preset | dataset | protocol / split | CPU | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | "
-             "floor s / epoch | inference stays/s | epochs run (best) | s / run | test AUROC / AUPRC |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Speed",
+        "",
+        "Each row is one measurement on one of this project's CPU machines, named in its row "
+        "(they have differed between sessions: compare rows of the same CPU; the command is in the row's "
+        "`command` column of `speed.csv`): one training epoch in the reconstruction stage (the costlier stage), "
+        "the matrix-product work of that epoch (forward and backward) and the seconds it would take at this "
+        "machine's measured 2048 x 2048 matrix-multiply rate (the floor), inference over the split's validation "
+        "and test stays (median of 5 passes) and, where a whole run was timed, its wall time (train, select, "
+        "test, explanations and logging) and the epochs it ran.",
+        "",
+        "| preset | dataset | protocol / split | CPU | threads | s / epoch | GFLOP / epoch | matmul GFLOP/s | "
+        "floor s / epoch | inference stays/s | epochs run (best) | s / run | test AUROC / AUPRC |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in frame.itertuples():
         run = "" if pd.isna(row.run_seconds) else f"{row.run_seconds:.0f}"
         epochs = "" if pd.isna(row.epochs_run) else f"{row.epochs_run:.0f} ({row.best_epoch:.0f})"
         test = "" if pd.isna(row.test_auroc) else f"{row.test_auroc:.3f} / {row.test_auprc:.3f}"
-        lines.append(f"| {row.preset} | {row.dataset} | {row.protocol} / {row.split} | {row.cpu} | {row.threads} | "
-                     f"{row.epoch_seconds:.1f} | {row.gflop_per_epoch:.0f} | {row.matmul_gflops:.0f} | "
-                     f"{row.floor_seconds:.1f} | "
-                     f"{row.stays_per_second:.0f} | {epochs} | {run} | {test} |")  # fmt: skip
+        lines.append(
+            f"| {row.preset} | {row.dataset} | {row.protocol} / {row.split} | {row.cpu} | {row.threads} | "
+            f"{row.epoch_seconds:.1f} | {row.gflop_per_epoch:.0f} | {row.matmul_gflops:.0f} | "
+            f"{row.floor_seconds:.1f} | "
+            f"{row.stays_per_second:.0f} | {epochs} | {run} | {test} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -151,28 +195,41 @@ def measure_accuracy(config: Config, data_root: Path, store: Path) -> None:
 
 def print_speed(config: Config, speed: dict) -> None:
     if speed["batches"] < speed["epoch_batches"]:
-        print(f"training: {speed['epoch_seconds']:.1f} s for the first {speed['batches']} of the epoch's "
-              f"{speed['epoch_batches']} batches of {config.batch_size} stays")  # fmt: skip
+        print(
+            f"training: {speed['epoch_seconds']:.1f} s for the first {speed['batches']} of the epoch's "
+            f"{speed['epoch_batches']} batches of {config.batch_size} stays"
+        )
     else:
-        print(f"one training epoch: {speed['epoch_seconds']:.1f} s for {speed['training_stays']} stays "
-              f"(batch {config.batch_size})")  # fmt: skip
+        print(
+            f"one training epoch: {speed['epoch_seconds']:.1f} s for {speed['training_stays']} stays "
+            f"(batch {config.batch_size})"
+        )
     slowest, fastest = speed["stays_per_second_range"]
-    print(f"inference: {speed['stays_per_second']:.0f} stays/s over {speed['predicted_stays']} stays "
-          f"(median of {speed['inference_passes']} passes; {slowest:.0f}-{fastest:.0f})")  # fmt: skip
+    print(
+        f"inference: {speed['stays_per_second']:.0f} stays/s over {speed['predicted_stays']} stays "
+        f"(median of {speed['inference_passes']} passes; {slowest:.0f}-{fastest:.0f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", help="the dataset (default: physionet2012, or each preset's own); a source's "
-                                          "preset (physionet2019) runs on the cohort named here or by --set dataset=")
+    parser.add_argument(
+        "--dataset",
+        help="the dataset (default: physionet2012, or each preset's own); a source's "
+        "preset (physionet2019) runs on the cohort named here or by --set dataset=",
+    )
     parser.add_argument("--config", type=Path, help="a JSON config (default: the dataset's shipped one)")
     parser.add_argument("--presets", nargs="+", metavar="NAME", help="shipped presets (garlic/configs/NAME.json)")
     parser.add_argument("--protocol", help="the split protocol (default: the config's)")
     parser.add_argument("--split", type=int, default=0, metavar="K", help="the split to time on (default 0)")
     parser.add_argument("--batches", type=int, metavar="N", help="time the epoch's first N batches only")
     parser.add_argument("--full-run", action="store_true", help="also train, select and test the split once")
-    parser.add_argument("--compare-kernels", type=int, metavar="R", help="time PyTorch's layers against the fused "
-                        "kernels instead, alternated R times")  # fmt: skip
+    parser.add_argument(
+        "--compare-kernels",
+        type=int,
+        metavar="R",
+        help="time PyTorch's layers against the fused kernels instead, alternated R times",
+    )
     parser.add_argument("--out", type=Path, help="keep the rows in DIR/speed.csv and write DIR/speed.md")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--mlruns", type=Path, default=DEFAULT_STORE)
@@ -207,25 +264,41 @@ def main(argv: list[str] | None = None) -> None:
     for name, config in configs.items():
         print(f"{name or config.dataset}: {config.split_protocol} split {args.split}, device {config.device}")
         if args.compare_kernels:
-            print_kernel_comparison(compare_kernels(config, args.data_root, args.batches, args.split,
-                                                    args.compare_kernels))  # fmt: skip
+            print_kernel_comparison(
+                compare_kernels(config, args.data_root, args.batches, args.split, args.compare_kernels)
+            )
             continue
         speed = measure_speed(config, args.data_root, args.batches, args.split, count_flops=args.out is not None)
         print_speed(config, speed)
-        row = {"preset": name, "dataset": config.dataset, "protocol": config.split_protocol, "split": args.split,
-               "cpu": cpu, "threads": threads, "training_stays": speed["training_stays"],
-               "batch_size": config.batch_size,
-               "epoch_seconds": speed["epoch_seconds"], "stays_per_second": speed["stays_per_second"],
-               "command": command}  # fmt: skip
+        row = {
+            "preset": name,
+            "dataset": config.dataset,
+            "protocol": config.split_protocol,
+            "split": args.split,
+            "cpu": cpu,
+            "threads": threads,
+            "training_stays": speed["training_stays"],
+            "batch_size": config.batch_size,
+            "epoch_seconds": speed["epoch_seconds"],
+            "stays_per_second": speed["stays_per_second"],
+            "command": command,
+        }
         if rate is not None:
-            row |= {"gflop_per_epoch": speed["gflop_per_epoch"], "matmul_gflops": rate,
-                    "floor_seconds": speed["gflop_per_epoch"] / rate}  # fmt: skip
-            print(f"work: {speed['gflop_per_epoch']:.0f} GFLOP an epoch; matrix products at {rate:.0f} GFLOP/s: "
-                  f"{row['floor_seconds']:.1f} s")  # fmt: skip
+            row |= {
+                "gflop_per_epoch": speed["gflop_per_epoch"],
+                "matmul_gflops": rate,
+                "floor_seconds": speed["gflop_per_epoch"] / rate,
+            }
+            print(
+                f"work: {speed['gflop_per_epoch']:.0f} GFLOP an epoch; matrix products at {rate:.0f} GFLOP/s: "
+                f"{row['floor_seconds']:.1f} s"
+            )
         if args.full_run:
             row |= full_run(config, args.split, args.data_root, args.mlruns, name)
-            print(f"whole run: {row['run_seconds']:.0f} s, {row['epochs_run']} epochs (best {row['best_epoch']}), "
-                  f"test AUROC {row['test_auroc']:.3f} AUPRC {row['test_auprc']:.3f}")  # fmt: skip
+            print(
+                f"whole run: {row['run_seconds']:.0f} s, {row['epochs_run']} epochs (best {row['best_epoch']}), "
+                f"test AUROC {row['test_auroc']:.3f} AUPRC {row['test_auprc']:.3f}"
+            )
         rows.append(row)
         if args.accuracy:
             measure_accuracy(config, args.data_root, args.mlruns)

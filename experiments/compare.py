@@ -50,6 +50,7 @@ same test stays, with the protocol's best simple baseline (highest mean, per met
 protocol's runs and a 95% bootstrap interval over test stays (each resample redraws every split's test stays; a
 difference whose interval holds 0 is a tie).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,7 @@ from garlic.training.workers import Job, add_worker_arguments, check_worker_argu
 log = logging.getLogger("experiments")
 
 BASELINES = ("saps", "sofa", *registry.simple_baselines())  # the default ``--methods``
-COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean",
-           "ece_mean"]  # fmt: skip
+COLUMNS = ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std", "brier_mean", "ece_mean"]
 # A source's table (``--dataset physionet2019``) runs each protocol on its own cohort: a published one on the cohort it
 # was published for (``garlic-reference`` on ``physionet2019-garlic``), any other on this one.
 TABLE_COHORTS = {"physionet2019": "physionet2019-raindrop"}
@@ -119,9 +119,18 @@ class Pending:
         return f"{self.preset} {self.protocol}/split_{self.split}{seed}"
 
 
-def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Path], data_root: Path,
-                 train: bool, archive: RunArchive | None = None, seeds: list[int] | None = None,
-                 carry: Path | None = None, splits: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:
+def garlic_units(
+    name: str,
+    config: Config,
+    protocol_name: str,
+    stores: list[Path],
+    data_root: Path,
+    train: bool,
+    archive: RunArchive | None = None,
+    seeds: list[int] | None = None,
+    carry: Path | None = None,
+    splits: list[int] | None = None,
+) -> tuple[list[Unit], list[Pending]]:
     """The preset's units on the protocol, one per split and model seed (``seeds``, else the protocol's, else the
     config's), from the stores, else from ``archive``, else trained (unless not ``train``, or the split is not one
     of ``splits``; ``carry``: where their training states are carried beyond the store, ``garlic.tracking.carry``);
@@ -170,14 +179,23 @@ def garlic_units(name: str, config: Config, protocol_name: str, stores: list[Pat
 def finished_unit(name: str, protocol_name: str, index: int, seed: int, settings: str, store: Path, run) -> Unit:
     """The unit that the finished MLflow ``run`` of ``store`` trained: its test metrics and risks."""
     metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
-    return Unit(name, protocol_name, index, seed, run.info.run_id, settings, metrics,
-                queries.test_predictions(store, run.info.run_id))  # fmt: skip
+    return Unit(
+        name,
+        protocol_name,
+        index,
+        seed,
+        run.info.run_id,
+        settings,
+        metrics,
+        queries.test_predictions(store, run.info.run_id),
+    )
 
 
 def pending_config(unit: Pending, data_root: Path, overrides: list[str]) -> tuple[Config, str]:
     """A pending GARLIC unit's config (its preset's, on its protocol, with its seed) and its data's digest."""
     config = preset_config(unit.preset, unit.dataset, overrides).override(
-        {"split_protocol": unit.protocol, "seed": unit.seed})
+        {"split_protocol": unit.protocol, "seed": unit.seed}
+    )
     return config, run_contract.manifest_digest(read_manifest(ensure_processed(unit.dataset, data_root)))
 
 
@@ -196,9 +214,16 @@ def unit_lock(store: Path, preset: str, protocol_name: str, split: int, seed: in
     return locks / f"unit-{preset}-{protocol_name}-split_{split}-seed_{seed}"
 
 
-def train_in_workers(pending: list[Pending], workers: int, store: Path, data_root: Path, overrides: list[str],
-                     minutes: float | None = None, carry: Path | None = None,
-                     archives: dict[str, RunArchive] | None = None) -> None:  # fmt: skip
+def train_in_workers(
+    pending: list[Pending],
+    workers: int,
+    store: Path,
+    data_root: Path,
+    overrides: list[str],
+    minutes: float | None = None,
+    carry: Path | None = None,
+    archives: dict[str, RunArchive] | None = None,
+) -> None:
     """Train ``pending`` in ``workers`` parallel ``garlic train`` processes (``garlic.training.workers``: the CPU threads
     shared out evenly, each unit claimed by its ``unit_lock``, output in ``store/logs/``), all into ``store``, each
     carrying its training state in ``carry`` (``garlic train --carry``). A unit is kept in its dataset's run archive
@@ -213,13 +238,28 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
         if interrupted is not None:  # a run stopped half-way (its machine gone) goes on from its last epoch
             command += ["--resume", interrupted]
         else:
-            command += ["--config", str(CONFIG_DIR / f"{unit.preset}.json"), "--dataset", unit.dataset, "--protocol",
-                        unit.protocol, "--split", str(unit.split), *settings]  # fmt: skip
+            command += [
+                "--config",
+                str(CONFIG_DIR / f"{unit.preset}.json"),
+                "--dataset",
+                unit.dataset,
+                "--protocol",
+                unit.protocol,
+                "--split",
+                str(unit.split),
+                *settings,
+            ]
         if carry is not None:
             command += ["--carry", str(carry)]
         log_name = f"{unit.preset}-{unit.protocol}-split_{unit.split}-seed_{unit.seed}.log"
-        jobs.append(Job(str(unit), command, unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
-                        Path(store) / "logs" / log_name))  # fmt: skip
+        jobs.append(
+            Job(
+                str(unit),
+                command,
+                unit_lock(store, unit.preset, unit.protocol, unit.split, unit.seed),
+                Path(store) / "logs" / log_name,
+            )
+        )
     use_store(store)  # made once, here, rather than by the first worker while the deadline's clock runs
 
     def keep(job: Job) -> None:
@@ -230,15 +270,29 @@ def train_in_workers(pending: list[Pending], workers: int, store: Path, data_roo
         config, digest = pending_config(unit, data_root, overrides)
         found = queries.finished_unit([store], config, f"{unit.protocol}/split_{unit.split}", digest)
         if found is not None:
-            archive.keep([finished_unit(unit.preset, unit.protocol, unit.split, unit.seed,
-                                        queries.config_digest(config), *found)])  # fmt: skip
+            archive.keep(
+                [
+                    finished_unit(
+                        unit.preset, unit.protocol, unit.split, unit.seed, queries.config_digest(config), *found
+                    )
+                ]
+            )
 
     run_jobs(jobs, workers, minutes, keep)
 
 
-def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores: list[Path], data_root: Path,
-                   overrides: list[str], archive: RunArchive | None = None, train: bool = True,
-                   carry: Path | None = None, splits: list[int] | None = None) -> tuple[list[Unit], list[Pending]]:
+def baseline_units(
+    methods: list[str],
+    dataset: str,
+    protocol_name: str,
+    stores: list[Path],
+    data_root: Path,
+    overrides: list[str],
+    archive: RunArchive | None = None,
+    train: bool = True,
+    carry: Path | None = None,
+    splits: list[int] | None = None,
+) -> tuple[list[Unit], list[Pending]]:
     """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
     a split's unit kept in ``archive`` is read from it, the others reuse their finished runs in any of ``stores`` or,
     with ``train``, run into the first (carrying their training states in ``carry``; only the splits of ``splits``
@@ -252,15 +306,20 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
     units, to_run = [], []
     for method in first.available(methods):
         settings = queries.settings_digest(first.settings(method))
-        kept = [None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
-                for split in cohort.splits]  # fmt: skip
+        kept = [
+            None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
+            for split in cohort.splits
+        ]
         units += [unit for unit in kept if unit is not None]
         if any(unit is None for unit in kept):  # some splits kept, by a call whose machine went away before the rest
             to_run.append(method)
     # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
     others = [(store, queries.existing_experiment(name, store)) for store in stores[1:]]
-    runners = [(store, studies.Baselines(config, cohort, found, data_root, store)) for store, found in others
-               if found is not None]  # fmt: skip
+    runners = [
+        (store, studies.Baselines(config, cohort, found, data_root, store))
+        for store, found in others
+        if found is not None
+    ]
     for store, runner in [*runners, (stores[0], first)]:
         use_store(store)
 
@@ -268,8 +327,18 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
             predictions = queries.test_predictions(store, record["run_id"])
             metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
             settings = queries.settings_digest(runner.settings(record["method"]))
-            units.append(Unit(record["method"], protocol_name, record["split"], None, record["run_id"], settings,
-                              metrics, predictions))  # fmt: skip
+            units.append(
+                Unit(
+                    record["method"],
+                    protocol_name,
+                    record["split"],
+                    None,
+                    record["run_id"],
+                    settings,
+                    metrics,
+                    predictions,
+                )
+            )
             if archive is not None:  # now, not after the call's last unit: the machine may not last that long
                 archive.keep(units[-1:])
 
@@ -277,11 +346,16 @@ def baseline_units(methods: list[str], dataset: str, protocol_name: str, stores:
         if runner is first and train and splits is not None:  # the other splits: gathered, not trained
             runner.run(to_run, False, skip=held, finished=gather)
             held = {(unit.method, unit.split) for unit in units} | {
-                (method, split.index) for method in to_run for split in cohort.splits if split.index not in splits}
+                (method, split.index) for method in to_run for split in cohort.splits if split.index not in splits
+            }
         runner.run(to_run, train and runner is first, skip=held, finished=gather)
     done = {(unit.method, unit.split) for unit in units}
-    missing = [Pending(method, protocol_name, split.index, None) for method in first.available(to_run)
-               for split in cohort.splits if (method, split.index) not in done]  # fmt: skip
+    missing = [
+        Pending(method, protocol_name, split.index, None)
+        for method in first.available(to_run)
+        for split in cohort.splits
+        if (method, split.index) not in done
+    ]
     order = {method: position for position, method in enumerate(methods)}
     return sorted(units, key=lambda unit: (order[unit.method], unit.split)), missing
 
@@ -293,15 +367,36 @@ def table(units: list[Unit], protocols: list[str], dataset: str | None = None) -
     frame = pd.DataFrame([{"method": u.method, "protocol": u.protocol, **u.metrics} for u in units])
     if len(frame):
         for (method, protocol_name), group in frame.groupby(["method", "protocol"], sort=False):
-            rows.append({"method": method, "protocol": protocol_name, "runs": len(group),
-                         "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
-                         "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
-                         "brier_mean": group["brier"].mean(), "ece_mean": group["ece"].mean()})  # fmt: skip
-    shown = [] if dataset is None else [row for name in protocols
-                                        for row in published.results(protocol_dataset(dataset, name), name)]  # fmt: skip
+            rows.append(
+                {
+                    "method": method,
+                    "protocol": protocol_name,
+                    "runs": len(group),
+                    "auroc_mean": group["auroc"].mean(),
+                    "auroc_std": group["auroc"].std(ddof=0),
+                    "auprc_mean": group["auprc"].mean(),
+                    "auprc_std": group["auprc"].std(ddof=0),
+                    "brier_mean": group["brier"].mean(),
+                    "ece_mean": group["ece"].mean(),
+                }
+            )
+    shown = (
+        []
+        if dataset is None
+        else [row for name in protocols for row in published.results(protocol_dataset(dataset, name), name)]
+    )
     for row in shown:
-        rows.append({"method": row.method, "protocol": row.protocol, "runs": None, "auroc_mean": row.auroc[0],
-                     "auroc_std": row.auroc[1], "auprc_mean": row.auprc[0], "auprc_std": row.auprc[1]})  # fmt: skip
+        rows.append(
+            {
+                "method": row.method,
+                "protocol": row.protocol,
+                "runs": None,
+                "auroc_mean": row.auroc[0],
+                "auroc_std": row.auroc[1],
+                "auprc_mean": row.auprc[0],
+                "auprc_std": row.auprc[1],
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS).astype({"runs": "Int64"})  # published rows have none
 
 
@@ -318,17 +413,23 @@ def hospital_drops(units: list[Unit]) -> pd.DataFrame:
         if same is not None:
             source, target = DIRECTIONS[unit.split]
             for metric in ("auroc", "auprc"):
-                rows.append({"method": unit.method, "direction": f"{source} -> {target}", "metric": metric,
-                             "in_hospital": same.metrics[metric], "cross_hospital": unit.metrics[metric],
-                             "drop": unit.metrics[metric] - same.metrics[metric]})  # fmt: skip
+                rows.append(
+                    {
+                        "method": unit.method,
+                        "direction": f"{source} -> {target}",
+                        "metric": metric,
+                        "in_hospital": same.metrics[metric],
+                        "cross_hospital": unit.metrics[metric],
+                        "drop": unit.metrics[metric] - same.metrics[metric],
+                    }
+                )
     return pd.DataFrame(rows, columns=DROP_COLUMNS)
 
 
 PAIRED_COLUMNS = ["preset", "protocol", "metric", "baseline", "runs", "difference", "ci_low", "ci_high", "verdict"]
 
 
-def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
-                against: list[str] = ()) -> pd.DataFrame:  # fmt: skip
+def comparisons(units: list[Unit], presets: list[str], protocols: list[str], against: list[str] = ()) -> pd.DataFrame:
     """Every preset against the protocol's best simple baseline (per metric) and against each preset of ``against``
     too (unit by unit: the same split and model seed); a preset of ``against`` also against each network baseline
     of the protocol (``registry.network_baselines``: the field's models). Each pair covers the splits both sides
@@ -349,14 +450,23 @@ def comparisons(units: list[Unit], presets: list[str], protocols: list[str],
                     theirs = [u for u in units if u.method == baseline and u.protocol == protocol_name]
                     shared = [u for u in ours if u.split in {other.split for other in theirs}]
                     if shared:
-                        rows.append({"preset": name, "protocol": protocol_name, "metric": metric, "baseline": baseline,
-                                     "runs": len(shared), **paired_difference(shared, theirs, metric)})  # fmt: skip
+                        rows.append(
+                            {
+                                "preset": name,
+                                "protocol": protocol_name,
+                                "metric": metric,
+                                "baseline": baseline,
+                                "runs": len(shared),
+                                **paired_difference(shared, theirs, metric),
+                            }
+                        )
     # The columns even without a row, so that the -paired.csv written from it is read back by the next call.
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
-def kept_from_before(previous: Path, made: pd.DataFrame, key: list[str], names: list[str],
-                     protocols: list[str]) -> pd.DataFrame:
+def kept_from_before(
+    previous: Path, made: pd.DataFrame, key: list[str], names: list[str], protocols: list[str]
+) -> pd.DataFrame:
     """The rows of the table already at ``previous`` for ``names`` on ``protocols`` that this call did not make
     again: their runs are in no store given and not in the run archive (they were measured before it existed).
     Dropping them would lose a measurement silently; they are kept, and the report names them."""
@@ -441,8 +551,15 @@ class Extent:
     unnamed: list[Unit]
 
 
-def extent(out: Path, table_name: str, archives: dict[str, RunArchive], methods: list[str], presets: list[str],
-           protocols: list[str], against: str | None) -> Extent:  # fmt: skip
+def extent(
+    out: Path,
+    table_name: str,
+    archives: dict[str, RunArchive],
+    methods: list[str],
+    presets: list[str],
+    protocols: list[str],
+    against: str | None,
+) -> Extent:
     """The table at ``out`` extended by a call naming ``methods``, ``presets``, ``protocols`` and ``against``: what
     it holds stays, in its order, made from the run ``archives`` (a call naming fewer, such as one new method on
     one protocol, extends the table rather than cutting it); what the call adds comes after."""
@@ -453,29 +570,48 @@ def extent(out: Path, table_name: str, archives: dict[str, RunArchive], methods:
     ours = [name for name in names if name not in registry.METHODS]
     paired = out / f"{table_name}-paired.csv"
     baselines = pd.read_csv(paired)["baseline"] if paired.is_file() else []
-    return Extent([name for name in names if name in registry.METHODS], ours,
-                  [name for name in widened(rows["protocol"], protocols, [unit.protocol for unit in unnamed])
-                   if name in PROTOCOLS],
-                  widened([against] if against else [], [name for name in baselines if name in ours]),
-                  unnamed)  # fmt: skip
+    return Extent(
+        [name for name in names if name in registry.METHODS],
+        ours,
+        [
+            name
+            for name in widened(rows["protocol"], protocols, [unit.protocol for unit in unnamed])
+            if name in PROTOCOLS
+        ],
+        widened([against] if against else [], [name for name in baselines if name in ours]),
+        unnamed,
+    )
 
 
-def with_rows_kept(previous: Path, summary: pd.DataFrame, paired: pd.DataFrame, missing: list[Pending],
-                   names: list[str], presets: list[str], protocols: list[str]):  # fmt: skip
+def with_rows_kept(
+    previous: Path,
+    summary: pd.DataFrame,
+    paired: pd.DataFrame,
+    missing: list[Pending],
+    names: list[str],
+    presets: list[str],
+    protocols: list[str],
+):
     """``summary``, ``paired`` and ``missing`` with the rows of the previous table at ``previous`` (its ``.csv`` and
     ``-paired.csv``) that this call could not make again; and a line naming each kept row."""
     measured = summary[summary["runs"].notna()]
-    before = kept_from_before(previous.with_name(f"{previous.name}.csv"), measured, ["method", "protocol"], names,
-                              protocols)  # fmt: skip
-    kept = [f"{row.method} {row.protocol} ({int(row.runs)} of the protocol's {protocol_runs(row.protocol)} runs)"
-            for row in before.itertuples()]  # fmt: skip
+    before = kept_from_before(
+        previous.with_name(f"{previous.name}.csv"), measured, ["method", "protocol"], names, protocols
+    )
+    kept = [
+        f"{row.method} {row.protocol} ({int(row.runs)} of the protocol's {protocol_runs(row.protocol)} runs)"
+        for row in before.itertuples()
+    ]
     carried = set(zip(before["method"], before["protocol"]))
     # they ran; only their record is gone
     missing = [unit for unit in missing if (unit.preset, unit.protocol) not in carried]
-    summary = pd.concat([in_protocol_order(pd.concat([measured, before]), "method", names, protocols),
-                         summary[summary["runs"].isna()]], ignore_index=True).astype({"runs": "Int64"})  # fmt: skip
-    paired_before = kept_from_before(previous.with_name(f"{previous.name}-paired.csv"), paired,
-                                     ["preset", "protocol", "metric"], presets, protocols)  # fmt: skip
+    summary = pd.concat(
+        [in_protocol_order(pd.concat([measured, before]), "method", names, protocols), summary[summary["runs"].isna()]],
+        ignore_index=True,
+    ).astype({"runs": "Int64"})
+    paired_before = kept_from_before(
+        previous.with_name(f"{previous.name}-paired.csv"), paired, ["preset", "protocol", "metric"], presets, protocols
+    )
     if len(paired_before):
         paired = in_protocol_order(pd.concat([paired, paired_before]), "preset", presets, protocols)
     return summary, paired, missing, kept
@@ -499,8 +635,10 @@ def what_the_model_sees(dataset: str, data_root: Path, protocols: list[str]) -> 
     manifest = read_manifest(folder)
     if "cohort_rule" not in manifest:
         return []
-    lines = [f"`{dataset}` (protocols {', '.join(protocols)}): {manifest['cohort_rule']}. Label: "
-             f"{manifest['label']}.", ""]  # fmt: skip
+    lines = [
+        f"`{dataset}` (protocols {', '.join(protocols)}): {manifest['cohort_rule']}. Label: {manifest['label']}.",
+        "",
+    ]
     labels = pq.read_table(folder / LABELS).to_pandas().set_index("stay_id")
     if "first_septic_hour" not in labels:
         return lines
@@ -510,8 +648,10 @@ def what_the_model_sees(dataset: str, data_root: Path, protocols: list[str]) -> 
         test = np.concatenate([split.test for split in load_splits(folder, tensors, protocol_name, dataset)])
         positives = labels.loc[test].query("label == 1")
         seen = int((last_input[positives.index] >= positives["first_septic_hour"]).sum())
-        lines.append(f"- `{protocol_name}`: {seen:,} of {len(positives):,} test positives (over its splits) show the "
-                     f"model a value recorded at or after their first SepsisLabel 1.")  # fmt: skip
+        lines.append(
+            f"- `{protocol_name}`: {seen:,} of {len(positives):,} test positives (over its splits) show the "
+            f"model a value recorded at or after their first SepsisLabel 1."
+        )
     return [*lines, ""]
 
 
@@ -521,16 +661,22 @@ def length_alone(summary: pd.DataFrame) -> list[str]:
     rows = summary[summary["method"] == "input_hours"]
     if rows.empty:
         return []
-    return ["`input_hours` is a logistic regression on the number of hours of input alone. Where a protocol's window "
-            "ends at a time that depends on the label (in P19's Raindrop cohort, which every P19 protocol but "
-            "`garlic-reference` splits, a septic stay is cut before its onset and a negative one kept whole, up to 60 "
-            "hours), that number tells part of the label: every AUROC and AUPRC on the protocol, ours and the "
-            "published ones on the same windows, holds what it gives away, so read each against this row, not "
-            "against 0.5. Where every stay has the same window (48 hours on P12 and on `garlic-reference`), it "
-            "scores near 0.5; what is left comes from stays that end inside the window.", "",
-            *[f"- `{row.protocol}`: AUROC {row.auroc_mean:.3f} ± {row.auroc_std:.3f}, AUPRC {row.auprc_mean:.3f} ± "
-              f"{row.auprc_std:.3f} ({row.runs} run{'s' if row.runs > 1 else ''})" for row in rows.itertuples()],
-            ""]  # fmt: skip
+    return [
+        "`input_hours` is a logistic regression on the number of hours of input alone. Where a protocol's window "
+        "ends at a time that depends on the label (in P19's Raindrop cohort, which every P19 protocol but "
+        "`garlic-reference` splits, a septic stay is cut before its onset and a negative one kept whole, up to 60 "
+        "hours), that number tells part of the label: every AUROC and AUPRC on the protocol, ours and the "
+        "published ones on the same windows, holds what it gives away, so read each against this row, not "
+        "against 0.5. Where every stay has the same window (48 hours on P12 and on `garlic-reference`), it "
+        "scores near 0.5; what is left comes from stays that end inside the window.",
+        "",
+        *[
+            f"- `{row.protocol}`: AUROC {row.auroc_mean:.3f} ± {row.auroc_std:.3f}, AUPRC {row.auprc_mean:.3f} ± "
+            f"{row.auprc_std:.3f} ({row.runs} run{'s' if row.runs > 1 else ''})"
+            for row in rows.itertuples()
+        ],
+        "",
+    ]
 
 
 def method_settings(methods: list[str], datasets: list[str], overrides: list[str]) -> list[str]:
@@ -542,8 +688,12 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
         spec = registry.method(name)
         if registry.WHOLE_CONFIG in spec.from_run.values():
             continue
-        given = {dataset: spec.arguments(registry.MethodContext(Config.for_dataset(dataset).override(overrides),
-                                                                pd.DataFrame())) for dataset in datasets}  # fmt: skip
+        given = {
+            dataset: spec.arguments(
+                registry.MethodContext(Config.for_dataset(dataset).override(overrides), pd.DataFrame())
+            )
+            for dataset in datasets
+        }
         agree = len({str(arguments) for arguments in given.values()}) == 1
         for dataset, arguments in list(given.items())[:1] if agree else given.items():
             where = "" if agree else f" on `{dataset}`"
@@ -567,8 +717,9 @@ def under_way(carried: Path, digests: set[str]) -> list[str]:
         history = progress.get("history") if isinstance(progress.get("history"), list) else []
         seconds = [r["seconds"] for r in history[-5:] if isinstance(r, dict) and isinstance(r.get("seconds"), float)]
         pace = f", {np.median(seconds) / 60:.1f} minutes an epoch lately" if seconds else ""
-        lines.append(f"`{path.stem}`: {progress.get('epoch')} epochs done, the best at epoch "
-                     f"{progress.get('best_epoch')}{pace}")  # fmt: skip
+        lines.append(
+            f"`{path.stem}`: {progress.get('epoch')} epochs done, the best at epoch {progress.get('best_epoch')}{pace}"
+        )
     return lines
 
 
@@ -584,69 +735,124 @@ def data_digests(datasets: list[str], data_root: Path) -> set[str]:
     return digests
 
 
-def report(summary: pd.DataFrame, paired: pd.DataFrame, drops: pd.DataFrame, missing: list[str], kept: list[str],
-           command: str, dataset: str, seen: list[str], unnamed: dict[str, list[str]],
-           settings: list[str] = (), carried: tuple[Path, list[str]] | None = None) -> str:  # fmt: skip
-    lines = [f"# {dataset}: every method on every protocol", "", "Made by:", "", "```bash", command, "```", "",
-             "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
-             "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
-             "training part for every protocol (the GARLIC reference code fits it on all stays). Rows marked "
-             "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
-             "protocol names (its splits times its seeds) is partial; what it lacks is listed at the end, and its "
-             "paired differences cover only the runs it has.", "",
-             studies.markdown(formatted(summary)), ""]  # fmt: skip
+def report(
+    summary: pd.DataFrame,
+    paired: pd.DataFrame,
+    drops: pd.DataFrame,
+    missing: list[str],
+    kept: list[str],
+    command: str,
+    dataset: str,
+    seen: list[str],
+    unnamed: dict[str, list[str]],
+    settings: list[str] = (),
+    carried: tuple[Path, list[str]] | None = None,
+) -> str:
+    lines = [
+        f"# {dataset}: every method on every protocol",
+        "",
+        "Made by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        "Test metrics, mean ± std over the protocol's runs (garlic-reference: one split, five model seeds for "
+        "GARLIC; the baselines are deterministic, so one run). Normalisation is fitted on each split's "
+        "training part for every protocol (the GARLIC reference code fits it on all stays). Rows marked "
+        "`published` are numbers reported elsewhere, not measured here. A GARLIC row with fewer runs than its "
+        "protocol names (its splits times its seeds) is partial; what it lacks is listed at the end, and its "
+        "paired differences cover only the runs it has.",
+        "",
+        studies.markdown(formatted(summary)),
+        "",
+    ]
     if seen:
         lines += ["## What the model sees", "", *seen]
     if alone := length_alone(summary):
         lines += ["## The input's length alone", "", *alone]
     if settings:
-        lines += ["## The methods' settings", "",
-                  "Each method's arguments for these rows: its defaults, over them what the dataset's configuration "
-                  "gives. A network trains for at most `max_epochs`, stops after `patience` (`early_stopping`) "
-                  "epochs without improving on the validation stays, and keeps its best epoch. GARLIC's settings are "
-                  "its preset's, `garlic/configs/<preset>.json`.",
-                  "", *settings, ""]  # fmt: skip
+        lines += [
+            "## The methods' settings",
+            "",
+            "Each method's arguments for these rows: its defaults, over them what the dataset's configuration "
+            "gives. A network trains for at most `max_epochs`, stops after `patience` (`early_stopping`) "
+            "epochs without improving on the validation stays, and keeps its best epoch. GARLIC's settings are "
+            "its preset's, `garlic/configs/<preset>.json`.",
+            "",
+            *settings,
+            "",
+        ]
     if len(paired):
         shown = paired.copy()
         for column in ("difference", "ci_low", "ci_high"):
             shown[column] = shown[column].map(lambda v: f"{v:+.4f}")
-        lines += ["## Paired differences against the best simple baseline", "",
-                  f"Mean over the protocol's runs of (preset - baseline) on the same test stays, with a 95% interval "
-                  f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie. The "
-                  f"baseline is the protocol's best simple baseline in that metric, or a preset named with "
-                  f"`--against` (then paired run by run: the same split and model seed); that preset is also paired "
-                  f"with each network baseline of the table (GRU-D, decay-GRU, PyPOTS's models).", "",
-                  studies.markdown(shown), ""]  # fmt: skip
+        lines += [
+            "## Paired differences against the best simple baseline",
+            "",
+            f"Mean over the protocol's runs of (preset - baseline) on the same test stays, with a 95% interval "
+            f"from {BOOTSTRAP} bootstrap resamples of the test stays; an interval holding 0 is a tie. The "
+            f"baseline is the protocol's best simple baseline in that metric, or a preset named with "
+            f"`--against` (then paired run by run: the same split and model seed); that preset is also paired "
+            f"with each network baseline of the table (GRU-D, decay-GRU, PyPOTS's models).",
+            "",
+            studies.markdown(shown),
+            "",
+        ]
     if len(drops):
         shown = drops.copy()
         for column in ("in_hospital", "cross_hospital", "drop"):
             shown[column] = shown[column].map(lambda v: f"{v:+.4f}" if column == "drop" else f"{v:.4f}")
-        lines += ["## From its own hospital to the other", "",
-                  "Each method trained and selected on one hospital system, tested on the held-out tenth of that "
-                  "system (`in-hospital`) and on every stay of the other (`cross-hospital`): the same model, "
-                  "so the drop is what moving to another hospital costs it.", "",
-                  studies.markdown(shown), ""]  # fmt: skip
+        lines += [
+            "## From its own hospital to the other",
+            "",
+            "Each method trained and selected on one hospital system, tested on the held-out tenth of that "
+            "system (`in-hospital`) and on every stay of the other (`cross-hospital`): the same model, "
+            "so the drop is what moving to another hospital costs it.",
+            "",
+            studies.markdown(shown),
+            "",
+        ]
     if unnamed:
-        lines += ["## Read from the run archive, not named by the command", "",
-                  "The command above does not name these methods on these protocols: their rows are made from the "
-                  "units the run archive keeps of them, so that a command naming fewer extends the table rather than "
-                  "cutting it.", "", *[f"- {name}: {', '.join(methods)}" for name, methods in unnamed.items()], ""]
+        lines += [
+            "## Read from the run archive, not named by the command",
+            "",
+            "The command above does not name these methods on these protocols: their rows are made from the "
+            "units the run archive keeps of them, so that a command naming fewer extends the table rather than "
+            "cutting it.",
+            "",
+            *[f"- {name}: {', '.join(methods)}" for name, methods in unnamed.items()],
+            "",
+        ]
     if kept:
-        lines += ["## Kept from the previous table", "",
-                  "These rows' runs are in none of the stores above and not in the run archive (they were measured "
-                  "before it existed, and their stores are gone), so they are the previous table's numbers, not "
-                  "made again here:", "", *[f"- {k}" for k in kept], ""]  # fmt: skip
+        lines += [
+            "## Kept from the previous table",
+            "",
+            "These rows' runs are in none of the stores above and not in the run archive (they were measured "
+            "before it existed, and their stores are gone), so they are the previous table's numbers, not "
+            "made again here:",
+            "",
+            *[f"- {k}" for k in kept],
+            "",
+        ]
     if missing:
         lines += ["## Not yet run", "", *[f"- {m}" for m in missing], ""]
     if carried is not None and carried[1]:
-        lines += ["## Under way", "", f"Units whose training states are carried in `{carried[0]}` (`--carry`), to go "
-                  "on from where they stopped (method, protocol, split, seed, settings and data digests):", "",
-                  *[f"- {line}" for line in carried[1]], ""]  # fmt: skip
+        lines += [
+            "## Under way",
+            "",
+            f"Units whose training states are carried in `{carried[0]}` (`--carry`), to go "
+            "on from where they stopped (method, protocol, split, seed, settings and data digests):",
+            "",
+            *[f"- {line}" for line in carried[1]],
+            "",
+        ]
     return "\n".join(lines)
 
 
-def applicable_protocols(parser: argparse.ArgumentParser, dataset: str, data_root: Path,
-                         asked: list[str] | None) -> list[str]:  # fmt: skip
+def applicable_protocols(
+    parser: argparse.ArgumentParser, dataset: str, data_root: Path, asked: list[str] | None
+) -> list[str]:
     """The protocols asked for, each checked to apply to the dataset it runs on (``protocol_dataset``: a published
     one names stays the dataset must hold) before anything is trained; without ``--protocols``, every protocol that
     applies."""
@@ -683,35 +889,67 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def compare_command(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dataset", type=lambda text: text if text in TABLE_COHORTS else dataset_name(text),
-                        default="physionet2012",
-                        help="a dataset, or a source (physionet2019) whose protocols each run on their own cohort")
-    parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS),
-                        help="default: every protocol that applies to the dataset")
-    parser.add_argument("--methods", nargs="*", choices=[m for m in registry.METHODS if m != "garlic"],
-                        default=list(BASELINES), help="methods of the registry (garlic.methods.registry); GARLIC: --presets")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dataset",
+        type=lambda text: text if text in TABLE_COHORTS else dataset_name(text),
+        default="physionet2012",
+        help="a dataset, or a source (physionet2019) whose protocols each run on their own cohort",
+    )
+    parser.add_argument(
+        "--protocols", nargs="+", choices=list(PROTOCOLS), help="default: every protocol that applies to the dataset"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="*",
+        choices=[m for m in registry.METHODS if m != "garlic"],
+        default=list(BASELINES),
+        help="methods of the registry (garlic.methods.registry); GARLIC: --presets",
+    )
     parser.add_argument("--presets", nargs="*", default=None, help="GARLIC presets (default: the dataset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    parser.add_argument("--seeds", type=studies.count, nargs="+", metavar="K",
-                        help="model seeds of every GARLIC preset on every protocol, in place of the protocol's "
-                             "(five on garlic-reference, the preset's one elsewhere): the runs of a seed ensemble")
-    parser.add_argument("--splits", type=studies.count, nargs="+", metavar="K",
-                        help="train only these splits of each protocol; the others are gathered where a store or "
-                             "the run archive holds them, else listed as missing (one split to screen on, or the "
-                             "splits that one core trains beside another call's)")
+    parser.add_argument(
+        "--seeds",
+        type=studies.count,
+        nargs="+",
+        metavar="K",
+        help="model seeds of every GARLIC preset on every protocol, in place of the protocol's "
+        "(five on garlic-reference, the preset's one elsewhere): the runs of a seed ensemble",
+    )
+    parser.add_argument(
+        "--splits",
+        type=studies.count,
+        nargs="+",
+        metavar="K",
+        help="train only these splits of each protocol; the others are gathered where a store or "
+        "the run archive holds them, else listed as missing (one split to screen on, or the "
+        "splits that one core trains beside another call's)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--data-root", type=studies.folder, default=DEFAULT_DATA_ROOT)
-    parser.add_argument("--mlruns", type=studies.folder, nargs="+", default=[DEFAULT_STORE],
-                        help="stores to gather finished runs from; new runs go into the first")  # fmt: skip
+    parser.add_argument(
+        "--mlruns",
+        type=studies.folder,
+        nargs="+",
+        default=[DEFAULT_STORE],
+        help="stores to gather finished runs from; new runs go into the first",
+    )
     parser.add_argument("--no-train", action="store_true", help="only gather finished runs; list what is missing")
     studies.add_carry_argument(parser)
     add_worker_arguments(parser, "the missing GARLIC units")
-    parser.add_argument("--against", metavar="PRESET", help="also pair every other preset with this one (one of "
-                                                             "--presets), on the same splits and model seeds")
-    parser.add_argument("--out", type=studies.folder, help="folder for <dataset>.md, .csv, -paired.csv and the run "
-                                                            "archive <dataset>-runs/ of each dataset (e.g. docs/results)")
+    parser.add_argument(
+        "--against",
+        metavar="PRESET",
+        help="also pair every other preset with this one (one of --presets), on the same splits and model seeds",
+    )
+    parser.add_argument(
+        "--out",
+        type=studies.folder,
+        help="folder for <dataset>.md, .csv, -paired.csv and the run "
+        "archive <dataset>-runs/ of each dataset (e.g. docs/results)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -725,35 +963,71 @@ def compare_command(argv: list[str] | None) -> None:
     args.protocols = applicable_protocols(parser, args.dataset, args.data_root, args.protocols)
     for name in args.protocols if args.splits else []:
         if unknown := sorted(set(args.splits) - set(protocol(name).splits)):
-            parser.error(f"--splits {' '.join(map(str, unknown))}: protocol {name} has splits "
-                         f"{', '.join(map(str, protocol(name).splits))}")
+            parser.error(
+                f"--splits {' '.join(map(str, unknown))}: protocol {name} has splits "
+                f"{', '.join(map(str, protocol(name).splits))}"
+            )
     datasets = {name: protocol_dataset(args.dataset, name) for name in args.protocols}  # protocol -> its dataset
     try:
-        configs = {dataset: {name: preset_config(name, dataset, overrides) for name in presets}
-                   for dataset in dict.fromkeys(datasets.values())}  # fmt: skip
+        configs = {
+            dataset: {name: preset_config(name, dataset, overrides) for name in presets}
+            for dataset in dict.fromkeys(datasets.values())
+        }
     except ValueError as refused:  # an unknown preset, one of another dataset, a bad --set
         parser.error(str(refused))
     in_workers = args.workers > 1 and not args.no_train
     archives = {} if args.out is None else {d: open_archive(args.out, d, args.data_root) for d in configs}
     if in_workers:  # the units that neither a store nor the run archive holds
-        pending = [unit for protocol_name in args.protocols
-                   for name, config in configs[datasets[protocol_name]].items()
-                   for unit in garlic_units(name, config, protocol_name, args.mlruns, args.data_root, False,
-                                            archives.get(datasets[protocol_name]), args.seeds)[1]
-                   if args.splits is None or unit.split in args.splits]
-        train_in_workers(pending, args.workers, args.mlruns[0], args.data_root, overrides, args.deadline, args.carry,
-                         archives)  # fmt: skip
+        pending = [
+            unit
+            for protocol_name in args.protocols
+            for name, config in configs[datasets[protocol_name]].items()
+            for unit in garlic_units(
+                name,
+                config,
+                protocol_name,
+                args.mlruns,
+                args.data_root,
+                False,
+                archives.get(datasets[protocol_name]),
+                args.seeds,
+            )[1]
+            if args.splits is None or unit.split in args.splits
+        ]
+        train_in_workers(
+            pending, args.workers, args.mlruns[0], args.data_root, overrides, args.deadline, args.carry, archives
+        )
     units, missing = [], []
     for protocol_name in args.protocols:
         dataset, archive = datasets[protocol_name], archives.get(datasets[protocol_name])
-        found, lacking = baseline_units(args.methods, dataset, protocol_name, args.mlruns, args.data_root,
-                                        overrides, archive, not args.no_train, args.carry, args.splits)  # fmt: skip
+        found, lacking = baseline_units(
+            args.methods,
+            dataset,
+            protocol_name,
+            args.mlruns,
+            args.data_root,
+            overrides,
+            archive,
+            not args.no_train,
+            args.carry,
+            args.splits,
+        )
         units += found
         missing += lacking
         for name, config in configs[dataset].items():
             train = not (args.no_train or in_workers)
-            found, lacking = garlic_units(name, config, protocol_name, args.mlruns, args.data_root, train, archive,
-                                          args.seeds, args.carry, args.splits)
+            found, lacking = garlic_units(
+                name,
+                config,
+                protocol_name,
+                args.mlruns,
+                args.data_root,
+                train,
+                archive,
+                args.seeds,
+                args.carry,
+                args.splits,
+            )
             units += found
             missing += lacking
     shown = Extent(args.methods, presets, args.protocols, [args.against] if args.against else [], [])
@@ -766,30 +1040,47 @@ def compare_command(argv: list[str] | None) -> None:
     paired = comparisons(units + unnamed, presets, protocols, shown.against)
     kept = []
     if args.out is not None:  # every unit is in its archive already: read from it, or kept as it was gathered
-        summary, paired, missing, kept = with_rows_kept(args.out / args.dataset, summary, paired, missing,
-                                                        [*methods, *presets], presets, protocols)  # fmt: skip
+        summary, paired, missing, kept = with_rows_kept(
+            args.out / args.dataset, summary, paired, missing, [*methods, *presets], presets, protocols
+        )
     command = "python -m experiments.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     drops = hospital_drops(units + unnamed)
     readable = set(configs) | set(archives)  # the datasets on this machine
     cohorts = list(dict.fromkeys(datasets[name] for name in protocols))
-    seen = [line for dataset in cohorts if dataset in readable
-            for line in what_the_model_sees(dataset, args.data_root,
-                                            [name for name in protocols if datasets[name] == dataset])]  # fmt: skip
-    by_protocol = {name: list(dict.fromkeys(unit.method for unit in unnamed if unit.protocol == name))
-                   for name in protocols}  # fmt: skip
-    text = report(summary, paired, drops, missing, kept, command, args.dataset, seen,
-                  {name: found for name, found in by_protocol.items() if found},
-                  method_settings([m for m in methods if m in set(summary["method"])], cohorts, overrides),
-                  None if args.carry is None
-                  else (args.carry, under_way(args.carry, data_digests(cohorts, args.data_root))))  # fmt: skip
+    seen = [
+        line
+        for dataset in cohorts
+        if dataset in readable
+        for line in what_the_model_sees(
+            dataset, args.data_root, [name for name in protocols if datasets[name] == dataset]
+        )
+    ]
+    by_protocol = {
+        name: list(dict.fromkeys(unit.method for unit in unnamed if unit.protocol == name)) for name in protocols
+    }
+    text = report(
+        summary,
+        paired,
+        drops,
+        missing,
+        kept,
+        command,
+        args.dataset,
+        seen,
+        {name: found for name, found in by_protocol.items() if found},
+        method_settings([m for m in methods if m in set(summary["method"])], cohorts, overrides),
+        None if args.carry is None else (args.carry, under_way(args.carry, data_digests(cohorts, args.data_root))),
+    )
     experiment_id = studies.open_experiment(f"compare-{args.dataset}", args.mlruns[0])
     tables = {args.dataset: summary, f"{args.dataset}-paired": paired, f"{args.dataset}-hospitals": drops}
     studies.log_summary(experiment_id, "comparison", tables, {}, {"study": "compare", "dataset": args.dataset})
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        for name, write in [(".md", lambda out: out.write(text)),
-                            (".csv", lambda out: summary.to_csv(out, index=False, float_format="%.4f")),
-                            ("-paired.csv", lambda out: paired.to_csv(out, index=False, float_format="%.4f"))]:
+        for name, write in [
+            (".md", lambda out: out.write(text)),
+            (".csv", lambda out: summary.to_csv(out, index=False, float_format="%.4f")),
+            ("-paired.csv", lambda out: paired.to_csv(out, index=False, float_format="%.4f")),
+        ]:
             with atomic_file(args.out / f"{args.dataset}{name}", "w") as out:
                 write(out)
     print(text)

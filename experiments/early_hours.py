@@ -23,6 +23,7 @@ With ``--out``, each unit's test risks at ``HOURS`` are kept in ``OUT/physionet2
 interval over test stays, ``garlic.evaluation.stats.paired_difference``). ``--no-train`` only gathers what the
 store and the archive hold.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,21 +69,30 @@ def row_name(method: str, preset: str | None) -> str:
     return method if preset is None else f"{method} ({preset})"
 
 
-def train_and_keep(preset: str, overrides: list[str], splits: list[int], store: Path, data_root: Path,
-                   out: Path | None, train: bool) -> pd.DataFrame:  # fmt: skip
+def train_and_keep(
+    preset: str, overrides: list[str], splits: list[int], store: Path, data_root: Path, out: Path | None, train: bool
+) -> pd.DataFrame:
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its test risks at ``HOURS``."""
     digest = run_contract.manifest_digest(read_manifest(processed_folder(DATASET, data_root)))
     experiment = studies.open_experiment(f"early-hours-{DATASET}", store)
     cohort = studies.load_cohort(DATASET, data_root, PROTOCOL, splits)
-    plans = [(studies.preset_config(preset, DATASET, overrides), GARLIC_METHODS, preset),
-             (Config.for_dataset(DATASET), BASELINES, None)]  # fmt: skip
+    plans = [
+        (studies.preset_config(preset, DATASET, overrides), GARLIC_METHODS, preset),
+        (Config.for_dataset(DATASET), BASELINES, None),
+    ]
     rows = []
     for config, methods, named_preset in plans:
         runner = studies.Baselines(config.override({"split_protocol": PROTOCOL}), cohort, experiment, data_root, store)
         for record in runner.run(list(methods), train).to_dict("records"):
-            row = {"method": row_name(record["method"], named_preset), "split": record["split"],
-                   "run_id": record["run_id"], "settings": queries.settings_digest(runner.settings(record["method"])),
-                   "data_digest": digest, "auroc": record["test_auroc"], "auprc": record["test_auprc"]}  # fmt: skip
+            row = {
+                "method": row_name(record["method"], named_preset),
+                "split": record["split"],
+                "run_id": record["run_id"],
+                "settings": queries.settings_digest(runner.settings(record["method"])),
+                "data_digest": digest,
+                "auroc": record["test_auroc"],
+                "auprc": record["test_auprc"],
+            }
             rows.append(row)
             if out is not None:
                 predictions = queries.test_predictions(store, row["run_id"])
@@ -90,7 +100,8 @@ def train_and_keep(preset: str, overrides: list[str], splits: list[int], store: 
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(path, suffix=".csv.gz") as handle:
                     predictions.loc[predictions["time"].isin(HOURS), RISK_COLUMNS].to_csv(
-                        handle, index=False, compression="gzip", float_format="%.6g")  # fmt: skip
+                        handle, index=False, compression="gzip", float_format="%.6g"
+                    )
             log.info("%s split_%d: kept", row["method"], row["split"])
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
@@ -101,8 +112,9 @@ def read_risks(out: Path, runs: pd.DataFrame) -> dict[tuple[str, int], pd.DataFr
     for run in runs.itertuples():
         path = risks_path(out, run.method, int(run.split))
         if not path.is_file():
-            raise FileNotFoundError(f"{archive_folder(out) / 'runs.csv'} lists {run.method} split_{run.split}, but "
-                                    f"{path} is missing")  # fmt: skip
+            raise FileNotFoundError(
+                f"{archive_folder(out) / 'runs.csv'} lists {run.method} split_{run.split}, but {path} is missing"
+            )
         frame = pd.read_csv(path)
         if list(frame.columns) != RISK_COLUMNS:
             raise ValueError(f"{path}: columns {list(frame.columns)}, expected {RISK_COLUMNS}")
@@ -120,11 +132,21 @@ def table(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
             at_hour = [frame[frame["time"] == hour] for frame in frames]
             scores = [binary_metrics(at["label"].to_numpy(), at["risk"].to_numpy()) for at in at_hour]
             stays = [len(at) for at in at_hour]
-            records.append({"method": row, "hour": hour, "runs": len(group), "stays": int(np.mean(stays)),
-                            "deaths": float(np.mean([at["label"].mean() for at in at_hour])),
-                            "mean_risk": float(np.mean([at["risk"].mean() for at in at_hour])),
-                            **{f"{m}_{stat}": getattr(np, stat)([s[m] for s in scores]) for m in ("auroc", "auprc")
-                               for stat in ("mean", "std")}})  # fmt: skip
+            records.append(
+                {
+                    "method": row,
+                    "hour": hour,
+                    "runs": len(group),
+                    "stays": int(np.mean(stays)),
+                    "deaths": float(np.mean([at["label"].mean() for at in at_hour])),
+                    "mean_risk": float(np.mean([at["risk"].mean() for at in at_hour])),
+                    **{
+                        f"{m}_{stat}": getattr(np, stat)([s[m] for s in scores])
+                        for m in ("auroc", "auprc")
+                        for stat in ("mean", "std")
+                    },
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -145,8 +167,15 @@ def pairs(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
         for hour in HOURS:
             ours = [as_unit(row, s, units[(row, s)], hour) for s in shared]
             theirs = [as_unit(against, s, units[(against, s)], hour) for s in shared]
-            records.append({"method": row, "against": against, "hour": hour, "runs": len(shared),
-                            **paired_difference(ours, theirs, "auroc")})  # fmt: skip
+            records.append(
+                {
+                    "method": row,
+                    "against": against,
+                    "hour": hour,
+                    "runs": len(shared),
+                    **paired_difference(ours, theirs, "auroc"),
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -168,15 +197,25 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in summary.itertuples():
-        lines.append(f"| {r.method} | {r.hour} | {r.runs} | {r.stays} | {r.deaths:.3f} | {r.mean_risk:.3f} | "
-                     f"{r.auroc_mean:.3f} ± {r.auroc_std:.3f} | "
-                     f"{r.auprc_mean:.3f} ± {r.auprc_std:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r.method} | {r.hour} | {r.runs} | {r.stays} | {r.deaths:.3f} | {r.mean_risk:.3f} | "
+            f"{r.auroc_mean:.3f} ± {r.auroc_std:.3f} | "
+            f"{r.auprc_mean:.3f} ± {r.auprc_std:.3f} |"
+        )
     if len(paired):
-        lines += ["", "## Paired, in AUROC against the whole-stays GARLIC (95% bootstrap interval over test stays; an "
-                  "interval holding 0 is a tie)", "", "| method | hour | runs | difference | 95% interval | verdict |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {p.method} | {p.hour} | {p.runs} | {p.difference:+.4f} | [{p.ci_low:+.4f}, {p.ci_high:+.4f}] | "
-                  f"{p.verdict} |" for p in paired.itertuples()]  # fmt: skip
+        lines += [
+            "",
+            "## Paired, in AUROC against the whole-stays GARLIC (95% bootstrap interval over test stays; an "
+            "interval holding 0 is a tie)",
+            "",
+            "| method | hour | runs | difference | 95% interval | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.method} | {p.hour} | {p.runs} | {p.difference:+.4f} | [{p.ci_low:+.4f}, {p.ci_high:+.4f}] | "
+            f"{p.verdict} |"
+            for p in paired.itertuples()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -208,13 +247,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
     parser.add_argument("--splits", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="five-split splits")
     parser.add_argument("--preset", default=PRESET, help="GARLIC's preset (garlic/configs/)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting of the preset changed (repeatable; the runs are then other units)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the preset changed (repeatable; the runs are then other units)",
+    )
     parser.add_argument("--no-train", action="store_true", help="gather finished runs only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    runs = train_and_keep(args.preset, args.overrides, args.splits, args.mlruns, args.data_root, args.out,
-                          not args.no_train)  # fmt: skip
+    runs = train_and_keep(
+        args.preset, args.overrides, args.splits, args.mlruns, args.data_root, args.out, not args.no_train
+    )
     if args.out is not None:
         write_tables(args.out, runs)
     else:

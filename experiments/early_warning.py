@@ -23,6 +23,7 @@ stays; an interval holding 0 is a tie).
 
 ``--no-train`` only gathers what the stores and the archive hold.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,19 @@ FLOOR = "alarm_after_hour"
 PROTOCOLS = ("five-split", "cross-hospital", "in-hospital")
 TABLE = "early-warning"
 POLICY_COLUMNS = ["alert_threshold", "alert_band", "alert_quiet_hours", "alert_margin"]
-RUN_COLUMNS = ["method", "protocol", "split", "run_id", "settings", "data_digest", "threshold", "validation_utility",
-               "auroc", "auprc", *POLICY_COLUMNS]  # fmt: skip
+RUN_COLUMNS = [
+    "method",
+    "protocol",
+    "split",
+    "run_id",
+    "settings",
+    "data_digest",
+    "threshold",
+    "validation_utility",
+    "auroc",
+    "auprc",
+    *POLICY_COLUMNS,
+]
 SITE_POLICIES = ("carried", "site-burden", "site-labelled")  # a new hospital's threshold: see ``site_thresholds``
 SITE_COLUMNS = ["method", "split", "policy", "alert_threshold", "alerts_per_100_days_asked", "refused"]
 ALERT_SCORES = ("utility", "sensitivity", "ppv", "alerts_per_100_days")  # paired between methods
@@ -96,8 +108,15 @@ def validation_utility(store: Path, run_id: str) -> float:
     return choose_threshold(predictions["label"].to_numpy(), predictions["risk"].to_numpy(), lengths).normalised_utility
 
 
-def train_and_keep(methods: list[str], presets: list[str], protocols: list[str], store: Path, data_root: Path,
-                   out: Path | None, train: bool) -> pd.DataFrame:  # fmt: skip
+def train_and_keep(
+    methods: list[str],
+    presets: list[str],
+    protocols: list[str],
+    store: Path,
+    data_root: Path,
+    out: Path | None,
+    train: bool,
+) -> pd.DataFrame:
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its stays' parts kept there."""
     digest = run_contract.manifest_digest(read_manifest(processed_folder(DATASET, data_root)))
     experiment = studies.open_experiment(f"baselines-{DATASET}", store)
@@ -105,20 +124,31 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
     for protocol_name in protocols:
         cohort = studies.load_cohort(DATASET, data_root, protocol_name, None)
         configs = {None: Config.for_dataset(DATASET)} | {
-            preset: studies.preset_config(preset, DATASET, []) for preset in presets}
+            preset: studies.preset_config(preset, DATASET, []) for preset in presets
+        }
         records = []
         for preset, config in configs.items():
-            runner = studies.Baselines(config.override({"split_protocol": protocol_name}), cohort, experiment,
-                                       data_root, store)  # fmt: skip
+            runner = studies.Baselines(
+                config.override({"split_protocol": protocol_name}), cohort, experiment, data_root, store
+            )
             chosen = methods if preset is None else ["garlic"]
-            records += [(preset or record["method"], runner.settings(record["method"]), record)
-                        for record in runner.run(chosen, train).to_dict("records")]  # fmt: skip
+            records += [
+                (preset or record["method"], runner.settings(record["method"]), record)
+                for record in runner.run(chosen, train).to_dict("records")
+            ]
         for name, settings, record in records:
-            row = {"method": name, "protocol": protocol_name, "split": record["split"],
-                   "run_id": record["run_id"], "settings": queries.settings_digest(settings),
-                   "data_digest": digest, "threshold": record["threshold"],
-                   "validation_utility": validation_utility(store, record["run_id"]), "auroc": record["test_auroc"],
-                   "auprc": record["test_auprc"]}  # fmt: skip
+            row = {
+                "method": name,
+                "protocol": protocol_name,
+                "split": record["split"],
+                "run_id": record["run_id"],
+                "settings": queries.settings_digest(settings),
+                "data_digest": digest,
+                "threshold": record["threshold"],
+                "validation_utility": validation_utility(store, record["run_id"]),
+                "auroc": record["test_auroc"],
+                "auprc": record["test_auprc"],
+            }
             validation = queries.test_predictions(store, record["run_id"], "validation")
             policy = alerting.choose(validation).policy
             row |= dict(zip(POLICY_COLUMNS, policy.settings().values()))
@@ -126,7 +156,9 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
             if out is not None:
                 name, split = row["method"], row["split"]
                 test = queries.test_predictions(store, row["run_id"])
-                write_frame(parts_path(out, name, protocol_name, split), unit_parts(store, row["run_id"], row["threshold"]))
+                write_frame(
+                    parts_path(out, name, protocol_name, split), unit_parts(store, row["run_id"], row["threshold"])
+                )
                 write_frame(parts_path(out, name, protocol_name, split, "alerts"), alerting.stay_alerts(policy, test))
                 write_frame(parts_path(out, name, protocol_name, split, "curve"), alerting.burden_curve(policy, test))
                 if protocol_name == "cross-hospital":
@@ -137,8 +169,9 @@ def train_and_keep(methods: list[str], presets: list[str], protocols: list[str],
     return pd.DataFrame(rows, columns=RUN_COLUMNS), pd.DataFrame(sites, columns=SITE_COLUMNS)
 
 
-def site_thresholds(out: Path, method: str, split: int, policy: AlertPolicy, validation: pd.DataFrame,
-                    test: pd.DataFrame, target: Split) -> list[dict]:  # fmt: skip
+def site_thresholds(
+    out: Path, method: str, split: int, policy: AlertPolicy, validation: pd.DataFrame, test: pd.DataFrame, target: Split
+) -> list[dict]:
     """A cross-hospital unit's policy for the hospital it is tested on, three ways, each scored on the same stays
     of that hospital, its held-out tenth (``target``: ``in-hospital`` split ``1 - split``, whose test part that
     is), and kept per stay:
@@ -152,14 +185,23 @@ def site_thresholds(out: Path, method: str, split: int, policy: AlertPolicy, val
 
     settings = {"band": policy.band, "quiet_hours": policy.quiet_hours, "margin": policy.margin}
     asked = alerting.scores(alerting.as_parts(alerting.stay_alerts(policy, validation)))["alerts_per_100_days"]
-    policies = {"carried": lambda: policy,
-                "site-burden": lambda: alerting.choose(stays("train").drop(columns="label"),
-                                                       alerts_per_day=asked / 100, **settings).policy,
-                "site-labelled": lambda: alerting.choose(stays("validation"), **settings).policy}  # fmt: skip
+    policies = {
+        "carried": lambda: policy,
+        "site-burden": lambda: (
+            alerting.choose(stays("train").drop(columns="label"), alerts_per_day=asked / 100, **settings).policy
+        ),
+        "site-labelled": lambda: alerting.choose(stays("validation"), **settings).policy,
+    }
     rows = []
     for kind, chosen in policies.items():
-        row = {"method": method, "split": split, "policy": kind, "alert_threshold": np.nan,
-               "alerts_per_100_days_asked": asked if kind == "site-burden" else np.nan, "refused": ""}  # fmt: skip
+        row = {
+            "method": method,
+            "split": split,
+            "policy": kind,
+            "alert_threshold": np.nan,
+            "alerts_per_100_days_asked": asked if kind == "site-burden" else np.nan,
+            "refused": "",
+        }
         try:
             made = chosen()
         except AlertPolicyError as refusal:  # the floor's 0/1 risks cannot lower its burden: said in the table
@@ -176,8 +218,10 @@ def read_parts(out: Path, runs: pd.DataFrame) -> dict[tuple[str, str, int], pd.D
     for row in runs.itertuples():
         path = parts_path(out, row.method, row.protocol, int(row.split))
         if not path.is_file():
-            raise FileNotFoundError(f"{archive_folder(out) / 'runs.csv'} lists {row.method} {row.protocol}/split_"
-                                    f"{row.split}, but {path} is missing")  # fmt: skip
+            raise FileNotFoundError(
+                f"{archive_folder(out) / 'runs.csv'} lists {row.method} {row.protocol}/split_"
+                f"{row.split}, but {path} is missing"
+            )
         frame = pd.read_csv(path)
         if list(frame.columns) != ["stay_id", *STAY_PARTS]:
             raise ValueError(f"{path}: columns {list(frame.columns)}, expected {['stay_id', *STAY_PARTS]}")
@@ -199,12 +243,21 @@ def table(runs: pd.DataFrame, units: dict) -> pd.DataFrame:
         frames = [units[(method, protocol_name, int(split))] for split in group["split"]]
         utilities = [ward_scores(as_parts(frame))["utility"] for frame in frames]
         pooled = ward_scores(as_parts(pd.concat(frames, ignore_index=True)))
-        rows.append({"method": method, "protocol": protocol_name, "runs": len(group),
-                     "validation_utility": group["validation_utility"].mean(),
-                     "utility_mean": np.mean(utilities), "utility_std": np.std(utilities),
-                     "auroc_mean": group["auroc"].mean(), "auroc_std": group["auroc"].std(ddof=0),
-                     "auprc_mean": group["auprc"].mean(), "auprc_std": group["auprc"].std(ddof=0),
-                     **{name: pooled[name] for name in WARD[1:]}})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                "protocol": protocol_name,
+                "runs": len(group),
+                "validation_utility": group["validation_utility"].mean(),
+                "utility_mean": np.mean(utilities),
+                "utility_std": np.std(utilities),
+                "auroc_mean": group["auroc"].mean(),
+                "auroc_std": group["auroc"].std(ddof=0),
+                "auprc_mean": group["auprc"].mean(),
+                "auprc_std": group["auprc"].std(ddof=0),
+                **{name: pooled[name] for name in WARD[1:]},
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -215,8 +268,9 @@ def resampled_utility(parts: dict[str, np.ndarray], counts: np.ndarray) -> np.nd
         return (observed - inaction) / (best - inaction)
 
 
-def paired_utility(units: dict, method: str, other: str, protocol_name: str, splits: list[int],
-                   seed: int = 0) -> dict[str, float]:  # fmt: skip
+def paired_utility(
+    units: dict, method: str, other: str, protocol_name: str, splits: list[int], seed: int = 0
+) -> dict[str, float]:
     """``method`` minus ``other`` in utility on the same test stays: the mean over splits, and a 95% interval from
     ``BOOTSTRAP`` resamples of every split's test stays."""
     rng = np.random.default_rng(seed)
@@ -232,9 +286,16 @@ def paired_utility(units: dict, method: str, other: str, protocol_name: str, spl
         resampled.append(resampled_utility(ours, counts) - resampled_utility(theirs, counts))
     low, high = np.nanpercentile(np.mean(resampled, axis=0), [2.5, 97.5])
     verdict = "tie" if low <= 0 <= high else (f"{method} better" if low > 0 else f"{other} better")
-    return {"method": method, "against": other, "protocol": protocol_name, "runs": len(splits),
-            "difference": float(np.mean(differences)), "ci_low": float(low), "ci_high": float(high),
-            "verdict": verdict}  # fmt: skip
+    return {
+        "method": method,
+        "against": other,
+        "protocol": protocol_name,
+        "runs": len(splits),
+        "difference": float(np.mean(differences)),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "verdict": verdict,
+    }
 
 
 def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
@@ -242,8 +303,9 @@ def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for protocol_name, group in runs.groupby("protocol", sort=False):
         splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
-        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [(m, "hourly_gbm") for m in splits
-                                                               if m not in (FLOOR, "hourly_gbm")]  # fmt: skip
+        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [
+            (m, "hourly_gbm") for m in splits if m not in (FLOOR, "hourly_gbm")
+        ]
         for method, other in wanted:
             shared = sorted(splits[method] & splits.get(other, set()))
             if shared:
@@ -251,8 +313,14 @@ def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def report(summary: pd.DataFrame, paired: pd.DataFrame, per_alert: pd.DataFrame, per_alert_paired: pd.DataFrame,
-           sites: pd.DataFrame, figures: list[Path]) -> str:  # fmt: skip
+def report(
+    summary: pd.DataFrame,
+    paired: pd.DataFrame,
+    per_alert: pd.DataFrame,
+    per_alert_paired: pd.DataFrame,
+    sites: pd.DataFrame,
+    figures: list[Path],
+) -> str:
     lines = [
         "# Early warning: the P19 hourly task, scored as the Sepsis Challenge scored it",
         "",
@@ -273,11 +341,13 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, per_alert: pd.DataFrame,
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summary.itertuples():
-        lines.append(f"| {row.method} | {row.protocol} | {row.runs} | {row.validation_utility:.3f} | "
-                     f"{row.utility_mean:.3f} ± {row.utility_std:.3f} | "
-                     f"{row.auroc_mean:.3f} ± {row.auroc_std:.3f} | {row.auprc_mean:.3f} ± {row.auprc_std:.3f} | "
-                     f"{row.warned_in_time:.1%} | {row.median_warning_hours:.0f} | "
-                     f"{row.false_alarms_per_100_days:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {row.method} | {row.protocol} | {row.runs} | {row.validation_utility:.3f} | "
+            f"{row.utility_mean:.3f} ± {row.utility_std:.3f} | "
+            f"{row.auroc_mean:.3f} ± {row.auroc_std:.3f} | {row.auprc_mean:.3f} ± {row.auprc_std:.3f} | "
+            f"{row.warned_in_time:.1%} | {row.median_warning_hours:.0f} | "
+            f"{row.false_alarms_per_100_days:.0f} |"
+        )
     lines += [
         "",
         "Published (another test set: the Challenge's hidden stays, not these): the Challenge's winners, gradient "
@@ -291,8 +361,10 @@ def report(summary: pd.DataFrame, paired: pd.DataFrame, per_alert: pd.DataFrame,
         "|---|---|---|---|---|---|---|",
     ]
     for row in paired.itertuples():
-        lines.append(f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.difference:+.3f} | "
-                     f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}] | {row.verdict} |")  # fmt: skip
+        lines.append(
+            f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.difference:+.3f} | "
+            f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}] | {row.verdict} |"
+        )
     return "\n".join(lines + alert_report(per_alert, per_alert_paired, sites, figures)) + "\n"
 
 
@@ -317,10 +389,12 @@ def alert_report(per_alert: pd.DataFrame, paired: pd.DataFrame, sites: pd.DataFr
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in per_alert.itertuples():
-        lines.append(f"| {row.method} | {row.protocol} | {row.runs} | {row.policy_utility_mean:.3f} ± "
-                     f"{row.policy_utility_std:.3f} | {row.sensitivity:.1%} | {row.ppv:.1%} | {row.lead_median:.0f} "
-                     f"[{row.lead_q1:.0f}, {row.lead_q3:.0f}] | {row.alerts_per_100_days:.1f} | "
-                     f"{row.share_alerted:.1%} |")  # fmt: skip
+        lines.append(
+            f"| {row.method} | {row.protocol} | {row.runs} | {row.policy_utility_mean:.3f} ± "
+            f"{row.policy_utility_std:.3f} | {row.sensitivity:.1%} | {row.ppv:.1%} | {row.lead_median:.0f} "
+            f"[{row.lead_q1:.0f}, {row.lead_q3:.0f}] | {row.alerts_per_100_days:.1f} | "
+            f"{row.share_alerted:.1%} |"
+        )
     lines += [
         "",
         "Anchors from deployed systems, judged per alert on their own hospitals (not these stays): the Epic Sepsis "
@@ -341,9 +415,11 @@ def alert_report(per_alert: pd.DataFrame, paired: pd.DataFrame, sites: pd.DataFr
         scale, digits, unit = (100, 1, " pts") if row.score in ("sensitivity", "ppv") else (1, 3, "")
         if row.score == "alerts_per_100_days":
             digits = 1
-        lines.append(f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.score} | "
-                     f"{scale * row.difference:+.{digits}f}{unit} | [{scale * row.ci_low:+.{digits}f}, "
-                     f"{scale * row.ci_high:+.{digits}f}] | {row.verdict} |")  # fmt: skip
+        lines.append(
+            f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.score} | "
+            f"{scale * row.difference:+.{digits}f}{unit} | [{scale * row.ci_low:+.{digits}f}, "
+            f"{scale * row.ci_high:+.{digits}f}] | {row.verdict} |"
+        )
     if len(sites):
         lines += [
             "",
@@ -364,9 +440,11 @@ def alert_report(per_alert: pd.DataFrame, paired: pd.DataFrame, sites: pd.DataFr
             if pd.isna(row.alert_threshold):
                 lines.append(f"| {row.method} | {row.direction} | {row.policy} | none | | {row.refused} | | | | |")
                 continue
-            lines.append(f"| {row.method} | {row.direction} | {row.policy} | {row.alert_threshold:.4g} | "
-                         f"{row.stays:.0f} | {row.utility:.3f} | {row.sensitivity:.1%} | {row.ppv:.1%} | "
-                         f"{row.lead_median:.0f} | {row.alerts_per_100_days:.1f} |")  # fmt: skip
+            lines.append(
+                f"| {row.method} | {row.direction} | {row.policy} | {row.alert_threshold:.4g} | "
+                f"{row.stays:.0f} | {row.utility:.3f} | {row.sensitivity:.1%} | {row.ppv:.1%} | "
+                f"{row.lead_median:.0f} | {row.alerts_per_100_days:.1f} |"
+            )
     return lines
 
 
@@ -377,8 +455,10 @@ def read_alerts(out: Path, runs: pd.DataFrame, kind: str = "alerts") -> dict[tup
     for row in runs[runs["alert_threshold"].notna()].itertuples():
         path = parts_path(out, row.method, row.protocol, int(row.split), kind)
         if not path.is_file():
-            raise FileNotFoundError(f"{archive_folder(out) / 'runs.csv'} gives {row.method} {row.protocol}/split_"
-                                    f"{row.split} an alert policy, but {path} is missing")  # fmt: skip
+            raise FileNotFoundError(
+                f"{archive_folder(out) / 'runs.csv'} gives {row.method} {row.protocol}/split_"
+                f"{row.split} an alert policy, but {path} is missing"
+            )
         units[(row.method, row.protocol, int(row.split))] = pd.read_csv(path)
     return units
 
@@ -397,9 +477,16 @@ def alert_table(runs: pd.DataFrame, alerts: dict) -> pd.DataFrame:
         frames = [alerts[(method, protocol_name, int(split))] for split in group["split"]]
         utilities = [alerting.scores(alerting.as_parts(frame))["utility"] for frame in frames]
         pooled = alerting.scores(alerting.as_parts(pd.concat(frames, ignore_index=True)))
-        rows.append({"method": method, "protocol": protocol_name, "runs": len(group),
-                     "policy_utility_mean": np.mean(utilities), "policy_utility_std": np.std(utilities),
-                     **{name: value for name, value in pooled.items() if name != "utility"}})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                "protocol": protocol_name,
+                "runs": len(group),
+                "policy_utility_mean": np.mean(utilities),
+                "policy_utility_std": np.std(utilities),
+                **{name: value for name, value in pooled.items() if name != "utility"},
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -412,15 +499,20 @@ def resampled_scores(frames: list[pd.DataFrame], rng: np.random.Generator) -> di
         parts = alerting.as_parts(frame)
         stays = len(frame)
         counts = rng.multinomial(stays, np.full(stays, 1 / stays), BOOTSTRAP).astype(np.float64)
-        summed = {name: counts @ parts[name] for name in ("observed", "inaction", "best", "hours", "alerts",
-                                                           "true_alerts", "septic", "detected")}  # fmt: skip
+        summed = {
+            name: counts @ parts[name]
+            for name in ("observed", "inaction", "best", "hours", "alerts", "true_alerts", "septic", "detected")
+        }
         with np.errstate(divide="ignore", invalid="ignore"):
             utilities.append((summed["observed"] - summed["inaction"]) / (summed["best"] - summed["inaction"]))
         totals = {name: totals.get(name, 0) + value for name, value in summed.items()}
     with np.errstate(divide="ignore", invalid="ignore"):
-        return {"utility": np.mean(utilities, axis=0), "sensitivity": totals["detected"] / totals["septic"],
-                "ppv": totals["true_alerts"] / totals["alerts"],
-                "alerts_per_100_days": 2400 * totals["alerts"] / totals["hours"]}  # fmt: skip
+        return {
+            "utility": np.mean(utilities, axis=0),
+            "sensitivity": totals["detected"] / totals["septic"],
+            "ppv": totals["true_alerts"] / totals["alerts"],
+            "alerts_per_100_days": 2400 * totals["alerts"] / totals["hours"],
+        }
 
 
 def paired_alerts(alerts: dict, method: str, other: str, protocol_name: str, splits: list[int]) -> list[dict]:
@@ -431,8 +523,13 @@ def paired_alerts(alerts: dict, method: str, other: str, protocol_name: str, spl
     for split, a, b in zip(splits, ours, theirs):
         if not np.array_equal(a["stay_id"], b["stay_id"]):
             raise ValueError(f"{method} and {other} on {protocol_name}/split_{split} were tested on other stays")
-    difference = {name: a - b for (name, a), b in zip(resampled_scores(ours, np.random.default_rng(0)).items(),
-                                                      resampled_scores(theirs, np.random.default_rng(0)).values())}  # fmt: skip
+    difference = {
+        name: a - b
+        for (name, a), b in zip(
+            resampled_scores(ours, np.random.default_rng(0)).items(),
+            resampled_scores(theirs, np.random.default_rng(0)).values(),
+        )
+    }
     point = {}
     for frames, sign in ((ours, 1), (theirs, -1)):
         pooled = alerting.scores(alerting.as_parts(pd.concat(frames, ignore_index=True)))
@@ -443,9 +540,19 @@ def paired_alerts(alerts: dict, method: str, other: str, protocol_name: str, spl
     for name in ALERT_SCORES:
         low, high = np.nanpercentile(difference[name], [2.5, 97.5])
         verdict = "tie" if low <= 0 <= high else (f"{method} higher" if low > 0 else f"{other} higher")
-        rows.append({"method": method, "against": other, "protocol": protocol_name, "runs": len(splits),
-                     "score": name, "difference": float(point[name]), "ci_low": float(low), "ci_high": float(high),
-                     "verdict": verdict})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                "against": other,
+                "protocol": protocol_name,
+                "runs": len(splits),
+                "score": name,
+                "difference": float(point[name]),
+                "ci_low": float(low),
+                "ci_high": float(high),
+                "verdict": verdict,
+            }
+        )
     return rows
 
 
@@ -454,8 +561,9 @@ def alert_pairs(alerts: dict, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for protocol_name, group in complete(runs).groupby("protocol", sort=False):
         splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
-        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [(m, "hourly_gbm") for m in splits
-                                                               if m not in (FLOOR, "hourly_gbm")]  # fmt: skip
+        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [
+            (m, "hourly_gbm") for m in splits if m not in (FLOOR, "hourly_gbm")
+        ]
         for method, other in wanted:
             shared = sorted(splits[method] & splits.get(other, set()))
             if shared:
@@ -469,8 +577,12 @@ def site_table(out: Path, sites: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for row in sites.itertuples():
         source, target = ("A", "B") if int(row.split) == 0 else ("B", "A")
-        found = {"method": row.method, "direction": f"{source}->{target}", "policy": row.policy,
-                 "alert_threshold": row.alert_threshold}  # fmt: skip
+        found = {
+            "method": row.method,
+            "direction": f"{source}->{target}",
+            "policy": row.policy,
+            "alert_threshold": row.alert_threshold,
+        }
         if pd.isna(row.alert_threshold):  # no threshold met the burden asked
             rows.append(found | {"refused": row.refused})
             continue
@@ -487,8 +599,9 @@ def burden_figures(out: Path, runs: pd.DataFrame, summary: pd.DataFrame) -> list
     for protocol_name, group in complete(runs).groupby("protocol", sort=False):
         curves, chosen = {}, {}
         for method, of_method in group.groupby("method", sort=False):
-            frames = [pd.read_csv(parts_path(out, method, protocol_name, int(split), "curve"))
-                      for split in of_method["split"]]  # fmt: skip
+            frames = [
+                pd.read_csv(parts_path(out, method, protocol_name, int(split), "curve")) for split in of_method["split"]
+            ]
             curves[method] = alerting.curve_scores(sum(frame.set_index("threshold") for frame in frames).reset_index())
             point = summary[(summary["method"] == method) & (summary["protocol"] == protocol_name)].iloc[0]
             chosen[method] = (point["alerts_per_100_days"], point["sensitivity"], point["ppv"])
@@ -508,9 +621,13 @@ def write_table(out: Path, runs: pd.DataFrame) -> pd.DataFrame:
     per_alert, per_alert_paired = alert_table(runs, alerts), alert_pairs(alerts, runs)
     sites_index = archive_folder(out) / "site-thresholds.csv"
     sites = site_table(out, pd.read_csv(sites_index)) if sites_index.is_file() else pd.DataFrame()
-    for name, frame in ((f"{TABLE}.csv", summary), (f"{TABLE}-paired.csv", paired),
-                        (f"{TABLE}-alerts.csv", per_alert), (f"{TABLE}-alerts-paired.csv", per_alert_paired),
-                        (f"{TABLE}-sites.csv", sites)):  # fmt: skip
+    for name, frame in (
+        (f"{TABLE}.csv", summary),
+        (f"{TABLE}-paired.csv", paired),
+        (f"{TABLE}-alerts.csv", per_alert),
+        (f"{TABLE}-alerts-paired.csv", per_alert_paired),
+        (f"{TABLE}-sites.csv", sites),
+    ):
         with atomic_file(out / name, mode="w", suffix=".csv") as handle:
             frame.to_csv(handle, index=False, float_format="%.6g")
     figures = burden_figures(out, runs, per_alert) if len(per_alert) else []
@@ -550,8 +667,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-train", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    made, sites = train_and_keep(args.methods, args.presets, args.protocols, args.mlruns, args.data_root, args.out,
-                                 not args.no_train)  # fmt: skip
+    made, sites = train_and_keep(
+        args.methods, args.presets, args.protocols, args.mlruns, args.data_root, args.out, not args.no_train
+    )
     if args.out is not None:
         index = archive_folder(args.out) / "runs.csv"
         with atomic_file(index, mode="w", suffix=".csv") as handle:

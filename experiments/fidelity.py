@@ -34,6 +34,7 @@ With ``--out``, that folder is also the study's run archive (``garlic.tracking.a
 run's test risks): a split whose runs the store lacks is read from it when it has them all, so the tables are made
 again from the repository alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,9 @@ CLAIMED_ORDER = ["full", "top", "random", "bottom"]
 EQUIVALENCE_MARGIN = {"auroc": 0.01, "auprc": 0.02}
 
 
-def importance_map(model: Garlic, dataset: IrregularDataset, method: str, ig_steps: int = DEFAULT_STEPS,
-                   batch_size: int = 128) -> np.ndarray:  # fmt: skip
+def importance_map(
+    model: Garlic, dataset: IrregularDataset, method: str, ig_steps: int = DEFAULT_STEPS, batch_size: int = 128
+) -> np.ndarray:
     """[N, T, D] observation importance of every stay of ``dataset`` under ``method`` ('garlic' or 'ig')."""
     tensors = dataset.tensors
     importance = np.zeros(tensors.values.shape, dtype="float32")
@@ -96,8 +98,9 @@ def importance_map(model: Garlic, dataset: IrregularDataset, method: str, ig_ste
     return importance
 
 
-def variable_importance(train: IrregularDataset, validation: IrregularDataset, seed: int,
-                        repeats: int = PERMUTATION_REPEATS) -> np.ndarray:  # fmt: skip
+def variable_importance(
+    train: IrregularDataset, validation: IrregularDataset, seed: int, repeats: int = PERMUTATION_REPEATS
+) -> np.ndarray:
     """[D] each variable's grouped permutation importance for gradient boosting on per-stay summaries
     (``SummaryModel("gbm")``, fitted on ``train``): the mean drop in ``validation`` AUROC when the variable's six
     summaries are shuffled together across stays. It sees no time: every value of a variable ranks alike."""
@@ -127,9 +130,18 @@ def random_seed(config: Config, split: Split, fraction: float) -> list[int]:
 class FidelityStudy:
     """The conditions of one data set, run split by split; ``records`` collects one row per (condition, split)."""
 
-    def __init__(self, config: Config, cohort: studies.Cohort, experiment_id: str, store, methods, fractions,
-                 ig_steps: int = DEFAULT_STEPS, train: bool = True,
-                 archive: RunArchive | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        cohort: studies.Cohort,
+        experiment_id: str,
+        store,
+        methods,
+        fractions,
+        ig_steps: int = DEFAULT_STEPS,
+        train: bool = True,
+        archive: RunArchive | None = None,
+    ):
         """Without ``train``, ``run`` only gathers the splits whose conditions have all finished, in the store or
         all in the ``archive``."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, store
@@ -139,22 +151,33 @@ class FidelityStudy:
 
     def plan(self) -> list[tuple[str, str, float]]:
         """(condition, method, fraction) of every run a split needs, the full-data model first."""
-        return [("full", "garlic", 1.0)] + [(condition, method, fraction) for fraction in self.fractions
-                                            for condition, method in [("random", "random")] +
-                                            [(c, m) for m in self.methods for c in ("top", "bottom")]]  # fmt: skip
+        return [("full", "garlic", 1.0)] + [
+            (condition, method, fraction)
+            for fraction in self.fractions
+            for condition, method in [("random", "random")] + [(c, m) for m in self.methods for c in ("top", "bottom")]
+        ]
 
     def finished_runs(self, split: Split) -> list[mlflow.entities.Run | None]:
         """The finished run of each of ``plan()`` on ``split``, None where there is none yet."""
-        return [queries.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
-                for unit in self.plan()]  # fmt: skip
+        return [
+            queries.finished_run(self.experiment_id, {k: str(v) for k, v in self.tags(split, *unit).items()})
+            for unit in self.plan()
+        ]
 
     def archived_runs(self, split: Split) -> list[dict | None]:
         """The archived run of each of ``plan()`` on ``split``, None where the archive has none."""
         if self.archive is None:
             return [None] * len(self.plan())
-        return [self.archive.row(split=split.index, condition=condition, method=method, fraction=fraction,
-                                  settings=self.tags(split, condition, method, fraction)["settings"])
-                for condition, method, fraction in self.plan()]  # fmt: skip
+        return [
+            self.archive.row(
+                split=split.index,
+                condition=condition,
+                method=method,
+                fraction=fraction,
+                settings=self.tags(split, condition, method, fraction)["settings"],
+            )
+            for condition, method, fraction in self.plan()
+        ]
 
     def from_archive(self, split: Split) -> list[dict] | None:
         """The split's runs from the archive when the store lacks one of them and the archive has them all (the
@@ -166,13 +189,29 @@ class FidelityStudy:
 
     def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
         settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
-        return {"study": STUDY, "dataset": self.config.dataset, "condition": condition, "split": split.index,
-                "fraction": f"{fraction:g}", "method": method, "settings": queries.settings_digest(settings)}  # fmt: skip
+        return {
+            "study": STUDY,
+            "dataset": self.config.dataset,
+            "condition": condition,
+            "split": split.index,
+            "fraction": f"{fraction:g}",
+            "method": method,
+            "settings": queries.settings_digest(settings),
+        }
 
     def _record(self, split: Split, condition: str, method: str, fraction: float, metrics: dict, run_id: str) -> None:
         settings = self.tags(split, condition, method, fraction)["settings"]
-        self.records.append({"split": split.index, "method": method, "condition": condition, "fraction": fraction,
-                             "run_id": run_id, "settings": settings, **metrics})  # fmt: skip
+        self.records.append(
+            {
+                "split": split.index,
+                "method": method,
+                "condition": condition,
+                "fraction": fraction,
+                "run_id": run_id,
+                "settings": settings,
+                **metrics,
+            }
+        )
 
     def run_split(self, split: Split) -> None:
         tensors, config = self.cohort.tensors, self.config
@@ -210,14 +249,17 @@ class FidelityStudy:
             return importance[method]
 
         for condition, method, fraction in self.plan()[1:]:  # after the full-data model
+
             def reduced(condition=condition, method=method, fraction=fraction) -> dict[str, float]:
                 scores = None if condition == "random" else ranking(method)
                 keep = keep_mask(tensors.mask, scores, fraction, condition, random_seed(config, split, fraction))
                 smaller = reduce(tensors, keep)
                 normalisation = Normalisation.fit(smaller.subset(split.positions(smaller, "train")))
                 kept_share = float(keep.sum() / max(tensors.mask.sum(), 1))
-                mlflow.log_params(config.to_dict() | {"split_name": split.name, "full_run": full_run,
-                                                      "kept_share_of_observed": kept_share})  # fmt: skip
+                mlflow.log_params(
+                    config.to_dict()
+                    | {"split_name": split.name, "full_run": full_run, "kept_share_of_observed": kept_share}
+                )
                 estimator = GarlicEstimator(config, explain=False)
                 return fit_and_test(estimator, split_parts(smaller, split, normalisation))
 
@@ -237,8 +279,12 @@ class FidelityStudy:
                 continue
             found = self.finished_runs(split)
             if any(run is None for run in found):
-                log.warning("split %d: %d of %d conditions unfinished; left out", split.index,
-                            sum(run is None for run in found), len(found))  # fmt: skip
+                log.warning(
+                    "split %d: %d of %d conditions unfinished; left out",
+                    split.index,
+                    sum(run is None for run in found),
+                    len(found),
+                )
                 continue
             for (condition, method, fraction), run in zip(self.plan(), found):
                 self._record(split, condition, method, fraction, dict(run.data.metrics), run.info.run_id)
@@ -263,10 +309,18 @@ def ordering_tests(records: pd.DataFrame, methods, fractions) -> pd.DataFrame:
                 page = page_trend(table, CLAIMED_ORDER)
                 pairs = paired_comparisons(table, CLAIMED_ORDER)
                 agreeing = "; ".join(f"{r.better}>{r.worse} {r.splits_agreeing}/{r.splits}" for r in pairs.itertuples())
-                rows.append({"method": method, "fraction": fraction, "metric": metric.removeprefix("test_"),
-                             "splits": page.n_blocks, "page_L": page.statistic,
-                             "page_L_max": page.n_blocks * sum(j * j for j in range(1, len(CLAIMED_ORDER) + 1)),
-                             "p_value": float(f"{page.p_value:.4g}"), "pairs_agreeing": agreeing})  # fmt: skip
+                rows.append(
+                    {
+                        "method": method,
+                        "fraction": fraction,
+                        "metric": metric.removeprefix("test_"),
+                        "splits": page.n_blocks,
+                        "page_L": page.statistic,
+                        "page_L_max": page.n_blocks * sum(j * j for j in range(1, len(CLAIMED_ORDER) + 1)),
+                        "p_value": float(f"{page.p_value:.4g}"),
+                        "pairs_agreeing": agreeing,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -276,8 +330,7 @@ def _units(records: pd.DataFrame, predictions: studies.Predictions) -> dict[tupl
     groups: dict[tuple, list[Unit]] = {}
     for row in records.itertuples():
         key = ("full",) if row.condition == "full" else (row.condition, row.method, row.fraction)
-        unit = Unit(row.condition, "fidelity", int(row.split), None, row.run_id, "", {},
-                    predictions(row.run_id))  # fmt: skip
+        unit = Unit(row.condition, "fidelity", int(row.split), None, row.run_id, "", {}, predictions(row.run_id))
         groups.setdefault(key, []).append(unit)
     return groups
 
@@ -295,10 +348,19 @@ def equivalence_tests(records: pd.DataFrame, methods, fractions, predictions: st
             for metric, margin in EQUIVALENCE_MARGIN.items():
                 paired = paired_difference(top, full, metric, level=0.90)
                 inside = -margin < paired["ci_low"] and paired["ci_high"] < margin
-                rows.append({"method": method, "fraction": fraction, "metric": metric, "splits": len(top),
-                             "top_minus_full": round(paired["difference"], 4), "ci90_low": round(paired["ci_low"], 4),
-                             "ci90_high": round(paired["ci_high"], 4), "margin": margin,
-                             "verdict": "equivalent" if inside else "not shown"})  # fmt: skip
+                rows.append(
+                    {
+                        "method": method,
+                        "fraction": fraction,
+                        "metric": metric,
+                        "splits": len(top),
+                        "top_minus_full": round(paired["difference"], 4),
+                        "ci90_low": round(paired["ci_low"], 4),
+                        "ci90_high": round(paired["ci_high"], 4),
+                        "margin": margin,
+                        "verdict": "equivalent" if inside else "not shown",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -307,16 +369,25 @@ def ranking_comparison(records: pd.DataFrame, methods, fractions, predictions: s
     importance), paired on the same test stays (a reduced test part keeps every stay): the mean difference over
     splits and its 95% bootstrap interval (an interval holding 0 is a tie)."""
     if len(methods) < 2:
-        return pd.DataFrame(columns=["method", "against", "fraction", "metric", "splits", "difference", "ci_low",
-                                     "ci_high", "verdict"])  # fmt: skip
+        return pd.DataFrame(
+            columns=["method", "against", "fraction", "metric", "splits", "difference", "ci_low", "ci_high", "verdict"]
+        )
     units = _units(records, predictions)
     rows = []
     for method in methods[1:]:
         for fraction in fractions:
             ours, theirs = units.get(("top", method, fraction), []), units.get(("top", methods[0], fraction), [])
             for metric in ("auroc", "auprc"):
-                rows.append({"method": method, "against": methods[0], "fraction": fraction, "metric": metric,
-                             "splits": len(ours), **paired_difference(ours, theirs, metric)})  # fmt: skip
+                rows.append(
+                    {
+                        "method": method,
+                        "against": methods[0],
+                        "fraction": fraction,
+                        "metric": metric,
+                        "splits": len(ours),
+                        **paired_difference(ours, theirs, metric),
+                    }
+                )
     return pd.DataFrame(rows).round({"difference": 4, "ci_low": 4, "ci_high": 4})
 
 
@@ -335,39 +406,54 @@ def results_table(records: pd.DataFrame, dataset: str) -> pd.DataFrame:
     paper = published.FIDELITY.get(dataset)
     if paper is None:
         return table
-    shown = [f"{paper[c][0]:.3f} / {paper[c][1]:.3f}" if c == "full" or f == 0.5 else None
-             for c, f in zip(table["condition"], table["fraction"])]  # fmt: skip
+    shown = [
+        f"{paper[c][0]:.3f} / {paper[c][1]:.3f}" if c == "full" or f == 0.5 else None
+        for c, f in zip(table["condition"], table["fraction"])
+    ]
     return table.assign(published_imv_lstm=shown)
 
 
 def fraction_figure(records: pd.DataFrame, methods) -> plt.Figure:
     """Test AUROC and AUPRC against the kept fraction: top / bottom per method, random, and the full-data model."""
     metrics = ("test_auroc", "test_auprc")
-    figure, axes = plt.subplots(len(metrics), len(methods), figsize=(4.5 * len(methods), 3.6 * len(metrics)),
-                                squeeze=False)  # fmt: skip
+    figure, axes = plt.subplots(
+        len(metrics), len(methods), figsize=(4.5 * len(methods), 3.6 * len(metrics)), squeeze=False
+    )
     full = records[records["condition"] == "full"]
     for row, metric in enumerate(metrics):
         for column, method in enumerate(methods):
             axis = axes[row, column]
             for condition, colour in (("top", "tab:green"), ("random", "tab:grey"), ("bottom", "tab:red")):
-                chosen = records[(records["condition"] == condition)
-                                 & ((records["method"] == method) | (condition == "random"))]  # fmt: skip
+                chosen = records[
+                    (records["condition"] == condition) & ((records["method"] == method) | (condition == "random"))
+                ]
                 summary = chosen.groupby("fraction")[metric].agg(["mean", "std"]).fillna(0.0)
-                axis.errorbar(summary.index, summary["mean"], yerr=summary["std"], marker="o", capsize=3,
-                              color=colour, label=condition)  # fmt: skip
+                axis.errorbar(
+                    summary.index,
+                    summary["mean"],
+                    yerr=summary["std"],
+                    marker="o",
+                    capsize=3,
+                    color=colour,
+                    label=condition,
+                )
             mean, std = full[metric].mean(), full[metric].std(ddof=0)
             axis.axhline(mean, color="tab:blue", label="full data")
             axis.axhspan(mean - std, mean + std, color="tab:blue", alpha=0.12)
-            axis.set(xlabel="kept fraction of observed values", ylabel=metric.removeprefix("test_").upper(),
-                     title=f"ranked by {method}")  # fmt: skip
+            axis.set(
+                xlabel="kept fraction of observed values",
+                ylabel=metric.removeprefix("test_").upper(),
+                title=f"ranked by {method}",
+            )
             axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.fidelity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.fidelity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     studies.add_common_arguments(parser)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.5], help="kept fractions, e.g. 0.1 0.3 0.5")
@@ -375,18 +461,42 @@ def main(argv: list[str] | None = None) -> None:
     studies.add_worker_study_arguments(parser, "the unfinished splits")
     args = parser.parse_args(argv)
     config, cohort, experiment_id, archive = studies.start_study(parser, args, STUDY, "fidelity_runs")
-    runner = FidelityStudy(config, cohort, experiment_id, args.mlruns, args.methods, args.fractions, args.ig_steps,
-                           train=args.workers == 1, archive=archive)  # fmt: skip
+    runner = FidelityStudy(
+        config,
+        cohort,
+        experiment_id,
+        args.mlruns,
+        args.methods,
+        args.fractions,
+        args.ig_steps,
+        train=args.workers == 1,
+        archive=archive,
+    )
     if args.workers > 1:
         argv = list(sys.argv[1:] if argv is None else argv)
         jobs = []
         for split in cohort.splits:
             if runner.from_archive(split) is None and any(run is None for run in runner.finished_runs(split)):
                 unit = f"fidelity-{args.dataset}-split_{split.index}-{queries.settings_digest(config.to_dict())}"
-                command = [sys.executable, "-m", "experiments.fidelity", *argv, "--splits", str(split.index),
-                           "--workers", "1", "--train-only"]  # fmt: skip
-                jobs.append(Job(f"split_{split.index}", command, args.mlruns / "locks" / unit,
-                                args.mlruns / "logs" / f"{unit}.log"))  # fmt: skip
+                command = [
+                    sys.executable,
+                    "-m",
+                    "experiments.fidelity",
+                    *argv,
+                    "--splits",
+                    str(split.index),
+                    "--workers",
+                    "1",
+                    "--train-only",
+                ]
+                jobs.append(
+                    Job(
+                        f"split_{split.index}",
+                        command,
+                        args.mlruns / "locks" / unit,
+                        args.mlruns / "logs" / f"{unit}.log",
+                    )
+                )
         run_jobs(jobs, args.workers, args.deadline)
     records = runner.run()
     if args.train_only:
@@ -397,15 +507,22 @@ def main(argv: list[str] | None = None) -> None:
 
     if records.empty:
         raise SystemExit(f"no split of the fidelity study has finished in {args.mlruns}: nothing to tabulate")
-    tables = {"fidelity_results": results_table(records, args.dataset),
-              "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions),
-              "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, predictions),
-              "fidelity_rankings": ranking_comparison(records, args.methods, runner.fractions, predictions),
-              "fidelity_runs": archive.runs_table(runs_table(records), ["split", "method", "condition", "fraction",
-                                                                        "settings"])}  # fmt: skip
-    summary = studies.log_summary(experiment_id, "summary", tables,
-                                {"fidelity_by_fraction.png": fraction_figure(records, args.methods)},
-                                {"study": STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
+    tables = {
+        "fidelity_results": results_table(records, args.dataset),
+        "fidelity_ordering": ordering_tests(records, args.methods, runner.fractions),
+        "fidelity_equivalence": equivalence_tests(records, args.methods, runner.fractions, predictions),
+        "fidelity_rankings": ranking_comparison(records, args.methods, runner.fractions, predictions),
+        "fidelity_runs": archive.runs_table(
+            runs_table(records), ["split", "method", "condition", "fraction", "settings"]
+        ),
+    }
+    summary = studies.log_summary(
+        experiment_id,
+        "summary",
+        tables,
+        {"fidelity_by_fraction.png": fraction_figure(records, args.methods)},
+        {"study": STUDY, "kind": "summary", "dataset": args.dataset},
+    )
     studies.write_tables(args.out, tables)
     for name, table in tables.items():
         print(f"\n{name}\n{studies.markdown(table)}")

@@ -21,6 +21,7 @@ Writes ``OUT/graph-<dataset>-<protocol>.md`` with the command, ``-pairs.csv`` (s
 ``-edges.csv`` (every off-diagonal edge: runs in whose top it is, mean weight, lag-one correlation) and
 ``-recurring.png``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -107,16 +108,23 @@ def graph_stability(graphs: dict[str, np.ndarray], variables: list[str], correla
     """The pairs table, the edge table, and the summary numbers (see the module docstring)."""
     runs = list(graphs)
     tops = {run: top_edges(graphs[run], top) for run in runs}
-    pairs = pd.DataFrame([{"run_a": a, "run_b": b, "shared": len(tops[a] & tops[b])}
-                          for a, b in itertools.combinations(runs, 2)])  # fmt: skip
+    pairs = pd.DataFrame(
+        [{"run_a": a, "run_b": b, "shared": len(tops[a] & tops[b])} for a, b in itertools.combinations(runs, 2)]
+    )
     d = len(variables)
     off = ~np.eye(d, dtype=bool)
     source, target = np.nonzero(off)
     in_top = np.array([sum((i, j) in tops[run] for run in runs) for i, j in zip(source, target)])
     mean_weight = np.mean([graphs[run][off] for run in runs], axis=0)
-    edges = pd.DataFrame({"source": np.asarray(variables)[source], "target": np.asarray(variables)[target],
-                          "runs_in_top": in_top, "mean_weight": mean_weight,
-                          "lag_one_correlation": correlation[off]})  # fmt: skip
+    edges = pd.DataFrame(
+        {
+            "source": np.asarray(variables)[source],
+            "target": np.asarray(variables)[target],
+            "runs_in_top": in_top,
+            "mean_weight": mean_weight,
+            "lag_one_correlation": correlation[off],
+        }
+    )
     edges = edges.sort_values(["runs_in_top", "mean_weight"], ascending=False, ignore_index=True)
     recurring = edges[edges["runs_in_top"] >= max(2, -(-len(runs) // 2))]
     by_data = top_edges(np.nan_to_num(np.abs(correlation), nan=-1.0), top)
@@ -132,43 +140,63 @@ def graph_stability(graphs: dict[str, np.ndarray], variables: list[str], correla
         "diagonal_share": float(np.mean([np.diag(graphs[run]).mean() for run in runs])),
         "recurring_in_data_top": len(model_edges & by_data),
         "data_top_by_chance": len(model_edges) * top / (d * (d - 1)),
-        "weight_vs_correlation": float(pd.Series(mean_weight).corr(pd.Series(np.abs(correlation[off])),
-                                                                    method="spearman")),  # fmt: skip
+        "weight_vs_correlation": float(
+            pd.Series(mean_weight).corr(pd.Series(np.abs(correlation[off])), method="spearman")
+        ),
     }
     return pairs, edges, recurring, numbers
 
 
 def recurring_figure(recurring: pd.DataFrame, variables: list[str], runs: int) -> plt.Figure:
     """The recurring edges on a circle, line width following how many runs have them in their top."""
-    edges = [(variables.index(row.source), variables.index(row.target), 0.5 + 3 * row.runs_in_top / runs)
-             for row in recurring.itertuples()]  # fmt: skip
+    edges = [
+        (variables.index(row.source), variables.index(row.target), 0.5 + 3 * row.runs_in_top / runs)
+        for row in recurring.itertuples()
+    ]
     return plots.edges_figure(variables, edges, f"Edges in the top of at least half of {runs} runs (source -> target)")
 
 
 def report(command: str, name: str, numbers: dict, recurring: pd.DataFrame, top: int) -> str:
     n = numbers
-    lines = [f"# The learned graph: {name}", "", "Made by:", "", "```bash", command, "```", "",
-             f"{n['runs']} runs, {n['variables']} variables. The summary graph is |A_ij| / sum_i |A_ij| (where each "
-             "target's messages come from), from each run's logged adjacency.", "",
-             f"- **Stability**: two runs share {n['shared_mean']:.1f} of their {top} strongest edges on average "
-             f"(from {n['shared_min']} to {n['shared_max']} over the pairs); two random sets of {top} edges would "
-             f"share {n['shared_by_chance']:.2f}.",
-             f"- **The diagonal** holds {n['diagonal_share']:.1%} of a target's incoming weight on average (its own "
-             "message): what is left for the other variables is small.",
-             f"- **Recurring edges** (in the top {top} of at least half of the runs): {n['recurring']}.",
-             f"- **Against the data**: {n['recurring_in_data_top']} of the recurring edges are among the {top} "
-             f"strongest lag-one correlations of the training stays (by chance: {n['data_top_by_chance']:.2f}); the "
-             f"rank correlation of the mean edge weight with |lag-one correlation| over all pairs is "
-             f"{n['weight_vs_correlation']:.2f}.", "",
-             "| source | target | runs in top | mean weight | lag-one correlation |", "|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {r.source} | {r.target} | {r.runs_in_top} | {r.mean_weight:.4f} | {r.lag_one_correlation:.3f} |"
-              for r in recurring.itertuples()]  # fmt: skip
+    lines = [
+        f"# The learned graph: {name}",
+        "",
+        "Made by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"{n['runs']} runs, {n['variables']} variables. The summary graph is |A_ij| / sum_i |A_ij| (where each "
+        "target's messages come from), from each run's logged adjacency.",
+        "",
+        f"- **Stability**: two runs share {n['shared_mean']:.1f} of their {top} strongest edges on average "
+        f"(from {n['shared_min']} to {n['shared_max']} over the pairs); two random sets of {top} edges would "
+        f"share {n['shared_by_chance']:.2f}.",
+        f"- **The diagonal** holds {n['diagonal_share']:.1%} of a target's incoming weight on average (its own "
+        "message): what is left for the other variables is small.",
+        f"- **Recurring edges** (in the top {top} of at least half of the runs): {n['recurring']}.",
+        f"- **Against the data**: {n['recurring_in_data_top']} of the recurring edges are among the {top} "
+        f"strongest lag-one correlations of the training stays (by chance: {n['data_top_by_chance']:.2f}); the "
+        f"rank correlation of the mean edge weight with |lag-one correlation| over all pairs is "
+        f"{n['weight_vs_correlation']:.2f}.",
+        "",
+        "| source | target | runs in top | mean weight | lag-one correlation |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.source} | {r.target} | {r.runs_in_top} | {r.mean_weight:.4f} | {r.lag_one_correlation:.3f} |"
+        for r in recurring.itertuples()
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.graph_study", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.graph_study",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     studies.add_preset_runs_arguments(parser, "runs")
     parser.add_argument("--top", type=int, default=20, help="strongest edges compared per run (default 20)")
     parser.add_argument("--out", type=Path, required=True)

@@ -35,6 +35,7 @@ clipping, the scale of SAITS's published P12 numbers (SAITS 0.186, BRITS 0.256, 
 sit beside ours for scale, not as a paired comparison). Mean +/- std over the runs; the per-run differences of
 ``garlic`` against the best other method; per variable in ``-variables.csv``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,7 +103,11 @@ def simple_imputations(values: torch.Tensor, mask: torch.Tensor, times: torch.Te
     between = previous + (following - previous) * fraction
     locf = torch.where(has_before, previous, 0.0)
     ends = torch.where(has_before, previous, torch.where(has_after, following, 0.0))
-    return {"locf": locf, "linear": torch.where(has_before & has_after, between, ends), "mean": torch.zeros_like(values)}
+    return {
+        "locf": locf,
+        "linear": torch.where(has_before & has_after, between, ends),
+        "mean": torch.zeros_like(values),
+    }
 
 
 @torch.no_grad()
@@ -117,8 +122,9 @@ def reconstructed(model, values, mask, times, lengths, static) -> torch.Tensor:
     return result
 
 
-def field_imputation(name: str, parts: dict[str, IrregularDataset], left: IrregularDataset, hidden: np.ndarray,
-                     seed: int) -> np.ndarray:  # fmt: skip
+def field_imputation(
+    name: str, parts: dict[str, IrregularDataset], left: IrregularDataset, hidden: np.ndarray, seed: int
+) -> np.ndarray:
     """PyPOTS's imputer ``name`` trained on ``parts["train"]``, stopped early on ``parts["validation"]`` with a share
     of its grid hidden, imputing the test stays' values ``left``: its guess at each ``hidden`` cell [K], normalised."""
     from pypots.imputation import BRITS, SAITS  # the optional extra
@@ -131,9 +137,15 @@ def field_imputation(name: str, parts: dict[str, IrregularDataset], left: Irregu
     held_out = grids["validation"].copy()
     held_out[hide(~np.isnan(held_out), HIDDEN_SHARE, seed)] = np.nan
     set_random_seed(seed)
-    model = {"saits": SAITS, "brits": BRITS}[name](n_steps=hours, n_features=held_out.shape[-1], device="cpu",
-                                                   saving_path=None, verbose=False, **FIELD_IMPUTERS[name],
-                                                   **FIELD_TRAINING)  # fmt: skip
+    model = {"saits": SAITS, "brits": BRITS}[name](
+        n_steps=hours,
+        n_features=held_out.shape[-1],
+        device="cpu",
+        saving_path=None,
+        verbose=False,
+        **FIELD_IMPUTERS[name],
+        **FIELD_TRAINING,
+    )
     model.fit({"X": grids["train"]}, {"X": held_out, "X_ori": grids["validation"]})
     imputed = model.predict({"X": hourly_grid(left, hours)})["imputation"]  # [N, hours, D]
     stay, step, variable = np.nonzero(hidden)
@@ -164,10 +176,16 @@ def impute_split(trained, tensors, split, seed: int, imputers: list[str] = ()) -
     for method, guess in imputations.items():
         original = guess * normalisation.value_std[variable] + normalisation.value_mean[variable]
         error = np.abs(original - truth)
-        overall[method] = {"normalised_mae": float(np.abs(guess - truth_normalised).mean()),
-                           "mae": float(error.mean()), "mre": float(error.sum() / np.abs(truth).sum())}  # fmt: skip
-        per_variable.append(pd.DataFrame({"method": method, "variable": np.asarray(tensors.variables)[variable],
-                                          "error": error}).groupby(["method", "variable"], as_index=False).mean())  # fmt: skip
+        overall[method] = {
+            "normalised_mae": float(np.abs(guess - truth_normalised).mean()),
+            "mae": float(error.mean()),
+            "mre": float(error.sum() / np.abs(truth).sum()),
+        }
+        per_variable.append(
+            pd.DataFrame({"method": method, "variable": np.asarray(tensors.variables)[variable], "error": error})
+            .groupby(["method", "variable"], as_index=False)
+            .mean()
+        )
     return overall | {"hidden": int(hidden.sum())}, pd.concat(per_variable, ignore_index=True)
 
 
@@ -192,13 +210,26 @@ def merged(kept: pd.DataFrame, new: pd.DataFrame, methods: tuple[str, ...]) -> p
 
 
 def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
-    lines = [f"# Imputation: {title}", "", "Made by:", "", "```bash", command, "```", "",
-             f"{runs['run'].nunique()} runs; on each, {HIDDEN_SHARE:.0%} of the test stays' observed values hidden "
-             f"({int(runs['hidden'].iloc[0]):,} on the first), imputed from the rest. Mean +/- std over the runs.", "",
-             "| method | runs | normalised MAE | MAE (original units) | MRE |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Imputation: {title}",
+        "",
+        "Made by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"{runs['run'].nunique()} runs; on each, {HIDDEN_SHARE:.0%} of the test stays' observed values hidden "
+        f"({int(runs['hidden'].iloc[0]):,} on the first), imputed from the rest. Mean +/- std over the runs.",
+        "",
+        "| method | runs | normalised MAE | MAE (original units) | MRE |",
+        "|---|---|---|---|---|",
+    ]
     for method, group in runs.groupby("method", sort=False):
-        lines.append(f"| {method} | {len(group)} | {mean_std(group['normalised_mae'])} | {mean_std(group['mae'])} | "
-                     f"{mean_std(group['mre'])} |")  # fmt: skip
+        lines.append(
+            f"| {method} | {len(group)} | {mean_std(group['normalised_mae'])} | {mean_std(group['mae'])} | "
+            f"{mean_std(group['mre'])} |"
+        )
     for name, value in published.IMPUTATION_NMAE.get(dataset, {}).items():
         lines.append(f"| published: {name} (its own preprocessing) |  | {value:.3f} |  |  |")
     by_run = runs.pivot(index="run", columns="method", values="normalised_mae")
@@ -207,23 +238,39 @@ def report(command: str, title: str, runs: pd.DataFrame, dataset: str) -> str:
     # locf reads the same past as the head; the best method may read later values too (linear does).
     for other, why in (("locf", "which reads the same past"), (best, "the best other method")):
         difference = (by_run["garlic"] - by_run[other]).dropna()  # over the runs that hold both
-        lines.append(f"- GARLIC against {other} ({why}), normalised MAE per run: "
-                     + ", ".join(f"{d:+.3f}" for d in difference) + f"; mean {difference.mean():+.3f} (negative: "
-                     "GARLIC closer).")  # fmt: skip
+        lines.append(
+            f"- GARLIC against {other} ({why}), normalised MAE per run: "
+            + ", ".join(f"{d:+.3f}" for d in difference)
+            + f"; mean {difference.mean():+.3f} (negative: "
+            "GARLIC closer)."
+        )
         if other == best:
             break
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.imputation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.imputation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     studies.add_preset_runs_arguments(parser, "runs' models")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--imputers", nargs="*", choices=sorted(FIELD_IMPUTERS), default=[],
-                        help="PyPOTS's imputers to train beside the others (the pypots extra; minutes a split on a CPU)")
-    parser.add_argument("--splits", type=int, nargs="*", metavar="K",
-                        help="train the missing --imputers on these splits only (default: every split)")
+    parser.add_argument(
+        "--imputers",
+        nargs="*",
+        choices=sorted(FIELD_IMPUTERS),
+        default=[],
+        help="PyPOTS's imputers to train beside the others (the pypots extra; minutes a split on a CPU)",
+    )
+    parser.add_argument(
+        "--splits",
+        type=int,
+        nargs="*",
+        metavar="K",
+        help="train the missing --imputers on these splits only (default: every split)",
+    )
     args = parser.parse_args(argv)
     found = studies.preset_runs(args)
     folder = ensure_processed(args.dataset, args.data_root)
@@ -241,8 +288,12 @@ def main(argv: list[str] | None = None) -> None:
         if to_train or not set(METHODS) <= set(overall["method"]):
             trained = load_predictor(run.info.run_id, store)
             scores, errors = impute_split(trained, tensors, splits[index], seed=index, imputers=to_train)
-            scored = pd.DataFrame([{"run": name, "run_id": run.info.run_id, "method": m, "hidden": scores["hidden"],
-                                   **scores[m]} for m in (*METHODS, *to_train)])  # fmt: skip
+            scored = pd.DataFrame(
+                [
+                    {"run": name, "run_id": run.info.run_id, "method": m, "hidden": scores["hidden"], **scores[m]}
+                    for m in (*METHODS, *to_train)
+                ]
+            )
             overall = merged(overall, scored, methods)
             per_variable = merged(per_variable, errors.assign(run=name), methods)
             for kind, table in (("overall", overall), ("variables", per_variable)):

@@ -10,6 +10,7 @@ mean test AUROC and AUPRC and the paired difference, after minus before, with it
 stays (``garlic.evaluation.stats.paired_difference``; an interval holding 0 is a tie, and runs whose risks are equal to
 the last bit are "identical"). Nothing is trained: it reads the risks the runs were tested with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def pair(dataset: str, method: str, before: Path, after: Path, data_root: Path) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.pair_archives", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.pair_archives",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--dataset", required=True, type=dataset_name)
     parser.add_argument("--method", required=True, help="the preset (or method) whose runs both archives keep")
     parser.add_argument("--before", type=Path, required=True, help="a folder holding <dataset>-runs: the old runs")
@@ -68,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     command = "python -m experiments.pair_archives " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = (f"# {args.method} on {args.dataset}: new runs against the archived ones\n\nMade by (from two run "
-            f"archives, nothing trained):\n\n```bash\n{command}\n```\n\n{studies.markdown(table)}\n")  # fmt: skip
+    text = (
+        f"# {args.method} on {args.dataset}: new runs against the archived ones\n\nMade by (from two run "
+        f"archives, nothing trained):\n\n```bash\n{command}\n```\n\n{studies.markdown(table)}\n"
+    )
     print(text)
     if args.out:
         with atomic_file(args.out, "w") as out:

@@ -20,6 +20,7 @@ run as written except that:
 
     .venv/bin/python experiments/readme_walk.py [--quick] [--work DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,8 +87,9 @@ def _free_port() -> int:
 def _launch(command: list[str], env: dict, work: Path) -> tuple[subprocess.Popen, int]:
     """Start a server on a free port: the process and its port."""
     port = _free_port()
-    process = subprocess.Popen([*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.STDOUT)  # fmt: skip
+    process = subprocess.Popen(
+        [*command, "--port", str(port)], cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     return process, port
 
 
@@ -141,9 +143,17 @@ def walk(work: Path, quick: bool = False, readme: Path = README, shared: Path = 
     return steps
 
 
-def _walk_line(line: str, work: Path, quick: bool, shared: Path, env: dict, run_ids: dict[str, str],
-               background: dict[str, tuple[subprocess.Popen, int]],
-               starting: list[Starting], say) -> Step:  # fmt: skip
+def _walk_line(
+    line: str,
+    work: Path,
+    quick: bool,
+    shared: Path,
+    env: dict,
+    run_ids: dict[str, str],
+    background: dict[str, tuple[subprocess.Popen, int]],
+    starting: list[Starting],
+    say,
+) -> Step:
     """Run one README line (see ``walk``)."""
     command, skipped = line.removeprefix("bin/setup && "), ""
     if "-m pytest" in command:

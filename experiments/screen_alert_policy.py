@@ -7,6 +7,7 @@ run's validation predictions (``garlic.evaluation.alerting.choose``), and the va
 scores at it are listed (``alert-policy-screen.md`` and ``.csv`` with ``--out``): what the policy's defaults
 (``garlic.metrics.alert_policy``) were chosen from.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,15 @@ def screen(validation: pd.DataFrame) -> pd.DataFrame:
         if quiet == 0 and margin != MARGINS[0]:
             continue
         choice = alerting.choose(validation, band=band, quiet_hours=quiet, margin=margin)
-        rows.append({"band": band, "quiet_hours": quiet, "margin": margin, "threshold": choice.policy.threshold,
-                     **choice.scores})  # fmt: skip
+        rows.append(
+            {
+                "band": band,
+                "quiet_hours": quiet,
+                "margin": margin,
+                "threshold": choice.policy.threshold,
+                **choice.scores,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -63,9 +71,11 @@ def report(table: pd.DataFrame, run_id: str) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table.itertuples():
-        lines.append(f"| {row.band:g} | {row.quiet_hours:g} | {row.margin:g} | {row.threshold:.4g} | {row.utility:.3f} "
-                     f"| {row.sensitivity:.1%} | {row.ppv:.1%} | {row.lead_median:.0f} | "
-                     f"{row.alerts_per_100_days:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {row.band:g} | {row.quiet_hours:g} | {row.margin:g} | {row.threshold:.4g} | {row.utility:.3f} "
+            f"| {row.sensitivity:.1%} | {row.ppv:.1%} | {row.lead_median:.0f} | "
+            f"{row.alerts_per_100_days:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

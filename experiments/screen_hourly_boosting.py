@@ -11,6 +11,7 @@ utility" reads), its weighted validation AUROC (what the method picks its candid
 that wins here becomes a candidate of the method, and the method's units are trained again: a screen chooses; it
 does not make a row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,11 +50,16 @@ def screen(settings: list[dict], protocol: str, split: int, data_root) -> list[d
         model.fit(features[:, kept], targets, sample_weight=weights)
         risks = model.predict_proba(held_out)[:, 1]
         choice = choose_threshold(times.label, risks, stay_lengths(times.stay))
-        results.append({"protocol": protocol, "split": split, "setting": setting,
-                        "validation_utility": choice.normalised_utility,
-                        "weighted_validation_auroc": roc_auc_score(held_out_targets, risks,
-                                                                   sample_weight=held_out_weights),
-                        "minutes": (time.perf_counter() - start) / 60})  # fmt: skip
+        results.append(
+            {
+                "protocol": protocol,
+                "split": split,
+                "setting": setting,
+                "validation_utility": choice.normalised_utility,
+                "weighted_validation_auroc": roc_auc_score(held_out_targets, risks, sample_weight=held_out_weights),
+                "minutes": (time.perf_counter() - start) / 60,
+            }
+        )
         print(json.dumps(results[-1]), flush=True)
     return results
 
@@ -62,8 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", default="five-split")
     parser.add_argument("--split", type=int, default=0)
-    parser.add_argument("--setting", action="append", required=True, type=json.loads, metavar="JSON",
-                        help="keyword arguments of HistGradientBoostingClassifier; repeat for more")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        required=True,
+        type=json.loads,
+        metavar="JSON",
+        help="keyword arguments of HistGradientBoostingClassifier; repeat for more",
+    )
     parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
     args = parser.parse_args(argv)
     screen(args.setting, args.protocol, args.split, args.data_root)

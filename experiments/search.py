@@ -42,6 +42,7 @@ trials it was running. A storage without the study takes it from that journal fi
 repository goes on from any machine. ``--trials 0`` only writes the report of the study as it stands. Each trial
 that ends prints one line: complete (with its score) or pruned, and the best so far.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,8 +114,11 @@ class Objective(NamedTuple):
 
 OBJECTIVES = {
     "auroc": Objective("validation_auroc", "validation AUROC", lambda record: record.val_auroc),
-    "auroc+auprc": Objective("validation_auroc_auprc", "mean of validation AUROC and AUPRC",
-                             lambda record: (record.val_auroc + record.val_auprc) / 2),  # fmt: skip
+    "auroc+auprc": Objective(
+        "validation_auroc_auprc",
+        "mean of validation AUROC and AUPRC",
+        lambda record: (record.val_auroc + record.val_auprc) / 2,
+    ),
 }
 DEFAULT_OBJECTIVE = "auroc"  # also what every study made before ``--objective`` existed searched
 log = logging.getLogger("experiments")
@@ -149,12 +153,19 @@ def tracked_run(**start):
         mlflow.end_run(status)
 
 
-def validation_score(config: Config, tensors: IrregularTensors, split: Split, trial: optuna.Trial | None,
-                     score: Callable[[EpochRecord], float]) -> float:  # fmt: skip
+def validation_score(
+    config: Config,
+    tensors: IrregularTensors,
+    split: Split,
+    trial: optuna.Trial | None,
+    score: Callable[[EpochRecord], float],
+) -> float:
     """Fit on the split's training part, select on its validation part (reporting each epoch's ``score`` to ``trial``
     for pruning), and return the ``score`` of the selected epoch. The test part is not built."""
-    train, validation = (IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
-                         for part in ("train", "validation"))  # fmt: skip
+    train, validation = (
+        IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
+        for part in ("train", "validation")
+    )
 
     def report(record: EpochRecord) -> None:
         trial.report(score(record), record.epoch)
@@ -246,17 +257,23 @@ def rdb_storage(url: str) -> optuna.storages.RDBStorage:
         return opened()
 
 
-def open_study(name: str, url: str, identity: dict, sampler_seed: int | None,
-               start: dict | None = None) -> optuna.Study:
+def open_study(
+    name: str, url: str, identity: dict, sampler_seed: int | None, start: dict | None = None
+) -> optuna.Study:
     """The study ``name`` in the storage at ``url`` (made when new), after checking that it searches what
     ``identity`` says (preset, dataset, protocol, screening splits, objective, searched names, fixed settings);
     trials whose process died are marked FAILED (``GRACE_SECONDS``). A new study's first trial is ``start`` (the
     preset's own values) when it lies in the space: every later trial is then compared with the starting point on
     the same splits."""
     with one_at_a_time(url):  # a new storage's schema, and a new study's identity and starting point, made once
-        searched = optuna.create_study(study_name=name, storage=rdb_storage(url), direction="maximize",
-                                       load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-                                       pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS))
+        searched = optuna.create_study(
+            study_name=name,
+            storage=rdb_storage(url),
+            direction="maximize",
+            load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+            pruner=optuna.pruners.MedianPruner(PRUNE_AFTER_TRIALS, PRUNE_AFTER_EPOCHS),
+        )
         known = searched.user_attrs.get("identity")
         if known is None:
             searched.set_user_attr("identity", identity)
@@ -266,9 +283,11 @@ def open_study(name: str, url: str, identity: dict, sampler_seed: int | None,
         known, identity = ({"objective": DEFAULT_OBJECTIVE, **settings} for settings in (known, identity))
         if known != identity:
             changed = sorted(key for key in identity.keys() | known.keys() if identity.get(key) != known.get(key))
-            raise SystemExit(f"study {name!r} in {without_password(url)} searches other settings "
-                             f"({', '.join(changed)}): name another --study, or repeat the first process's "
-                             "arguments")  # fmt: skip
+            raise SystemExit(
+                f"study {name!r} in {without_password(url)} searches other settings "
+                f"({', '.join(changed)}): name another --study, or repeat the first process's "
+                "arguments"
+            )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(searched)
@@ -319,11 +338,17 @@ def trials_table(searched: optuna.Study) -> pd.DataFrame:
     rows = []
     for trial in searched.trials:
         last_epoch = max(trial.intermediate_values, default=None)
-        rows.append({"trial": trial.number, "state": trial.state.name.lower(),
-                     OBJECTIVES[goal_of(searched)].metric: trial.value, "last_reported_epoch": last_epoch,
-                     "last_reported": None if last_epoch is None else trial.intermediate_values[last_epoch],
-                     "minutes": None if trial.duration is None else round(trial.duration.total_seconds() / 60, 1),
-                     **trial.params})  # fmt: skip
+        rows.append(
+            {
+                "trial": trial.number,
+                "state": trial.state.name.lower(),
+                OBJECTIVES[goal_of(searched)].metric: trial.value,
+                "last_reported_epoch": last_epoch,
+                "last_reported": None if last_epoch is None else trial.intermediate_values[last_epoch],
+                "minutes": None if trial.duration is None else round(trial.duration.total_seconds() / 60, 1),
+                **trial.params,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -340,25 +365,42 @@ def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str
     identity = searched.user_attrs.get("identity", {})
     wording = OBJECTIVES[goal_of(searched)].wording
     weights = importances(searched)
-    lines = [f"# Search: {identity.get('preset')} on {identity.get('dataset')} {identity.get('protocol')}", "",
-             "Made by (the study lives in its Optuna storage; `--trials 0` remakes this page from it):", "",
-             "```bash", command, "```", "",
-             f"Study `{searched.study_name}`: each trial trains the preset with the drawn values on the screening "
-             f"splits {identity.get('splits')} of `{identity.get('protocol')}`, selects its epoch on validation and "
-             f"is scored by its {wording} at that epoch, averaged over the splits. No test part was read. Searched: "
-             f"{', '.join(f'`{n}`' for n in identity.get('space', []))}.", "",
-             f"**Budget:** {summary(searched)}.", ""]  # fmt: skip
+    lines = [
+        f"# Search: {identity.get('preset')} on {identity.get('dataset')} {identity.get('protocol')}",
+        "",
+        "Made by (the study lives in its Optuna storage; `--trials 0` remakes this page from it):",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Study `{searched.study_name}`: each trial trains the preset with the drawn values on the screening "
+        f"splits {identity.get('splits')} of `{identity.get('protocol')}`, selects its epoch on validation and "
+        f"is scored by its {wording} at that epoch, averaged over the splits. No test part was read. Searched: "
+        f"{', '.join(f'`{n}`' for n in identity.get('space', []))}.",
+        "",
+        f"**Budget:** {summary(searched)}.",
+        "",
+    ]
     complete = trials[trials.state == "complete"]
     if len(complete):
         best = searched.best_trial
-        lines += [f"**Best:** trial {best.number}, {wording} {best.value:.4f}, "
-                  + ", ".join(f"`{key}={value:.4g}`" if isinstance(value, float) else f"`{key}={value}`"
-                              for key, value in best.params.items()) + ".", ""]  # fmt: skip
+        lines += [
+            f"**Best:** trial {best.number}, {wording} {best.value:.4f}, "
+            + ", ".join(
+                f"`{key}={value:.4g}`" if isinstance(value, float) else f"`{key}={value}`"
+                for key, value in best.params.items()
+            )
+            + ".",
+            "",
+        ]
         start = starting_point(searched)
         if start is not None and start.value is not None:
-            lines += [f"**Starting point** (the preset's own values): trial {start.number}, {wording} "
-                      f"{start.value:.4f}; the best is {best.value - start.value:+.4f} from it, on the same splits.",
-                      ""]  # fmt: skip
+            lines += [
+                f"**Starting point** (the preset's own values): trial {start.number}, {wording} "
+                f"{start.value:.4f}; the best is {best.value - start.value:+.4f} from it, on the same splits.",
+                "",
+            ]
     lines += ["## Importance of each parameter", ""]
     if isinstance(weights, str):
         lines += [weights, ""]
@@ -369,7 +411,16 @@ def report(command: str, searched: optuna.Study, trials: pd.DataFrame, name: str
     for column in shown.columns:
         if shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
-    lines += ["## History", "", f"![history]({name}-history.png)", "", "## Every trial", "", studies.markdown(shown), ""]
+    lines += [
+        "## History",
+        "",
+        f"![history]({name}-history.png)",
+        "",
+        "## Every trial",
+        "",
+        studies.markdown(shown),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -456,16 +507,20 @@ def storage_url(text: str) -> str:
     try:
         url = make_url(text)
     except ArgumentError:
-        raise argparse.ArgumentTypeError(f"is not a database URL: {text!r} (expected DATABASE://..., such as "
-                                         "sqlite:///PATH/optuna.db or postgresql://USER@HOST/NAME)") from None  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"is not a database URL: {text!r} (expected DATABASE://..., such as "
+            "sqlite:///PATH/optuna.db or postgresql://USER@HOST/NAME)"
+        ) from None
     try:
         url.get_dialect().import_dbapi()
     except NoSuchModuleError:
-        raise argparse.ArgumentTypeError(f"SQLAlchemy knows no database {url.get_backend_name()!r} in "
-                                         f"{url.render_as_string()!r}") from None  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"SQLAlchemy knows no database {url.get_backend_name()!r} in {url.render_as_string()!r}"
+        ) from None
     except ImportError as exc:
-        raise argparse.ArgumentTypeError(f"the driver of {url.drivername} is not installed ({exc.name}); install it "
-                                         "or use sqlite:///PATH") from None  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"the driver of {url.drivername} is not installed ({exc.name}); install it or use sqlite:///PATH"
+        ) from None
     folder = Path(url.database).parent if url.get_backend_name() == "sqlite" and url.database else None
     if folder is not None and not folder.is_dir():
         raise argparse.ArgumentTypeError(f"the folder {folder} of the SQLite file does not exist")
@@ -488,21 +543,28 @@ def sigterm_as_exit():
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.search", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     studies.add_common_arguments(parser)
     parser.add_argument("--protocol", help="the screening splits' protocol (default: the preset's)")
     parser.add_argument("--space", nargs="+", choices=sorted(SPACE), help="search these names only (default: all)")
-    parser.add_argument("--trials", type=int, default=20, help="trials this process adds (default 20; 0: only "
-                        "report the study)")
+    parser.add_argument(
+        "--trials", type=int, default=20, help="trials this process adds (default 20; 0: only report the study)"
+    )
     parser.add_argument("--timeout", type=float, metavar="MINUTES", help="stop starting trials after this long")
     parser.add_argument("--study", help="the study's name (default: search-<preset>-<protocol>)")
-    parser.add_argument("--storage", type=storage_url,
-                        help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)")
+    parser.add_argument(
+        "--storage", type=storage_url, help="an Optuna storage URL (default: sqlite:///<--mlruns>/optuna.db)"
+    )
     parser.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default: none)")
-    parser.add_argument("--objective", choices=list(OBJECTIVES), default=DEFAULT_OBJECTIVE,
-                        help="what a trial is scored by at its selected epoch: validation AUROC (default), or the mean "
-                             "of validation AUROC and AUPRC")  # fmt: skip
+    parser.add_argument(
+        "--objective",
+        choices=list(OBJECTIVES),
+        default=DEFAULT_OBJECTIVE,
+        help="what a trial is scored by at its selected epoch: validation AUROC (default), or the mean "
+        "of validation AUROC and AUPRC",
+    )
     parser.add_argument("--write-preset", metavar="NAME", help="write the best trial's configuration as a preset")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -523,8 +585,15 @@ def main(argv: list[str] | None = None) -> None:
     args.mlruns.mkdir(parents=True, exist_ok=True)
     storage = args.storage or f"sqlite:///{(args.mlruns / 'optuna.db').resolve()}"
     unsearched = base.override({name: getattr(Config, name) for name in names}).to_dict() | {"device": None}
-    identity = {"preset": args.preset, "dataset": args.dataset, "protocol": protocol, "objective": args.objective,
-                "splits": [split.index for split in cohort.splits], "space": sorted(names), "settings": unsearched}
+    identity = {
+        "preset": args.preset,
+        "dataset": args.dataset,
+        "protocol": protocol,
+        "objective": args.objective,
+        "splits": [split.index for split in cohort.splits],
+        "space": sorted(names),
+        "settings": unsearched,
+    }
     restored = 0 if args.out is None else restore_study(name, storage, args.out / f"{name}.jsonl")
     if restored:
         print(f"study {name} restored from {args.out / f'{name}.jsonl'}: {restored} trials")
@@ -534,9 +603,13 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m experiments.search " + shlex.join(map(without_password, given))
     if args.trials:
         with sigterm_as_exit():
-            searched.optimize(objective(base, cohort, names, name, goal_of(searched), args.mlruns),
-                              n_trials=args.trials, timeout=None if args.timeout is None else 60 * args.timeout,
-                              catch=(), callbacks=[after_each_trial(args.out, command)])  # fmt: skip
+            searched.optimize(
+                objective(base, cohort, names, name, goal_of(searched), args.mlruns),
+                n_trials=args.trials,
+                timeout=None if args.timeout is None else 60 * args.timeout,
+                catch=(),
+                callbacks=[after_each_trial(args.out, command)],
+            )
     print(summary(searched))
     if args.out is not None:
         print(f"report written to {write_report(args.out, command, searched)}")

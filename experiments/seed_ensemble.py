@@ -16,6 +16,7 @@ With ``--blend`` a second table blends each split's ensemble with the ``--agains
 risks per stay, equal weights, nothing fitted (one fixed rule, so no choice is made on the test stays). It is a
 row of its own, not a GARLIC model: it asks whether GARLIC's risks carry anything that gradient boosting's lack.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,12 @@ def ensemble_row(seeds: list[Unit], baseline: list[Unit], against: str) -> dict:
     splits = by_split(seeds)
     ensembles = [ensemble(units) for units in splits.values()]
     counts = sorted({len(units) for units in splits.values()})
-    row = {"preset": seeds[0].method, "protocol": seeds[0].protocol, "splits": len(ensembles),
-           "seeds": "/".join(map(str, counts))}  # fmt: skip
+    row = {
+        "preset": seeds[0].method,
+        "protocol": seeds[0].protocol,
+        "splits": len(ensembles),
+        "seeds": "/".join(map(str, counts)),
+    }
     for metric in ("auroc", "auprc"):
         alone = [unit.metrics[metric] for units in splits.values() for unit in units]
         row[f"single_{metric}"] = f"{np.mean(alone):.4f} ± {np.std(alone):.4f}"
@@ -112,17 +117,27 @@ def ensemble_tables(args: argparse.Namespace, name: str) -> dict[str, pd.DataFra
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.seed_ensemble", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.seed_ensemble",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--dataset", required=True, type=dataset_name)
     parser.add_argument("--protocol", required=True, help="a protocol whose splits have several seeds archived")
     parser.add_argument("--presets", nargs="+", required=True, help="GARLIC presets kept in the archive")
     parser.add_argument("--against", default="gbm_static", help="the method to pair with (default gbm_static)")
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
-    parser.add_argument("--blend", action="store_true", help="also each ensemble blended with --against (the mean "
-                        "risk per stay), as a table of its own")
-    parser.add_argument("--out", type=Path, default=Path("docs/results"),
-                        help="the folder holding <dataset>-runs; ensemble-<dataset>.md is written there")
+    parser.add_argument(
+        "--blend",
+        action="store_true",
+        help="also each ensemble blended with --against (the mean risk per stay), as a table of its own",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/results"),
+        help="the folder holding <dataset>-runs; ensemble-<dataset>.md is written there",
+    )
     args = parser.parse_args(argv)
     name = f"ensemble-{args.dataset}-{args.protocol}"
     try:  # a damaged archive, or runs that cannot make an ensemble: one line, not a traceback
@@ -130,12 +145,16 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     command = "python -m experiments.seed_ensemble " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = (f"# Seed ensembles: {args.dataset} {args.protocol}\n\nMade by (from the run archive, nothing trained):\n\n"
-            f"```bash\n{command}\n```\n\n{studies.markdown(tables[name])}\n")  # fmt: skip
+    text = (
+        f"# Seed ensembles: {args.dataset} {args.protocol}\n\nMade by (from the run archive, nothing trained):\n\n"
+        f"```bash\n{command}\n```\n\n{studies.markdown(tables[name])}\n"
+    )
     if args.blend:
-        text += (f"\n## Blended with {args.against}\n\nThe mean of the ensemble's and {args.against}'s risks per stay "
-                 f"(equal weights, nothing fitted), paired with {args.against} on the same test stays. A row of its "
-                 f"own, not a GARLIC model.\n\n{studies.markdown(tables[f'{name}-blend'])}\n")  # fmt: skip
+        text += (
+            f"\n## Blended with {args.against}\n\nThe mean of the ensemble's and {args.against}'s risks per stay "
+            f"(equal weights, nothing fitted), paired with {args.against} on the same test stays. A row of its "
+            f"own, not a GARLIC model.\n\n{studies.markdown(tables[f'{name}-blend'])}\n"
+        )
     for table_name, table in tables.items():
         with atomic_file(args.out / f"{table_name}.csv", "w") as file:
             table.to_csv(file, index=False)

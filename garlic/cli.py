@@ -4,6 +4,7 @@ feed.
 Parsing the command line imports nothing heavy (no torch, MLflow, pandas or Streamlit): ``--help`` and a mistyped
 option answer at once, and each command imports what it uses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ from garlic.tracking.local_store import database_error
 from garlic.training.workers import PARENT_ENV, die_with_parent
 
 log = logging.getLogger("garlic")
-DESCRIPTION = ("GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard, "
-               "score a live ward.")
+DESCRIPTION = (
+    "GARLIC-ICU: download and preprocess ICU data, train and evaluate GARLIC, predict, open the dashboard, "
+    "score a live ward."
+)
 STORE_FILE = "mlflow.db"  # the SQLite file of a local MLflow store (garlic.tracking.store.use_store)
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}  # a full disk, a read-only store: one line
 LEFT_OUT = 3  # exit status of a `garlic predict` that wrote its risks but left records out (2: nothing written)
@@ -62,8 +65,10 @@ def _existing_store(args: argparse.Namespace) -> Path:
     """The store, refusing one that does not exist: reading runs must not leave an empty store behind."""
     store = _store(args)
     if not (store / STORE_FILE).is_file():
-        raise ConfigError(f"no MLflow store in {store.resolve()} (no {STORE_FILE}); run `garlic train` first, or "
-                          f"point --mlruns or GARLIC_MLRUNS at the store that holds the run")  # fmt: skip
+        raise ConfigError(
+            f"no MLflow store in {store.resolve()} (no {STORE_FILE}); run `garlic train` first, or "
+            f"point --mlruns or GARLIC_MLRUNS at the store that holds the run"
+        )
     return store
 
 
@@ -96,10 +101,20 @@ def _download(args: argparse.Namespace) -> None:
 def _preprocess(args: argparse.Namespace) -> None:
     from garlic.data.datasets import preprocess
 
-    dataset, folder, manifest = preprocess(args.dataset, args.data_root, cohort=args.cohort, source=args.source,
-                                           named=args.name, strict=args.strict, stays=args.stays, seed=args.seed,
-                                           labels=args.labels, window_hours=args.window_hours,
-                                           variables=args.variables, static=args.static)  # fmt: skip
+    dataset, folder, manifest = preprocess(
+        args.dataset,
+        args.data_root,
+        cohort=args.cohort,
+        source=args.source,
+        named=args.name,
+        strict=args.strict,
+        stays=args.stays,
+        seed=args.seed,
+        labels=args.labels,
+        window_hours=args.window_hours,
+        variables=args.variables,
+        static=args.static,
+    )
     print(f"{dataset}: wrote {folder} ({json.dumps(manifest.get('counts', {}))})")
     print(f"next: garlic train --dataset {dataset}")
 
@@ -117,11 +132,15 @@ def _export(args: argparse.Namespace) -> None:
     split = chosen_splits(load_splits(folder, load_tensors(folder), args.protocol), [args.split], args.protocol)[0]
     parts = {part: getattr(split, part) for part in PARTS}
     written = write_meds(args.to, read_processed(folder), args.dataset, parts)
-    print(f"{args.dataset}: wrote {args.to} ({written['events']} events in {written['shards']} shard(s), "
-          f"{written['labels']} label rows; subject splits: {split.name})")
+    print(
+        f"{args.dataset}: wrote {args.to} ({written['events']} events in {written['shards']} shard(s), "
+        f"{written['labels']} label rows; subject splits: {split.name})"
+    )
     # with the dataset's own lists: read back, its columns come in the same order (docs/own-data.md)
-    print(f"next: garlic preprocess meds --source {shlex.quote(str(args.to))} "
-          f"{' '.join(map(shlex.quote, written['preprocess_options']))}")
+    print(
+        f"next: garlic preprocess meds --source {shlex.quote(str(args.to))} "
+        f"{' '.join(map(shlex.quote, written['preprocess_options']))}"
+    )
 
 
 def _config(args: argparse.Namespace, assignments: list[str] | None = None) -> Config:
@@ -208,8 +227,10 @@ def _prepare(dataset: str, protocol_name: str, data_root: Path) -> None:
         start = time.perf_counter()
         _say(f"generating the synthetic cohort in {folder} (first run only) ...")
         ensure_processed(dataset, data_root)
-        _say(f"generated it in {time.perf_counter() - start:.1f} s, and new stays to try `garlic predict` and the "
-             f"dashboard's upload on: {folder / EXAMPLE_RECORDS}")  # fmt: skip
+        _say(
+            f"generated it in {time.perf_counter() - start:.1f} s, and new stays to try `garlic predict` and the "
+            f"dashboard's upload on: {folder / EXAMPLE_RECORDS}"
+        )
     making = [f"the tensor cache {folder / TENSORS}"] if not (folder / TENSORS).is_file() else []
     if not (folder / "splits" / protocol_name).is_dir():
         making.append(f"the saved {protocol_name} splits in {folder / 'splits'}")
@@ -302,14 +323,18 @@ class _Progress:
             seconds.append(record.seconds)
             pace = sum(seconds) / len(seconds)
             left = f", at most {pace * (bar.total - record.epoch):.0f} s left" if bar.total else ""
-            self.summaries[split] = (f"{record.stage}, val AUROC {record.val_auroc:.3f} AUPRC "
-                                     f"{record.val_auprc:.3f}, {pace:.1f} s/epoch{left}")  # fmt: skip
+            self.summaries[split] = (
+                f"{record.stage}, val AUROC {record.val_auroc:.3f} AUPRC "
+                f"{record.val_auprc:.3f}, {pace:.1f} s/epoch{left}"
+            )
             bar.set_postfix_str(self.summaries[split], refresh=False)
             bar.update(1)
             self.last = split
             if bar.total is not None and bar.n >= bar.total:
-                bar.write(f"{split}: testing the selected epoch, writing plots, explanations and the model ...",
-                          file=sys.stderr)  # fmt: skip
+                bar.write(
+                    f"{split}: testing the selected epoch, writing plots, explanations and the model ...",
+                    file=sys.stderr,
+                )
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -353,20 +378,31 @@ def _train(args: argparse.Namespace) -> None:
 
     from garlic.training import distributed
     from garlic import runs
+
     stopping = _Stopping()
     with distributed.process_group(config.device if config else args.device or "auto"):
         if args.resume:
             with _Progress(None, enabled=distributed.is_main()) as progress:  # the run's config is read later
-                run_id, results = runs.resume(args.resume, args.data_root, store, stopping.checked(progress),
-                                              args.device, args.carry)  # fmt: skip
+                run_id, results = runs.resume(
+                    args.resume, args.data_root, store, stopping.checked(progress), args.device, args.carry
+                )
         else:
             with distributed.main_first():
                 if distributed.is_main():
                     _prepare(config.dataset, config.split_protocol, args.data_root)
             with _Progress(epochs, enabled=distributed.is_main(), counts_epochs=epochs is not None) as progress:
-                run_id, results = runs.train(config, indices, args.data_root, store, stopping.checked(progress),
-                                             seeds=seeds, preset=preset_name, method=args.method,
-                                             method_settings=method_settings, carry=args.carry)  # fmt: skip
+                run_id, results = runs.train(
+                    config,
+                    indices,
+                    args.data_root,
+                    store,
+                    stopping.checked(progress),
+                    seeds=seeds,
+                    preset=preset_name,
+                    method=args.method,
+                    method_settings=method_settings,
+                    carry=args.carry,
+                )
     if run_id is None:  # a helper rank under torchrun: rank 0 reports
         return
     import mlflow
@@ -387,8 +423,10 @@ def _train(args: argparse.Namespace) -> None:
     print(f"run {run_id}")
     print(f"next: the bedside dashboard on this run: {garlic} dashboard --run {run_id}   (http://localhost:8501)")
     # One server process, not MLflow's default four: one reader needs no more, and it answers twice as soon.
-    print(f"      every metric and plot in MLflow: {_program('python')} -m mlflow ui --workers 1 --backend-store-uri "
-          f"sqlite:///{store.resolve() / STORE_FILE}")  # fmt: skip
+    print(
+        f"      every metric and plot in MLflow: {_program('python')} -m mlflow ui --workers 1 --backend-store-uri "
+        f"sqlite:///{store.resolve() / STORE_FILE}"
+    )
 
 
 def _where(args: argparse.Namespace) -> list[str]:
@@ -419,16 +457,27 @@ def _predict(args: argparse.Namespace) -> None:
         raise ValueError(f"--threshold is a risk in (0, 1], got {args.threshold}")
     if args.window_hours is not None and not args.window_hours > 0:
         raise ValueError(f"--window-hours must be a positive number of hours, got {args.window_hours}")
-    policy_flags = (("--profile", args.profile), ("--band", args.band), ("--quiet-hours", args.quiet_hours),
-                    ("--margin", args.margin))  # fmt: skip
-    unused = [flag for flag, value, used in (("--threshold", args.threshold, args.hourly or args.labels),
-                                             ("--window-hours", args.window_hours, args.labels),
-                                             *((flag, value, args.hourly) for flag, value in policy_flags))
-              if value is not None and not used]  # fmt: skip
+    policy_flags = (
+        ("--profile", args.profile),
+        ("--band", args.band),
+        ("--quiet-hours", args.quiet_hours),
+        ("--margin", args.margin),
+    )
+    unused = [
+        flag
+        for flag, value, used in (
+            ("--threshold", args.threshold, args.hourly or args.labels),
+            ("--window-hours", args.window_hours, args.labels),
+            *((flag, value, args.hourly) for flag, value in policy_flags),
+        )
+        if value is not None and not used
+    ]
     if unused:
-        raise ValueError(f"{' and '.join(unused)}: a per-stay prediction has no alarm or window to set; "
-                         "--threshold goes with --hourly or --labels, --window-hours with --labels, the alert "
-                         "policy's --profile, --band, --quiet-hours and --margin with --hourly")  # fmt: skip
+        raise ValueError(
+            f"{' and '.join(unused)}: a per-stay prediction has no alarm or window to set; "
+            "--threshold goes with --hourly or --labels, --window-hours with --labels, the alert "
+            "policy's --profile, --band, --quiet-hours and --margin with --hourly"
+        )
     store = _existing_store(args)
     # The model code, not MLflow's nor scikit-learn's: a one-stay predict (a user's first try, a live service) reads
     # the model's folder straight from the store (garlic.tracking.local_store).
@@ -454,20 +503,29 @@ def _predict(args: argparse.Namespace) -> None:
     stays = static["stay_id"].nunique()
     _say(f"scoring {stays} stay{'s' if stays != 1 else ''} ...")
     risks = predict_tables(trained, observations, static).assign(left_out="")
-    unscored = pd.DataFrame({"stay_id": [r.stay_id for r in left_out], "risk": np.nan,
-                             "left_out": [r.reason for r in left_out]})  # fmt: skip
+    unscored = pd.DataFrame(
+        {"stay_id": [r.stay_id for r in left_out], "risk": np.nan, "left_out": [r.reason for r in left_out]}
+    )
     risks = pd.concat([risks, unscored], ignore_index=True) if left_out else risks
     risks.to_csv(args.output or sys.stdout, index=False)
     if left_out:
-        print(f"garlic: {len(left_out)} of {len(risks)} records left out, with no risk (rows with an empty risk): "
-              f"{', '.join(r.origin for r in left_out)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"garlic: {len(left_out)} of {len(risks)} records left out, with no risk (rows with an empty risk): "
+            f"{', '.join(r.origin for r in left_out)}",
+            file=sys.stderr,
+        )
         raise SystemExit(LEFT_OUT)
 
 
 def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     """``garlic predict --hourly``: the Sepsis Challenge's prediction files, one per record, in ``--output``."""
-    from garlic.inference import (ALARM_DRIVERS, TOP_DRIVERS, predict_hourly, write_alarm_drivers,
-                                  write_hourly_predictions)
+    from garlic.inference import (
+        ALARM_DRIVERS,
+        TOP_DRIVERS,
+        predict_hourly,
+        write_alarm_drivers,
+        write_hourly_predictions,
+    )
     from garlic.methods.contract import unexplained_reason
     from garlic.methods.saved import load_predictor
     from garlic.sources.physionet2019 import read_hourly_record_files
@@ -478,8 +536,10 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
     found = _policy(args, store)
     trained = load_predictor(args.run, store)
     observations, static, tasks = read_hourly_record_files(record_files(args.input, ".psv"))
-    _say(f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays; {found.policy.describe()} "
-         f"({found.chosen_by}) ...")  # fmt: skip
+    _say(
+        f"scoring {len(tasks)} hours of {static['stay_id'].nunique()} stays; {found.policy.describe()} "
+        f"({found.chosen_by}) ..."
+    )
     risks = predict_hourly(trained, observations, static, tasks, drivers=TOP_DRIVERS)
     written = write_hourly_predictions(args.output, risks, found.policy)
     _say(f"wrote {len(written)} prediction files in {_shown(args.output)}")
@@ -487,8 +547,10 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
         alarms = write_alarm_drivers(args.output / ALARM_DRIVERS, risks, found.policy)
         _say(f"wrote the top drivers of its {alarms} alarmed hours in {_shown(args.output / ALARM_DRIVERS)}")
     else:
-        _say(f"{trained.name} gives no drivers of its alarms" + (f": {unexplained_reason(trained.method)}"
-                                                                 if unexplained_reason(trained.method) else ""))
+        _say(
+            f"{trained.name} gives no drivers of its alarms"
+            + (f": {unexplained_reason(trained.method)}" if unexplained_reason(trained.method) else "")
+        )
 
 
 def _predict_meds(args: argparse.Namespace, store: Path) -> None:
@@ -500,16 +562,19 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
     from garlic.sources.meds import read_tables
 
     if args.output is None or len(args.input) != 1:
-        raise ValueError("--labels scores a MEDS folder: give that one folder as --input, and the Parquet file to "
-                         "write as --output")  # fmt: skip
+        raise ValueError(
+            "--labels scores a MEDS folder: give that one folder as --input, and the Parquet file to write as --output"
+        )
     trained = load_predictor(args.run, store)
     window = args.window_hours
     if window is None:
         folder = processed_folder(trained.config.dataset, args.data_root)
         window = read_manifest(folder).get("window_hours") if (folder / MANIFEST).is_file() else None
         if window is None:
-            raise ValueError(f"the window of run {args.run}'s dataset {trained.config.dataset} is not known here (no "
-                             f"{folder}); give the --window-hours it was preprocessed with")  # fmt: skip
+            raise ValueError(
+                f"the window of run {args.run}'s dataset {trained.config.dataset} is not known here (no "
+                f"{folder}); give the --window-hours it was preprocessed with"
+            )
     label_rows = read_labels(args.labels)
     _say(f"reading {_shown(args.input[0])} for {len(label_rows)} label rows, a window of {window:g} h ...")
     tables = read_tables(shards(args.input[0]), label_rows, float(window), trained.variables, trained.static_features)
@@ -521,12 +586,16 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
         except ValueError:
             threshold = None  # a per-stay run chose none: the probabilities alone, as meds-evaluation accepts
     write_predictions(args.output, risks, threshold)
-    _say(f"wrote {len(risks)} predictions to {_shown(args.output)}"
-         + ("" if threshold is None else f", predicted true at risk >= {threshold:.4g}"))
+    _say(
+        f"wrote {len(risks)} predictions to {_shown(args.output)}"
+        + ("" if threshold is None else f", predicted true at risk >= {threshold:.4g}")
+    )
     missing = len(label_rows) - len(risks)
     if missing:
-        _say(f"{missing} of {len(label_rows)} label rows left out, with no prediction: their subjects have neither "
-             "an event of the model's variables in the window nor a static feature")  # fmt: skip
+        _say(
+            f"{missing} of {len(label_rows)} label rows left out, with no prediction: their subjects have neither "
+            "an event of the model's variables in the window nor a static feature"
+        )
         raise SystemExit(LEFT_OUT)
 
 
@@ -539,8 +608,9 @@ def _run_threshold(run_id: str, store: Path) -> float:
 
     threshold = mlflow.MlflowClient().get_run(run_id).data.metrics.get("threshold")
     if threshold is None:
-        raise ValueError(f"run {run_id} logged no alarm threshold (it was not trained on an hourly task); give one "
-                         "with --threshold")  # fmt: skip
+        raise ValueError(
+            f"run {run_id} logged no alarm threshold (it was not trained on an hourly task); give one with --threshold"
+        )
     return threshold
 
 
@@ -552,11 +622,20 @@ def _score_utility(args: argparse.Namespace) -> None:
 
 def _calibrate(args: argparse.Namespace) -> None:
     """``garlic calibrate``: a run's alert policy set on a site's own record files, written as a site profile."""
-    targets = [flag for flag, value in (("--alerts-per-day", args.alerts_per_day), ("--sensitivity",
-               args.sensitivity), ("--labelled", args.labelled or None)) if value is not None]  # fmt: skip
+    targets = [
+        flag
+        for flag, value in (
+            ("--alerts-per-day", args.alerts_per_day),
+            ("--sensitivity", args.sensitivity),
+            ("--labelled", args.labelled or None),
+        )
+        if value is not None
+    ]
     if len(targets) != 1:
-        raise ValueError("set the threshold for one target: --alerts-per-day X (no labels needed), --sensitivity S or "
-                         f"--labelled (the highest utility), got {' and '.join(targets) or 'none'}")  # fmt: skip
+        raise ValueError(
+            "set the threshold for one target: --alerts-per-day X (no labels needed), --sensitivity S or "
+            f"--labelled (the highest utility), got {' and '.join(targets) or 'none'}"
+        )
     store = _existing_store(args)
     _say(f"calibrating run {args.run} on {_shown(args.site)}; loading torch and the model code ...")
     from garlic.evaluation import alerting
@@ -576,19 +655,24 @@ def _calibrate(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.site}: no record file with an observation to calibrate on")
     labelled = args.sensitivity is not None or args.labelled
     if labelled and not found.hourly:
-        raise ValueError(f"run {args.run} gives one risk per stay: its alerts have no hourly labels to set a "
-                         "sensitivity or a utility on; use --alerts-per-day")  # fmt: skip
+        raise ValueError(
+            f"run {args.run} gives one risk per stay: its alerts have no hourly labels to set a "
+            "sensitivity or a utility on; use --alerts-per-day"
+        )
     _say(f"scoring every hour of {static['stay_id'].nunique()} stays ...")
     risks = predict_each_hour(trained, observations, static, tasks)
     if labelled:
         risks = risks.merge(tasks, on=["stay_id", "time"], how="left", validate="one_to_one")
     settings = {"band": found.policy.band, "quiet_hours": found.policy.quiet_hours, "margin": found.policy.margin}
     choice = alerting.choose(risks, alerts_per_day=args.alerts_per_day, sensitivity=args.sensitivity, **settings)
-    written = alerting.write_profile(args.profile, args.run, Path(args.site).name, choice, risks["stay_id"].nunique(),
-                                     len(risks))  # fmt: skip
+    written = alerting.write_profile(
+        args.profile, args.run, Path(args.site).name, choice, risks["stay_id"].nunique(), len(risks)
+    )
     scored = ", ".join(f"{name} {value:.3g}" for name, value in choice.scores.items())
-    print(f"{choice.policy.describe()}; chosen for {choice.chosen_by} on "
-          f"{risks['stay_id'].nunique()} stays ({scored}); wrote {_shown(written)}")  # fmt: skip
+    print(
+        f"{choice.policy.describe()}; chosen for {choice.chosen_by} on "
+        f"{risks['stay_id'].nunique()} stays ({scored}); wrote {_shown(written)}"
+    )
 
 
 def _score_alerts(args: argparse.Namespace) -> None:
@@ -599,15 +683,34 @@ def _score_alerts(args: argparse.Namespace) -> None:
 
     files = read_folders(args.labels, args.predictions)
     scores = alert_scores(alert_parts(files.labels, files.predictions, files.lengths))
-    names = ("Sensitivity", "PPV", "Lead hours (median)", "Lead hours (Q1)", "Lead hours (Q3)",
-             "Alerts per 100 patient-days", "Share of stays alerted", "Utility")  # fmt: skip
+    names = (
+        "Sensitivity",
+        "PPV",
+        "Lead hours (median)",
+        "Lead hours (Q1)",
+        "Lead hours (Q3)",
+        "Alerts per 100 patient-days",
+        "Share of stays alerted",
+        "Utility",
+    )
     values = [*scores.values(), files.scores().utility]
     print("|".join(names) + "\n" + "|".join(f"{value:.6g}" for value in values))
 
 
 def _dashboard(args: argparse.Namespace) -> None:
-    command = [sys.executable, "-m", "garlic.app.serve", "--host", args.host, "--port", str(args.port),
-               "--mlruns", str(_store(args)), "--data-root", str(args.data_root)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "garlic.app.serve",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--mlruns",
+        str(_store(args)),
+        "--data-root",
+        str(args.data_root),
+    ]
     if args.run:
         command += ["--run", args.run]
     if args.ward:
@@ -639,8 +742,15 @@ def _policy(args: argparse.Namespace, store: Path):
     settings given on the command line in their place."""
     from garlic.evaluation.alerting import policy_for
 
-    return policy_for(args.run, store, args.profile, threshold=args.threshold, band=args.band,
-                      quiet_hours=args.quiet_hours, margin=args.margin)  # fmt: skip
+    return policy_for(
+        args.run,
+        store,
+        args.profile,
+        threshold=args.threshold,
+        band=args.band,
+        quiet_hours=args.quiet_hours,
+        margin=args.margin,
+    )
 
 
 def _live_store(args: argparse.Namespace) -> str:
@@ -659,14 +769,18 @@ def _monitor(args: argparse.Namespace) -> None:
     if args.scorers < 1:
         raise ConfigError("--scorers must be at least 1")
     if args.scorers > 1 and not (args.store or "").startswith("postgresql"):
-        raise ConfigError(f"--scorers {args.scorers} needs a PostgreSQL store (--store postgresql+psycopg://...): "
-                          "SQLite has one writer, so one scorer")  # fmt: skip
+        raise ConfigError(
+            f"--scorers {args.scorers} needs a PostgreSQL store (--store postgresql+psycopg://...): "
+            "SQLite has one writer, so one scorer"
+        )
     store = _existing_store(args)
     try:
         import fhir.resources  # noqa: F401  (the optional extra `live`)
     except ImportError:
-        raise ConfigError("garlic monitor validates FHIR R4 with fhir.resources, which is not installed: run "
-                          "bin/setup live (or pip install -e '.[live]')") from None  # fmt: skip
+        raise ConfigError(
+            "garlic monitor validates FHIR R4 with fhir.resources, which is not installed: run "
+            "bin/setup live (or pip install -e '.[live]')"
+        ) from None
     _say(f"loading run {args.run}'s model; loading torch and the model code ...")
     from garlic.live.codes import Codes
     from garlic.live.monitor import Monitor
@@ -686,8 +800,10 @@ def _monitor(args: argparse.Namespace) -> None:
     shard = (args.score_only or 0, args.scorers) if args.scorers > 1 else None
     monitor = Monitor(live, scorer, found.policy, shard=shard)
     if args.score_only is not None:  # one of --scorers' processes: the scoring loop only, until the service stops
-        _say(f"scorer {args.score_only + 1} of {args.scorers} scoring store "
-             f"{live.engine.url.render_as_string(hide_password=True)}")  # fmt: skip
+        _say(
+            f"scorer {args.score_only + 1} of {args.scorers} scoring store "
+            f"{live.engine.url.render_as_string(hide_password=True)}"
+        )
         print("ready", flush=True)  # the service serves once every scorer is ready (its only line on stdout)
         monitor.run()
         return
@@ -695,20 +811,29 @@ def _monitor(args: argparse.Namespace) -> None:
         _say(f"{trained.name} shows no drivers: {scorer.unexplained}")
     if scorer.steps is not None:
         steps = scorer.steps
-        _say(f"step states for up to {steps.capacity:,} beds ({steps.bed_bytes / 1024:.1f} kB each, at most "
-             f"{steps.capacity * steps.bed_bytes / 2**20:.0f} MB; --step-memory); a bed beyond is rebuilt from its "
-             "readings")  # fmt: skip
-    _say(f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
-         f"store {live.engine.url.render_as_string(hide_password=True)}, {monitor.pending} readings left to score")
+        _say(
+            f"step states for up to {steps.capacity:,} beds ({steps.bed_bytes / 1024:.1f} kB each, at most "
+            f"{steps.capacity * steps.bed_bytes / 2**20:.0f} MB; --step-memory); a bed beyond is rebuilt from its "
+            "readings"
+        )
+    _say(
+        f"{'hourly' if hourly else 'per-stay'} model {trained.name}; {found.policy.describe()} ({found.chosen_by}); "
+        f"store {live.engine.url.render_as_string(hide_password=True)}, {monitor.pending} readings left to score"
+    )
     watcher = None
     if args.watch is not None:
         from garlic.live.watch import FolderWatcher
 
         watcher = FolderWatcher(args.watch, monitor, codes.names, hourly)
         _say(f"taking the record files in {_shown(args.watch)} as they grow")
-    scorers = [subprocess.Popen([sys.executable, "-m", "garlic.cli", *args.argv, "--score-only", str(number)],
-                                env=os.environ | {PARENT_ENV: str(os.getpid())}, stdout=subprocess.PIPE)
-               for number in range(1, args.scorers)]  # fmt: skip
+    scorers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "garlic.cli", *args.argv, "--score-only", str(number)],
+            env=os.environ | {PARENT_ENV: str(os.getpid())},
+            stdout=subprocess.PIPE,
+        )
+        for number in range(1, args.scorers)
+    ]
     for number, process in enumerate(scorers, 2):  # served once all score: else their beds wait for a takeover
         if process.stdout.readline().strip() != b"ready":
             for other in scorers:
@@ -742,21 +867,37 @@ def _feed(args: argparse.Namespace) -> None:
 
 def add_policy_arguments(command: argparse.ArgumentParser) -> None:
     """The alert policy's settings (``garlic.metrics.alert_policy``), each replacing the run's or the profile's."""
-    command.add_argument("--profile", type=Path, metavar="FILE",
-                         help="a site profile of this run (garlic calibrate): its alert policy, instead of the run's")
-    command.add_argument("--threshold", type=float,
-                         help="alert at risk >= this (default: the run's policy, chosen on its validation stays)")
+    command.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="a site profile of this run (garlic calibrate): its alert policy, instead of the run's",
+    )
+    command.add_argument(
+        "--threshold",
+        type=float,
+        help="alert at risk >= this (default: the run's policy, chosen on its validation stays)",
+    )
     command.add_argument("--band", type=float, help="an alert clears below threshold x (1 - band) (default: the run's)")
-    command.add_argument("--quiet-hours", type=float, metavar="H",
-                         help="a cleared alert stays quiet for H hours ... (default: the run's)")
-    command.add_argument("--margin", type=float,
-                         help="... unless the risk reaches threshold x (1 + margin) (default: the run's)")
+    command.add_argument(
+        "--quiet-hours",
+        type=float,
+        metavar="H",
+        help="a cleared alert stays quiet for H hours ... (default: the run's)",
+    )
+    command.add_argument(
+        "--margin", type=float, help="... unless the risk reaches threshold x (1 + margin) (default: the run's)"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="garlic", description=DESCRIPTION)
-    main.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT,
-                      help="where processed datasets live (default: $GARLIC_DATA_ROOT, else data)")
+    main.add_argument(
+        "--data-root",
+        type=Path,
+        default=DEFAULT_DATA_ROOT,
+        help="where processed datasets live (default: $GARLIC_DATA_ROOT, else data)",
+    )
     main.add_argument("--mlruns", type=Path, help="the local MLflow store (default: $GARLIC_MLRUNS, else mlruns)")
     main.add_argument("-v", "--verbose", action="store_true", help="log each step")
     commands = main.add_subparsers(dest="command", required=True)
@@ -771,51 +912,89 @@ def parser() -> argparse.ArgumentParser:
     prep = commands.add_parser("preprocess", help="raw records -> processed tables")
     prep.add_argument("dataset", choices=SOURCES, help="the source; one with cohorts writes DATASET-COHORT")
     prep.add_argument("--source", type=Path, help="the raw release folder")
-    cohorts = "; ".join(f"{s.name}: {'|'.join(s.cohorts)}, default {s.cohorts[0]}" for s in SOURCES.values() if s.cohorts)
+    cohorts = "; ".join(
+        f"{s.name}: {'|'.join(s.cohorts)}, default {s.cohorts[0]}" for s in SOURCES.values() if s.cohorts
+    )
     prep.add_argument("--cohort", help=f"named cohort, its own dataset and folder ({cohorts})")
     prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     prep.add_argument("--stays", type=int, help="synthetic: number of stays (default 2000)")
     prep.add_argument("--seed", type=int, help="synthetic: generator seed (default 0)")
     prep.add_argument("--name", help="meds: the dataset's name NAME, written as meds-NAME (default: meds)")
     prep.add_argument("--labels", type=Path, help="meds: the label file, or a folder of them (docs/own-data.md)")
-    prep.add_argument("--window-hours", type=float, help="meds: the input's span before the first prediction time "
-                                                         "(default 48)")
-    prep.add_argument("--variables", metavar="FILE|N", help="meds: a file of codes, one a line, or N: the N most "
-                      "frequent numeric codes of the training subjects (default 40)")
-    prep.add_argument("--static", type=Path, metavar="FILE",
-                      help="meds: a file of static codes, one a line (default: every numeric code with no time)")
+    prep.add_argument(
+        "--window-hours", type=float, help="meds: the input's span before the first prediction time (default 48)"
+    )
+    prep.add_argument(
+        "--variables",
+        metavar="FILE|N",
+        help="meds: a file of codes, one a line, or N: the N most "
+        "frequent numeric codes of the training subjects (default 40)",
+    )
+    prep.add_argument(
+        "--static",
+        type=Path,
+        metavar="FILE",
+        help="meds: a file of static codes, one a line (default: every numeric code with no time)",
+    )
     prep.set_defaults(handler=_preprocess)
 
     export = commands.add_parser("export", help="a processed dataset -> another format (MEDS)")
     export.add_argument("format", choices=["meds"])
     export.add_argument("--dataset", type=dataset_name, required=True, metavar="NAME", help=dataset_names())
-    export.add_argument("--to", type=Path, required=True,
-                        help="the MEDS folder to write: a new or empty one, or an earlier export (replaced whole)")
+    export.add_argument(
+        "--to",
+        type=Path,
+        required=True,
+        help="the MEDS folder to write: a new or empty one, or an earlier export (replaced whole)",
+    )
     export.add_argument("--protocol", default="five-split", help="whose split becomes the subject splits")
     export.add_argument("--split", type=int, default=0, help="which split of --protocol (default 0)")
     export.set_defaults(handler=_export)
 
     train = commands.add_parser("train", help="train GARLIC on fixed splits, tracked in MLflow")
-    train.add_argument("--dataset", type=dataset_name, metavar="NAME",
-                       help=f"{dataset_names()} (default: the --config file's, else synthetic)")
+    train.add_argument(
+        "--dataset",
+        type=dataset_name,
+        metavar="NAME",
+        help=f"{dataset_names()} (default: the --config file's, else synthetic)",
+    )
     which = train.add_mutually_exclusive_group()
     which.add_argument("--split", type=int, help="train on split K (default 0)")
-    which.add_argument("--all-splits", action="store_true",
-                       help="train on every split (and model seed) of the protocol")  # fmt: skip
-    train.add_argument("--protocol", metavar="NAME",
-                       help="five-split, raindrop or garlic-reference; alone, it runs the whole protocol")  # fmt: skip
-    train.add_argument("--config", type=Path, help="a JSON config, or a shipped preset's name (physionet2012-fast; "
-                                                   "default: garlic/configs/DATASET.json)")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value, or one of the method's own settings (grud's hidden_dim)")
+    which.add_argument(
+        "--all-splits", action="store_true", help="train on every split (and model seed) of the protocol"
+    )
+    train.add_argument(
+        "--protocol", metavar="NAME", help="five-split, raindrop or garlic-reference; alone, it runs the whole protocol"
+    )
+    train.add_argument(
+        "--config",
+        type=Path,
+        help="a JSON config, or a shipped preset's name (physionet2012-fast; default: garlic/configs/DATASET.json)",
+    )
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, or one of the method's own settings (grud's hidden_dim)",
+    )
     train.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    train.add_argument("--method", default="garlic", metavar="NAME",
-                       help="a method of the registry, garlic.methods.registry (gbm_static, grud, ...; default garlic)")
-    train.add_argument("--resume", metavar="RUN_ID",
-                       help="continue this killed run from its last epoch's training state")
-    train.add_argument("--carry", type=Path, metavar="DIR",
-                       help="also keep each unfinished unit's training state in this folder, beyond the store, and go "
-                            "on from it where the store has no run of the unit (garlic.tracking.carry)")  # fmt: skip
+    train.add_argument(
+        "--method",
+        default="garlic",
+        metavar="NAME",
+        help="a method of the registry, garlic.methods.registry (gbm_static, grud, ...; default garlic)",
+    )
+    train.add_argument(
+        "--resume", metavar="RUN_ID", help="continue this killed run from its last epoch's training state"
+    )
+    train.add_argument(
+        "--carry",
+        type=Path,
+        metavar="DIR",
+        help="also keep each unfinished unit's training state in this folder, beyond the store, and go "
+        "on from it where the store has no run of the unit (garlic.tracking.carry)",
+    )
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="re-evaluate a finished run on its test split")
@@ -823,107 +1002,198 @@ def parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(handler=_evaluate)
 
     predict = commands.add_parser(
-        "predict", help="risk per stay for record files, as CSV (stay_id, risk, left_out); exit status 3 when a "
-        "record had to be left out (a row with an empty risk and the reason names it)")
+        "predict",
+        help="risk per stay for record files, as CSV (stay_id, risk, left_out); exit status 3 when a "
+        "record had to be left out (a row with an empty risk and the reason names it)",
+    )
     predict.add_argument("--run", required=True, help="MLflow run id")
-    predict.add_argument("--input", nargs="+", required=True, type=Path,
-                         help="PhysioNet 2012 .txt / 2019 .psv, or with --labels a MEDS folder")
-    predict.add_argument("--output", type=Path, help="CSV file (default: standard output); with --hourly, a folder; "
-                         "with --labels, a Parquet file")
-    predict.add_argument("--hourly", action="store_true",
-                         help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
-                              "Challenge's prediction files (pNNNNNN.psv) in --output, with the top drivers of every "
-                              "alarmed hour in alarm-drivers.csv where the model explains; needs an hourly run")
+    predict.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        type=Path,
+        help="PhysioNet 2012 .txt / 2019 .psv, or with --labels a MEDS folder",
+    )
+    predict.add_argument(
+        "--output",
+        type=Path,
+        help="CSV file (default: standard output); with --hourly, a folder; with --labels, a Parquet file",
+    )
+    predict.add_argument(
+        "--hourly",
+        action="store_true",
+        help="a risk and an alarm at every hour of each .psv record, written as the Sepsis "
+        "Challenge's prediction files (pNNNNNN.psv) in --output, with the top drivers of every "
+        "alarmed hour in alarm-drivers.csv where the model explains; needs an hourly run",
+    )
     add_policy_arguments(predict)  # --hourly: the alarms are the alert policy's; --labels: --threshold alone
-    predict.add_argument("--labels", type=Path, help="MEDS: --input is a MEDS folder, this its label file(s); writes "
-                         "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)")
-    predict.add_argument("--window-hours", type=float,
-                         help="with --labels: the input window (default: the run's dataset's, under --data-root)")
+    predict.add_argument(
+        "--labels",
+        type=Path,
+        help="MEDS: --input is a MEDS folder, this its label file(s); writes "
+        "the MEDS prediction schema (Parquet) to --output (docs/own-data.md)",
+    )
+    predict.add_argument(
+        "--window-hours",
+        type=float,
+        help="with --labels: the input window (default: the run's dataset's, under --data-root)",
+    )
     predict.set_defaults(handler=_predict)
 
     score = commands.add_parser(
-        "score-utility", help="the PhysioNet 2019 Challenge's scores of hourly predictions (AUROC, AUPRC, accuracy, "
-        "F-measure, normalised utility), printed as its evaluation prints them")
+        "score-utility",
+        help="the PhysioNet 2019 Challenge's scores of hourly predictions (AUROC, AUPRC, accuracy, "
+        "F-measure, normalised utility), printed as its evaluation prints them",
+    )
     score.add_argument("--labels", required=True, type=Path, help="folder of label files pNNNNNN.psv (SepsisLabel)")
-    score.add_argument("--predictions", required=True, type=Path,
-                       help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
+    score.add_argument(
+        "--predictions",
+        required=True,
+        type=Path,
+        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)",
+    )
     score.set_defaults(handler=_score_utility)
 
     calibrate = commands.add_parser(
-        "calibrate", help="set a run's alert threshold on a new hospital's own record files, for a burden or on its "
-        "labels, and write a site profile that monitor, predict --hourly and the dashboard read (docs/alerts.md)")
+        "calibrate",
+        help="set a run's alert threshold on a new hospital's own record files, for a burden or on its "
+        "labels, and write a site profile that monitor, predict --hourly and the dashboard read (docs/alerts.md)",
+    )
     calibrate.add_argument("--run", required=True, help="MLflow run id")
-    calibrate.add_argument("--site", required=True, type=Path, metavar="FOLDER",
-                           help="the site's record files (P19 .psv for an hourly run, P12 .txt or .psv otherwise)")
-    calibrate.add_argument("--alerts-per-day", type=float, metavar="X",
-                           help="the lowest threshold raising at most X alerts per patient-day on the site's stays "
-                                "(0.3: 30 per 100 patient-days; no labels needed)")  # fmt: skip
-    calibrate.add_argument("--sensitivity", type=float, metavar="S",
-                           help="the highest threshold whose alerts find S of the septic stays (SepsisLabel)")
-    calibrate.add_argument("--labelled", action="store_true",
-                           help="the threshold of highest Challenge utility on the files' SepsisLabel")
+    calibrate.add_argument(
+        "--site",
+        required=True,
+        type=Path,
+        metavar="FOLDER",
+        help="the site's record files (P19 .psv for an hourly run, P12 .txt or .psv otherwise)",
+    )
+    calibrate.add_argument(
+        "--alerts-per-day",
+        type=float,
+        metavar="X",
+        help="the lowest threshold raising at most X alerts per patient-day on the site's stays "
+        "(0.3: 30 per 100 patient-days; no labels needed)",
+    )
+    calibrate.add_argument(
+        "--sensitivity",
+        type=float,
+        metavar="S",
+        help="the highest threshold whose alerts find S of the septic stays (SepsisLabel)",
+    )
+    calibrate.add_argument(
+        "--labelled", action="store_true", help="the threshold of highest Challenge utility on the files' SepsisLabel"
+    )
     calibrate.add_argument("--band", type=float, help="the policy's band (default: the run's)")
-    calibrate.add_argument("--quiet-hours", type=float, metavar="H", help="the policy's quiet hours (default: the run's)")
+    calibrate.add_argument(
+        "--quiet-hours", type=float, metavar="H", help="the policy's quiet hours (default: the run's)"
+    )
     calibrate.add_argument("--margin", type=float, help="the policy's margin (default: the run's)")
-    calibrate.add_argument("--profile", required=True, type=Path, metavar="FILE", help="the site profile to write (JSON)")
+    calibrate.add_argument(
+        "--profile", required=True, type=Path, metavar="FILE", help="the site profile to write (JSON)"
+    )
     calibrate.set_defaults(handler=_calibrate)
 
     alerts = commands.add_parser(
-        "score-alerts", help="hourly predictions' alarms counted per alert: sensitivity, PPV, lead time, alerts per "
-        "100 patient-days, share of stays alerted (docs/alerts.md), and the Challenge's utility")  # fmt: skip
+        "score-alerts",
+        help="hourly predictions' alarms counted per alert: sensitivity, PPV, lead time, alerts per "
+        "100 patient-days, share of stays alerted (docs/alerts.md), and the Challenge's utility",
+    )
     alerts.add_argument("--labels", required=True, type=Path, help="folder of label files pNNNNNN.psv (SepsisLabel)")
-    alerts.add_argument("--predictions", required=True, type=Path,
-                        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)")
+    alerts.add_argument(
+        "--predictions",
+        required=True,
+        type=Path,
+        help="folder of prediction files of the same names (PredictedProbability|PredictedLabel)",
+    )
     alerts.set_defaults(handler=_score_alerts)
 
     dashboard = commands.add_parser("dashboard", help="the bedside dashboard (Streamlit)")
     dashboard.add_argument("--run", help="MLflow run id (default: the newest run with a model)")
-    dashboard.add_argument("--host", default="127.0.0.1",
-                           help="address to listen on (default 127.0.0.1, this machine only); any other address "
-                                "needs a login token in GARLIC_DASHBOARD_TOKEN (docs/dashboard.md)")  # fmt: skip
+    dashboard.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only); any other address "
+        "needs a login token in GARLIC_DASHBOARD_TOKEN (docs/dashboard.md)",
+    )
     dashboard.add_argument("--port", type=port_number, default=8501)
-    dashboard.add_argument("--ward", metavar="URL", help="the live ward's store (garlic monitor --store, e.g. "
-                           "sqlite:///live/RUN_ID.sqlite): adds the ward view, every bed live")  # fmt: skip
-    dashboard.add_argument("--profile", type=Path, metavar="FILE",
-                           help="a site profile of the run (garlic calibrate): alert by its policy")
+    dashboard.add_argument(
+        "--ward",
+        metavar="URL",
+        help="the live ward's store (garlic monitor --store, e.g. "
+        "sqlite:///live/RUN_ID.sqlite): adds the ward view, every bed live",
+    )
+    dashboard.add_argument(
+        "--profile", type=Path, metavar="FILE", help="a site profile of the run (garlic calibrate): alert by its policy"
+    )
     dashboard.set_defaults(handler=_dashboard)
 
-    monitor = commands.add_parser("monitor", help="the live ward: a FHIR R4 service scoring every bed as its "
-                                  "readings arrive (docs/live.md)")  # fmt: skip
+    monitor = commands.add_parser(
+        "monitor", help="the live ward: a FHIR R4 service scoring every bed as its readings arrive (docs/live.md)"
+    )
     monitor.add_argument("--run", required=True, help="MLflow run id whose model scores the ward")
-    monitor.add_argument("--store", help="SQLAlchemy URL of the ward's database (default: "
-                                         "sqlite:///live/RUN_ID.sqlite)")
-    monitor.add_argument("--host", default="127.0.0.1",
-                         help="address to listen on (default 127.0.0.1, this machine only); any other address "
-                              "needs a token in GARLIC_MONITOR_TOKEN (docs/live.md)")  # fmt: skip
+    monitor.add_argument(
+        "--store", help="SQLAlchemy URL of the ward's database (default: sqlite:///live/RUN_ID.sqlite)"
+    )
+    monitor.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only); any other address "
+        "needs a token in GARLIC_MONITOR_TOKEN (docs/live.md)",
+    )
     monitor.add_argument("--port", type=port_number, default=8600)
     add_policy_arguments(monitor)
-    monitor.add_argument("--watch", type=Path, metavar="FOLDER",
-                         help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they "
-                              "grow, one bed per file")  # fmt: skip
-    monitor.add_argument("--codes", type=Path, metavar="FILE",
-                         help="the hospital's own code table (CSV: variable, system, code, unit), read instead of "
-                              "garlic/live/codes.csv (docs/live.md)")  # fmt: skip
-    monitor.add_argument("--ranges", type=Path, metavar="FILE",
-                         help="the site's own plausible ranges (CSV: variable, low, high, and optionally unit, "
-                              "source), each row instead of garlic/live/ranges.csv's for its variable")  # fmt: skip
-    monitor.add_argument("--scorers", type=int, default=1, metavar="K",
-                         help="scoring processes over one PostgreSQL store (default 1; SQLite: 1), each bed scored "
-                              "by one of them at a time, in order (docs/live.md, Under load)")  # fmt: skip
-    monitor.add_argument("--step-memory", type=int, default=1024, metavar="MB",
-                         help="memory for the beds' step states (default 1024 MB); beds beyond are rebuilt from "
-                              "their readings when scored")  # fmt: skip
+    monitor.add_argument(
+        "--watch",
+        type=Path,
+        metavar="FOLDER",
+        help="also take the readings of the record files (P12 .txt, P19 .psv) in FOLDER as they grow, one bed per file",
+    )
+    monitor.add_argument(
+        "--codes",
+        type=Path,
+        metavar="FILE",
+        help="the hospital's own code table (CSV: variable, system, code, unit), read instead of "
+        "garlic/live/codes.csv (docs/live.md)",
+    )
+    monitor.add_argument(
+        "--ranges",
+        type=Path,
+        metavar="FILE",
+        help="the site's own plausible ranges (CSV: variable, low, high, and optionally unit, "
+        "source), each row instead of garlic/live/ranges.csv's for its variable",
+    )
+    monitor.add_argument(
+        "--scorers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="scoring processes over one PostgreSQL store (default 1; SQLite: 1), each bed scored "
+        "by one of them at a time, in order (docs/live.md, Under load)",
+    )
+    monitor.add_argument(
+        "--step-memory",
+        type=int,
+        default=1024,
+        metavar="MB",
+        help="memory for the beds' step states (default 1024 MB); beds beyond are rebuilt from "
+        "their readings when scored",
+    )
     monitor.add_argument("--score-only", type=int, help=argparse.SUPPRESS)  # one of --scorers' processes
     monitor.set_defaults(handler=_monitor)
 
-    feeder = commands.add_parser("feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR "
-                                 "Observations")  # fmt: skip
+    feeder = commands.add_parser(
+        "feed", help="stream a run's recorded test stays into `garlic monitor` as FHIR Observations"
+    )
     feeder.add_argument("--run", required=True, help="MLflow run id whose test stays are fed")
     feeder.add_argument("--beds", type=int, default=50, help="how many test stays, one bed each (default 50)")
     feeder.add_argument("--speed", type=float, default=3600, help="times real time (default 3600: an hour a second)")
     feeder.add_argument("--url", default="http://127.0.0.1:8600", help="the service (default http://127.0.0.1:8600)")
-    feeder.add_argument("--codes", type=Path, metavar="FILE", help="send the codes of this table, as the "
-                        "monitor's --codes reads them (default: garlic/live/codes.csv)")  # fmt: skip
+    feeder.add_argument(
+        "--codes",
+        type=Path,
+        metavar="FILE",
+        help="send the codes of this table, as the monitor's --codes reads them (default: garlic/live/codes.csv)",
+    )
     feeder.set_defaults(handler=_feed)
     return main
 
@@ -943,14 +1213,19 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         damaged = database_error(exc)
         if damaged is not None:
-            print(f"garlic: error: the MLflow store {_store(args)} cannot be used: {damaged} (a damaged, read-only "
-                  "or full database: restore it from a copy, free space or fix its permissions, or give another "
-                  "--mlruns)", file=sys.stderr)  # fmt: skip
+            print(
+                f"garlic: error: the MLflow store {_store(args)} cannot be used: {damaged} (a damaged, read-only "
+                "or full database: restore it from a copy, free space or fix its permissions, or give another "
+                "--mlruns)",
+                file=sys.stderr,
+            )
             raise SystemExit(2) from None
         if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
-            print(f"garlic: error: cannot write {exc.filename or 'a file'}: {exc.strerror} (free space or make it "
-                  "writable; a training stopped this way continues with garlic train --resume RUN_ID)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"garlic: error: cannot write {exc.filename or 'a file'}: {exc.strerror} (free space or make it "
+                "writable; a training stopped this way continues with garlic train --resume RUN_ID)",
+                file=sys.stderr,
+            )
             raise SystemExit(2) from None
         if not _user_error(exc):
             raise

@@ -3,6 +3,7 @@
 Every value is checked when a config is built, for its type and against ``CHECKS`` (ranges, choices): a bad value
 fails before any data is read, naming its key. A new key adds one line to ``CHECKS``.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ class Config:
     split_protocol: str = "five-split"
     use_static: bool = False
     # model
-    architecture: str = "compact"  # compact (garlic.models.compact) | reference (garlic.models.reference, the authors' code)
+    architecture: str = (
+        "compact"  # compact (garlic.models.compact) | reference (garlic.models.reference, the authors' code)
+    )
     signal_layout: str = "variables"  # reference only: variables (the paper) | code (the reference code's reshape)
     window_size: int = 3
     hidden_dim: int = 128
@@ -54,7 +57,9 @@ class Config:
     wd_rec: float = 5e-4
     lambda_cls: float = 0.1
     lambda_graph: float = 1e-2
-    balance_classes: bool = False  # weight the training BCE so that both outcomes count equally (see garlic.training.alternating)
+    balance_classes: bool = (
+        False  # weight the training BCE so that both outcomes count equally (see garlic.training.alternating)
+    )
     stage_patience: int = 3
     stage_tolerance: float = 0.01  # relative drop of a stage's validation objective that counts as progress
     lr_schedule: str = "plateau"  # plateau (halve a group's rate without progress) | cosine (over max_epochs)

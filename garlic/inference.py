@@ -1,5 +1,6 @@
 """Risk for stays that come as raw tables (new records, uploads), with a saved method (GARLIC or another:
 ``garlic.methods.saved.SavedMethod``)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,8 +71,9 @@ def predict_hourly(
     tensors = tensors_for_model(trained, observations, static, tasks)
     times = tensors.prediction_times()
     dataset = trained.dataset(tensors)
-    risks = pd.DataFrame({"stay_id": tensors.stay_ids[times.stay], "time": times.time,
-                          "risk": trained.predict_proba(dataset)})  # fmt: skip
+    risks = pd.DataFrame(
+        {"stay_id": tensors.stay_ids[times.stay], "time": times.time, "risk": trained.predict_proba(dataset)}
+    )
     if drivers > 0 and has_row_importance(trained.method):
         risks["drivers"] = driver_lists(trained, dataset, drivers)
     return risks
@@ -95,12 +97,18 @@ def every_hour(observations: pd.DataFrame) -> pd.DataFrame:
     counts = np.maximum(last - first + 1, 0)
     starts = np.repeat(first, counts)
     hours = starts + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return pd.DataFrame({"stay_id": np.repeat(span.index.to_numpy(), counts), "time": hours.astype("float32"),
-                         "label": np.zeros(counts.sum(), np.int8)})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "stay_id": np.repeat(span.index.to_numpy(), counts),
+            "time": hours.astype("float32"),
+            "label": np.zeros(counts.sum(), np.int8),
+        }
+    )
 
 
-def predict_each_hour(trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame,
-                      tasks: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+def predict_each_hour(
+    trained: SavedMethod, observations: pd.DataFrame, static: pd.DataFrame, tasks: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per prediction time of ``tasks`` (default: ``every_hour``): stay_id, time, risk. An hourly model is
     asked there (``predict_hourly``); a model of whole stays scores the record cut there, as the live ward and the
     dashboard's replay score it."""
@@ -122,8 +130,10 @@ def write_hourly_predictions(folder: Path, risks: pd.DataFrame, policy: AlertPol
     from garlic.metrics.utility import write_predictions
 
     risks, alarms = policy_alarms(risks, policy)
-    return [write_predictions(folder, int(stay_id), group["risk"].to_numpy(), alarms[group.index].astype(int))
-            for stay_id, group in risks.groupby("stay_id", sort=True)]  # fmt: skip
+    return [
+        write_predictions(folder, int(stay_id), group["risk"].to_numpy(), alarms[group.index].astype(int))
+        for stay_id, group in risks.groupby("stay_id", sort=True)
+    ]
 
 
 def policy_alarms(risks: pd.DataFrame, policy: AlertPolicy) -> tuple[pd.DataFrame, np.ndarray]:

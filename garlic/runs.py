@@ -14,6 +14,7 @@ a killed run in the same MLflow run and ends as the uninterrupted run would have
 starts again, its finished splits kept. Ctrl-C ends the runs KILLED (``tracked_run``). Under ``torchrun`` every rank
 fits; only rank 0 logs and writes the training state.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -41,8 +42,7 @@ from garlic.methods.contract import (
 from garlic.methods.saved import fitted_on, load_predictor, log_method
 from garlic.metrics import METRICS, binary_metrics
 from garlic.tracking import carry, queries, run_contract
-from garlic.tracking.store import (DEFAULT_STORE, claim_run, get_run, tracked_run, use_experiment, use_store,
-                                   was_claimed)  # fmt: skip
+from garlic.tracking.store import DEFAULT_STORE, claim_run, get_run, tracked_run, use_experiment, use_store, was_claimed
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
@@ -99,8 +99,9 @@ def train(
     units = []
     for split in chosen:
         for seed in seeds:
-            context = registry.MethodContext(config.override({"seed": seed}), labels,
-                                             manifest.get("ground_truth_graph"), settings)  # fmt: skip
+            context = registry.MethodContext(
+                config.override({"seed": seed}), labels, manifest.get("ground_truth_graph"), settings
+            )
             units.append((split, context, spec.create(context)))
     # before any run opens
     if tensors.task is not None:
@@ -112,8 +113,9 @@ def train(
         return None, []
     # The parent run describes the run's config: with its seed where it trains one, as it was where it trains several.
     described = units[0][1] if len(seeds) == 1 else units[0][1].with_config(config)
-    return _Run(spec, tensors, folder, manifest, store, resume_run, preset, carry).train(described, units, seeds,
-                                                                                        on_epoch)  # fmt: skip
+    return _Run(spec, tensors, folder, manifest, store, resume_run, preset, carry).train(
+        described, units, seeds, on_epoch
+    )
 
 
 def _check_both_outcomes(tensors: IrregularTensors, split: Split, dataset: str) -> None:
@@ -126,9 +128,11 @@ def _check_both_outcomes(tensors: IrregularTensors, split: Split, dataset: str) 
     if 0 < positive < len(labels):
         return
     unit = "stays" if tensors.task is None else "prediction times"
-    raise ValueError(f"{dataset}: the training part of {split.name} has {positive} positive and "
-                     f"{len(labels) - positive} negative {unit}: a model learns from both outcomes; preprocess the "
-                     "dataset with labels of both")  # fmt: skip
+    raise ValueError(
+        f"{dataset}: the training part of {split.name} has {positive} positive and "
+        f"{len(labels) - positive} negative {unit}: a model learns from both outcomes; preprocess the "
+        "dataset with labels of both"
+    )
 
 
 def _help_fit(method: Method, tensors: IrregularTensors, split: Split) -> None:
@@ -155,8 +159,13 @@ class _Run:
     preset: str | None
     carry: Path | None = None
 
-    def train(self, described: registry.MethodContext, units: list[tuple[Split, registry.MethodContext, Method]],
-              seeds: list[int], on_epoch: Callable[[str, EpochRecord], None] | None) -> tuple[str, list[SplitResult]]:
+    def train(
+        self,
+        described: registry.MethodContext,
+        units: list[tuple[Split, registry.MethodContext, Method]],
+        seeds: list[int],
+        on_epoch: Callable[[str, EpochRecord], None] | None,
+    ) -> tuple[str, list[SplitResult]]:
         """The parent run's life: started (or resumed) and claimed, described (``described``: the run's config), each
         unit trained in it (one unit: in the parent itself; several: each in a nested run), and the mean and std of
         the units' test metrics logged."""
@@ -164,8 +173,11 @@ class _Run:
         use_store(self.store)
         use_experiment(dataset, self.store)
         tags = run_contract.method_tags(self.spec.name) | ({run_contract.PRESET: self.preset} if self.preset else {})
-        begin = ({"run_id": self.resume_run} if self.resume_run else
-                 {"run_name": f"{self.spec.name}-{dataset}", "tags": tags})  # fmt: skip
+        begin = (
+            {"run_id": self.resume_run}
+            if self.resume_run
+            else {"run_name": f"{self.spec.name}-{dataset}", "tags": tags}
+        )
         claimed = self.resume_run is not None  # ``resume`` holds the claim on a resumed run; a new one is claimed here
         with tracked_run(**begin) as parent, nullcontext() if claimed else claim_run(self.store, parent.info.run_id):
             if self.resume_run is None:  # what ``resume`` reads first: a run killed after it can be resumed
@@ -182,22 +194,37 @@ class _Run:
                 _log_mean_and_std(results)
         return parent.info.run_id, results
 
-    def describe(self, described: registry.MethodContext, units: list[tuple[Split, registry.MethodContext, Method]],
-                 seeds: list[int]) -> None:  # fmt: skip
+    def describe(
+        self,
+        described: registry.MethodContext,
+        units: list[tuple[Split, registry.MethodContext, Method]],
+        seeds: list[int],
+    ) -> None:
         """Log what the parent run trains: the config, the method's settings, the data (size, folder, manifest), its
         splits and seeds."""
         config = described.config
         mlflow.log_dict(config.to_dict(), run_contract.CONFIG)
         mlflow.log_params(run_contract.method_params(self.spec.name, config.to_dict(), self.spec.settings(described)))
         indices = list(dict.fromkeys(split.index for split, _, _ in units))
-        mlflow.log_params({"n_stays": len(self.tensors), "n_variables": len(self.tensors.variables),
-                           run_contract.DATA_FOLDER: str(self.folder),
-                           run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
-                           run_contract.SEEDS: ",".join(map(str, seeds))})  # fmt: skip
+        mlflow.log_params(
+            {
+                "n_stays": len(self.tensors),
+                "n_variables": len(self.tensors.variables),
+                run_contract.DATA_FOLDER: str(self.folder),
+                run_contract.SPLIT_INDICES: ",".join(map(str, indices)),
+                run_contract.SEEDS: ",".join(map(str, seeds)),
+            }
+        )
         mlflow.log_dict(self.manifest, run_contract.DATA_MANIFEST)
 
-    def train_unit(self, split: Split, context: registry.MethodContext, method: Method, where: "_UnitRun",
-                   report: Callable[[EpochRecord], None] | None) -> SplitResult:  # fmt: skip
+    def train_unit(
+        self,
+        split: Split,
+        context: registry.MethodContext,
+        method: Method,
+        where: "_UnitRun",
+        report: Callable[[EpochRecord], None] | None,
+    ) -> SplitResult:
         """One split and seed of the parent run: reused when its nested run finished before, else fitted, selected and
         tested (``garlic.evaluation.fit_and_test.fit_and_test``) in the parent itself or in its nested run (resumed
         where one was started), and the fitted method logged where it can be saved.
@@ -213,19 +240,29 @@ class _Run:
         resumed = where.parent_id if not where.nested else previous.info.run_id if previous is not None else None
         if self.resume_run is not None and resumed is not None:
             run_contract.verify_unchanged(resumed, get_run(resumed).data.params, record)
-        begin = {"run_id": previous.info.run_id} if previous is not None else {"run_name": where.name,
-                                                                                "tags": where.tags}  # fmt: skip
+        begin = (
+            {"run_id": previous.info.run_id} if previous is not None else {"run_name": where.name, "tags": where.tags}
+        )
         with tracked_run(**begin, nested=True) if where.nested else nullcontext():
             run = mlflow.active_run().info  # the nested run, or the parent itself
             if where.nested and previous is None:
-                mlflow.log_params(run_contract.method_params(self.spec.name, context.config.to_dict(),
-                                                             self.spec.settings(context)))  # fmt: skip
+                mlflow.log_params(
+                    run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context))
+                )
             state_path = run_contract.training_state_path(self.store, run.run_id)
             resumes = can_resume(method)
-            carried = None if self.carry is None or not resumes else carry.unit_state(
-                self.carry, self.preset or self.spec.name, split.name, context.config.seed,
-                run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context)),
-                run_contract.manifest_digest(self.manifest))  # fmt: skip
+            carried = (
+                None
+                if self.carry is None or not resumes
+                else carry.unit_state(
+                    self.carry,
+                    self.preset or self.spec.name,
+                    split.name,
+                    context.config.seed,
+                    run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context)),
+                    run_contract.manifest_digest(self.manifest),
+                )
+            )
             source = carry.resume_from(carried, state_path) if resumes else None
             resume = load_training_state(source, context.config) if source is not None else None
             distributed.broadcast_state({"resume": resume})
@@ -246,8 +283,12 @@ class _Run:
                 shutil.rmtree(state_path.parent, ignore_errors=True)
                 carry.finish(carried)
             best_epoch = metrics.get("best_epoch")
-            return SplitResult(run.run_id, run.run_name, None if best_epoch is None else int(best_epoch),
-                               {metric: metrics[f"test_{metric}"] for metric in METRICS})  # fmt: skip
+            return SplitResult(
+                run.run_id,
+                run.run_name,
+                None if best_epoch is None else int(best_epoch),
+                {metric: metrics[f"test_{metric}"] for metric in METRICS},
+            )
 
 
 @dataclass(frozen=True)
@@ -310,9 +351,19 @@ def resume(
         config = Config().override(plan["config"])
         if device is not None:
             config = config.override({"device": device})
-        return train(config, plan["split_indices"], data_root, store, on_epoch, resume_run=run_id,
-                     seeds=plan["seeds"], preset=plan["preset"], method=plan["method"],
-                     method_settings=plan["method_settings"], carry=carry)  # fmt: skip
+        return train(
+            config,
+            plan["split_indices"],
+            data_root,
+            store,
+            on_epoch,
+            resume_run=run_id,
+            seeds=plan["seeds"],
+            preset=plan["preset"],
+            method=plan["method"],
+            method_settings=plan["method_settings"],
+            carry=carry,
+        )
 
 
 def _refuse_unresumable(run: mlflow.entities.Run, started_by_train: bool) -> None:
@@ -333,21 +384,32 @@ def _resume_plan(run_id: str, store: Path, started_by_train: bool) -> dict:
     _refuse_unresumable(run, started_by_train)  # again, now that the run is held: it may have finished meanwhile
     if "split_indices" not in run.data.params:  # started by `garlic train`, which is gone (the claim was free)
         mlflow.MlflowClient().set_terminated(run_id, status="FAILED")
-        raise ValueError(f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
-                         "it is now marked FAILED: start a new run")  # fmt: skip
+        raise ValueError(
+            f"run {run_id} was killed before it logged its config and splits, so it cannot be resumed; "
+            "it is now marked FAILED: start a new run"
+        )
     config = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{run_contract.CONFIG}")
     params, method = run.data.params, run_contract.method_of(run)
     seeds = params.get(run_contract.SEEDS)
     # the method's own settings are among its params (``run_contract.method_params``): the splits trained again
     # take the ones the finished splits took
     own = {key: params[key] for key in registry.method(method).own_settings() if key in params}
-    return {"config": config, "split_indices": [int(k) for k in params["split_indices"].split(",")],
-            "seeds": [int(s) for s in seeds.split(",")] if seeds else None,
-            "preset": run.data.tags.get(run_contract.PRESET), "method": method, "method_settings": own}  # fmt: skip
+    return {
+        "config": config,
+        "split_indices": [int(k) for k in params["split_indices"].split(",")],
+        "seeds": [int(s) for s in seeds.split(",")] if seeds else None,
+        "preset": run.data.tags.get(run_contract.PRESET),
+        "method": method,
+        "method_settings": own,
+    }
 
 
-def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEFAULT_DATA_ROOT,
-                 say: Callable[[str], None] = lambda message: None) -> dict:  # fmt: skip
+def evaluate_run(
+    run_id: str,
+    store: Path = DEFAULT_STORE,
+    data_root: Path = DEFAULT_DATA_ROOT,
+    say: Callable[[str], None] = lambda message: None,
+) -> dict:
     """Re-compute a finished split run's test metrics from its logged model and its saved split, read from the run's
     dataset under ``data_root`` (as training and the dashboard find it, from any folder); ``say`` is told each step
     before it is taken (reading the model, reading the stays, scoring them).
@@ -367,9 +429,15 @@ def evaluate_run(run_id: str, store: Path = DEFAULT_STORE, data_root: Path = DEF
     test = trained.dataset(tensors.subset(split.positions(tensors, "test")))
     times = test.prediction_times  # one per stay, or the tasks table's: the rows the run was tested on
     timed = test.tensors.task is not None
-    say(f"scoring the {len(test)} test stays of {params['split']}"
-        + (f" at their {len(times)} prediction times ..." if timed else " ..."))
+    say(
+        f"scoring the {len(test)} test stays of {params['split']}"
+        + (f" at their {len(times)} prediction times ..." if timed else " ...")
+    )
     probabilities = trained.predict_proba(test)
-    return {"run": run_id, "split": params["split"], "n_test": len(test),
-            **({"n_prediction_times": len(times)} if timed else {}),
-            **binary_metrics(times.label, probabilities)}  # fmt: skip
+    return {
+        "run": run_id,
+        "split": params["split"],
+        "n_test": len(test),
+        **({"n_prediction_times": len(times)} if timed else {}),
+        **binary_metrics(times.label, probabilities),
+    }

@@ -12,6 +12,7 @@ A crashed or interrupted run is left FAILED/RUNNING; a method that resumes (``co
 of its fit under the store as it trained (``fit_and_test_resuming``), and the unit goes on from that state in its
 own run; any other is redone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,8 +112,10 @@ def preset_runs(args: argparse.Namespace) -> list[tuple[int, int, Path, mlflow.e
     (``add_preset_runs_arguments``); none is an error naming them."""
     found = stored_runs(preset_config(args.preset, args.dataset, []), args.protocol, args.mlruns, args.data_root)
     if not found:
-        raise SystemExit(f"no finished run of {args.preset} on {args.protocol} ({args.dataset}) in "
-                         f"{', '.join(map(str, args.mlruns))}")  # fmt: skip
+        raise SystemExit(
+            f"no finished run of {args.preset} on {args.protocol} ({args.dataset}) in "
+            f"{', '.join(map(str, args.mlruns))}"
+        )
     return found
 
 
@@ -157,9 +160,13 @@ def add_worker_study_arguments(parser: argparse.ArgumentParser, units: str) -> N
 
 def add_carry_argument(parser: argparse.ArgumentParser) -> None:
     """``--carry DIR`` (``garlic.tracking.carry``), for a command that trains units, in its process or its workers'."""
-    parser.add_argument("--carry", type=Path, metavar="DIR",
-                        help="also keep each unfinished unit's training state in this folder, beyond the store, and "
-                             "go on from it in a store that has none (storage that outlives the store's machine)")
+    parser.add_argument(
+        "--carry",
+        type=Path,
+        metavar="DIR",
+        help="also keep each unfinished unit's training state in this folder, beyond the store, and "
+        "go on from it in a store that has none (storage that outlives the store's machine)",
+    )
 
 
 def check_carry_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -177,8 +184,9 @@ class StudyStart(NamedTuple):
     archive: RunArchive
 
 
-def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, experiment: str,
-                runs_table: str) -> StudyStart:  # fmt: skip
+def start_study(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, experiment: str, runs_table: str
+) -> StudyStart:
     """What a study that trains in workers (``add_worker_study_arguments``) starts from, once ``args`` are checked:
     its config, cohort, MLflow experiment (``experiment-DATASET``) and the archive of its runs table. A worker
     (``--train-only``) dies with its parent."""
@@ -187,9 +195,12 @@ def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, exper
         die_with_parent()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     config = study_config(args)
-    return StudyStart(config, load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits),
-                      open_experiment(f"{experiment}-{args.dataset}", args.mlruns),
-                      study_archive(args.out, runs_table, args.dataset, args.data_root))  # fmt: skip
+    return StudyStart(
+        config,
+        load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits),
+        open_experiment(f"{experiment}-{args.dataset}", args.mlruns),
+        study_archive(args.out, runs_table, args.dataset, args.data_root),
+    )
 
 
 # How a study reads a run's test predictions (``stay_id, label, risk``) by its run id.
@@ -224,8 +235,9 @@ def resumable(
     return metrics, run.info.run_id, False
 
 
-def fit_and_test_resuming(method: Method, parts: dict, config: Config, store: Path,
-                          carried: Path | None = None) -> dict[str, float]:  # fmt: skip
+def fit_and_test_resuming(
+    method: Method, parts: dict, config: Config, store: Path, carried: Path | None = None
+) -> dict[str, float]:
     """``fit_and_test`` in the active run; a method that resumes (``contract.can_resume``) saves the state of its
     fit (``garlic.training.state``, checked against ``config``) under ``store`` after every epoch and within long
     ones, and goes on from the state a stopped fit of this run left there, else from the unit's ``carried`` state
@@ -298,8 +310,9 @@ BASELINE_STUDY = "baseline"  # the study tag of ``Baselines``' runs
 class Baselines:
     """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run."""
 
-    def __init__(self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path,
-                 carried: Path | None = None):  # fmt: skip
+    def __init__(
+        self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path, carried: Path | None = None
+    ):
         """``store``: the MLflow store of ``experiment_id``, where the units' training states are kept; ``carried``,
         a folder where they are also carried beyond it (``garlic.tracking.carry``)."""
         self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, Path(store)
@@ -322,8 +335,13 @@ class Baselines:
         """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""
         return registry.method(name).create(self.context)
 
-    def run(self, methods: list[str], train: bool = True, skip: set[tuple[str, int]] = frozenset(),
-            finished: Callable[[dict], None] | None = None) -> pd.DataFrame:  # fmt: skip
+    def run(
+        self,
+        methods: list[str],
+        train: bool = True,
+        skip: set[tuple[str, int]] = frozenset(),
+        finished: Callable[[dict], None] | None = None,
+    ) -> pd.DataFrame:
         """One record per method and split: reused from a finished run of the experiment, else fitted and tested
         (with ``train`` False, left out); a (method, split index) in ``skip`` (found elsewhere) is left out. Each
         record is also given to ``finished`` as soon as it is made (e.g. to archive it before the next is trained)."""
@@ -332,20 +350,33 @@ class Baselines:
             for split in self.cohort.splits:
                 if (method, split.index) in skip:
                     continue
+
                 def work(method=method, split=split) -> dict[str, float]:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
-                    carried = None if self.carried is None else carry.unit_state(
-                        self.carried, method, split.name, None, self.settings(method), self.data_digest)
-                    return fit_and_test_resuming(self.method(method), split_parts(self.cohort.tensors, split),
-                                                 self.config, self.store, carried)  # fmt: skip
+                    carried = (
+                        None
+                        if self.carried is None
+                        else carry.unit_state(
+                            self.carried, method, split.name, None, self.settings(method), self.data_digest
+                        )
+                    )
+                    return fit_and_test_resuming(
+                        self.method(method), split_parts(self.cohort.tensors, split), self.config, self.store, carried
+                    )
 
-                tags = {"study": BASELINE_STUDY, "dataset": self.config.dataset, "data_digest": self.data_digest,
-                        "method": method, "split": split.name,
-                        "settings": settings_digest(self.settings(method))}  # fmt: skip
+                tags = {
+                    "study": BASELINE_STUDY,
+                    "dataset": self.config.dataset,
+                    "data_digest": self.data_digest,
+                    "method": method,
+                    "split": split.name,
+                    "settings": settings_digest(self.settings(method)),
+                }
                 if not train and finished_run(self.experiment_id, tags) is None:
                     continue
-                metrics, run_id, _ = resumable(self.experiment_id, tags, f"{method}/split_{split.index}", work,
-                                               self.store)  # fmt: skip
+                metrics, run_id, _ = resumable(
+                    self.experiment_id, tags, f"{method}/split_{split.index}", work, self.store
+                )
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
                 if finished is not None:
                     finished(records[-1])

@@ -6,6 +6,7 @@ left to choose (``garlic.data.threads``), a fit picks its threads from what the 
 and two fits meant to be the same differ in their last bits. The tests of that choice clear it
 (``tests/test_threads.py``).
 """
+
 from __future__ import annotations
 
 import csv

@@ -6,6 +6,7 @@ The raw reader parses the archives with ``tarfile`` and plain string splitting, 
 ``garlic.sources``, so that tests can check the preprocessor against the release itself. The project's modules are
 imported inside the helpers, so that collecting a test that needs none of them stays quick.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,8 +53,10 @@ def synthetic_cohort(tmp_path_factory, n_stays: int, seed: int) -> SyntheticCoho
     root = synthetic_root(tmp_path_factory, n_stays, seed)
     tensors = load_tensors(root / "processed" / "synthetic")
     split = load_splits(root / "processed" / "synthetic", tensors)[0]
-    parts = {p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
-             for p in ("train", "validation", "test")}  # fmt: skip
+    parts = {
+        p: IrregularDataset(tensors.subset(split.positions(tensors, p)), split.normalisation)
+        for p in ("train", "validation", "test")
+    }
     return SyntheticCohort(root, tensors, split, parts)
 
 
@@ -76,9 +79,18 @@ def tiny_run(tmp_path_factory, architecture: str = "compact") -> TinyRun:
     done = folder / "run_id"
     if not done.is_file():
         synthetic.generate(processed_folder("synthetic", folder / "data"), n_stays=300, seed=3)
-        config = Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "max_epochs": 2,
-                                                           "lr_cls": 5e-3, "lr_rec": 5e-3, "batch_size": 32,
-                                                           "device": "cpu", "architecture": architecture})  # fmt: skip
+        config = Config.for_dataset("synthetic").override(
+            {
+                "hidden_dim": 16,
+                "feature_dim": 4,
+                "max_epochs": 2,
+                "lr_cls": 5e-3,
+                "lr_rec": 5e-3,
+                "batch_size": 32,
+                "device": "cpu",
+                "architecture": architecture,
+            }
+        )
         run_id, _ = runs.train(config, data_root=folder / "data", store=folder / "mlruns")
         done.write_text(run_id)
     return TinyRun(folder / "data", folder / "mlruns", done.read_text())
@@ -166,11 +178,43 @@ def run_without_model(store: Path) -> str:
 
 # Written out here rather than imported, so that a change to the parser's list shows up as a failing test.
 P12_TIME_SERIES = {
-    "ALP", "ALT", "AST", "Albumin", "BUN", "Bilirubin", "Cholesterol", "Creatinine", "DiasABP", "FiO2", "GCS",
-    "Glucose", "HCO3", "HCT", "HR", "K", "Lactate", "MAP", "MechVent", "Mg", "NIDiasABP", "NIMAP", "NISysABP",
-    "Na", "PaCO2", "PaO2", "Platelets", "RespRate", "SaO2", "SysABP", "Temp", "TroponinI", "TroponinT", "Urine",
-    "WBC", "pH",
-}  # fmt: skip
+    "ALP",
+    "ALT",
+    "AST",
+    "Albumin",
+    "BUN",
+    "Bilirubin",
+    "Cholesterol",
+    "Creatinine",
+    "DiasABP",
+    "FiO2",
+    "GCS",
+    "Glucose",
+    "HCO3",
+    "HCT",
+    "HR",
+    "K",
+    "Lactate",
+    "MAP",
+    "MechVent",
+    "Mg",
+    "NIDiasABP",
+    "NIMAP",
+    "NISysABP",
+    "Na",
+    "PaCO2",
+    "PaO2",
+    "Platelets",
+    "RespRate",
+    "SaO2",
+    "SysABP",
+    "Temp",
+    "TroponinI",
+    "TroponinT",
+    "Urine",
+    "WBC",
+    "pH",
+}
 
 
 @dataclass

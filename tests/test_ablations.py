@@ -47,23 +47,30 @@ def test_every_variant_switches_off_exactly_its_part(data_root):
         with torch.no_grad():
             logits = model(batch.values, batch.mask, batch.times, batch.lengths, batch.static).logits
         assert torch.isfinite(logits).all(), name
-    assert isinstance(Garlic(12, 0, NetworkConfig.from_run(base.override(VARIANTS["no_gru"]))).sequence, StepwiseProjection)
+    assert isinstance(
+        Garlic(12, 0, NetworkConfig.from_run(base.override(VARIANTS["no_gru"]))).sequence, StepwiseProjection
+    )
     no_graph = Garlic(12, 0, NetworkConfig.from_run(base.override(VARIANTS["no_graph"]))).graph
     assert not isinstance(no_graph.adjacency, torch.nn.Parameter)
 
 
 @pytest.mark.parametrize("alternating", [True, False])
-def test_joint_training_stays_in_the_reconstruction_stage_and_trains_the_graph_every_epoch(tmp_path_factory,
-                                                                                          alternating):
+def test_joint_training_stays_in_the_reconstruction_stage_and_trains_the_graph_every_epoch(
+    tmp_path_factory, alternating
+):
     """The switches of the model are tested in test_model.py; this is the schedule's (``joint_training``)."""
     cohort = synthetic_cohort(tmp_path_factory, n_stays=120, seed=6)
     # A stage needs a 99% drop of its objective in an epoch to continue: the alternating schedule switches early.
-    config = Config().override({**TINY, "max_epochs": 3, "stage_patience": 1, "stage_tolerance": 0.99,
-                                "alternating": alternating})  # fmt: skip
+    config = Config().override(
+        {**TINY, "max_epochs": 3, "stage_patience": 1, "stage_tolerance": 0.99, "alternating": alternating}
+    )
     trainer = make_trainer(config, len(cohort.tensors.variables), len(cohort.tensors.static_features))
     graphs = []
-    result = trainer.fit(cohort.parts["train"], cohort.parts["validation"],
-                         on_epoch=lambda record: graphs.append(trainer.model.graph.adjacency.detach().clone()))
+    result = trainer.fit(
+        cohort.parts["train"],
+        cohort.parts["validation"],
+        on_epoch=lambda record: graphs.append(trainer.model.graph.adjacency.detach().clone()),
+    )
     stages = [record.stage for record in result.history]
     if alternating:
         assert stages[0] == RECONSTRUCTION and PREDICTION in stages, stages
@@ -86,11 +93,27 @@ def test_variants_run_on_the_same_split_and_resume(data_root, store):
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 2
 
 
-def test_command_prints_the_tables_pairs_each_variant_with_the_full_model_and_logs_them(data_root, store, tmp_path,
-                                                                                      capsys):
-    main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
-          "--variants", "full", "no_graph", "--out", str(tmp_path / "out")]
-         + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
+def test_command_prints_the_tables_pairs_each_variant_with_the_full_model_and_logs_them(
+    data_root, store, tmp_path, capsys
+):
+    main(
+        [
+            "--data-root",
+            str(data_root),
+            "--mlruns",
+            str(store),
+            "--splits",
+            "0",
+            "--max-epochs",
+            "1",
+            "--variants",
+            "full",
+            "no_graph",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+        + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"]
+    )
     printed = capsys.readouterr().out
     assert "| no_graph | 1 |" in printed and "| no_graph | auroc | 1 |" in printed
     assert len(mlflow.search_runs(experiment_names=["ablations-synthetic"])) == 3  # reused, + the summary run
@@ -102,20 +125,25 @@ def test_command_prints_the_tables_pairs_each_variant_with_the_full_model_and_lo
         assert paired.loc[metric, "difference"] == pytest.approx(expected, abs=1e-4)
         assert paired.loc[metric, "ci_low"] <= paired.loc[metric, "difference"] <= paired.loc[metric, "ci_high"]
     assert "published_auroc" not in pd.read_csv(tmp_path / "out" / "ablation_results.csv")  # no paper numbers here
-    summary = mlflow.search_runs(experiment_names=["ablations-synthetic"], filter_string="tags.kind = 'summary'",
-                                 output_format="list")  # fmt: skip
+    summary = mlflow.search_runs(
+        experiment_names=["ablations-synthetic"], filter_string="tags.kind = 'summary'", output_format="list"
+    )
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(summary[0].info.run_id)] == [
-        f"ablation_{name}.{kind}" for name in ("paired", "results", "runs") for kind in ("csv", "md")]
+        f"ablation_{name}.{kind}" for name in ("paired", "results", "runs") for kind in ("csv", "md")
+    ]
 
 
 def test_the_tables_are_made_again_from_the_run_archive_without_the_store(data_root, store, tmp_path, capsys):
     out, empty = tmp_path / "out", tmp_path / "empty-store"
     arguments = ["--data-root", str(data_root), "--splits", "0", "--max-epochs", "1", "--out", str(out)] + [
-        f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"]  # fmt: skip
+        f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"
+    ]
     main([*arguments, "--mlruns", str(store), "--variants", "full", "no_graph"])
     names = ("ablation_results", "ablation_paired", "ablation_runs")
     made = {name: pd.read_csv(out / f"{name}.csv") for name in names}
-    assert sorted(p.name for p in (out / "risks").iterdir()) == sorted(f"{r}.csv.gz" for r in made["ablation_runs"].run_id)
+    assert sorted(p.name for p in (out / "risks").iterdir()) == sorted(
+        f"{r}.csv.gz" for r in made["ablation_runs"].run_id
+    )
 
     # another machine: the repository's folder, no store. Nothing is trained and the same tables come out.
     main([*arguments, "--mlruns", str(empty), "--variants", "full", "no_graph"])
@@ -135,8 +163,10 @@ def test_the_tables_are_made_again_from_the_run_archive_without_the_store(data_r
     # nor dropped from it when a run on this data is added
     archive = study_archive(out, "ablation_runs", "synthetic", data_root)
     assert archive.on_this_data().empty and len(archive.runs) == 2
-    table = archive.runs_table(pd.DataFrame([{"variant": "full", "split": 0, "settings": "new", "run_id": "r"}]),
-                               ["variant", "split", "settings"])  # fmt: skip
+    table = archive.runs_table(
+        pd.DataFrame([{"variant": "full", "split": 0, "settings": "new", "run_id": "r"}]),
+        ["variant", "split", "settings"],
+    )
     assert len(table) == 3 and set(table["data_digest"]) == {"other data", archive.data_digest}
     capsys.readouterr()
 
@@ -150,9 +180,28 @@ def test_the_papers_auroc_sits_beside_each_variant_on_p12_and_p19():
 
 def test_workers_train_each_unfinished_unit_in_its_own_process_then_tabulate(data_root, tmp_path, capsys):
     store, carried = tmp_path / "mlruns", tmp_path / "unfinished"
-    main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
-          "--variants", "full", "no_gru", "--workers", "2", "--out", str(tmp_path / "out"), "--carry", str(carried)]
-         + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
+    main(
+        [
+            "--data-root",
+            str(data_root),
+            "--mlruns",
+            str(store),
+            "--splits",
+            "0",
+            "--max-epochs",
+            "1",
+            "--variants",
+            "full",
+            "no_gru",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+            "--carry",
+            str(carried),
+        ]
+        + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"]
+    )
     printed = capsys.readouterr().out
     assert "full/split_0: done" in printed and "no_gru/split_0: done" in printed
     assert carried.is_dir() and not any(carried.iterdir())  # each worker carried its state, gone once finished
@@ -164,9 +213,24 @@ def test_workers_train_each_unfinished_unit_in_its_own_process_then_tabulate(dat
     paired = pd.read_csv(tmp_path / "out" / "ablation_paired.csv")
     assert list(paired["variant"]) == ["no_gru", "no_gru"]
 
-    main(["--data-root", str(data_root), "--mlruns", str(store), "--splits", "0", "--max-epochs", "1",
-          "--variants", "full", "no_gru", "--workers", "2"]
-         + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"])  # fmt: skip
+    main(
+        [
+            "--data-root",
+            str(data_root),
+            "--mlruns",
+            str(store),
+            "--splits",
+            "0",
+            "--max-epochs",
+            "1",
+            "--variants",
+            "full",
+            "no_gru",
+            "--workers",
+            "2",
+        ]
+        + [f"--set={key}={value}" for key, value in TINY.items() if key != "max_epochs"]
+    )
     assert "running 0 units" in capsys.readouterr().out  # both finished: nothing trained again
 
 

@@ -1,6 +1,7 @@
 """``docs/adding-a-source.md`` walked as written: its module saved as a new source of ``garlic.sources`` (a folder
 added to the package's path, so the test leaves the package as it is), its commands run through the real ``garlic``
 command, and the processed tables checked against the example files."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "adding-a-source.md"
 # `garlic` with one more folder on garlic.sources' path, where the guide's module is saved
-GARLIC = ("import sys, garlic.sources; garlic.sources.__path__.append(sys.argv.pop(1)); "
-          "from garlic.cli import main; main(sys.argv[1:])")  # fmt: skip
+GARLIC = (
+    "import sys, garlic.sources; garlic.sources.__path__.append(sys.argv.pop(1)); "
+    "from garlic.cli import main; main(sys.argv[1:])"
+)
 
 
 def blocks(language: str) -> list[str]:
@@ -40,15 +43,26 @@ def write_export(folder: Path, stays: int = 120, seed: int = 0) -> pd.DataFrame:
     events = pd.DataFrame(rows, columns=["stay_id", "hours", "variable", "value"])
     events.to_csv(folder / "events.csv", index=False)
     pd.DataFrame({"stay_id": range(stays), "age": rng.integers(20, 90, stays), "died": died}).to_csv(
-        folder / "outcomes.csv", index=False)
+        folder / "outcomes.csv", index=False
+    )
     return events
 
 
 def garlic(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "GARLIC_DATA_ROOT": str(tmp_path / "data"), "GARLIC_MLRUNS": str(tmp_path / "mlruns"),
-                   "OMP_NUM_THREADS": "1"}  # fmt: skip
-    return subprocess.run([sys.executable, "-c", GARLIC, str(tmp_path / "sources"), *argv], cwd=tmp_path,
-                          env=environment, capture_output=True, text=True, timeout=600)  # fmt: skip
+    environment = {
+        **os.environ,
+        "GARLIC_DATA_ROOT": str(tmp_path / "data"),
+        "GARLIC_MLRUNS": str(tmp_path / "mlruns"),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", GARLIC, str(tmp_path / "sources"), *argv],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +111,9 @@ def test_a_malformed_export_is_named_with_its_file(tmp_path):
     (tmp_path / "sources").mkdir()
     (tmp_path / "sources" / "ward_csv.py").write_text(blocks("python")[0])
     write_export(tmp_path / "bad")
-    pd.read_csv(tmp_path / "bad" / "events.csv").drop(columns="value").to_csv(tmp_path / "bad" / "events.csv", index=False)
+    pd.read_csv(tmp_path / "bad" / "events.csv").drop(columns="value").to_csv(
+        tmp_path / "bad" / "events.csv", index=False
+    )
     result = garlic(tmp_path, "preprocess", "ward_csv", "--source", "bad")
     assert result.returncode != 0
     assert "bad/events.csv: missing column(s) value; expected stay_id, hours, variable, value" in result.stderr

@@ -1,5 +1,6 @@
 """The alert policy and per-alert scores (``garlic.metrics.alert_policy``, ``garlic.metrics.alerts``) on cases
 worked by hand: the definitions of ``docs/alerts.md``."""
+
 import math
 
 import numpy as np
@@ -73,8 +74,9 @@ def test_a_stay_never_septic_has_only_false_alerts_and_alerts_do_not_run_across_
 
 def test_lead_time_quartiles_and_share_alerted_over_stays():
     # Three septic stays (onset 22) first warned at 8, 12 and 20 (leads 14, 10, 2), a fourth never alerted.
-    labels, alarms, lengths = stays(*(hours(30, [(start, 21)], labelled_from=16) for start in (8, 12, 20)),
-                                    hours(30, [], labelled_from=16))  # fmt: skip
+    labels, alarms, lengths = stays(
+        *(hours(30, [(start, 21)], labelled_from=16) for start in (8, 12, 20)), hours(30, [], labelled_from=16)
+    )
     scores = alert_scores(alert_parts(labels, alarms, lengths))
     assert scores["lead_median"] == 10 and scores["lead_q1"] == 6 and scores["lead_q3"] == 12
     assert scores["sensitivity"] == 0.75 and scores["share_alerted"] == 0.75 and scores["ppv"] == 1.0
@@ -138,10 +140,19 @@ def test_the_bare_policy_is_the_challenges_threshold():
     np.testing.assert_array_equal(bare.alarms(risks, np.arange(500.0), [500]), risks >= 0.6)
 
 
-@pytest.mark.parametrize("settings, named", [({"threshold": 0}, "threshold"), ({"threshold": 1.5}, "threshold"),
-                                             ({"band": 1}, "band"), ({"band": -0.1}, "band"),
-                                             ({"quiet_hours": -1}, "quiet_hours"), ({"quiet_hours": 1e9}, "quiet_hours"),
-                                             ({"margin": float("nan")}, "margin"), ({"margin": 11}, "margin")])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"threshold": 0}, "threshold"),
+        ({"threshold": 1.5}, "threshold"),
+        ({"band": 1}, "band"),
+        ({"band": -0.1}, "band"),
+        ({"quiet_hours": -1}, "quiet_hours"),
+        ({"quiet_hours": 1e9}, "quiet_hours"),
+        ({"margin": float("nan")}, "margin"),
+        ({"margin": 11}, "margin"),
+    ],
+)
 def test_a_setting_out_of_its_range_is_refused_naming_it(settings, named):
     with pytest.raises(AlertPolicyError, match=f"alert policy: {named} must be"):
         AlertPolicy(**({"threshold": 0.5} | settings))

@@ -1,4 +1,5 @@
 """The one way files are written atomically (garlic.io.atomic), and the writers that use it."""
+
 import json
 import os
 

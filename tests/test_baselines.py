@@ -24,9 +24,17 @@ def test_summary_features_against_hand_computed_values():
     # One stay, 3 steps, 2 variables: v0 seen at steps 0 and 2 (5, 1); v1 never seen.
     mask = np.array([[[True, False], [False, False], [True, False]]])
     values = np.array([[[5.0, 0.0], [0.0, 0.0], [1.0, 0.0]]], dtype="float32")
-    tensors = IrregularTensors(np.array([1]), values, mask, np.array([[0.0, 1.0, 2.0]], dtype="float32"),
-                               np.array([3]), np.zeros((1, 0), "float32"), np.array([1.0], "float32"),
-                               ["v0", "v1"], [])  # fmt: skip
+    tensors = IrregularTensors(
+        np.array([1]),
+        values,
+        mask,
+        np.array([[0.0, 1.0, 2.0]], dtype="float32"),
+        np.array([3]),
+        np.zeros((1, 0), "float32"),
+        np.array([1.0], "float32"),
+        ["v0", "v1"],
+        [],
+    )
     features, names = summary_features(tensors)
     assert names[:2] == ["v0_first", "v1_first"] and names[-1] == "v1_count"
     by_name = dict(zip(names, features[0]))
@@ -43,11 +51,20 @@ def hours_dataset(last_hours: np.ndarray, labels: np.ndarray):
     steps = int(last_hours.max()) + 1
     times = np.tile(np.arange(steps, dtype="float32"), (len(last_hours), 1))
     mask = times[:, :, None] <= last_hours[:, None, None]
-    tensors = IrregularTensors(np.arange(len(labels)), np.where(mask, 1.0, 0.0).astype("float32"), mask, times,
-                               mask[:, :, 0].sum(axis=1), np.zeros((len(labels), 0), "float32"),
-                               labels.astype("float32"), ["v0"], [])  # fmt: skip
-    normalisation = Normalisation(np.zeros(1, "float32"), np.ones(1, "float32"), np.zeros(0, "float32"),
-                                  np.ones(0, "float32"))
+    tensors = IrregularTensors(
+        np.arange(len(labels)),
+        np.where(mask, 1.0, 0.0).astype("float32"),
+        mask,
+        times,
+        mask[:, :, 0].sum(axis=1),
+        np.zeros((len(labels), 0), "float32"),
+        labels.astype("float32"),
+        ["v0"],
+        [],
+    )
+    normalisation = Normalisation(
+        np.zeros(1, "float32"), np.ones(1, "float32"), np.zeros(0, "float32"), np.ones(0, "float32")
+    )
     return IrregularDataset(tensors, normalisation)
 
 
@@ -108,8 +125,9 @@ def data_root(tmp_path_factory):
     labels["SAPS-I"] = (14 + 6 * labels["label"] + rng.normal(0, 4, len(labels))).round()
     labels["SOFA"] = (6 + 3 * labels["label"] + rng.normal(0, 3, len(labels))).round()
     labels.loc[:9, "SAPS-I"] = -1  # unknown, as the outcomes file writes it
-    write_processed(root / "processed" / "synthetic", observations, static, labels, synthetic.VARIABLES,
-                    {"dataset": "synthetic"})  # fmt: skip
+    write_processed(
+        root / "processed" / "synthetic", observations, static, labels, synthetic.VARIABLES, {"dataset": "synthetic"}
+    )
     return root
 
 
@@ -138,8 +156,20 @@ def test_the_baselines_runner_logs_each_methods_test_predictions_and_reuses_a_fi
 
 
 def test_command_prints_the_table_with_paper_columns(data_root, tmp_path, capsys):
-    main(["--data-root", str(data_root), "--mlruns", str(tmp_path / "mlruns"), "--splits", "0", "1",
-          "--methods", "saps", "logreg"])  # fmt: skip
+    main(
+        [
+            "--data-root",
+            str(data_root),
+            "--mlruns",
+            str(tmp_path / "mlruns"),
+            "--splits",
+            "0",
+            "1",
+            "--methods",
+            "saps",
+            "logreg",
+        ]
+    )
     printed = capsys.readouterr().out
     assert "| method | splits | auroc | auprc | brier | ece |" in printed and "paper_auroc" in printed
     assert "| saps | 2 |" in printed and "| logreg | 2 |" in printed
@@ -159,9 +189,17 @@ def test_a_variable_never_observed_in_training_is_left_out_instead_of_failing(ki
         values = generator.normal(size=mask.shape).astype("float32")
         labels = (values[:, :, 0] * mask[:, :, 0]).sum(1) > 0
         times = np.tile(np.arange(steps, dtype="float32"), (stays, 1))
-        tensors = IrregularTensors(np.arange(stays), values, mask, times, np.full(stays, steps),
-                                   np.zeros((stays, 0), "float32"), labels.astype("float32"), ["v0", "v1", "v2"],
-                                   [])  # fmt: skip
+        tensors = IrregularTensors(
+            np.arange(stays),
+            values,
+            mask,
+            times,
+            np.full(stays, steps),
+            np.zeros((stays, 0), "float32"),
+            labels.astype("float32"),
+            ["v0", "v1", "v2"],
+            [],
+        )
         return SimpleNamespace(tensors=tensors, labels=torch.tensor(labels.astype("float32")))
 
     train, validation = part(never_seen=True), part(never_seen=False)

@@ -1,4 +1,5 @@
 """The speed benchmark on the synthetic cohort: one epoch, and inference throughput as a median of passes."""
+
 import pandas as pd
 import pytest
 
@@ -20,15 +21,20 @@ def test_speed_benchmark_reports_an_epoch_and_the_median_inference_rate(tmp_path
     assert 0 < slowest <= measured["stays_per_second"] <= fastest
 
 
-def test_speed_benchmark_times_the_first_batches_of_a_reference_model_prepared_as_a_fit_prepares_it(tmp_path,
-                                                                                                    monkeypatch):
+def test_speed_benchmark_times_the_first_batches_of_a_reference_model_prepared_as_a_fit_prepares_it(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(speed, "INFERENCE_PASSES", 1)
     prepared = []
     prepare = ReferenceGarlic.prepare
-    monkeypatch.setattr(ReferenceGarlic, "prepare",
-                        lambda model, times, lengths: prepared.append(len(times)) or prepare(model, times, lengths))
-    config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "device": "cpu",
-                                                       "architecture": "reference", "signal_layout": "code"})
+    monkeypatch.setattr(
+        ReferenceGarlic,
+        "prepare",
+        lambda model, times, lengths: prepared.append(len(times)) or prepare(model, times, lengths),
+    )
+    config = Config.for_dataset("synthetic").override(
+        {"hidden_dim": 8, "feature_dim": 4, "device": "cpu", "architecture": "reference", "signal_layout": "code"}
+    )
     measured = speed.measure_speed(config, tmp_path, batches=2)
     assert prepared == [1600]  # the training stays, before the timed batches
     assert measured["batches"] == 2 and measured["epoch_batches"] == 1600 // config.batch_size
@@ -41,8 +47,22 @@ def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_
     monkeypatch.setattr(speed, "FLOP_SAMPLE_BATCHES", 2)
     data = tmp_path / "data"
     synthetic.generate(processed_folder("synthetic", data), n_stays=600, seed=0)  # a third of the default: faster
-    common = ["--data-root", str(data), "--mlruns", str(tmp_path / "mlruns"), "--out", str(tmp_path / "out"),
-              "--set", "hidden_dim=8", "--set", "feature_dim=4", "--set", "max_epochs=2", "--set", "device=cpu"]
+    common = [
+        "--data-root",
+        str(data),
+        "--mlruns",
+        str(tmp_path / "mlruns"),
+        "--out",
+        str(tmp_path / "out"),
+        "--set",
+        "hidden_dim=8",
+        "--set",
+        "feature_dim=4",
+        "--set",
+        "max_epochs=2",
+        "--set",
+        "device=cpu",
+    ]
     benchmark_training.main(["--presets", "synthetic", "--full-run", *common])
     benchmark_training.main(["--presets", "physionet2012-fast", "--dataset", "synthetic", *common])  # or --set dataset=
     table = pd.read_csv(tmp_path / "out" / "speed.csv")
@@ -60,8 +80,13 @@ def test_the_speed_table_keeps_a_row_per_preset_with_its_work_and_whole_run(tmp_
 
 
 def test_a_speed_row_replaces_only_the_row_of_the_same_machine(tmp_path):
-    base = {"preset": "physionet2012-fast", "dataset": "physionet2012", "protocol": "raindrop", "split": 0,
-            "threads": 2}
+    base = {
+        "preset": "physionet2012-fast",
+        "dataset": "physionet2012",
+        "protocol": "raindrop",
+        "split": 0,
+        "threads": 2,
+    }
     path = tmp_path / "speed.csv"
     benchmark_training.keep_rows(path, [base | {"cpu": "EPYC", "epoch_seconds": 17.2}]).to_csv(path, index=False)
     kept = benchmark_training.keep_rows(path, [base | {"cpu": "Xeon", "epoch_seconds": 18.7}])
@@ -89,8 +114,22 @@ def test_compare_kernels_alternates_pytorch_layers_and_fused_kernels(tmp_path, m
     with fused.fused_kernels(False):
         speed.measure_speed(config, tmp_path, batches=1)
     assert len(calls) == runs_with_kernels  # PyTorch's layer norm only
-    benchmark_training.main(["--presets", "synthetic", "--data-root", str(tmp_path), "--batches", "1",
-                             "--compare-kernels", "1", "--set", "hidden_dim=8", "--set", "device=cpu"])
+    benchmark_training.main(
+        [
+            "--presets",
+            "synthetic",
+            "--data-root",
+            str(tmp_path),
+            "--batches",
+            "1",
+            "--compare-kernels",
+            "1",
+            "--set",
+            "hidden_dim=8",
+            "--set",
+            "device=cpu",
+        ]
+    )
     assert "fused / pytorch, medians: training time x" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         benchmark_training.main(["--presets", "synthetic", "--compare-kernels", "1", "--full-run"])

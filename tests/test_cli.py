@@ -1,4 +1,5 @@
 """The ``garlic`` command end to end on a small synthetic cohort, as a user runs it."""
+
 import errno
 import io
 import os
@@ -96,15 +97,27 @@ def test_predict_on_record_files_matches_the_runs_own_test_predictions(trained, 
 def test_predict_leaves_out_a_record_without_an_observation_in_48_h_naming_it(trained, tmp_path, capsys):
     root, run_id, _ = trained
     late, sound = tmp_path / "1001.txt", tmp_path / "1002.txt"
-    late.write_text(physionet2012.format_record(1001, pd.DataFrame({"time": [49.0], "variable": ["HR"],
-                                                                    "value": [80.0]}), {}))  # fmt: skip
+    late.write_text(
+        physionet2012.format_record(1001, pd.DataFrame({"time": [49.0], "variable": ["HR"], "value": [80.0]}), {})
+    )
     tables = read_processed(root / "data" / "processed" / "synthetic")
     stay = int(tables.labels["stay_id"].iloc[0])
     sound.write_text(physionet2012.format_record(1002, tables.observations[tables.observations["stay_id"] == stay], {}))
     # Alone: refused (once a ZeroDivisionError).
     with pytest.raises(SystemExit) as stopped:
-        main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "predict", "--run", run_id,
-              "--input", str(late)])  # fmt: skip
+        main(
+            [
+                "--data-root",
+                str(root / "data"),
+                "--mlruns",
+                str(root / "mlruns"),
+                "predict",
+                "--run",
+                run_id,
+                "--input",
+                str(late),
+            ]
+        )
     assert stopped.value.code == 2
     assert error_line(capsys.readouterr().err).startswith(f"garlic: error: {late}: no observation")
     # Among others (a folder of a hospital's stays): left out with a warning naming it, and the others predicted
@@ -116,7 +129,9 @@ def test_predict_leaves_out_a_record_without_an_observation_in_48_h_naming_it(tr
     assert risks["stay_id"].tolist() == [1002, 1001]
     assert 0 < float(risks["risk"][0]) < 1 and risks["risk"][1] == ""
     assert risks["left_out"].tolist() == ["", "no observation of a time-series variable in the first 48 h"]
-    assert f"{late}: no observation of a time-series variable in the first 48 h; left out, with no risk" in result.stderr
+    assert (
+        f"{late}: no observation of a time-series variable in the first 48 h; left out, with no risk" in result.stderr
+    )
     assert f"garlic: 1 of 2 records left out, with no risk (rows with an empty risk): {late}" in result.stderr
 
 
@@ -131,8 +146,10 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
             return (print, ("the planted pickle ran",))
 
     try:
-        for payload, reason in [(original[: len(original) // 2], "truncated or not a PyTorch weights file"),
-                                (pickle.dumps({"weight": Planted()}, protocol=2), "holds objects other than tensors")]:  # fmt: skip
+        for payload, reason in [
+            (original[: len(original) // 2], "truncated or not a PyTorch weights file"),
+            (pickle.dumps({"weight": Planted()}, protocol=2), "holds objects other than tensors"),
+        ]:
             weights.write_bytes(payload)
             with pytest.raises(SystemExit) as stopped:
                 main(["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "evaluate", "--run", run_id])
@@ -156,16 +173,44 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
         (["train", "--dataset", "physionet2012"], "garlic preprocess physionet2012"),
         (["evaluate", "--run", "0123456789abcdef0123456789abcdef"], "no MLflow store in"),
         (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt"], "no MLflow store in"),
-        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt", "--hourly", "--threshold", "2"],
-         "--threshold is a risk in (0, 1], got 2.0"),
-        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt", "--threshold", "0.3"],
-         "--threshold goes with --hourly or --labels"),  # a per-stay predict would have ignored it
-        (["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x", "--labels", "y", "--window-hours",
-          "-1"], "--window-hours must be a positive number of hours, got -1.0"),
+        (
+            [
+                "predict",
+                "--run",
+                "0123456789abcdef0123456789abcdef",
+                "--input",
+                "x.txt",
+                "--hourly",
+                "--threshold",
+                "2",
+            ],
+            "--threshold is a risk in (0, 1], got 2.0",
+        ),
+        (
+            ["predict", "--run", "0123456789abcdef0123456789abcdef", "--input", "x.txt", "--threshold", "0.3"],
+            "--threshold goes with --hourly or --labels",
+        ),  # a per-stay predict would have ignored it
+        (
+            [
+                "predict",
+                "--run",
+                "0123456789abcdef0123456789abcdef",
+                "--input",
+                "x",
+                "--labels",
+                "y",
+                "--window-hours",
+                "-1",
+            ],
+            "--window-hours must be a positive number of hours, got -1.0",
+        ),
         (["preprocess", "synthetic", "--stays", "-5"], "--stays must be at least 1, got -5"),
         (["preprocess", "synthetic", "--strict"], "--strict does not apply to synthetic"),
         (["preprocess", "synthetic", "--cohort", "garlic"], "--cohort does not apply to synthetic"),
-        (["preprocess", "physionet2012", "--source", ".", "--cohort", "garlic"], "unknown cohort 'garlic' for physionet2012"),
+        (
+            ["preprocess", "physionet2012", "--source", ".", "--cohort", "garlic"],
+            "unknown cohort 'garlic' for physionet2012",
+        ),
         (["preprocess", "physionet2012", "--source", ".", "--seed", "1"], "--seed does not apply to physionet2012"),
         (["preprocess", "physionet2019", "--source", ".", "--cohort", "late"], "unknown cohort 'late' for"),
         (["preprocess", "mimic3", "--cohort", "garlic"], "--source is required for mimic3"),
@@ -181,11 +226,16 @@ def test_bad_input_gives_a_clear_message_and_a_nonzero_exit(tmp_path, capsys, ar
     assert not (tmp_path / "mlruns").exists()  # reading runs leaves no empty store behind
 
 
-@pytest.mark.parametrize("option, command", [
-    ("--data-root", ["train", *SMALL]), ("--data-root", ["preprocess", "synthetic", "--stays", "50"]),
-    ("--data-root", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
-    ("--mlruns", ["train", *SMALL]), ("--mlruns", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "option, command",
+    [
+        ("--data-root", ["train", *SMALL]),
+        ("--data-root", ["preprocess", "synthetic", "--stays", "50"]),
+        ("--data-root", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
+        ("--mlruns", ["train", *SMALL]),
+        ("--mlruns", ["evaluate", "--run", "0123456789abcdef0123456789abcdef"]),
+    ],
+)
 def test_a_folder_option_naming_a_file_is_one_line_saying_so(tmp_path, capsys, option, command):
     file = tmp_path / "a-file"
     file.write_text("not a folder")
@@ -197,8 +247,9 @@ def test_a_folder_option_naming_a_file_is_one_line_saying_so(tmp_path, capsys, o
     assert error.strip().splitlines()[-1] == f"garlic: error: {option} {file} is a file, not a folder", error[-2000:]
 
 
-def test_ctrl_c_during_a_method_run_ends_it_killed_and_the_command_it_prints_finishes_it(trained, tmp_path, capsys,
-                                                                                         monkeypatch):
+def test_ctrl_c_during_a_method_run_ends_it_killed_and_the_command_it_prints_finishes_it(
+    trained, tmp_path, capsys, monkeypatch
+):
     from garlic.methods.summary import SummaryModel
 
     fit = SummaryModel.fit
@@ -209,23 +260,45 @@ def test_ctrl_c_during_a_method_run_ends_it_killed_and_the_command_it_prints_fin
     monkeypatch.setattr(SummaryModel, "fit", interrupted)
     root, _, _ = trained
     with pytest.raises(SystemExit) as stopped:
-        garlic_main(["--data-root", str(root / "data"), "--mlruns", str(tmp_path / "mlruns"), "train", "--method",
-                     "logreg", "--all-splits"])  # fmt: skip
+        garlic_main(
+            [
+                "--data-root",
+                str(root / "data"),
+                "--mlruns",
+                str(tmp_path / "mlruns"),
+                "train",
+                "--method",
+                "logreg",
+                "--all-splits",
+            ]
+        )
     error = capsys.readouterr().err
     assert stopped.value.code == 130 and "Traceback" not in error
     assert "training: " in error and "epoch" not in error  # a method fitted in one go counts no epochs
-    said = re.fullmatch(r"garlic: interrupted: run ([0-9a-f]{32}) is marked KILLED; continue it where it stopped "
-                        r"with: \S+ (--data-root \S+ --mlruns \S+ train --resume \1)", error.strip().splitlines()[-1])
+    said = re.fullmatch(
+        r"garlic: interrupted: run ([0-9a-f]{32}) is marked KILLED; continue it where it stopped "
+        r"with: \S+ (--data-root \S+ --mlruns \S+ train --resume \1)",
+        error.strip().splitlines()[-1],
+    )
     assert said is not None, error[-2000:]
     use_store(tmp_path / "mlruns")
-    (split,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                                  filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'")  # fmt: skip
+    (split,) = mlflow.search_runs(
+        search_all_experiments=True, output_format="list", filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'"
+    )
     assert {mlflow.get_run(said.group(1)).info.status, split.info.status} == {"KILLED"}
     monkeypatch.setattr(SummaryModel, "fit", fit)
     garlic_main(said.group(2).split())  # every method resumes: its splits run in the same MLflow run
     assert mlflow.get_run(said.group(1)).info.status == "FINISHED"
-    assert len(mlflow.search_runs(search_all_experiments=True, output_format="list",
-                                  filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'")) == 5
+    assert (
+        len(
+            mlflow.search_runs(
+                search_all_experiments=True,
+                output_format="list",
+                filter_string=f"tags.mlflow.parentRunId = '{said.group(1)}'",
+            )
+        )
+        == 5
+    )
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
@@ -272,8 +345,10 @@ def test_parsing_a_training_command_imports_nothing_heavy():
         (["train", "--config", "garlic/configs/physionet2012.json", "--dataset", "synthetic"], "synthetic"),
         (["train"], "synthetic"),
         (["train", "--dataset", "physionet2019-early"], "physionet2019-early"),
-        (["train", "--config", "garlic/configs/physionet2019.json", "--dataset", "physionet2019-early"],
-         "physionet2019-early"),  # fmt: skip
+        (
+            ["train", "--config", "garlic/configs/physionet2019.json", "--dataset", "physionet2019-early"],
+            "physionet2019-early",
+        ),
     ],
 )
 def test_an_explicit_flag_beats_the_config_file_which_beats_the_default(argv, dataset, monkeypatch):
@@ -311,9 +386,12 @@ def test_a_one_stay_predict_says_what_it_loads_as_it_goes(trained):
     result = garlic_here("predict", "--run", run_id, "--input", str(record), root=root)
     assert result.returncode == 0, result.stderr
     said = result.stderr.splitlines()
-    expected = [f"garlic: predicting with run {run_id}; loading torch and the model code ...",
-                f"garlic: reading run {run_id}'s model from ", f"garlic: reading the records in {record} ...",
-                "garlic: scoring 1 stay ..."]  # fmt: skip
+    expected = [
+        f"garlic: predicting with run {run_id}; loading torch and the model code ...",
+        f"garlic: reading run {run_id}'s model from ",
+        f"garlic: reading the records in {record} ...",
+        "garlic: scoring 1 stay ...",
+    ]
     assert len(said) == len(expected) and all(line.startswith(start) for line, start in zip(said, expected)), said
 
 
@@ -339,13 +417,24 @@ def test_a_one_stay_predict_loads_neither_mlflow_nor_scikit_learn_nor_plotting(t
         "import sys\nfrom garlic.cli import main\nmain(sys.argv[1:])\n"
         f"print('unused:', sorted(m for m in {unused!r} if m in sys.modules))"
     )
-    arguments = ["--data-root", str(root / "data"), "--mlruns", str(root / "mlruns"), "predict", "--run", run_id,
-                 "--input", str(record)]  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", probe, *arguments], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT)  # fmt: skip
+    arguments = [
+        "--data-root",
+        str(root / "data"),
+        "--mlruns",
+        str(root / "mlruns"),
+        "predict",
+        "--run",
+        run_id,
+        "--input",
+        str(record),
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *arguments], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("stay_id,risk,left_out\n900001,0.") and "unused: []" in result.stdout, (
-        result.stdout + result.stderr)
+        result.stdout + result.stderr
+    )
 
 
 def test_train_says_what_it_does_and_names_the_next_steps(trained):
@@ -366,11 +455,25 @@ def test_a_damaged_store_is_one_line_naming_it(trained, tmp_path, damage, comman
     store = tmp_path / "mlruns"
     shutil.copytree(root / "mlruns", store)
     database = (store / "mlflow.db").read_bytes()
-    (store / "mlflow.db").write_bytes(database[: len(database) // 3] if damage == "truncated" else
-                                      np.random.default_rng(0).bytes(len(database)))  # fmt: skip
+    (store / "mlflow.db").write_bytes(
+        database[: len(database) // 3] if damage == "truncated" else np.random.default_rng(0).bytes(len(database))
+    )
     arguments = ["--run", run_id] + (["--input", str(tmp_path)] if command == "predict" else [])
-    result = subprocess.run([sys.executable, "-m", "garlic.cli", "--mlruns", str(store), "--data-root",
-                             str(root / "data"), command, *arguments], capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "garlic.cli",
+            "--mlruns",
+            str(store),
+            "--data-root",
+            str(root / "data"),
+            command,
+            *arguments,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2, result.stderr
     assert error_line(result.stderr).startswith(f"garlic: error: the MLflow store {store} cannot be used: ")
 
@@ -378,8 +481,19 @@ def test_a_damaged_store_is_one_line_naming_it(trained, tmp_path, damage, comman
 def refused_training(tmp_path: Path, capsys) -> str:
     """The last line ``garlic train`` printed as it stopped with exit status 2."""
     with pytest.raises(SystemExit) as stopped:
-        main(["--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "train", "--dataset",
-              "synthetic", "--set", "max_epochs=1"])  # fmt: skip
+        main(
+            [
+                "--mlruns",
+                str(tmp_path / "mlruns"),
+                "--data-root",
+                str(tmp_path / "data"),
+                "train",
+                "--dataset",
+                "synthetic",
+                "--set",
+                "max_epochs=1",
+            ]
+        )
     assert stopped.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -397,7 +511,8 @@ def test_a_full_or_read_only_store_is_one_line_naming_it(tmp_path, monkeypatch, 
     assert refused_training(tmp_path, capsys) == (
         f"garlic: error: the MLflow store {tmp_path / 'mlruns'} cannot be used: "
         f"{reason} (a damaged, read-only or full database: restore it from a copy, free space or fix its "
-        "permissions, or give another --mlruns)")
+        "permissions, or give another --mlruns)"
+    )
 
 
 @pytest.mark.parametrize("number", [errno.ENOSPC, errno.EROFS])
@@ -412,7 +527,8 @@ def test_a_full_or_read_only_disk_outside_sqlite_is_one_line_naming_the_file(tmp
     monkeypatch.setattr(garlic.runs, "train", refused)
     assert refused_training(tmp_path, capsys) == (
         f"garlic: error: cannot write {path}: {os.strerror(number)} (free space or make it writable; a training "
-        "stopped this way continues with garlic train --resume RUN_ID)")
+        "stopped this way continues with garlic train --resume RUN_ID)"
+    )
 
 
 def test_calibrate_a_per_stay_run_for_a_burden_on_the_sites_records_cut_at_every_hour(trained, tmp_path):
@@ -428,8 +544,9 @@ def test_calibrate_a_per_stay_run_for_a_burden_on_the_sites_records_cut_at_every
     site.mkdir()
     record_files(root / "data" / "processed" / "synthetic", logged["stay_id"].head(20), site)
     profile = tmp_path / "site.json"
-    result = garlic_here("calibrate", "--run", run_id, "--site", str(site), "--alerts-per-day", "1", "--profile",
-                         str(profile), root=root)  # fmt: skip
+    result = garlic_here(
+        "calibrate", "--run", run_id, "--site", str(site), "--alerts-per-day", "1", "--profile", str(profile), root=root
+    )
     assert result.returncode == 0, result.stderr
     written = json.loads(profile.read_text())
     assert written["stays"] == 20 and written["scores_on_site"]["alerts_per_100_days"] <= 100
@@ -445,6 +562,15 @@ def test_calibrate_a_per_stay_run_for_a_burden_on_the_sites_records_cut_at_every
         assert row.risk == pytest.approx(alone, abs=1e-6)
     assert written["policy"]["threshold"] == choose(hourly, alerts_per_day=1.0).policy.threshold
     # A per-stay run has no hourly labels: a sensitivity or a utility is refused
-    refused = garlic_here("calibrate", "--run", run_id, "--site", str(site), "--labelled", "--profile",
-                          str(tmp_path / "no.json"), root=root)  # fmt: skip
+    refused = garlic_here(
+        "calibrate",
+        "--run",
+        run_id,
+        "--site",
+        str(site),
+        "--labelled",
+        "--profile",
+        str(tmp_path / "no.json"),
+        root=root,
+    )
     assert refused.returncode == 2 and "gives one risk per stay" in refused.stderr

@@ -1,4 +1,5 @@
 """The comparison table: every method on a protocol's runs, resumable from MLflow, with paired differences."""
+
 import json
 import os
 import shutil
@@ -41,8 +42,27 @@ def tiny_protocol():
 def compare_tiny(root, store, out, *extra) -> None:
     """The comparison of GARLIC and two baselines on ``tiny``."""
     with tiny_protocol():
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods", "logreg",
-                      "gbm", *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out), *extra])
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "tiny",
+                "--presets",
+                "synthetic",
+                "--methods",
+                "logreg",
+                "gbm",
+                *TINY,
+                "--data-root",
+                str(root),
+                "--mlruns",
+                str(store),
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +80,34 @@ def compared(tmp_path_factory):
 
 def split_runs(store) -> list:
     use_store(store)
-    return mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'",
-                              output_format="list")  # fmt: skip
+    return mlflow.search_runs(
+        search_all_experiments=True, filter_string="attributes.status = 'FINISHED'", output_format="list"
+    )
 
 
 def test_the_table_has_one_row_per_method_and_protocol_from_the_runs_it_made(compared):
     root, store, out, _, _ = compared
     table = pd.read_csv(out / "synthetic.csv")
-    assert list(table.columns) == ["method", "protocol", "runs", "auroc_mean", "auroc_std", "auprc_mean", "auprc_std",
-                                   "brier_mean", "ece_mean"]  # fmt: skip
-    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "tiny", 1], ["gbm", "tiny", 1],
-                                                                     ["synthetic", "tiny", 2]]  # fmt: skip
+    assert list(table.columns) == [
+        "method",
+        "protocol",
+        "runs",
+        "auroc_mean",
+        "auroc_std",
+        "auprc_mean",
+        "auprc_std",
+        "brier_mean",
+        "ece_mean",
+    ]
+    assert table[["method", "protocol", "runs"]].values.tolist() == [
+        ["logreg", "tiny", 1],
+        ["gbm", "tiny", 1],
+        ["synthetic", "tiny", 2],
+    ]
     use_store(store)
-    garlic = mlflow.search_runs(search_all_experiments=True, filter_string="params.split = 'tiny/split_0'",
-                                output_format="list")  # fmt: skip
+    garlic = mlflow.search_runs(
+        search_all_experiments=True, filter_string="params.split = 'tiny/split_0'", output_format="list"
+    )
     garlic = [run for run in garlic if "lr_cls" in run.data.params]
     assert sorted(run.data.params["seed"] for run in garlic) == ["0", "1"]
     aurocs = [run.data.metrics["test_auroc"] for run in garlic]
@@ -134,8 +168,26 @@ def test_no_train_gathers_the_baselines_it_has_and_names_the_others_without_trai
     root, store, _, _, _ = compared
     out = tmp_path / "results"
     with tiny_protocol():
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", "gbm_static",
-                      *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out), "--no-train"])
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "tiny",
+                "--presets",
+                "--methods",
+                "logreg",
+                "gbm_static",
+                *TINY,
+                "--data-root",
+                str(root),
+                "--mlruns",
+                str(store),
+                "--out",
+                str(out),
+                "--no-train",
+            ]
+        )
     table = pd.read_csv(out / "synthetic.csv")
     assert table[["method", "runs"]].values.tolist() == [["logreg", 1]]  # from the store
     report = (out / "synthetic.md").read_text()
@@ -148,15 +200,49 @@ def test_a_baseline_run_in_another_store_is_gathered_and_not_trained_again(compa
     root, store, _, _, _ = compared
     first, out = tmp_path / "first", tmp_path / "results"
     with tiny_protocol():
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", "gbm",
-                      *TINY, "--data-root", str(root), "--mlruns", str(first), str(store), "--out", str(out)])
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "tiny",
+                "--presets",
+                "--methods",
+                "logreg",
+                "gbm",
+                *TINY,
+                "--data-root",
+                str(root),
+                "--mlruns",
+                str(first),
+                str(store),
+                "--out",
+                str(out),
+            ]
+        )
     table = pd.read_csv(out / "synthetic.csv")
     assert table[["method", "runs"]].values.tolist() == [["logreg", 1], ["gbm", 1]]
     assert not [run for run in split_runs(first) if run.data.tags.get("study") == "baseline"]  # nothing trained
     before = {run.info.run_id for run in split_runs(store)}
     with tiny_protocol():  # a store without the baselines' experiment is only read: nothing is created in it
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", *TINY,
-                      "--data-root", str(root), "--mlruns", str(store), str(tmp_path / "empty"), "--no-train"])
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "tiny",
+                "--presets",
+                "--methods",
+                "logreg",
+                *TINY,
+                "--data-root",
+                str(root),
+                "--mlruns",
+                str(store),
+                str(tmp_path / "empty"),
+                "--no-train",
+            ]
+        )
     assert {run.info.run_id for run in split_runs(store)} >= before
     use_store(tmp_path / "empty")
     assert mlflow.MlflowClient().get_experiment_by_name("baselines-synthetic") is None
@@ -167,9 +253,26 @@ def test_a_table_with_nothing_paired_is_read_back_by_the_next_call(compared, tmp
     out = tmp_path / "results"
     for methods in ([], ["logreg"]):  # the first pairs nothing: a preset without baselines
         with tiny_protocol():
-            compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "synthetic", "--methods",
-                          *methods, *TINY, "--data-root", str(root), "--mlruns", str(store), "--out", str(out),
-                          "--no-train"])  # fmt: skip
+            compare.main(
+                [
+                    "--dataset",
+                    "synthetic",
+                    "--protocols",
+                    "tiny",
+                    "--presets",
+                    "synthetic",
+                    "--methods",
+                    *methods,
+                    *TINY,
+                    "--data-root",
+                    str(root),
+                    "--mlruns",
+                    str(store),
+                    "--out",
+                    str(out),
+                    "--no-train",
+                ]
+            )
         paired = pd.read_csv(out / "synthetic-paired.csv")
         assert paired["baseline"].tolist() == methods * 2  # one row per metric
     assert list(paired.columns) == compare.PAIRED_COLUMNS
@@ -183,9 +286,26 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
     config = compare.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "five-split"})
     for split in (0, 2, 4):
         runs.train(config, [split], data_root=tmp_path, store=store, preset="synthetic")
-    command = ["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods", *TINY,
-               "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out), "--workers", "2",
-               "--carry", str(carried)]  # fmt: skip
+    command = [
+        "--dataset",
+        "synthetic",
+        "--protocols",
+        "five-split",
+        "--presets",
+        "synthetic",
+        "--methods",
+        *TINY,
+        "--data-root",
+        str(tmp_path),
+        "--mlruns",
+        str(store),
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--carry",
+        str(carried),
+    ]
 
     def machine_gone(*args, **kwargs):
         raise KeyboardInterrupt("the machine went away")
@@ -202,8 +322,11 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
     assert table[["method", "protocol", "runs"]].values.tolist() == [["synthetic", "five-split", 5]]
     logs = sorted(log.name for log in (store / "logs").glob("*.log"))
     assert logs == ["synthetic-five-split-split_1-seed_0.log", "synthetic-five-split-split_3-seed_0.log"]
-    trained = {run.data.params["split"]: (run.info.start_time, run.info.end_time) for run in split_runs(store)
-               if run.data.params.get("split", "").startswith("five-split/")}  # fmt: skip
+    trained = {
+        run.data.params["split"]: (run.info.start_time, run.info.end_time)
+        for run in split_runs(store)
+        if run.data.params.get("split", "").startswith("five-split/")
+    }
     assert sorted(trained) == [f"five-split/split_{k}" for k in range(5)]
     first, second = trained["five-split/split_1"], trained["five-split/split_3"]
     assert second[0] < first[1] and first[0] < second[1]  # the missing two trained at the same time, in two processes
@@ -212,8 +335,19 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
 def test_two_calls_with_their_own_splits_and_stores_make_one_whole_table(tmp_path, capsys):
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
     first, second, out = tmp_path / "first", tmp_path / "second", tmp_path / "results"
-    command = ["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods", "logreg",
-               *TINY, "--data-root", str(tmp_path)]  # fmt: skip
+    command = [
+        "--dataset",
+        "synthetic",
+        "--protocols",
+        "five-split",
+        "--presets",
+        "synthetic",
+        "--methods",
+        "logreg",
+        *TINY,
+        "--data-root",
+        str(tmp_path),
+    ]
     with pytest.raises(SystemExit):
         compare.main([*command, "--mlruns", str(first), "--splits", "1", "7"])
     assert "--splits 7: protocol five-split has splits 0, 1, 2, 3, 4" in capsys.readouterr().err
@@ -222,12 +356,15 @@ def test_two_calls_with_their_own_splits_and_stores_make_one_whole_table(tmp_pat
     compare.main([*command, "--mlruns", str(second), "--splits", "2", "3", "4"])
     for store, splits in ((first, [0, 1]), (second, [2, 3, 4])):
         trained = [run.data.params.get("split") or run.data.tags.get("split") for run in split_runs(store)]
-        assert sorted(name for name in trained if name) == sorted(f"five-split/split_{k}" for k in splits for _ in
-                                                                  ("logreg", "synthetic"))  # fmt: skip
+        assert sorted(name for name in trained if name) == sorted(
+            f"five-split/split_{k}" for k in splits for _ in ("logreg", "synthetic")
+        )
     compare.main([*command, "--mlruns", str(first), str(second), "--no-train", "--out", str(out)])
     table = pd.read_csv(out / "synthetic.csv")
-    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5],
-                                                                     ["synthetic", "five-split", 5]]  # fmt: skip
+    assert table[["method", "protocol", "runs"]].values.tolist() == [
+        ["logreg", "five-split", 5],
+        ["synthetic", "five-split", 5],
+    ]
 
 
 def test_workers_train_nothing_that_the_run_archive_holds(compared, tmp_path):
@@ -242,15 +379,19 @@ def test_workers_train_nothing_that_the_run_archive_holds(compared, tmp_path):
 def test_the_table_is_made_again_from_the_run_archive_when_the_stores_are_gone(compared, tmp_path):
     root, store, out, first, _ = compared
     kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")
-    assert sorted(map(tuple, kept[["method", "seed"]].fillna(-1).values)) == [("gbm", -1), ("logreg", -1),
-                                                                               ("synthetic", 0), ("synthetic", 1)]
+    assert sorted(map(tuple, kept[["method", "seed"]].fillna(-1).values)) == [
+        ("gbm", -1),
+        ("logreg", -1),
+        ("synthetic", 0),
+        ("synthetic", 1),
+    ]
     risks = pd.read_csv(out / "synthetic-runs" / "synthetic" / "tiny-split_0-seed_1.csv.gz")
     assert list(risks.columns) == ["stay_id", "risk"]  # no outcomes leave the dataset
     moved = tmp_path / "results"
     shutil.copytree(out, moved)
     compare_tiny(root, tmp_path / "empty", moved, "--no-train")
     assert (moved / "synthetic.csv").read_text() == first[1]
-    paired = lambda text: text[text.index("## Paired"):]  # noqa: E731
+    paired = lambda text: text[text.index("## Paired") :]  # noqa: E731
     assert paired((moved / "synthetic.md").read_text()) == paired(first[0])
     assert all(run.info.run_name == "comparison" for run in split_runs(tmp_path / "empty"))  # nothing trained
     # other settings are other units: the archive does not stand in for them
@@ -279,8 +420,11 @@ def test_each_unit_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_none
     with pytest.raises(KeyboardInterrupt):
         compare_tiny(tmp_path, store, out)
     kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")
-    assert sorted(map(tuple, kept[["method", "seed"]].fillna(-1).values)) == [("gbm", -1), ("logreg", -1),
-                                                                               ("synthetic", 0)]
+    assert sorted(map(tuple, kept[["method", "seed"]].fillna(-1).values)) == [
+        ("gbm", -1),
+        ("logreg", -1),
+        ("synthetic", 0),
+    ]
     assert not (out / "synthetic.md").exists()  # the table waits for the call's end
     monkeypatch.setattr(compare.runs, "train", train)
     fresh = tmp_path / "next-machine"  # the store went with the machine; the next call trains only the cut-off unit
@@ -310,8 +454,21 @@ def test_a_baseline_trains_only_the_splits_the_run_archive_does_not_keep(tmp_pat
 def test_carry_names_a_folder_before_anything_is_trained(tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(SystemExit):
-        compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(tmp_path),
-                      "--mlruns", str(tmp_path / "mlruns"), "--carry", str(tmp_path / "a-file")])  # fmt: skip
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--methods",
+                "logreg",
+                "--presets",
+                "--data-root",
+                str(tmp_path),
+                "--mlruns",
+                str(tmp_path / "mlruns"),
+                "--carry",
+                str(tmp_path / "a-file"),
+            ]
+        )
     assert "is a file; it names the folder" in capsys.readouterr().err
     assert not (tmp_path / "mlruns").exists()
 
@@ -331,8 +488,9 @@ def test_the_report_says_how_far_each_carried_unit_has_come_and_names_a_damaged_
     digest = manifest_digest(read_manifest(processed_folder("synthetic", root)))[:12]
     unit = f"pypots_seft-tiny-split_0-af42c96c4dae-{digest}"  # this cohort's unit
     history = [{"epoch": epoch, "seconds": 60.0 * epoch} for epoch in range(1, 13)]  # the last five: 8-12 minutes
-    save_training_state(carried / f"{unit}.pt", {"progress": {"epoch": 12, "best_epoch": 9, "history": history}},
-                        Config())  # fmt: skip
+    save_training_state(
+        carried / f"{unit}.pt", {"progress": {"epoch": 12, "best_epoch": 9, "history": history}}, Config()
+    )
     (carried / "cut-short.pt").write_bytes(b"PK\x03\x04 half a file")
     other = "pypots_seft-raindrop-split_0-af42c96c4dae-0123456789ab"  # another dataset's unit: another table's
     save_training_state(carried / f"{other}.pt", {"progress": {"epoch": 3, "best_epoch": 3}}, Config())
@@ -391,11 +549,11 @@ def test_weighted_scores_equal_sklearns_with_sample_weights_ties_included():
     labels = (generator.random(300) < 0.25).astype(int)
     scores = np.round(generator.random(300) + 0.5 * labels, 1)  # rounded: many ties
     weights = generator.multinomial(300, np.full(300, 1 / 300), size=4).astype(float)
-    for row, auroc, ap in zip(weights, weighted_auroc(scores, labels, weights),
-                              weighted_average_precision(scores, labels, weights)):  # fmt: skip
+    for row, auroc, ap in zip(
+        weights, weighted_auroc(scores, labels, weights), weighted_average_precision(scores, labels, weights)
+    ):
         assert auroc == pytest.approx(roc_auc_score(labels, scores, sample_weight=row), abs=1e-12)
         assert ap == pytest.approx(average_precision_score(labels, scores, sample_weight=row), abs=1e-12)
-
 
 
 def test_a_key_added_since_a_unit_was_archived_leaves_its_digest_alone_at_the_value_that_trains_as_before():
@@ -404,8 +562,10 @@ def test_a_key_added_since_a_unit_was_archived_leaves_its_digest_alone_at_the_va
     config = compare.preset_config("physionet2012-best", "physionet2012", []).override({"split_protocol": "raindrop"})
     # The unit was archived before ``lr_schedule`` existed; at "plateau" it trains as it did then.
     assert queries.config_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
-    assert queries.config_digest(config.override({"lr_schedule": "cosine"})) != kept.loc[
-        ("physionet2012-best", "raindrop", "0"), "settings"]
+    assert (
+        queries.config_digest(config.override({"lr_schedule": "cosine"}))
+        != kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
+    )
 
 
 def test_past_the_deadline_no_unit_starts_and_the_table_names_them_not_yet_run(tmp_path, capsys):
@@ -413,9 +573,27 @@ def test_past_the_deadline_no_unit_starts_and_the_table_names_them_not_yet_run(t
     # by SIGTERM (tests/test_resume.py); here the table after a deadline that had passed before the first unit
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
     store, out = tmp_path / "mlruns", tmp_path / "results"
-    compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--presets", "synthetic", "--methods",
-                  "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out), "--workers", "2",
-                  "--deadline", "0"])  # fmt: skip
+    compare.main(
+        [
+            "--dataset",
+            "synthetic",
+            "--protocols",
+            "five-split",
+            "--presets",
+            "synthetic",
+            "--methods",
+            "--data-root",
+            str(tmp_path),
+            "--mlruns",
+            str(store),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--deadline",
+            "0",
+        ]
+    )
     printed = capsys.readouterr().out
     assert printed.count("not started: the deadline had passed") == 5
     assert "## Not yet run\n\n" + "".join(f"- synthetic five-split/split_{k} seed 0\n" for k in range(5)) in printed
@@ -438,13 +616,22 @@ def test_a_unit_that_another_process_trains_is_skipped(tmp_path, capsys):
 
 
 def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.training.workers import die_with_parent; "
-        "die_with_parent(); print(\"ready\", flush=True); time.sleep(120)'],\n"
-        f"    env=os.environ | {{'{PARENT_ENV}': str(os.getpid())}}, stdout=open({str(tmp_path / 'child')!r}, 'w'))\n"
-        "print(child.pid, flush=True)\n"
-        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys, time\n"
+                "child = subprocess.Popen([sys.executable, '-c', 'import time; from garlic.training.workers import die_with_parent; "
+                'die_with_parent(); print("ready", flush=True); time.sleep(120)\'],\n'
+                f"    env=os.environ | {{'{PARENT_ENV}': str(os.getpid())}}, stdout=open({str(tmp_path / 'child')!r}, 'w'))\n"
+                "print(child.pid, flush=True)\n"
+                "time.sleep(120)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = int(parent.stdout.readline())
     deadline = time.monotonic() + 30
     while "ready" not in (tmp_path / "child").read_text() and time.monotonic() < deadline:
@@ -477,8 +664,7 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     old = [unit("old", seed, risk) for seed, risk in enumerate(risks)]
     same = [unit("new", seed, risk) for seed, risk in enumerate(risks)]  # each seed equals the old one's
     baseline, network = [unit("logreg", None, risks[1])], [unit("pypots_raindrop", None, risks[0])]
-    paired = compare.comparisons(old + same + baseline + network, ["old", "new"], ["garlic-reference"],
-                                 against=["old"])  # fmt: skip
+    paired = compare.comparisons(old + same + baseline + network, ["old", "new"], ["garlic-reference"], against=["old"])
     rows = paired.set_index(["preset", "baseline", "metric"])
     for metric in ("auroc", "auprc"):
         tie = rows.loc[("new", "old", metric)]
@@ -509,19 +695,34 @@ def test_a_network_baseline_still_training_is_paired_on_the_splits_it_has():
     assert row["difference"] == pytest.approx(stats.paired_difference(preset[:2], partial, "auroc")["difference"])
 
 
-@pytest.mark.parametrize("arguments, says", [
-    (["--presets", "no-such-preset"], "no preset 'no-such-preset' in"),
-    (["--presets", "synthetic", "--set", "no_such_key=1"], "unknown config key 'no_such_key'"),
-    (["--seeds", "-1"], "argument --seeds: expected 0 or more, got -1"),
-    (["--mlruns", "A_FILE"], "argument --mlruns: A_FILE is a file, not a folder"),
-    (["--out", "A_FILE"], "argument --out: A_FILE is a file, not a folder"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "arguments, says",
+    [
+        (["--presets", "no-such-preset"], "no preset 'no-such-preset' in"),
+        (["--presets", "synthetic", "--set", "no_such_key=1"], "unknown config key 'no_such_key'"),
+        (["--seeds", "-1"], "argument --seeds: expected 0 or more, got -1"),
+        (["--mlruns", "A_FILE"], "argument --mlruns: A_FILE is a file, not a folder"),
+        (["--out", "A_FILE"], "argument --out: A_FILE is a file, not a folder"),
+    ],
+)
 def test_a_bad_argument_is_one_line_naming_it_before_anything_is_read(tmp_path, capsys, arguments, says):
     (tmp_path / "notes.txt").write_text("a file")
     arguments = [str(tmp_path / "notes.txt") if a == "A_FILE" else a for a in arguments]
     with pytest.raises(SystemExit) as refused:
-        compare.main(["--dataset", "synthetic", "--protocols", "five-split", "--methods", "logreg", "--data-root",
-                      str(tmp_path / "data"), "--no-train", *arguments])  # fmt: skip
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "five-split",
+                "--methods",
+                "logreg",
+                "--data-root",
+                str(tmp_path / "data"),
+                "--no-train",
+                *arguments,
+            ]
+        )
     assert refused.value.code == 2
     error = capsys.readouterr().err
     assert "Traceback" not in error and says.replace("A_FILE", str(tmp_path / "notes.txt")) in error
@@ -531,15 +732,41 @@ def test_a_protocol_that_does_not_apply_is_refused_before_anything_is_trained(tm
     root, store = tmp_path, tmp_path / "mlruns"
     synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=2)
     with pytest.raises(SystemExit):
-        compare.main(["--dataset", "synthetic", "--protocols", "five-split", "raindrop", "--methods", "logreg",
-                      "--data-root", str(root), "--mlruns", str(store)])
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "five-split",
+                "raindrop",
+                "--methods",
+                "logreg",
+                "--data-root",
+                str(root),
+                "--mlruns",
+                str(store),
+            ]
+        )
     error = capsys.readouterr().err
     assert "--protocols raindrop does not apply to --dataset synthetic" in error
     assert "protocol 'raindrop' is not published for dataset 'synthetic'" in error
     assert not store.exists()  # nothing trained, no store made
     # Without --protocols, the ones that apply: five-split alone on synthetic data.
-    compare.main(["--dataset", "synthetic", "--methods", "logreg", "--presets", "--data-root", str(root),
-                  "--mlruns", str(store), "--out", str(tmp_path / "results")])
+    compare.main(
+        [
+            "--dataset",
+            "synthetic",
+            "--methods",
+            "logreg",
+            "--presets",
+            "--data-root",
+            str(root),
+            "--mlruns",
+            str(store),
+            "--out",
+            str(tmp_path / "results"),
+        ]
+    )
     assert "protocol raindrop left out" in capsys.readouterr().err
     table = pd.read_csv(tmp_path / "results" / "synthetic.csv")
     assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5]]
@@ -572,11 +799,29 @@ def test_cross_hospital_rows_and_the_drop_from_the_models_own_hospital(tmp_path,
     two_hospital_records(tmp_path / "source")
     preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
     store, out = tmp_path / "mlruns", tmp_path / "results"
-    compare.main(["--dataset", "physionet2019-raindrop", "--protocols", "cross-hospital", "in-hospital", "--methods",
-                  "logreg", "--presets", "--data-root", str(tmp_path), "--mlruns", str(store), "--out", str(out)])
+    compare.main(
+        [
+            "--dataset",
+            "physionet2019-raindrop",
+            "--protocols",
+            "cross-hospital",
+            "in-hospital",
+            "--methods",
+            "logreg",
+            "--presets",
+            "--data-root",
+            str(tmp_path),
+            "--mlruns",
+            str(store),
+            "--out",
+            str(out),
+        ]
+    )
     table = pd.read_csv(out / "physionet2019-raindrop.csv")
-    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "cross-hospital", 2],
-                                                                      ["logreg", "in-hospital", 2]]  # fmt: skip
+    assert table[["method", "protocol", "runs"]].values.tolist() == [
+        ["logreg", "cross-hospital", 2],
+        ["logreg", "in-hospital", 2],
+    ]
     runs = pd.read_csv(out / "physionet2019-raindrop-runs" / "runs.csv").set_index(["protocol", "split"])
     text = (out / "physionet2019-raindrop.md").read_text()
     assert "## From its own hospital to the other" in text
@@ -585,8 +830,21 @@ def test_cross_hospital_rows_and_the_drop_from_the_models_own_hospital(tmp_path,
         assert f"| logreg | {direction} | auroc | {home:.4f} | {away:.4f} | {away - home:+.4f} |" in text
     # A protocol of published ids for another cohort is refused on this one, naming where it is published.
     with pytest.raises(SystemExit):
-        compare.main(["--dataset", "physionet2019-raindrop", "--protocols", "garlic-reference", "--methods", "logreg",
-                      "--presets", "--data-root", str(tmp_path), "--mlruns", str(store)])
+        compare.main(
+            [
+                "--dataset",
+                "physionet2019-raindrop",
+                "--protocols",
+                "garlic-reference",
+                "--methods",
+                "logreg",
+                "--presets",
+                "--data-root",
+                str(tmp_path),
+                "--mlruns",
+                str(store),
+            ]
+        )
     assert "it is for physionet2012, physionet2019-garlic" in capsys.readouterr().err
 
 
@@ -606,13 +864,19 @@ def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_
         lines = compare.what_the_model_sees(f"physionet2019-{cohort}", tmp_path, ["five-split"])
         assert lines[0].startswith(f"`physionet2019-{cohort}` (protocols five-split): input: ")
         labels = pd.read_parquet(tmp_path / "processed" / f"physionet2019-{cohort}" / "labels.parquet")
-        splits = [json.loads(path.read_text()) for path in (tmp_path / "processed" / f"physionet2019-{cohort}" /
-                                                            "splits" / "five-split").glob("split_*.json")]  # fmt: skip
+        splits = [
+            json.loads(path.read_text())
+            for path in (tmp_path / "processed" / f"physionet2019-{cohort}" / "splits" / "five-split").glob(
+                "split_*.json"
+            )
+        ]
         positives = sum(labels.set_index("stay_id").loc[s["test"], "label"].sum() for s in splits)
         assert positives > 0
         seen = positives if cohort == "garlic" else 0
-        assert lines[2] == (f"- `five-split`: {seen:,} of {positives:,} test positives (over its splits) show the "
-                            "model a value recorded at or after their first SepsisLabel 1.")  # fmt: skip
+        assert lines[2] == (
+            f"- `five-split`: {seen:,} of {positives:,} test positives (over its splits) show the "
+            "model a value recorded at or after their first SepsisLabel 1."
+        )
 
 
 def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
@@ -625,19 +889,51 @@ def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
     two_hospital_records(tmp_path / "source")
     preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
     out = tmp_path / "results"
-    compare.main(["--dataset", "physionet2019", "--protocols", "five-split", "cross-hospital", "--methods", "logreg",
-                  "--presets", "--data-root", str(tmp_path), "--mlruns", str(tmp_path / "mlruns"), "--out", str(out)])
+    compare.main(
+        [
+            "--dataset",
+            "physionet2019",
+            "--protocols",
+            "five-split",
+            "cross-hospital",
+            "--methods",
+            "logreg",
+            "--presets",
+            "--data-root",
+            str(tmp_path),
+            "--mlruns",
+            str(tmp_path / "mlruns"),
+            "--out",
+            str(out),
+        ]
+    )
     table = pd.read_csv(out / "physionet2019.csv")
-    assert table[["method", "protocol", "runs"]].values.tolist() == [["logreg", "five-split", 5],
-                                                                      ["logreg", "cross-hospital", 2]]  # fmt: skip
+    assert table[["method", "protocol", "runs"]].values.tolist() == [
+        ["logreg", "five-split", 5],
+        ["logreg", "cross-hospital", 2],
+    ]
     archived = pd.read_csv(out / "physionet2019-raindrop-runs" / "runs.csv")
     assert sorted(set(archived["protocol"])) == ["cross-hospital", "five-split"] and len(archived) == 7
     text = (out / "physionet2019.md").read_text()
-    assert text.startswith("# physionet2019: every method") and "`physionet2019-raindrop` (protocols five-split, " \
-        "cross-hospital): input: the rows before" in text
+    assert (
+        text.startswith("# physionet2019: every method")
+        and "`physionet2019-raindrop` (protocols five-split, cross-hospital): input: the rows before" in text
+    )
     # Without --protocols: a protocol whose cohort is not preprocessed here, or whose stays it lacks, is left out.
-    compare.main(["--dataset", "physionet2019", "--methods", "logreg", "--presets", "--data-root", str(tmp_path),
-                  "--mlruns", str(tmp_path / "mlruns"), "--no-train"])
+    compare.main(
+        [
+            "--dataset",
+            "physionet2019",
+            "--methods",
+            "logreg",
+            "--presets",
+            "--data-root",
+            str(tmp_path),
+            "--mlruns",
+            str(tmp_path / "mlruns"),
+            "--no-train",
+        ]
+    )
     error = capsys.readouterr().err
     assert "protocol garlic-reference left out" in error and "protocol raindrop left out" in error
 
@@ -650,9 +946,26 @@ def test_workers_train_a_sources_preset_on_the_cohort_named(tmp_path):
     preprocess(tmp_path / "source", tmp_path / "processed" / "physionet2019-raindrop", cohort="raindrop")
     store, out = tmp_path / "mlruns", tmp_path / "results"
     # physionet2019-cpu names the source: each worker is told the cohort (once: "name the cohort" and no run)
-    compare.main(["--dataset", "physionet2019-raindrop", "--protocols", "cross-hospital", "--presets",
-                  "physionet2019-cpu", "--methods", *TINY, "--data-root", str(tmp_path), "--mlruns", str(store),
-                  "--out", str(out), "--workers", "2"])  # fmt: skip
+    compare.main(
+        [
+            "--dataset",
+            "physionet2019-raindrop",
+            "--protocols",
+            "cross-hospital",
+            "--presets",
+            "physionet2019-cpu",
+            "--methods",
+            *TINY,
+            "--data-root",
+            str(tmp_path),
+            "--mlruns",
+            str(store),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ]
+    )
     table = pd.read_csv(out / "physionet2019-raindrop.csv")
     assert table[["method", "protocol", "runs"]].values.tolist() == [["physionet2019-cpu", "cross-hospital", 2]]
 
@@ -691,9 +1004,25 @@ def test_a_call_naming_fewer_methods_keeps_the_others_rows_from_the_run_archive(
     moved = tmp_path / "results"
     shutil.copytree(out, moved)
     with tiny_protocol():  # one baseline of the three methods kept
-        compare.main(["--dataset", "synthetic", "--protocols", "tiny", "--presets", "--methods", "logreg", *TINY,
-                      "--data-root", str(root), "--mlruns", str(tmp_path / "empty"), "--out", str(moved),
-                      "--no-train"])  # fmt: skip
+        compare.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--protocols",
+                "tiny",
+                "--presets",
+                "--methods",
+                "logreg",
+                *TINY,
+                "--data-root",
+                str(root),
+                "--mlruns",
+                str(tmp_path / "empty"),
+                "--out",
+                str(moved),
+                "--no-train",
+            ]
+        )
     assert (moved / "synthetic.csv").read_text() == first[1]
     assert pd.read_csv(moved / "synthetic-paired.csv").equals(pd.read_csv(out / "synthetic-paired.csv"))
     report = (moved / "synthetic.md").read_text()
@@ -709,15 +1038,17 @@ def test_a_call_naming_one_protocol_keeps_the_other_protocols_rows_from_the_run_
     runs = pd.read_csv(archive / "runs.csv", dtype=str, keep_default_na=False)
     for row in runs.itertuples():  # the same units kept as a second protocol's too
         seed = f"-seed_{row.seed}" if row.seed else ""
-        shutil.copy(archive / row.method / f"tiny-split_0{seed}.csv.gz",
-                    archive / row.method / f"tiny2-split_0{seed}.csv.gz")
+        shutil.copy(
+            archive / row.method / f"tiny-split_0{seed}.csv.gz", archive / row.method / f"tiny2-split_0{seed}.csv.gz"
+        )
     pd.concat([runs, runs.assign(protocol="tiny2")]).to_csv(archive / "runs.csv", index=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROTOCOLS, "tiny2", Protocol("tiny2", (0,), seeds=(0, 1)))
         compare_tiny(root, tmp_path / "empty", moved, "--no-train")
     table = pd.read_csv(moved / "synthetic.csv")
-    assert table[["method", "protocol"]].values.tolist() == [[method, name] for name in ("tiny", "tiny2")
-                                                             for method in ("logreg", "gbm", "synthetic")]
+    assert table[["method", "protocol"]].values.tolist() == [
+        [method, name] for name in ("tiny", "tiny2") for method in ("logreg", "gbm", "synthetic")
+    ]
     numbers = table.drop(columns="protocol")
     assert numbers.iloc[:3].reset_index(drop=True).equals(numbers.iloc[3:].reset_index(drop=True))
     paired = pd.read_csv(moved / "synthetic-paired.csv")
@@ -760,13 +1091,18 @@ def test_the_report_says_what_the_input_hours_alone_score_on_each_protocol_and_w
         metrics = {"auroc": auroc, "auprc": auroc / 2, "brier": 0.1, "ece": 0.01}
         return compare.Unit(method, protocol_name, split, None, f"run{split}", "digest", metrics, pd.DataFrame())
 
-    units = [unit("input_hours", "raindrop", 0, 0.70), unit("input_hours", "raindrop", 1, 0.80),
-             unit("gbm", "raindrop", 0, 0.9), unit("input_hours", "garlic-reference", 0, 0.52)]  # fmt: skip
+    units = [
+        unit("input_hours", "raindrop", 0, 0.70),
+        unit("input_hours", "raindrop", 1, 0.80),
+        unit("gbm", "raindrop", 0, 0.9),
+        unit("input_hours", "garlic-reference", 0, 0.52),
+    ]
     summary = compare.table(units, ["raindrop", "garlic-reference"])
 
     def made(rows: pd.DataFrame) -> str:
-        return compare.report(rows, pd.DataFrame(), pd.DataFrame(), [], [], "python -m experiments.compare", "p19",
-                              [], {})  # fmt: skip
+        return compare.report(
+            rows, pd.DataFrame(), pd.DataFrame(), [], [], "python -m experiments.compare", "p19", [], {}
+        )
 
     text = made(summary)
     section = text.split("## The input's length alone\n\n")[1]
@@ -786,9 +1122,12 @@ def test_the_report_gives_each_methods_settings_with_the_epoch_budget_the_datase
     # where the datasets' configurations differ, a line for each; --set reaches them as it reaches the runs
     assert Config.for_dataset("synthetic").max_epochs != budget.max_epochs
     lines = compare.method_settings(["decay_gru"], ["physionet2012", "synthetic"], ["max_epochs=7"])
-    assert [line.split(":")[0] for line in lines] == ["- `decay_gru` on `physionet2012`",
-                                                      "- `decay_gru` on `synthetic`"]  # fmt: skip
+    assert [line.split(":")[0] for line in lines] == [
+        "- `decay_gru` on `physionet2012`",
+        "- `decay_gru` on `synthetic`",
+    ]
     assert all("max_epochs 7," in line for line in lines)
-    text = compare.report(compare.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [],
-                          {}, lines)  # fmt: skip
+    text = compare.report(
+        compare.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [], {}, lines
+    )
     assert text.split("## The methods' settings\n\n")[1].endswith("\n\n" + "\n".join(lines) + "\n")

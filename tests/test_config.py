@@ -1,4 +1,5 @@
 """Config values are checked when a config is built: type, range and choice, with the key in the message."""
+
 import json
 import re
 
@@ -26,7 +27,10 @@ from garlic.data.splits import PROTOCOLS
         ("batch_size=0", "config key 'batch_size' must be from 1 to 65536"),
         ("stage_tolerance=1.5", "config key 'stage_tolerance' must be at least 0 and below 1"),
         ("device=gpu", "config key 'device' must be auto, cpu, cuda or cuda:N"),
-        ("dataset=physionet2020", "config key 'dataset' must be one of meds, mimic3-benchmark, mimic3-garlic, physionet2012"),
+        (
+            "dataset=physionet2020",
+            "config key 'dataset' must be one of meds, mimic3-benchmark, mimic3-garlic, physionet2012",
+        ),
         ("hidden_dim=lots", "config key 'hidden_dim' expects an integer, got 'lots'"),
         ("use_graph=maybe", "config key 'use_graph' expects true or false, got 'maybe'"),
     ],
@@ -104,8 +108,11 @@ def test_a_cuda_device_that_torch_does_not_see_is_refused_naming_the_ones_it_see
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("cuda:1") == torch.device("cuda:1")
-    with pytest.raises(ValueError, match=r"device 'cuda:7' was asked for, but torch sees 2 CUDA device\(s\), cuda:0 "
-                                         r"to cuda:1"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"device 'cuda:7' was asked for, but torch sees 2 CUDA device\(s\), cuda:0 "
+        r"to cuda:1",
+    ):
         resolve_device("cuda:7")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="device 'cuda:0' was asked for, but torch sees no CUDA device"):

@@ -4,6 +4,7 @@ Each test uses real processes (started with the same interpreter) and real SIGKI
 what the next run finds: the store works, a killed writer's leftovers are removed or put back, a live writer's work
 is left alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,13 @@ ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
 def python(script: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=ENVIRONMENT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def killed(script: str, *args: str) -> None:
@@ -76,7 +82,8 @@ def test_processes_starting_together_on_a_new_store_all_succeed_and_the_store_wo
 
 def test_a_store_whose_creation_was_killed_is_created_afresh(tmp_path):
     store = tmp_path / "mlruns"
-    killed("""
+    killed(
+        """
         import os, shutil, signal, sys
         from garlic.tracking.store import use_store
         copy = shutil.copyfile
@@ -85,7 +92,9 @@ def test_a_store_whose_creation_was_killed_is_created_afresh(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
         shutil.copyfile = die
         use_store(sys.argv[1])
-    """, str(store))
+    """,
+        str(store),
+    )
     assert not (store / "mlflow.db").exists()  # nothing a later run could mistake for a store
     assert list(store.glob(".mlflow.db.*.creating"))
 
@@ -103,7 +112,8 @@ def _staging(folder: Path) -> list[str]:
 
 def test_a_preprocessing_killed_while_writing_leaves_a_staging_folder_that_the_next_run_removes(tmp_path):
     folder = tmp_path / "processed" / "synthetic"
-    killed("""
+    killed(
+        """
         import os, signal, sys
         import pyarrow.parquet as pq
         from garlic.sources import synthetic
@@ -113,7 +123,9 @@ def test_a_preprocessing_killed_while_writing_leaves_a_staging_folder_that_the_n
             os.kill(os.getpid(), signal.SIGKILL)
         pq.write_table = write_then_die
         synthetic.generate(sys.argv[1], n_stays=40, seed=1)
-    """, str(folder))
+    """,
+        str(folder),
+    )
     assert len(_staging(folder)) == 1 and not folder.exists()
 
     with atomic_directory(tmp_path / "processed" / "other") as live:  # a live writer's staging is left alone
@@ -127,7 +139,8 @@ def test_a_preprocessing_killed_between_its_two_renames_gets_the_dataset_back_no
     folder = tmp_path / "processed" / "synthetic"
     synthetic.generate(folder, n_stays=40, seed=1)
     before = json.loads((folder / MANIFEST).read_text())
-    killed("""
+    killed(
+        """
         import os, signal, sys
         from pathlib import Path
         from garlic.io import tables
@@ -139,7 +152,9 @@ def test_a_preprocessing_killed_between_its_two_renames_gets_the_dataset_back_no
                 os.kill(os.getpid(), signal.SIGKILL)
         tables.os.replace = replace_then_die
         synthetic.generate(destination, n_stays=50, seed=2)
-    """, str(folder))
+    """,
+        str(folder),
+    )
     assert not folder.exists() and any(".retired-" in name for name in _staging(folder))
 
     assert ensure_processed("synthetic", tmp_path) == folder
@@ -150,7 +165,8 @@ def test_a_preprocessing_killed_between_its_two_renames_gets_the_dataset_back_no
 def test_a_tensor_cache_write_killed_midway_leaves_a_temporary_that_the_next_load_removes(tmp_path):
     folder = tmp_path / "synthetic"
     synthetic.generate(folder, n_stays=40, seed=1)
-    killed("""
+    killed(
+        """
         import os, signal, sys
         import numpy as np
         from garlic.io import tensors
@@ -160,7 +176,9 @@ def test_a_tensor_cache_write_killed_midway_leaves_a_temporary_that_the_next_loa
             os.kill(os.getpid(), signal.SIGKILL)
         tensors.np.savez = write_some_then_die
         tensors.load_tensors(sys.argv[1])
-    """, str(folder))
+    """,
+        str(folder),
+    )
     (stale,) = folder.glob(f".{TENSORS}.*.npz")
 
     live = folder / f".{TENSORS}.live.npz"  # a temporary some live writer holds

@@ -1,4 +1,5 @@
 """The dashboard page driven through Streamlit's testing API: choosing a stay, replaying it, and bad input."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,8 +41,9 @@ def page(run, monkeypatch, listening_on):
     monkeypatch.delenv("GARLIC_DASHBOARD_TOKEN", raising=False)
     listening_on("127.0.0.1")
 
-    def open_page(run_id: str | None = run.run_id, store: Path = run.store, address: str = "",
-                  data_root: Path = run.data_root) -> AppTest:  # fmt: skip
+    def open_page(
+        run_id: str | None = run.run_id, store: Path = run.store, address: str = "", data_root: Path = run.data_root
+    ) -> AppTest:
         arguments = ["--mlruns", str(store), "--data-root", str(data_root)] + (["--run", run_id] if run_id else [])
         monkeypatch.setattr(sys, "argv", [str(PAGE), *arguments])
         at = AppTest.from_file(str(PAGE), default_timeout=60)
@@ -61,15 +63,17 @@ def test_a_run_whose_model_has_no_built_in_explanation_is_explained_by_integrate
     assert any(s.startswith("Importance by integrated gradients") for s in said), said
     assert any(s.startswith("No explanation plot: ") for s in said), said  # the run logged none at training
     assert "Not given by integrated gradients: they attribute the risk to values, not to the graph." in [
-        m.value for m in at.markdown]
+        m.value for m in at.markdown
+    ]
     assert not [e.value for e in at.error if "Something went wrong" in e.value]
     at.sidebar.number_input(key=f"threshold-{reference.run_id}").set_value(0.0).run()
     (warning,) = warnings(at)
     assert "Driven by " in warning and "no single signal" not in warning
 
 
-@pytest.mark.skipif(importlib.util.find_spec("shap") is None,
-                    reason="needs the explain extra (shap): bin/setup explain")  # fmt: skip
+@pytest.mark.skipif(
+    importlib.util.find_spec("shap") is None, reason="needs the explain extra (shap): bin/setup explain"
+)
 def test_a_run_of_another_method_replays_its_risk_and_explains_it_by_its_variables(page, tmp_path_factory):
     boosting = tiny_method_run(tmp_path_factory, "gbm_static")
     at = page(boosting.run_id, boosting.store, data_root=boosting.data_root)
@@ -77,8 +81,9 @@ def test_a_run_of_another_method_replays_its_risk_and_explains_it_by_its_variabl
     assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
     assert any(m.label == "Test AUROC" for m in at.metric)
     assert not any("gives no explanation" in e.value for e in at.info)
-    assert any("contribution to the risk's log-odds at this hour (exact tree SHAP values" in c.value
-               for c in at.caption)  # fmt: skip
+    assert any(
+        "contribution to the risk's log-odds at this hour (exact tree SHAP values" in c.value for c in at.caption
+    )
     assert not [e.value for e in at.error if "Something went wrong" in e.value]
     (choice,) = sources.runs_with_models(boosting.store)  # listed with the runs that have a model, by its method
     assert choice.run_id == boosting.run_id and choice.label.startswith("gbm_static · AUROC ")
@@ -87,8 +92,7 @@ def test_a_run_of_another_method_replays_its_risk_and_explains_it_by_its_variabl
     assert "since hour" in warning and "Driven by " in warning and "no single signal" not in warning
 
 
-def test_a_run_of_a_method_that_cannot_explain_here_replays_its_risk_and_says_why(page, tmp_path_factory,
-                                                                                   monkeypatch):  # fmt: skip
+def test_a_run_of_a_method_that_cannot_explain_here_replays_its_risk_and_says_why(page, tmp_path_factory, monkeypatch):
     import garlic.methods.summary
 
     monkeypatch.setattr(garlic.methods.summary, "shap_installed", lambda: False)  # boosting without the shap package
@@ -97,8 +101,12 @@ def test_a_run_of_a_method_that_cannot_explain_here_replays_its_risk_and_says_wh
     assert not at.exception
     assert any(m.label.startswith("Risk at hour") and m.value != "—" for m in at.metric)
     said = [e.value for e in at.info]
-    assert any(s.startswith("This run's model (gbm_static) gives no explanation here: gradient boosting's drivers "
-                            "need the shap package") for s in said), said  # fmt: skip
+    assert any(
+        s.startswith(
+            "This run's model (gbm_static) gives no explanation here: gradient boosting's drivers need the shap package"
+        )
+        for s in said
+    ), said
     assert not [e.value for e in at.error if "Something went wrong" in e.value]
     at.sidebar.number_input(key=f"threshold-{boosting.run_id}").set_value(0.0).run()
     (warning,) = warnings(at)
@@ -193,8 +201,9 @@ def test_a_run_without_a_model_or_a_missing_store_is_reported_in_the_page(page, 
     damaged.mkdir()
     (damaged / "mlflow.db").write_bytes(b"\x00not sqlite\xff" * 4096)  # once: "Something went wrong"
     at = page(run_id=None, store=damaged)
-    assert [e.value for e in at.error] == ["The MLflow store STORE cannot be read: file is not a database (a damaged "
-                                           "database: restore it from a copy)."] and not at.exception  # fmt: skip
+    assert [e.value for e in at.error] == [
+        "The MLflow store STORE cannot be read: file is not a database (a damaged database: restore it from a copy)."
+    ] and not at.exception
 
 
 def test_a_wider_address_shows_nothing_without_a_token_set(page, listening_on):

@@ -3,6 +3,7 @@
 Needs Debian's ``chromium`` and ``chromium-driver`` (bin/setup installs them where it can) and selenium (the test
 extra). Saves what the browser shows to ``test-artifacts/dashboard.png``.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,9 +26,17 @@ REPO = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SCREENSHOT = REPO / "test-artifacts" / "dashboard.png"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,1700",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1700",
+]
 
 pytestmark = [
     pytest.mark.slow,
@@ -68,8 +77,20 @@ def healthy(url: str) -> bool:
 
 def start_dashboard(run, port: int, log: Path) -> subprocess.Popen:
     """The server started by ``garlic dashboard`` (on the loopback address, its default)."""
-    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "--data-root", str(run.data_root),
-               "dashboard", "--run", run.run_id, "--port", str(port)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "garlic.cli",
+        "--mlruns",
+        str(run.store),
+        "--data-root",
+        str(run.data_root),
+        "dashboard",
+        "--run",
+        run.run_id,
+        "--port",
+        str(port),
+    ]
     return subprocess.Popen(command, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
@@ -111,8 +132,9 @@ def alerts(driver, text: str) -> list:
 
 
 def drawn_charts(driver) -> list:
-    return driver.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"] canvas, '
-                                                 '[data-testid="stVegaLiteChart"] svg')  # fmt: skip
+    return driver.find_elements(
+        By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg'
+    )
 
 
 def playback(driver) -> str:
@@ -143,13 +165,17 @@ def test_playing_a_high_risk_stay_shows_the_risk_chart_and_a_warning(run, dashbo
 
     buttons = [b.text for b in browser.find_elements(By.TAG_NAME, "button")]
     assert not [b for b in buttons if "Deploy" in b] and not browser.find_elements(
-        By.CSS_SELECTOR, '[data-testid="stAppDeployButton"], [data-testid="stMainMenu"]')  # no developer toolbar
+        By.CSS_SELECTOR, '[data-testid="stAppDeployButton"], [data-testid="stMainMenu"]'
+    )  # no developer toolbar
     # The fastest replay, one step right of the default speed on the sidebar: the stay plays in half the time.
     speed = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[aria-label="Speed"]'), 30, "the speed")
     webdriver.ActionChains(browser).click(speed[0].find_element(By.XPATH, "../..")).perform()
     browser.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[aria-label="Speed"][aria-valuetext="8 h/s"]'), 30,
-             "the speed at 8 h/s")  # fmt: skip
+    wait_for(
+        lambda: browser.find_elements(By.CSS_SELECTOR, 'input[aria-label="Speed"][aria-valuetext="8 h/s"]'),
+        30,
+        "the speed at 8 h/s",
+    )
     play = wait_for(lambda: [b for b in browser.find_elements(By.TAG_NAME, "button") if "Play" in b.text], 30, "Play")
     play[0].click()
     wait_for(lambda: "playing" in playback(browser), 30, "the replay to start")
@@ -186,15 +212,33 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
     monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained), AlertPolicy(0.99))
     for stay in static["stay_id"]:
         monitor.store.admit(Stay(str(stay), True, start, None))
-    monitor.take([Observed(str(stay), str(variable), start + timedelta(hours=float(time)), float(value))
-                  for stay, time, variable, value in observations.itertuples(index=False)])  # fmt: skip
+    monitor.take(
+        [
+            Observed(str(stay), str(variable), start + timedelta(hours=float(time)), float(value))
+            for stay, time, variable, value in observations.itertuples(index=False)
+        ]
+    )
     while monitor.score_round():
         pass
     by_risk = monitor.store.beds().sort_values("risk", ascending=False)["bed"].tolist()
 
     port = free_port()
-    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "--data-root", str(run.data_root),
-               "dashboard", "--run", run.run_id, "--port", str(port), "--ward", url]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "garlic.cli",
+        "--mlruns",
+        str(run.store),
+        "--data-root",
+        str(run.data_root),
+        "dashboard",
+        "--run",
+        run.run_id,
+        "--port",
+        str(port),
+        "--ward",
+        url,
+    ]
     log = tmp_path / "server.log"
     server = subprocess.Popen(command, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
@@ -230,9 +274,12 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
                 try:
                     box = grids[0].rect
                     webdriver.ActionChains(browser).move_to_element_with_offset(
-                        grids[0], -box["width"] / 2 + 16, -box["height"] / 2 + 35 + 17).click().perform()
-                except (selenium_errors.ElementNotInteractableException,
-                        selenium_errors.StaleElementReferenceException):  # fmt: skip
+                        grids[0], -box["width"] / 2 + 16, -box["height"] / 2 + 35 + 17
+                    ).click().perform()
+                except (
+                    selenium_errors.ElementNotInteractableException,
+                    selenium_errors.StaleElementReferenceException,
+                ):
                     return heading
                 next_click[0] = time.monotonic() + 20
             return heading
@@ -241,8 +288,11 @@ def test_the_ward_view_lists_the_live_beds_by_risk_banners_a_crossing_and_opens_
         assert heading[0].startswith(f"Bed {monitor.store.beds().sort_values('risk').iloc[-1]['bed']} · live ward")
         wait_for(lambda: drawn_charts(browser), 60, "the bed's risk chart")
         browser.get(f"{dashboard}/?bed={last}")  # a link to one bed opens it too
-        wait_for(lambda: [h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith(f"Bed {last} ·")],
-                 60, "the bedside view of the bed linked to")  # fmt: skip
+        wait_for(
+            lambda: [h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith(f"Bed {last} ·")],
+            60,
+            "the bedside view of the bed linked to",
+        )
     finally:
         server.terminate()
         server.wait(timeout=10)

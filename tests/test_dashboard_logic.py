@@ -1,4 +1,5 @@
 """The dashboard's logic without a page: replay, threshold, summary, and where its data come from."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -84,14 +85,19 @@ def test_prefix_h_keeps_exactly_the_observations_up_to_h(loaded):
         upto = stay["times"][:steps] <= hour
         assert int(batch.lengths[row]) == int(upto.sum())
         assert batch.mask[row].sum() == stay["mask"][:steps][upto].sum()
-        assert not batch.mask[row, int(upto.sum()):].any() and not batch.values[row, int(upto.sum()):].any()
+        assert not batch.mask[row, int(upto.sum()) :].any() and not batch.values[row, int(upto.sum()) :].any()
 
 
 def risk_of_the_stay_cut_at(model: Garlic, stay: dict, hour: float) -> float:
     """The model run the ordinary way on the stay with only its observations up to ``hour``."""
     steps = int((stay["times"][: int(stay["lengths"])] <= hour).sum())
-    cut = {**stay, "values": stay["values"][:steps], "mask": stay["mask"][:steps], "times": stay["times"][:steps],
-           "lengths": torch.tensor(steps)}  # fmt: skip
+    cut = {
+        **stay,
+        "values": stay["values"][:steps],
+        "mask": stay["mask"][:steps],
+        "times": stay["times"][:steps],
+        "lengths": torch.tensor(steps),
+    }
     with torch.no_grad():
         return float(torch.sigmoid(forward(model.eval(), collate([cut])).logits))
 
@@ -107,18 +113,27 @@ def test_each_hour_of_the_curve_is_the_risk_of_the_stay_cut_at_that_hour(loaded,
     assert replay.risk[-1] == pytest.approx(logged.loc[replay.stay_id, "risk"], abs=1e-5)
 
 
-@pytest.mark.parametrize("variant", [{"use_static": True}, {"use_gru": False, "use_decay": False, "window_size": 5},
-                                     {"summary_branch": True, "use_static": True}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"use_static": True},
+        {"use_gru": False, "use_decay": False, "window_size": 5},
+        {"summary_branch": True, "use_static": True},
+    ],
+)
 def test_the_one_pass_curve_holds_for_model_variants(loaded, variant):
     trained, test = loaded
     torch.manual_seed(0)
-    model = Garlic(len(trained.variables), len(trained.static_features), NetworkConfig.from_run(Config().override(variant)))
+    model = Garlic(
+        len(trained.variables), len(trained.static_features), NetworkConfig.from_run(Config().override(variant))
+    )
     stay = test[0]
     hours = replay_hours(float(stay["times"][int(stay["lengths"]) - 1]))
     curve = risk_curve(model, stay, hours)
     observed = np.isfinite(curve)
-    np.testing.assert_allclose(curve[observed], [risk_of_the_stay_cut_at(model, stay, h) for h in hours[observed]],
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        curve[observed], [risk_of_the_stay_cut_at(model, stay, h) for h in hours[observed]], atol=1e-5
+    )
 
 
 def test_an_hour_is_explained_on_the_stay_cut_at_that_hour(loaded):
@@ -246,8 +261,9 @@ def test_a_split_that_leaves_the_data_root_is_refused(loaded, run, tmp_path):
     (outside / "split_0.json").write_text((folder / "splits" / "five-split" / "split_0.json").read_text())
     climbing = "/".join([".."] * 4) + "/outside/split_0"
     assert (folder / "splits" / f"{climbing}.json").resolve() == (outside / "split_0.json").resolve()
-    forged = SimpleNamespace(info=SimpleNamespace(run_id="forged"), data=SimpleNamespace(
-        params={"dataset": "synthetic", "split": climbing}))  # fmt: skip
+    forged = SimpleNamespace(
+        info=SimpleNamespace(run_id="forged"), data=SimpleNamespace(params={"dataset": "synthetic", "split": climbing})
+    )
     with pytest.raises((ValueError, sources.OutsideFoldersError)) as refused:  # not a split name, or outside
         sources.test_split(trained, forged, run.data_root)
     assert str(run.data_root) not in str(refused.value)
@@ -267,17 +283,21 @@ def test_a_run_whose_artifacts_live_outside_the_store_is_refused(run, tmp_path):
     with mlflow.start_run(experiment_id=elsewhere) as foreign:
         mlflow.log_text("stay_id,label,risk\n1,0,0.5\n", "predictions/test.csv")
     assert (tmp_path / "x").is_dir()  # MLflow itself would read it from there
-    for read in (lambda: sources.load_run(run.store, foreign.info.run_id),
-                 lambda: sources.predictions(run.store, foreign.info.run_id, "test"),
-                 lambda: sources.artifact_bytes(run.store, foreign.info.run_id, "predictions/test.csv")):  # fmt: skip
+    for read in (
+        lambda: sources.load_run(run.store, foreign.info.run_id),
+        lambda: sources.predictions(run.store, foreign.info.run_id, "test"),
+        lambda: sources.artifact_bytes(run.store, foreign.info.run_id, "predictions/test.csv"),
+    ):
         with pytest.raises(sources.OutsideFoldersError):
             read()
 
 
 def test_messages_for_the_page_hold_no_server_paths(tmp_path):
     store, data = tmp_path / "mlruns", tmp_path / "data"
-    message = (f"no MLflow store at {store} (no mlflow.db); split missing under {data}/processed/synthetic; "
-               f"see {tmp_path}/other/file.json or file://{store}/artifacts/x")  # fmt: skip
+    message = (
+        f"no MLflow store at {store} (no mlflow.db); split missing under {data}/processed/synthetic; "
+        f"see {tmp_path}/other/file.json or file://{store}/artifacts/x"
+    )
     plain = sources.without_paths(message, {"STORE": store, "DATA": data})
     assert str(tmp_path) not in plain and "/tmp" not in plain
     assert "no MLflow store at STORE" in plain and "under DATA/processed/synthetic" in plain
@@ -340,16 +360,21 @@ def psv_record(rows: list[dict[str, float]]) -> bytes:
 
 def test_a_physionet2019_record_is_read_and_its_unknown_variables_named(loaded, tmp_path):
     trained, _ = loaded
-    rows = [{"HR": 80, "O2Sat": 97, "Age": 60, "Gender": 1, "ICULOS": 1, "SepsisLabel": 0},
-            {"HR": 90, "Temp": 37.5, "Age": 60, "Gender": 1, "ICULOS": 2, "SepsisLabel": 0},
-            {"HR": 99, "Age": 60, "Gender": 1, "ICULOS": 49, "SepsisLabel": 1}]  # fmt: skip
+    rows = [
+        {"HR": 80, "O2Sat": 97, "Age": 60, "Gender": 1, "ICULOS": 1, "SepsisLabel": 0},
+        {"HR": 90, "Temp": 37.5, "Age": 60, "Gender": 1, "ICULOS": 2, "SepsisLabel": 0},
+        {"HR": 99, "Age": 60, "Gender": 1, "ICULOS": 49, "SepsisLabel": 1},
+    ]
     path = tmp_path / "p000042.psv"
     path.write_bytes(psv_record(rows))
     assert readers()[".psv"] is physionet2019.read_record_files
     observations, static = physionet2019.read_record_files([path])
     assert observations[["stay_id", "time", "variable", "value"]].astype({"variable": str}).values.tolist() == [
-        [42, 1.0, "HR", 80.0], [42, 1.0, "O2Sat", 97.0], [42, 2.0, "HR", 90.0], [42, 2.0, "Temp", 37.5]
-    ]  # fmt: skip
+        [42, 1.0, "HR", 80.0],
+        [42, 1.0, "O2Sat", 97.0],
+        [42, 2.0, "HR", 90.0],
+        [42, 2.0, "Temp", 37.5],
+    ]
     static = static.set_index("stay_id").loc[42]
     assert static[["Age", "Gender"]].tolist() == [60.0, 1.0] and static[["Unit1", "Unit2", "HospAdmTime"]].isna().all()
     with pytest.raises(sources.UploadError, match=r"variables the model does not know: \['O2Sat'\]"):

@@ -1,4 +1,5 @@
 """`garlic dashboard` as a process: where it listens, who it lets in, and that stopping it stops its server."""
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,18 @@ def test_only_loopback_addresses_go_without_a_token():
 
 def test_a_wider_address_without_a_token_is_refused_before_anything_starts(tmp_path):
     port = free_port()
-    refused = garlic("--mlruns", str(tmp_path / "mlruns"), "dashboard", "--host", "0.0.0.0", "--port", str(port),
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    refused = garlic(
+        "--mlruns",
+        str(tmp_path / "mlruns"),
+        "dashboard",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = refused.communicate(timeout=120)
     assert refused.returncode == 2, (out, err)
     (line,) = err.strip().splitlines()
@@ -87,9 +98,18 @@ def serving(tmp_path: Path, env_extra: dict[str, str] | None = None) -> Iterator
     """``garlic dashboard`` on a free port, once it answers its health check: (process, port, its log); killed
     afterwards if it is still running."""
     port, log = free_port(), tmp_path / "server.log"
-    dashboard = garlic("--mlruns", str(tmp_path / "mlruns"), "--data-root", str(tmp_path / "data"), "dashboard",
-                       "--port", str(port), stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                       env_extra=env_extra)  # fmt: skip
+    dashboard = garlic(
+        "--mlruns",
+        str(tmp_path / "mlruns"),
+        "--data-root",
+        str(tmp_path / "data"),
+        "dashboard",
+        "--port",
+        str(port),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env_extra=env_extra,
+    )
     try:
         deadline = time.monotonic() + 120
         while not healthy(port):
@@ -167,5 +187,6 @@ def test_on_loopback_with_a_token_only_the_login_page_is_served_without_it_and_s
     assert not Path(f"/proc/{server}").exists(), "the Streamlit server outlived `garlic dashboard`"
     assert not listening_addresses(port) and not healthy(port)
     assert not (tmp_path / "mlruns").exists()  # the dashboard reads the store; it does not make one
-    assert "refused PUT /_stcore/upload_file/...: an upload from a session that has not given the token" in \
-        log.read_text()
+    assert (
+        "refused PUT /_stcore/upload_file/...: an upload from a session that has not given the token" in log.read_text()
+    )

@@ -1,4 +1,5 @@
 """Data-parallel training: the batch sharding, and two gloo processes on loopback (``torchrun``) against one."""
+
 from __future__ import annotations
 
 import io
@@ -46,8 +47,9 @@ def test_each_rank_gets_a_disjoint_share_of_every_batch_and_together_all_stays(s
     whole = [list(b) for b in LengthBucketSampler(lengths, batch_size, seed=4)]
     shares = []
     for rank in range(world_size):
-        sampler = distributed.ShardedBatchSampler(LengthBucketSampler(lengths, batch_size, seed=4),
-                                                  distributed.World(rank, world_size))  # fmt: skip
+        sampler = distributed.ShardedBatchSampler(
+            LengthBucketSampler(lengths, batch_size, seed=4), distributed.World(rank, world_size)
+        )
         shares.append(list(sampler))
         assert sampler.epoch == 1  # the wrapped sampler moved on one epoch, as it does alone
     assert len({len(s) for s in shares}) == 1  # every rank takes the same number of steps
@@ -104,10 +106,29 @@ def test_two_gloo_processes_reach_the_validation_metrics_of_one(tmp_path):
         torch.set_num_threads(threads)
 
     settings = [item for key, value in SMALL.items() for item in ("--set", f"{key}={value}")]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               "-m", "garlic.cli", "--data-root", str(root), "--mlruns", str(tmp_path / "two"), "train",
-               "--device", "cpu", *settings]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "garlic.cli",
+        "--data-root",
+        str(root),
+        "--mlruns",
+        str(tmp_path / "two"),
+        "train",
+        "--device",
+        "cpu",
+        *settings,
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -134,8 +155,10 @@ def _fit_whole_then_resumed(rank: int, root, address: str, out) -> None:
     try:
         tensors = load_tensors(root / "processed" / "synthetic")
         split = load_splits(root / "processed" / "synthetic", tensors)[0]
-        train, validation = (IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
-                             for part in ("train", "validation"))  # fmt: skip
+        train, validation = (
+            IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
+            for part in ("train", "validation")
+        )
         config = Config.for_dataset("synthetic").override({**SMALL, "batch_size": 32})
         fresh = lambda: AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))  # noqa: E731
         Trainer.checkpoint_seconds = 0.0
@@ -148,13 +171,22 @@ def _fit_whole_then_resumed(rank: int, root, address: str, out) -> None:
 
         whole = fresh().fit(train, validation, on_state=keep)
         states = [torch.load(io.BytesIO(b), weights_only=True) for b in written]
-        (within,) = [state for state in states if state["progress"]["epoch"] == 1
-                     and state.get("epoch_pass", {}).get("batches_done") == 1]  # fmt: skip
+        (within,) = [
+            state
+            for state in states
+            if state["progress"]["epoch"] == 1 and state.get("epoch_pass", {}).get("batches_done") == 1
+        ]
         resumed = fresh().fit(train, validation, resume=within)
-        torch.save({"whole": whole.model.state_dict(), "resumed": resumed.model.state_dict(),
-                    "histories": [[asdict(r) | {"seconds": 0.0} for r in fit.history] for fit in (whole, resumed)],
-                    "within": within["epoch_pass"], "passes": sum("epoch_pass" in s for s in states)},
-                   out / f"rank{rank}.pt")  # fmt: skip
+        torch.save(
+            {
+                "whole": whole.model.state_dict(),
+                "resumed": resumed.model.state_dict(),
+                "histories": [[asdict(r) | {"seconds": 0.0} for r in fit.history] for fit in (whole, resumed)],
+                "within": within["epoch_pass"],
+                "passes": sum("epoch_pass" in s for s in states),
+            },
+            out / f"rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -164,13 +196,29 @@ def test_two_processes_killed_within_an_epoch_resume_from_every_ranks_last_batch
     address = f"file://{tmp_path / 'rendezvous'}"
     # Two processes of their own (not multiprocessing's spawn, which runs the parent's __main__ again: under pytest
     # that can be a module another test ran as a script).
-    worker = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-              "from test_distributed import _fit_whole_then_resumed as fit; "
-              "fit(int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))")  # fmt: skip
-    ranks = [subprocess.Popen([sys.executable, "-c", worker, str(Path(__file__).parent), str(rank), str(cohort.root),
-                               address, str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
-             for rank in range(2)]
+    worker = (
+        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+        "from test_distributed import _fit_whole_then_resumed as fit; "
+        "fit(int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))"
+    )
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                worker,
+                str(Path(__file__).parent),
+                str(rank),
+                str(cohort.root),
+                address,
+                str(tmp_path),
+            ],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     errors = [rank.communicate(timeout=300)[1] for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(error[-2000:] for error in errors)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]

@@ -6,6 +6,7 @@ its ``SHA256SUMS.txt``) under ``/p19/``. It honours HTTP Range requests and reco
 under ``/slow/`` send their bytes in ten pieces 50 ms apart, under ``/trickle/`` one byte every 50 ms, and under
 ``/nolength/`` without a Content-Length header.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -136,10 +137,13 @@ def test_the_verified_release_lands_and_is_not_fetched_again(server, tmp_path):
 
 
 @requires_p12
-@pytest.mark.parametrize("name, damage", [
-    ("Outcomes-a.txt", lambda data: data[:1000] + bytes([data[1000] ^ 1]) + data[1001:]),  # one bit flipped
-    ("set-a.tar.gz", lambda data: data[: len(data) // 3]),  # truncated
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, damage",
+    [
+        ("Outcomes-a.txt", lambda data: data[:1000] + bytes([data[1000] ^ 1]) + data[1001:]),  # one bit flipped
+        ("set-a.tar.gz", lambda data: data[: len(data) // 3]),  # truncated
+    ],
+)
 def test_corrupted_and_truncated_files_are_refused_and_deleted(server, tmp_path, name, damage):
     server.routes[f"/bad/{name}"] = damage((P12 / name).read_bytes())
     with pytest.raises(DownloadError, match=f"{name}: checksum mismatch .*deleted"):
@@ -229,11 +233,14 @@ def test_physionet2019_refuses_a_file_that_differs_from_the_list(server, tmp_pat
     assert not (tmp_path / first.removeprefix("training/")).exists()
 
 
-@pytest.mark.parametrize("line", [
-    f"{'a' * 64}  training/../../etc/passwd",
-    f"{'a' * 64}  /etc/passwd",
-    "not a checksum line",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"{'a' * 64}  training/../../etc/passwd",
+        f"{'a' * 64}  /etc/passwd",
+        "not a checksum line",
+    ],
+)
 def test_a_hostile_checksum_list_is_refused_before_anything_is_fetched(server, tmp_path, line):
     server.routes["/p19/SHA256SUMS.txt"] = f"{'b' * 64}  training/training_setA/p000001.psv\n{line}\n".encode()
     with pytest.raises(DownloadError, match="SHA256SUMS.txt line 2"):
@@ -251,12 +258,32 @@ def test_mimic3_explains_credentialed_access(tmp_path):
 def test_the_cli_downloads_and_reports(server, tmp_path, capsys):
     server.routes["/good/Outcomes-c.txt"] = P12 / "Outcomes-c.txt"
     server.routes["/bad/Outcomes-c.txt"] = b"RecordID\n"
-    cli.main(["download", "physionet2012", "--to", str(tmp_path / "a"), "--base-url", f"{server.url}/good/",
-              "--only", "Outcomes-c.txt"])  # fmt: skip
+    cli.main(
+        [
+            "download",
+            "physionet2012",
+            "--to",
+            str(tmp_path / "a"),
+            "--base-url",
+            f"{server.url}/good/",
+            "--only",
+            "Outcomes-c.txt",
+        ]
+    )
     assert "Outcomes-c.txt: downloaded, SHA-256 0b32dcb7" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_code:
-        cli.main(["download", "physionet2012", "--to", str(tmp_path / "b"), "--base-url", f"{server.url}/bad/",
-                  "--only", "Outcomes-c.txt"])  # fmt: skip
+        cli.main(
+            [
+                "download",
+                "physionet2012",
+                "--to",
+                str(tmp_path / "b"),
+                "--base-url",
+                f"{server.url}/bad/",
+                "--only",
+                "Outcomes-c.txt",
+            ]
+        )
     assert exit_code.value.code == 2 and "checksum mismatch" in capsys.readouterr().err
 
 

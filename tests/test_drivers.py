@@ -2,6 +2,7 @@
 for gradient boosting, coefficient x standardised value for logistic regression, folded into the variables; and the
 faithfulness of those drivers at alerted hours (``garlic.evaluation.faithfulness``). On the synthetic cohort, asked at
 five hours of every stay as an hourly task asks."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -20,8 +21,9 @@ from garlic.methods.summary import SummaryModel
 from helpers import synthetic_cohort
 
 HOURS = np.array([6, 12, 24, 36, 47], dtype="float32")
-needs_shap = pytest.mark.skipif(not HourlyModel("gbm").explanation_unavailable is None,
-                                reason="needs the explain extra (shap): bin/setup explain")  # fmt: skip
+needs_shap = pytest.mark.skipif(
+    HourlyModel("gbm").explanation_unavailable is not None, reason="needs the explain extra (shap): bin/setup explain"
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +31,16 @@ def hourly_parts(tmp_path_factory) -> dict:
     """The synthetic cohort's parts, each stay asked at ``HOURS`` with its outcome as the label."""
     cohort = synthetic_cohort(tmp_path_factory, n_stays=200, seed=3)
     tensors = cohort.tensors
-    task = PredictionTimes(np.repeat(np.arange(len(tensors)), len(HOURS)), np.tile(HOURS, len(tensors)),
-                           np.repeat(tensors.labels, len(HOURS)).astype("float32"))  # fmt: skip
+    task = PredictionTimes(
+        np.repeat(np.arange(len(tensors)), len(HOURS)),
+        np.tile(HOURS, len(tensors)),
+        np.repeat(tensors.labels, len(HOURS)).astype("float32"),
+    )
     asked = replace(tensors, task=task)
-    return {part: IrregularDataset(asked.subset(cohort.split.positions(asked, part)), cohort.split.normalisation)
-            for part in ("train", "validation", "test")}  # fmt: skip
+    return {
+        part: IrregularDataset(asked.subset(cohort.split.positions(asked, part)), cohort.split.normalisation)
+        for part in ("train", "validation", "test")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +53,13 @@ def folded_by_name(model, dataset) -> np.ndarray:
     """The oracle of folding: each variable's columns found by their names (``HR_last`` ... belong to ``HR``)."""
     columns, _ = model.column_contributions(dataset)
     names = np.asarray(feature_names(dataset.tensors))[model.kept_]
-    return np.stack([columns[:, [name.startswith(f"{variable}_") for name in names]].sum(axis=1)
-                     for variable in dataset.tensors.variables], axis=1)  # fmt: skip
+    return np.stack(
+        [
+            columns[:, [name.startswith(f"{variable}_") for name in names]].sum(axis=1)
+            for variable in dataset.tensors.variables
+        ],
+        axis=1,
+    )
 
 
 @pytest.mark.parametrize("kind", ["logreg", pytest.param("gbm", marks=needs_shap)])
@@ -81,6 +93,7 @@ def path_dependent_value(model, row: np.ndarray, known: set[int]) -> float:
     """The model's raw score at ``row`` knowing only the features ``known``: down each tree, a split on a known
     feature follows the row, one on another averages both sides by their training counts (TreeSHAP's
     expectation, Lundberg et al. 2020)."""
+
     def down(nodes, at: int) -> float:
         node = nodes[at]
         if node["is_leaf"]:
@@ -108,8 +121,9 @@ def brute_force_shapley(model, row: np.ndarray) -> np.ndarray:
         for size in range(n):
             weight = factorial(size) * factorial(n - size - 1) / factorial(n)
             for subset in combinations(others, size):
-                values[feature] += weight * (path_dependent_value(model, row, {*subset, feature})
-                                             - path_dependent_value(model, row, set(subset)))  # fmt: skip
+                values[feature] += weight * (
+                    path_dependent_value(model, row, {*subset, feature}) - path_dependent_value(model, row, set(subset))
+                )
     return values
 
 
@@ -157,10 +171,11 @@ def test_a_per_stay_summary_model_folds_its_summaries_into_the_variables(hourly_
     columns, base = model.column_contributions(validation)
     groups = model.feature_groups(model.inputs_)
     variables = validation.tensors.variables
-    assert (groups[-len(validation.tensors.static_features):] == -1).all()  # the static features are no variable's
+    assert (groups[-len(validation.tensors.static_features) :] == -1).all()  # the static features are no variable's
     assert [variables[g] for g in groups[: len(variables)]] == list(variables)  # first_HR, first_Temp, ...
-    np.testing.assert_allclose(model.contributions(validation).sum(axis=1),
-                               columns[:, groups[model.kept_] >= 0].sum(axis=1), atol=1e-9)  # fmt: skip
+    np.testing.assert_allclose(
+        model.contributions(validation).sum(axis=1), columns[:, groups[model.kept_] >= 0].sum(axis=1), atol=1e-9
+    )
 
 
 def replace_task(dataset: IrregularDataset) -> IrregularDataset:
@@ -183,8 +198,9 @@ def test_half_of_the_observed_variables_are_removed_rounded_up_and_never_an_unob
 
 
 @pytest.mark.parametrize("kind", ["logreg", pytest.param("gbm", marks=needs_shap)])
-def test_removing_an_alerts_top_drivers_lowers_its_risk_more_than_a_random_or_the_bottom_half(kind, fitted,
-                                                                                               hourly_parts):
+def test_removing_an_alerts_top_drivers_lowers_its_risk_more_than_a_random_or_the_bottom_half(
+    kind, fitted, hourly_parts
+):
     model, test = fitted[kind], hourly_parts["test"]
     risk = model.predict_proba(test)
     rows = np.flatnonzero(risk >= 0.3)
@@ -193,8 +209,11 @@ def test_removing_an_alerts_top_drivers_lowers_its_risk_more_than_a_random_or_th
     np.testing.assert_array_equal(drops["time"], test.prediction_times.time[rows])
     summary = alert_faithfulness(model, test, threshold=0.3)
     assert summary["alerts"] == len(rows) > 10
-    np.testing.assert_allclose(summary[["drop_top", "drop_random", "drop_bottom"]].to_numpy(float),
-                               drops[["drop_top", "drop_random", "drop_bottom"]].mean().to_numpy(), atol=1e-12)
+    np.testing.assert_allclose(
+        summary[["drop_top", "drop_random", "drop_bottom"]].to_numpy(float),
+        drops[["drop_top", "drop_random", "drop_bottom"]].mean().to_numpy(),
+        atol=1e-12,
+    )
     assert summary["drop_top"] > summary["drop_random"] > summary["drop_bottom"]
     assert alert_faithfulness(model, test, threshold=0.3, max_alerts=5)["alerts"] == 5
 
@@ -204,8 +223,9 @@ def saved(model, dataset: IrregularDataset):
     from garlic.methods.saved import SavedMethod
 
     tensors = dataset.tensors
-    return SavedMethod(model.name, model, Config(), list(tensors.variables), list(tensors.static_features),
-                       dataset.normalisation)  # fmt: skip
+    return SavedMethod(
+        model.name, model, Config(), list(tensors.variables), list(tensors.static_features), dataset.normalisation
+    )
 
 
 def ward_readings(dataset: IrregularDataset, positions: list[int]):
@@ -217,10 +237,17 @@ def ward_readings(dataset: IrregularDataset, positions: list[int]):
         bed = f"bed-{position}"
         for step in range(int(tensors.lengths[position])):
             for column in np.flatnonzero(tensors.mask[position, step]):
-                rows.append((bed, tensors.variables[column], float(tensors.times[position, step]),
-                             float(tensors.values[position, step, column])))  # fmt: skip
-        rows += [(bed, name, 0.0, float(value))
-                 for name, value in zip(tensors.static_features, tensors.static[position])]  # fmt: skip
+                rows.append(
+                    (
+                        bed,
+                        tensors.variables[column],
+                        float(tensors.times[position, step]),
+                        float(tensors.values[position, step, column]),
+                    )
+                )
+        rows += [
+            (bed, name, 0.0, float(value)) for name, value in zip(tensors.static_features, tensors.static[position])
+        ]
     return pd.DataFrame(rows, columns=["bed", "variable", "time", "value"])
 
 
@@ -243,8 +270,9 @@ def test_the_live_ward_shows_an_hourly_models_top_drivers_at_every_scored_hour(k
     assert drivers == expected and all(drivers) and all(len(names) <= TOP_DRIVERS for names in drivers)
 
 
-def test_the_live_ward_shows_a_per_stay_models_drivers_and_says_why_boosting_shows_none(fitted, hourly_parts,
-                                                                                         monkeypatch):  # fmt: skip
+def test_the_live_ward_shows_a_per_stay_models_drivers_and_says_why_boosting_shows_none(
+    fitted, hourly_parts, monkeypatch
+):
     import pandas as pd
 
     import garlic.methods.summary as summary
@@ -277,8 +305,7 @@ def test_the_dashboards_replay_explains_an_hour_by_the_models_contributions_ther
     hour = explain_hour(trained, replay, index)
     assert hour.explanation is None and hour.explained
     at_24 = np.flatnonzero((test.prediction_times.stay == 0) & (test.prediction_times.time == 24))
-    np.testing.assert_allclose(hour.contributions.to_numpy(), model.contributions(test)[at_24][0], rtol=1e-5,
-                               atol=1e-7)  # fmt: skip
+    np.testing.assert_allclose(hour.contributions.to_numpy(), model.contributions(test)[at_24][0], rtol=1e-5, atol=1e-7)
     bars = contribution_bars(hour)
     assert (bars["contribution"] > 0).all() and bars["contribution"].is_monotonic_decreasing
     named = [name for name, _ in drivers_at(hour, top=3)]
@@ -306,8 +333,9 @@ def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_ea
     from garlic.methods.garlic import GarlicEstimator
 
     torch.manual_seed(0)
-    config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1,
-                                                       "early_stopping": 1, "device": "cpu"})  # fmt: skip
+    config = Config.for_dataset("synthetic").override(
+        {"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1, "early_stopping": 1, "device": "cpu"}
+    )
     garlic = GarlicEstimator(config).fit(hourly_parts["train"], hourly_parts["validation"])
     test = hourly_parts["test"]
     importance = row_importance(garlic, test)
@@ -333,8 +361,9 @@ def test_the_live_ward_shows_an_hourly_garlics_drivers_by_its_built_in_importanc
     from garlic.methods.garlic import GarlicEstimator
 
     torch.manual_seed(1)
-    config = Config.for_dataset("synthetic").override({"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1,
-                                                       "early_stopping": 1, "device": "cpu"})  # fmt: skip
+    config = Config.for_dataset("synthetic").override(
+        {"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1, "early_stopping": 1, "device": "cpu"}
+    )
     garlic = GarlicEstimator(config).fit(hourly_parts["train"], hourly_parts["validation"])
     test = hourly_parts["test"]
     scorer = BedScorer(saved(garlic, test), hourly=True)

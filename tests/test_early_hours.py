@@ -1,5 +1,6 @@
 """The P12 early-hours table (``experiments.early_hours``): three rows trained through the one path on a small
 ``physionet2012-hourly``, scored at hours 6 to 48, and the tables remade from the archive alone."""
+
 from __future__ import annotations
 
 import tarfile
@@ -42,13 +43,28 @@ def test_the_early_hours_table_scores_each_row_at_each_hour_and_is_remade_from_i
     data_root = tmp_path / "data"
     preprocess(_release(tmp_path / "source"), data_root / "processed" / early_hours.DATASET, cohort="hourly")
     out, store = tmp_path / "out", tmp_path / "store"
-    arguments = ["--data-root", str(data_root), "--out", str(out), "--splits", "0", "--set", "max_epochs=1",
-                 "--set", "hidden_dim=8", "--set", "feature_dim=4"]  # fmt: skip
+    arguments = [
+        "--data-root",
+        str(data_root),
+        "--out",
+        str(out),
+        "--splits",
+        "0",
+        "--set",
+        "max_epochs=1",
+        "--set",
+        "hidden_dim=8",
+        "--set",
+        "feature_dim=4",
+    ]
     early_hours.main([*arguments, "--mlruns", str(store)])
 
     runs = pd.read_csv(out / f"{early_hours.DATASET}-runs" / "runs.csv")
-    assert sorted(runs["method"]) == ["garlic (physionet2012-fast)", "garlic_whole_stays (physionet2012-fast)",
-                                   "hourly_gbm"]  # fmt: skip
+    assert sorted(runs["method"]) == [
+        "garlic (physionet2012-fast)",
+        "garlic_whole_stays (physionet2012-fast)",
+        "hourly_gbm",
+    ]
     risks = pd.read_csv(early_hours.risks_path(out, "hourly_gbm", 0))
     assert sorted(risks["time"].unique()) == list(early_hours.HOURS)
     late_starters = risks.groupby("stay_id")["time"].min() > 6  # first observed after hour 6: not asked there

@@ -119,8 +119,11 @@ def test_explanations_are_logged_with_edge_recovery_on_the_synthetic_cohort(setu
         summary = log_explanations(model, dataset, planted=planted)
     assert 0.0 <= summary["edge_recovery_auroc"] <= 1.0
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "explanations")}
-    assert {"explanations/observation_importance.parquet", "explanations/summary_graph.csv",
-            "explanations/signal_importance.png"} <= logged  # fmt: skip
+    assert {
+        "explanations/observation_importance.parquet",
+        "explanations/summary_graph.csv",
+        "explanations/signal_importance.png",
+    } <= logged
 
 
 def test_integrated_gradients_shapes_zero_off_observations_and_normalisation(setup):
@@ -147,8 +150,9 @@ def test_captums_integrated_gradients_are_the_formula(setup):
     model, batch, _, _, _ = setup
     model.eval()
     batch = type(batch)(**{name: None if tensor is None else tensor[:6] for name, tensor in batch.__dict__.items()})
-    torch.testing.assert_close(integrated_gradients(model, batch, steps=5), plain_integrated_gradients(model, batch, 5),
-                               rtol=1e-4, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        integrated_gradients(model, batch, steps=5), plain_integrated_gradients(model, batch, 5), rtol=1e-4, atol=1e-6
+    )
 
 
 def test_integrated_gradients_are_complete(setup):

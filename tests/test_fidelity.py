@@ -6,8 +6,17 @@ import pytest
 from garlic import studies
 from garlic.tracking import queries
 from garlic.methods.summary import SummaryModel
-from experiments.fidelity import (CLAIMED_ORDER, EQUIVALENCE_MARGIN, FidelityStudy, equivalence_tests, importance_map,
-                                  ordering_tests, ranking_comparison, results_table, variable_importance)
+from experiments.fidelity import (
+    CLAIMED_ORDER,
+    EQUIVALENCE_MARGIN,
+    FidelityStudy,
+    equivalence_tests,
+    importance_map,
+    ordering_tests,
+    ranking_comparison,
+    results_table,
+    variable_importance,
+)
 from experiments.fidelity import main as fidelity_main
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
@@ -162,13 +171,24 @@ def test_ordering_test_detects_full_top_random_bottom_with_an_oracle_ranking():
     for index in range(5):
         split = draw_split(tensors, "five-split", index)
         for condition in CLAIMED_ORDER:
-            kept = tensors if condition == "full" else reduce(tensors, keep_mask(tensors.mask, oracle, 0.5, condition,
-                                                                                   seed=index))  # fmt: skip
+            kept = (
+                tensors
+                if condition == "full"
+                else reduce(tensors, keep_mask(tensors.mask, oracle, 0.5, condition, seed=index))
+            )
             parts = split_parts(kept, split)
             fitted = SummaryModel("logreg").fit(parts["train"], parts["validation"])
             auroc = binary_metrics(parts["test"].labels.numpy(), fitted.predict_proba(parts["test"]))["auroc"]
-            rows.append({"split": index, "condition": condition, "method": "oracle", "fraction": 0.5,
-                         "test_auroc": auroc, "test_auprc": auroc})  # fmt: skip
+            rows.append(
+                {
+                    "split": index,
+                    "condition": condition,
+                    "method": "oracle",
+                    "fraction": 0.5,
+                    "test_auroc": auroc,
+                    "test_auprc": auroc,
+                }
+            )
     records = pd.DataFrame(rows)
     table = records.pivot_table(index="split", columns="condition", values="test_auroc")
     means = table[CLAIMED_ORDER].mean()
@@ -216,8 +236,12 @@ def test_fidelity_study_runs_every_condition_once_and_resumes_from_mlflow(small_
 
     # the model-agnostic ranking reuses the full and random runs and adds its own top and bottom
     ranked = FidelityStudy(config, loaded, experiment, store, ["gbm"], [0.5]).run()
-    assert sorted(zip(ranked["condition"], ranked["method"])) == [("bottom", "gbm"), ("full", "garlic"),
-                                                                  ("random", "random"), ("top", "gbm")]
+    assert sorted(zip(ranked["condition"], ranked["method"])) == [
+        ("bottom", "gbm"),
+        ("full", "garlic"),
+        ("random", "random"),
+        ("top", "gbm"),
+    ]
     assert len(mlflow.search_runs(experiment_ids=[experiment])) == 6
 
     # the equivalence test reads the runs' logged test risks: one split, so its difference is that split's
@@ -235,14 +259,17 @@ def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin():
     labels = generator.random(400) < 0.3
     risk = np.clip(labels * 0.3 + generator.random(400) * 0.7, 0, 1)
     risks = {"full": risk, "same": risk + 1e-6, "noise": generator.random(400)}
+
     def predictions(run_id):
         return pd.DataFrame({"stay_id": np.arange(400), "label": labels.astype(int), "risk": risks[run_id]})
 
-    records = pd.DataFrame([
-        {"split": 0, "condition": "full", "method": "garlic", "fraction": 1.0, "run_id": "full"},
-        {"split": 0, "condition": "top", "method": "garlic", "fraction": 0.5, "run_id": "same"},
-        {"split": 0, "condition": "top", "method": "ig", "fraction": 0.5, "run_id": "noise"},
-    ])  # fmt: skip
+    records = pd.DataFrame(
+        [
+            {"split": 0, "condition": "full", "method": "garlic", "fraction": 1.0, "run_id": "full"},
+            {"split": 0, "condition": "top", "method": "garlic", "fraction": 0.5, "run_id": "same"},
+            {"split": 0, "condition": "top", "method": "ig", "fraction": 0.5, "run_id": "noise"},
+        ]
+    )
     tests = equivalence_tests(records, ["garlic", "ig"], [0.5], predictions).set_index(["method", "metric"])
     assert tests.loc[("garlic", "auroc"), "verdict"] == "equivalent"  # the same ranking: a zero-width interval
     assert tests.loc[("ig", "auroc"), "verdict"] == "not shown"  # a ranking that lost the signal
@@ -252,14 +279,24 @@ def test_equivalence_needs_the_whole_90_percent_interval_inside_the_margin():
     # which ranking keeps more of the signal: IG's top half against the built-in's, on the same stays
     rankings = ranking_comparison(records, ["garlic", "ig"], [0.5], predictions).set_index("metric")
     assert list(rankings["against"]) == ["garlic", "garlic"] and rankings.loc["auroc", "verdict"] == "loss"
-    assert rankings.loc["auroc", "ci_low"] <= rankings.loc["auroc", "difference"] <= rankings.loc["auroc", "ci_high"] < 0
+    assert (
+        rankings.loc["auroc", "ci_low"] <= rankings.loc["auroc", "difference"] <= rankings.loc["auroc", "ci_high"] < 0
+    )
     assert ranking_comparison(records, ["garlic"], [0.5], predictions).empty  # one ranking: nothing to compare
 
 
 def test_the_published_imv_lstm_trial_sits_beside_the_full_and_half_rows_on_p12():
-    rows = [{"split": s, "method": m, "condition": c, "fraction": f, **dict.fromkeys(TEST_METRICS, 0.5)}
-            for s in (0, 1) for m, c, f in [("garlic", "full", 1.0), ("garlic", "top", 0.5), ("random", "random", 0.5),
-                                             ("garlic", "bottom", 0.5), ("garlic", "top", 0.3)]]  # fmt: skip
+    rows = [
+        {"split": s, "method": m, "condition": c, "fraction": f, **dict.fromkeys(TEST_METRICS, 0.5)}
+        for s in (0, 1)
+        for m, c, f in [
+            ("garlic", "full", 1.0),
+            ("garlic", "top", 0.5),
+            ("random", "random", 0.5),
+            ("garlic", "bottom", 0.5),
+            ("garlic", "top", 0.3),
+        ]
+    ]
     table = results_table(pd.DataFrame(rows), "physionet2012").set_index(["condition", "fraction"])
     assert table.loc[("full", 1.0), "published_imv_lstm"] == "0.840 / 0.491"
     assert table.loc[("bottom", 0.5), "published_imv_lstm"] == "0.701 / 0.268"
@@ -277,12 +314,25 @@ def test_gradient_boosting_ranks_the_noise_variable_last_and_gives_every_value_o
     assert keep[..., 3][tensors.mask[..., 3]].mean() > 0.9  # the bottom half keeps the noise first
 
 
-def test_workers_run_each_unfinished_split_in_its_own_process_then_tabulate_the_finished_ones(small_cohort, tmp_path,
-                                                                                             capsys):
+def test_workers_run_each_unfinished_split_in_its_own_process_then_tabulate_the_finished_ones(
+    small_cohort, tmp_path, capsys
+):
     store, out = tmp_path / "mlruns", tmp_path / "out"
-    arguments = ["--data-root", str(small_cohort), "--mlruns", str(store), "--splits", "0", "1", "--max-epochs", "1",
-                 "--methods", "gbm", "--out", str(out)] + [f"--set={k}={v}" for k, v in TINY.items()
-                                                          if k != "max_epochs"]  # fmt: skip
+    arguments = [
+        "--data-root",
+        str(small_cohort),
+        "--mlruns",
+        str(store),
+        "--splits",
+        "0",
+        "1",
+        "--max-epochs",
+        "1",
+        "--methods",
+        "gbm",
+        "--out",
+        str(out),
+    ] + [f"--set={k}={v}" for k, v in TINY.items() if k != "max_epochs"]
     fidelity_main([*arguments, "--workers", "2"])
     printed = capsys.readouterr().out
     assert "split_0: done" in printed and "split_1: done" in printed
@@ -295,8 +345,10 @@ def test_workers_run_each_unfinished_split_in_its_own_process_then_tabulate_the_
     assert "running 0 units" in capsys.readouterr().out
 
     # the tables made again from the run archive in --out alone, without the store: nothing trained, the same numbers
-    made = {name: pd.read_csv(out / f"{name}.csv") for name in ("fidelity_results", "fidelity_ordering",
-                                                                  "fidelity_equivalence", "fidelity_runs")}
+    made = {
+        name: pd.read_csv(out / f"{name}.csv")
+        for name in ("fidelity_results", "fidelity_ordering", "fidelity_equivalence", "fidelity_runs")
+    }
     assert len(list((out / "risks").glob("*.csv.gz"))) == 2 * 4
     empty = tmp_path / "empty-store"
     fidelity_main([*[str(empty) if a == str(store) else a for a in arguments], "--workers", "2"])

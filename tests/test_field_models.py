@@ -1,5 +1,6 @@
 """The field's models from PyPOTS (garlic.methods.field) as registered methods, on an hourly grid of the stays: each
 trains as PyPOTS's own fit does, and a fit killed after an epoch or within one resumes to the same risks."""
+
 import importlib.util
 import json
 import math
@@ -31,8 +32,17 @@ def test_the_hourly_grid_holds_each_hours_last_value_and_nan_where_none():
     times = np.array([[0.2, 0.7, 1.1, 2.5, 9.0]], dtype="float32")
     values = np.array([[[1, 0], [2, 0], [0, 5], [3, 0], [4, 0]]], dtype="float32")
     mask = values != 0
-    tensors = IrregularTensors(np.array([7]), values, mask, times, np.array([5]), np.zeros((1, 0), "float32"),
-                               np.array([0.0], "float32"), ["v0", "v1"], [])  # fmt: skip
+    tensors = IrregularTensors(
+        np.array([7]),
+        values,
+        mask,
+        times,
+        np.array([5]),
+        np.zeros((1, 0), "float32"),
+        np.array([0.0], "float32"),
+        ["v0", "v1"],
+        [],
+    )
     identity = Normalisation(np.zeros(2), np.ones(2), np.zeros(0), np.ones(0))
     grid = hourly_grid(IrregularDataset(tensors, identity), hours=4)
     expected = np.full((1, 4, 2), np.nan, dtype="float32")
@@ -42,8 +52,13 @@ def test_the_hourly_grid_holds_each_hours_last_value_and_nan_where_none():
 
 
 def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys):
-    spec = registry.MethodSpec("needs_extra", "a method of a missing package", registry.FieldModel,
-                              fixed={"name": "brits"}, needs_package="no_such_package_here")  # fmt: skip
+    spec = registry.MethodSpec(
+        "needs_extra",
+        "a method of a missing package",
+        registry.FieldModel,
+        fixed={"name": "brits"},
+        needs_package="no_such_package_here",
+    )
     registry.register(spec)
     try:
         with pytest.raises(SystemExit):
@@ -61,11 +76,25 @@ def test_a_pypots_model_is_trained_tested_and_saved_by_garlic_train(tmp_path_fac
     root = synthetic_root(tmp_path_factory, n_stays=120, seed=6)
     store = tmp_path / "mlruns"
     torch.set_num_threads(1)
-    garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--method", f"pypots_{name}", "--dataset",
-                 "synthetic", "--set", "max_epochs=1"])  # fmt: skip
+    garlic_main(
+        [
+            "--data-root",
+            str(root),
+            "--mlruns",
+            str(store),
+            "train",
+            "--method",
+            f"pypots_{name}",
+            "--dataset",
+            "synthetic",
+            "--set",
+            "max_epochs=1",
+        ]
+    )
     use_store(store)
-    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                                filter_string=f"tags.method = 'pypots_{name}'")  # fmt: skip
+    (run,) = mlflow.search_runs(
+        search_all_experiments=True, output_format="list", filter_string=f"tags.method = 'pypots_{name}'"
+    )
     assert run.info.status == "FINISHED" and run.data.params["max_epochs"] == "1"
     assert 0 <= run.data.metrics["test_auroc"] <= 1 and np.isfinite(run.data.metrics["test_brier"])
     # its epoch's validation loss and scores are logged with the run, as GARLIC's are
@@ -147,24 +176,32 @@ def cohort(tmp_path_factory):
 
 @needs_pypots
 @pytest.mark.parametrize("name", ["raindrop", "seft"])
-def test_a_field_model_trains_as_pypots_own_fit_and_a_killed_fit_resumes_to_the_same_risks(cohort, tmp_path,
-                                                                                          monkeypatch, name):
+def test_a_field_model_trains_as_pypots_own_fit_and_a_killed_fit_resumes_to_the_same_risks(
+    cohort, tmp_path, monkeypatch, name
+):
     def first(part: str, stays: int) -> IrregularDataset:  # a few stays: SeFT attends over every observation
         dataset = cohort.parts[part]
         return IrregularDataset(dataset.tensors.subset(np.arange(stays)), dataset.normalisation)
 
     train, validation, test = first("train", 48), first("validation", 12), first("test", 12)
     # 2 epochs of 2 batches. Raindrop draws its dropout (SeFT's would spend most of its time).
-    settings = {"hidden_dim": 8, "dropout": 0.2 if name == "raindrop" else 0.0, "batch_size": 24, "max_epochs": 2,
-                "patience": 1, "device": "cpu"}  # fmt: skip
+    settings = {
+        "hidden_dim": 8,
+        "dropout": 0.2 if name == "raindrop" else 0.0,
+        "batch_size": 24,
+        "max_epochs": 2,
+        "patience": 1,
+        "device": "cpu",
+    }
     assert can_resume(FieldModel(name))
     config = Config()  # the run's config the states are checked against: the method's own settings are not in it
     saved = []
 
     def save(state: dict) -> None:  # after every batch (checkpoint_seconds 0) and every epoch, as runs write them
         underway, epochs_done = state.get("epoch_pass"), state["progress"]["epoch"]
-        saved.append(tmp_path / (f"{epochs_done + 1}-{underway['batches_done']}.pt" if underway else
-                                 f"{epochs_done}-end.pt"))  # fmt: skip
+        saved.append(
+            tmp_path / (f"{epochs_done + 1}-{underway['batches_done']}.pt" if underway else f"{epochs_done}-end.pt")
+        )
         save_training_state(saved[-1], state, config)
 
     monkeypatch.setattr(Trainer, "checkpoint_seconds", 0.0)
@@ -173,15 +210,18 @@ def test_a_field_model_trains_as_pypots_own_fit_and_a_killed_fit_resumes_to_the_
     expected = whole.fit(train, validation).predict_proba(test)
 
     # PyPOTS's own fit of the same model and seed gives the same risks: states taken change nothing, either
-    grid = {part: {"X": hourly_grid(data, whole.hours_), "y": data.labels.numpy().astype(np.int64)}
-            for part, data in (("train", train), ("val", validation))}  # fmt: skip
+    grid = {
+        part: {"X": hourly_grid(data, whole.hours_), "y": data.labels.numpy().astype(np.int64)}
+        for part, data in (("train", train), ("val", validation))
+    }
     own = build(whole, whole.hours_, whole.num_variables_)
     own.fit(grid["train"], grid["val"])
     np.testing.assert_array_equal(own.predict_proba({"X": hourly_grid(test, whole.hours_)})[:, 1], expected)
 
     per_epoch = math.ceil(len(train) / settings["batch_size"])
-    assert [path.stem for path in saved] == [f"{epoch}-{done}" for epoch in (1, 2)
-                                             for done in [*range(1, per_epoch + 1), "end"]]  # fmt: skip
+    assert [path.stem for path in saved] == [
+        f"{epoch}-{done}" for epoch in (1, 2) for done in [*range(1, per_epoch + 1), "end"]
+    ]
     # a fit killed after epoch 1, or within epoch 2 after its first batch, leaves that state: continued from it, in a
     # fresh model (its seed drawn again, then the state's random state), it ends with the same risks
     for state in (tmp_path / "1-end.pt", tmp_path / "2-1.pt"):

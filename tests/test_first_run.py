@@ -1,5 +1,6 @@
 """What a new user meets first: the synthetic preset shows the alternating training, and the synthetic cohort comes
 with record files of new stays that ``garlic predict`` and the dashboard's upload read."""
+
 import numpy as np
 import pytest
 
@@ -55,10 +56,13 @@ def test_the_cohort_comes_with_record_files_of_new_stays(cohort):
     assert not any(len(v) == len(first) and np.allclose(v, first, rtol=1e-5) for v in values)
 
 
-@pytest.mark.parametrize("name, message", [
-    ("", "is a folder without record files (.psv, .txt)"),
-    ("notes.csv", "not a record file; expected a name ending in .psv or .txt"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("", "is a folder without record files (.psv, .txt)"),
+        ("notes.csv", "not a record file; expected a name ending in .psv or .txt"),
+    ],
+)
 def test_record_paths_that_are_not_records_are_refused_by_name(tmp_path, name, message):
     path = tmp_path / name
     if name:

@@ -1,4 +1,5 @@
 """The fused CPU kernels (garlic.models.fused) against the PyTorch layers they stand in for."""
+
 import logging
 import os
 import re
@@ -19,8 +20,10 @@ from garlic.models.compact import Garlic, reconstruction_loss
 from garlic.models.fused import FusedGRU, FusedLayerNorm, fused_kernels
 from garlic.models.network_config import NetworkConfig
 
-needs_kernels = pytest.mark.skipif(fused.kernels() is None, reason="the fused CPU kernels could not be built here "
-                                   "(no C++ compiler or ninja; the warning logged says which)")  # fmt: skip
+needs_kernels = pytest.mark.skipif(
+    fused.kernels() is None,
+    reason="the fused CPU kernels could not be built here (no C++ compiler or ninja; the warning logged says which)",
+)
 
 
 def gru_gradients(gru: nn.GRU, x: Tensor, use_fused: bool, hx=None) -> list:
@@ -110,8 +113,9 @@ def test_model_training_step_matches_pytorch_layers():
     """A whole Garlic training step (dropout on) gives the same losses and gradients with and without the kernels."""
     values, mask, times, lengths, static = random_batch()
     torch.manual_seed(0)
-    model = Garlic(values.shape[2], static.shape[1], NetworkConfig(hidden_dim=16, feature_dim=4, window_size=3,
-                                                                    dropout=0.3)).train()  # fmt: skip
+    model = Garlic(
+        values.shape[2], static.shape[1], NetworkConfig(hidden_dim=16, feature_dim=4, window_size=3, dropout=0.3)
+    ).train()
     results = {}
     for use_fused in (False, True):
         model.zero_grad()
@@ -179,12 +183,16 @@ def raised_by(call) -> tuple[type, str]:
 
 
 @needs_kernels
-@pytest.mark.parametrize("bad_input", [
-    torch.randn(2, 1000),  # a longer last axis: the kernel read past the 8 weights
-    torch.randn(2, 4),  # a shorter one: normalised with the first 4 weights, silently
-    torch.randn(2, 8, dtype=torch.float64),  # float64 input, float32 weights
-    torch.tensor(1.0),  # no axis at all
-], ids=["longer", "shorter", "dtype", "scalar"])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad_input",
+    [
+        torch.randn(2, 1000),  # a longer last axis: the kernel read past the 8 weights
+        torch.randn(2, 4),  # a shorter one: normalised with the first 4 weights, silently
+        torch.randn(2, 8, dtype=torch.float64),  # float64 input, float32 weights
+        torch.tensor(1.0),  # no axis at all
+    ],
+    ids=["longer", "shorter", "dtype", "scalar"],
+)
 def test_layer_norm_refuses_what_nn_layer_norm_refuses(bad_input):
     norm, plain = FusedLayerNorm(8), nn.LayerNorm(8)
     assert raised_by(lambda: norm(bad_input)) == raised_by(lambda: plain(bad_input))
@@ -198,16 +206,20 @@ def test_layer_norm_refuses_weights_on_another_device():
 
 
 @needs_kernels
-@pytest.mark.parametrize("x, hx", [
-    (torch.randn(20, 7, 5), torch.randn(1, 1, 16)),  # hx for another batch size: garbage, a resize warning at most
-    (torch.randn(20, 7, 5), torch.randn(2, 20, 16)),  # hx for two layers of a one-layer GRU
-    (torch.randn(20, 7, 5), torch.randn(20, 16)),  # hx without its layer axis
-    (torch.randn(20, 7, 5), torch.randn(1, 20, 8)),  # hx of another hidden size
-    (torch.randn(20, 7, 5), torch.randn(1, 20, 16, dtype=torch.float64)),
-    (torch.randn(20, 7, 6), None),  # more input features than the GRU's input size
-    (torch.randn(20, 7, 5, dtype=torch.float64), None),
-    (torch.randn(2, 20, 7, 5), None),
-], ids=["hx-batch", "hx-layers", "hx-2d", "hx-hidden", "hx-dtype", "features", "dtype", "4d"])  # fmt: skip
+@pytest.mark.parametrize(
+    "x, hx",
+    [
+        (torch.randn(20, 7, 5), torch.randn(1, 1, 16)),  # hx for another batch size: garbage, a resize warning at most
+        (torch.randn(20, 7, 5), torch.randn(2, 20, 16)),  # hx for two layers of a one-layer GRU
+        (torch.randn(20, 7, 5), torch.randn(20, 16)),  # hx without its layer axis
+        (torch.randn(20, 7, 5), torch.randn(1, 20, 8)),  # hx of another hidden size
+        (torch.randn(20, 7, 5), torch.randn(1, 20, 16, dtype=torch.float64)),
+        (torch.randn(20, 7, 6), None),  # more input features than the GRU's input size
+        (torch.randn(20, 7, 5, dtype=torch.float64), None),
+        (torch.randn(2, 20, 7, 5), None),
+    ],
+    ids=["hx-batch", "hx-layers", "hx-2d", "hx-hidden", "hx-dtype", "features", "dtype", "4d"],
+)
 def test_gru_refuses_what_nn_gru_refuses(x, hx):
     torch.manual_seed(0)
     gru, plain = FusedGRU(5, 16, batch_first=True), nn.GRU(5, 16, batch_first=True)
@@ -227,11 +239,19 @@ def test_gru_refuses_hx_on_another_device():
 def test_gru_kernel_checks_its_sizes(size):
     """The kernel itself refuses sizes that would make it read or write out of bounds (a caller past the layer)."""
     b, t, h = 3, 4, 5
-    args = {"gi": torch.randn(b, t, 3 * h), "h0": torch.randn(b, h), "w_hh": torch.randn(3 * h, h),
-            "b_hh": torch.randn(3 * h)}  # fmt: skip
-    wrong = {"batch": ("h0", torch.randn(1, h)), "hidden": ("h0", torch.randn(b, h + 1)),
-             "w_hh": ("w_hh", torch.randn(3 * h, h + 1)), "b_hh": ("b_hh", torch.randn(h)),
-             "gi": ("gi", torch.randn(b, t, 2 * h))}  # fmt: skip
+    args = {
+        "gi": torch.randn(b, t, 3 * h),
+        "h0": torch.randn(b, h),
+        "w_hh": torch.randn(3 * h, h),
+        "b_hh": torch.randn(3 * h),
+    }
+    wrong = {
+        "batch": ("h0", torch.randn(1, h)),
+        "hidden": ("h0", torch.randn(b, h + 1)),
+        "w_hh": ("w_hh", torch.randn(3 * h, h + 1)),
+        "b_hh": ("b_hh", torch.randn(h)),
+        "gi": ("gi", torch.randn(b, t, 2 * h)),
+    }
     name, tensor = wrong[size]
     args[name] = tensor
     with pytest.raises(RuntimeError, match="gru_layer_forward"):
@@ -368,8 +388,14 @@ def test_setup_with_a_stale_build_lock_ends(tmp_path, monkeypatch):
         lock.parent.mkdir(parents=True, exist_ok=True)
         lock.touch()
     root = Path(__file__).resolve().parents[1]
-    finished = subprocess.run([sys.executable, "-m", "garlic.models.fused"], cwd=root, capture_output=True,
-                              text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    finished = subprocess.run(
+        [sys.executable, "-m", "garlic.models.fused"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert finished.returncode == 0, finished.stderr
     assert "fused CPU kernels unavailable; PyTorch's layers will run" in finished.stdout
     assert f"building the fused CPU kernels in {directory}" in finished.stderr

@@ -1,4 +1,5 @@
 """experiments.graph_study: the stability numbers and the data's lag-one correlations, against plain computations."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -44,8 +45,9 @@ def test_stability_counts_shared_and_recurring_edges():
     shared = dict(zip(zip(pairs["run_a"], pairs["run_b"]), pairs["shared"]))
     assert shared[("a", "b")] == 4  # the same graph twice: the same top edges
     assert shared[("a", "c")] == len(top_edges(same, 4) & top_edges(other, 4))
-    assert set(zip(recurring["source"], recurring["target"])) >= {(variables[i], variables[j])
-                                                                  for i, j in top_edges(same, 4)}  # fmt: skip
+    assert set(zip(recurring["source"], recurring["target"])) >= {
+        (variables[i], variables[j]) for i, j in top_edges(same, 4)
+    }
     assert len(edges) == 30 and numbers["runs"] == 3
     assert numbers["shared_by_chance"] == pytest.approx(16 / 30)
     assert numbers["diagonal_share"] == pytest.approx(np.mean([np.diag(g).mean() for g in graphs.values()]))

@@ -5,6 +5,7 @@ error the destination does not exist and no staging folder is left beside it; af
 Parsers: PhysioNet 2012 (archives, record files as uploaded, outcomes), PhysioNet 2019 (folders and archives), the
 MIMIC-III tables, and the checksum lists the downloader reads.
 """
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,12 @@ from garlic.io.tensors import load_tensors
 
 # Derandomised, so that the suite is repeatable; a whole release per example costs about a second, so those
 # tests draw fewer examples than the ones that parse a single file.
-BOUNDED = settings(max_examples=60, deadline=timedelta(seconds=20), derandomize=True,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+BOUNDED = settings(
+    max_examples=60,
+    deadline=timedelta(seconds=20),
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 RELEASES = settings(BOUNDED, max_examples=30)
 
 # --------------------------------------------------------------------------------------------------------------
@@ -155,8 +160,9 @@ def test_physionet2012_release_of_hostile_records(data, count):
         hostile = data.draw(st.integers(0, 4)) == 0
         (folder / "raw" / "Outcomes-a.txt").write_bytes(_outcomes_text(record_ids, data.draw, hostile))
         destination = folder / "out"
-        result = run_parser(lambda: physionet2012.preprocess(folder / "raw", destination),
-                            physionet2012.PhysioNet2012Error, destination)  # fmt: skip
+        result = run_parser(
+            lambda: physionet2012.preprocess(folder / "raw", destination), physionet2012.PhysioNet2012Error, destination
+        )
         if isinstance(result, dict):  # every skipped line is counted, and named in the manifest
             assert result["counts"]["skipped_lines"] == len(result["skipped_lines"])
             assert_sound(read_processed(destination))
@@ -221,8 +227,11 @@ def test_one_stay_in_two_files_is_refused_naming_both(tmp_path):
     (tmp_path / "raw" / "set-b.tar.gz").write_bytes(_tar_gz({"set-b/1001.txt": first.read_bytes()}))
     for outcomes, stay in (("Outcomes-a.txt", 1001), ("Outcomes-b.txt", 1002)):
         (tmp_path / "raw" / outcomes).write_bytes(_outcomes_text([stay], None, hostile=False))
-    with pytest.raises(physionet2012.PhysioNet2012Error, match=r"^stay 1001 is in two files: set-a.tar.gz:set-a/1001"
-                                                               r".txt and set-b.tar.gz:set-b/1001.txt$"):  # fmt: skip
+    with pytest.raises(
+        physionet2012.PhysioNet2012Error,
+        match=r"^stay 1001 is in two files: set-a.tar.gz:set-a/1001"
+        r".txt and set-b.tar.gz:set-b/1001.txt$",
+    ):
         physionet2012.preprocess(tmp_path / "raw", tmp_path / "out")
 
 
@@ -239,8 +248,10 @@ def test_a_record_file_that_is_not_a_record_is_named_but_not_quoted(tmp_path):
 
 def test_a_line_longer_than_a_csv_block_is_a_skip_naming_file_and_line(tmp_path):
     # One 1.5 MiB line (pyarrow reads 1 MiB blocks): once an error naming no file ("straddling object").
-    members = {"set-a/1001.txt": P12_RECORD.format(id=1001, body=f"00:10,HR,80\n00:11,HR,{'9' * (3 << 19)}").encode(),
-               "set-a/1002.txt": P12_RECORD.format(id=1002, body="00:10,HR,81").encode()}  # fmt: skip
+    members = {
+        "set-a/1001.txt": P12_RECORD.format(id=1001, body=f"00:10,HR,80\n00:11,HR,{'9' * (3 << 19)}").encode(),
+        "set-a/1002.txt": P12_RECORD.format(id=1002, body="00:10,HR,81").encode(),
+    }
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "set-a.tar.gz").write_bytes(_tar_gz(members))
     (tmp_path / "raw" / "Outcomes-a.txt").write_bytes(_outcomes_text([1001, 1002], None, hostile=False))
@@ -260,8 +271,9 @@ def test_physionet2012_random_or_truncated_archive_is_a_clear_error(payload, tru
         (folder / "raw" / "set-a.tar.gz").write_bytes(archive[: len(archive) // 2] if truncate else payload)
         (folder / "raw" / "Outcomes-a.txt").write_text(",".join(physionet2012.OUTCOME_COLUMNS) + "\n1,1,1,1,1,0\n")
         destination = folder / "out"
-        run_parser(lambda: physionet2012.preprocess(folder / "raw", destination), physionet2012.PhysioNet2012Error,
-                   destination)  # fmt: skip
+        run_parser(
+            lambda: physionet2012.preprocess(folder / "raw", destination), physionet2012.PhysioNet2012Error, destination
+        )
 
 
 @pytest.mark.parametrize("member", ["../1.txt", "set-a/../../1.txt", "/tmp/1.txt"])
@@ -351,8 +363,11 @@ def test_physionet2019_training_set_of_hostile_records(data, count, packing):
             pack = _zip if packing == "zip" else _tar_gz
             (raw / f"training_setA.{packing}").write_bytes(pack(files))
         destination = folder / "out"
-        result = run_parser(lambda: physionet2019.preprocess(raw, destination, cohort=cohort),
-                            physionet2019.PhysioNet2019Error, destination)  # fmt: skip
+        result = run_parser(
+            lambda: physionet2019.preprocess(raw, destination, cohort=cohort),
+            physionet2019.PhysioNet2019Error,
+            destination,
+        )
         if isinstance(result, dict):
             assert result["counts"]["skipped_lines"] == len(result["skipped_lines"])
             assert_sound(read_processed(destination))
@@ -369,15 +384,22 @@ def test_physionet2019_archive_member_escaping_its_folder_is_refused(tmp_path, p
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("payload", [
-    b"",  # an empty file: the one-pass reader gets no bytes at all ('Empty CSV file')
-    physionet2019.HEADER + b"\n\x80\n",  # a malformed row that is not UTF-8: pyarrow cannot even report it
-], ids=["empty file", "non-UTF-8 row"])  # fmt: skip
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",  # an empty file: the one-pass reader gets no bytes at all ('Empty CSV file')
+        physionet2019.HEADER + b"\n\x80\n",  # a malformed row that is not UTF-8: pyarrow cannot even report it
+    ],
+    ids=["empty file", "non-UTF-8 row"],
+)
 def test_physionet2019_empty_or_undecodable_files_end_in_a_clear_error_or_skip(tmp_path, payload):
     (tmp_path / "raw" / "training_setA").mkdir(parents=True)
     (tmp_path / "raw" / "training_setA" / "p000001.psv").write_bytes(payload)
-    run_parser(lambda: physionet2019.preprocess(tmp_path / "raw", tmp_path / "out"), physionet2019.PhysioNet2019Error,
-               tmp_path / "out")  # fmt: skip
+    run_parser(
+        lambda: physionet2019.preprocess(tmp_path / "raw", tmp_path / "out"),
+        physionet2019.PhysioNet2019Error,
+        tmp_path / "out",
+    )
 
 
 def test_physionet2019_a_line_longer_than_a_csv_block_is_a_skip_naming_file_and_line(tmp_path):
@@ -405,18 +427,22 @@ def test_physionet2019_random_archive_is_a_clear_error(payload, packing):
         (folder / "raw").mkdir()
         (folder / "raw" / f"training_setA.{packing}").write_bytes(payload)
         destination = folder / "out"
-        run_parser(lambda: physionet2019.preprocess(folder / "raw", destination), physionet2019.PhysioNet2019Error,
-                   destination)  # fmt: skip
+        run_parser(
+            lambda: physionet2019.preprocess(folder / "raw", destination), physionet2019.PhysioNet2019Error, destination
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------
 # MIMIC-III tables
 # --------------------------------------------------------------------------------------------------------------
 
-STAYS = ("ROW_ID,SUBJECT_ID,HADM_ID,ICUSTAY_ID,FIRST_CAREUNIT,LAST_CAREUNIT,FIRST_WARDID,LAST_WARDID,INTIME,OUTTIME,LOS\n"
-         "1,1,11,101,MICU,MICU,1,1,2150-01-01 10:00:00,2150-01-04 10:00:00,3.0\n")  # fmt: skip
-ADMISSIONS = ("ROW_ID,SUBJECT_ID,HADM_ID,ADMITTIME,DISCHTIME,DEATHTIME\n"
-              "1,1,11,2150-01-01 05:00:00,2150-01-06 00:00:00,\n")  # fmt: skip
+STAYS = (
+    "ROW_ID,SUBJECT_ID,HADM_ID,ICUSTAY_ID,FIRST_CAREUNIT,LAST_CAREUNIT,FIRST_WARDID,LAST_WARDID,INTIME,OUTTIME,LOS\n"
+    "1,1,11,101,MICU,MICU,1,1,2150-01-01 10:00:00,2150-01-04 10:00:00,3.0\n"
+)
+ADMISSIONS = (
+    "ROW_ID,SUBJECT_ID,HADM_ID,ADMITTIME,DISCHTIME,DEATHTIME\n1,1,11,2150-01-01 05:00:00,2150-01-06 00:00:00,\n"
+)
 PATIENTS = "ROW_ID,SUBJECT_ID,GENDER,DOB,DOD\n1,1,F,2100-01-01 00:00:00,\n"
 CHART_HEADER = "ROW_ID,SUBJECT_ID,HADM_ID,ICUSTAY_ID,ITEMID,CHARTTIME,VALUE,VALUENUM,VALUEUOM,ERROR"
 LAB_HEADER = "ROW_ID,SUBJECT_ID,HADM_ID,ITEMID,CHARTTIME,VALUE,VALUENUM,VALUEUOM"
@@ -431,8 +457,10 @@ def chart_rows(draw) -> str:
         time = draw(st.sampled_from([f"2150-01-01 {hour}:00:00", "2150-02-30 10:00:00", "", "now"]))
         value = draw(NUMBERS)
         stay = draw(st.sampled_from(["101", "", "999", "abc", "1e30"]))
-        rows.append(f"{number},1,11,{stay},{draw(st.sampled_from(['220045', '211', 'x']))},{time},{value},"
-                    f"{value},bpm,{draw(st.sampled_from(['0', '1', '', 'x']))}")  # fmt: skip
+        rows.append(
+            f"{number},1,11,{stay},{draw(st.sampled_from(['220045', '211', 'x']))},{time},{value},"
+            f"{value},bpm,{draw(st.sampled_from(['0', '1', '', 'x']))}"
+        )
         if draw(st.integers(0, 4)) == 0:
             rows.append(rows[-1])
     if draw(st.booleans()):
@@ -444,8 +472,13 @@ def chart_rows(draw) -> str:
 @given(data=st.data())
 def test_mimic3_tables_with_hostile_rows(data):
     chart = f"{CHART_HEADER}\n{data.draw(chart_rows())}\n"
-    tables = {"ICUSTAYS": STAYS, "ADMISSIONS": ADMISSIONS, "PATIENTS": PATIENTS, "CHARTEVENTS": chart,
-              "LABEVENTS": f"{LAB_HEADER}\n"}  # fmt: skip
+    tables = {
+        "ICUSTAYS": STAYS,
+        "ADMISSIONS": ADMISSIONS,
+        "PATIENTS": PATIENTS,
+        "CHARTEVENTS": chart,
+        "LABEVENTS": f"{LAB_HEADER}\n",
+    }
     victim = data.draw(st.sampled_from([None, *tables]))  # one table may be replaced by random bytes
     encoding = data.draw(ENCODINGS)
     with workspace() as folder:
@@ -461,8 +494,13 @@ def test_mimic3_tables_with_hostile_rows(data):
 
 
 def test_mimic3_a_malformed_row_that_is_not_utf8_is_a_clear_error(tmp_path):
-    tables = {"ICUSTAYS": STAYS, "ADMISSIONS": ADMISSIONS, "PATIENTS": PATIENTS, "CHARTEVENTS": f"{CHART_HEADER}\n",
-              "LABEVENTS": f"{LAB_HEADER}\n"}  # fmt: skip
+    tables = {
+        "ICUSTAYS": STAYS,
+        "ADMISSIONS": ADMISSIONS,
+        "PATIENTS": PATIENTS,
+        "CHARTEVENTS": f"{CHART_HEADER}\n",
+        "LABEVENTS": f"{LAB_HEADER}\n",
+    }
     (tmp_path / "raw").mkdir()
     for name, text in tables.items():
         (tmp_path / "raw" / f"{name}.csv").write_bytes(text.encode() + (b"\x80\n" if name == "CHARTEVENTS" else b""))
@@ -484,9 +522,13 @@ def unreadable_records(folder: Path, name) -> dict[str, str]:
     (folder / name(4)).symlink_to(folder / name(4))  # a loop
     (folder / name(5)).mkdir()
     (folder / name(6)).write_bytes(b"9" * ((2 << 20) + 1))
-    return {name(2): "not a regular file (a FIFO); not read", name(3): "not a regular file (a device or socket); not "
-            "read", name(4): "a symbolic link loop; not read", name(5): "not a regular file (a folder); not read",
-            name(6): "2,097,153 bytes, more than the 2,097,152 a record file may have; not read"}  # fmt: skip
+    return {
+        name(2): "not a regular file (a FIFO); not read",
+        name(3): "not a regular file (a device or socket); not read",
+        name(4): "a symbolic link loop; not read",
+        name(5): "not a regular file (a folder); not read",
+        name(6): "2,097,153 bytes, more than the 2,097,152 a record file may have; not read",
+    }
 
 
 def finishing(call, seconds: float = 60):
@@ -548,8 +590,10 @@ def test_an_archive_member_too_large_for_a_record_is_skipped_unread(tmp_path, pa
     (tmp_path / "raw" / f"training_setA.{packing}").write_bytes(pack(members))
     manifest = physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
     assert manifest["counts"]["stays"] == 1
-    assert manifest["skipped_lines"] == [f"training_setA.{packing}:training_setA/p000002.psv: 104,857,600 bytes, more "
-                                         "than the 2,097,152 a record file may have; not read"]  # fmt: skip
+    assert manifest["skipped_lines"] == [
+        f"training_setA.{packing}:training_setA/p000002.psv: 104,857,600 bytes, more "
+        "than the 2,097,152 a record file may have; not read"
+    ]
 
 
 def test_records_adding_up_past_the_source_budget_stop_the_reader_naming_the_record(tmp_path, monkeypatch):
@@ -558,8 +602,10 @@ def test_records_adding_up_past_the_source_budget_stop_the_reader_naming_the_rec
     for stay in (1, 2, 3):
         (folder / f"p00000{stay}.psv").write_bytes(physionet2019.HEADER + b"\n" + P19_ROW + b"\n")
     monkeypatch.setattr(raw, "MAX_SOURCE_BYTES", 2 * len(physionet2019.HEADER + P19_ROW) + 4)  # two records fit
-    with pytest.raises(physionet2019.PhysioNet2019Error, match="^training_setA/p000003.psv: the records read so far "
-                                                              "add up to more than"):  # fmt: skip
+    with pytest.raises(
+        physionet2019.PhysioNet2019Error,
+        match="^training_setA/p000003.psv: the records read so far add up to more than",
+    ):
         physionet2019.preprocess(tmp_path / "raw", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -1,5 +1,6 @@
 """Tasks as prediction times: the tasks table, its tensors, the P19 ``hourly`` cohort, the hourly features and the
 one training path on an hourly task."""
+
 from __future__ import annotations
 
 import shutil
@@ -42,9 +43,14 @@ def _stays(count: int, first_id: int, rng: np.random.Generator) -> dict[str, byt
     for i in range(count):
         hours = range(1, int(rng.integers(20, 41)))
         onset = 14 if i % 3 == 0 else None
-        rows = [_row(h, int(onset is not None and h >= onset),
-                     None if h == 2 else 80 + (5 * max(0, h - onset + 6) if onset else 0) + float(rng.normal(0, 2)))
-                for h in hours]  # fmt: skip
+        rows = [
+            _row(
+                h,
+                int(onset is not None and h >= onset),
+                None if h == 2 else 80 + (5 * max(0, h - onset + 6) if onset else 0) + float(rng.normal(0, 2)),
+            )
+            for h in hours
+        ]
         files[f"p{first_id + i:06d}.psv"] = _psv(rows)
     return files
 
@@ -88,17 +94,28 @@ def test_tasks_travel_with_the_tensors_through_cache_and_subset(hourly_root):
     picked = np.array([5, 0, 40])
     subset = built.subset(picked)
     for new, old in enumerate(picked):
-        np.testing.assert_array_equal(subset.task.time[subset.task.stay == new], built.task.time[built.task.stay == old])
-        np.testing.assert_array_equal(subset.task.label[subset.task.stay == new],
-                                      built.task.label[built.task.stay == old])  # fmt: skip
+        np.testing.assert_array_equal(
+            subset.task.time[subset.task.stay == new], built.task.time[built.task.stay == old]
+        )
+        np.testing.assert_array_equal(
+            subset.task.label[subset.task.stay == new], built.task.label[built.task.stay == old]
+        )
     assert np.all(np.diff(subset.task.stay) >= 0)
 
 
 def test_a_dataset_without_tasks_asks_once_per_stay_at_the_end_of_its_input():
     times = np.array([[0.0, 2.0, 5.0], [1.0, 0.0, 0.0]], dtype="float32")
-    tensors = IrregularTensors(np.array([1, 2]), np.zeros((2, 3, 1), "float32"), np.ones((2, 3, 1), bool), times,
-                               np.array([3, 1]), np.zeros((2, 0), "float32"), np.array([0.0, 1.0], "float32"),
-                               ["x"], [])  # fmt: skip
+    tensors = IrregularTensors(
+        np.array([1, 2]),
+        np.zeros((2, 3, 1), "float32"),
+        np.ones((2, 3, 1), bool),
+        times,
+        np.array([3, 1]),
+        np.zeros((2, 0), "float32"),
+        np.array([0.0, 1.0], "float32"),
+        ["x"],
+        [],
+    )
     at = tensors.prediction_times()
     assert at.stay.tolist() == [0, 1] and at.time.tolist() == [5.0, 1.0] and at.label.tolist() == [0.0, 1.0]
 
@@ -112,8 +129,7 @@ def test_splits_are_stratified_on_label_and_hospital(hourly_root):
         septic = tensors.labels[np.searchsorted(tensors.stay_ids, ids)] == 1
         systems = np.where(ids >= 100_001, "B", "A")
         # 60 stays, a fifth in each of 4 strata of 10 and 20: every stratum appears in a part of 6
-        assert {(s, bool(y)) for s, y in zip(systems, septic)} == {("A", True), ("A", False), ("B", True),
-                                                                    ("B", False)}  # fmt: skip
+        assert {(s, bool(y)) for s, y in zip(systems, septic)} == {("A", True), ("A", False), ("B", True), ("B", False)}
 
 
 def _oracle(tensors: IrregularTensors, stay: int, time: float) -> np.ndarray:
@@ -122,8 +138,13 @@ def _oracle(tensors: IrregularTensors, stay: int, time: float) -> np.ndarray:
     out = []
     for statistic in STATISTICS:
         for d in range(len(tensors.variables)):
-            seen = [(t, v) for t, v, m in zip(tensors.times[stay, :steps], tensors.values[stay, :steps, d],
-                                              tensors.mask[stay, :steps, d]) if m and t <= time]  # fmt: skip
+            seen = [
+                (t, v)
+                for t, v, m in zip(
+                    tensors.times[stay, :steps], tensors.values[stay, :steps, d], tensors.mask[stay, :steps, d]
+                )
+                if m and t <= time
+            ]
             window = {h: [v for t, v in seen if t > time - h] for h in (6, 24)}
             value = {
                 "last": seen[-1][1] if seen else np.nan,
@@ -151,8 +172,18 @@ def test_hourly_features_equal_their_definition_on_random_stays(monkeypatch):
     when = rng.uniform(-1, 62, len(stay)).astype("float32")
     order = np.lexsort((when, stay))
     task = PredictionTimes(stay[order], when[order], np.zeros(len(stay), "float32"))
-    tensors = IrregularTensors(np.arange(n), values, mask, times, lengths, rng.normal(size=(n, 1)).astype("float32"),
-                               np.zeros(n, "float32"), VARIABLES, ["Age"], task)  # fmt: skip
+    tensors = IrregularTensors(
+        np.arange(n),
+        values,
+        mask,
+        times,
+        lengths,
+        rng.normal(size=(n, 1)).astype("float32"),
+        np.zeros(n, "float32"),
+        VARIABLES,
+        ["Age"],
+        task,
+    )
     features = hourly_features(tensors)
     assert features.shape == (len(stay), len(feature_names(tensors)))
     per_variable = len(STATISTICS) * len(VARIABLES)
@@ -166,8 +197,21 @@ def test_hourly_features_equal_their_definition_on_random_stays(monkeypatch):
 def hourly_run(hourly_root, tmp_path_factory):
     """``garlic train --method hourly_logreg`` on split 0 of the small hourly dataset: (store, run id)."""
     store = tmp_path_factory.mktemp("hourly-store")
-    main(["--data-root", str(hourly_root), "--mlruns", str(store), "train", "--dataset", "physionet2019-hourly",
-          "--split", "0", "--method", "hourly_logreg"])  # fmt: skip
+    main(
+        [
+            "--data-root",
+            str(hourly_root),
+            "--mlruns",
+            str(store),
+            "train",
+            "--dataset",
+            "physionet2019-hourly",
+            "--split",
+            "0",
+            "--method",
+            "hourly_logreg",
+        ]
+    )
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
@@ -177,13 +221,27 @@ def hourly_run(hourly_root, tmp_path_factory):
 
 def test_a_per_stay_method_is_refused_on_an_hourly_task(hourly_root, tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
-              "physionet2019-hourly", "--split", "0", "--method", "logreg"])  # fmt: skip
+        main(
+            [
+                "--data-root",
+                str(hourly_root),
+                "--mlruns",
+                str(tmp_path / "mlruns"),
+                "train",
+                "--dataset",
+                "physionet2019-hourly",
+                "--split",
+                "0",
+                "--method",
+                "logreg",
+            ]
+        )
     assert "asks for a risk at each of its prediction times" in capsys.readouterr().err
 
 
-def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_needs_a_utility_task(hourly_root,
-                                                                                                    tmp_path, capsys):  # fmt: skip
+def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_needs_a_utility_task(
+    hourly_root, tmp_path, capsys
+):
     from garlic.data.batches import IrregularDataset
     from garlic.methods.hourly import HourlyModel
 
@@ -197,7 +255,9 @@ def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_nee
     for stay in np.unique(times.stay):
         rows = np.flatnonzero(times.stay == stay)
         hour = np.arange(len(rows))
-        if times.label[rows].any():  # onset 6 h after the first labelled hour; alarms gain from 12 h before to 3 h after
+        if times.label[
+            rows
+        ].any():  # onset 6 h after the first labelled hour; alarms gain from 12 h before to 3 h after
             r = hour - (np.argmax(times.label[rows]) + 6)
             np.testing.assert_array_equal(targets[rows], (r > -12) & (r <= 3))
             np.testing.assert_array_equal(weights[rows] == 0, (r == -12) | (r > 3))
@@ -237,14 +297,24 @@ def test_the_utility_target_is_where_an_alarm_gains_weighted_by_the_gain_and_nee
     # On a task not scored by the utility it is refused before anything is trained.
     for asked in (["--method", "hourly_gbm_utility"], ["--set", "hourly_target=utility"]):
         with pytest.raises(SystemExit):
-            main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
-                  "synthetic", *asked])  # fmt: skip
+            main(
+                [
+                    "--data-root",
+                    str(hourly_root),
+                    "--mlruns",
+                    str(tmp_path / "mlruns"),
+                    "train",
+                    "--dataset",
+                    "synthetic",
+                    *asked,
+                ]
+            )
         assert "learns the sepsis-utility score, but this dataset's task is scored by its labels alone" in (
-            capsys.readouterr().err)
+            capsys.readouterr().err
+        )
 
 
-def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys,
-                                                               monkeypatch):  # fmt: skip
+def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourly_run, tmp_path, capsys, monkeypatch):
     store, run_id = hourly_run
     import mlflow
 
@@ -265,8 +335,20 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     for stay in test:
         system = "training_setA" if stay < 100_001 else "training_setB"
         shutil.copy(hourly_root / "source" / system / f"p{stay:06d}.psv", records)
-    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
-          "--output", str(tmp_path / "predictions")])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "predict",
+            "--run",
+            run_id,
+            "--hourly",
+            "--input",
+            str(records),
+            "--output",
+            str(tmp_path / "predictions"),
+        ]
+    )
     assert "wrote the top drivers of its" in capsys.readouterr().err
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
@@ -276,13 +358,35 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     main(["score-alerts", "--labels", str(records), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
     scored = dict(zip(names.split("|"), map(float, values.split("|"))))
-    for name, metric in (("Sensitivity", "sensitivity"), ("PPV", "ppv"), ("Alerts per 100 patient-days",
-                                                                        "alerts_per_100_days")):  # fmt: skip
+    for name, metric in (
+        ("Sensitivity", "sensitivity"),
+        ("PPV", "ppv"),
+        ("Alerts per 100 patient-days", "alerts_per_100_days"),
+    ):
         assert scored[name] == pytest.approx(metrics[f"test_alert_{metric}"], rel=1e-5, nan_ok=True)
     # The bare threshold, as the Challenge scores it, given as a policy with no band, quiet hours or margin
-    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
-          str(tmp_path / "bare"), "--threshold", str(metrics["threshold"]), "--band", "0", "--quiet-hours", "0",
-          "--margin", "0"])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "predict",
+            "--run",
+            run_id,
+            "--hourly",
+            "--input",
+            str(records),
+            "--output",
+            str(tmp_path / "bare"),
+            "--threshold",
+            str(metrics["threshold"]),
+            "--band",
+            "0",
+            "--quiet-hours",
+            "0",
+            "--margin",
+            "0",
+        ]
+    )
     capsys.readouterr()
     main(["score-utility", "--labels", str(records), "--predictions", str(tmp_path / "bare")])
     names, values = capsys.readouterr().out.strip().splitlines()
@@ -303,24 +407,63 @@ def test_hourly_training_path_logs_a_risk_per_prediction_time(hourly_root, hourl
     from garlic.methods.summary import ChosenClassifier
 
     monkeypatch.setattr(ChosenClassifier, "explanation_unavailable", property(lambda self: "shap is not installed"))
-    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records),
-          "--output", str(tmp_path / "unexplained")])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "predict",
+            "--run",
+            run_id,
+            "--hourly",
+            "--input",
+            str(records),
+            "--output",
+            str(tmp_path / "unexplained"),
+        ]
+    )
     said = capsys.readouterr().err
     assert said.count("hourly_logreg gives no drivers of its alarms: shap is not installed") == 1
     assert not (tmp_path / "unexplained" / "alarm-drivers.csv").exists()
     assert len(list((tmp_path / "unexplained").glob("p*.psv"))) == len(test)
     # A policy setting out of its range: one line naming it, nothing written
     with pytest.raises(SystemExit):
-        main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
-              str(tmp_path / "refused"), "--band", "1.5"])  # fmt: skip
+        main(
+            [
+                "--mlruns",
+                str(store),
+                "predict",
+                "--run",
+                run_id,
+                "--hourly",
+                "--input",
+                str(records),
+                "--output",
+                str(tmp_path / "refused"),
+                "--band",
+                "1.5",
+            ]
+        )
     assert "alert policy: band must be a share of the threshold in [0, 1), got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
 
 
 def test_the_floor_is_saved_and_predicts_hourly(hourly_root, tmp_path, capsys):
     store = tmp_path / "store"
-    main(["--data-root", str(hourly_root), "--mlruns", str(store), "train", "--dataset", "physionet2019-hourly",
-          "--split", "0", "--method", "alarm_after_hour"])  # fmt: skip
+    main(
+        [
+            "--data-root",
+            str(hourly_root),
+            "--mlruns",
+            str(store),
+            "train",
+            "--dataset",
+            "physionet2019-hourly",
+            "--split",
+            "0",
+            "--method",
+            "alarm_after_hour",
+        ]
+    )
     run_id = capsys.readouterr().out.split("(run ")[1].split(")")[0]
     import mlflow
 
@@ -330,8 +473,20 @@ def test_the_floor_is_saved_and_predicts_hourly(hourly_root, tmp_path, capsys):
     records.mkdir()
     for name in sorted((hourly_root / "source" / "training_setA").iterdir())[:3]:
         shutil.copy(name, records)
-    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(records), "--output",
-          str(tmp_path / "predictions")])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "predict",
+            "--run",
+            run_id,
+            "--hourly",
+            "--input",
+            str(records),
+            "--output",
+            str(tmp_path / "predictions"),
+        ]
+    )
     for written in sorted((tmp_path / "predictions").iterdir()):
         risks = pd.read_csv(written, sep="|")["PredictedProbability"].to_numpy()
         hours = np.arange(1, len(risks) + 1)  # ICULOS of these records: 1, 2, ...
@@ -349,8 +504,9 @@ def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(ho
     septic = next(int(stay) for stay in test if labels.loc[stay, "label"] == 1)
     monkeypatch.delenv("GARLIC_DASHBOARD_TOKEN", raising=False)
     page = Path(__file__).resolve().parents[1] / "garlic" / "app" / "dashboard.py"
-    monkeypatch.setattr(sys, "argv", [str(page), "--mlruns", str(store), "--data-root", str(hourly_root), "--run",
-                                      run_id])  # fmt: skip
+    monkeypatch.setattr(
+        sys, "argv", [str(page), "--mlruns", str(store), "--data-root", str(hourly_root), "--run", run_id]
+    )
     before = streamlit_config.get_option("server.address")
     streamlit_config.set_option("server.address", "127.0.0.1")  # as `garlic dashboard` serves it
     try:
@@ -366,8 +522,10 @@ def test_the_dashboard_replays_an_hourly_run_with_its_threshold_and_the_onset(ho
     assert any(c.value.startswith(f"Sepsis onset at hour {onset:g}") for c in at.caption)
     assert any("Sepsis Challenge's utility on the test stays" in m.value for m in at.markdown)
     # Its logistic regression explains the hour by its variables' contributions (test_drivers checks the values)
-    assert any("contribution to the risk's log-odds at this hour (coefficient x standardised value" in c.value
-               for c in at.caption)  # fmt: skip
+    assert any(
+        "contribution to the risk's log-odds at this hour (coefficient x standardised value" in c.value
+        for c in at.caption
+    )
     assert not any("gives no explanation" in i.value for i in at.info)
 
 
@@ -381,8 +539,10 @@ def test_the_floor_alarms_from_the_training_hour_of_best_utility(hourly_root):
     parts = split_parts(tensors, load_splits(folder, tensors, "five-split")[0])
     floor = AlarmAfterHour().fit(parts["train"], parts["validation"])
     train = parts["train"].prediction_times
-    utility = {hour: normalised_utility(train.label, train.time >= hour, stay_lengths(train.stay))
-               for hour in np.unique(train.time)}  # fmt: skip
+    utility = {
+        hour: normalised_utility(train.label, train.time >= hour, stay_lengths(train.stay))
+        for hour in np.unique(train.time)
+    }
     assert utility[floor.after_] == pytest.approx(max(utility.values()))
     test = parts["test"].prediction_times
     np.testing.assert_array_equal(floor.predict_proba(parts["test"]), (test.time >= floor.after_).astype(float))
@@ -400,8 +560,9 @@ def test_the_replay_asks_an_hourly_model_at_each_hour(hourly_root):
     split = load_splits(folder, tensors, "five-split")[0]
     parts = split_parts(tensors, split)
     model = HourlyModel("logreg").fit(parts["train"], parts["validation"])
-    saved = SavedMethod("hourly_logreg", model, Config(), tensors.variables, tensors.static_features,
-                        split.normalisation)  # fmt: skip
+    saved = SavedMethod(
+        "hourly_logreg", model, Config(), tensors.variables, tensors.static_features, split.normalisation
+    )
     test = parts["test"]
     risks = model.predict_proba(test)
     one = test.tensors.subset(np.array([0]))
@@ -412,9 +573,27 @@ def test_the_replay_asks_an_hourly_model_at_each_hour(hourly_root):
 
 @pytest.mark.parametrize("target", ["label", "utility"])
 def test_garlic_trains_on_every_hour_and_is_tested_by_utility(hourly_root, tmp_path, capsys, target):
-    main(["--data-root", str(hourly_root), "--mlruns", str(tmp_path / "mlruns"), "train", "--dataset",
-          "physionet2019-hourly", "--split", "0", "--set", "max_epochs=1", "--set", "hidden_dim=8", "--set",
-          "feature_dim=4", "--set", f"hourly_target={target}"])  # fmt: skip
+    main(
+        [
+            "--data-root",
+            str(hourly_root),
+            "--mlruns",
+            str(tmp_path / "mlruns"),
+            "train",
+            "--dataset",
+            "physionet2019-hourly",
+            "--split",
+            "0",
+            "--set",
+            "max_epochs=1",
+            "--set",
+            "hidden_dim=8",
+            "--set",
+            "feature_dim=4",
+            "--set",
+            f"hourly_target={target}",
+        ]
+    )
     run_id = capsys.readouterr().out.split("(run ")[1].split(",")[0]
     import mlflow
 
@@ -436,8 +615,9 @@ def test_garlic_trained_on_whole_stays_answers_each_hour_on_the_record_cut_there
     folder = hourly_root / "processed" / "physionet2019-hourly"
     tensors = load_tensors(folder)
     parts = split_parts(tensors, load_splits(folder, tensors, "five-split")[0])
-    config = Config().override({"dataset": "physionet2019-hourly", "max_epochs": 1, "hidden_dim": 8,
-                                "feature_dim": 4, "device": "cpu"})  # fmt: skip
+    config = Config().override(
+        {"dataset": "physionet2019-hourly", "max_epochs": 1, "hidden_dim": 8, "feature_dim": 4, "device": "cpu"}
+    )
     whole = WholeStaysGarlic(config, explain=False).fit(parts["train"], parts["validation"])
     per_stay = GarlicEstimator(config, explain=False).fit(whole_stays(parts["train"]), whole_stays(parts["validation"]))
     fitted = whole.model.state_dict()
@@ -448,18 +628,29 @@ def test_garlic_trained_on_whole_stays_answers_each_hour_on_the_record_cut_there
     times = test.prediction_times
     for row in (0, len(times) // 2, len(times) - 1):  # the per-stay model on the stay cut at that time
         stay = test.tensors.subset(np.array([times.stay[row]]))
-        cut = replace(stay, task=PredictionTimes(np.zeros(1, np.int64), times.time[row : row + 1],
-                                                 times.label[row : row + 1])).cut_at_prediction_times()
-        np.testing.assert_allclose(risks[row], per_stay.predict_proba(IrregularDataset(cut, test.normalisation)),
-                                   rtol=1e-5)
+        cut = replace(
+            stay, task=PredictionTimes(np.zeros(1, np.int64), times.time[row : row + 1], times.label[row : row + 1])
+        ).cut_at_prediction_times()
+        np.testing.assert_allclose(
+            risks[row], per_stay.predict_proba(IrregularDataset(cut, test.normalisation)), rtol=1e-5
+        )
 
 
 def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, tmp_path):
     from experiments import early_warning
 
     out = tmp_path / "out"
-    arguments = ["--data-root", str(hourly_root), "--out", str(out), "--protocols", "cross-hospital", "--methods",
-                 "hourly_logreg", "alarm_after_hour"]  # fmt: skip
+    arguments = [
+        "--data-root",
+        str(hourly_root),
+        "--out",
+        str(out),
+        "--protocols",
+        "cross-hospital",
+        "--methods",
+        "hourly_logreg",
+        "alarm_after_hour",
+    ]
     early_warning.main([*arguments, "--mlruns", str(tmp_path / "store")])
     made = {name: (out / name).read_text() for name in ("early-warning.md", "early-warning.csv")}
     assert "| hourly_logreg | cross-hospital | 2 |" in made["early-warning.md"]
@@ -475,8 +666,9 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
         validation = test_predictions(tmp_path / "store", row.run_id, "validation")
         threshold = mlflow.get_run(row.run_id).data.metrics["threshold"]  # runs.csv rounds it
         alarms = (validation["risk"] >= threshold).astype(int)
-        assert row.validation_utility == pytest.approx(normalised_utility(
-            validation["label"], alarms, stay_lengths(validation["stay_id"].to_numpy())), abs=1e-6)
+        assert row.validation_utility == pytest.approx(
+            normalised_utility(validation["label"], alarms, stay_lengths(validation["stay_id"].to_numpy())), abs=1e-6
+        )
     # Per alert: each unit's policy chosen on its validation stays, scored on its test stays as score-alerts would
     from garlic.evaluation import alerting
 
@@ -490,7 +682,8 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
         metrics = mlflow.get_run(row.run_id).data.metrics
         kept_stays = pd.read_csv(early_warning.parts_path(out, row.method, row.protocol, row.split, "alerts"))
         assert alerting.scores(alerting.as_parts(kept_stays))["ppv"] == pytest.approx(
-            metrics["test_alert_ppv"], nan_ok=True)
+            metrics["test_alert_ppv"], nan_ok=True
+        )
         assert len(kept_stays) == test["stay_id"].nunique()
     sites = pd.read_csv(out / "physionet2019-hourly-runs" / "site-thresholds.csv")
     assert sorted(sites["policy"].unique()) == ["carried", "site-burden", "site-labelled"] and len(sites) == 12
@@ -509,8 +702,7 @@ def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(h
     assert line.startswith("hourly_logreg: fit on ") and f"scored {hours} hours of 60 stays in " in line, line
     # A trained run's saved model is asked the same hours, nothing fitted.
     store, run_id = hourly_run
-    benchmark_hourly.main(["--data-root", str(hourly_root), "--run", run_id, "--mlruns", str(store),
-                           "--threads", "1"])  # fmt: skip
+    benchmark_hourly.main(["--data-root", str(hourly_root), "--run", run_id, "--mlruns", str(store), "--threads", "1"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith(f"hourly_logreg (run {run_id}): loaded; scored {hours} hours of 60 stays in "), line
     with pytest.raises(SystemExit):
@@ -529,8 +721,17 @@ def test_the_boosting_screen_scores_a_setting_on_validation_as_the_method_fitted
     from garlic.metrics.utility import choose_threshold, stay_lengths
 
     settings = [json.dumps(setting) for setting in BOOSTING_SETTINGS]
-    screen_hourly_boosting.main(["--data-root", str(hourly_root), "--protocol", "five-split", "--split", "1",
-                                 *(item for setting in settings for item in ("--setting", setting))])  # fmt: skip
+    screen_hourly_boosting.main(
+        [
+            "--data-root",
+            str(hourly_root),
+            "--protocol",
+            "five-split",
+            "--split",
+            "1",
+            *(item for setting in settings for item in ("--setting", setting)),
+        ]
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [line["setting"] for line in lines] == list(BOOSTING_SETTINGS)
     assert lines[0]["weighted_validation_auroc"] != lines[1]["weighted_validation_auroc"]  # a choice to make
@@ -551,8 +752,20 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
 
     store, run_id = hourly_run
     out = tmp_path / "faithfulness.md"
-    table = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
-                                     "--max-alerts", "40", "--out", str(out)])  # fmt: skip
+    table = alert_faithfulness.main(
+        [
+            "--mlruns",
+            str(store),
+            "--runs",
+            run_id,
+            "--data-root",
+            str(hourly_root),
+            "--max-alerts",
+            "40",
+            "--out",
+            str(out),
+        ]
+    )
     (row,) = table.to_dict("records")
     assert row["method"] == "hourly_logreg" and 0 < row["alerts"] <= 40 and row["risk"] >= row["threshold"]
     # Its only measured variable is HR: removing the top half removes HR, the bottom half too (half of one, rounded
@@ -569,16 +782,20 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
     whole = tensors.subset(np.flatnonzero(np.isin(tensors.stay_ids, np.sort(test)[:4])))
     np.testing.assert_array_equal(few.stay_ids, whole.stay_ids)
     np.testing.assert_array_equal(few.prediction_times().time, whole.prediction_times().time)
-    small = alert_faithfulness.main(["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root),
-                                     "--max-stays", "4"])  # fmt: skip
+    small = alert_faithfulness.main(
+        ["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root), "--max-stays", "4"]
+    )
     assert 0 < small["alerts"].iloc[0] <= len(few.prediction_times())
     # A study's unit records its data digest and split name as tags, and no split digest: read by name once the
     # data digest is checked
     from garlic.io.tables import read_manifest
     from garlic.tracking import run_contract
 
-    unit = {"dataset": "physionet2019-hourly", "split": "five-split/split_0",
-            "data_digest": run_contract.manifest_digest(read_manifest(folder))}  # fmt: skip
+    unit = {
+        "dataset": "physionet2019-hourly",
+        "split": "five-split/split_0",
+        "data_digest": run_contract.manifest_digest(read_manifest(folder)),
+    }
     np.testing.assert_array_equal(alert_faithfulness.recorded_split("unit", unit, folder).test, test)
     with pytest.raises(run_contract.StaleRunDataError, match="is not the one run unit was trained on"):
         alert_faithfulness.recorded_split("unit", {**unit, "data_digest": "0" * 64}, folder)
@@ -589,8 +806,21 @@ def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_ru
 
     folder = hourly_root / "processed" / "physionet2019-hourly"
     load_splits(folder, load_tensors(folder), "five-split")  # saved, as the first training on the dataset saves them
-    table = alert_faithfulness.main(["--fit", "hourly_logreg_utility", "hourly_logreg", "--data-root", str(hourly_root),
-                                     "--train-stays", "30", "--validation-stays", "6", "--max-stays", "6"])  # fmt: skip
+    table = alert_faithfulness.main(
+        [
+            "--fit",
+            "hourly_logreg_utility",
+            "hourly_logreg",
+            "--data-root",
+            str(hourly_root),
+            "--train-stays",
+            "30",
+            "--validation-stays",
+            "6",
+            "--max-stays",
+            "6",
+        ]
+    )
     assert list(table["method"]) == ["hourly_logreg_utility", "hourly_logreg"] and (table["alerts"] > 0).all()
     assert table["run"].eq("fitted on 30 stays").all() and table["split"].eq("five-split/split_0").all()
     with pytest.raises(ValueError, match="--fit takes hourly_gbm, hourly_logreg and their _utility forms, got 'gbm'"):
@@ -598,6 +828,8 @@ def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_ru
     with pytest.raises(SystemExit):
         alert_faithfulness.main(["--runs", "abc"])
     assert "--runs needs --mlruns" in capsys.readouterr().err
+
+
 def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_root, hourly_run, tmp_path, capsys):
     import json
 
@@ -609,43 +841,111 @@ def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_
     for name in sorted((hourly_root / "source" / "training_setB").iterdir()):
         shutil.copy(name, site)
     profile = tmp_path / "site-b.json"
-    main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--alerts-per-day", "0.5",
-          "--profile", str(profile)])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "calibrate",
+            "--run",
+            run_id,
+            "--site",
+            str(site),
+            "--alerts-per-day",
+            "0.5",
+            "--profile",
+            str(profile),
+        ]
+    )
     said = capsys.readouterr().out
     assert "chosen for at most 0.5 alerts per patient-day on 30 stays" in said, said
     written = json.loads(profile.read_text())
-    assert written["run"] == run_id and written["stays"] == 30 and written["scores_on_site"]["alerts_per_100_days"] <= 50
+    assert (
+        written["run"] == run_id and written["stays"] == 30 and written["scores_on_site"]["alerts_per_100_days"] <= 50
+    )
     found = policy_for(run_id, store, profile)
     assert found.policy.threshold == written["policy"]["threshold"] and "site profile site-b.json" in found.chosen_by
     # predict --hourly with the profile: the site's own alarms stay within the burden asked
-    main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(site), "--output",
-          str(tmp_path / "predictions"), "--profile", str(profile)])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "predict",
+            "--run",
+            run_id,
+            "--hourly",
+            "--input",
+            str(site),
+            "--output",
+            str(tmp_path / "predictions"),
+            "--profile",
+            str(profile),
+        ]
+    )
     capsys.readouterr()
     main(["score-alerts", "--labels", str(site), "--predictions", str(tmp_path / "predictions")])
     names, values = capsys.readouterr().out.strip().splitlines()
     scored = dict(zip(names.split("|"), map(float, values.split("|"))))
     assert scored["Alerts per 100 patient-days"] == pytest.approx(written["scores_on_site"]["alerts_per_100_days"])
     # on the site's labels, by utility
-    main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--labelled", "--profile",
-          str(tmp_path / "labelled.json")])  # fmt: skip
+    main(
+        [
+            "--mlruns",
+            str(store),
+            "calibrate",
+            "--run",
+            run_id,
+            "--site",
+            str(site),
+            "--labelled",
+            "--profile",
+            str(tmp_path / "labelled.json"),
+        ]
+    )
     assert "chosen for the highest Challenge utility" in capsys.readouterr().out
     # Refused in one line, nothing written: no target or two, a burden no threshold meets, an empty site, another
     # run's profile, a damaged one
-    refusals = [(["--alerts-per-day", "0.5", "--labelled"], "set the threshold for one target"),
-                ([], "set the threshold for one target: --alerts-per-day X"),
-                (["--alerts-per-day", "0"], "alerts per patient-day must be a number in (0, 24), got 0.0"),
-                (["--sensitivity", "1.5"], "the sensitivity must be in (0, 1], got 1.5"),
-                (["--alerts-per-day", "0.5", "--band", "2"], "alert policy: band must be a share")]  # fmt: skip
+    refusals = [
+        (["--alerts-per-day", "0.5", "--labelled"], "set the threshold for one target"),
+        ([], "set the threshold for one target: --alerts-per-day X"),
+        (["--alerts-per-day", "0"], "alerts per patient-day must be a number in (0, 24), got 0.0"),
+        (["--sensitivity", "1.5"], "the sensitivity must be in (0, 1], got 1.5"),
+        (["--alerts-per-day", "0.5", "--band", "2"], "alert policy: band must be a share"),
+    ]
     for extra, message in refusals:
         with pytest.raises(SystemExit):
-            main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(site), "--profile",
-                  str(tmp_path / "refused.json"), *extra])  # fmt: skip
+            main(
+                [
+                    "--mlruns",
+                    str(store),
+                    "calibrate",
+                    "--run",
+                    run_id,
+                    "--site",
+                    str(site),
+                    "--profile",
+                    str(tmp_path / "refused.json"),
+                    *extra,
+                ]
+            )
         assert message in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit):
-        main(["--mlruns", str(store), "calibrate", "--run", run_id, "--site", str(empty), "--alerts-per-day", "1",
-              "--profile", str(tmp_path / "refused.json")])  # fmt: skip
+        main(
+            [
+                "--mlruns",
+                str(store),
+                "calibrate",
+                "--run",
+                run_id,
+                "--site",
+                str(empty),
+                "--alerts-per-day",
+                "1",
+                "--profile",
+                str(tmp_path / "refused.json"),
+            ]
+        )
     assert str(empty) in capsys.readouterr().err
     assert not (tmp_path / "refused.json").exists()
     other = tmp_path / "other.json"
@@ -654,6 +954,20 @@ def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_
     damaged.write_text(profile.read_text()[:40])
     for path, message in ((other, "a site profile for run '00000000"), (damaged, "damaged.json: not a site profile")):
         with pytest.raises(SystemExit):
-            main(["--mlruns", str(store), "predict", "--run", run_id, "--hourly", "--input", str(site), "--output",
-                  str(tmp_path / "refused"), "--profile", str(path)])  # fmt: skip
+            main(
+                [
+                    "--mlruns",
+                    str(store),
+                    "predict",
+                    "--run",
+                    run_id,
+                    "--hourly",
+                    "--input",
+                    str(site),
+                    "--output",
+                    str(tmp_path / "refused"),
+                    "--profile",
+                    str(path),
+                ]
+            )
         assert message in capsys.readouterr().err

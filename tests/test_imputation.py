@@ -1,4 +1,5 @@
 """experiments.imputation: the hidden cells, the simple imputers and the reconstruction head, on small inputs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -50,9 +51,13 @@ def test_the_reconstruction_head_of_a_stay_does_not_depend_on_its_batch():
     together = reconstructed(model, values * mask, mask, times, lengths, static)
     for stay in range(3):
         steps = int(lengths[stay])
-        alone = model.eval()(values[stay : stay + 1, :steps] * mask[stay : stay + 1, :steps],
-                             mask[stay : stay + 1, :steps], times[stay : stay + 1, :steps], lengths[stay : stay + 1],
-                             static[stay : stay + 1]).reconstruction  # fmt: skip
+        alone = model.eval()(
+            values[stay : stay + 1, :steps] * mask[stay : stay + 1, :steps],
+            mask[stay : stay + 1, :steps],
+            times[stay : stay + 1, :steps],
+            lengths[stay : stay + 1],
+            static[stay : stay + 1],
+        ).reconstruction
         torch.testing.assert_close(together[stay, :steps], alone[0])
 
 
@@ -86,8 +91,20 @@ def study(tmp_path_factory, tmp_path, monkeypatch):
     use_store(run.store)
     # the tiny run is not the shipped preset, which is what the study looks for (as the comparison finds runs)
     monkeypatch.setattr(studies, "stored_runs", lambda *args: [(0, 0, run.store, get_run(run.run_id))])
-    arguments = ["--dataset", "synthetic", "--protocol", "five-split", "--preset", "synthetic", "--mlruns",
-                 str(run.store), "--data-root", str(run.data_root), "--out", str(tmp_path)]  # fmt: skip
+    arguments = [
+        "--dataset",
+        "synthetic",
+        "--protocol",
+        "five-split",
+        "--preset",
+        "synthetic",
+        "--mlruns",
+        str(run.store),
+        "--data-root",
+        str(run.data_root),
+        "--out",
+        str(tmp_path),
+    ]
     return run, arguments
 
 
@@ -104,7 +121,8 @@ def test_the_study_keeps_each_runs_errors_and_reads_them_back_when_run_again(stu
 
 
 def test_a_run_trained_again_is_imputed_again_by_garlic_alone_and_splits_bound_the_imputers_trained(
-        study, tmp_path, monkeypatch):  # fmt: skip
+    study, tmp_path, monkeypatch
+):
     run, arguments = study
     imputation.main(arguments)
     kept = tmp_path / "imputation-synthetic-five-split-by-run" / "split_0-seed_0"
@@ -114,7 +132,8 @@ def test_a_run_trained_again_is_imputed_again_by_garlic_alone_and_splits_bound_t
     overall = pd.concat([overall, saits]).assign(run_id="an-earlier-run")
     overall.to_csv(f"{kept}-overall.csv", index=False)
     pd.concat([variables, variables[variables["method"] == "locf"].assign(method="saits")]).to_csv(
-        f"{kept}-variables.csv", index=False)
+        f"{kept}-variables.csv", index=False
+    )
     monkeypatch.setattr(imputation, "field_imputation", lambda *args: pytest.fail("a PyPOTS imputer trained"))
     imputation.main([*arguments, "--imputers", "saits", "brits", "--splits"])  # --splits alone: train none
     again = pd.read_csv(f"{kept}-overall.csv")

@@ -1,12 +1,30 @@
 """The package layout of the README: data flows one way through ``garlic``'s packages, and none imports back up."""
+
 import ast
 from pathlib import Path
 
 import garlic
 
 # Lowest first: a module may import its own package and those before it, never one after it.
-LAYERS = ("io", "sources", "metrics", "data", "config", "models", "training", "tracking", "explain", "methods",
-          "evaluation", "runs", "studies", "inference", "live", "cli", "app")  # fmt: skip
+LAYERS = (
+    "io",
+    "sources",
+    "metrics",
+    "data",
+    "config",
+    "models",
+    "training",
+    "tracking",
+    "explain",
+    "methods",
+    "evaluation",
+    "runs",
+    "studies",
+    "inference",
+    "live",
+    "cli",
+    "app",
+)
 PACKAGE = Path(garlic.__file__).parent
 
 
@@ -78,6 +96,9 @@ def test_no_script_in_experiments_imports_another():
     for path in sorted(experiments.rglob("*.py")):
         script = path.relative_to(experiments).parts[0].removesuffix(".py")
         imported = imported_modules(ast.parse(path.read_text()), top="experiments")
-        crossing += [f"{path.relative_to(experiments)} (line {line}) imports {name}" for name, line in imported
-                     if name.split(".")[1] != script]  # fmt: skip
+        crossing += [
+            f"{path.relative_to(experiments)} (line {line}) imports {name}"
+            for name, line in imported
+            if name.split(".")[1] != script
+        ]
     assert crossing == []

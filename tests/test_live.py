@@ -1,5 +1,6 @@
 """The live ward (``garlic.live``) for real: a uvicorn server on a loopback port, a SQLite file, FHIR resources
 posted as a bedside feed posts them, the tiny synthetic run's model scoring them."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def service(run, trained, url: str, token: str | None = None, port: int | None = None, codes: Codes | None = None,
-            policy: AlertPolicy | None = None):  # fmt: skip
+def service(
+    run,
+    trained,
+    url: str,
+    token: str | None = None,
+    port: int | None = None,
+    codes: Codes | None = None,
+    policy: AlertPolicy | None = None,
+):
     """``garlic monitor``'s service and scoring loop in this process, on loopback ``port`` (default: a free one),
     reading ``codes`` (default: ``codes.csv``'s), alerting by ``policy`` (default: the run's): (base URL, monitor)."""
     import uvicorn
@@ -65,8 +73,9 @@ def service(run, trained, url: str, token: str | None = None, port: int | None =
     monitor = Monitor(LiveStore(url, run.run_id), BedScorer(trained, found.hourly), policy or found.policy)
     codes = codes or Codes(trained.config.dataset, trained.variables + trained.static_features)
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(monitor, codes, token), host="127.0.0.1", port=port,
-                                           log_level="warning"))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(monitor, codes, token), host="127.0.0.1", port=port, log_level="warning")
+    )
     serving = threading.Thread(target=server.run, daemon=True)
     serving.start()
     scoring = monitor.start()
@@ -114,8 +123,9 @@ def counted(url: str, body: bytes, token: str | None = None) -> tuple[int, dict]
     headers = {"Content-Type": "application/fhir+json", **({"Authorization": f"Bearer {token}"} if token else {})}
     try:
         with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as answer:
-            return answer.status, {name: int(answer.headers[f"X-Garlic-{name.title()}"])
-                                   for name in ("stored", "repeats", "withdrawn")}  # fmt: skip
+            return answer.status, {
+                name: int(answer.headers[f"X-Garlic-{name.title()}"]) for name in ("stored", "repeats", "withdrawn")
+            }
     except urllib.error.HTTPError as refused:
         return refused.code, json.loads(refused.read())
 
@@ -142,15 +152,22 @@ def test_posted_readings_get_the_offline_risk_of_the_same_prefix(run, trained, t
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", policy=policy) as (base, _):
         fed = feed(Client(base), observations, static, codes, speed=1e7)
         counts = scored(base)
-        assert fed.sent == fed.stored == counts["readings"] == counts["scored"] == len(observations) + static[
-            trained.static_features].notna().sum().sum()
+        assert (
+            fed.sent
+            == fed.stored
+            == counts["readings"]
+            == counts["scored"]
+            == len(observations) + static[trained.static_features].notna().sum().sum()
+        )
         ward = get(f"{base}/ward")
         assert [bed["risk"] for bed in ward] == sorted((bed["risk"] for bed in ward), reverse=True)
         for stay in static["stay_id"]:
             history = get(f"{base}/beds/{stay}")["scores"]
             stay_observations = observations[observations["stay_id"] == stay]
             times = np.unique(stay_observations["time"].to_numpy())
-            assert [s["time"] for s in history][1:] == pytest.approx(times.tolist(), abs=1e-5)  # 0: descriptors; float32 times
+            assert [s["time"] for s in history][1:] == pytest.approx(
+                times.tolist(), abs=1e-5
+            )  # 0: descriptors; float32 times
             for score in history[1::7] + history[-1:]:  # every 7th time of the stay, and its last
                 cut = stay_observations[stay_observations["time"] <= score["time"] + 1e-5]
                 offline = predict_tables(trained, cut, static[static["stay_id"] == stay])["risk"].iloc[0]
@@ -188,8 +205,9 @@ def test_a_repeat_counts_once_and_a_late_reading_is_scored_at_its_time(run, trai
         assert score["risk"] == pytest.approx(float(predict_tables(trained, cut, static)["risk"].iloc[0]), abs=1e-6)
 
 
-def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_checked_line_by_line(run, trained,
-                                                                                                  tmp_path):
+def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_checked_line_by_line(
+    run, trained, tmp_path
+):
     from datetime import datetime, timezone
 
     from garlic.config import ConfigError
@@ -198,11 +216,16 @@ def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_chec
 
     names = trained.variables + trained.static_features
     own = tmp_path / "codes.csv"
-    own.write_text("variable,system,code,unit\nHR,http://hospital.example/obs,hr-42,/min\n"
-                   "Lactate,http://hospital.example/lab,LAC,mmol/L\n")
+    own.write_text(
+        "variable,system,code,unit\nHR,http://hospital.example/obs,hr-42,/min\n"
+        "Lactate,http://hospital.example/lab,LAC,mmol/L\n"
+    )
     codes = Codes(trained.config.dataset, names, own)
-    assert [codes.variable("http://hospital.example/obs", "hr-42"), codes.variable(GARLIC_SYSTEM, "Temp"),
-            codes.variable(LOINC, "8867-4")] == ["HR", "Temp", None]  # instead of codes.csv's LOINC codes
+    assert [
+        codes.variable("http://hospital.example/obs", "hr-42"),
+        codes.variable(GARLIC_SYSTEM, "Temp"),
+        codes.variable(LOINC, "8867-4"),
+    ] == ["HR", "Temp", None]  # instead of codes.csv's LOINC codes
     start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", codes=codes) as (base, _):
         assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode())[0] == 200
@@ -213,20 +236,23 @@ def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_chec
         assert get(f"{base}/ward")[0]["risk"] is not None
         loinc = observation(Codes(trained.config.dataset, names), "bed-1", "HR", start.replace(hour=9), 90.0)
         status, answer = request("POST", f"{base}/fhir/Observation", json.dumps(loinc).encode())
-        assert (status, answer["issue"][0]["diagnostics"]) == (422, "Observation.code: http://loinc.org|8867-4 is "
-                                                                    "not an input of this model (the monitor's "
-                                                                    "--codes table lists the codes it reads)")
+        assert (status, answer["issue"][0]["diagnostics"]) == (
+            422,
+            "Observation.code: http://loinc.org|8867-4 is "
+            "not an input of this model (the monitor's "
+            "--codes table lists the codes it reads)",
+        )
 
     header = "variable,system,code,unit\n"
     bad = {
         "variable,code\nHR,hr-42\n": "has no column system (expected a header of variable, system, code",
         header + "HR,http://h/obs,hr-42,/min\nLactose,http://h/lab,LAC,\n": "line 3: 'Lactose' is not an input of",
         header + "HR,http://h/obs,hr-42,\nTemp,http://h/obs,hr-42,\n": "line 3: http://h/obs|hr-42 is given "
-                                                                         "already, on line 2",
+        "already, on line 2",
         header + "HR,,hr-42,\n": "line 2: system and code are required",
         header: "maps no code to an input of this model",
         "variable,system,code\nHR,http://h/obs,\xe9\n".encode("latin-1"): "cannot be read",
-    }  # fmt: skip
+    }
     for text, says in bad.items():
         own.write_bytes(text if isinstance(text, bytes) else text.encode())
         with pytest.raises(ConfigError, match=re.escape(says)) as refused:
@@ -236,8 +262,9 @@ def test_a_hospitals_own_code_table_is_read_instead_of_the_built_in_one_and_chec
     os.mkfifo(pipe)  # nothing writes to it: opened, it would wait for ever
     with pytest.raises(ConfigError, match="is not a file"):
         Codes(trained.config.dataset, names, pipe)
-    result = garlic_here("monitor", "--run", run.run_id, "--codes", str(own), "--port", str(free_port()),
-                         root=run.data_root.parent)  # fmt: skip
+    result = garlic_here(
+        "monitor", "--run", run.run_id, "--codes", str(own), "--port", str(free_port()), root=run.data_root.parent
+    )
     assert result.returncode != 0 and "cannot be read" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -254,7 +281,12 @@ def test_the_ward_lists_a_bed_admitted_with_no_reading_yet_beside_one_with_readi
         scored(base)
         ward = get(f"{base}/ward")  # was a 500: the empty bed's count of readings came back as NaN
     assert [(bed["bed"], bed["readings"], bed["risk"] is None, bed["alert"], bed["drivers"]) for bed in ward][1] == (
-        "bed-2", 0, True, False, [])  # fmt: skip
+        "bed-2",
+        0,
+        True,
+        False,
+        [],
+    )
     assert (ward[0]["bed"], ward[0]["readings"]) == ("bed-1", 1)
 
 
@@ -267,13 +299,20 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
 
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
     start = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
-    held = {"hr-1": ("HR", 1.0, 95.0), "lac-2": ("Lactate", 2.0, 9.5), "hr-3": ("HR", 3.0, 300.0),
-            "hr-4": ("HR", 4.0, 110.0)}  # fmt: skip
+    held = {
+        "hr-1": ("HR", 1.0, 95.0),
+        "lac-2": ("Lactate", 2.0, 9.5),
+        "hr-3": ("HR", 3.0, 300.0),
+        "hr-4": ("HR", 4.0, 110.0),
+    }
 
     def send(base: str, source: str, status: str = "final") -> tuple[int, dict]:
         variable, hours, value = held.get(source, ("HR", 1.0, 90.0))
-        resource = {**observation(codes, "bed-3", variable, start + timedelta(hours=hours), value), "id": source,
-                    "status": status}  # fmt: skip
+        resource = {
+            **observation(codes, "bed-3", variable, start + timedelta(hours=hours), value),
+            "id": source,
+            "status": status,
+        }
         answer = counted(f"{base}/fhir/Observation", json.dumps(resource).encode())
         scored(base)
         return answer
@@ -289,8 +328,9 @@ def test_a_corrected_or_withdrawn_reading_leaves_the_bed_with_the_offline_risks_
             cut = table[table["time"] <= score["time"]].astype({"time": "float32", "value": "float32"})
             offline = float(predict_tables(trained, cut, static)["risk"].iloc[0])
             assert score["risk"] == pytest.approx(offline, abs=1e-6), score
-        newest = float(predict_tables(trained, table.astype({"time": "float32", "value": "float32"}), static)[
-            "risk"].iloc[0])  # fmt: skip
+        newest = float(
+            predict_tables(trained, table.astype({"time": "float32", "value": "float32"}), static)["risk"].iloc[0]
+        )
         ward = get(f"{base}/ward")[0]
         assert (ward["time"], ward["risk"]) == (max(t for _, t, _ in held.values()), pytest.approx(newest, abs=1e-6))
 
@@ -379,10 +419,29 @@ def postgresql():
         as_user = ["runuser", "-u", "nobody", "--"]
     data, port = folder / "data", free_port()
     try:
-        subprocess.run([*as_user, "initdb", "-D", str(data), "-A", "trust", "-U", "ward"], check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
-        subprocess.run([*as_user, "pg_ctl", "-D", str(data), "-o", f"-p {port} -k {folder}", "-l",
-                        str(folder / "log"), "-w", "start"], check=True, capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run(
+            [*as_user, "initdb", "-D", str(data), "-A", "trust", "-U", "ward"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                *as_user,
+                "pg_ctl",
+                "-D",
+                str(data),
+                "-o",
+                f"-p {port} -k {folder}",
+                "-l",
+                str(folder / "log"),
+                "-w",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failed:  # the machine's, not the store's
         log = (folder / "log").read_text()[-300:] if (folder / "log").is_file() else ""
         shutil.rmtree(folder, ignore_errors=True)
@@ -425,19 +484,36 @@ def test_a_store_of_the_first_layout_is_brought_to_the_third_with_its_readings_a
     first = sa.MetaData()  # layout 1: the readings without their source and withdrawn columns, the beds' patient
     for table in (META, SCORES):
         table.to_metadata(first)
-    sa.Table("beds", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
-                              for c in BEDS.columns if c.name != "patient"])
-    sa.Table("readings", first, *[sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
-                                  for c in READINGS.columns if c.name not in ("source", "withdrawn")],
-             sa.UniqueConstraint("bed", "variable", "time", "value"))  # fmt: skip
+    sa.Table(
+        "beds",
+        first,
+        *[
+            sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in BEDS.columns
+            if c.name != "patient"
+        ],
+    )
+    sa.Table(
+        "readings",
+        first,
+        *[
+            sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in READINGS.columns
+            if c.name not in ("source", "withdrawn")
+        ],
+        sa.UniqueConstraint("bed", "variable", "time", "value"),
+    )
     engine = sa.create_engine(url)
     first.create_all(engine)
     admitted = datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
     with engine.begin() as db:
         db.execute(META.insert(), [{"key": "run_id", "value": "run"}, {"key": "schema", "value": "1"}])
         db.execute(BEDS.insert().values(bed="bed-1", admitted=admitted.timestamp(), discharged=None))
-        db.execute(first.tables["readings"].insert().values(bed="bed-1", variable="HR", time=1.0, value=90.0,
-                                                            received=0.0, scored=True))  # fmt: skip
+        db.execute(
+            first.tables["readings"]
+            .insert()
+            .values(bed="bed-1", variable="HR", time=1.0, value=90.0, received=0.0, scored=True)
+        )
         db.execute(SCORES.insert().values(bed="bed-1", time=1.0, risk=0.2, alert=False, drivers="[]", scored_at=0.0))
     engine.dispose()
     store = LiveStore(url, "run")
@@ -483,25 +559,55 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(run, trained, tmp_path)
             "malformed": (b'{"resourceType": "Observation", ', TOKEN, 400, "not JSON"),
             "nested past the parser's depth": (b"[" * 100_000 + b"]" * 100_000, TOKEN, 400, "nests deeper"),
             "nested past the FHIR models' depth": (json.dumps(nested(good, 400)).encode(), TOKEN, 400, "nests deeper"),
-            "a number of 5,000 digits": (json.dumps(good).replace("90.0", "9" * 5000).encode(), TOKEN, 400,
-                                         "not JSON"),
+            "a number of 5,000 digits": (json.dumps(good).replace("90.0", "9" * 5000).encode(), TOKEN, 400, "not JSON"),
             "oversized": (b" " * (2 << 20), TOKEN, 413, "bytes"),
             "unknown code": (json.dumps(unknown).encode(), TOKEN, 422, "0000-0 is not an input of this model"),
-            "a thousand unknown codes": (json.dumps({**good, "code": {"coding": [{"system": "http://loinc.org", "code":
-                f"0000-{n}"} for n in range(1000)]}}).encode(), TOKEN, 422, "0000-2 (and 997 more codings) is not"),
-            "not FHIR": (json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(), TOKEN, 422,
-                         "valueQuantity"),
-            "in another unit": (json.dumps({**good, "valueQuantity": {"value": 1.5, "unit": "beats/s"}}).encode(),
-                                TOKEN, 422, "'beats/s' is not a unit this service reads for HR (it reads HR in /min"),
-            "wrong bed": (json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(), TOKEN, 404,
-                          "bed-2 is not admitted"),
-            "a bundle with one bad entry": (json.dumps({"resourceType": "Bundle", "type": "batch", "entry": [
-                {"resource": later}, {"resource": unknown}]}).encode(), TOKEN, 422, "entry[1]"),
-            "dated years ahead": (json.dumps(observation(codes, "bed-1", "HR", start.replace(
-                year=9999), 90.0)).encode(), TOKEN, 422, "minutes after the service's clock; at most 5 minutes"),
+            "a thousand unknown codes": (
+                json.dumps(
+                    {
+                        **good,
+                        "code": {"coding": [{"system": "http://loinc.org", "code": f"0000-{n}"} for n in range(1000)]},
+                    }
+                ).encode(),
+                TOKEN,
+                422,
+                "0000-2 (and 997 more codings) is not",
+            ),
+            "not FHIR": (
+                json.dumps({**good, "valueQuantity": {"value": "high"}}).encode(),
+                TOKEN,
+                422,
+                "valueQuantity",
+            ),
+            "in another unit": (
+                json.dumps({**good, "valueQuantity": {"value": 1.5, "unit": "beats/s"}}).encode(),
+                TOKEN,
+                422,
+                "'beats/s' is not a unit this service reads for HR (it reads HR in /min",
+            ),
+            "wrong bed": (
+                json.dumps(observation(codes, "bed-2", "HR", start, 90.0)).encode(),
+                TOKEN,
+                404,
+                "bed-2 is not admitted",
+            ),
+            "a bundle with one bad entry": (
+                json.dumps(
+                    {"resourceType": "Bundle", "type": "batch", "entry": [{"resource": later}, {"resource": unknown}]}
+                ).encode(),
+                TOKEN,
+                422,
+                "entry[1]",
+            ),
+            "dated years ahead": (
+                json.dumps(observation(codes, "bed-1", "HR", start.replace(year=9999), 90.0)).encode(),
+                TOKEN,
+                422,
+                "minutes after the service's clock; at most 5 minutes",
+            ),
             "unauthenticated": (json.dumps(later).encode(), None, 401, "token"),
             "a wrong token": (json.dumps(later).encode(), TOKEN[::-1], 401, "token"),
-        }  # fmt: skip
+        }
         for name, (body, token, status, says) in bad.items():
             answer = request("POST", f"{base}/fhir", body, token)
             assert (name, answer[0]) == (name, status)
@@ -526,9 +632,15 @@ def test_a_unit_ucum_converts_is_converted_another_spelling_taken_and_any_other_
         return observations_in(reading, codes).all()[0].value
 
     ucum, local = "http://unitsofmeasure.org", "http://hospital.example/units"
-    taken = [sent("Temp", 37.2, unit="°C", system=ucum, code="Cel"), sent("Temp", 37.2, unit="°C"),
-             sent("SysABP", 120, unit="mmHg"), sent("SysABP", 120, system=ucum, code="mm[Hg]"),
-             sent("Platelets", 210, unit="10^9/L"), sent("GCS", 14), observation(codes, "bed-1", "SysABP", at, 120)]
+    taken = [
+        sent("Temp", 37.2, unit="°C", system=ucum, code="Cel"),
+        sent("Temp", 37.2, unit="°C"),
+        sent("SysABP", 120, unit="mmHg"),
+        sent("SysABP", 120, system=ucum, code="mm[Hg]"),
+        sent("Platelets", 210, unit="10^9/L"),
+        sent("GCS", 14),
+        observation(codes, "bed-1", "SysABP", at, 120),
+    ]
     assert [read(reading) for reading in taken] == [37.2, 37.2, 120, 120, 210, 14, 120]
     converted = {  # as UCUM relates the units, whatever system (or none) the unit comes under
         "[degF] under UCUM": (sent("Temp", 98.6, system=ucum, code="[degF]", unit="°F"), 37.0),
@@ -542,14 +654,21 @@ def test_a_unit_ucum_converts_is_converted_another_spelling_taken_and_any_other_
     for name, (reading, value) in converted.items():
         assert (name, read(reading)) == (name, pytest.approx(value, abs=0.01))
     refused = {
-        "mmol/L": (sent("Platelets", 210, unit="mmol/L"), "'mmol/L' is not the unit of Platelets, which this model "
-                                                          "reads in 10*3/uL (accepted as '10*3/uL', '10^3/uL', "
-                                                          "'10*9/L', '10^9/L', 'K/uL'); UCUM gives no fixed "
-                                                          "conversion from mmol/L to it"),
-        "the code and the label disagree": (sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),
-                                            "code '[degF]' and unit '°C' name different units"),
-        "a local unit": (sent("Temp", 37.0, system=local, code="C-body"), "'C-body' is not a unit this service "
-                                                                           "reads for Temp"),
+        "mmol/L": (
+            sent("Platelets", 210, unit="mmol/L"),
+            "'mmol/L' is not the unit of Platelets, which this model "
+            "reads in 10*3/uL (accepted as '10*3/uL', '10^3/uL', "
+            "'10*9/L', '10^9/L', 'K/uL'); UCUM gives no fixed "
+            "conversion from mmol/L to it",
+        ),
+        "the code and the label disagree": (
+            sent("Temp", 99.0, unit="°C", system=ucum, code="[degF]"),
+            "code '[degF]' and unit '°C' name different units",
+        ),
+        "a local unit": (
+            sent("Temp", 37.0, system=local, code="C-body"),
+            "'C-body' is not a unit this service reads for Temp",
+        ),
     }
     for name, (reading, says) in refused.items():
         with pytest.raises(FhirError, match=re.escape(says)) as refusal:
@@ -576,8 +695,20 @@ def test_a_restart_in_the_middle_of_a_feed_loses_nothing(run, trained, tmp_path)
     port = free_port()
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)
-    command = [sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "monitor", "--run", run.run_id,
-               "--store", url, "--port", str(port)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "garlic.cli",
+        "--mlruns",
+        str(run.store),
+        "monitor",
+        "--run",
+        run.run_id,
+        "--store",
+        url,
+        "--port",
+        str(port),
+    ]
     first = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
     fed, failed = [], []
 
@@ -625,8 +756,10 @@ class NewestValue:
         pass  # it keeps nothing between rounds
 
     def score(self, readings, asked, partial):
-        risks = [readings[(readings["bed"] == bed) & (readings["time"] <= time)]["value"].iloc[-1]
-                 for bed, time in zip(asked["bed"], asked["time"])]  # fmt: skip
+        risks = [
+            readings[(readings["bed"] == bed) & (readings["time"] <= time)]["value"].iloc[-1]
+            for bed, time in zip(asked["bed"], asked["time"])
+        ]
         return np.array(risks), [[] for _ in risks]
 
 
@@ -650,8 +783,13 @@ def test_each_alert_follows_from_the_alert_before_its_time_after_a_same_time_rea
     # off (from hour 2's first "on" it would have stayed on); a late one at 1.5 turns it on before hour 2; after a
     # restart, hour 3's 0.3 keeps it on.
     steps = [(1.0, 0.1), (2.0, 0.9), (2.0, 0.4), (1.5, 0.95), "restart", (3.0, 0.3)]
-    expected = [{1.0: False}, {1.0: False, 2.0: True}, {1.0: False, 2.0: False}, {1.0: False, 1.5: True, 2.0: True},
-                {1.0: False, 1.5: True, 2.0: True, 3.0: True}]  # fmt: skip
+    expected = [
+        {1.0: False},
+        {1.0: False, 2.0: True},
+        {1.0: False, 2.0: False},
+        {1.0: False, 1.5: True, 2.0: True},
+        {1.0: False, 1.5: True, 2.0: True, 3.0: True},
+    ]
     seen = []
     for step in steps:
         if step == "restart":
@@ -716,8 +854,7 @@ class Recorded(NewestValue):
                 self.busy -= beds
 
 
-def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_order_by_one_at_a_time(postgresql,
-                                                                                                    run):
+def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_order_by_one_at_a_time(postgresql, run):
     """Three scorers (own connections, as three processes have) over one PostgreSQL store while readings arrive:
     beds move between them (any scorer takes any bed at once), yet each bed's readings are scored in time order,
     each once, by one scorer at a time, and each alert follows from the bed's alert before it, whoever scored that."""
@@ -728,8 +865,12 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
     url, start = postgresql(), datetime(2026, 1, 1, 8, tzinfo=timezone.utc)
     policy = AlertPolicy(0.5, band=0.5, quiet_hours=2, margin=0.3)
     asked, busy, lock = [], set(), threading.Lock()
-    scorers = [Monitor(LiveStore(url, run.run_id), Recorded(f"scorer {k}", asked, busy, lock), policy, shard=(0, 1),
-                       takeover=0.0) for k in range(3)]  # fmt: skip  (one share: each takes any bed)
+    scorers = [
+        Monitor(
+            LiveStore(url, run.run_id), Recorded(f"scorer {k}", asked, busy, lock), policy, shard=(0, 1), takeover=0.0
+        )
+        for k in range(3)
+    ]  # one share: each takes any bed
     feeder = Monitor(LiveStore(url, run.run_id), NewestValue(), policy)  # stores only: it wakes no scorer
     beds, readings = [f"bed-{number}" for number in range(24)], 15
     for bed in beds:
@@ -740,8 +881,12 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
     try:
         for hour in range(readings):  # each bed's readings in time order, a few beds to a request, as feeds send
             for part in range(0, len(beds), 5):
-                feeder.take([Observed(bed, "HR", start + timedelta(hours=hour), float(risks[bed][hour]))
-                             for bed in beds[part:part + 5]])  # fmt: skip
+                feeder.take(
+                    [
+                        Observed(bed, "HR", start + timedelta(hours=hour), float(risks[bed][hour]))
+                        for bed in beds[part : part + 5]
+                    ]
+                )
                 time.sleep(0.03)  # readings keep arriving across many polls of the scorers
         deadline = time.monotonic() + 60
         while feeder.store.counts()["pending"] and time.monotonic() < deadline:
@@ -760,15 +905,18 @@ def test_scorers_sharing_a_postgresql_store_score_each_beds_readings_once_in_ord
         moved += len({name for name, of, _ in asked if of == bed}) > 1
         history = feeder.store.history(bed)
         assert len(history) == readings and history["risk"].tolist() == risks[bed].tolist()
-        assert history["alert"].astype(bool).tolist() == policy.alarms(history["risk"], history["time"],
-                                                                       [readings]).tolist()  # fmt: skip
+        assert (
+            history["alert"].astype(bool).tolist()
+            == policy.alarms(history["risk"], history["time"], [readings]).tolist()
+        )
     assert moved >= len(beds) // 2  # beds did move between scorers
     for scorer in [*scorers, feeder]:
         scorer.store.close()
 
 
-def test_garlic_monitor_with_two_scorer_processes_on_postgresql_gives_the_offline_risks_and_alerts(postgresql, run,
-                                                                                                    trained):
+def test_garlic_monitor_with_two_scorer_processes_on_postgresql_gives_the_offline_risks_and_alerts(
+    postgresql, run, trained
+):
     """``garlic monitor --scorers 2`` as run: the service and a second scoring process over one PostgreSQL store,
     each with its step states; every reading is scored, each risk the offline one, each alert the policy's."""
     url = postgresql()
@@ -777,9 +925,27 @@ def test_garlic_monitor_with_two_scorer_processes_on_postgresql_gives_the_offlin
     port = free_port()
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)
-    monitor = subprocess.Popen([sys.executable, "-m", "garlic.cli", "--mlruns", str(run.store), "monitor", "--run",
-                                run.run_id, "--store", url, "--port", str(port), "--scorers", "2"],
-                               env=environment, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    monitor = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "garlic.cli",
+            "--mlruns",
+            str(run.store),
+            "monitor",
+            "--run",
+            run.run_id,
+            "--store",
+            url,
+            "--port",
+            str(port),
+            "--scorers",
+            "2",
+        ],
+        env=environment,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -812,9 +978,14 @@ def test_garlic_monitor_with_two_scorer_processes_on_postgresql_gives_the_offlin
 
 def test_more_than_one_scorer_on_a_sqlite_store_is_refused_in_one_line(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "garlic.cli", "--mlruns", str(tmp_path), "monitor", "--run",
-                             "0" * 32, "--scorers", "2"],
-                            env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "garlic.cli", "--mlruns", str(tmp_path), "monitor", "--run", "0" * 32, "--scorers", "2"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "garlic: error: --scorers 2 needs a PostgreSQL store (--store postgresql+psycopg://...): SQLite has one "
@@ -825,8 +996,14 @@ def test_more_than_one_scorer_on_a_sqlite_store_is_refused_in_one_line(tmp_path)
 def test_monitor_off_loopback_without_a_token_is_refused_in_one_line(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     environment.pop("GARLIC_MONITOR_TOKEN", None)
-    result = subprocess.run([sys.executable, "-m", "garlic.cli", "monitor", "--run", "0" * 32, "--host", "0.0.0.0"],
-                            env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "garlic.cli", "monitor", "--run", "0" * 32, "--host", "0.0.0.0"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "garlic: error: listening on 0.0.0.0 needs a login: set GARLIC_MONITOR_TOKEN to a secret of at least 16 "
@@ -845,10 +1022,12 @@ def test_a_pipe_or_a_device_in_the_watched_folder_is_left_out_and_the_watcher_go
     folder.mkdir()
     os.mkfifo(folder / "1.txt")  # opened for reading, a pipe waits for a writer that never comes
     (folder / "2.txt").symlink_to("/dev/zero")  # read to its end, a device never ends
-    (folder / f"{stay}.txt").write_text(format_record(stay, observations, static.drop(columns="stay_id").iloc[0]
-                                                      .to_dict()))  # fmt: skip
-    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
-                      AlertPolicy(0.5))  # fmt: skip
+    (folder / f"{stay}.txt").write_text(
+        format_record(stay, observations, static.drop(columns="stay_id").iloc[0].to_dict())
+    )
+    monitor = Monitor(
+        LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained), AlertPolicy(0.5)
+    )
     watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
     scanned: list[int] = []
     scanning = threading.Thread(target=lambda: scanned.append(watcher.scan()), daemon=True)
@@ -859,7 +1038,8 @@ def test_a_pipe_or_a_device_in_the_watched_folder_is_left_out_and_the_watcher_go
 
 
 def test_past_its_file_cap_the_watcher_reads_the_most_recently_changed_files_and_says_how_many_it_leaves(
-        run, trained, tmp_path, monkeypatch, caplog):  # fmt: skip
+    run, trained, tmp_path, monkeypatch, caplog
+):
     import garlic.live.watch as watch
     from garlic.sources.physionet2012 import format_record
 
@@ -871,8 +1051,9 @@ def test_past_its_file_cap_the_watcher_reads_the_most_recently_changed_files_and
         (folder / f"{stay}.txt").write_text(format_record(int(stay), rows, record))
         os.utime(folder / f"{stay}.txt", ns=(age * 10**9, age * 10**9))
     monkeypatch.setattr(watch, "MAX_FILES", 2)
-    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
-                      AlertPolicy(0.5))  # fmt: skip
+    monitor = Monitor(
+        LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained), AlertPolicy(0.5)
+    )
     watcher = watch.FolderWatcher(folder, monitor, trained.variables + trained.static_features)
     with caplog.at_level("WARNING", logger="garlic.live"):
         watcher.scan()
@@ -894,8 +1075,9 @@ def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, t
     folder.mkdir()
     half = header + len(observations) // 2
     (folder / f"{stay}.txt").write_text("".join(lines[:half]) + lines[half][:4])  # its last line half written
-    monitor = Monitor(LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained),
-                      AlertPolicy(0.5))  # fmt: skip
+    monitor = Monitor(
+        LiveStore(f"sqlite:///{tmp_path / 'ward.sqlite'}", run.run_id), BedScorer(trained), AlertPolicy(0.5)
+    )
     watcher = FolderWatcher(folder, monitor, trained.variables + trained.static_features)
     descriptors = len(trained.static_features)
     assert watcher.scan() == half - header + descriptors
@@ -904,14 +1086,18 @@ def test_a_watched_record_file_is_taken_line_by_line_as_it_grows(run, trained, t
     assert watcher.scan() == len(observations) - (half - header)
     while monitor.score_round():
         pass
-    assert monitor.store.counts() == {"beds": 1, "readings": len(observations) + descriptors, "withdrawn": 0,
-                                      "scored": len(observations) + descriptors, "pending": 0}  # fmt: skip
+    assert monitor.store.counts() == {
+        "beds": 1,
+        "readings": len(observations) + descriptors,
+        "withdrawn": 0,
+        "scored": len(observations) + descriptors,
+        "pending": 0,
+    }
     offline = predict_tables(trained, observations, static)["risk"].iloc[0]
     assert monitor.store.history(str(stay))["risk"].iloc[-1] == pytest.approx(float(offline), abs=1e-6)
 
 
-def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_and_bundle_kinds(run, trained,
-                                                                                               tmp_path):
+def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_and_bundle_kinds(run, trained, tmp_path):
     from datetime import datetime, timedelta, timezone
 
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
@@ -931,13 +1117,20 @@ def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_a
         assert request("PUT", f"{base}/fhir/Encounter/bed-2", json.dumps(encounter("bed-2", start)).encode())[0] == 200
         fahrenheit = quantity(reading("Temp", 98.6), code="[degF]")  # no system: still Fahrenheit
         assert request("POST", f"{base}/fhir/Observation", json.dumps(fahrenheit).encode())[0] == 201
-        assert request("POST", f"{base}/fhir/Observation", json.dumps(reading("HR", 90.0, id="obs-1", **patient))
-                       .encode())[0] == 201  # fmt: skip
+        assert (
+            request(
+                "POST", f"{base}/fhir/Observation", json.dumps(reading("HR", 90.0, id="obs-1", **patient)).encode()
+            )[0]
+            == 201
+        )
         scored(base)
         before = monitor.store.counts()
         bp = {"resourceType": "Bundle", "type": "searchset", "entry": [{"resource": reading("HR", 91.0)}]}
-        get_entry = {"resourceType": "Bundle", "type": "batch", "entry": [
-            {"resource": reading("HR", 92.0), "request": {"method": "GET", "url": "Observation"}}]}
+        get_entry = {
+            "resourceType": "Bundle",
+            "type": "batch",
+            "entry": [{"resource": reading("HR", 92.0), "request": {"method": "GET", "url": "Observation"}}],
+        }
         two = reading("HR", 93.0)
         two["code"]["coding"].append({"system": "urn:garlic-icu:variable", "code": "RespRate"})
         bad = {
@@ -954,15 +1147,23 @@ def test_values_are_checked_before_they_are_stored_units_ranges_times_identity_a
             "two variables": (two, "is coded as 2 different inputs of this model (HR, RespRate)"),
             "a searchset": (bp, "Bundle.type searchset is not taken here"),
             "a GET entry": (get_entry, "Bundle.entry[0].request.method GET is not taken here"),
-            "another subject": (reading("HR", 94.0, subject={"reference": "Patient/p-2"}),
-                                "Observation.subject is not the patient of bed bed-1"),
-            "the same id, another subject": (reading("HR", 95.0, id="obs-1", subject={"reference": "Patient/p-2"}),
-                                             "Observation.subject is not the patient of bed bed-1"),
-            "the same id in another bed": (reading("HR", 96.0, bed="bed-2", id="obs-1"),
-                                           "an Observation id sent for bed bed-2 is held by bed bed-1"),
-            "a local unit": (quantity(reading("Temp", 37.0), system="http://hospital.example/u", code="dC"),
-                             "'dC' is not a unit this service reads for Temp"),
-        }  # fmt: skip
+            "another subject": (
+                reading("HR", 94.0, subject={"reference": "Patient/p-2"}),
+                "Observation.subject is not the patient of bed bed-1",
+            ),
+            "the same id, another subject": (
+                reading("HR", 95.0, id="obs-1", subject={"reference": "Patient/p-2"}),
+                "Observation.subject is not the patient of bed bed-1",
+            ),
+            "the same id in another bed": (
+                reading("HR", 96.0, bed="bed-2", id="obs-1"),
+                "an Observation id sent for bed bed-2 is held by bed bed-1",
+            ),
+            "a local unit": (
+                quantity(reading("Temp", 37.0), system="http://hospital.example/u", code="dC"),
+                "'dC' is not a unit this service reads for Temp",
+            ),
+        }
         for name, (resource, says) in bad.items():
             status, answer = request("POST", f"{base}/fhir", json.dumps(resource).encode())
             assert (name, status in (409, 422)) == (name, True)
@@ -986,19 +1187,30 @@ def test_a_blood_pressure_panel_gives_its_components_as_readings_and_a_correctio
     at = datetime(2026, 1, 1, 9, tzinfo=timezone.utc)
 
     def component(code: str, value: float) -> dict:
-        return {"code": {"coding": [{"system": "http://loinc.org", "code": code}]},
-                "valueQuantity": {"value": value, "unit": "mmHg", "system": "http://unitsofmeasure.org",
-                                  "code": "mm[Hg]"}}  # fmt: skip
+        return {
+            "code": {"coding": [{"system": "http://loinc.org", "code": code}]},
+            "valueQuantity": {"value": value, "unit": "mmHg", "system": "http://unitsofmeasure.org", "code": "mm[Hg]"},
+        }
 
-    panel = {"resourceType": "Observation", "id": "bp-1", "status": "final",
-             "code": {"coding": [{"system": "http://loinc.org", "code": "85354-9"}]},
-             "encounter": {"reference": "Encounter/bed-1"}, "effectiveDateTime": "2026-01-01T09:00:00Z",
-             "component": [component("8480-6", 120), component("8462-4", 80)]}  # fmt: skip
+    panel = {
+        "resourceType": "Observation",
+        "id": "bp-1",
+        "status": "final",
+        "code": {"coding": [{"system": "http://loinc.org", "code": "85354-9"}]},
+        "encounter": {"reference": "Encounter/bed-1"},
+        "effectiveDateTime": "2026-01-01T09:00:00Z",
+        "component": [component("8480-6", 120), component("8462-4", 80)],
+    }
     readings = observations_in(panel, codes).all()
-    assert [(r.variable, r.value, r.source, r.part) for r in readings] == [("SBP", 120, "bp-1", 0),
-                                                                         ("DBP", 80, "bp-1", 1)]  # fmt: skip
-    beside = {**panel, "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
-              "valueQuantity": {"value": 88, "unit": "/min"}}  # a value and components: all of them read
+    assert [(r.variable, r.value, r.source, r.part) for r in readings] == [
+        ("SBP", 120, "bp-1", 0),
+        ("DBP", 80, "bp-1", 1),
+    ]
+    beside = {
+        **panel,
+        "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+        "valueQuantity": {"value": 88, "unit": "/min"},
+    }  # a value and components: all of them read
     assert [r.variable for r in observations_in(beside, codes).all()] == ["HR", "SBP", "DBP"]
     unread = {**panel, "component": [component("8480-6", 120), component("2708-6", 97)]}
     with pytest.raises(FhirError, match=r"component\[1\]\.code: http://loinc.org\|2708-6 is not an input"):
@@ -1032,8 +1244,10 @@ def test_fhirpy_and_fhirclient_create_read_and_search_observations_against_the_s
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, monitor):
-        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
-                       TOKEN)[0] == 200  # fmt: skip
+        assert (
+            request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(), TOKEN)[0]
+            == 200
+        )
         client = fhirpy.SyncFHIRClient(f"{base}/fhir", authorization=f"Bearer {TOKEN}")
         made = client.resource("Observation", **observation(codes, "bed-1", "HR", start + timedelta(hours=1), 88.0))
         made.save()
@@ -1067,43 +1281,52 @@ def raw(method: str, url: str, body: bytes = b"", headers: dict | None = None) -
 
 
 def test_the_service_answers_as_fhir_r4_clients_expect_created_locations_response_bundles_and_outcomes(
-        run, trained, tmp_path):  # fmt: skip
+    run, trained, tmp_path
+):
     from datetime import datetime, timedelta, timezone
 
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
     fhir_json = {"Content-Type": "application/fhir+json"}
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
-        assert raw("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
-                   fhir_json)[0] == 200  # fmt: skip
+        assert (
+            raw("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(), fhir_json)[0]
+            == 200
+        )
         reading = observation(codes, "bed-1", "HR", start + timedelta(hours=1), 88.0)
         status, headers, body = raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(), fhir_json)
         assert (status, headers["content-type"].split(";")[0]) == (201, "application/fhir+json")
         assert headers["location"] == f"{base}/fhir/Observation/{body['id']}/_history/{body['meta']['versionId']}"
         assert raw("GET", f"{base}/fhir/Observation/{body['id']}")[2]["valueQuantity"]["value"] == 88.0
         later = observation(codes, "bed-1", "HR", start + timedelta(hours=2), 90.0)
-        transaction = {"resourceType": "Bundle", "type": "transaction", "entry": [
-            {"resource": later, "request": {"method": "POST", "url": "Observation"}},
-            {"resource": reading, "request": {"method": "POST", "url": "Observation"}}]}
+        transaction = {
+            "resourceType": "Bundle",
+            "type": "transaction",
+            "entry": [
+                {"resource": later, "request": {"method": "POST", "url": "Observation"}},
+                {"resource": reading, "request": {"method": "POST", "url": "Observation"}},
+            ],
+        }
         status, _, body = raw("POST", f"{base}/fhir", json.dumps(transaction).encode(), fhir_json)
         assert (status, body["type"]) == (200, "transaction-response")
         assert [e["response"]["status"] for e in body["entry"]] == ["201 Created", "200 OK"]  # the second: held
         status, _, capability = raw("GET", f"{base}/fhir/metadata")
-        assert (status, capability["resourceType"], capability["fhirVersion"]) == (200, "CapabilityStatement",
-                                                                                   "4.0.1")  # fmt: skip
+        assert (status, capability["resourceType"], capability["fhirVersion"]) == (200, "CapabilityStatement", "4.0.1")
         observation_rest = capability["rest"][0]["resource"][0]
         assert [i["code"] for i in observation_rest["interaction"]] == ["create", "read", "search-type"]
         since = (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat().replace("+00:00", "Z")
         assert raw("GET", f"{base}/fhir/Observation?encounter=Encounter/bed-1&_since={since}")[2]["total"] == 0
         assert raw("GET", f"{base}/fhir/Observation?encounter=Encounter/bed-1")[2]["total"] == 2
         refusals = {
-            "text/plain": (raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(),
-                               {"Content-Type": "text/plain"}), 415),
+            "text/plain": (
+                raw("POST", f"{base}/fhir/Observation", json.dumps(reading).encode(), {"Content-Type": "text/plain"}),
+                415,
+            ),
             "no such path": (raw("GET", f"{base}/fhir/Patient/1"), 404),
             "no such Observation": (raw("GET", f"{base}/fhir/Observation/nothing-here"), 404),
             "a DELETE": (raw("DELETE", f"{base}/fhir/Observation"), 405),
             "an unknown search parameter": (raw("GET", f"{base}/fhir/Observation?code=8867-4"), 400),
-        }  # fmt: skip
+        }
         assert refusals["a DELETE"][0][1]["allow"] == "GET, POST"
         for name, ((status, headers, body), expected) in refusals.items():
             assert (name, status, body["resourceType"]) == (name, expected, "OperationOutcome")
@@ -1118,8 +1341,10 @@ def test_wrong_tokens_throttle_their_own_address_only_and_a_probe_without_a_toke
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}", token=TOKEN) as (base, _):
         for _ in range(10):  # a start-up probe polling /health before it has the token: no guess
             assert request("GET", f"{base}/health", b"")[0] == 401
-        assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(),
-                       TOKEN)[0] == 200  # fmt: skip
+        assert (
+            request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode(), TOKEN)[0]
+            == 200
+        )
         statuses = []
         for minute in range(30):  # a guesser on the same address, between the feed's readings
             statuses.append(request("GET", f"{base}/ward", b"", f"guess-{minute:012d}")[0])
@@ -1128,17 +1353,23 @@ def test_wrong_tokens_throttle_their_own_address_only_and_a_probe_without_a_toke
         assert statuses == [401] * 5 + [429] * 25
 
 
-def test_a_refused_request_is_logged_in_one_line_without_its_values_and_its_echo_is_bounded(run, trained, tmp_path,
-                                                                                           caplog):
+def test_a_refused_request_is_logged_in_one_line_without_its_values_and_its_echo_is_bounded(
+    run, trained, tmp_path, caplog
+):
     import logging
     from datetime import datetime, timedelta, timezone
 
     codes = Codes(trained.config.dataset, trained.variables + trained.static_features)
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
-    huge = {**observation(codes, "bed-1", "HR", start + timedelta(hours=1), 90.0),
-            "code": {"coding": [{"system": "http://loinc.org", "code": "7" * 600_000}]}}  # fmt: skip
-    tiny_entries = {"resourceType": "Bundle", "type": "batch", "entry": [{"resource": {"resourceType": "Observation"}}
-                                                                        for _ in range(10_000)]}  # fmt: skip
+    huge = {
+        **observation(codes, "bed-1", "HR", start + timedelta(hours=1), 90.0),
+        "code": {"coding": [{"system": "http://loinc.org", "code": "7" * 600_000}]},
+    }
+    tiny_entries = {
+        "resourceType": "Bundle",
+        "type": "batch",
+        "entry": [{"resource": {"resourceType": "Observation"}} for _ in range(10_000)],
+    }
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
         assert request("PUT", f"{base}/fhir/Encounter/bed-1", json.dumps(encounter("bed-1", start)).encode())[0] == 200
         caplog.clear()
@@ -1148,23 +1379,30 @@ def test_a_refused_request_is_logged_in_one_line_without_its_values_and_its_echo
             high = observation(codes, "bed-1", "HR", start + timedelta(hours=1), 4321.0)
             assert request("POST", f"{base}/fhir/Observation", json.dumps(high).encode())[0] == 422
             status, answer = request("POST", f"{base}/fhir", json.dumps(tiny_entries).encode())  # size first
-            assert (status, answer["issue"][0]["diagnostics"]) == (413, "the Bundle holds 10000 entries; at most "
-                                                                        "5000 are taken at once")  # fmt: skip
+            assert (status, answer["issue"][0]["diagnostics"]) == (
+                413,
+                "the Bundle holds 10000 entries; at most 5000 are taken at once",
+            )
             for bed in ("..", "...", "bed-1\n"):
                 bad = observation(codes, bed, "HR", start + timedelta(hours=1), 90.0)
                 assert request("POST", f"{base}/fhir/Observation", json.dumps(bad).encode())[0] == 422, bed
             assert request("PUT", f"{base}/fhir/Encounter/...", json.dumps(encounter("...", start)).encode())[0] == 422
-            assert request("PUT", f"{base}/fhir/Encounter/bed-2%0A", json.dumps(encounter("bed-2\n", start))
-                           .encode())[0] == 422  # fmt: skip
+            assert (
+                request("PUT", f"{base}/fhir/Encounter/bed-2%0A", json.dumps(encounter("bed-2\n", start)).encode())[0]
+                == 422
+            )
         lines = [record.getMessage() for record in caplog.records if record.name == "garlic.live"]
-    assert lines[:3] == ["refused POST /fhir/Observation: 422 code (bed bed-1)",
-                         "refused POST /fhir/Observation: 422 range (bed bed-1)",
-                         "refused POST /fhir: 413 too many entries"]  # fmt: skip
+    assert lines[:3] == [
+        "refused POST /fhir/Observation: 422 code (bed bed-1)",
+        "refused POST /fhir/Observation: 422 range (bed bed-1)",
+        "refused POST /fhir: 413 too many entries",
+    ]
     assert len(lines) == 8 and not any("4321" in line or "7777" in line for line in lines)
 
 
 def test_a_slow_body_is_refused_after_its_time_and_a_client_that_hangs_up_leaves_one_line_no_traceback(
-        run, trained, tmp_path, monkeypatch, caplog):  # fmt: skip
+    run, trained, tmp_path, monkeypatch, caplog
+):
     import logging
 
     import garlic.live.service as live_service
@@ -1172,8 +1410,10 @@ def test_a_slow_body_is_refused_after_its_time_and_a_client_that_hangs_up_leaves
     monkeypatch.setattr(live_service, "BODY_SECONDS", 1.0)
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
         port = int(base.rsplit(":", 1)[1])
-        head = (b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
-                b"Content-Length: 1000\r\n\r\n{\"resourceType\": ")  # fmt: skip
+        head = (
+            b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"resourceType": '
+        )
         with caplog.at_level(logging.INFO):
             began = time.monotonic()
             with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
@@ -1200,8 +1440,12 @@ def test_the_ward_shows_each_bed_at_its_newest_time_not_after_the_clock(run, tra
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, monitor):
         monitor.store.admit(Stay("bed-1", True, start, None))
         # As a store filled before future times were refused holds it: straight into the store
-        monitor.take([Observed("bed-1", "HR", start + timedelta(hours=1), 90.0),
-                      Observed("bed-1", "HR", start + timedelta(days=30), 150.0)])  # fmt: skip
+        monitor.take(
+            [
+                Observed("bed-1", "HR", start + timedelta(hours=1), 90.0),
+                Observed("bed-1", "HR", start + timedelta(days=30), 150.0),
+            ]
+        )
         scored(base)
         assert [(bed["bed"], bed["time"]) for bed in get(f"{base}/ward")] == [("bed-1", 1.0)]
 
@@ -1220,8 +1464,9 @@ def test_a_sites_range_table_replaces_the_rows_of_its_variables_and_a_bad_one_is
         Ranges(site)
 
 
-def test_past_its_requests_in_flight_the_service_answers_503_as_an_operation_outcome(run, trained, tmp_path,
-                                                                                     monkeypatch):
+def test_past_its_requests_in_flight_the_service_answers_503_as_an_operation_outcome(
+    run, trained, tmp_path, monkeypatch
+):
     import garlic.live.service as live_service
 
     monkeypatch.setattr(live_service, "MAX_IN_FLIGHT", 1)
@@ -1229,12 +1474,17 @@ def test_past_its_requests_in_flight_the_service_answers_503_as_an_operation_out
     with service(run, trained, f"sqlite:///{tmp_path / 'ward.sqlite'}") as (base, _):
         port = int(base.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
-            slow.sendall(b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
-                         b"Content-Length: 100\r\n\r\n{")  # held in flight until its body times out
+            slow.sendall(
+                b"POST /fhir/Observation HTTP/1.1\r\nHost: x\r\nContent-Type: application/fhir+json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )  # held in flight until its body times out
             time.sleep(0.5)
             status, headers, body = raw("GET", f"{base}/health")
-            assert (status, body["resourceType"], headers["content-type"]) == (503, "OperationOutcome",
-                                                                               "application/fhir+json")  # fmt: skip
+            assert (status, body["resourceType"], headers["content-type"]) == (
+                503,
+                "OperationOutcome",
+                "application/fhir+json",
+            )
             assert slow.recv(65536).startswith(b"HTTP/1.1 408")
         assert raw("GET", f"{base}/health")[0] == 200
 
@@ -1243,11 +1493,15 @@ def test_an_absolute_reference_names_the_same_bed_and_patient_and_a_subject_by_i
     from garlic.live.fhir import FhirError, observations_in
 
     codes = Codes("synthetic", ["HR"])
-    sent = {"resourceType": "Observation", "status": "final",
-            "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
-            "encounter": {"reference": "https://ehr.example/fhir/Encounter/bed-1"},
-            "subject": {"reference": "https://ehr.example/fhir/Patient/p-9"},
-            "effectiveDateTime": "2026-01-01T09:00:00Z", "valueQuantity": {"value": 80}}  # fmt: skip
+    sent = {
+        "resourceType": "Observation",
+        "status": "final",
+        "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+        "encounter": {"reference": "https://ehr.example/fhir/Encounter/bed-1"},
+        "subject": {"reference": "https://ehr.example/fhir/Patient/p-9"},
+        "effectiveDateTime": "2026-01-01T09:00:00Z",
+        "valueQuantity": {"value": 80},
+    }
     (reading,) = observations_in(sent, codes).all()
     assert (reading.bed, reading.subject) == ("bed-1", "p-9")
     assert observations_in({**sent, "subject": {"identifier": {"value": "123"}}}, codes).all()[0].subject is None

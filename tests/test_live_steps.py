@@ -1,5 +1,6 @@
 """Step states (``garlic.models.steps``, ``garlic.live.steps``): a stay's risk and drivers after each new step equal
 the one pass over the stay cut there."""
+
 from __future__ import annotations
 
 import re
@@ -19,12 +20,15 @@ from garlic.models.network_config import NetworkConfig
 from helpers import synthetic_root, tiny_run
 
 
-@pytest.mark.parametrize("settings", [{}, {"summary_branch": True, "hours_input": True},
-                                      {"use_gru": False, "use_decay": False, "window_size": 1}])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"summary_branch": True, "hours_input": True}, {"use_gru": False, "use_decay": False, "window_size": 1}],
+)
 def test_a_stay_taken_step_by_step_has_the_one_pass_risk_and_signal_importance(settings):
     torch.manual_seed(0)
-    config = NetworkConfig.from_run(Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4,
-                                                                               "window_size": 3, **settings}))
+    config = NetworkConfig.from_run(
+        Config.for_dataset("synthetic").override({"hidden_dim": 16, "feature_dim": 4, "window_size": 3, **settings})
+    )
     variables, stays, length = 6, 3, 9
     model = Garlic(variables, 2, config).eval()
     with torch.no_grad():  # away from the initial weights, where some terms vanish (the graph is I + 0.2)
@@ -38,8 +42,14 @@ def test_a_stay_taken_step_by_step_has_the_one_pass_risk_and_signal_importance(s
     state = steps.start(model, stays)
     for step in range(length):
         state = steps.advance(model, state, values[:, step], mask[:, step], times[:, step], explain=True)
-        cut = Batch(values[:, : step + 1], mask[:, : step + 1], times[:, : step + 1],
-                    torch.full((stays,), step + 1), static, torch.zeros(stays))  # fmt: skip
+        cut = Batch(
+            values[:, : step + 1],
+            mask[:, : step + 1],
+            times[:, : step + 1],
+            torch.full((stays,), step + 1),
+            static,
+            torch.zeros(stays),
+        )
         one_pass = explain(model, cut, [str(d) for d in range(variables)])
         assert torch.sigmoid(steps.logits(model, state, static)) == pytest.approx(one_pass.risk, abs=1e-5)
         assert steps.signal_importance(state).numpy() == pytest.approx(one_pass.signal.numpy(), abs=1e-5)
@@ -71,12 +81,17 @@ def test_the_ward_scored_reading_by_reading_keeps_the_one_pass_risks_and_drivers
     feed = []
     for stay in stays:
         rows = observations[observations["stay_id"] == stay].sort_values("time", kind="stable").head(40)
-        feed += [Observed(f"bed-{stay}", r.variable, start + timedelta(hours=float(r.time)), float(r.value))
-                 for r in rows.itertuples()]  # fmt: skip
+        feed += [
+            Observed(f"bed-{stay}", r.variable, start + timedelta(hours=float(r.time)), float(r.value))
+            for r in rows.itertuples()
+        ]
         descriptors = static[static["stay_id"] == stay].iloc[0]
         middle = start + timedelta(hours=float(rows["time"].iloc[len(rows) // 2]))
-        feed += [Observed(f"bed-{stay}", name, middle, float(descriptors[name]))
-                 for name in saved.static_features if pd.notna(descriptors[name])]  # fmt: skip
+        feed += [
+            Observed(f"bed-{stay}", name, middle, float(descriptors[name]))
+            for name in saved.static_features
+            if pd.notna(descriptors[name])
+        ]
     feed.sort(key=lambda reading: (reading.at, reading.bed))  # the beds interleaved, same-time readings one by one
     late = feed.pop(len(feed) // 3)
     feed.insert(2 * len(feed) // 3, late)  # arrives after later readings of its bed
@@ -156,8 +171,14 @@ def test_a_reading_before_the_last_step_rebuilds_the_bed_even_when_only_later_ti
     from garlic.live.scoring import BedScorer
 
     _, saved = trained
-    readings = pd.DataFrame({"bed": "bed-1", "variable": saved.variables[:3] * 2, "time": [1.0, 2.0, 3.0] * 2,
-                             "value": [80.0, 90.0, 100.0, 1.0, 2.0, 3.0]})
+    readings = pd.DataFrame(
+        {
+            "bed": "bed-1",
+            "variable": saved.variables[:3] * 2,
+            "time": [1.0, 2.0, 3.0] * 2,
+            "value": [80.0, 90.0, 100.0, 1.0, 2.0, 3.0],
+        }
+    )
     readings = readings.sort_values("time", kind="stable")  # in time order, as the store reads them
     late = pd.DataFrame({"bed": ["bed-1"], "variable": [saved.variables[3]], "time": [1.5], "value": [5.0]})
     stepwise, one_pass = BedScorer(saved), BedScorer(saved)
@@ -177,5 +198,11 @@ def test_the_step_benchmark_times_a_step_against_the_one_pass_and_checks_they_ag
     lines = capsys.readouterr().out.strip().splitlines()
     agreement = re.fullmatch(r"largest difference from the one pass: risk (\S+), signal importance (\S+)", lines[0])
     assert agreement and float(agreement[1]) < 1e-5 and float(agreement[2]) < 1e-5, lines[0]
-    assert len(lines) == 3 and all(re.fullmatch(r"\d+ steps over [\d.]+ h: step [\d.]+ ms, explained pass [\d.]+ ms, "
-                                                r"risk-only pass [\d.]+ ms", line) for line in lines[1:]), lines
+    assert len(lines) == 3 and all(
+        re.fullmatch(
+            r"\d+ steps over [\d.]+ h: step [\d.]+ ms, explained pass [\d.]+ ms, "
+            r"risk-only pass [\d.]+ ms",
+            line,
+        )
+        for line in lines[1:]
+    ), lines

@@ -16,6 +16,7 @@ registered later, is held to the contract of ``garlic.methods.contract`` with no
 On a small synthetic cohort, one epoch, the networks made small through the config and the methods' own settings
 where they have them. An entry whose optional extra is missing is skipped, naming it.
 """
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -37,9 +38,15 @@ SMALL = {"hidden_dim": 8, "feature_dim": 4, "dropout": 0.0, "max_epochs": 1, "ea
 
 
 def entries() -> list:
-    return [pytest.param(name, marks=pytest.mark.skipif(not spec.installed(), reason=f"needs the {spec.needs_package} "
-                                                        f"extra: bin/setup {spec.needs_package}"))
-            for name, spec in registry.METHODS.items()]  # fmt: skip
+    return [
+        pytest.param(
+            name,
+            marks=pytest.mark.skipif(
+                not spec.installed(), reason=f"needs the {spec.needs_package} extra: bin/setup {spec.needs_package}"
+            ),
+        )
+        for name, spec in registry.METHODS.items()
+    ]
 
 
 every_method = pytest.mark.parametrize("name", entries())
@@ -55,8 +62,9 @@ def context(name: str, cohort) -> registry.MethodContext:
     """The unit's context: the small config, the method's own settings where it has those of ``SMALL``, and a label
     table with every column an entry reads (a score that carries the label, as SAPS-I and SOFA do)."""
     spec = registry.method(name)
-    config = Config.for_dataset("synthetic").override({key: value for key, value in SMALL.items()
-                                                       if key in registry.CONFIG_KEYS})  # fmt: skip
+    config = Config.for_dataset("synthetic").override(
+        {key: value for key, value in SMALL.items() if key in registry.CONFIG_KEYS}
+    )
     tensors = cohort.tensors
     labels = pd.DataFrame({"stay_id": tensors.stay_ids, "label": tensors.labels})
     noise = np.random.default_rng(0).normal(0, 3, len(labels))
@@ -74,8 +82,10 @@ def parts(name: str, cohort) -> dict:
         return cohort.parts
     tensors = cohort.tensors
     scored = replace(tensors, task=replace(tensors.prediction_times(), score=learned))
-    return {part: IrregularDataset(scored.subset(cohort.split.positions(tensors, part)), cohort.split.normalisation)
-            for part in ("train", "validation", "test")}  # fmt: skip
+    return {
+        part: IrregularDataset(scored.subset(cohort.split.positions(tensors, part)), cohort.split.normalisation)
+        for part in ("train", "validation", "test")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +139,15 @@ def test_a_method_read_back_from_its_folder_gives_the_same_risks(name, cohort, f
     if not can_be_saved(method):
         pytest.skip(f"{name} has no save_fitted and restore_fitted (contract.can_be_saved)")
     unit, tensors = context(name, cohort), cohort.tensors
-    saved = SavedMethod(name, method, unit.config, list(tensors.variables), list(tensors.static_features),
-                        cohort.split.normalisation, unit.settings)  # fmt: skip
+    saved = SavedMethod(
+        name,
+        method,
+        unit.config,
+        list(tensors.variables),
+        list(tensors.static_features),
+        cohort.split.normalisation,
+        unit.settings,
+    )
     loaded = load_method(save_method(tmp_path / "model", saved))
     assert type(loaded.method) is type(method) and loaded.name == name and loaded.explains == explains(method)
     test = loaded.dataset(tensors.subset(cohort.split.positions(tensors, "test")))
@@ -145,8 +162,9 @@ def test_predict_proba_before_fit_says_it_is_not_fitted(name, cohort):
 
 
 @every_method
-def test_a_method_that_explains_by_variable_gives_each_risk_a_contribution_of_every_variable(name, cohort, fitted,
-                                                                                               tmp_path):  # fmt: skip
+def test_a_method_that_explains_by_variable_gives_each_risk_a_contribution_of_every_variable(
+    name, cohort, fitted, tmp_path
+):
     method, _, _ = fitted(name)
     reason = unexplained_reason(method)
     assert reason is None or (reason and "\n" not in reason)
@@ -158,7 +176,14 @@ def test_a_method_that_explains_by_variable_gives_each_risk_a_contribution_of_ev
     assert np.isfinite(contributions).all() and (contributions != 0).any()
     if can_be_saved(method):
         unit, tensors = context(name, cohort), cohort.tensors
-        saved = SavedMethod(name, method, unit.config, list(tensors.variables), list(tensors.static_features),
-                            cohort.split.normalisation, unit.settings)  # fmt: skip
+        saved = SavedMethod(
+            name,
+            method,
+            unit.config,
+            list(tensors.variables),
+            list(tensors.static_features),
+            cohort.split.normalisation,
+            unit.settings,
+        )
         loaded = load_method(save_method(tmp_path / "model", saved))
         np.testing.assert_allclose(loaded.method.contributions(test), contributions)

@@ -2,6 +2,7 @@
 tabulated and compared by the studies, with no other file touched. ``docs/adding-a-model.md`` is walked here as
 written: the template copied under a new name, registered by the guide's line, trained and compared by its
 commands."""
+
 import json
 import re
 import shlex
@@ -55,8 +56,9 @@ def guides_model(tmp_path, monkeypatch):
     sys.modules.pop(f"garlic.methods.{Path(destination).stem}")
 
 
-def test_the_guides_copy_of_the_template_is_trained_saved_and_compared_by_its_commands(guides_model, root, tmp_path,
-                                                                                      capsys):  # fmt: skip
+def test_the_guides_copy_of_the_template_is_trained_saved_and_compared_by_its_commands(
+    guides_model, root, tmp_path, capsys
+):
     store = tmp_path / "mlruns"
     (commands,) = blocks("bash")[1:]
     for line in commands.strip().splitlines():
@@ -95,10 +97,11 @@ def test_a_method_setting_is_set_by_name_and_a_key_of_neither_it_nor_the_config_
     with pytest.raises(ConfigError, match=r"last_values's setting 'C' expects a number, got 'x'"):
         registry.method("last_values").parse_settings(["C=x"])
     with pytest.raises(SystemExit):
-        garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "grud", "--set",
-                     "C=1"])  # fmt: skip
-    assert ("unknown config key 'C', nor a setting of method grud (hidden_dim, dropout, lr, weight_decay, "
-            "batch_size); known config keys: alternating, architecture,") in capsys.readouterr().err
+        garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path), "train", "--method", "grud", "--set", "C=1"])
+    assert (
+        "unknown config key 'C', nor a setting of method grud (hidden_dim, dropout, lr, weight_decay, "
+        "batch_size); known config keys: alternating, architecture,"
+    ) in capsys.readouterr().err
 
 
 def test_the_baselines_command_lists_every_registered_method_with_its_description(capsys):
@@ -119,8 +122,9 @@ def test_an_entry_naming_an_argument_its_class_lacks_or_leaving_one_unset_is_ref
     from garlic.methods.recurrent import RecurrentModel
 
     with pytest.raises(ValueError, match="method grud2: RecurrentModel takes no argument patience"):
-        registry.MethodSpec("grud2", "", RecurrentModel, fixed={"name": "grud"},
-                            from_run={"patience": "early_stopping"})
+        registry.MethodSpec(
+            "grud2", "", RecurrentModel, fixed={"name": "grud"}, from_run={"patience": "early_stopping"}
+        )
     with pytest.raises(ValueError, match="method grud2: nothing gives name, which RecurrentModel takes without a "):
         registry.MethodSpec("grud2", "", RecurrentModel)
 
@@ -137,8 +141,21 @@ def test_a_method_run_saves_no_model_it_cannot_and_is_never_taken_for_a_garlic_u
     from garlic.io.tables import read_manifest
 
     store = tmp_path / "mlruns"
-    garlic_main(["--data-root", str(root), "--mlruns", str(store), "train", "--method", "input_hours", "--dataset",
-                 "synthetic", "--split", "0"])  # fmt: skip
+    garlic_main(
+        [
+            "--data-root",
+            str(root),
+            "--mlruns",
+            str(store),
+            "train",
+            "--method",
+            "input_hours",
+            "--dataset",
+            "synthetic",
+            "--split",
+            "0",
+        ]
+    )
     use_store(store)
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     with pytest.raises(SystemExit):  # input_hours writes nothing to a folder, so it saved no model: evaluate says so
@@ -165,16 +182,58 @@ PINNED = {
         "gbm": {"method": "gbm", "seed": 0},
         "gbm_static": {"method": "gbm_static", "seed": 0},
         "input_hours": {"method": "input_hours", "seed": 0},
-        "grud": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
-                 "max_epochs": 100, "early_stopping": 10, "seed": 0, "device": "auto"},
-        "decay_gru": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
-                      "max_epochs": 100, "early_stopping": 10, "seed": 0, "device": "auto"},
-        "pypots_raindrop": {"method": "pypots_raindrop", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
-                            "max_epochs": 100, "patience": 10, "seed": 0, "device": "auto"},
-        "pypots_seft": {"method": "pypots_seft", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
-                        "max_epochs": 100, "patience": 10, "seed": 0, "device": "auto"},
-        "pypots_brits": {"method": "pypots_brits", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
-                         "max_epochs": 100, "patience": 10, "seed": 0, "device": "auto"},
+        "grud": {
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "lr": 0.001,
+            "weight_decay": 0.0001,
+            "batch_size": 64,
+            "max_epochs": 100,
+            "early_stopping": 10,
+            "seed": 0,
+            "device": "auto",
+        },
+        "decay_gru": {
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "lr": 0.001,
+            "weight_decay": 0.0001,
+            "batch_size": 64,
+            "max_epochs": 100,
+            "early_stopping": 10,
+            "seed": 0,
+            "device": "auto",
+        },
+        "pypots_raindrop": {
+            "method": "pypots_raindrop",
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_epochs": 100,
+            "patience": 10,
+            "seed": 0,
+            "device": "auto",
+        },
+        "pypots_seft": {
+            "method": "pypots_seft",
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_epochs": 100,
+            "patience": 10,
+            "seed": 0,
+            "device": "auto",
+        },
+        "pypots_brits": {
+            "method": "pypots_brits",
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_epochs": 100,
+            "patience": 10,
+            "seed": 0,
+            "device": "auto",
+        },
     },
     "run settings changed": {
         "saps": {"method": "saps", "seed": 7},
@@ -184,18 +243,60 @@ PINNED = {
         "gbm": {"method": "gbm", "seed": 7},
         "gbm_static": {"method": "gbm_static", "seed": 7},
         "input_hours": {"method": "input_hours", "seed": 7},
-        "grud": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
-                 "max_epochs": 3, "early_stopping": 2, "seed": 7, "device": "cpu"},
-        "decay_gru": {"hidden_dim": 64, "dropout": 0.2, "lr": 0.001, "weight_decay": 0.0001, "batch_size": 64,
-                      "max_epochs": 3, "early_stopping": 2, "seed": 7, "device": "cpu"},
-        "pypots_raindrop": {"method": "pypots_raindrop", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
-                            "max_epochs": 3, "patience": 2, "seed": 7, "device": "cpu"},
-        "pypots_seft": {"method": "pypots_seft", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
-                        "max_epochs": 3, "patience": 2, "seed": 7, "device": "cpu"},
-        "pypots_brits": {"method": "pypots_brits", "hidden_dim": 64, "dropout": 0.2, "batch_size": 64,
-                         "max_epochs": 3, "patience": 2, "seed": 7, "device": "cpu"},
+        "grud": {
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "lr": 0.001,
+            "weight_decay": 0.0001,
+            "batch_size": 64,
+            "max_epochs": 3,
+            "early_stopping": 2,
+            "seed": 7,
+            "device": "cpu",
+        },
+        "decay_gru": {
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "lr": 0.001,
+            "weight_decay": 0.0001,
+            "batch_size": 64,
+            "max_epochs": 3,
+            "early_stopping": 2,
+            "seed": 7,
+            "device": "cpu",
+        },
+        "pypots_raindrop": {
+            "method": "pypots_raindrop",
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_epochs": 3,
+            "patience": 2,
+            "seed": 7,
+            "device": "cpu",
+        },
+        "pypots_seft": {
+            "method": "pypots_seft",
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_epochs": 3,
+            "patience": 2,
+            "seed": 7,
+            "device": "cpu",
+        },
+        "pypots_brits": {
+            "method": "pypots_brits",
+            "hidden_dim": 64,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_epochs": 3,
+            "patience": 2,
+            "seed": 7,
+            "device": "cpu",
+        },
     },
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("configured", list(PINNED))

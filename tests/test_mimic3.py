@@ -1,4 +1,5 @@
 """MIMIC-III: demo cohorts, the observation window, zeros, header case and compression, bad input, memory."""
+
 from __future__ import annotations
 
 import gzip
@@ -102,8 +103,9 @@ def test_no_event_outside_the_window(demo, cohort):
 @needs_demo
 def test_metavision_inputs_must_end_inside_the_window(demo):
     _, dataset = demo("garlic")
-    inputs = _demo_table("INPUTEVENTS_MV", ["icustay_id", "itemid", "starttime", "endtime", "amount",
-                                            "statusdescription"])  # fmt: skip
+    inputs = _demo_table(
+        "INPUTEVENTS_MV", ["icustay_id", "itemid", "starttime", "endtime", "amount", "statusdescription"]
+    )
     saline = inputs[(inputs["itemid"] == 225158) & (inputs["statusdescription"] != "Rewritten")]
     started = _in_window(saline, _stays_of(dataset), "starttime")
     ended = _in_window(started.drop(columns="intime"), _stays_of(dataset), "endtime")
@@ -142,30 +144,68 @@ def _at(hours: float) -> str:
 
 
 def _tiny_tables() -> dict[str, pd.DataFrame]:
-    stays = pd.DataFrame({
-        "ROW_ID": [1, 2], "SUBJECT_ID": [1, 2], "HADM_ID": [11, 12], "ICUSTAY_ID": [101, 102],
-        "FIRST_CAREUNIT": ["MICU", "MICU"], "LAST_CAREUNIT": ["MICU", "SICU"], "FIRST_WARDID": [1, 1],
-        "LAST_WARDID": [1, 2], "INTIME": [_at(0), _at(0)], "OUTTIME": [_at(72), _at(72)], "LOS": [3.0, 3.0],
-    })  # fmt: skip
-    admissions = pd.DataFrame({
-        "ROW_ID": [1, 2], "SUBJECT_ID": [1, 2], "HADM_ID": [11, 12], "ADMITTIME": [_at(-5), _at(-5)],
-        "DISCHTIME": [_at(100), _at(100)], "DEATHTIME": [_at(100), None],
-    })  # fmt: skip
-    patients = pd.DataFrame({"ROW_ID": [1, 2], "SUBJECT_ID": [1, 2], "GENDER": ["F", "M"],
-                             "DOB": ["2100-01-01 00:00:00"] * 2, "DOD": [None, None]})  # fmt: skip
+    stays = pd.DataFrame(
+        {
+            "ROW_ID": [1, 2],
+            "SUBJECT_ID": [1, 2],
+            "HADM_ID": [11, 12],
+            "ICUSTAY_ID": [101, 102],
+            "FIRST_CAREUNIT": ["MICU", "MICU"],
+            "LAST_CAREUNIT": ["MICU", "SICU"],
+            "FIRST_WARDID": [1, 1],
+            "LAST_WARDID": [1, 2],
+            "INTIME": [_at(0), _at(0)],
+            "OUTTIME": [_at(72), _at(72)],
+            "LOS": [3.0, 3.0],
+        }
+    )
+    admissions = pd.DataFrame(
+        {
+            "ROW_ID": [1, 2],
+            "SUBJECT_ID": [1, 2],
+            "HADM_ID": [11, 12],
+            "ADMITTIME": [_at(-5), _at(-5)],
+            "DISCHTIME": [_at(100), _at(100)],
+            "DEATHTIME": [_at(100), None],
+        }
+    )
+    patients = pd.DataFrame(
+        {
+            "ROW_ID": [1, 2],
+            "SUBJECT_ID": [1, 2],
+            "GENDER": ["F", "M"],
+            "DOB": ["2100-01-01 00:00:00"] * 2,
+            "DOD": [None, None],
+        }
+    )
     heart = [(-0.5, 90), (0, 91), (47.99, 92), (48, 0), (48.5, 94)]  # outside, inside, inside, inside (zero), outside
-    chart = pd.DataFrame({
-        "ROW_ID": range(9), "SUBJECT_ID": [1] * 7 + [2, 1], "HADM_ID": [11] * 7 + [12, 11],
-        "ICUSTAY_ID": [101] * 5 + [999, None, 102, 101], "ITEMID": [220045] * 7 + [220045, 3348],
-        "CHARTTIME": [_at(h) for h, _ in heart] + [_at(1), _at(2), _at(1), _at(3)],
-        "VALUE": [str(v) for _, v in heart] + ["95", "96", "97", "Normal <3 secs"],
-        "VALUENUM": [v for _, v in heart] + [95, 96, 97, None], "VALUEUOM": ["bpm"] * 8 + [None],
-        "ERROR": [0] * 9,
-    })  # fmt: skip
-    labs = pd.DataFrame({"ROW_ID": [1], "SUBJECT_ID": [1], "HADM_ID": [None], "ITEMID": [50820], "CHARTTIME": [_at(5)],
-                         "VALUE": ["7.31"], "VALUENUM": [7.31], "VALUEUOM": ["units"]})  # fmt: skip
-    return {"ICUSTAYS": stays, "ADMISSIONS": admissions, "PATIENTS": patients, "CHARTEVENTS": chart,
-            "LABEVENTS": labs}  # fmt: skip
+    chart = pd.DataFrame(
+        {
+            "ROW_ID": range(9),
+            "SUBJECT_ID": [1] * 7 + [2, 1],
+            "HADM_ID": [11] * 7 + [12, 11],
+            "ICUSTAY_ID": [101] * 5 + [999, None, 102, 101],
+            "ITEMID": [220045] * 7 + [220045, 3348],
+            "CHARTTIME": [_at(h) for h, _ in heart] + [_at(1), _at(2), _at(1), _at(3)],
+            "VALUE": [str(v) for _, v in heart] + ["95", "96", "97", "Normal <3 secs"],
+            "VALUENUM": [v for _, v in heart] + [95, 96, 97, None],
+            "VALUEUOM": ["bpm"] * 8 + [None],
+            "ERROR": [0] * 9,
+        }
+    )
+    labs = pd.DataFrame(
+        {
+            "ROW_ID": [1],
+            "SUBJECT_ID": [1],
+            "HADM_ID": [None],
+            "ITEMID": [50820],
+            "CHARTTIME": [_at(5)],
+            "VALUE": ["7.31"],
+            "VALUENUM": [7.31],
+            "VALUEUOM": ["units"],
+        }
+    )
+    return {"ICUSTAYS": stays, "ADMISSIONS": admissions, "PATIENTS": patients, "CHARTEVENTS": chart, "LABEVENTS": labs}
 
 
 def _write(folder: Path, tables: dict[str, pd.DataFrame], lower: bool = False, gz: bool = False) -> Path:
@@ -226,8 +266,11 @@ def test_a_table_in_two_files_is_refused_naming_both(tmp_path):
     source = _write(tmp_path / "source", tables, gz=True)
     _write(tmp_path / "partial", {"ADMISSIONS": tables["ADMISSIONS"].iloc[:0]})
     (tmp_path / "partial" / "ADMISSIONS.csv").rename(source / "ADMISSIONS.csv")
-    with pytest.raises(MimicError, match=r"table ADMISSIONS is in more than one file \(ADMISSIONS\.csv, "
-                                         r"ADMISSIONS\.csv\.gz\); keep one of them"):  # fmt: skip
+    with pytest.raises(
+        MimicError,
+        match=r"table ADMISSIONS is in more than one file \(ADMISSIONS\.csv, "
+        r"ADMISSIONS\.csv\.gz\); keep one of them",
+    ):
         preprocess(source, tmp_path / "out")
 
 
@@ -245,8 +288,13 @@ def test_malformed_rows_are_counted_and_skipped(tmp_path):
     assert manifest["counts"]["observations_per_variable"]["Heart Rate"] == 4  # the good rows are all kept
 
 
-@pytest.mark.parametrize("bad, message", [("20,1,11,101,220045\n", "Expected 10 columns, got 5"),
-                                          (f"21,1,11,101,220045,not-a-time,99,99,bpm,0\n", "not-a-time")])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("20,1,11,101,220045\n", "Expected 10 columns, got 5"),
+        ("21,1,11,101,220045,not-a-time,99,99,bpm,0\n", "not-a-time"),
+    ],
+)
 def test_strict_stops_at_the_first_malformed_row_naming_the_table(tmp_path, bad, message):
     folder = _write(tmp_path / "db", _tiny_tables())
     with open(folder / "CHARTEVENTS.csv", "a") as chart:
@@ -260,13 +308,28 @@ def test_strict_stops_at_the_first_malformed_row_naming_the_table(tmp_path, bad,
 def test_outputs_charted_at_one_time_are_summed(tmp_path):
     tables = _tiny_tables()
     # Foley 400 mL and a void of 0 mL charted together, then 50 mL; the garlic cohort reads OUTPUTEVENTS.
-    tables["OUTPUTEVENTS"] = pd.DataFrame({
-        "ROW_ID": range(3), "SUBJECT_ID": [1] * 3, "HADM_ID": [11] * 3, "ICUSTAY_ID": [101] * 3,
-        "CHARTTIME": [_at(2), _at(2), _at(3)], "ITEMID": [40055, 226560, 40055], "VALUE": [400, 0, 50],
-        "VALUEUOM": ["mL"] * 3, "ISERROR": [None] * 3,
-    })  # fmt: skip
-    empty = {"ROW_ID": [], "SUBJECT_ID": [], "HADM_ID": [], "ICUSTAY_ID": [], "ITEMID": [], "AMOUNT": [],
-             "AMOUNTUOM": []}  # fmt: skip
+    tables["OUTPUTEVENTS"] = pd.DataFrame(
+        {
+            "ROW_ID": range(3),
+            "SUBJECT_ID": [1] * 3,
+            "HADM_ID": [11] * 3,
+            "ICUSTAY_ID": [101] * 3,
+            "CHARTTIME": [_at(2), _at(2), _at(3)],
+            "ITEMID": [40055, 226560, 40055],
+            "VALUE": [400, 0, 50],
+            "VALUEUOM": ["mL"] * 3,
+            "ISERROR": [None] * 3,
+        }
+    )
+    empty = {
+        "ROW_ID": [],
+        "SUBJECT_ID": [],
+        "HADM_ID": [],
+        "ICUSTAY_ID": [],
+        "ITEMID": [],
+        "AMOUNT": [],
+        "AMOUNTUOM": [],
+    }
     tables["INPUTEVENTS_CV"] = pd.DataFrame({**empty, "CHARTTIME": []})
     tables["INPUTEVENTS_MV"] = pd.DataFrame({**empty, "STARTTIME": [], "ENDTIME": [], "STATUSDESCRIPTION": []})
     manifest = preprocess(_write(tmp_path / "db", tables), tmp_path / "out", cohort="garlic")
@@ -283,13 +346,28 @@ def _outputs(*rows: tuple[int, float, int]) -> dict[str, pd.DataFrame]:
     """The tiny database with OUTPUTEVENTS rows (ROW_ID, hour, mL of Foley urine) and empty input tables, for the
     garlic cohort, which reads OUTPUTEVENTS."""
     tables = _tiny_tables()
-    tables["OUTPUTEVENTS"] = pd.DataFrame({
-        "ROW_ID": [r[0] for r in rows], "SUBJECT_ID": [1] * len(rows), "HADM_ID": [11] * len(rows),
-        "ICUSTAY_ID": [101] * len(rows), "CHARTTIME": [_at(r[1]) for r in rows], "ITEMID": [40055] * len(rows),
-        "VALUE": [r[2] for r in rows], "VALUEUOM": ["mL"] * len(rows), "ISERROR": [None] * len(rows),
-    })  # fmt: skip
-    empty = {"ROW_ID": [], "SUBJECT_ID": [], "HADM_ID": [], "ICUSTAY_ID": [], "ITEMID": [], "AMOUNT": [],
-             "AMOUNTUOM": []}  # fmt: skip
+    tables["OUTPUTEVENTS"] = pd.DataFrame(
+        {
+            "ROW_ID": [r[0] for r in rows],
+            "SUBJECT_ID": [1] * len(rows),
+            "HADM_ID": [11] * len(rows),
+            "ICUSTAY_ID": [101] * len(rows),
+            "CHARTTIME": [_at(r[1]) for r in rows],
+            "ITEMID": [40055] * len(rows),
+            "VALUE": [r[2] for r in rows],
+            "VALUEUOM": ["mL"] * len(rows),
+            "ISERROR": [None] * len(rows),
+        }
+    )
+    empty = {
+        "ROW_ID": [],
+        "SUBJECT_ID": [],
+        "HADM_ID": [],
+        "ICUSTAY_ID": [],
+        "ITEMID": [],
+        "AMOUNT": [],
+        "AMOUNTUOM": [],
+    }
     tables["INPUTEVENTS_CV"] = pd.DataFrame({**empty, "CHARTTIME": []})
     tables["INPUTEVENTS_MV"] = pd.DataFrame({**empty, "STARTTIME": [], "ENDTIME": [], "STATUSDESCRIPTION": []})
     return tables
@@ -318,8 +396,11 @@ def test_an_icu_stay_that_ends_before_it_begins_is_dropped_and_counted_or_refuse
     stays = tables["ICUSTAYS"].copy()
     stays.loc[0, "OUTTIME"] = _at(-1)  # stay 101 (the benchmark cohort's only one) ends an hour before it begins
     folder = _write(tmp_path / "db", {**tables, "ICUSTAYS": stays})
-    with pytest.raises(MimicError, match=r"ICUSTAYS\.csv line 2: ICUSTAY_ID 101 ends \(OUTTIME 2150-01-01 "
-                                         r"09:00:00\) before it begins \(INTIME 2150-01-01 10:00:00\)"):
+    with pytest.raises(
+        MimicError,
+        match=r"ICUSTAYS\.csv line 2: ICUSTAY_ID 101 ends \(OUTTIME 2150-01-01 "
+        r"09:00:00\) before it begins \(INTIME 2150-01-01 10:00:00\)",
+    ):
         preprocess(folder, tmp_path / "strict-out", strict=True)
     manifest = preprocess(folder, tmp_path / "out", cohort="garlic")
     assert manifest["dropped_stays"]["OUTTIME before INTIME"] == [101]
@@ -332,8 +413,11 @@ def test_a_column_named_twice_in_two_cases_is_refused_naming_file_and_column(tmp
     tables = _tiny_tables()
     twice = tables[table].assign(subject_id=tables[table]["SUBJECT_ID"])
     _write(tmp_path / "db", {**tables, table: twice})
-    with pytest.raises(MimicError, match=rf"{table}\.csv: column SUBJECT_ID appears twice in the header "
-                                         r"\('SUBJECT_ID' and 'subject_id'\)"):  # fmt: skip
+    with pytest.raises(
+        MimicError,
+        match=rf"{table}\.csv: column SUBJECT_ID appears twice in the header "
+        r"\('SUBJECT_ID' and 'subject_id'\)",
+    ):
         preprocess(tmp_path / "db", tmp_path / "out")
 
 
@@ -393,7 +477,10 @@ def test_a_truncated_compressed_table_is_named(tmp_path, table):
     path = source / f"{table}.csv.gz"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # once: pyarrow's "Truncated compressed stream" and a traceback
-    with pytest.raises(MimicError, match=rf"{table}\.csv\.gz: cannot be read to its end \(.*\); a truncated or "
-                                         "damaged file"):  # fmt: skip
+    with pytest.raises(
+        MimicError,
+        match=rf"{table}\.csv\.gz: cannot be read to its end \(.*\); a truncated or "
+        "damaged file",
+    ):
         preprocess(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()

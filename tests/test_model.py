@@ -46,7 +46,9 @@ def test_output_shapes_and_normalised_attention():
     # No weight on padding steps, and none on lags before the stay began.
     assert (output.temporal_attention[~output.step_mask] == 0).all()
     assert (output.lag_attention[:, 0] == 0).all()
-    assert (output.lag_attention[:, 1, :2] == 0).all() and torch.allclose(output.lag_attention[:, 1, 2], torch.ones(B, D))
+    assert (output.lag_attention[:, 1, :2] == 0).all() and torch.allclose(
+        output.lag_attention[:, 1, 2], torch.ones(B, D)
+    )
 
 
 def test_prediction_does_not_depend_on_the_batch():
@@ -59,8 +61,9 @@ def test_prediction_does_not_depend_on_the_batch():
         torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together)
         for i in range(B):
             n = int(lengths[i])
-            alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
-                          static[i : i + 1]).logits  # fmt: skip
+            alone = model(
+                values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1], static[i : i + 1]
+            ).logits
             assert alone.shape == (1,)  # batch size 1 keeps its batch axis
             torch.testing.assert_close(alone[0], together[i], atol=1e-5, rtol=1e-5)
         # Other stays in the batch change nothing either.
@@ -167,8 +170,16 @@ def test_running_summary_equals_a_plain_loop_over_stays_steps_and_variables():
                     continue
                 observed = [float(values[b, k, d]) for k in seen]
                 since = float(times[b, t] - times[b, seen[-1]]) / 24
-                expected = [observed[0], observed[-1], min(observed), max(observed), sum(observed) / len(seen),
-                            math.log1p(len(seen)), since, 1.0]  # fmt: skip
+                expected = [
+                    observed[0],
+                    observed[-1],
+                    min(observed),
+                    max(observed),
+                    sum(observed) / len(seen),
+                    math.log1p(len(seen)),
+                    since,
+                    1.0,
+                ]
                 assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), (b, t, d)
 
 
@@ -192,8 +203,9 @@ def test_summary_branch_reads_the_last_real_step_and_keeps_predictions_batch_ind
         torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together)
         for i in range(B):
             n = int(lengths[i])
-            alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
-                          static[i : i + 1]).logits  # fmt: skip
+            alone = model(
+                values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1], static[i : i + 1]
+            ).logits
             torch.testing.assert_close(alone[0], together[i], atol=1e-5, rtol=1e-5)
         # The branch is read: a value seen only in the summaries (a stay's last value changed) moves the logit.
         changed = values.clone()
@@ -322,8 +334,9 @@ def test_the_three_routes_to_a_logit_agree():
             logits, weights = model.classify(encoded.states, real, static, summary)
             torch.testing.assert_close(logits, output.logits)
             torch.testing.assert_close(weights, output.temporal_attention)
-            torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1),
-                                       output.logits)  # fmt: skip
+            torch.testing.assert_close(
+                model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), output.logits
+            )
             per_step = model.per_step(values, mask, times)
             torch.testing.assert_close(per_step.sequence_input, encoded.sequence_input)
             torch.testing.assert_close(per_step.messages, output.messages)
@@ -409,8 +422,9 @@ def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch, h
         for row, (i, n) in enumerate(zip(stay.tolist(), steps.tolist())):
             if n == 0:
                 continue
-            cut = model.predict_logits(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n],
-                                       torch.tensor([n]), static[i : i + 1])  # fmt: skip
+            cut = model.predict_logits(
+                values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], torch.tensor([n]), static[i : i + 1]
+            )
             torch.testing.assert_close(asked[row : row + 1], cut, rtol=1e-5, atol=1e-5)
         later = Queries(stay, steps, torch.arange(len(stay)), torch.zeros(len(stay)), asked_at + 24)
         moved = model.predict_logits(values, mask, times, lengths, static, queries=later)

@@ -1,4 +1,5 @@
 """experiments.pair_archives: a preset's runs from two archives, paired split by split on the same test stays."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,11 @@ def archives(tmp_path, monkeypatch):
     labels = pd.Series((generator.random(len(STAYS)) < 0.3).astype(int), index=STAYS)
     kept = {name: RunArchive(tmp_path / name / "synthetic-runs", "digest", labels) for name in ("before", "after")}
     # read from disk at each call, as the command does
-    monkeypatch.setattr(pair_archives, "open_archive", lambda out, dataset, data_root: RunArchive(
-        out / "synthetic-runs", "digest", labels))
+    monkeypatch.setattr(
+        pair_archives,
+        "open_archive",
+        lambda out, dataset, data_root: RunArchive(out / "synthetic-runs", "digest", labels),
+    )
 
     def unit(split: int, signal: float) -> Unit:
         risk = (labels.to_numpy() * signal + generator.random(len(STAYS))) / (1 + signal)  # a probability
@@ -62,8 +66,20 @@ def test_a_risk_that_is_not_a_probability_is_refused_by_the_command_in_one_line(
     risks.loc[4, "risk"] = risk
     risks.to_csv(path, index=False, compression="gzip")
     with pytest.raises(SystemExit) as refused:
-        pair_archives.main(["--dataset", "synthetic", "--method", "preset", "--before", str(tmp_path / "before"),
-                            "--after", str(tmp_path / "after"), "--data-root", str(tmp_path)])  # fmt: skip
+        pair_archives.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--method",
+                "preset",
+                "--before",
+                str(tmp_path / "before"),
+                "--after",
+                str(tmp_path / "after"),
+                "--data-root",
+                str(tmp_path),
+            ]
+        )
     assert str(refused.value) == f"{path}, line 6: risk {risk} is not a number in [0, 1]"
 
 
@@ -73,8 +89,19 @@ def test_a_repeated_run_is_refused_rather_than_counted_twice(archives, capsys):
     lines = index.read_text().splitlines()
     index.write_text("\n".join([*lines, lines[1]]) + "\n")
     with pytest.raises(SystemExit) as refused:
-        pair_archives.main(["--dataset", "synthetic", "--method", "preset", "--before", str(tmp_path / "before"),
-                            "--after", str(tmp_path / "after"), "--data-root", str(tmp_path)])  # fmt: skip
-    assert str(refused.value) == (f"{index}, line 5 repeats line 2 (method preset, protocol raindrop, split 1, "
-                                  "seed 0)")
+        pair_archives.main(
+            [
+                "--dataset",
+                "synthetic",
+                "--method",
+                "preset",
+                "--before",
+                str(tmp_path / "before"),
+                "--after",
+                str(tmp_path / "after"),
+                "--data-root",
+                str(tmp_path),
+            ]
+        )
+    assert str(refused.value) == (f"{index}, line 5 repeats line 2 (method preset, protocol raindrop, split 1, seed 0)")
     assert "| raindrop |" not in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """The PhysioNet 2012 parser, on the real release (checked against the raw text) and on small hand-made releases."""
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,14 @@ def test_known_record_132539_matches_its_raw_text(p12_dataset):
     lines = text.splitlines()
     # What the raw file says, read here by hand.
     assert lines[0] == "Time,Parameter,Value"
-    assert lines[1:7] == ["00:00,RecordID,132539", "00:00,Age,54", "00:00,Gender,0", "00:00,Height,-1",
-                          "00:00,ICUType,4", "00:00,Weight,-1"]  # fmt: skip
+    assert lines[1:7] == [
+        "00:00,RecordID,132539",
+        "00:00,Age,54",
+        "00:00,Gender,0",
+        "00:00,Height,-1",
+        "00:00,ICUType,4",
+        "00:00,Weight,-1",
+    ]
     first_hr = next(line for line in lines if line.split(",")[1] == "HR")
     assert first_hr == "00:07,HR,73"
 
@@ -177,8 +184,14 @@ GOOD_BODY = ["00:10,HR,80", "01:00,HR,82", "01:00,Temp,37.1"]
 
 def record_text(stay: int, body: list[str] | None = None) -> str:
     """Header (line 1), RecordID (2), five descriptors (3-7), then ``body`` from line 8."""
-    head = [f"00:00,RecordID,{stay}", "00:00,Age,60", "00:00,Gender,1", "00:00,Height,170", "00:00,ICUType,2",
-            "00:00,Weight,80"]  # fmt: skip
+    head = [
+        f"00:00,RecordID,{stay}",
+        "00:00,Age,60",
+        "00:00,Gender,1",
+        "00:00,Height,170",
+        "00:00,ICUType,2",
+        "00:00,Weight,80",
+    ]
     return "\n".join(["Time,Parameter,Value", *head, *(GOOD_BODY if body is None else body)]) + "\n"
 
 
@@ -191,8 +204,13 @@ def write_archive(path: Path, members: dict[str, str]) -> None:
             archive.addfile(info, io.BytesIO(data))
 
 
-def make_release(root: Path, records: dict[int, str], outcomes: dict[int, int] | None = None,
-                 as_folder: bool = False, letter: str = "a") -> Path:  # fmt: skip
+def make_release(
+    root: Path,
+    records: dict[int, str],
+    outcomes: dict[int, int] | None = None,
+    as_folder: bool = False,
+    letter: str = "a",
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     if as_folder:
         folder = root / f"set-{letter}"
@@ -259,13 +277,18 @@ def test_strict_lets_the_releases_nameless_parameter_lines_through(tmp_path):
 def test_nameless_lines_are_skipped_alike_in_a_clean_record_and_in_one_read_line_by_line(tmp_path):
     # 1001 has no other fault (its nameless lines are dropped from the one-pass parse); 1002 also has a bad time,
     # so it is read line by line. Both report every skipped line, in the order of the records and their lines.
-    records = {1001: record_text(1001, ["10:45,,1.9", "00:10,HR,80", "11:00,,abc"]),
-               1002: record_text(1002, ["00:20,,5", "0x:20,HR,80", "00:30,HR,81"])}  # fmt: skip
+    records = {
+        1001: record_text(1001, ["10:45,,1.9", "00:10,HR,80", "11:00,,abc"]),
+        1002: record_text(1002, ["00:20,,5", "0x:20,HR,80", "00:30,HR,81"]),
+    }
     manifest = preprocess(make_release(tmp_path / "source", records, letter="c"), tmp_path / "out")
     origin = "set-c.tar.gz:set-c/{}.txt line {}: "
-    assert manifest["skipped_lines"] == [origin.format(1001, 8) + NAMELESS, origin.format(1001, 10) + NAMELESS,
-                                         origin.format(1002, 8) + NAMELESS,
-                                         origin.format(1002, 9) + "unparseable time '0x:20' (expected HH:MM)"]  # fmt: skip
+    assert manifest["skipped_lines"] == [
+        origin.format(1001, 8) + NAMELESS,
+        origin.format(1001, 10) + NAMELESS,
+        origin.format(1002, 8) + NAMELESS,
+        origin.format(1002, 9) + "unparseable time '0x:20' (expected HH:MM)",
+    ]
     obs = read_processed(tmp_path / "out").observations
     hr = obs[obs["variable"] == "HR"].groupby("stay_id")["value"].apply(list).to_dict()
     assert hr == {1001: [80], 1002: [81]}
@@ -293,8 +316,11 @@ def test_bad_header_is_a_skip_and_the_stay_is_dropped(tmp_path):
     assert manifest["skipped_lines"][0].startswith("set-a.tar.gz:set-a/1001.txt line 1: expected header")
     assert [d["stay_id"] for d in manifest["dropped_stays"]] == [1001]
     # A release with no readable line at all is a clear error, not a crash inside the CSV reader nor an empty dataset.
-    with pytest.raises(ValueError, match=r"no usable stay in the source \(1 read, dropped: no time-series "
-                                         r"observation in the first 48 h: 1\); nothing was written"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"no usable stay in the source \(1 read, dropped: no time-series "
+        r"observation in the first 48 h: 1\); nothing was written",
+    ):
         preprocess(make_release(tmp_path / "empty", {1001: "Time,Parameter,Value\n"}), tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
 
@@ -310,7 +336,9 @@ def test_hourly_cohort_asks_every_whole_hour_from_the_first_observation(tmp_path
     assert manifest["task"]["score"] == "auroc" and manifest["counts"]["prediction_times"] == 46 + 48
     tasks = hourly.tasks.groupby("stay_id")
     assert tasks["time"].agg(["min", "max", "count"]).to_dict("index") == {
-        1001: {"min": 3.0, "max": 48.0, "count": 46}, 1002: {"min": 1.0, "max": 48.0, "count": 48}}
+        1001: {"min": 3.0, "max": 48.0, "count": 46},
+        1002: {"min": 1.0, "max": 48.0, "count": 48},
+    }
     assert tasks["label"].unique().to_dict() == {1001: [1], 1002: [0]}
     assert_frames_equal(hourly.observations, per_stay.observations)  # the same stays and tables, another task
     with pytest.raises(PhysioNet2012Error, match="unknown cohort 'daily'; choose one of mortality, hourly"):
@@ -328,8 +356,9 @@ def test_truncated_archive_raises_naming_the_archive(tmp_path):
     rng = np.random.default_rng(0)
     records = {}
     for stay in range(2000, 2300):
-        body = [f"{h:02d}:{m:02d},HR,{v}" for h, m, v in zip(range(48), rng.integers(0, 60, 48),
-                                                             rng.integers(40, 160, 48))]  # fmt: skip
+        body = [
+            f"{h:02d}:{m:02d},HR,{v}" for h, m, v in zip(range(48), rng.integers(0, 60, 48), rng.integers(40, 160, 48))
+        ]
         records[stay] = record_text(stay, body)
     source = make_release(tmp_path / "source", records)
     archive = source / "set-a.tar.gz"
@@ -520,8 +549,11 @@ def test_a_source_of_records_without_a_value_leaves_the_dataset_there_as_it_was(
     (tmp_path / "source" / "Outcomes-a.txt").write_text(
         "RecordID,SAPS-I,SOFA,Length_of_stay,Survival,In-hospital_death\n132539,1,1,5,-1,0\n"
     )
-    with pytest.raises(ValueError, match=r"no usable stay in the source \(1 read, dropped: no time-series observation "
-                                         r"in the first 48 h: 1\); nothing was written: .*processed is left as it "
-                                         r"was"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"no usable stay in the source \(1 read, dropped: no time-series observation "
+        r"in the first 48 h: 1\); nothing was written: .*processed is left as it "
+        r"was",
+    ):
         preprocess(tmp_path / "source", destination)
     assert (destination / MANIFEST).read_bytes() == before and len(read_processed(destination).labels) == 20

@@ -1,4 +1,5 @@
 """PhysioNet 2019: cohort counts on the complete sets A and B, archive formats, the true ICULOS hour, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -117,11 +118,13 @@ def test_garlic_cohort_is_the_garlic_reference_split_and_not_raindrops(processed
     # Raindrop's stays are all here, but with other rows: its protocol runs only on its own cohort.
     assert not_applicable("garlic-reference", tensors.stay_ids, "physionet2019-garlic") is None
     assert "not published for dataset 'physionet2019-garlic'" in not_applicable(
-        "raindrop", tensors.stay_ids, "physionet2019-garlic")
+        "raindrop", tensors.stay_ids, "physionet2019-garlic"
+    )
 
 
-@pytest.mark.parametrize("name, dataset", [("raindrop", "physionet2019-raindrop"),
-                                           ("garlic-reference", "physionet2019-garlic")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, dataset", [("raindrop", "physionet2019-raindrop"), ("garlic-reference", "physionet2019-garlic")]
+)
 def test_shipped_p19_protocols_equal_the_shared_ones(name, dataset):
     shared = P19 / "splits" / f"{name}.json"
     if not shared.is_file():
@@ -197,8 +200,9 @@ def test_folder_zip_and_tar_give_the_same_tables(tmp_path, form):
     if form != "folder":
         preprocess(_write_set(tmp_path / "source", form, STAYS), tmp_path / "out")
         for table in ("observations", "labels", "static"):
-            pd.testing.assert_frame_equal(getattr(read_processed(tmp_path / "out"), table),
-                                          getattr(read_processed(reference), table))  # fmt: skip
+            pd.testing.assert_frame_equal(
+                getattr(read_processed(tmp_path / "out"), table), getattr(read_processed(reference), table)
+            )
     dataset = read_processed(reference)
     assert dataset.labels["stay_id"].tolist() == [1, 2, 3]
     assert dataset.labels["label"].tolist() == [0, 1, 1]
@@ -226,11 +230,19 @@ def test_sets_a_and_b_are_read_together(tmp_path):
 def test_bad_lines_are_skipped_and_reported_with_file_and_line(tmp_path):
     good = _psv([_row(1), _row(2)]).decode().splitlines()
     broken = "\n".join(
-        [*good, "1|2|3", "|".join(["abc", *["NaN"] * (len(COLUMNS) - 3), "3", "0"]), good[2][:-1] + "2",
-         "|".join(["3e38", *["NaN"] * (len(COLUMNS) - 3), "4", "0"])]
+        [
+            *good,
+            "1|2|3",
+            "|".join(["abc", *["NaN"] * (len(COLUMNS) - 3), "3", "0"]),
+            good[2][:-1] + "2",
+            "|".join(["3e38", *["NaN"] * (len(COLUMNS) - 3), "4", "0"]),
+        ]
     )
-    files = {"p000001.psv": broken.encode() + b"\n", "p000002.psv": STAYS["p000001.psv"],
-             "p000003.psv": b"HR|Temp\n1|2\n"}  # fmt: skip
+    files = {
+        "p000001.psv": broken.encode() + b"\n",
+        "p000002.psv": STAYS["p000001.psv"],
+        "p000003.psv": b"HR|Temp\n1|2\n",
+    }
     manifest = preprocess(_write_set(tmp_path / "source", "zip", files), tmp_path / "out")
     skipped = manifest["skipped_lines"]
     assert len(skipped) == 5
@@ -262,8 +274,11 @@ def test_each_cohort_is_its_own_dataset_and_folder(tmp_path, capsys):
         main(["--data-root", str(root), "train", "--dataset", "physionet2019"])
     assert "physionet2019 has one dataset per cohort; name one of physionet2019-garlic" in capsys.readouterr().err
     preset = Config.for_dataset("physionet2019-early")  # the cohort's dataset takes the source's shipped preset
-    assert preset.dataset == "physionet2019-early" and preset == Config.for_dataset("physionet2019-garlic").override(
-        {"dataset": "physionet2019-early"}) and preset.window_size == 9  # fmt: skip
+    assert (
+        preset.dataset == "physionet2019-early"
+        and preset == Config.for_dataset("physionet2019-garlic").override({"dataset": "physionet2019-early"})
+        and preset.window_size == 9
+    )
 
 
 def test_strict_reaches_the_preprocessor_from_the_command_line(tmp_path, capsys):
@@ -301,9 +316,13 @@ def test_values_reach_the_tensors(tmp_path):
 
 @pytest.mark.parametrize(
     "files, message",
-    [({"p000001.psv": HEADER + b"\n"},
-      "no usable stay in the source (1 read, dropped: file has no valid hourly row: 1); nothing was written"),
-     ({}, "no pNNNNNN.psv file found in")],
+    [
+        (
+            {"p000001.psv": HEADER + b"\n"},
+            "no usable stay in the source (1 read, dropped: file has no valid hourly row: 1); nothing was written",
+        ),
+        ({}, "no pNNNNNN.psv file found in"),
+    ],
     ids=["header-only record", "empty set"],
 )
 def test_a_source_without_a_usable_stay_leaves_the_dataset_there_as_it_was(tmp_path, capsys, files, message):
@@ -313,8 +332,16 @@ def test_a_source_without_a_usable_stay_leaves_the_dataset_there_as_it_was(tmp_p
     (destination / "splits" / "kept.json").write_text("{}")
     before = (destination / "manifest.json").read_bytes()
     with pytest.raises(SystemExit) as stopped:
-        main(["--data-root", str(tmp_path / "data"), "preprocess", "physionet2019",
-              "--source", str(_write_set(tmp_path / "bad", "zip", files))])  # fmt: skip
+        main(
+            [
+                "--data-root",
+                str(tmp_path / "data"),
+                "preprocess",
+                "physionet2019",
+                "--source",
+                str(_write_set(tmp_path / "bad", "zip", files)),
+            ]
+        )
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
     assert (destination / "manifest.json").read_bytes() == before

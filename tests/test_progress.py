@@ -1,13 +1,24 @@
 """The training bar moves within an epoch (issue #72: a slow first epoch showed "epoch 0" for three minutes with no
 word): it shows the batches the running epoch has done, on its split's bar."""
+
 from garlic.cli import _Progress
 from garlic.training.trainer import EpochPass, EpochRecord
 
 
 def record(epoch: int) -> EpochRecord:
-    return EpochRecord(epoch=epoch, stage="reconstruction", train_loss=1.0, train_bce=0.5, train_reconstruction=0.5,
-                       val_loss=1.0, val_bce=0.5, val_reconstruction=0.5, val_auroc=0.8, val_auprc=0.4,
-                       seconds=30.0)  # fmt: skip
+    return EpochRecord(
+        epoch=epoch,
+        stage="reconstruction",
+        train_loss=1.0,
+        train_bce=0.5,
+        train_reconstruction=0.5,
+        val_loss=1.0,
+        val_bce=0.5,
+        val_reconstruction=0.5,
+        val_auroc=0.8,
+        val_auprc=0.4,
+        seconds=30.0,
+    )
 
 
 def running(epoch: int, done: int, monkeypatch) -> None:

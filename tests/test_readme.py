@@ -1,4 +1,5 @@
 """The README's lines, run top to bottom in an empty folder (experiments/readme_walk.py), with one-epoch trainings."""
+
 import csv
 import io
 import re

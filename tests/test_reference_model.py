@@ -1,5 +1,6 @@
 """architecture=reference and schedule=reference: each vectorised layer against a plain loop over variables and
 windows written here, batch independence, causality, and the reference training loop on scripted losses."""
+
 import copy
 import math
 
@@ -84,13 +85,13 @@ def loop_window_attention(layer: WindowAttention, features):
     windows = features.shape[1] - W + 1
     summary = torch.zeros(B, windows, D, FEATURES)
     weights = torch.zeros(B, windows, D, W, W)
-    for l in range(windows):
+    for start in range(windows):
         for d in range(D):
-            x = features[:, l : l + W, d] + sinusoid(W, FEATURES)  # [B, W, F]
+            x = features[:, start : start + W, d] + sinusoid(W, FEATURES)  # [B, W, F]
             q, k, v = (x @ p.weight[d] + p.bias[d] for p in (layer.query, layer.key, layer.value))
             weight = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(FEATURES), dim=-1)
-            weights[:, l, d] = weight
-            summary[:, l, d] = (weight @ v).sum(1)
+            weights[:, start, d] = weight
+            summary[:, start, d] = (weight @ v).sum(1)
     return summary, weights
 
 
@@ -168,8 +169,9 @@ def test_each_vectorised_layer_equals_its_loop_version():
         temporal = TemporalAttention(8)
         states = torch.randn(B, windows, 8)
         real = torch.arange(windows)[None, :] + W - 1 < lengths[:, None]
-        torch.testing.assert_close(temporal(states, real)[0], loop_temporal_attention(temporal, states, real),
-                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            temporal(states, real)[0], loop_temporal_attention(temporal, states, real), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_window_attention_has_the_gradients_of_its_loop_version():
@@ -210,8 +212,9 @@ def test_the_model_chains_the_layers_as_the_reference_does(layout):
         logits = model.classifier(loop_temporal_attention(model.temporal_attention, states, real))[:, 0]
     torch.testing.assert_close(output.logits, logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(output.imputed, imputed, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(output.reconstruction[:, W - 1 :], model.graph.reconstruct(messages), atol=1e-5,
-                               rtol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        output.reconstruction[:, W - 1 :], model.graph.reconstruct(messages), atol=1e-5, rtol=1e-5
+    )
     assert (output.reconstruction[:, : W - 1] == 0).all()
 
 
@@ -227,8 +230,9 @@ def test_code_layout_computes_each_stays_empty_window_once_with_the_same_logits_
 
     def every_window_computed():  # the reference's way: the whole padded length through every layer
         full, real = max(padded, steps), torch.arange(steps)[None, :] < lengths[:, None]
-        _, _, messages = model.windows(*[F.pad(x, (0, 0, 0, full - steps)) for x in (values, mask)],
-                                       F.pad(times * real, (0, full - steps)))  # fmt: skip
+        _, _, messages = model.windows(
+            *[F.pad(x, (0, 0, 0, full - steps)) for x in (values, mask)], F.pad(times * real, (0, full - steps))
+        )
         windows = messages.shape[1]
         pooled, signal_weights = model.signal_attention(code_layout_chunks(messages))
         states, _ = model.sequence(pooled.view(batch, windows, -1))
@@ -262,12 +266,14 @@ def test_prediction_does_not_depend_on_the_batch(layout):
         together = model(values, mask, times, lengths, static).logits
         torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static), together)
         # The inference path's chunks of stays (here one stay each) change nothing.
-        torch.testing.assert_close(model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together,
-                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            model.predict_logits(values, mask, times, lengths, static, chunk_cells=1), together, atol=1e-5, rtol=1e-5
+        )
         for i in range(B):
             n = int(lengths[i])
-            alone = model(values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1],
-                          static[i : i + 1]).logits  # fmt: skip
+            alone = model(
+                values[i : i + 1, :n], mask[i : i + 1, :n], times[i : i + 1, :n], lengths[i : i + 1], static[i : i + 1]
+            ).logits
             assert alone.shape == (1,)
             torch.testing.assert_close(alone[0], together[i], atol=1e-5, rtol=1e-5)
         # A stay with a huge gap in the batch rescales nobody's decay; shuffling changes nothing either.
@@ -276,8 +282,9 @@ def test_prediction_does_not_depend_on_the_batch(layout):
         torch.testing.assert_close(reordered.logits, together[shuffled], atol=1e-5, rtol=1e-5)
         stretched = times.clone()
         stretched[0] *= 50
-        torch.testing.assert_close(model(values, mask, stretched, lengths, static).logits[1:], together[1:],
-                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            model(values, mask, stretched, lengths, static).logits[1:], together[1:], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_every_step_sees_only_itself_and_the_past():
@@ -342,7 +349,6 @@ def test_parameter_groups_are_the_references_and_bad_settings_are_refused():
         reference_model(signal_layout="code").encode(values, mask, times)
 
 
-
 @pytest.mark.parametrize("layout", ["variables", "code"])
 def test_each_ablation_switch_takes_out_its_module_and_the_rest_still_learns(layout):
     values, mask, times, lengths, static = random_batch()
@@ -366,7 +372,8 @@ def test_each_ablation_switch_takes_out_its_module_and_the_rest_still_learns(lay
                 same = model.encoder(torch.ones(1, 1, D), torch.ones(1, 1, D))[0, 0]
                 torch.testing.assert_close(same, same[:1].expand(D, -1))
                 assert sum(p.numel() for p in model.encoder.parameters()) * D == sum(
-                    p.numel() for p in full.encoder.parameters())
+                    p.numel() for p in full.encoder.parameters()
+                )
             if name == "no_graph":  # each variable keeps its own summary
                 summary = torch.randn(2, 3, D, FEATURES)
                 torch.testing.assert_close(model.graph(summary), summary)
@@ -383,8 +390,15 @@ def test_each_ablation_switch_takes_out_its_module_and_the_rest_still_learns(lay
 
 # The reference training loop.
 
-FAST = {"architecture": "reference", "schedule": "reference", "hidden_dim": 16, "feature_dim": 4, "batch_size": 64,
-        "lr_cls": 3e-3, "lr_rec": 3e-3}  # fmt: skip
+FAST = {
+    "architecture": "reference",
+    "schedule": "reference",
+    "hidden_dim": 16,
+    "feature_dim": 4,
+    "batch_size": 64,
+    "lr_cls": 3e-3,
+    "lr_rec": 3e-3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -432,8 +446,9 @@ def test_reference_schedule_switches_and_stops_on_validation_bce(cohort, monkeyp
     # Epoch 9 is the first more than 3 epochs after the best (5): switch. The best epoch is not reset, so every
     # later epoch switches again, until the new best of epoch 20 (a prediction epoch) holds the stage for 4 more.
     # Early stopping waits for the warm-up: epoch index (from 0) above 40, here epoch 42, though 20 + 10 < 42.
-    expected = ([RECONSTRUCTION] * 9 + alternating(PREDICTION, 10, 19) + [PREDICTION] * 5
-                + alternating(RECONSTRUCTION, 25, 42))  # fmt: skip
+    expected = (
+        [RECONSTRUCTION] * 9 + alternating(PREDICTION, 10, 19) + [PREDICTION] * 5 + alternating(RECONSTRUCTION, 25, 42)
+    )
     assert [r.stage for r in fitted.history] == expected
     assert fitted.best_epoch == 20 and len(fitted.history) == 42
     # Each switch reloads the best epoch's weights: epoch 10 starts from the end of epoch 5, 25 from the end of 20.
@@ -461,7 +476,8 @@ def test_reference_stages_train_the_references_parameter_groups(cohort):
 
     def snapshot():
         return [p.detach().clone() for p in model.reconstruction_parameters()], [
-            p.detach().clone() for p in model.prediction_parameters()]  # fmt: skip
+            p.detach().clone() for p in model.prediction_parameters()
+        ]
 
     def changed(before, parameters):
         return [not torch.equal(b, p.detach()) for b, p in zip(before, parameters)]
@@ -526,7 +542,9 @@ def test_a_resumed_reference_fit_ends_as_an_uninterrupted_one(cohort):
     resumed = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], resume=states[0])
     assert [r.stage for r in resumed.history] == [r.stage for r in whole.history]
     assert [r.val_bce for r in resumed.history] == [r.val_bce for r in whole.history]
-    np.testing.assert_array_equal(predict_proba(resumed.model, parts["test"]), predict_proba(whole.model, parts["test"]))
+    np.testing.assert_array_equal(
+        predict_proba(resumed.model, parts["test"]), predict_proba(whole.model, parts["test"])
+    )
 
 
 def test_a_tracked_reference_run_logs_its_model_and_says_why_it_has_no_built_in_explanation(tmp_path):

@@ -2,6 +2,7 @@
 exactly where an uninterrupted one does, and ``garlic train --resume RUN_ID`` takes up a killed run (SIGKILL or
 SIGTERM) in the same MLflow run; a run still training cannot be resumed a second time, and a dead one is marked
 FAILED."""
+
 from __future__ import annotations
 
 import json
@@ -57,13 +58,15 @@ def cohort(tmp_path_factory):
 
 
 @pytest.mark.parametrize("lr_schedule", ["plateau", "cosine"])
-def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_uninterrupted_fit(cohort, tmp_path,
-                                                                                               lr_schedule):
+def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_uninterrupted_fit(
+    cohort, tmp_path, lr_schedule
+):
     _, tensors, parts = cohort
     # The reconstruction-stage loss cannot improve (lr_rec and lambda_cls 0), so with patience 1 the stage switches
     # (and the best weights reload) after epoch 2: the saved states fall before, at and after a switch. Dropout is on.
-    config = Config().override({**SMALL, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0,
-                                "lr_schedule": lr_schedule})
+    config = Config().override(
+        {**SMALL, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0, "lr_schedule": lr_schedule}
+    )
     sizes = len(tensors.variables), len(tensors.static_features)
 
     def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do
@@ -75,8 +78,9 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
 
     for epoch in (1, 2, 3):
         path = tmp_path / f"epoch{epoch}.pt"
-        continued = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"],
-                                                           resume=load_training_state(path, config))  # fmt: skip
+        continued = AlternatingTrainer(config, *sizes).fit(
+            parts["train"], parts["validation"], resume=load_training_state(path, config)
+        )
         np.testing.assert_array_equal(predict_proba(continued.model, parts["validation"]), expected)
         assert continued.best_epoch == whole.best_epoch
         assert [r.val_auroc for r in continued.history] == [r.val_auroc for r in whole.history]
@@ -99,9 +103,11 @@ def _fits(name: str, tensors, epochs: int) -> tuple[Callable[[], Trainer], Confi
 
         return recurrent, Config()
     # The compact schedule as in the test above: the stage switches after epoch 2; per-batch cosine rates.
-    config = Config().override({**SMALL, "max_epochs": epochs, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0,
-                                "lr_schedule": "cosine"} if name == "compact" else
-                               {**SMALL, "max_epochs": epochs, "architecture": "reference", "schedule": "reference"})
+    config = Config().override(
+        {**SMALL, "max_epochs": epochs, "stage_patience": 1, "lr_rec": 0.0, "lambda_cls": 0.0, "lr_schedule": "cosine"}
+        if name == "compact"
+        else {**SMALL, "max_epochs": epochs, "architecture": "reference", "schedule": "reference"}
+    )
     return lambda: make_trainer(config, *sizes), config
 
 
@@ -154,8 +160,16 @@ def test_a_fit_killed_within_an_epoch_resumes_from_its_last_batch_and_ends_as_th
 
 def test_a_state_saved_before_a_config_key_existed_resumes_at_its_default_only(tmp_path):
     path, config = tmp_path / "training.pt", Config.for_dataset("synthetic")
-    state = {"progress": {}, "model": {}, "best_model": {}, "optimisers": {}, "schedulers": {}, "sampler_epoch": 0,
-             "rng": [], "cuda_rng": []}  # fmt: skip
+    state = {
+        "progress": {},
+        "model": {},
+        "best_model": {},
+        "optimisers": {},
+        "schedulers": {},
+        "sampler_epoch": 0,
+        "rng": [],
+        "cuda_rng": [],
+    }
     older = {key: value for key, value in config.to_dict().items() if key != "hours_input"}
     torch.save({**state, "config": older}, path)
     assert load_training_state(path, config)["sampler_epoch"] == 0
@@ -187,17 +201,21 @@ def _stopped_run(root: Path, store: Path, settings: dict) -> Path:
     return state
 
 
-def test_resuming_with_another_configurations_state_or_a_wrong_one_is_one_line_naming_the_file(cohort, tmp_path,
-                                                                                                capsys):  # fmt: skip
+def test_resuming_with_another_configurations_state_or_a_wrong_one_is_one_line_naming_the_file(
+    cohort, tmp_path, capsys
+):
     root, _, _ = cohort
     state = _stopped_run(root, tmp_path / "mlruns", SMALL)
     other = _stopped_run(root, tmp_path / "other", {**SMALL, "hidden_dim": 8})
     run_id = state.parent.name
     resume = ["--data-root", str(root), "--mlruns", str(tmp_path / "mlruns"), "train", "--resume", run_id]
-    for written, message in [(lambda: state.write_bytes(other.read_bytes()),
-                              "a training state of another configuration (hidden_dim 8 there, 16 in this run)"),
-                             (lambda: torch.save({"model": {}}, state), "not a training state (lacks or garbles "
-                                                                        "progress, best_model")]:  # fmt: skip
+    for written, message in [
+        (
+            lambda: state.write_bytes(other.read_bytes()),
+            "a training state of another configuration (hidden_dim 8 there, 16 in this run)",
+        ),
+        (lambda: torch.save({"model": {}}, state), "not a training state (lacks or garbles progress, best_model"),
+    ]:
         written()
         with pytest.raises(SystemExit) as stopped:
             garlic_main(resume)
@@ -251,8 +269,10 @@ def _logged(store: Path, run_id: str) -> dict:
     use_store(store)
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
-    tables = {name: pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"predictions/{name}.csv"))
-              for name in ("validation", "test")}  # fmt: skip
+    tables = {
+        name: pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"predictions/{name}.csv"))
+        for name in ("validation", "test")
+    }
     history = {m.step: m.value for m in client.get_metric_history(run_id, "val_auroc")}
     return {"run": run, "tables": tables, "history": history}
 
@@ -284,8 +304,11 @@ def test_a_killed_run_resumes_in_the_same_mlflow_run_and_ends_as_the_uninterrupt
     if sent == signal.SIGINT:  # one line, no traceback, saying how to go on; and that command goes on
         assert "Traceback" not in errors
         said = errors.strip().splitlines()[-1]
-        resume = re.fullmatch(rf"garlic: interrupted: run {run_id} is marked KILLED; continue it where it stopped "
-                              rf"with: \S+ (--data-root \S+ --mlruns \S+ train --resume {run_id})", said)
+        resume = re.fullmatch(
+            rf"garlic: interrupted: run {run_id} is marked KILLED; continue it where it stopped "
+            rf"with: \S+ (--data-root \S+ --mlruns \S+ train --resume {run_id})",
+            said,
+        )
         assert resume is not None, said
         garlic_main(resume.group(1).split())
     elif sent == signal.SIGKILL:  # through the command line once (in this process: a process only adds its start-up)
@@ -323,8 +346,9 @@ def test_a_run_that_died_within_an_epoch_resumes_from_that_epochs_last_state_and
     _assert_logged_as_uninterrupted(store, run_id, uninterrupted)
 
 
-def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_at_the_next_epoch(cohort, tmp_path,
-                                                                                                monkeypatch):
+def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_at_the_next_epoch(
+    cohort, tmp_path, monkeypatch
+):
     root, _, _ = cohort
     store = tmp_path / "mlruns"
     dropped, progress = [], garlic.cli._Progress.__call__
@@ -332,6 +356,7 @@ def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_a
     def signalled_inside_a_weakref_callback(self, split: str, record) -> None:
         progress(self, split, record)
         if record.epoch == 1:  # as when SIGTERM lands in SQLAlchemy's clean-up of a collected object
+
             class Collected:
                 pass
 
@@ -352,8 +377,11 @@ def test_a_sigterm_that_python_drops_in_a_weakref_callback_still_stops_the_run_a
     assert stopped.value.code == 128 + signal.SIGTERM
     assert [type(event.exc_value) for event in dropped] == [SystemExit]  # Python dropped the handler's exception
     use_store(store)
-    (run,) = [run for run in mlflow.search_runs(search_all_experiments=True, output_format="list")
-              if run_contract.SPLIT_DIGEST in run.data.params]  # fmt: skip
+    (run,) = [
+        run
+        for run in mlflow.search_runs(search_all_experiments=True, output_format="list")
+        if run_contract.SPLIT_DIGEST in run.data.params
+    ]
     assert run.info.status == "FAILED"  # resumable
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_auroc")] == [1, 2]
 
@@ -387,7 +415,10 @@ def test_refusing_to_resume_another_processs_run_leaves_no_claim_and_never_chang
     split = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
     with claim_run(store, parent):
         for attempt in range(2):  # the second try once judged the first try's claim file a dead run's
-            for run_id, refusal in ((foreign, "was not started by `garlic train`"), (split, f"one split of run {parent}")):
+            for run_id, refusal in (
+                (foreign, "was not started by `garlic train`"),
+                (split, f"one split of run {parent}"),
+            ):
                 with pytest.raises(SystemExit) as stopped:
                     garlic_main(["--mlruns", str(store), "train", "--resume", run_id])
                 assert stopped.value.code == 2 and refusal in capsys.readouterr().err
@@ -420,8 +451,15 @@ def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when
 ):
     root, _, _ = cohort
     store = tmp_path / "mlruns"
-    command = [sys.executable, "-c", textwrap.dedent(DIE_AFTER_LOGGING), str(root), str(store), last_logged,
-               json.dumps(SMALL)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        textwrap.dedent(DIE_AFTER_LOGGING),
+        str(root),
+        str(store),
+        last_logged,
+        json.dumps(SMALL),
+    ]
     died = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     use_store(store)
@@ -440,16 +478,19 @@ def test_a_run_killed_while_it_logs_its_set_up_is_marked_failed_and_resumes_when
     assert got["run"].data.metrics["test_auroc"] == want["run"].data.metrics["test_auroc"]
 
 
-def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_finished_split(cohort, tmp_path,
-                                                                                               monkeypatch):
+def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_finished_split(
+    cohort, tmp_path, monkeypatch
+):
     # Every method goes through the one tracked path: a GRU-D run over two splits that died within the epoch of its
     # second split is taken up by `resume` in the same MLflow run; the finished split is kept as it was, the other
     # goes on from its last state, with the run's own settings, and ends as that split trained uninterrupted.
     root, _, _ = cohort
     store = tmp_path / "mlruns"
     config = Config.for_dataset("synthetic").override({"max_epochs": 1, "device": "cpu"})
-    train = lambda splits, store: runs.train(config, splits, data_root=root, store=store, method="grud",  # noqa: E731
-                                             method_settings={"hidden_dim": 8})  # fmt: skip
+
+    def train(splits, store):
+        return runs.train(config, splits, data_root=root, store=store, method="grud", method_settings={"hidden_dim": 8})
+
     save, deaths = runs.save_training_state, []
 
     def dies_after_two_batches_of_the_second_split(path: Path, state: dict, config: Config) -> None:
@@ -465,16 +506,22 @@ def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_f
         with pytest.raises(KeyboardInterrupt):
             train([0, 1], store)
     use_store(store)
-    (parent,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                                   filter_string="tags.method = 'grud' and attributes.run_name = 'grud-synthetic'")
+    (parent,) = mlflow.search_runs(
+        search_all_experiments=True,
+        output_format="list",
+        filter_string="tags.method = 'grud' and attributes.run_name = 'grud-synthetic'",
+    )
     first = runs._split_runs(parent.info.run_id)["five-split/split_0"]
     assert first.info.status == "FINISHED" and deaths[1].is_file()
 
     with monkeypatch.context() as patched:  # the states written on the way say where the resumed split went on from
         patched.setattr(Trainer, "checkpoint_seconds", 0.0)
         written = []
-        patched.setattr(runs, "save_training_state",
-                        lambda path, state, config: written.append(state.get("epoch_pass", {}).get("batches_done")))
+        patched.setattr(
+            runs,
+            "save_training_state",
+            lambda path, state, config: written.append(state.get("epoch_pass", {}).get("batches_done")),
+        )
         run_id, results = runs.resume(parent.info.run_id, data_root=root, store=store)
     assert written == [3, None]  # the third and last batch, then the end of the epoch
     assert run_id == parent.info.run_id
@@ -488,8 +535,9 @@ def test_a_method_run_killed_within_its_second_split_resumes_there_keeping_its_f
     assert results[1].test == whole.test
 
 
-def test_a_study_unit_stopped_half_way_goes_on_in_its_own_run_and_ends_as_the_uninterrupted_one(cohort, tmp_path,
-                                                                                                 monkeypatch):  # fmt: skip
+def test_a_study_unit_stopped_half_way_goes_on_in_its_own_run_and_ends_as_the_uninterrupted_one(
+    cohort, tmp_path, monkeypatch
+):
     # The studies' units (experiments.compare's methods, early_warning's GARLIC presets, the ablations) keep their
     # fit's state as `garlic train` does: a machine that goes away costs the epoch under way, not the unit.
     from garlic import studies
@@ -539,12 +587,24 @@ def test_a_unit_whose_store_is_gone_goes_on_from_its_carried_state_in_a_fresh_st
     (state,) = carried.iterdir()
     assert state.name.startswith("garlic-five-split-split_0-seed_") and load_training_state(state, config)
     other, trained = config.override({"hidden_dim": 8, "max_epochs": 2}), []  # another unit leaves it alone
-    runs.train(other, [0], data_root=root, store=tmp_path / "other", carry=carried,
-               on_epoch=lambda split, record: trained.append(record.epoch))  # fmt: skip
+    runs.train(
+        other,
+        [0],
+        data_root=root,
+        store=tmp_path / "other",
+        carry=carried,
+        on_epoch=lambda split, record: trained.append(record.epoch),
+    )
     assert trained == [1, 2] and list(carried.iterdir()) == [state]
     trained = []
-    run_id, _ = runs.train(config, [0], data_root=root, store=tmp_path / "fresh",
-                           on_epoch=lambda split, record: trained.append(record.epoch), carry=carried)  # fmt: skip
+    run_id, _ = runs.train(
+        config,
+        [0],
+        data_root=root,
+        store=tmp_path / "fresh",
+        on_epoch=lambda split, record: trained.append(record.epoch),
+        carry=carried,
+    )
     assert trained == [3, 4] and list(carried.iterdir()) == []  # a finished unit carries nothing
     got, want = _logged(tmp_path / "fresh", run_id), _logged(*uninterrupted)
     for name in ("validation", "test"):
@@ -554,14 +614,16 @@ def test_a_unit_whose_store_is_gone_goes_on_from_its_carried_state_in_a_fresh_st
     assert got["run"].data.params["split"] == want["run"].data.params["split"]  # the new run says what it trained on
 
 
-def test_garlic_train_carries_a_killed_units_state_and_a_fresh_store_goes_on_from_it(cohort, uninterrupted, tmp_path,
-                                                                                      capsys):  # fmt: skip
+def test_garlic_train_carries_a_killed_units_state_and_a_fresh_store_goes_on_from_it(
+    cohort, uninterrupted, tmp_path, capsys
+):
     # The workers of experiments.compare --carry are `garlic train --carry DIR` processes.
     root, _, _ = cohort
     carried = tmp_path / "unfinished"
     with pytest.raises(SystemExit):
-        garlic_main(["--data-root", str(root), "--mlruns", str(tmp_path / "mlruns"), "train", "--carry",
-                     str(Path(__file__))])  # fmt: skip
+        garlic_main(
+            ["--data-root", str(root), "--mlruns", str(tmp_path / "mlruns"), "train", "--carry", str(Path(__file__))]
+        )
     assert "is a file; it names the folder" in capsys.readouterr().err
     _start_and_kill(root, tmp_path / "gone", signal.SIGKILL, "--carry", str(carried))
     (state,) = carried.iterdir()
@@ -590,8 +652,9 @@ def test_a_study_unit_whose_store_is_gone_goes_on_from_its_carried_state_and_end
     carried = tmp_path / "unfinished"
 
     def unit_in(store: Path) -> studies.Baselines:
-        return studies.Baselines(config, loaded, studies.open_experiment("baselines-synthetic", store), root, store,
-                                 carried)  # fmt: skip
+        return studies.Baselines(
+            config, loaded, studies.open_experiment("baselines-synthetic", store), root, store, carried
+        )
 
     whole = unit_in(tmp_path / "whole").run(["decay_gru"])
     assert list(carried.iterdir()) == []

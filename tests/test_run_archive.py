@@ -1,6 +1,7 @@
 """The committed record of the runs behind a table or a study (one ``RunArchive``, in a table's or a study's layout):
 read back only for the same settings and data, whole or not at all, with the outcomes joined back from the
 dataset."""
+
 import gzip
 import io
 
@@ -71,8 +72,9 @@ def test_a_damaged_archive_is_an_error_that_names_the_file(tmp_path):
         RunArchive(tmp_path, "data-1", LABELS)
 
 
-@pytest.mark.parametrize("risk, shown", [("nan", "nan"), ("inf", "inf"), ("1.5", "1.5"), ("-0.1", "-0.1"),
-                                         ("high", "high")])  # fmt: skip
+@pytest.mark.parametrize(
+    "risk, shown", [("nan", "nan"), ("inf", "inf"), ("1.5", "1.5"), ("-0.1", "-0.1"), ("high", "high")]
+)
 def test_a_risk_that_is_not_a_probability_is_refused_naming_the_file_and_line(tmp_path, risk, shown):
     RunArchive(tmp_path, "data-1", LABELS).keep([unit()])
     path = tmp_path / risks_path("preset", "five-split", 2, 0)
@@ -97,8 +99,9 @@ def test_a_repeated_unit_or_a_metric_out_of_range_in_runs_csv_is_refused_naming_
     good = index.read_text()
     lines = good.splitlines()
     index.write_text("\n".join([*lines, lines[1]]) + "\n")  # the first unit again, as line 4
-    with pytest.raises(ValueError, match=f"^{index}, line 4 repeats line 2 \\(method preset, protocol five-split, "
-                                         "split 2, seed 0\\)$"):
+    with pytest.raises(
+        ValueError, match=f"^{index}, line 4 repeats line 2 \\(method preset, protocol five-split, split 2, seed 0\\)$"
+    ):
         RunArchive(tmp_path, "data-1", LABELS)
     for value in ("nan", "inf", "1.2", "-0.5"):
         runs = pd.read_csv(io.StringIO(good)).astype({"brier": object})
@@ -111,8 +114,15 @@ def test_a_repeated_unit_or_a_metric_out_of_range_in_runs_csv_is_refused_naming_
 def test_a_studys_archive_refuses_a_repeated_run_a_metric_out_of_range_and_a_bad_risk(tmp_path, monkeypatch):
     monkeypatch.setattr(run_archive, "dataset_outcomes", lambda dataset, data_root: ("data-1", LABELS))
     table = tmp_path / "fidelity_runs.csv"
-    runs = pd.DataFrame({"split": [0, 1], "run_id": ["a", "b"], "settings": ["s", "s"], "test_auroc": [0.8, 0.7],
-                         "data_digest": ["data-1", "data-1"]})  # fmt: skip
+    runs = pd.DataFrame(
+        {
+            "split": [0, 1],
+            "run_id": ["a", "b"],
+            "settings": ["s", "s"],
+            "test_auroc": [0.8, 0.7],
+            "data_digest": ["data-1", "data-1"],
+        }
+    )
     runs.to_csv(table, index=False)
     archive = study_archive(tmp_path, "fidelity_runs", "synthetic", tmp_path)
     assert len(archive.on_this_data()) == 2

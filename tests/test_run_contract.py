@@ -1,4 +1,5 @@
 """A run records the stays it used; evaluation and the dashboard refuse data or splits that are not those."""
+
 import shutil
 
 import mlflow
@@ -24,15 +25,17 @@ def protocol_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("contract")
     synthetic.generate(root / "processed" / "synthetic", n_stays=300, seed=5)
     store = root / "mlruns"
-    parent, results = runs.train(Config().override(TINY), [0], data_root=root, store=store, seeds=[3, 4],
-                                 preset="tiny-preset")  # fmt: skip
+    parent, results = runs.train(
+        Config().override(TINY), [0], data_root=root, store=store, seeds=[3, 4], preset="tiny-preset"
+    )
     return root, store, parent, results
 
 
 def children(store, parent):
     use_store(store)
-    found = mlflow.search_runs(filter_string=f"tags.mlflow.parentRunId = '{parent}'", search_all_experiments=True,
-                               output_format="list")  # fmt: skip
+    found = mlflow.search_runs(
+        filter_string=f"tags.mlflow.parentRunId = '{parent}'", search_all_experiments=True, output_format="list"
+    )
     return {run.info.run_name: run for run in found}
 
 

@@ -1,5 +1,6 @@
 """A registered method other than GARLIC saved with its run (garlic.methods.saved), and used by ``garlic evaluate``,
 ``garlic predict`` and the dashboard's replay as a GARLIC model is."""
+
 import io
 import json
 import os
@@ -74,8 +75,9 @@ def test_a_method_replay_ends_at_the_runs_test_risk_and_each_hour_sees_only_its_
     root, store, trained = method_runs
     predictor = runs.load_predictor(trained[name], store)
     dataset = sources.test_split(predictor, get_run(trained[name]), root)
-    logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=trained[name],
-                                                             artifact_path="predictions/test.csv"))  # fmt: skip
+    logged = pd.read_csv(
+        mlflow.artifacts.download_artifacts(run_id=trained[name], artifact_path="predictions/test.csv")
+    )
     position = 0
     replay = replay_stay(predictor, dataset, position)
     # the last hour holds the whole stay: the run's own test risk for it
@@ -141,26 +143,40 @@ def _reversed(key: str):
 
 
 @pytest.mark.parametrize("key", ["variables", "static_features"])
-def test_a_saved_method_whose_input_order_was_edited_is_refused_naming_the_file(static_run, edit_model, tmp_path,
-                                                                                  capsys, key):  # fmt: skip
+def test_a_saved_method_whose_input_order_was_edited_is_refused_naming_the_file(
+    static_run, edit_model, tmp_path, capsys, key
+):
     edit_model("method.json", _reversed(key))  # read in this order, every value went into another one's column
     line = _predict_fails(static_run, tmp_path, capsys)
-    assert re.fullmatch(rf"garlic: error: \S+/model/method\.json: its {key} are not those the model was fitted on, "
-                        r"in their order: \['.+'\] at position 0, where \S+/model/fitted\.json has \['.+'\]; .*",
-                        line), line  # fmt: skip
+    assert re.fullmatch(
+        rf"garlic: error: \S+/model/method\.json: its {key} are not those the model was fitted on, "
+        r"in their order: \['.+'\] at position 0, where \S+/model/fitted\.json has \['.+'\]; .*",
+        line,
+    ), line
 
 
-@pytest.mark.parametrize("name, change, message", [
-    ("method.json", lambda d: d.update(method="logreg"), r"method\.json names method logreg, but \S+/fitted\.json "
-                                                         "was written by logreg_static"),
-    ("method.json", lambda d: d.update(method="gbm_static"), "names method gbm_static, but .* by logreg_static"),
-    ("method.json", lambda d: d.update(method="grud"), "names method grud, but .* by logreg_static"),
-    ("fitted.json", lambda d: d.update(kept=d["kept"][:-3]), r"fitted\.json: 'kept' marks \d+ of \d+ columns, but "
-                                                             r"the model reads \d+ of the \d+ summary columns"),
-])  # fmt: skip
-def test_a_saved_method_renamed_or_with_a_short_kept_list_is_one_line_naming_the_file(static_run, edit_model,
-                                                                                       tmp_path, capsys, name,
-                                                                                       change, message):  # fmt: skip
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        (
+            "method.json",
+            lambda d: d.update(method="logreg"),
+            r"method\.json names method logreg, but \S+/fitted\.json "
+            "was written by logreg_static",
+        ),
+        ("method.json", lambda d: d.update(method="gbm_static"), "names method gbm_static, but .* by logreg_static"),
+        ("method.json", lambda d: d.update(method="grud"), "names method grud, but .* by logreg_static"),
+        (
+            "fitted.json",
+            lambda d: d.update(kept=d["kept"][:-3]),
+            r"fitted\.json: 'kept' marks \d+ of \d+ columns, but "
+            r"the model reads \d+ of the \d+ summary columns",
+        ),
+    ],
+)
+def test_a_saved_method_renamed_or_with_a_short_kept_list_is_one_line_naming_the_file(
+    static_run, edit_model, tmp_path, capsys, name, change, message
+):
     edit_model(name, change)
     line = _predict_fails(static_run, tmp_path, capsys)
     assert line.startswith("garlic: error: ") and re.search(message, line), line

@@ -1,4 +1,5 @@
 """experiments.search: an Optuna study on validation only, every trial an MLflow run, shared through its storage."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,23 @@ def presets(tmp_path, monkeypatch):
 
 
 def arguments(data_root, store, *extra):
-    return ["--dataset", "synthetic", "--preset", "synthetic", "--data-root", str(data_root), "--mlruns", str(store),
-            "--space", "lr_cls", "dropout", "--sampler-seed", "0", *TINY, *extra]  # fmt: skip
+    return [
+        "--dataset",
+        "synthetic",
+        "--preset",
+        "synthetic",
+        "--data-root",
+        str(data_root),
+        "--mlruns",
+        str(store),
+        "--space",
+        "lr_cls",
+        "dropout",
+        "--sampler-seed",
+        "0",
+        *TINY,
+        *extra,
+    ]
 
 
 def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_to_the_study(
@@ -106,7 +122,9 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     page = (report_dir / "search-synthetic-five-split.md").read_text()
     assert "3 trials (3 complete)" in page and f"**Best:** trial {found.best_trial.number}," in page
     assert "--trials 0" in page and "| lr_cls |" in page and "| dropout |" in page
-    assert f"**Starting point** (the preset's own values): trial 0, validation AUROC {found.trials[0].value:.4f}" in page
+    assert (
+        f"**Starting point** (the preset's own values): trial 0, validation AUROC {found.trials[0].value:.4f}" in page
+    )
     trials = pd.read_csv(report_dir / "search-synthetic-five-split-trials.csv")
     assert trials["validation_auroc"].tolist() == pytest.approx([t.value for t in found.trials])
     assert (report_dir / "search-synthetic-five-split-history.png").read_bytes().startswith(b"\x89PNG")
@@ -122,8 +140,9 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     assert "4 trials (4 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
 
 
-def test_each_finished_trial_is_printed_and_kept_in_the_report_before_the_search_ends(data_root, tmp_path, capsys,
-                                                                                     monkeypatch):
+def test_each_finished_trial_is_printed_and_kept_in_the_report_before_the_search_ends(
+    data_root, tmp_path, capsys, monkeypatch
+):
     scored = search.validation_score
 
     def lost_in_the_second_trial(config, tensors, split, trial, score):
@@ -134,21 +153,26 @@ def test_each_finished_trial_is_printed_and_kept_in_the_report_before_the_search
     monkeypatch.setattr(search, "validation_score", lost_in_the_second_trial)
     report_dir = tmp_path / "report"
     with pytest.raises(KeyboardInterrupt):
-        search.main(arguments(data_root, tmp_path / "mlruns", "--splits", "0", "--trials", "3", "--out",
-                              str(report_dir)))  # fmt: skip
-    first = optuna.load_study(study_name="search-synthetic-five-split",
-                              storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}").trials[0]  # fmt: skip
+        search.main(
+            arguments(data_root, tmp_path / "mlruns", "--splits", "0", "--trials", "3", "--out", str(report_dir))
+        )
+    first = optuna.load_study(
+        study_name="search-synthetic-five-split", storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
+    ).trials[0]
     assert f"trial 0: complete, validation_auroc {first.value:.4f}; best so far trial 0, {first.value:.4f}" in (
-        capsys.readouterr().out)
+        capsys.readouterr().out
+    )
     assert "1 trials (1 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
     journal = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(report_dir / "search-synthetic-five-split.jsonl")))
+        optuna.storages.journal.JournalFileBackend(str(report_dir / "search-synthetic-five-split.jsonl"))
+    )
     kept = optuna.load_study(study_name="search-synthetic-five-split", storage=journal).trials
     assert [(t.params, t.value) for t in kept] == [(first.params, first.value)]
 
 
-def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it_began_with(data_root, tmp_path,
-                                                                                              no_test_part):
+def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it_began_with(
+    data_root, tmp_path, no_test_part
+):
     store, report_dir = tmp_path / "mlruns", tmp_path / "report"
     mixed = ["--splits", "0", "--study", "mixed", "--out", str(report_dir)]
     search.main(arguments(data_root, store, *mixed, "--trials", "1", "--objective", "auroc+auprc"))
@@ -158,8 +182,10 @@ def test_the_objective_can_weigh_auprc_beside_auroc_and_a_study_keeps_the_one_it
     runs = mlflow.search_runs(experiment_names=["search-synthetic"], output_format="list")
     (split_run,) = [run for run in runs if not run.info.run_name.startswith("trial_")]
     client = mlflow.MlflowClient()
-    auroc, auprc = ({m.step: m.value for m in client.get_metric_history(split_run.info.run_id, name)}
-                    for name in ("val_auroc", "val_auprc"))  # fmt: skip
+    auroc, auprc = (
+        {m.step: m.value for m in client.get_metric_history(split_run.info.run_id, name)}
+        for name in ("val_auroc", "val_auprc")
+    )
     assert any(trial.value == pytest.approx((auroc[epoch] + auprc[epoch]) / 2) for epoch in auroc)
     assert not any(trial.value == pytest.approx(value) for value in auroc.values())
     assert split_run.data.metrics["validation_auroc_auprc"] == pytest.approx(trial.value)
@@ -182,8 +208,11 @@ def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_pa
     cohort = studies.load_cohort("synthetic", data_root, "five-split", [0])
     studies.open_experiment("search-synthetic", tmp_path / "mlruns")
     always = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0))
-    always.optimize(search.objective(base, cohort, ["dropout"], "pruned", "auroc", tmp_path / "mlruns"), n_trials=1,
-                    callbacks=[search.after_each_trial(None, "")])  # fmt: skip
+    always.optimize(
+        search.objective(base, cohort, ["dropout"], "pruned", "auroc", tmp_path / "mlruns"),
+        n_trials=1,
+        callbacks=[search.after_each_trial(None, "")],
+    )
     (trial,) = always.trials
     assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.intermediate_values) == [1]
     assert f"trial 0: pruned at epoch 1 ({trial.intermediate_values[1]:.4f})\n" in capsys.readouterr().out
@@ -191,8 +220,9 @@ def test_a_pruned_trial_stops_training_and_its_runs_end_killed(data_root, tmp_pa
     assert len(runs) == 2 and all(r.info.status == "KILLED" and r.data.tags["pruned"] == "true" for r in runs)
 
 
-def test_a_trial_whose_process_died_is_marked_failed_when_the_study_is_opened_and_a_live_one_is_not(tmp_path,
-                                                                                                  monkeypatch):
+def test_a_trial_whose_process_died_is_marked_failed_when_the_study_is_opened_and_a_live_one_is_not(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(search, "HEARTBEAT_SECONDS", 1)
     monkeypatch.setattr(search, "GRACE_SECONDS", 1)
     url, identity = f"sqlite:///{tmp_path / 'optuna.db'}", {"preset": "synthetic"}
@@ -206,26 +236,34 @@ def test_a_trial_whose_process_died_is_marked_failed_when_the_study_is_opened_an
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING]
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("optuna.db", "is not a database URL"),
-    ("nosuchdb://host/study", "SQLAlchemy knows no database 'nosuchdb'"),
-    ("sqlite:////no/such/folder/optuna.db", "the folder /no/such/folder of the SQLite file does not exist"),
-    ("mysql://user@localhost/study", "the driver of mysql is not installed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("optuna.db", "is not a database URL"),
+        ("nosuchdb://host/study", "SQLAlchemy knows no database 'nosuchdb'"),
+        ("sqlite:////no/such/folder/optuna.db", "the folder /no/such/folder of the SQLite file does not exist"),
+        ("mysql://user@localhost/study", "the driver of mysql is not installed"),
+    ],
+)
 def test_a_storage_url_that_cannot_be_opened_is_one_line_before_anything_loads(tmp_path, capsys, url, reason):
     with pytest.raises(SystemExit) as stopped:
         search.main(arguments(tmp_path / "no-data", tmp_path / "mlruns", "--storage", url))
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and "Traceback" not in error
-    assert error.strip().splitlines()[-1].startswith(f"python -m experiments.search: error: argument --storage: {reason}")
+    assert (
+        error.strip().splitlines()[-1].startswith(f"python -m experiments.search: error: argument --storage: {reason}")
+    )
     assert not (tmp_path / "no-data").exists() and not (tmp_path / "mlruns").exists()
 
 
-@pytest.mark.parametrize("name, refusal", [
-    ("synthetic", "--write-preset synthetic: {folder}/synthetic.json exists; choose another name, or delete it"),
-    ("../../../x", "--write-preset ../../../x: a preset's name is letters, digits, '-' and '_'"),
-    ("x.json", "--write-preset x.json: a preset's name is letters, digits, '-' and '_'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, refusal",
+    [
+        ("synthetic", "--write-preset synthetic: {folder}/synthetic.json exists; choose another name, or delete it"),
+        ("../../../x", "--write-preset ../../../x: a preset's name is letters, digits, '-' and '_'"),
+        ("x.json", "--write-preset x.json: a preset's name is letters, digits, '-' and '_'"),
+    ],
+)
 def test_write_preset_refuses_an_existing_preset_and_a_path_before_anything_is_searched(
     data_root, tmp_path, presets, capsys, name, refusal
 ):
@@ -244,13 +282,13 @@ def test_the_report_and_a_refusal_show_the_storage_without_its_password(data_roo
     monkeypatch.setattr(search, "storage_url", lambda text: text)  # whose driver (psycopg) is not installed here
     server = "postgresql://searcher:s3cret@db.example.org:5432/optuna"
     report_dir = tmp_path / "report"
-    search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "0", "--storage", server, "--out",
-                          str(report_dir)))  # fmt: skip
+    search.main(
+        arguments(data_root, tmp_path / "mlruns", "--trials", "0", "--storage", server, "--out", str(report_dir))
+    )
     page = (report_dir / "search-synthetic-five-split.md").read_text()
     assert "--storage 'postgresql://searcher:***@db.example.org:5432/optuna'" in page
     with pytest.raises(SystemExit) as refused:
-        search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "0", f"--storage={server}", "--splits",
-                              "1"))  # fmt: skip
+        search.main(arguments(data_root, tmp_path / "mlruns", "--trials", "0", f"--storage={server}", "--splits", "1"))
     assert "in postgresql://searcher:***@db.example.org:5432/optuna searches other settings" in str(refused.value)
     everything = [page, str(refused.value), *capsys.readouterr()]
     everything += [path.read_text() for path in report_dir.iterdir() if path.suffix in (".md", ".csv", ".jsonl")]
@@ -277,8 +315,12 @@ search.open_study("together", sys.argv[1], {"preset": "synthetic"}, 0, {"dropout
 
 def test_two_processes_starting_together_on_a_new_sqlite_storage_both_open_the_study(tmp_path):
     url, go = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "go"
-    processes = [subprocess.Popen([sys.executable, "-c", START_AT_ONCE, url, str(go)], cwd=REPOSITORY,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", START_AT_ONCE, url, str(go)], cwd=REPOSITORY, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     time.sleep(1)
     go.touch()
     errors = [process.communicate(timeout=120)[1] for process in processes]
@@ -305,8 +347,9 @@ search.main(sys.argv[2:])
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL])
 def test_an_interrupted_search_leaves_no_trial_run_running(data_root, tmp_path, signal_number):
     store, started = tmp_path / "mlruns", tmp_path / "started"
-    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(started),
-                                *arguments(data_root, store, "--trials", "1")], cwd=REPOSITORY)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED, str(started), *arguments(data_root, store, "--trials", "1")], cwd=REPOSITORY
+    )
     deadline = time.monotonic() + 120
     while not started.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,4 +1,5 @@
 """experiments.seed_ensemble: a preset's archived seeds averaged per stay, scored and paired, with nothing trained."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,10 @@ def archive(tmp_path):
         return Unit(method, "garlic-reference", 0, seed, f"{method}-{seed}", "settings", metrics, predictions)
 
     signal = labels.to_numpy() * 0.4  # risks: signal + a draw in [0, 1), divided by 1.4 to be probabilities
-    kept.keep([unit("preset", seed, (signal + generator.random(len(STAYS))) / 1.4) for seed in range(3)]
-              + [unit("gbm_static", None, (signal + generator.random(len(STAYS))) / 1.4)])  # fmt: skip
+    kept.keep(
+        [unit("preset", seed, (signal + generator.random(len(STAYS))) / 1.4) for seed in range(3)]
+        + [unit("gbm_static", None, (signal + generator.random(len(STAYS))) / 1.4)]
+    )
     return kept, unit
 
 
@@ -76,18 +79,32 @@ def test_a_blend_is_the_mean_of_the_ensembles_and_the_baselines_risks_paired_wit
     assert row["blend"] == "preset ensemble of 3 + gbm_static (mean risk)" and row["splits"] == 1
     assert row["blend_auroc"] == round(blended, 4)
     assert row["auroc_vs_gbm_static"].startswith(f"{blended - baseline[0].metrics['auroc']:+.4f} [")
-    elsewhere = [Unit("gbm_static", "garlic-reference", 1, None, "x", "settings", baseline[0].metrics,
-                      baseline[0].predictions)]  # fmt: skip
+    elsewhere = [
+        Unit("gbm_static", "garlic-reference", 1, None, "x", "settings", baseline[0].metrics, baseline[0].predictions)
+    ]
     with pytest.raises(ValueError, match="gbm_static has no run on a split of preset's ensembles"):
         blend_row(seeds, elsewhere, "gbm_static")
 
 
 def ensemble_command(kept, monkeypatch, tmp_path):
     """The command on the archive ``kept``, read from disk as the command reads it."""
-    monkeypatch.setattr(seed_ensemble, "open_archive", lambda out, dataset, data_root: RunArchive(
-        kept.folder, kept.data_digest, kept.labels))
-    seed_ensemble.main(["--dataset", "synthetic", "--protocol", "garlic-reference", "--presets", "preset",
-                        "--out", str(tmp_path / "out")])  # fmt: skip
+    monkeypatch.setattr(
+        seed_ensemble,
+        "open_archive",
+        lambda out, dataset, data_root: RunArchive(kept.folder, kept.data_digest, kept.labels),
+    )
+    seed_ensemble.main(
+        [
+            "--dataset",
+            "synthetic",
+            "--protocol",
+            "garlic-reference",
+            "--presets",
+            "preset",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
 
 
 def test_a_nan_risk_or_a_repeated_run_is_refused_by_the_command_in_one_line(archive, monkeypatch, tmp_path, capsys):
@@ -108,5 +125,6 @@ def test_a_nan_risk_or_a_repeated_run_is_refused_by_the_command_in_one_line(arch
     index.write_text("\n".join([*lines, lines[2]]) + "\n")
     with pytest.raises(SystemExit) as refused:
         ensemble_command(kept, monkeypatch, tmp_path)
-    assert str(refused.value) == (f"{index}, line 6 repeats line 3 (method preset, protocol garlic-reference, "
-                                  "split 0, seed 1)")
+    assert str(refused.value) == (
+        f"{index}, line 6 repeats line 3 (method preset, protocol garlic-reference, split 0, seed 1)"
+    )

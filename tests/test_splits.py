@@ -1,4 +1,5 @@
 """Saved stratified splits, train-only normalisation, and the torch dataset + collate built on them."""
+
 from __future__ import annotations
 
 import gzip
@@ -133,8 +134,10 @@ def test_a_published_protocol_names_the_stays_the_dataset_lacks(synthetic, tmp_p
     _, tensors = synthetic  # synthetic stay ids are not P12 RecordIDs
     with pytest.raises(ValueError, match=r"protocol 'raindrop' split 0 names 9590 train stays .* does not hold"):
         load_splits(tmp_path, tensors, "raindrop", "physionet2012")
-    with pytest.raises(ValueError, match="'raindrop' is not published for dataset 'synthetic'; it is for "
-                                         "physionet2012, physionet2019-raindrop"):
+    with pytest.raises(
+        ValueError,
+        match="'raindrop' is not published for dataset 'synthetic'; it is for physionet2012, physionet2019-raindrop",
+    ):
         load_splits(tmp_path, tensors, "raindrop", "synthetic")
     assert not (tmp_path / "splits" / "raindrop").exists()
 
@@ -186,8 +189,10 @@ def independent_stats(dataset, stays):
     by_variable = value.groupby(variable, observed=True)
     low, high = by_variable.transform("quantile", 0.001), by_variable.transform("quantile", 0.999)
     grouped = value.clip(lower=low, upper=high).groupby(variable, observed=True)
-    return (grouped.mean().reindex(dataset.variables).to_numpy(),
-            grouped.std(ddof=0).reindex(dataset.variables).to_numpy())  # fmt: skip
+    return (
+        grouped.mean().reindex(dataset.variables).to_numpy(),
+        grouped.std(ddof=0).reindex(dataset.variables).to_numpy(),
+    )
 
 
 def dataset_variable(dataset, where):
@@ -341,11 +346,16 @@ def two_hospitals(stays_each: int = 200) -> IrregularTensors:
     n = 2 * stays_each
     ids = np.concatenate([np.arange(1, stays_each + 1), np.arange(100_001, 100_001 + stays_each)])
     return IrregularTensors(
-        stay_ids=ids, values=generator.normal(size=(n, 3, 2)).astype("float32"), mask=np.ones((n, 3, 2), bool),
-        times=np.tile(np.arange(3, dtype="float32"), (n, 1)), lengths=np.full(n, 3),
-        static=np.zeros((n, 1), "float32"), labels=(generator.random(n) < 0.2).astype("float32"),
-        variables=["HR", "Temp"], static_features=["Age"],
-    )  # fmt: skip
+        stay_ids=ids,
+        values=generator.normal(size=(n, 3, 2)).astype("float32"),
+        mask=np.ones((n, 3, 2), bool),
+        times=np.tile(np.arange(3, dtype="float32"), (n, 1)),
+        lengths=np.full(n, 3),
+        static=np.zeros((n, 1), "float32"),
+        labels=(generator.random(n) < 0.2).astype("float32"),
+        variables=["HR", "Temp"],
+        static_features=["Age"],
+    )
 
 
 def test_cross_hospital_trains_on_one_system_and_tests_on_every_stay_of_the_other(tmp_path):

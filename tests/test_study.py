@@ -1,4 +1,5 @@
 """garlic.studies' configuration: a study runs the dataset's config, or a shipped preset with --preset."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,11 @@ def parsed(*argv: str) -> argparse.Namespace:
 
 
 def test_a_study_trains_the_preset_it_is_given_with_its_overrides():
-    config = studies.study_config(parsed("--dataset", "physionet2012", "--preset", "physionet2012-fast",
-                                       "--max-epochs", "3", "--set", "dropout=0.1"))  # fmt: skip
+    config = studies.study_config(
+        parsed(
+            "--dataset", "physionet2012", "--preset", "physionet2012-fast", "--max-epochs", "3", "--set", "dropout=0.1"
+        )
+    )
     assert (config.dataset, config.lr_schedule, config.hidden_dim) == ("physionet2012", "cosine", 64)
     assert (config.max_epochs, config.dropout) == (3, 0.1)
     assert studies.study_config(parsed("--dataset", "physionet2012")).lr_schedule == "plateau"  # the paper config

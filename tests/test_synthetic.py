@@ -1,4 +1,5 @@
 """The seeded synthetic cohort: determinism, the planted structure really in the data, and the pipeline on it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -155,8 +156,9 @@ def test_synthetic_cohort_flows_through_tensors_and_splits(tmp_path):
     assert tensors.values.shape[0] == 400 and tensors.values.shape[2] == len(VARIABLES)
     assert tensors.variables == VARIABLES
     assert tensors.static_features == ["Age", "Gender", "Height", "ICUType", "Weight"]
-    assert int(tensors.mask.sum()) == len(read_processed(tmp_path).observations.drop_duplicates(
-        ["stay_id", "time", "variable"]))  # fmt: skip
+    assert int(tensors.mask.sum()) == len(
+        read_processed(tmp_path).observations.drop_duplicates(["stay_id", "time", "variable"])
+    )
     splits = load_splits(tmp_path, tensors, "five-split")
     assert len(splits) == 5
     for split in splits:

@@ -1,4 +1,5 @@
 """Padded irregular tensors against the long table they are built from."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,12 +39,14 @@ def check_against_long_table(tensors, observations: pd.DataFrame, static: pd.Dat
 
     # The observed cells, read back from the tensors, are exactly the long table's cells.
     i, step, k = np.nonzero(tensors.mask)
-    back = pd.DataFrame({
-        "stay_id": tensors.stay_ids[i],
-        "time": tensors.times[i, step],
-        "variable": np.asarray(tensors.variables)[k],
-        "value": tensors.values[i, step, k],
-    }).sort_values(["stay_id", "time", "variable"], ignore_index=True)  # fmt: skip
+    back = pd.DataFrame(
+        {
+            "stay_id": tensors.stay_ids[i],
+            "time": tensors.times[i, step],
+            "variable": np.asarray(tensors.variables)[k],
+            "value": tensors.values[i, step, k],
+        }
+    ).sort_values(["stay_id", "time", "variable"], ignore_index=True)
     assert np.array_equal(back["stay_id"].to_numpy(), cells["stay_id"].to_numpy())
     assert np.array_equal(back["time"].to_numpy(), cells["time"].to_numpy())
     assert (back["variable"].to_numpy() == cells["variable"].to_numpy()).all()
@@ -134,7 +137,9 @@ def test_cut_at_prediction_times_gives_each_time_its_prefix_as_a_stay():
     for row, steps in enumerate(cut.lengths):
         assert np.array_equal(cut.values[row, :steps], whole.values[row, :steps])
         assert np.array_equal(cut.times[row, :steps], whole.times[row, :steps])
-        assert not cut.mask[row, steps:].any() and not cut.values[row, steps:].any() and not cut.times[row, steps:].any()
+        assert (
+            not cut.mask[row, steps:].any() and not cut.values[row, steps:].any() and not cut.times[row, steps:].any()
+        )
     assert np.array_equal(cut.static, whole.static, equal_nan=True)
 
 

@@ -1,6 +1,7 @@
 """Torch's CPU threads chosen from the batches' own times (issue #72: beside other work, two threads were 2 to 30 times
 slower than one; idle, one thread is 1.5 times slower than two), and OpenMP's wait as the user sets it (issue #56).
 The chooser's decisions run on a fake clock that each batch advances by its scripted cost."""
+
 import os
 import subprocess
 import sys
@@ -160,9 +161,25 @@ def test_the_garlic_command_leaves_openmps_wait_as_openmp_or_the_user_sets_it(tm
     # epoch slower (docs/results/speed.md); where two threads are slow garlic runs one, which waits for none.
     environment = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     environment |= {"OMP_DISPLAY_ENV": "VERBOSE"} | ({"OMP_WAIT_POLICY": given} if given else {})
-    result = subprocess.run([sys.executable, "-m", "garlic.cli", "--data-root", str(tmp_path), "--mlruns",
-                             str(tmp_path / "mlruns"), "train", "--set", "device=cuda:7"], capture_output=True,
-                            text=True, timeout=120, cwd=ROOT, env=environment)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "garlic.cli",
+            "--data-root",
+            str(tmp_path),
+            "--mlruns",
+            str(tmp_path / "mlruns"),
+            "train",
+            "--set",
+            "device=cuda:7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=environment,
+    )
     if "OPENMP DISPLAY ENVIRONMENT" not in result.stderr:
         pytest.skip("this torch does not load GNU OpenMP (libgomp), which reports its settings")
     assert f"GOMP_SPINCOUNT = '{spin_count}'" in result.stderr, result.stderr

@@ -64,8 +64,7 @@ def test_stage_switches_after_patience_and_early_stopping_ends_training(cohort):
     trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
     fitted = trainer.fit(parts["train"], parts["validation"])
     # A new stage starts from an infinite best loss, so its first epoch always counts as an improvement.
-    assert [r.stage for r in fitted.history] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION,
-                                                 RECONSTRUCTION]  # fmt: skip
+    assert [r.stage for r in fitted.history] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION, RECONSTRUCTION]
     assert fitted.best_epoch == 1
 
 
@@ -85,8 +84,11 @@ def test_early_stopping_counts_only_gains_of_the_tolerance(cohort, monkeypatch, 
     _, tensors, parts = cohort
     # Every epoch beats the last, by less than 1e-3 after the first: the best epoch is still the last one run.
     scores = iter([0.70, 0.7004, 0.7008, 0.7009, 0.7010, 0.7011])
-    monkeypatch.setattr(garlic.training.trainer, "binary_metrics",
-                        lambda labels, risk, weights=None: {"auroc": next(scores), "auprc": 0.5})
+    monkeypatch.setattr(
+        garlic.training.trainer,
+        "binary_metrics",
+        lambda labels, risk, weights=None: {"auroc": next(scores), "auprc": 0.5},
+    )
     config = Config().override({**FAST, "early_stopping": 3, "early_stopping_tolerance": tolerance, "max_epochs": 6})
     fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
         parts["train"], parts["validation"]
@@ -146,10 +148,17 @@ def test_balanced_training_keeps_risks_at_the_real_prevalence_and_reloads(cohort
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / WEIGHTS).write_bytes((folder / WEIGHTS).read_bytes())
-    write_json_atomic(legacy / LEGACY_DESCRIPTION, {
-        "config": config.to_dict(), "num_variables": len(tensors.variables),
-        "num_static": len(tensors.static_features), "variables": list(tensors.variables),
-        "static_features": list(tensors.static_features), "normalisation": saved.normalisation.to_json()})  # fmt: skip
+    write_json_atomic(
+        legacy / LEGACY_DESCRIPTION,
+        {
+            "config": config.to_dict(),
+            "num_variables": len(tensors.variables),
+            "num_static": len(tensors.static_features),
+            "variables": list(tensors.variables),
+            "static_features": list(tensors.static_features),
+            "normalisation": saved.normalisation.to_json(),
+        },
+    )
     old = load_method(legacy)
     assert old.name == GARLIC and old.variables == list(tensors.variables) and old.explains
     np.testing.assert_array_equal(old.predict_proba(old.dataset(parts["validation"].tensors)), risk)
@@ -164,12 +173,16 @@ def test_a_frozen_group_keeps_its_learning_rate(cohort):
     _, tensors, parts = cohort
     # Two epochs a stage; lambda_cls 0 makes the reconstruction objective constant while its parameters are frozen,
     # which (with lr_patience 0) halved lr_rec at every prediction epoch before its schedule learned to wait.
-    config = Config().override({**FAST, "stage_patience": 1, "stage_tolerance": 0.9, "lambda_cls": 0.0,
-                                "lr_patience": 0, "max_epochs": 4})  # fmt: skip
+    config = Config().override(
+        {**FAST, "stage_patience": 1, "stage_tolerance": 0.9, "lambda_cls": 0.0, "lr_patience": 0, "max_epochs": 4}
+    )
     trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
     rates = []
-    trainer.fit(parts["train"], parts["validation"],
-                on_epoch=lambda r: rates.append((r.stage, trainer.optimisers[RECONSTRUCTION].param_groups[0]["lr"])))
+    trainer.fit(
+        parts["train"],
+        parts["validation"],
+        on_epoch=lambda r: rates.append((r.stage, trainer.optimisers[RECONSTRUCTION].param_groups[0]["lr"])),
+    )
     assert [stage for stage, _ in rates] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION]
     assert rates[2][1] == rates[3][1] == rates[1][1]
 
@@ -240,11 +253,23 @@ def test_tracked_run_logs_metrics_artifacts_and_reloads_to_the_same_predictions(
     history = mlflow.MlflowClient().get_metric_history(run_id, "val_auroc")
     assert [m.step for m in history] == [1, 2, 3]
     assert len(mlflow.MlflowClient().get_metric_history(run_id, "stage_is_prediction")) == 3
-    artifacts = {a.path for folder in ("", "plots", "model", "predictions", "graph")
-                 for a in mlflow.MlflowClient().list_artifacts(run_id, folder)}  # fmt: skip
-    assert {"config.json", "data_manifest.json", "plots/roc_pr.png", "plots/calibration.png", "plots/graph.png",
-            "model/weights.pt", "model/method.json", "model/fitted.json", "predictions/test.csv",
-            "graph/adjacency.csv"} <= artifacts
+    artifacts = {
+        a.path
+        for folder in ("", "plots", "model", "predictions", "graph")
+        for a in mlflow.MlflowClient().list_artifacts(run_id, folder)
+    }
+    assert {
+        "config.json",
+        "data_manifest.json",
+        "plots/roc_pr.png",
+        "plots/calibration.png",
+        "plots/graph.png",
+        "model/weights.pt",
+        "model/method.json",
+        "model/fitted.json",
+        "predictions/test.csv",
+        "graph/adjacency.csv",
+    } <= artifacts
 
     logged = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="predictions/test.csv"))
     reloaded = load_predictor(run_id, store)
@@ -260,8 +285,9 @@ def test_several_splits_nest_under_one_parent_run(cohort, tmp_path):
     config = Config().override({**FAST, "max_epochs": 1})
     parent, results = runs.train(config, [0, 1], data_root=root, store=store)
     use_store(store)
-    children = mlflow.search_runs(filter_string=f"tags.mlflow.parentRunId = '{parent}'", search_all_experiments=True,
-                                  output_format="list")  # fmt: skip
+    children = mlflow.search_runs(
+        filter_string=f"tags.mlflow.parentRunId = '{parent}'", search_all_experiments=True, output_format="list"
+    )
     assert sorted(c.info.run_name for c in children) == ["five-split/split_0", "five-split/split_1"]
     metrics = mlflow.MlflowClient().get_run(parent).data.metrics
     aurocs = [r.test["auroc"] for r in results]

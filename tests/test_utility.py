@@ -6,15 +6,27 @@ physionetchallenges/evaluation-2019, commit 467c49b514542be7a4a0bafe40fa2c3b064d
 ``compute_prediction_utility`` on each stay, and the script itself on label and prediction folders written as
 ``write_case`` writes them.
 """
+
 import math
 
 import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from garlic.metrics.utility import (ChallengeFileError, challenge_auroc_auprc, choose_threshold, normalised_utility,
-                                    read_folders, read_labels, read_predictions, stay_lengths, stay_utilities,
-                                    warning_report, write_labels, write_predictions)  # fmt: skip
+from garlic.metrics.utility import (
+    ChallengeFileError,
+    challenge_auroc_auprc,
+    choose_threshold,
+    normalised_utility,
+    read_folders,
+    read_labels,
+    read_predictions,
+    stay_lengths,
+    stay_utilities,
+    warning_report,
+    write_labels,
+    write_predictions,
+)
 from helpers import garlic_main
 
 
@@ -43,18 +55,32 @@ STAYS = {  # stay id: (labels, predictions)
     10: stay(25, first_label=8, back_to_0=12, alarms=range(6, 25)),  # a label that falls back to 0
 }
 # evaluate_sepsis_score.compute_prediction_utility(labels, predictions) of each stay (commit 467c49b).
-STAY_UTILITY = {1: -0.1, 2: 7.0, 3: -10.25, 4: -10.0, 5: -10.0, 6: 1.6666666666666665, 7: 2.888888888888889,
-                8: -8.0, 9: -10.0, 10: 6.5}  # fmt: skip
+STAY_UTILITY = {
+    1: -0.1,
+    2: 7.0,
+    3: -10.25,
+    4: -10.0,
+    5: -10.0,
+    6: 1.6666666666666665,
+    7: 2.888888888888889,
+    8: -8.0,
+    9: -10.0,
+    10: 6.5,
+}
 # `python evaluate_sepsis_score.py labels predictions` on write_case's folders of these stays (commit 467c49b):
 # AUROC, AUPRC, accuracy, F-measure, normalised utility. "all" has hours at probability exactly 0 and 1, where the
 # Challenge's AUROC (0.5701) is not scikit-learn's (0.5975); without a septic stay the Challenge divides by 0.
 CHALLENGE_OUTPUT = {
-    "all": ((1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
-            (0.5700771720189196, 0.5630952400267277, 0.5636363636363636, 0.48936170212765956, 0.3539032006245121)),
-    "labelled from the first hour": ((7, 6),
-            (0.9347826086956522, 0.9547101449275363, 0.88, 0.9302325581395349, 0.7675070028011205)),
+    "all": (
+        (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+        (0.5700771720189196, 0.5630952400267277, 0.5636363636363636, 0.48936170212765956, 0.3539032006245121),
+    ),
+    "labelled from the first hour": (
+        (7, 6),
+        (0.9347826086956522, 0.9547101449275363, 0.88, 0.9302325581395349, 0.7675070028011205),
+    ),
     "no septic stay": ((1,), (0.0, 0.0, 0.8, 0.0, -math.inf)),
-}  # fmt: skip
+}
 
 
 def probabilities_of(stay_id, predictions):
@@ -112,33 +138,54 @@ def _set_line(path, line, text):
 
 
 FAULTS = {  # what is done to the files of stays 1 and 2 (30 hours: lines 2-31), and what the refusal says
-    "missing prediction file": (lambda p: (p / "predictions" / "p000002.psv").unlink(),
-                                "predictions/p000002.psv: missing (the predictions for {labels}/p000002.psv)"),
-    "prediction file without labels": (lambda p: write_predictions(p / "predictions", 11, [0.5], [1]),
-                                       "predictions/p000011.psv: no label file"),
-    "fewer rows": (lambda p: write_predictions(p / "predictions", 2, [0.5] * 29, [1] * 29),
-                   "predictions/p000002.psv: 29 rows of predictions for the 30 hours of {labels}/p000002.psv"),
-    "probability above 1": (lambda p: _set_line(p / "predictions" / "p000002.psv", 5, "1.5|1"),
-                            "predictions/p000002.psv line 5, column PredictedProbability: expected a probability "
-                            "from 0 to 1, got '1.5'"),
-    "probability NaN": (lambda p: _set_line(p / "predictions" / "p000002.psv", 6, "nan|0"),
-                        "predictions/p000002.psv line 6, column PredictedProbability: expected a probability from 0 "
-                        "to 1, got 'nan'"),
-    "prediction not 0 or 1": (lambda p: _set_line(p / "predictions" / "p000002.psv", 7, "0.2|0.5"),
-                              "predictions/p000002.psv line 7, column PredictedLabel: expected a prediction 0 or 1, "
-                              "got '0.5'"),
-    "non-numeric cell": (lambda p: _set_line(p / "predictions" / "p000001.psv", 3, "0.2|no"),
-                         "predictions/p000001.psv line 3, column PredictedLabel: expected a number, got 'no'"),
-    "a cell missing": (lambda p: _set_line(p / "predictions" / "p000002.psv", 31, "0.5"),
-                       "predictions/p000002.psv line 31: 1 cells, but the header names 2"),
-    "a cell too many": (lambda p: _set_line(p / "predictions" / "p000001.psv", 4, "0.5|0|1"),
-                        "predictions/p000001.psv line 4: 3 cells, but the header names 2"),
-    "label not 0 or 1": (lambda p: _set_line(p / "labels" / "p000002.psv", 4, "2"),
-                         "labels/p000002.psv line 4, column SepsisLabel: expected a label 0 or 1, got '2'"),
-    "empty label": (lambda p: _set_line(p / "labels" / "p000002.psv", 20, ""),
-                    "labels/p000002.psv line 20, column SepsisLabel: expected a number, got ''"),
-    "no label column": (lambda p: _set_line(p / "labels" / "p000001.psv", 1, "Label"),
-                        "labels/p000001.psv line 1: no column SepsisLabel in the header 'Label'"),
+    "missing prediction file": (
+        lambda p: (p / "predictions" / "p000002.psv").unlink(),
+        "predictions/p000002.psv: missing (the predictions for {labels}/p000002.psv)",
+    ),
+    "prediction file without labels": (
+        lambda p: write_predictions(p / "predictions", 11, [0.5], [1]),
+        "predictions/p000011.psv: no label file",
+    ),
+    "fewer rows": (
+        lambda p: write_predictions(p / "predictions", 2, [0.5] * 29, [1] * 29),
+        "predictions/p000002.psv: 29 rows of predictions for the 30 hours of {labels}/p000002.psv",
+    ),
+    "probability above 1": (
+        lambda p: _set_line(p / "predictions" / "p000002.psv", 5, "1.5|1"),
+        "predictions/p000002.psv line 5, column PredictedProbability: expected a probability from 0 to 1, got '1.5'",
+    ),
+    "probability NaN": (
+        lambda p: _set_line(p / "predictions" / "p000002.psv", 6, "nan|0"),
+        "predictions/p000002.psv line 6, column PredictedProbability: expected a probability from 0 to 1, got 'nan'",
+    ),
+    "prediction not 0 or 1": (
+        lambda p: _set_line(p / "predictions" / "p000002.psv", 7, "0.2|0.5"),
+        "predictions/p000002.psv line 7, column PredictedLabel: expected a prediction 0 or 1, got '0.5'",
+    ),
+    "non-numeric cell": (
+        lambda p: _set_line(p / "predictions" / "p000001.psv", 3, "0.2|no"),
+        "predictions/p000001.psv line 3, column PredictedLabel: expected a number, got 'no'",
+    ),
+    "a cell missing": (
+        lambda p: _set_line(p / "predictions" / "p000002.psv", 31, "0.5"),
+        "predictions/p000002.psv line 31: 1 cells, but the header names 2",
+    ),
+    "a cell too many": (
+        lambda p: _set_line(p / "predictions" / "p000001.psv", 4, "0.5|0|1"),
+        "predictions/p000001.psv line 4: 3 cells, but the header names 2",
+    ),
+    "label not 0 or 1": (
+        lambda p: _set_line(p / "labels" / "p000002.psv", 4, "2"),
+        "labels/p000002.psv line 4, column SepsisLabel: expected a label 0 or 1, got '2'",
+    ),
+    "empty label": (
+        lambda p: _set_line(p / "labels" / "p000002.psv", 20, ""),
+        "labels/p000002.psv line 20, column SepsisLabel: expected a number, got ''",
+    ),
+    "no label column": (
+        lambda p: _set_line(p / "labels" / "p000001.psv", 1, "Label"),
+        "labels/p000001.psv line 1: no column SepsisLabel in the header 'Label'",
+    ),
 }
 
 
@@ -216,9 +263,9 @@ def random_stays(count, seed):
         length = int(rng.integers(1, 60))
         labels = np.zeros(length, dtype=int)
         if rng.random() < 0.3:
-            labels[rng.integers(0, length):] = 1  # from any hour, the first included
+            labels[rng.integers(0, length) :] = 1  # from any hour, the first included
             if rng.random() < 0.1:
-                labels[rng.integers(0, length):] = 0
+                labels[rng.integers(0, length) :] = 0
         stays.append(labels)
         probabilities.append(np.round(rng.random(length) * 0.5 + labels * rng.random() * 0.5, 2))
     return stays, probabilities
@@ -231,8 +278,9 @@ def test_the_vectorised_scores_are_the_per_stay_loop_of_the_definition():
     flat_labels, flat_alarms = np.concatenate(stays), np.concatenate(alarms)
     expected = [utility_by_hour(labels, stay_alarms) for labels, stay_alarms in zip(stays, alarms)]
     np.testing.assert_allclose(stay_utilities(flat_labels, flat_alarms, lengths), expected, atol=1e-9)
-    assert normalised_utility(flat_labels, flat_alarms, lengths) == pytest.approx(normalised_by_stay(stays, alarms),
-                                                                                  abs=1e-12)  # fmt: skip
+    assert normalised_utility(flat_labels, flat_alarms, lengths) == pytest.approx(
+        normalised_by_stay(stays, alarms), abs=1e-12
+    )
 
 
 def test_the_chosen_threshold_is_the_best_of_every_threshold_by_brute_force():

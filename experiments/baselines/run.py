@@ -21,6 +21,7 @@ exist (labelled "paper"; left blank otherwise rather than guessed).
 
     python -m experiments.baselines --dataset synthetic --splits 0 1 --max-epochs 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,23 +34,26 @@ from garlic.evaluation import published
 from garlic.methods import registry
 
 
-
 def with_paper_numbers(table: pd.DataFrame, dataset: str) -> pd.DataFrame:
     """The GARLIC paper's own numbers on ``dataset`` (``published.RESULTS``, "mean ± std" in percent) beside the
     ``garlic`` row."""
     paper = next((row for row in published.RESULTS.get(dataset, []) if row.method == "published: GARLIC"), None)
     percent = lambda pair: f"{100 * pair[0]:.2f} ± {100 * pair[1]:.2f}"  # noqa: E731
     numbers = {"paper_auroc": percent(paper.auroc), "paper_auprc": percent(paper.auprc)} if paper else {}
-    paper = pd.DataFrame([numbers if method == "garlic" else {} for method in table["method"]],
-                         columns=["paper_auroc", "paper_auprc"])  # fmt: skip
+    paper = pd.DataFrame(
+        [numbers if method == "garlic" else {} for method in table["method"]], columns=["paper_auroc", "paper_auprc"]
+    )
     return pd.concat([table.reset_index(drop=True), paper], axis=1)
 
 
 def main(argv: list[str] | None = None) -> None:
     registered = "\n".join(f"  {name}: {spec.description}" for name, spec in registry.METHODS.items())
-    parser = argparse.ArgumentParser(prog="python -m experiments.baselines", description=__doc__,
-                                     epilog=f"registered methods (garlic.methods.registry):\n{registered}",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.baselines",
+        description=__doc__,
+        epilog=f"registered methods (garlic.methods.registry):\n{registered}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     studies.add_common_arguments(parser)
     parser.add_argument("--methods", nargs="+", choices=list(registry.METHODS), default=registry.core_methods())
     args = parser.parse_args(argv)
@@ -60,11 +64,18 @@ def main(argv: list[str] | None = None) -> None:
     records = studies.Baselines(config, cohort, experiment_id, args.data_root, args.mlruns).run(args.methods)
     table = with_paper_numbers(studies.results_table(records, ["method"]), args.dataset)
     tables = {"baseline_results": table}
-    summary = studies.log_summary(experiment_id, "summary", tables, {},
-                                {"study": studies.BASELINE_STUDY, "kind": "summary", "dataset": args.dataset})  # fmt: skip
+    summary = studies.log_summary(
+        experiment_id,
+        "summary",
+        tables,
+        {},
+        {"study": studies.BASELINE_STUDY, "kind": "summary", "dataset": args.dataset},
+    )
     studies.write_tables(args.out, tables)
-    print(f"baseline_results (test metrics; paper numbers in %)\n{studies.markdown(table)}\n\n"
-          f"summary run {summary} in experiment baselines-{args.dataset}")
+    print(
+        f"baseline_results (test metrics; paper numbers in %)\n{studies.markdown(table)}\n\n"
+        f"summary run {summary} in experiment baselines-{args.dataset}"
+    )
 
 
 if __name__ == "__main__":

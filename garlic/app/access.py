@@ -8,6 +8,7 @@ The page holds patient records, so a server reachable from other machines withou
 page (``/media/``, ``/_stcore/metrics``, components, static app files) are closed. ``Attempts`` bounds token
 guessing, per visitor's address and overall.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,7 @@ class Gate:
             return "closed while a login token is set"
         if not path.startswith(UPLOAD_ROUTE):
             return None
-        session = path[len(UPLOAD_ROUTE):].split("/", 1)[0]
+        session = path[len(UPLOAD_ROUTE) :].split("/", 1)[0]
         if session not in ADMITTED:
             return "an upload from a session that has not given the token"
         if scope.get("method") != "PUT":
@@ -66,6 +67,11 @@ class Gate:
         route = "/".join(scope.get("path", "").split("/")[:3])  # the route, not the session or file ids after it
         log.warning("refused %s %s/...: %s", scope.get("method"), route, reason)
         body = f"refused: {reason}".encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 403,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -9,6 +9,7 @@ split (``?stay=ID`` in the URL picks one) or from an uploaded PhysioNet 2012 ``.
 and alert, updating itself, and a bed opens the bedside view with its live data (``?bed=ID`` in the URL opens one).
 What goes wrong is said in the page without server paths or tracebacks; the details go to the server's log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,19 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from garlic.app import charts, sources
 from garlic.app.access import ADMITTED, ATTEMPTS, AccessError, required_token, token_matches
-from garlic.app.replay import (Hour, Replay, alert_start, contribution_bars, drivers_at, edges_at, explain_hour,
-                               observations_at, replay_stay, signal_bars, signals_at)  # fmt: skip
+from garlic.app.replay import (
+    Hour,
+    Replay,
+    alert_start,
+    contribution_bars,
+    drivers_at,
+    edges_at,
+    explain_hour,
+    observations_at,
+    replay_stay,
+    signal_bars,
+    signals_at,
+)
 from garlic.app.summary import change_text, driver_note, plain_summary, risk_change, risk_trend
 from garlic.evaluation import alerting
 from garlic.metrics.alert_policy import AlertPolicy, AlertPolicyError
@@ -192,8 +204,10 @@ def choose_run(store: Path, given: str | None) -> str | None:
         damaged = database_error(exc)
         if damaged is None:
             raise
-        st.error(f"The MLflow store {plain(store)} cannot be read: {plain(str(damaged))} (a damaged database: "
-                 "restore it from a copy).")  # fmt: skip
+        st.error(
+            f"The MLflow store {plain(store)} cannot be read: {plain(str(damaged))} (a damaged database: "
+            "restore it from a copy)."
+        )
         return None
     labels = {choice.run_id: choice.label for choice in choices}
     details = {choice.run_id: choice.details for choice in choices}
@@ -236,21 +250,27 @@ def choose_test_stay(store: str, run_id: str, data_root: str) -> tuple[Replay, s
 
     asked = st.query_params.get("stay", "")  # a link to one stay: ?stay=ID
     first = ids.index(int(asked)) if asked.isdigit() and int(asked) in ids else 0
-    stay_id = st.sidebar.selectbox("Stay (test split, highest risk first)", ids, index=first, format_func=describe,
-                                   key="stay")  # fmt: skip
+    stay_id = st.sidebar.selectbox(
+        "Stay (test split, highest risk first)", ids, index=first, format_func=describe, key="stay"
+    )
     outcome = "positive" if test.loc[stay_id, "label"] == 1 else "negative"
     return cached_test_replay(store, run_id, data_root, stay_id), f"Stay {stay_id} · test split · outcome {outcome}"
 
 
 def choose_upload(store: str, run_id: str) -> tuple[Replay, str] | None:
-    uploaded = st.sidebar.file_uploader("Record file (RECORDID.txt or pNNNNNN.psv)", type=["txt", "psv"],
-                                        max_upload_size=sources.MAX_UPLOAD_BYTES // (1024 * 1024))  # fmt: skip
+    uploaded = st.sidebar.file_uploader(
+        "Record file (RECORDID.txt or pNNNNNN.psv)",
+        type=["txt", "psv"],
+        max_upload_size=sources.MAX_UPLOAD_BYTES // (1024 * 1024),
+    )
     if uploaded is None:
         st.info("Upload one stay as a PhysioNet 2012 `RECORDID.txt` or PhysioNet 2019 `pNNNNNN.psv` record.")
         return None
     if uploaded.size > sources.MAX_UPLOAD_BYTES:  # refused before its bytes are copied again
-        st.error(f"Cannot use the upload: {uploaded.name} is {uploaded.size / 1e6:.1f} MB; one stay's record is "
-                 f"under 0.1 MB (at most {sources.MAX_UPLOAD_BYTES // 1024} kB accepted).")  # fmt: skip
+        st.error(
+            f"Cannot use the upload: {uploaded.name} is {uploaded.size / 1e6:.1f} MB; one stay's record is "
+            f"under 0.1 MB (at most {sources.MAX_UPLOAD_BYTES // 1024} kB accepted)."
+        )
         return None
     try:
         replay = cached_upload_replay(store, run_id, uploaded.name, uploaded.getvalue())
@@ -295,17 +315,32 @@ def ward_view(ward: LiveStore) -> None:
     st.session_state.alerting = alerting
     recent = [bed for bed, when in crossed.items() if now - when < BANNER_SECONDS and bed in alerting]
     if recent:
-        st.error(f"**Alert: bed {', '.join(recent)} crossed {'its' if len(recent) == 1 else 'their'} alert "
-                 "threshold** in the last minute.", icon=":material/warning:")  # fmt: skip
-    st.caption(f"{len(beds)} beds, {len(alerting)} in alert · highest risk first · updated every "
-               f"{WARD_REFRESH_SECONDS:g} s · pick a bed to open it")  # fmt: skip
+        st.error(
+            f"**Alert: bed {', '.join(recent)} crossed {'its' if len(recent) == 1 else 'their'} alert "
+            "threshold** in the last minute.",
+            icon=":material/warning:",
+        )
+    st.caption(
+        f"{len(beds)} beds, {len(alerting)} in alert · highest risk first · updated every "
+        f"{WARD_REFRESH_SECONDS:g} s · pick a bed to open it"
+    )
     st.session_state.ward_beds = beds["bed"].tolist()
-    st.dataframe(beds, hide_index=True, key="ward_table", on_select=open_bed, selection_mode="single-row",
-                 column_config={"risk": st.column_config.NumberColumn("Risk", format="%.3f"),
-                                "trend": st.column_config.NumberColumn("Change in 1 h", format="%+.3f"),
-                                "alert": st.column_config.CheckboxColumn("Alert"),
-                                "time": st.column_config.NumberColumn("Hour", format="%.1f"),
-                                "bed": "Bed", "readings": "Readings", "drivers": "Drivers"})  # fmt: skip
+    st.dataframe(
+        beds,
+        hide_index=True,
+        key="ward_table",
+        on_select=open_bed,
+        selection_mode="single-row",
+        column_config={
+            "risk": st.column_config.NumberColumn("Risk", format="%.3f"),
+            "trend": st.column_config.NumberColumn("Change in 1 h", format="%+.3f"),
+            "alert": st.column_config.CheckboxColumn("Alert"),
+            "time": st.column_config.NumberColumn("Hour", format="%.1f"),
+            "bed": "Bed",
+            "readings": "Readings",
+            "drivers": "Drivers",
+        },
+    )
     if st.session_state.pop("picked", False):
         st.rerun(scope="app")  # a bed was picked in this fragment: the whole page, once, to open it
 
@@ -374,8 +409,9 @@ def replayed_hour(last_hour: int, speed: float) -> int:
 
 
 @shown_plainly
-def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: SavedMethod, speed: float,
-                 timed: bool, onsets: pd.Series) -> None:  # fmt: skip
+def bedside_view(
+    replay: Replay, title: str, policy: AlertPolicy, trained: SavedMethod, speed: float, timed: bool, onsets: pd.Series
+) -> None:
     last_hour = int(replay.hours[-1])
     if st.session_state.playing != timed:
         st.rerun()  # Play, Pause or the end of the replay: the whole page, to start or stop the timer
@@ -389,13 +425,23 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
     st.subheader(title)
     play, step_button, hint = st.columns([1, 1, 4], vertical_alignment="center")
     # One button whose label changes, so that the page never shows a stale Play beside a Pause.
-    play.button("⏸ Pause" if st.session_state.playing else "▶ Play", on_click=play_or_pause, args=(last_hour,),
-                key="play", width="stretch")  # fmt: skip
+    play.button(
+        "⏸ Pause" if st.session_state.playing else "▶ Play",
+        on_click=play_or_pause,
+        args=(last_hour,),
+        key="play",
+        width="stretch",
+    )
     step_button.button("Step +1 h", on_click=step, args=(last_hour,), key="step", width="stretch")
     hint.caption(f"Replays at {speed:g} hours a second (speed in the sidebar).")
     # Held still while playing: a slider the page moves and the user drags at once sent stale hours back.
-    hour = st.slider("Hour since ICU admission (the model sees only the data up to it)", 1, last_hour, key="hour",
-                     disabled=st.session_state.playing)  # fmt: skip
+    hour = st.slider(
+        "Hour since ICU admission (the model sees only the data up to it)",
+        1,
+        last_hour,
+        key="hour",
+        disabled=st.session_state.playing,
+    )
     now = hour - 1
     risk = replay.risk[now]
     explained = explain_hour(trained, replay, now)
@@ -404,30 +450,47 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
 
     left, middle, right = st.columns(3)
     delta, moved = change_text(risk_change(replay.risk, now))
-    left.metric(f"Risk at hour {hour}", "—" if not np.isfinite(risk) else f"{risk:.2f}", delta=delta,
-                delta_color="inverse" if moved else "off", delta_arrow="auto" if moved else "off")  # fmt: skip
+    left.metric(
+        f"Risk at hour {hour}",
+        "—" if not np.isfinite(risk) else f"{risk:.2f}",
+        delta=delta,
+        delta_color="inverse" if moved else "off",
+        delta_arrow="auto" if moved else "off",
+    )
     threshold = policy.threshold
     middle.metric("Alert threshold", f"{threshold:.2f}", help=policy.describe())
-    right.metric("Playback", "playing" if st.session_state.playing else "paused", f"hour {hour} of {last_hour}",
-                 delta_color="off", delta_arrow="off")  # fmt: skip
+    right.metric(
+        "Playback",
+        "playing" if st.session_state.playing else "paused",
+        f"hour {hour} of {last_hour}",
+        delta_color="off",
+        delta_arrow="off",
+    )
 
     alarms = policy.alarms(replay.risk, replay.hours, [len(replay.hours)])  # as the live ward raises them
     since = alert_start(replay.hours, alarms, now)
     driven = ", ".join(driver_note(name, direction) for name, direction in drivers)
     if since is not None:
         why = f"Driven by {driven or 'no single signal'}." if explained.explained else ""
-        st.error(f"**Warning: alert on since hour {since:g}** (risk {risk:.2f}; raised at {threshold:.2f}, cleared "
-                 f"below {policy.release:.2f}). {why}", icon=":material/warning:")  # fmt: skip
+        st.error(
+            f"**Warning: alert on since hour {since:g}** (risk {risk:.2f}; raised at {threshold:.2f}, cleared "
+            f"below {policy.release:.2f}). {why}",
+            icon=":material/warning:",
+        )
     elif np.isfinite(risk):
-        st.success(f"No alert: risk {risk:.2f} (an alert is raised at {threshold:.2f}).", icon=":material/check_circle:")
+        st.success(
+            f"No alert: risk {risk:.2f} (an alert is raised at {threshold:.2f}).", icon=":material/check_circle:"
+        )
     else:
         st.info("No observation yet at this hour.")
     st.markdown(f"**In short:** {plain_summary(risk, trend, drivers)}")
     onset = onsets.get(replay.stay_id)
     st.vega_lite_chart(*charts.risk_chart(replay.hours, replay.risk, threshold, now, onset, alarms), width="stretch")
     if onset is not None:
-        st.caption(f"Sepsis onset at hour {onset:g} (green line); an alarm in the shaded hours, 12 before it to 3 "
-                   "after, is the warning the Sepsis Challenge rewards.")
+        st.caption(
+            f"Sepsis onset at hour {onset:g} (green line); an alarm in the shaded hours, 12 before it to 3 "
+            "after, is the warning the Sepsis Challenge rewards."
+        )
 
     st.subheader("Why")
     if explained.contributions is not None:
@@ -435,20 +498,29 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
         return
     if explained.explanation is None:
         reason = unexplained_reason(trained.method)
-        st.info(f"This run's model ({trained.name}) gives no explanation " + (f"here: {reason}. " if reason else
-                "of its own: ") + "the page shows its risk only. GARLIC runs show which signals, observations and "
-                "edges drove the risk.", icon=":material/info:")  # fmt: skip
+        st.info(
+            f"This run's model ({trained.name}) gives no explanation "
+            + (f"here: {reason}. " if reason else "of its own: ")
+            + "the page shows its risk only. GARLIC runs show which signals, observations and "
+            "edges drove the risk.",
+            icon=":material/info:",
+        )
         return
     gradients = explained.explanation.method != BUILT_IN
     if gradients:
-        st.info("Importance by integrated gradients (each observed value's share of what moved the risk from a stay "
-                "with nothing observed): this run's model has no built-in explanation, so no edges either.",
-                icon=":material/info:")  # fmt: skip
+        st.info(
+            "Importance by integrated gradients (each observed value's share of what moved the risk from a stay "
+            "with nothing observed): this run's model has no built-in explanation, so no edges either.",
+            icon=":material/info:",
+        )
     signals = signals_at(explained)
     left, right = st.columns(2)
     with left:
-        st.caption("Signal importance: each variable's share of the risk's " + ("attribution" if gradients else
-                   "attention") + ", summed over time")  # fmt: skip
+        st.caption(
+            "Signal importance: each variable's share of the risk's "
+            + ("attribution" if gradients else "attention")
+            + ", summed over time"
+        )
         bars = signal_bars(explained)
         if bars.empty:
             st.write("No signal yet: nothing has been observed by this hour.")
@@ -466,8 +538,10 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
             st.vega_lite_chart(*charts.bar_chart(edges, "edge", "importance", "importance"), width="stretch")
     observed = observations_at(explained, trained)
     top = [name for name in signals.index if name in set(observed["variable"])][:SHOWN_VARIABLES]
-    st.caption(f"The {len(top)} most important vital signs and labs up to this hour, each observation shaded by its "
-               "importance to the risk")  # fmt: skip
+    st.caption(
+        f"The {len(top)} most important vital signs and labs up to this hour, each observation shaded by its "
+        "importance to the risk"
+    )
     if top:
         st.vega_lite_chart(*charts.observations_chart(observed, top, float(replay.hours[-1])), width="content")
 
@@ -475,9 +549,11 @@ def bedside_view(replay: Replay, title: str, policy: AlertPolicy, trained: Saved
 def contributions_view(explained: Hour, trained: SavedMethod) -> None:
     """The "Why" of a method that explains each risk by its variables: the variables that raised the hour's risk."""
     how = getattr(trained.method, "explained_by", "the model's own attribution")
-    st.caption(f"Each variable's contribution to the risk's log-odds at this hour ({how}), all its features summed "
-               "(last value, hours since it, means and spread over the last hours); the variables that raised the "
-               "risk, largest first")  # fmt: skip
+    st.caption(
+        f"Each variable's contribution to the risk's log-odds at this hour ({how}), all its features summed "
+        "(last value, hours since it, means and spread over the last hours); the variables that raised the "
+        "risk, largest first"
+    )
     bars = contribution_bars(explained)
     if bars.empty:
         st.write("No variable raised the risk above the model's baseline at this hour.")
@@ -508,14 +584,18 @@ def model_view(store: str, run: mlflow.entities.Run, policy: AlertPolicy) -> Non
         specificity = (~flagged & ~positives).sum() / max((~positives).sum(), 1)
         rows = "hours" if "time" in test else "stays"  # an hourly run's predictions: one row per prediction time
         hourly_test = test if "time" in test else None
-        st.markdown(f"At the alert threshold {threshold:.2f} on the test split: sensitivity {sensitivity:.2f}, "
-                    f"specificity {specificity:.2f}, {flagged.mean():.0%} of {rows} flagged.")  # fmt: skip
+        st.markdown(
+            f"At the alert threshold {threshold:.2f} on the test split: sensitivity {sensitivity:.2f}, "
+            f"specificity {specificity:.2f}, {flagged.mean():.0%} of {rows} flagged."
+        )
     if "test_utility" in metrics:
-        st.markdown(f"At the threshold it chose on validation ({metrics['threshold']:.3f}), the Sepsis Challenge's "
-                    f"utility on the test stays is {metrics['test_utility']:.3f}: "
-                    f"{metrics['test_warned_in_time']:.0%} of septic stays warned in time, a median "
-                    f"{metrics['test_median_warning_hours']:g} h before onset, "
-                    f"{metrics['test_false_alarms_per_100_days']:.0f} false alarms per 100 patient-days.")  # fmt: skip
+        st.markdown(
+            f"At the threshold it chose on validation ({metrics['threshold']:.3f}), the Sepsis Challenge's "
+            f"utility on the test stays is {metrics['test_utility']:.3f}: "
+            f"{metrics['test_warned_in_time']:.0%} of septic stays warned in time, a median "
+            f"{metrics['test_median_warning_hours']:g} h before onset, "
+            f"{metrics['test_false_alarms_per_100_days']:.0f} false alarms per 100 patient-days."
+        )
     if hourly_test is not None:
         burden_view(hourly_test, policy, run.info.run_id)
     params = run.data.params
@@ -542,18 +622,25 @@ def burden_view(test: pd.DataFrame, policy: AlertPolicy, run_id: str) -> None:
     except ValueError as exc:
         st.warning(f"No per-alert scores: {plain(exc)}")
         return
-    st.markdown(f"Per alert, under its policy ({policy.describe()}), on the test stays: sensitivity "
-                f"{scored['sensitivity']:.0%}, PPV {scored['ppv']:.0%}, a median lead of {scored['lead_median']:g} h, "
-                f"{scored['alerts_per_100_days']:.1f} alerts per 100 patient-days, {scored['share_alerted']:.0%} of "
-                "stays alerted (docs/alerts.md).")  # fmt: skip
-    figure = plots.burden_figure({run_id[:8]: curve}, {run_id[:8]: (scored["alerts_per_100_days"],
-                                 scored["sensitivity"], scored["ppv"])}, "Test stays")  # fmt: skip
+    st.markdown(
+        f"Per alert, under its policy ({policy.describe()}), on the test stays: sensitivity "
+        f"{scored['sensitivity']:.0%}, PPV {scored['ppv']:.0%}, a median lead of {scored['lead_median']:g} h, "
+        f"{scored['alerts_per_100_days']:.1f} alerts per 100 patient-days, {scored['share_alerted']:.0%} of "
+        "stays alerted (docs/alerts.md)."
+    )
+    figure = plots.burden_figure(
+        {run_id[:8]: curve},
+        {run_id[:8]: (scored["alerts_per_100_days"], scored["sensitivity"], scored["ppv"])},
+        "Test stays",
+    )
     image = io.BytesIO()
     figure.savefig(image, format="png", dpi=90)
     plots.plt.close(figure)
     st.html(f'<img src="data:image/png;base64,{base64.b64encode(image.getvalue()).decode()}" style="width:100%">')
-    st.caption("Burden curves: sensitivity and PPV per alert against alerts per 100 patient-days as the threshold "
-               "moves, the rest of the policy kept; the dot is the policy in use.")
+    st.caption(
+        "Burden curves: sensitivity and PPV per alert against alerts per 100 patient-days as the threshold "
+        "moves, the rest of the policy kept; the dot is the policy in use."
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -584,8 +671,16 @@ def page(config: argparse.Namespace) -> None:
     sources_offered = [LIVE, TEST_SPLIT, UPLOAD] if ward is not None else [TEST_SPLIT, UPLOAD]
     source = st.sidebar.radio("Stay", sources_offered, key="source")
     policy_default, threshold_help = default_policy(store, run_id, config.profile)
-    threshold = st.sidebar.number_input("Alert threshold", 0.001, 1.0, round(policy_default.threshold, 3), step=0.01,
-                                        format="%.3f", key=f"threshold-{run_id}", help=threshold_help)  # fmt: skip
+    threshold = st.sidebar.number_input(
+        "Alert threshold",
+        0.001,
+        1.0,
+        round(policy_default.threshold, 3),
+        step=0.01,
+        format="%.3f",
+        key=f"threshold-{run_id}",
+        help=threshold_help,
+    )
     st.sidebar.caption(threshold_help)
     policy = AlertPolicy(threshold, policy_default.band, policy_default.quiet_hours, policy_default.margin)
     if ward is not None:
@@ -608,12 +703,14 @@ def page(config: argparse.Namespace) -> None:
         replay, title = chosen
         follow_stay(replay, f"{run_id}:{title}")
         st.sidebar.subheader("Replay")
-        speed = SPEEDS[st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed",
-                                                on_change=restart_clock)]  # fmt: skip
+        speed = SPEEDS[
+            st.sidebar.select_slider("Speed", list(SPEEDS), value="4 h/s", key="speed", on_change=restart_clock)
+        ]
         playing = st.session_state.playing
         onsets = cached_onsets(store, run_id, data_root) if source == TEST_SPLIT else pd.Series(dtype=float)
-        st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(replay, title, policy, trained,
-                                                                              speed, playing, onsets)  # fmt: skip
+        st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(
+            replay, title, policy, trained, speed, playing, onsets
+        )
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ explains each risk by its variables (``contract.explains_rows``: gradient boosti
 logistic regression's coefficient x value), its variables' contributions to the risk at that hour, asked as its
 risk curve asks it.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,8 +102,13 @@ def risk_curve(model: Garlic, stay: Stay, hours: np.ndarray) -> np.ndarray:
     prefixes = len(hours)
     real = step_mask(lengths, steps)
     summary = None if encoded.summaries is None else at_last_step(encoded.summaries.expand(prefixes, -1, -1), real)
-    logits, _ = model.classify(encoded.states.expand(prefixes, -1, -1), real, stay["static"].expand(prefixes, -1),
-                               summary, torch.as_tensor(hours, dtype=torch.float32))  # fmt: skip
+    logits, _ = model.classify(
+        encoded.states.expand(prefixes, -1, -1),
+        real,
+        stay["static"].expand(prefixes, -1),
+        summary,
+        torch.as_tensor(hours, dtype=torch.float32),
+    )
     risk = torch.sigmoid(logits).numpy().astype(float)
     risk[lengths.numpy() == 0] = np.nan
     return risk
@@ -120,15 +126,20 @@ def method_risk_curve(trained: SavedMethod, tensors: IrregularTensors, hours: np
     return risk
 
 
-def method_input(trained: SavedMethod, tensors: IrregularTensors,
-                 hours: np.ndarray) -> tuple[IrregularDataset, np.ndarray]:  # fmt: skip
+def method_input(
+    trained: SavedMethod, tensors: IrregularTensors, hours: np.ndarray
+) -> tuple[IrregularDataset, np.ndarray]:
     """The one stay of ``tensors`` as a method other than GARLIC is asked at ``hours``, and the positions of the
     hours it is asked at (those from the first observation on): an hourly method at each hour of the stay as
     recorded, another on the stay cut at each hour."""
     if answers_prediction_times(trained.method):
         seen = np.flatnonzero(hours >= tensors.times[0, 0])
-        asked = replace(tensors, task=PredictionTimes(np.zeros(len(seen), np.int64), hours[seen].astype("float32"),
-                                                      np.zeros(len(seen), "float32")))  # fmt: skip
+        asked = replace(
+            tensors,
+            task=PredictionTimes(
+                np.zeros(len(seen), np.int64), hours[seen].astype("float32"), np.zeros(len(seen), "float32")
+            ),
+        )
         return IrregularDataset(asked, trained.normalisation), seen
     prefixes = prefix_tensors(tensors, hours)
     seen = np.flatnonzero(prefixes.lengths > 0)
@@ -137,8 +148,11 @@ def method_input(trained: SavedMethod, tensors: IrregularTensors,
 
 def prefix_tensors(tensors: IrregularTensors, hours: np.ndarray) -> IrregularTensors:
     """The one stay of ``tensors`` as H stays, the k-th holding only its observations at time <= hours[k]."""
-    asked = PredictionTimes(np.zeros(len(hours), np.int64), np.asarray(hours, "float32"),
-                            np.repeat(tensors.labels, len(hours)).astype("float32"))  # fmt: skip
+    asked = PredictionTimes(
+        np.zeros(len(hours), np.int64),
+        np.asarray(hours, "float32"),
+        np.repeat(tensors.labels, len(hours)).astype("float32"),
+    )
     return replace(tensors, task=asked).cut_at_prediction_times()
 
 
@@ -166,8 +180,9 @@ def explain_hour(trained: SavedMethod, replay: Replay, index: int) -> Hour:
         if explains_rows(trained.method) and replay.record is not None:
             asked, seen = method_input(trained, replay.record, replay.hours[index : index + 1])
             if len(seen):
-                contributions = pd.Series(trained.method.contributions(asked)[0], index=trained.variables,
-                                          name="contribution")  # fmt: skip
+                contributions = pd.Series(
+                    trained.method.contributions(asked)[0], index=trained.variables, name="contribution"
+                )
         return Hour(replay.stay_id, float(replay.hours[index]), batch, None, contributions)
     if trained.model.explanation_unavailable is None:
         explanation = explain(trained.model, batch, trained.variables)

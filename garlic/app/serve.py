@@ -9,6 +9,7 @@ the first visitor finds them done. Streamlit then runs in this process with the 
 to ``--host`` (loopback by default), uploads capped at 1 MB, no developer toolbar, no error details in the page,
 no file watcher; with a login token, behind ``garlic.app.access.Gate``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,11 @@ log = logging.getLogger("garlic.dashboard")
 
 def settings(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="garlic dashboard", description="serve the GARLIC-ICU bedside dashboard")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="the address to listen on (default 127.0.0.1: this machine only); any other needs "
-                             "GARLIC_DASHBOARD_TOKEN")  # fmt: skip
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only); any other needs GARLIC_DASHBOARD_TOKEN",
+    )
     parser.add_argument("--port", type=port_number, default=8501)
     parser.add_argument("--mlruns", default="mlruns", help="the local MLflow store")
     parser.add_argument("--data-root", default="data", help="where processed datasets live")
@@ -47,10 +50,28 @@ def streamlit_arguments(options: argparse.Namespace) -> list[str]:
     page += ["--run", options.run] if options.run else []
     page += ["--ward", options.ward] if options.ward else []
     page += ["--profile", options.profile] if options.profile else []
-    return ["run", str(PAGE), "--server.address", options.host, "--server.port", str(options.port),
-            "--server.headless", "true", "--server.fileWatcherType", "none", "--server.maxUploadSize",
-            str(MAX_UPLOAD_MB), "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
-            "--client.showErrorDetails", "none", "--", *page]  # fmt: skip
+    return [
+        "run",
+        str(PAGE),
+        "--server.address",
+        options.host,
+        "--server.port",
+        str(options.port),
+        "--server.headless",
+        "true",
+        "--server.fileWatcherType",
+        "none",
+        "--server.maxUploadSize",
+        str(MAX_UPLOAD_MB),
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "minimal",
+        "--client.showErrorDetails",
+        "none",
+        "--",
+        *page,
+    ]
 
 
 def warm_up(options: argparse.Namespace) -> None:

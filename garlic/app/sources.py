@@ -3,6 +3,7 @@
 A run names its dataset and split; the stays are looked up under the configured data root (not at the folder the
 run was trained from, which may be anywhere), so the page never reads outside the folders it was given.
 """
+
 from __future__ import annotations
 
 import io
@@ -99,7 +100,9 @@ def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
     preset the run was trained from names it where it has one (``physionet2012-best · AUROC …``)."""
     params = run.data.params
     started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    label = [run.data.tags.get(run_contract.PRESET) or run.data.tags.get(run_contract.METHOD) or params.get("dataset", "?")]
+    label = [
+        run.data.tags.get(run_contract.PRESET) or run.data.tags.get(run_contract.METHOD) or params.get("dataset", "?")
+    ]
     if "test_auroc" in run.data.metrics:
         label.append(f"AUROC {run.data.metrics['test_auroc']:.3f}")
     details = [params.get("split", "no split"), f"started {started}", f"run {run.info.run_id}"]
@@ -173,8 +176,11 @@ def test_split(trained: SavedMethod, run: mlflow.entities.Run, data_root: Path) 
         raise RunNotFoundError(f"run {run.info.run_id} does not name its dataset and split")
     run_id, split_name = run.info.run_id, params[run_contract.SPLIT]
     folder = inside(processed_folder(params[run_contract.DATASET], data_root), data_root, f"run {run_id}'s dataset")
-    inside(split_path(folder, *run_contract.parse_split_name(split_name)), folder / "splits",
-           f"run {run_id}'s split {split_name!r}")  # fmt: skip
+    inside(
+        split_path(folder, *run_contract.parse_split_name(split_name)),
+        folder / "splits",
+        f"run {run_id}'s split {split_name!r}",
+    )
     split = run_contract.verify_split(run_id, params, folder, read_manifest(folder))
     tensors = load_tensors(folder)
     return trained.dataset(tensors.subset(split.positions(tensors, "test")))
@@ -192,8 +198,10 @@ def read_upload(name: str, data: bytes, trained: SavedMethod) -> IrregularDatase
             "or a PhysioNet 2019 pNNNNNN.psv (e.g. p000001.psv)"
         )
     if len(data) > MAX_UPLOAD_BYTES:
-        raise UploadError(f"{base} is {len(data) / 1e6:.1f} MB; one stay's record is under 0.1 MB "
-                          f"(at most {MAX_UPLOAD_BYTES // 1024} kB accepted)")  # fmt: skip
+        raise UploadError(
+            f"{base} is {len(data) / 1e6:.1f} MB; one stay's record is under 0.1 MB "
+            f"(at most {MAX_UPLOAD_BYTES // 1024} kB accepted)"
+        )
     with tempfile.TemporaryDirectory(prefix="garlic-upload-") as folder:
         path = Path(folder) / base
         path.write_bytes(data)

@@ -2,6 +2,7 @@
 
 For example: "risk 0.72, rising; driven by falling GCS and rising BUN".
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -72,8 +73,9 @@ def plain_summary(risk: float, trend: str, drivers: list[tuple[str, str]]) -> st
     if not np.isfinite(risk):
         return "no observation yet: no risk to report"
     text = f"risk {risk:.2f}, {trend}"
-    named = [f"{direction} {name}" if direction in TRENDS else driver_note(name, direction)
-             for name, direction in drivers]  # fmt: skip
+    named = [
+        f"{direction} {name}" if direction in TRENDS else driver_note(name, direction) for name, direction in drivers
+    ]
     if not named:
         return text
     listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"

@@ -1,4 +1,5 @@
 """Batches for the model: a dataset over the cached tensors, normalised with training statistics only."""
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,9 @@ class Queries:
     weights: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> "Queries":
-        return Queries(*(None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                         for f in fields(self)))  # fmt: skip
+        return Queries(
+            *(None if getattr(self, f.name) is None else getattr(self, f.name).to(device) for f in fields(self))
+        )
 
 
 @dataclass
@@ -59,8 +61,12 @@ class Batch:
     queries: Queries | None = None
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                        for f in fields(self)})  # fmt: skip
+        return Batch(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                for f in fields(self)
+            }
+        )
 
     @property
     def targets(self) -> torch.Tensor:
@@ -138,8 +144,12 @@ class IrregularDataset(Dataset):
         }
         if self.tensors.task is not None:
             rows = slice(int(self.query_bounds[index]), int(self.query_bounds[index + 1]))
-            item |= {"query_steps": self.query_steps[rows], "query_index": torch.arange(rows.start, rows.stop),
-                     "query_labels": self.targets[rows], "query_time": self.query_times[rows]}  # fmt: skip
+            item |= {
+                "query_steps": self.query_steps[rows],
+                "query_index": torch.arange(rows.start, rows.stop),
+                "query_labels": self.targets[rows],
+                "query_time": self.query_times[rows],
+            }
             if self.target_weights is not None:
                 item["query_weights"] = self.target_weights[rows]
         return item
@@ -155,8 +165,10 @@ class IrregularDataset(Dataset):
 
         times = self.prediction_times
         if times.score != SEPSIS_UTILITY:
-            raise ValueError(f"utility targets need a task scored by {SEPSIS_UTILITY}; this one is scored by "
-                             f"{times.score or 'its labels alone'}")  # fmt: skip
+            raise ValueError(
+                f"utility targets need a task scored by {SEPSIS_UTILITY}; this one is scored by "
+                f"{times.score or 'its labels alone'}"
+            )
         gains, weights = utility_targets(times.label, stay_lengths(times.stay))
         recast = copy.copy(self)
         recast.targets = torch.from_numpy(gains.astype("float32"))
@@ -182,13 +194,14 @@ def collate(items: list[dict[str, torch.Tensor]]) -> Batch:
     queries = None
     if "query_steps" in items[0]:
         counts = torch.tensor([len(item["query_steps"]) for item in items])
-        queries = Queries(stay=torch.repeat_interleave(torch.arange(len(items)), counts),
-                          steps=torch.cat([item["query_steps"] for item in items]),
-                          index=torch.cat([item["query_index"] for item in items]),
-                          labels=torch.cat([item["query_labels"] for item in items]),
-                          time=torch.cat([item["query_time"] for item in items]),
-                          weights=(torch.cat([item["query_weights"] for item in items])
-                                   if "query_weights" in items[0] else None))  # fmt: skip
+        queries = Queries(
+            stay=torch.repeat_interleave(torch.arange(len(items)), counts),
+            steps=torch.cat([item["query_steps"] for item in items]),
+            index=torch.cat([item["query_index"] for item in items]),
+            labels=torch.cat([item["query_labels"] for item in items]),
+            time=torch.cat([item["query_time"] for item in items]),
+            weights=(torch.cat([item["query_weights"] for item in items]) if "query_weights" in items[0] else None),
+        )
     return Batch(
         values=torch.stack([item["values"][:steps] for item in items]),
         mask=torch.stack([item["mask"][:steps] for item in items]),

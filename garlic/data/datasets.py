@@ -8,6 +8,7 @@ source name (``physionet2019``) is not a dataset, and training must name the coh
 keeps the plain name (``physionet2012``, beside ``physionet2012-hourly``). ``DATASETS`` lists every dataset
 name. A new source of data is one module in ``garlic/sources/``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,9 @@ def preprocess(
     if named is not None and not source.named:
         raise PreprocessOptionError(f"--name does not apply to {name}: its datasets are {', '.join(source.datasets)}")
     if named is not None and not NAMED.fullmatch(named):
-        raise PreprocessOptionError(f"--name {named!r}: expected letters, digits, _ and -, starting with a letter or "
-                                    "digit")  # fmt: skip
+        raise PreprocessOptionError(
+            f"--name {named!r}: expected letters, digits, _ and -, starting with a letter or digit"
+        )
     dataset = source.dataset(cohort) if named is None else f"{name}-{named}"
     folder = processed_folder(dataset, data_root)
     if source.cohorts:
@@ -127,6 +129,7 @@ def ensure_processed(dataset: str, data_root: Path = DEFAULT_DATA_ROOT) -> Path:
         return folder
     source, _, cohort = dataset.partition("-")
     others = "".join(f" {_flag(key)} {key.upper()}" for key in sorted(SOURCES[source].required - {"source"}))
-    command = (f"garlic preprocess {source} --source PATH_TO_RAW_DATA{others}"
-               + (f" --cohort {cohort}" if cohort else ""))  # fmt: skip
+    command = f"garlic preprocess {source} --source PATH_TO_RAW_DATA{others}" + (
+        f" --cohort {cohort}" if cohort else ""
+    )
     raise DatasetNotFoundError(f"dataset {dataset!r} has not been preprocessed into {folder}; run `{command}` first")

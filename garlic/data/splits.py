@@ -31,6 +31,7 @@ Each split is saved as ``splits/<protocol>/split_<k>.json`` next to the processe
 part and the normalisation of the training part's observed values. Once saved, a split is read back, never redrawn,
 so every experiment uses the same stays.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -105,8 +106,9 @@ def published_ids(name: str, dataset: str) -> dict[int, dict[str, np.ndarray]]:
     """The shipped id lists of a published protocol on ``dataset``: split index (from 0) -> part -> sorted ids."""
     path = PUBLISHED / dataset / f"{name}.json.gz"
     if not path.is_file():
-        raise ValueError(f"protocol {name!r} is not published for dataset {dataset!r}; it is for "
-                         f"{', '.join(published_for(name))}")  # fmt: skip
+        raise ValueError(
+            f"protocol {name!r} is not published for dataset {dataset!r}; it is for {', '.join(published_for(name))}"
+        )
     payload = json.loads(gzip.decompress(path.read_bytes()))
     ordered = sorted(payload["splits"].items(), key=lambda item: int(item[0]))
     return {
@@ -148,8 +150,9 @@ class Normalisation:
         unseen = [f"variable {name}" for name, seen in zip(train.variables, train.mask.any(axis=(0, 1))) if not seen]
         unseen += [f"static feature {name}" for name, seen in zip(train.static_features, static_seen) if not seen]
         if unseen:
-            log.warning("no value in the training part for %s: fitted as mean 0, standard deviation 1",
-                        ", ".join(unseen))
+            log.warning(
+                "no value in the training part for %s: fitted as mean 0, standard deviation 1", ", ".join(unseen)
+            )
         return cls(
             value_mean=mean.astype("float32"),
             value_std=_positive(std).astype("float32"),
@@ -244,8 +247,10 @@ def strata(tensors: IrregularTensors, names: list[str], dataset: str) -> np.ndar
     unknown = [name for name in names if name not in STRATA]
     if unknown:
         raise ValueError(f"cannot stratify splits on {unknown}; known: {', '.join(STRATA)}")
-    columns = {"label": lambda: tensors.labels.astype(int).astype(str),
-               "hospital_system": lambda: np.asarray(source_of(dataset).hospital_systems(tensors.stay_ids), str)}
+    columns = {
+        "label": lambda: tensors.labels.astype(int).astype(str),
+        "hospital_system": lambda: np.asarray(source_of(dataset).hospital_systems(tensors.stay_ids), str),
+    }
     keys = [columns[name]() for name in names]
     return np.array(["|".join(parts) for parts in zip(*keys)]) if keys else np.zeros(len(tensors), str)
 
@@ -259,10 +264,14 @@ def _stratified_part(ids: np.ndarray, strata: np.ndarray, fraction: float, seed:
         return train_test_split(ids, strata, test_size=fraction, stratify=strata, random_state=seed)
     except ValueError as exc:
         values, counts = np.unique(strata, return_counts=True)
-        sizes = ", ".join(f"{value:g}: {count}" if isinstance(value, np.floating) else f"{value}: {count}"
-                          for value, count in zip(values, counts))  # fmt: skip
-        raise ValueError(f"protocol {protocol!r} split {index}: {len(ids)} stays ({sizes}, by stratum) are too few to "
-                         f"split off {fraction:.0%} with every stratum in each part ({exc})") from None
+        sizes = ", ".join(
+            f"{value:g}: {count}" if isinstance(value, np.floating) else f"{value}: {count}"
+            for value, count in zip(values, counts)
+        )
+        raise ValueError(
+            f"protocol {protocol!r} split {index}: {len(ids)} stays ({sizes}, by stratum) are too few to "
+            f"split off {fraction:.0%} with every stratum in each part ({exc})"
+        ) from None
 
 
 def draw_split(tensors: IrregularTensors, protocol: str, index: int, stratum: np.ndarray | None = None) -> Split:
@@ -279,8 +288,9 @@ def hospital_split(tensors: IrregularTensors, protocol: str, index: int, dataset
     source, target = DIRECTIONS[index]
     systems = source_of(dataset).hospital_systems(tensors.stay_ids)
     home = systems == source
-    train, rest, _, rest_labels = _stratified_part(tensors.stay_ids[home], tensors.labels[home], 0.2, 0, protocol,
-                                                   index)  # fmt: skip
+    train, rest, _, rest_labels = _stratified_part(
+        tensors.stay_ids[home], tensors.labels[home], 0.2, 0, protocol, index
+    )
     validation, held_out, _, _ = _stratified_part(rest, rest_labels, 0.5, 0, protocol, index)
     test = tensors.stay_ids[systems == target] if protocol == "cross-hospital" else held_out
     return fitted_split(tensors, protocol, index, np.sort(train), np.sort(validation), np.sort(test))
@@ -296,8 +306,10 @@ def stays_not_held(name: str, index: int, stay_ids: np.ndarray, dataset: str) ->
         missing = np.setdiff1d(ids[part], stay_ids)
         if len(missing):
             shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-            return (f"protocol {name!r} split {index} names {len(missing)} {part} stays that the processed dataset "
-                    f"{dataset!r} does not hold ({shown}); it needs the complete release the protocol was made on")
+            return (
+                f"protocol {name!r} split {index} names {len(missing)} {part} stays that the processed dataset "
+                f"{dataset!r} does not hold ({shown}); it needs the complete release the protocol was made on"
+            )
     return None
 
 
@@ -331,8 +343,10 @@ def published_split(tensors: IrregularTensors, name: str, index: int, dataset: s
 
 
 def _none_recorded(name: str, dataset: str) -> str:
-    return (f"protocol {name!r} takes the split a dataset's source recorded, and {dataset!r} has none (a MEDS "
-            "folder records it in metadata/subject_splits.parquet)")
+    return (
+        f"protocol {name!r} takes the split a dataset's source recorded, and {dataset!r} has none (a MEDS "
+        "folder records it in metadata/subject_splits.parquet)"
+    )
 
 
 def recorded_split(tensors: IrregularTensors, name: str, dataset: str, manifest: dict) -> Split:
@@ -343,8 +357,9 @@ def recorded_split(tensors: IrregularTensors, name: str, dataset: str, manifest:
     parts = [np.intersect1d(np.asarray(recorded[part], dtype="int64"), tensors.stay_ids) for part in PARTS]
     empty = [part for part, ids in zip(PARTS, parts) if not len(ids)]
     if empty:
-        raise ValueError(f"the split recorded for {dataset!r} has no {empty[0]} stay; protocol {name!r} needs all "
-                         "three parts")  # fmt: skip
+        raise ValueError(
+            f"the split recorded for {dataset!r} has no {empty[0]} stay; protocol {name!r} needs all three parts"
+        )
     return fitted_split(tensors, name, 0, *parts)
 
 
@@ -387,9 +402,11 @@ def read_split(folder: Path, protocol: str, index: int) -> Split | None:
     try:
         return Split.from_json(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as damage:  # not UTF-8, not JSON, not a split's fields
-        raise ValueError(f"{path}: not a saved split ({type(damage).__name__}: {damage}); restore it from a copy, "
-                         "or delete it to have it made again: a drawn split comes back the same from its seed, a "
-                         "published one from the shipped id lists") from None
+        raise ValueError(
+            f"{path}: not a saved split ({type(damage).__name__}: {damage}); restore it from a copy, "
+            "or delete it to have it made again: a drawn split comes back the same from its seed, a "
+            "published one from the shipped id lists"
+        ) from None
 
 
 def load_splits(
@@ -413,8 +430,10 @@ def load_splits(
             split = made_split(tensors, chosen, index, dataset, manifest)
             write_json_atomic(path, split.to_json())
         elif chosen.published and split.digest() != published_split_digest(chosen.published, index, dataset):
-            raise ValueError(f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "
-                             "delete it to have it made again from the shipped id lists")  # fmt: skip
+            raise ValueError(
+                f"{path} does not hold the stays of the published {chosen.name!r} split {index}; "
+                "delete it to have it made again from the shipped id lists"
+            )
         elif split.normalisation.value_low is None:  # saved before clipping: same stays, statistics refitted
             split.normalisation = Normalisation.fit(tensors.subset(split.positions(tensors, "train")))
             write_json_atomic(path, split.to_json())

@@ -30,6 +30,7 @@ OpenMP's wait is left at its default (spin a while, then sleep): a passive wait 
 an idle epoch's first 40 batches 4.4-5.1 s against 3.8 s, and where two threads are slow this module runs one, which
 waits for no other (``docs/results/speed.md``, "Under load").
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,7 +58,9 @@ RECENT_BATCHES = 8  # the current count's rate is that of its last batches
 WAIT_BATCHES = 4  # a due check waits at most this many batches for one no larger than the median
 GATE = 2.0  # a check of more threads runs batches where small parallel operations are at most this much slower on them
 PROBE_SECONDS = 0.02  # the small parallel operations are timed this long on each count
-SMALL_OPERATION = 1 << 16  # numbers multiplied in place: above torch's grain (32768), one parallel region on two threads
+SMALL_OPERATION = (
+    1 << 16
+)  # numbers multiplied in place: above torch's grain (32768), one parallel region on two threads
 
 
 @dataclass
@@ -93,8 +96,12 @@ class ThreadChooser:
     """Chooses torch's thread count for each batch of the loops it runs (``run``), between one and ``most`` (torch's
     count when the first loop starts), from the batches' times on ``clock``."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, most: int | None = None,
-                 probe: Callable[[int], float] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.perf_counter,
+        most: int | None = None,
+        probe: Callable[[int], float] | None = None,
+    ):
         """``probe(threads)``: the seconds of a small parallel operation on ``threads`` (``seconds_per_operation``)."""
         self.clock, self.most, self.probe = clock, most, probe or seconds_per_operation
         self.current = FIRST_COUNT
@@ -140,8 +147,12 @@ class ThreadChooser:
             if work <= statistics.median(loop.works) or loop.waited > WAIT_BATCHES:
                 loop.waited = 0
                 if self.other() > self.current and self.probe(self.other()) > GATE * self.probe(self.current):
-                    log.debug("%d threads: small parallel operations over %g times as slow as on %d", self.other(),
-                              GATE, self.current)  # fmt: skip
+                    log.debug(
+                        "%d threads: small parallel operations over %g times as slow as on %d",
+                        self.other(),
+                        GATE,
+                        self.current,
+                    )
                     self.next_check = self.clock() + RECHECK_SECONDS
                 else:
                     loop.trial = Timings()
@@ -160,11 +171,18 @@ class ThreadChooser:
         """End a check: keep the faster count; the next check after ``RECHECK_SECONDS`` or the time this one lost."""
         trial, current = loop.trial.rate(), loop.current.rate()
         lost = max(0.0, sum(loop.trial.seconds) - current * sum(loop.trial.work))
-        log.debug("%d thread(s) on %d batch(es): %.2f times the time per unit of work of %d, %.2f s lost",
-                  self.other(), len(loop.trial), trial / current, self.current, lost)  # fmt: skip
+        log.debug(
+            "%d thread(s) on %d batch(es): %.2f times the time per unit of work of %d, %.2f s lost",
+            self.other(),
+            len(loop.trial),
+            trial / current,
+            self.current,
+            lost,
+        )
         if trial < current:
-            log.info("%d CPU thread(s): batches %.2f times as fast as on %d", self.other(), current / trial,
-                     self.current)  # fmt: skip
+            log.info(
+                "%d CPU thread(s): batches %.2f times as fast as on %d", self.other(), current / trial, self.current
+            )
             self.current, loop.current = self.other(), loop.trial
         loop.trial = None
         self.next_check = self.clock() + max(RECHECK_SECONDS, lost / MOST_LOST)

@@ -5,6 +5,7 @@ the alerts score per stay, so that a table keeps stays, not hours (``garlic.metr
 Predictions are what ``fit_and_test`` logs on a task of prediction times and ``garlic predict --hourly`` writes:
 ``stay_id, time, risk`` and, where known, ``label``; a stay's rows together, in time order.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,13 @@ def stay_alerts(policy: AlertPolicy, predictions: pd.DataFrame) -> pd.DataFrame:
     utility = stay_parts(labels, alarms, lengths)
     alerts = alert_parts(labels, alarms, lengths)
     first = np.r_[0, np.cumsum(lengths)[:-1]]
-    return pd.DataFrame({"stay_id": predictions["stay_id"].to_numpy()[first],
-                         **{name: utility[name] for name in UTILITY_PARTS}, **alerts})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "stay_id": predictions["stay_id"].to_numpy()[first],
+            **{name: utility[name] for name in UTILITY_PARTS},
+            **alerts,
+        }
+    )
 
 
 def as_parts(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -77,26 +83,40 @@ def scores(parts: dict[str, np.ndarray], weights: np.ndarray | None = None) -> d
     return {"utility": utility, **alert_scores(parts, weights)}
 
 
-def burden_curve(template: AlertPolicy, predictions: pd.DataFrame,
-                 thresholds: np.ndarray = CURVE_THRESHOLDS) -> pd.DataFrame:  # fmt: skip
+def burden_curve(
+    template: AlertPolicy, predictions: pd.DataFrame, thresholds: np.ndarray = CURVE_THRESHOLDS
+) -> pd.DataFrame:
     """What ``template`` scores at each of ``thresholds`` on labelled hourly predictions, as counts that add up over
     splits (``CURVE_COLUMNS``): sensitivity = detected / septic, PPV = true_alerts / alerts, alerts per 100
     patient-days = 2,400 alerts / hours."""
     risks, times, lengths = hours_of(predictions)
     alarms = template.alarms(risks, times, lengths, thresholds)
     parts = alert_parts(predictions["label"].to_numpy(), alarms, lengths)
-    return pd.DataFrame({"threshold": thresholds, "stays": len(lengths), "hours": lengths.sum(),
-                         "septic": parts["septic"].sum(), "alerts": parts["alerts"].sum(axis=1),
-                         "true_alerts": parts["true_alerts"].sum(axis=1), "detected": parts["detected"].sum(axis=1),
-                         "alerted": (parts["alerts"] > 0).sum(axis=1)})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "threshold": thresholds,
+            "stays": len(lengths),
+            "hours": lengths.sum(),
+            "septic": parts["septic"].sum(),
+            "alerts": parts["alerts"].sum(axis=1),
+            "true_alerts": parts["true_alerts"].sum(axis=1),
+            "detected": parts["detected"].sum(axis=1),
+            "alerted": (parts["alerts"] > 0).sum(axis=1),
+        }
+    )
 
 
 def curve_scores(curve: pd.DataFrame) -> pd.DataFrame:
     """Sensitivity, PPV and alerts per 100 patient-days at each threshold of a (summed) burden curve."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return pd.DataFrame({"threshold": curve["threshold"], "sensitivity": curve["detected"] / curve["septic"],
-                             "ppv": curve["true_alerts"] / curve["alerts"],
-                             "alerts_per_100_days": HOURS_PER_100_DAYS * curve["alerts"] / curve["hours"]})  # fmt: skip
+        return pd.DataFrame(
+            {
+                "threshold": curve["threshold"],
+                "sensitivity": curve["detected"] / curve["septic"],
+                "ppv": curve["true_alerts"] / curve["alerts"],
+                "alerts_per_100_days": HOURS_PER_100_DAYS * curve["alerts"] / curve["hours"],
+            }
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,13 +150,16 @@ def run_policy(run_id: str, store: Path) -> RunPolicy:
     try:
         validation = queries.test_predictions(store, run_id, "validation")
     except (MlflowException, OSError):
-        raise AlertPolicyError(f"run {run_id} logged neither an alert policy nor validation predictions to choose "
-                               "one on; give a threshold (--threshold)") from None  # fmt: skip
+        raise AlertPolicyError(
+            f"run {run_id} logged neither an alert policy nor validation predictions to choose "
+            "one on; give a threshold (--threshold)"
+        ) from None
     if hourly:
         return RunPolicy(choose(validation).policy, "highest utility on the run's validation stays", True)
     threshold = threshold_at_sensitivity(validation["label"], validation["risk"], DEFAULT_SENSITIVITY)
-    return RunPolicy(AlertPolicy(threshold), f"{DEFAULT_SENSITIVITY:.0%} sensitivity on the run's validation stays",
-                     False)  # fmt: skip
+    return RunPolicy(
+        AlertPolicy(threshold), f"{DEFAULT_SENSITIVITY:.0%} sensitivity on the run's validation stays", False
+    )
 
 
 PROFILE_VERSION = 1
@@ -146,9 +169,16 @@ def write_profile(path: Path, run_id: str, site: str, choice: PolicyChoice, stay
     """A site profile: the policy set on a site's own stays for ``run_id`` (``garlic calibrate``), which
     ``garlic monitor``, ``garlic predict --hourly`` and the dashboard read with ``--profile``. Written whole or not
     at all."""
-    profile = {"version": PROFILE_VERSION, "run": run_id, "site": site, "policy": choice.policy.settings(),
-               "chosen_by": choice.chosen_by, "stays": int(stays), "hours": int(hours),
-               "scores_on_site": {name: float(value) for name, value in choice.scores.items()}}  # fmt: skip
+    profile = {
+        "version": PROFILE_VERSION,
+        "run": run_id,
+        "site": site,
+        "policy": choice.policy.settings(),
+        "chosen_by": choice.chosen_by,
+        "stays": int(stays),
+        "hours": int(hours),
+        "scores_on_site": {name: float(value) for name, value in choice.scores.items()},
+    }
     with atomic_file(Path(path), mode="w", suffix=".json") as handle:
         json.dump(profile, handle, indent=2)
     return Path(path)
@@ -167,8 +197,10 @@ def read_profile(path: Path, run_id: str) -> tuple[AlertPolicy, str]:
     if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
         raise AlertPolicyError(f"{path}: not a site profile of version {PROFILE_VERSION} (garlic calibrate writes one)")
     if profile.get("run") != run_id:
-        raise AlertPolicyError(f"{path}: a site profile for run {profile.get('run')!r}, not for run {run_id}; its "
-                               "threshold is on another model's risks")  # fmt: skip
+        raise AlertPolicyError(
+            f"{path}: a site profile for run {profile.get('run')!r}, not for run {run_id}; its "
+            "threshold is on another model's risks"
+        )
     settings = profile.get("policy")
     if not isinstance(settings, dict) or set(settings) != {"threshold", "band", "quiet_hours", "margin"}:
         raise AlertPolicyError(f"{path}: field 'policy' must hold threshold, band, quiet_hours and margin")
@@ -194,6 +226,10 @@ def policy_for(run_id: str, store: Path, profile: Path | None = None, **given: f
     policy, chosen_by = read_profile(profile, run_id) if profile is not None else (found.policy, found.chosen_by)
     if given:
         policy = AlertPolicy(**(policy.settings() | given))
-        chosen_by = ", ".join([*([chosen_by] if chosen_by and set(given) != {"threshold"} else []),
-                               *(f"--{name.replace('_', '-')} {value:g}" for name, value in given.items())])  # fmt: skip
+        chosen_by = ", ".join(
+            [
+                *([chosen_by] if chosen_by and set(given) != {"threshold"} else []),
+                *(f"--{name.replace('_', '-')} {value:g}" for name, value in given.items()),
+            ]
+        )
     return RunPolicy(policy, chosen_by, found.hourly)

@@ -4,6 +4,7 @@ Temperature scaling divides every logit by one positive number T, chosen to mini
 log-likelihood. It leaves the ranking of stays unchanged (AUROC and AUPRC do not move); only calibration (Brier
 score, expected calibration error) can change. The test split is used only to report the result.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -14,6 +14,7 @@ table, so that gradient boosting, logistic regression and GARLIC are measured al
 what is left. The drop is the risk before minus after. Faithful drivers give top > random > bottom: removing what
 raised the risk lowers it most. Only observed variables count: removing one never measured changes nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -45,13 +46,23 @@ def _asked_at(tensors: IrregularTensors, times: PredictionTimes) -> IrregularTen
     asked = PredictionTimes(np.arange(len(times)), times.time, times.label, times.score)
     if tensors.mask.shape[1] == 0:
         one = (len(tensors), 1)
-        tensors = replace(tensors, values=np.zeros((*one, tensors.values.shape[2]), tensors.values.dtype),
-                          mask=np.zeros((*one, tensors.mask.shape[2]), bool), times=np.zeros(one, tensors.times.dtype))
+        tensors = replace(
+            tensors,
+            values=np.zeros((*one, tensors.values.shape[2]), tensors.values.dtype),
+            mask=np.zeros((*one, tensors.mask.shape[2]), bool),
+            times=np.zeros(one, tensors.times.dtype),
+        )
     return replace(tensors, task=asked)
 
 
-def removal_drops(method: Method, dataset: IrregularDataset, rows: np.ndarray, fraction: float = 0.5,
-                  seed: int = 0, importance: np.ndarray | None = None) -> pd.DataFrame:  # fmt: skip
+def removal_drops(
+    method: Method,
+    dataset: IrregularDataset,
+    rows: np.ndarray,
+    fraction: float = 0.5,
+    seed: int = 0,
+    importance: np.ndarray | None = None,
+) -> pd.DataFrame:
     """Per prediction time at positions ``rows`` (of ``dataset.prediction_times``): its stay position and time, the
     variables observed by then, its risk, and the drop in risk when ``fraction`` of them are removed by each
     condition (``drop_top``, ``drop_random``, ``drop_bottom``; the module's docstring). ``importance`` [M, D]: the
@@ -80,8 +91,14 @@ def removal_drops(method: Method, dataset: IrregularDataset, rows: np.ndarray, f
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=columns)
 
 
-def alert_faithfulness(method: Method, dataset: IrregularDataset, threshold: float, fraction: float = 0.5,
-                       seed: int = 0, max_alerts: int | None = None) -> pd.Series:  # fmt: skip
+def alert_faithfulness(
+    method: Method,
+    dataset: IrregularDataset,
+    threshold: float,
+    fraction: float = 0.5,
+    seed: int = 0,
+    max_alerts: int | None = None,
+) -> pd.Series:
     """The mean drop in risk at the alerted prediction times (risk >= ``threshold``) when the top, a random or the
     bottom ``fraction`` of their variables are removed (``removal_drops``), with how many were measured: at most
     ``max_alerts`` of them, drawn at random (seeded) where there are more."""

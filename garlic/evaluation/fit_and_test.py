@@ -19,6 +19,7 @@ on a task scored by the Sepsis Challenge's utility, the alarm threshold is the o
 and the alert policy (``garlic.metrics.alert_policy``: its ``alert_*`` settings, the threshold chosen on validation
 by the utility of the policy's alarms) with the test look's per-alert scores under it (``test_alert_*``).
 """
+
 from __future__ import annotations
 
 import mlflow
@@ -37,8 +38,15 @@ from garlic.io.tensors import IrregularTensors, PredictionTimes
 
 PARTS = ("train", "validation", "test")
 # Every test look's metrics (``log_fitted`` may add its own).
-TEST_METRICS = ("test_auroc", "test_auprc", "test_brier", "test_ece", "test_brier_scaled", "test_ece_scaled",
-                "temperature")  # fmt: skip
+TEST_METRICS = (
+    "test_auroc",
+    "test_auprc",
+    "test_brier",
+    "test_ece",
+    "test_brier_scaled",
+    "test_ece_scaled",
+    "temperature",
+)
 
 
 def split_parts(
@@ -92,8 +100,10 @@ def alert_metrics(predictions: dict[str, pd.DataFrame]) -> dict[str, float]:
     look's per-alert scores under it (``test_alert_*``: ``garlic.metrics.alerts``)."""
     policy = alerting.choose(predictions["validation"]).policy
     scored = alerting.scores(alerting.as_parts(alerting.stay_alerts(policy, predictions["test"])))
-    return {**{f"alert_{name}": value for name, value in policy.settings().items()},
-            **{f"test_alert_{name}": value for name, value in scored.items()}}  # fmt: skip
+    return {
+        **{f"alert_{name}": value for name, value in policy.settings().items()},
+        **{f"test_alert_{name}": value for name, value in scored.items()},
+    }
 
 
 def test_metrics(labels: dict[str, np.ndarray], risks: dict[str, np.ndarray]) -> dict[str, float]:
@@ -102,11 +112,17 @@ def test_metrics(labels: dict[str, np.ndarray], risks: dict[str, np.ndarray]) ->
     test = binary_metrics(labels["test"], risks["test"])
     calibration = temperature_report(risks["validation"], labels["validation"], risks["test"], labels["test"])
     scaled = scale(logits_from_probabilities(risks["test"]), calibration["temperature"])
-    figures = {"roc_pr.png": plots.roc_pr_figure(labels["test"], risks["test"]),
-               "calibration.png": plots.reliability_figure(labels["test"], risks["test"]),
-               "calibration_scaled.png": plots.reliability_figure(labels["test"], scaled)}  # fmt: skip
+    figures = {
+        "roc_pr.png": plots.roc_pr_figure(labels["test"], risks["test"]),
+        "calibration.png": plots.reliability_figure(labels["test"], risks["test"]),
+        "calibration_scaled.png": plots.reliability_figure(labels["test"], scaled),
+    }
     for name, figure in figures.items():
         mlflow.log_figure(figure, run_contract.plot(name))
         plots.plt.close(figure)
-    return {**{f"test_{key}": value for key, value in test.items()}, "temperature": calibration["temperature"],
-            "test_brier_scaled": calibration["brier_scaled"], "test_ece_scaled": calibration["ece_scaled"]}  # fmt: skip
+    return {
+        **{f"test_{key}": value for key, value in test.items()},
+        "temperature": calibration["temperature"],
+        "test_brier_scaled": calibration["brier_scaled"],
+        "test_ece_scaled": calibration["ece_scaled"],
+    }

@@ -8,6 +8,7 @@ All are fractions (an AUROC of 86.4% is 0.864), test metrics of the paper or rep
 - ``FIDELITY``: the feature-removal trial the GARLIC paper reports for IMV-LSTM on P12 (``experiments.fidelity``);
 - ``IMPUTATION_NMAE``: normalised MAE of imputers with 10% of observed values held out (``experiments.imputation``).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -49,19 +50,35 @@ RESULTS = {
 # Test AUROC of each variant (``experiments.ablations.VARIANTS`` names; "no alternating optimisation" is
 # ``joint_training``), from summaries of the GARLIC paper.
 ABLATION_AUROC = {
-    "physionet2012": {"full": 0.8640, "no_missing_indicator": 0.8487, "no_decay": 0.8220,
-                      "no_per_variable_encoder": 0.8500, "no_graph": 0.8467, "no_gru": 0.7690,
-                      "joint_training": 0.8532},  # fmt: skip
-    "physionet2019": {"full": 0.9096, "no_missing_indicator": 0.8222, "no_decay": 0.8950,
-                      "no_per_variable_encoder": 0.8978, "no_graph": 0.8839, "no_gru": 0.7526,
-                      "joint_training": 0.9008},  # fmt: skip
+    "physionet2012": {
+        "full": 0.8640,
+        "no_missing_indicator": 0.8487,
+        "no_decay": 0.8220,
+        "no_per_variable_encoder": 0.8500,
+        "no_graph": 0.8467,
+        "no_gru": 0.7690,
+        "joint_training": 0.8532,
+    },
+    "physionet2019": {
+        "full": 0.9096,
+        "no_missing_indicator": 0.8222,
+        "no_decay": 0.8950,
+        "no_per_variable_encoder": 0.8978,
+        "no_graph": 0.8839,
+        "no_gru": 0.7526,
+        "joint_training": 0.9008,
+    },
 }
 
 # IMV-LSTM on P12 with all values and with the top / a random / the bottom 50% kept, (AUROC, AUPRC), from summaries
 # of the GARLIC paper.
 FIDELITY = {
-    "physionet2012": {"full": (0.8402, 0.4908), "top": (0.7623, 0.3446), "random": (0.7523, 0.3703),
-                      "bottom": (0.7012, 0.2683)},  # fmt: skip
+    "physionet2012": {
+        "full": (0.8402, 0.4908),
+        "top": (0.7623, 0.3446),
+        "random": (0.7523, 0.3703),
+        "bottom": (0.7012, 0.2683),
+    },
 }
 
 # Normalised MAE with 10% of the observed values held out, as published by the SAITS paper (P12 only; its own

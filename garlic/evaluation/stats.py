@@ -9,6 +9,7 @@
 And the paired comparison every table and study makes of two methods on the same test stays
 (``paired_difference``: the mean difference over splits, with a bootstrap interval over test stays).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ class PageResult:
     n_conditions: int
 
     def __str__(self) -> str:
-        return (f"Page's L = {self.statistic:g} over {self.n_blocks} splits x {self.n_conditions} conditions, "
-                f"one-sided p = {self.p_value:.4g} ({self.method})")  # fmt: skip
+        return (
+            f"Page's L = {self.statistic:g} over {self.n_blocks} splits x {self.n_conditions} conditions, "
+            f"one-sided p = {self.p_value:.4g} ({self.method})"
+        )
 
 
 def page_l(scores: np.ndarray) -> float:
@@ -61,9 +64,17 @@ def paired_comparisons(table: pd.DataFrame, best_to_worst: list[str]) -> pd.Data
             if len(difference) > 1 and difference.std() > 0
             else float("nan")
         )
-        rows.append({"better": better, "worse": worse, "mean_difference": difference.mean(),
-                     "std_difference": difference.std(), "splits_agreeing": int((difference > 0).sum()),
-                     "splits": len(difference), "paired_t_p": float(p_value)})  # fmt: skip
+        rows.append(
+            {
+                "better": better,
+                "worse": worse,
+                "mean_difference": difference.mean(),
+                "std_difference": difference.std(),
+                "splits_agreeing": int((difference > 0).sum()),
+                "splits": len(difference),
+                "paired_t_p": float(p_value),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -110,8 +121,9 @@ def _grouped(scores, labels, weights, descending: bool) -> tuple[np.ndarray, np.
     return positive, negative
 
 
-def paired_difference(ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0,
-                      level: float = 0.95) -> dict[str, float]:  # fmt: skip
+def paired_difference(
+    ours: list[Unit], theirs: list[Unit], metric: str, seed: int = 0, level: float = 0.95
+) -> dict[str, float]:
     """Mean over ``ours`` of (ours - the baseline on the same split), with a ``level`` bootstrap interval over test
     stays.
 

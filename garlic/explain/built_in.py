@@ -15,6 +15,7 @@ So observation-level importance is zero on every cell that was not observed, and
 observed cells (a stay with no observation at all has none). Signal-level importance is its sum over time;
 edge-level importance is the message share that flowed along each edge for that stay.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,14 +16,17 @@ exactly, so that "HR raised the risk most" is a statement about this model's own
 ``fold`` sums a table's columns into the model's variables (``HR_last``, ``HR_mean_6h`` ... into ``HR``): a
 driver is named as GARLIC names its signals, so that the ward reads "HR, Temp, Lactate" whatever model it runs.
 """
+
 from __future__ import annotations
 
 import importlib.util
 
 import numpy as np
 
-SHAP_MISSING = ("gradient boosting's drivers need the shap package, not installed here: "
-                "pip install -e '.[explain]' (or bin/setup explain)")  # fmt: skip
+SHAP_MISSING = (
+    "gradient boosting's drivers need the shap package, not installed here: "
+    "pip install -e '.[explain]' (or bin/setup explain)"
+)
 
 
 def shap_installed() -> bool:

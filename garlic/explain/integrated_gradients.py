@@ -11,6 +11,7 @@ logit(nothing observed). tests/test_explain.py checks Captum's numbers against t
 Cells that were not observed have x = m = 0 and so exactly zero attribution: like the built-in explanation,
 importance lands only on observed values.
 """
+
 from __future__ import annotations
 
 import torch
@@ -63,7 +64,9 @@ def ig_importance(model: nn.Module, batch: Batch, steps: int = DEFAULT_STEPS) ->
     return torch.where(total > 0, attribution / total.clamp(min=1e-12), attribution)
 
 
-def gradient_explanation(model: nn.Module, batch: Batch, variables: list[str], steps: int = DEFAULT_STEPS) -> Explanation:
+def gradient_explanation(
+    model: nn.Module, batch: Batch, variables: list[str], steps: int = DEFAULT_STEPS
+) -> Explanation:
     """The explanation a model without a built-in one still allows (the reference architecture's, whose layers do
     not split a step into the variable's own part and its messages): observation importance ``ig_importance``, signal
     importance its sum over time, and no edges (integrated gradients attribute to values, not to the graph).
@@ -72,6 +75,12 @@ def gradient_explanation(model: nn.Module, batch: Batch, variables: list[str], s
     with torch.no_grad():
         inputs = batch.to(next(model.parameters()).device)
         logits = model(inputs.values, inputs.mask, inputs.times, inputs.lengths, inputs.static).logits
-    return Explanation(observation=observation, signal=observation.sum(1), edges=None, graph=None,
-                       risk=torch.sigmoid(logits).to(batch.values.device), variables=list(variables),
-                       method=GRADIENTS)  # fmt: skip
+    return Explanation(
+        observation=observation,
+        signal=observation.sum(1),
+        edges=None,
+        graph=None,
+        risk=torch.sigmoid(logits).to(batch.values.device),
+        variables=list(variables),
+        method=GRADIENTS,
+    )

@@ -10,6 +10,7 @@ so a stay with 3 values keeps 2 at 50%, and one with 1 value keeps 1). Which one
 After removal, time steps left with no observed value are dropped and the remaining steps packed to the front, so
 that the time grid does not reveal when a removed value was measured.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,9 @@ def keep_highest(mask: np.ndarray, scores: np.ndarray, fraction: float) -> np.nd
     return keep.reshape(mask.shape)
 
 
-def keep_mask(mask: np.ndarray, importance: np.ndarray | None, fraction: float, condition: str,
-              seed: int | list[int] = 0) -> np.ndarray:  # fmt: skip
+def keep_mask(
+    mask: np.ndarray, importance: np.ndarray | None, fraction: float, condition: str, seed: int | list[int] = 0
+) -> np.ndarray:
     """The cells ``condition`` ('top', 'random' or 'bottom') keeps; ``importance`` is ignored for 'random'."""
     if condition == "top":
         return keep_highest(mask, importance, fraction)

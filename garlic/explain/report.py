@@ -1,4 +1,5 @@
 """Explanations as tidy tables, figures and MLflow artifacts, and the learned graph scored against a known one."""
+
 from __future__ import annotations
 
 import tempfile
@@ -34,8 +35,9 @@ def explain_dataset(model: Garlic, dataset: IrregularDataset, batch_size: int = 
         yield positions, batch, explain(model, batch, list(dataset.tensors.variables))
 
 
-def observation_table(explanation: Explanation, batch, stay_ids: np.ndarray,
-                      normalisation: Normalisation) -> pd.DataFrame:  # fmt: skip
+def observation_table(
+    explanation: Explanation, batch, stay_ids: np.ndarray, normalisation: Normalisation
+) -> pd.DataFrame:
     """One row per observed value: stay_id, time (h), variable, value (original units, clipped to the training
     range as the model saw it, un-done with the ``normalisation`` it was normalised with), importance."""
     b, t, d = torch.nonzero(batch.mask > 0, as_tuple=True)
@@ -153,8 +155,10 @@ def log_explanations(model: Garlic, dataset: IrregularDataset, planted: list[dic
                 first = first or (positions, batch, explanation)
                 signals = signal_table(explanation, stay_ids[positions])
                 totals.append(signals.groupby("variable")["importance"].agg(["sum", "count"]))
-                append("observation_importance", observation_table(explanation, batch, stay_ids[positions],
-                                                                   dataset.normalisation))  # fmt: skip
+                append(
+                    "observation_importance",
+                    observation_table(explanation, batch, stay_ids[positions], dataset.normalisation),
+                )
                 append("signal_importance", signals)
                 append("edge_importance", edge_table(explanation, stay_ids[positions]))
         finally:

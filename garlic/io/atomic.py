@@ -8,6 +8,7 @@ Published files are readable by all (0644), as the files around them.
 
 Folders (a processed dataset) are published the same way, by ``garlic.io.tables.atomic_directory``.
 """
+
 from __future__ import annotations
 
 import glob

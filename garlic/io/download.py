@@ -17,6 +17,7 @@ Where the checksums come from:
   corrupted transfers, but it trusts the server for the list itself; the command says so when it runs.
 - MIMIC-III needs credentialed access: ``credentialed_access_help`` explains how to get it and where the files go.
 """
+
 from __future__ import annotations
 
 import errno
@@ -98,8 +99,10 @@ def _network_error(url: str, exc: Exception, partial: Path) -> DownloadError:
     else:
         reason = getattr(exc, "reason", exc)
         what = f"the network failed ({reason})"
-    advice = f"{kept:,} bytes are kept in {partial}; run the same command again to resume" if kept else (
-        "check the connection (or proxy settings) and run the same command again"
+    advice = (
+        f"{kept:,} bytes are kept in {partial}; run the same command again to resume"
+        if kept
+        else ("check the connection (or proxy settings) and run the same command again")
     )
     return DownloadError(f"could not download {url}: {what}. {advice}")
 
@@ -118,8 +121,10 @@ def _open_no_link(path: Path, flags: int) -> int:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise DownloadError(f"{path} is a symbolic link; refusing to write through it or read it. "
-                                "Remove it and run the same command again") from None  # fmt: skip
+            raise DownloadError(
+                f"{path} is a symbolic link; refusing to write through it or read it. "
+                "Remove it and run the same command again"
+            ) from None
         raise
 
 
@@ -139,8 +144,9 @@ def _kept_bytes(partial: Path) -> int:
         return 0
     if not stat.S_ISREG(found.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not a regular file"
-        raise DownloadError(f"{partial} is {kind}; refusing to write through it. "
-                            "Remove it and run the same command again")  # fmt: skip
+        raise DownloadError(
+            f"{partial} is {kind}; refusing to write through it. Remove it and run the same command again"
+        )
     return found.st_size
 
 
@@ -253,15 +259,19 @@ def _fetch_and_hash(
         resumed = _fetch(url, partial, max_bytes, deadline)
     except _TooLarge as exc:
         partial.unlink(missing_ok=True)
-        raise DownloadError(f"{url}: the server sent more than the expected {max_bytes:,} bytes (at least "
-                            f"{exc.args[0]:,}); refused, and nothing was kept") from None  # fmt: skip
+        raise DownloadError(
+            f"{url}: the server sent more than the expected {max_bytes:,} bytes (at least "
+            f"{exc.args[0]:,}); refused, and nothing was kept"
+        ) from None
     except (_TooSlow, urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as exc:
         if not isinstance(exc, _TooSlow) and time.monotonic() < deadline:
             raise _network_error(url, exc, partial) from exc
         kept = _kept_bytes(partial)
-        raise DownloadError(f"could not download {url}: not done within its deadline of {seconds:g} s (the server "
-                            f"is too slow); {kept:,} bytes are kept in {partial}: run the same command again to "
-                            "resume") from None  # fmt: skip
+        raise DownloadError(
+            f"could not download {url}: not done within its deadline of {seconds:g} s (the server "
+            f"is too slow); {kept:,} bytes are kept in {partial}: run the same command again to "
+            "resume"
+        ) from None
     return resumed, _sha256_file(partial)
 
 
@@ -275,8 +285,10 @@ def download_file(
     """
     destination = Path(destination)
     if destination.is_dir():
-        raise DownloadError(f"{destination} is a folder, where the downloaded file would go; move it away and run the "
-                            "same command again")  # fmt: skip
+        raise DownloadError(
+            f"{destination} is a folder, where the downloaded file would go; move it away and run the "
+            "same command again"
+        )
     destination.parent.mkdir(parents=True, exist_ok=True)
     with locked(destination.with_name(f".{destination.name}.lock"), remove=True):
         return _download_locked(url, destination, sha256, max_bytes, deadline_s)
@@ -302,8 +314,10 @@ def _download_locked(url: str, destination: Path, sha256: str, max_bytes: int | 
     in_place = _sha256_file(destination)  # what a reader will find: changed if something else writes there
     if in_place != sha256:
         destination.unlink(missing_ok=True)
-        raise DownloadError(f"{destination}: its bytes changed after they were verified (SHA-256 {in_place}); the "
-                            "file was deleted. Is another program writing there? Run the command again")  # fmt: skip
+        raise DownloadError(
+            f"{destination}: its bytes changed after they were verified (SHA-256 {in_place}); the "
+            "file was deleted. Is another program writing there? Run the command again"
+        )
     return Outcome(destination.name, "resumed" if resumed else "downloaded", sha256)
 
 
@@ -322,8 +336,10 @@ def download_physionet2012(
     unknown = sorted(set(names) - set(PHYSIONET2012_SHA256))
     if unknown:
         raise DownloadError(f"not in the PhysioNet 2012 release: {unknown}; it has {sorted(PHYSIONET2012_SHA256)}")
-    return [download_file(_join(base_url, n), Path(to) / n, PHYSIONET2012_SHA256[n], PHYSIONET2012_BYTES[n],
-                          deadline_s) for n in names]  # fmt: skip
+    return [
+        download_file(_join(base_url, n), Path(to) / n, PHYSIONET2012_SHA256[n], PHYSIONET2012_BYTES[n], deadline_s)
+        for n in names
+    ]
 
 
 def parse_checksums(text: str, origin: str) -> dict[str, str]:
@@ -346,9 +362,10 @@ def _fetch_text(url: str, deadline_s: float, limit: int = 64 << 20) -> str:
     deadline = time.monotonic() + deadline_s
     data = bytearray()
     try:
-        with _Deadline(deadline) as opener, opener.open(_request(url), timeout=min(TIMEOUT_SECONDS, deadline_s)) as (
-            response
-        ):  # fmt: skip
+        with (
+            _Deadline(deadline) as opener,
+            opener.open(_request(url), timeout=min(TIMEOUT_SECONDS, deadline_s)) as (response),
+        ):
             while (block := response.read1(CHUNK)) and len(data) <= limit and time.monotonic() <= deadline:
                 data += block
     except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as exc:
@@ -357,8 +374,10 @@ def _fetch_text(url: str, deadline_s: float, limit: int = 64 << 20) -> str:
     if len(data) > limit:
         raise DownloadError(f"{url}: larger than {limit:,} bytes; not a checksum list")
     if time.monotonic() > deadline:
-        raise DownloadError(f"could not download {url}: not done within its deadline of {deadline_s:g} s (the "
-                            "server is too slow); run the same command again")  # fmt: skip
+        raise DownloadError(
+            f"could not download {url}: not done within its deadline of {deadline_s:g} s (the "
+            "server is too slow); run the same command again"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -385,11 +404,18 @@ def download_physionet2019(
             wanted[match.group(1)] = (path, digest)
     if not wanted:
         raise DownloadError(f"{sums_url} lists no training/training_set{{{','.join(sets)}}}/pNNNNNN.psv file")
-    log.warning("physionet2019: %d files, checked against %s as served (no checksum is pinned for this release)",
-                len(wanted), sums_url)  # fmt: skip
+    log.warning(
+        "physionet2019: %d files, checked against %s as served (no checksum is pinned for this release)",
+        len(wanted),
+        sums_url,
+    )
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs = [pool.submit(download_file, _join(base_url, path), Path(to) / local, digest, P19_RECORD_MAX_BYTES,
-                            deadline_s) for local, (path, digest) in sorted(wanted.items())]  # fmt: skip
+        jobs = [
+            pool.submit(
+                download_file, _join(base_url, path), Path(to) / local, digest, P19_RECORD_MAX_BYTES, deadline_s
+            )
+            for local, (path, digest) in sorted(wanted.items())
+        ]
         return [job.result() for job in jobs]
 
 

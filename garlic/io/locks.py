@@ -5,6 +5,7 @@ run tell the leftovers of a dead process (a staging folder, a temporary file, a 
 a live one: it tries the lock without waiting. A lock belongs to one open file, so two opens in one process (two
 threads, say) exclude each other too.
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,8 +33,9 @@ def _open(path: Path, create: bool) -> int:
     except OSError as exc:
         if exc.errno != errno.ELOOP:  # O_NOFOLLOW on a link
             raise
-        raise LinkedLock(f"{path} is a symbolic link; a lock is never taken through one. Remove it and run the same "
-                         "command again") from None  # fmt: skip
+        raise LinkedLock(
+            f"{path} is a symbolic link; a lock is never taken through one. Remove it and run the same command again"
+        ) from None
 
 
 def acquire(path: Path, wait: bool = True, create: bool = True) -> int:

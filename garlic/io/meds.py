@@ -24,6 +24,7 @@ Shards are read one at a time, by Parquet row groups, with pyarrow (``iter_event
 library, and it streams row groups with the columns asked for, which polars and DuckDB would add a dependency for.
 Every folder and file is written beside its destination and renamed into place (``atomic_directory``).
 """
+
 from __future__ import annotations
 
 import json
@@ -116,21 +117,31 @@ def window_hours(dataset: ProcessedDataset) -> float:
 def _events(dataset: ProcessedDataset) -> pd.DataFrame:
     """Every static feature known and every observation as MEDS events, by stay, static ones first, then by time;
     rows at one time keep the tables' order (so that the later of two readings still wins)."""
-    static = dataset.static.melt(id_vars="stay_id", value_vars=dataset.static_features, var_name="code",
-                                 value_name="numeric_value").dropna(subset=["numeric_value"])  # fmt: skip
+    static = dataset.static.melt(
+        id_vars="stay_id", value_vars=dataset.static_features, var_name="code", value_name="numeric_value"
+    ).dropna(subset=["numeric_value"])
     observations = dataset.observations
     events = pd.concat(
         [
-            pd.DataFrame({"subject_id": static["stay_id"].to_numpy("int64"), "hours": np.nan,
-                          "code": static["code"].to_numpy(str),
-                          "numeric_value": static["numeric_value"].to_numpy("float32")}),
-            pd.DataFrame({"subject_id": observations["stay_id"].to_numpy("int64"),
-                          "hours": observations["time"].to_numpy("float32").astype("float64"),
-                          "code": observations["variable"].astype(str).to_numpy(),
-                          "numeric_value": observations["value"].to_numpy("float32")}),
+            pd.DataFrame(
+                {
+                    "subject_id": static["stay_id"].to_numpy("int64"),
+                    "hours": np.nan,
+                    "code": static["code"].to_numpy(str),
+                    "numeric_value": static["numeric_value"].to_numpy("float32"),
+                }
+            ),
+            pd.DataFrame(
+                {
+                    "subject_id": observations["stay_id"].to_numpy("int64"),
+                    "hours": observations["time"].to_numpy("float32").astype("float64"),
+                    "code": observations["variable"].astype(str).to_numpy(),
+                    "numeric_value": observations["value"].to_numpy("float32"),
+                }
+            ),
         ],
         ignore_index=True,
-    )  # fmt: skip
+    )
     return events.sort_values(["subject_id", "hours"], kind="stable", na_position="first", ignore_index=True)
 
 
@@ -155,11 +166,15 @@ def _label_table(dataset: ProcessedDataset, span: float) -> pa.Table:
     else:
         subjects = dataset.labels["stay_id"].to_numpy()
         hours, labels = np.full(len(subjects), span, "float32"), dataset.labels["label"].to_numpy()
-    return _meds().LabelSchema.align(pa.table({
-        "subject_id": pa.array(subjects.astype("int64")),
-        "prediction_time": pa.array(hours_to_times(hours), pa.timestamp("us")),
-        "boolean_value": pa.array(labels.astype(bool)),
-    }))  # fmt: skip
+    return _meds().LabelSchema.align(
+        pa.table(
+            {
+                "subject_id": pa.array(subjects.astype("int64")),
+                "prediction_time": pa.array(hours_to_times(hours), pa.timestamp("us")),
+                "boolean_value": pa.array(labels.astype(bool)),
+            }
+        )
+    )
 
 
 def _codes_table(dataset: ProcessedDataset) -> pa.Table:
@@ -167,11 +182,15 @@ def _codes_table(dataset: ProcessedDataset) -> pa.Table:
     described = {name: "time-series variable" for name in dataset.variables}
     for name in dataset.static_features:
         described[name] = "time-series variable and static feature" if name in described else "static feature"
-    return _meds().CodeMetadataSchema.align(pa.table({
-        "code": pa.array(list(described), pa.string()),
-        "description": pa.array(list(described.values()), pa.string()),
-        "parent_codes": pa.array([[] for _ in described], pa.list_(pa.string())),
-    }))  # fmt: skip
+    return _meds().CodeMetadataSchema.align(
+        pa.table(
+            {
+                "code": pa.array(list(described), pa.string()),
+                "description": pa.array(list(described.values()), pa.string()),
+                "parent_codes": pa.array([[] for _ in described], pa.list_(pa.string())),
+            }
+        )
+    )
 
 
 ETL_NAME = "garlic export meds"
@@ -188,12 +207,19 @@ def _refuse_to_replace(destination: Path) -> None:
     except (OSError, ValueError, AttributeError):
         written_here = False
     if not written_here:
-        raise MedsError(f"{destination} exists and is not a MEDS folder that garlic export wrote; it would be replaced "
-                        "as a whole: give a new or empty folder")  # fmt: skip
+        raise MedsError(
+            f"{destination} exists and is not a MEDS folder that garlic export wrote; it would be replaced "
+            "as a whole: give a new or empty folder"
+        )
 
 
-def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: dict[str, np.ndarray] | None = None,
-               rows_per_shard: int = ROWS_PER_SHARD) -> dict:  # fmt: skip
+def write_meds(
+    destination: Path,
+    dataset: ProcessedDataset,
+    name: str,
+    splits: dict[str, np.ndarray] | None = None,
+    rows_per_shard: int = ROWS_PER_SHARD,
+) -> dict:
     """Write ``dataset`` as a MEDS folder ``destination`` (replaced atomically): data shards, codes, label file,
     the variable and static lists (``VARIABLES_LIST``, ``STATIC_LIST`` where there are static features), and, given
     ``splits`` (``train``/``validation``/``test`` -> stay ids), the subject splits. Returns what it wrote: the shard,
@@ -219,33 +245,54 @@ def write_meds(destination: Path, dataset: ProcessedDataset, name: str, splits: 
         pq.write_table(_codes_table(dataset), staging / CODES)
         if splits is not None:
             subject_ids = np.concatenate([splits[part] for part in SPLIT_NAMES]).astype("int64")
-            table = pa.table({"subject_id": pa.array(subject_ids),
-                              "split": pa.array([SPLIT_NAMES[part] for part in SPLIT_NAMES
-                                                 for _ in splits[part]], pa.string())})  # fmt: skip
+            table = pa.table(
+                {
+                    "subject_id": pa.array(subject_ids),
+                    "split": pa.array([SPLIT_NAMES[part] for part in SPLIT_NAMES for _ in splits[part]], pa.string()),
+                }
+            )
             pq.write_table(_meds().SubjectSplitSchema.align(table), staging / SUBJECT_SPLITS)
         (staging / VARIABLES_LIST).write_text("".join(f"{name}\n" for name in dataset.variables))
         if dataset.static_features:
             (staging / STATIC_LIST).write_text("".join(f"{name}\n" for name in dataset.static_features))
         (staging / LABELS_FOLDER).mkdir()
         pq.write_table(labels, staging / LABELS_FOLDER / LABELS_FILE)
-        write_json_atomic(staging / DATASET_METADATA, {
-            "dataset_name": name, "etl_name": ETL_NAME, "meds_version": _meds().__version__})  # fmt: skip
+        write_json_atomic(
+            staging / DATASET_METADATA,
+            {"dataset_name": name, "etl_name": ETL_NAME, "meds_version": _meds().__version__},
+        )
     destination = Path(destination)
-    options = ["--labels", str(destination / LABELS_FOLDER / LABELS_FILE), "--window-hours", f"{span:g}",
-               "--variables", str(destination / VARIABLES_LIST)]
+    options = [
+        "--labels",
+        str(destination / LABELS_FOLDER / LABELS_FILE),
+        "--window-hours",
+        f"{span:g}",
+        "--variables",
+        str(destination / VARIABLES_LIST),
+    ]
     if dataset.static_features:
         options += ["--static", str(destination / STATIC_LIST)]
-    return {"shards": len(cuts) - 1, "events": len(events), "labels": labels.num_rows, "window_hours": span,
-            "preprocess_options": options}  # fmt: skip
+    return {
+        "shards": len(cuts) - 1,
+        "events": len(events),
+        "labels": labels.num_rows,
+        "window_hours": span,
+        "preprocess_options": options,
+    }
 
 
-PREDICTION_SCHEMA = pa.schema([  # meds-evaluation's binary classification schema
-    ("subject_id", pa.int64()),
-    ("prediction_time", pa.timestamp("us")),
-    ("boolean_value", pa.bool_()),
-    ("predicted_boolean_value", pa.bool_()),
-    ("predicted_boolean_probability", pa.float32()),  # float32, as meds_evaluation.schema.PredictionSchema checks it
-])  # fmt: skip
+PREDICTION_SCHEMA = pa.schema(
+    [  # meds-evaluation's binary classification schema
+        ("subject_id", pa.int64()),
+        ("prediction_time", pa.timestamp("us")),
+        ("boolean_value", pa.bool_()),
+        ("predicted_boolean_value", pa.bool_()),
+        (
+            "predicted_boolean_probability",
+            pa.float32(),
+        ),  # float32, as meds_evaluation.schema.PredictionSchema checks it
+    ]
+)
 
 
 def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -> None:
@@ -255,13 +302,16 @@ def write_predictions(path: Path, rows: pd.DataFrame, threshold: float | None) -
     stored as float32); null throughout without a threshold."""
     risk = rows["risk"].to_numpy("float64")
     alarm = pa.array(risk >= threshold) if threshold is not None else pa.nulls(len(rows), pa.bool_())
-    table = pa.table({
-        "subject_id": pa.array(rows["subject_id"].to_numpy("int64")),
-        "prediction_time": pa.array(rows["prediction_time"].to_numpy("int64"), pa.int64()).cast(pa.timestamp("us")),
-        "boolean_value": pa.array(rows["label"].to_numpy().astype(bool)),
-        "predicted_boolean_value": alarm,
-        "predicted_boolean_probability": pa.array(risk.astype("float32")),
-    }, schema=PREDICTION_SCHEMA)  # fmt: skip
+    table = pa.table(
+        {
+            "subject_id": pa.array(rows["subject_id"].to_numpy("int64")),
+            "prediction_time": pa.array(rows["prediction_time"].to_numpy("int64"), pa.int64()).cast(pa.timestamp("us")),
+            "boolean_value": pa.array(rows["label"].to_numpy().astype(bool)),
+            "predicted_boolean_value": alarm,
+            "predicted_boolean_probability": pa.array(risk.astype("float32")),
+        },
+        schema=PREDICTION_SCHEMA,
+    )
     with atomic_file(Path(path), suffix=".parquet") as out:
         pq.write_table(table, out)
 
@@ -296,8 +346,10 @@ def _microseconds(values: pa.Array | pa.ChunkedArray, path: Path, column: str, o
         except pa.ArrowInvalid:
             nanoseconds = values.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
             row = offset + int(np.flatnonzero(nanoseconds % 1000)[0])
-            raise MedsError(f"{path}: row {row}, column {column}: a time finer than a microsecond, where MEDS "
-                            "times are whole microseconds") from None  # fmt: skip
+            raise MedsError(
+                f"{path}: row {row}, column {column}: a time finer than a microsecond, where MEDS "
+                "times are whole microseconds"
+            ) from None
     return values.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
 
 
@@ -306,19 +358,28 @@ def _checked_schema(schema_class, arrow_schema: pa.Schema, path: Path, required:
     wants (``read_as``) as that type: a MedsError naming the file and column."""
     absent = [column for column in required if column not in arrow_schema.names]
     if absent:
-        raise MedsError(f"{path}: no column {', '.join(absent)}; a MEDS {schema_class.__name__} file has "
-                        f"{', '.join(required)}")  # fmt: skip
+        raise MedsError(
+            f"{path}: no column {', '.join(absent)}; a MEDS {schema_class.__name__} file has {', '.join(required)}"
+        )
     from flexible_schema.exceptions import SchemaValidationError  # with meds, only where a file is checked
 
     wanted = schema_class.schema()
     found = [arrow_schema.field(name) for name in arrow_schema.names if name in wanted.names]
     try:  # a column read as the schema's type is read alike: checked as that type
-        schema_class.validate(pa.schema([
-            field.with_type(wanted.field(field.name).type)
-            if read_as(field.type) == read_as(wanted.field(field.name).type) else field for field in found]))
+        schema_class.validate(
+            pa.schema(
+                [
+                    field.with_type(wanted.field(field.name).type)
+                    if read_as(field.type) == read_as(wanted.field(field.name).type)
+                    else field
+                    for field in found
+                ]
+            )
+        )
     except SchemaValidationError as error:
-        mistyped = ", ".join(f"column {column}: expected {want}, found {got}" for column, want, got in
-                             error.mistyped_cols or [])  # fmt: skip
+        mistyped = ", ".join(
+            f"column {column}: expected {want}, found {got}" for column, want, got in error.mistyped_cols or []
+        )
         raise MedsError(f"{path}: {mistyped or error}") from None
 
 
@@ -425,21 +486,29 @@ def read_labels(source: Path) -> pd.DataFrame:
             raise MedsError(f"{path}: not a readable Parquet file ({error})") from None
         _checked_schema(_meds().LabelSchema, table.schema, path, LABEL_COLUMNS)
         _first_null(table, LABEL_COLUMNS, path, 0)
-        unread = [name for name in table.column_names if name not in LABEL_COLUMNS and table.column(name).null_count
-                  < table.num_rows]  # fmt: skip
+        unread = [
+            name
+            for name in table.column_names
+            if name not in LABEL_COLUMNS and table.column(name).null_count < table.num_rows
+        ]
         if unread:  # another task's values (integer_value, float_value, ...): not this binary task's label
             log.warning("meds: %s: column(s) %s not read: the label is boolean_value", path, ", ".join(unread))
-        frame = pd.DataFrame({
-            "subject_id": table.column("subject_id").to_numpy(),
-            "prediction_time": _microseconds(table.column("prediction_time"), path, "prediction_time"),
-            "label": table.column("boolean_value").to_numpy(zero_copy_only=False).astype("int8")})  # fmt: skip
+        frame = pd.DataFrame(
+            {
+                "subject_id": table.column("subject_id").to_numpy(),
+                "prediction_time": _microseconds(table.column("prediction_time"), path, "prediction_time"),
+                "label": table.column("boolean_value").to_numpy(zero_copy_only=False).astype("int8"),
+            }
+        )
         frames.append(frame.assign(file=str(path), row=np.arange(len(frame))))
     rows = pd.concat(frames, ignore_index=True)
     repeated = rows.duplicated(["subject_id", "prediction_time"])
     if repeated.any():
         again = rows[repeated].iloc[0]
-        raise MedsError(f"{again['file']}: row {again['row']}: subject {again['subject_id']} is labelled twice at "
-                        "one prediction_time; a label file has one row per subject and time")  # fmt: skip
+        raise MedsError(
+            f"{again['file']}: row {again['row']}: subject {again['subject_id']} is labelled twice at "
+            "one prediction_time; a label file has one row per subject and time"
+        )
     return rows.drop(columns=["file", "row"])
 
 

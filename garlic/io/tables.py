@@ -23,6 +23,7 @@ Folders are written beside their destination and renamed into place, so a crash 
 dataset where a reader would find it; what a killed writer leaves beside it is cleaned up or put back by the next
 writer or reader (``recover``).
 """
+
 from __future__ import annotations
 
 import glob
@@ -155,8 +156,9 @@ def _recover_locked(destination: Path) -> None:
         if ".retired-" in folder.name:
             if not destination.exists() and (folder / MANIFEST).is_file():
                 os.replace(folder, destination)
-                log.warning("%s: restored from %s, left by a process killed while replacing it", destination,
-                            folder.name)  # fmt: skip
+                log.warning(
+                    "%s: restored from %s, left by a process killed while replacing it", destination, folder.name
+                )
             else:
                 shutil.rmtree(folder, ignore_errors=True)
         elif not is_held(folder):
@@ -212,8 +214,10 @@ def write_processed(
     ``tasks``, when given, needs stay_id, time and a 0/1 label, and every labelled stay at least one row.
     """
     if labels.empty:
-        raise NoUsableStayError(f"no usable stay in the source ({_what_was_dropped(manifest)}); nothing was written: "
-                         f"{destination} is left as it was")  # fmt: skip
+        raise NoUsableStayError(
+            f"no usable stay in the source ({_what_was_dropped(manifest)}); nothing was written: "
+            f"{destination} is left as it was"
+        )
     for name, frame in (("static", static), ("labels", labels)):
         if not frame["stay_id"].is_unique:
             raise ValueError(f"{name} table has repeated stay_id values")
@@ -238,8 +242,11 @@ def write_processed(
             "stays": int(labels["stay_id"].nunique()),
             "observations": int(len(observations)),
             "positives": int(labels["label"].sum()),
-            **({} if tasks is None else {"prediction_times": len(tasks), "positive_prediction_times":
-                                         int(tasks["label"].sum())}),
+            **(
+                {}
+                if tasks is None
+                else {"prediction_times": len(tasks), "positive_prediction_times": int(tasks["label"].sum())}
+            ),
         },
     }
     destination = Path(destination)
@@ -260,16 +267,20 @@ def _checked_tasks(tasks: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"tasks table lacks column(s) {missing}")
     tasks = tasks[["stay_id", "time", "label"]].astype({"stay_id": "int64", "time": "float32"})
-    for what, bad in (("label is not 0 or 1", ~tasks["label"].isin([0, 1])),
-                      ("time is not a finite number of hours", ~np.isfinite(tasks["time"].to_numpy())),
-                      ("stay has no row in the labels table", ~tasks["stay_id"].isin(labels["stay_id"])),
-                      ("repeats a (stay_id, time) pair", tasks.duplicated(["stay_id", "time"]))):  # fmt: skip
+    for what, bad in (
+        ("label is not 0 or 1", ~tasks["label"].isin([0, 1])),
+        ("time is not a finite number of hours", ~np.isfinite(tasks["time"].to_numpy())),
+        ("stay has no row in the labels table", ~tasks["stay_id"].isin(labels["stay_id"])),
+        ("repeats a (stay_id, time) pair", tasks.duplicated(["stay_id", "time"])),
+    ):
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
             raise ValueError(f"tasks table row {row} (stay {tasks['stay_id'].iloc[row]}): {what}")
     without = np.setdiff1d(labels["stay_id"].to_numpy(), tasks["stay_id"].to_numpy())
     if len(without):
-        raise ValueError(f"{len(without)} stays have no prediction time in the tasks table, e.g. {without[:5].tolist()}")
+        raise ValueError(
+            f"{len(without)} stays have no prediction time in the tasks table, e.g. {without[:5].tolist()}"
+        )
     return tasks.astype({"label": "int8"}).sort_values(["stay_id", "time"], kind="stable", ignore_index=True)
 
 
@@ -297,8 +308,9 @@ def read_manifest(folder: Path) -> dict:
     except ValueError as damage:  # not UTF-8 or not JSON
         manifest = damage
     if not isinstance(manifest, dict):
-        raise ValueError(f"{path}: not a processed dataset's manifest ({manifest!s:.200}); run `garlic preprocess` "
-                         "for it again")  # fmt: skip
+        raise ValueError(
+            f"{path}: not a processed dataset's manifest ({manifest!s:.200}); run `garlic preprocess` for it again"
+        )
     return manifest
 
 

@@ -8,6 +8,7 @@ the later row wins; volumes, which add up, reach here already summed (``tables.s
 The prediction times of a dataset with a tasks table (``tables.TASKS``) ride along as flat arrays
 (``PredictionTimes``); a dataset without one asks for a risk per stay at the end of its input.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -228,8 +229,11 @@ def save_tensors(tensors: IrregularTensors, path: Path, fingerprint: str) -> Non
             variables=np.array(tensors.variables, dtype=str),
             static_features=np.array(tensors.static_features, dtype=str),
             fingerprint=np.array(fingerprint),
-            **({} if tensors.task is None else {f"task_{key}": np.asarray(getattr(tensors.task, key))
-                                                for key in TASK_ARRAYS}),
+            **(
+                {}
+                if tensors.task is None
+                else {f"task_{key}": np.asarray(getattr(tensors.task, key)) for key in TASK_ARRAYS}
+            ),
         )
 
 

@@ -2,6 +2,7 @@
 machine when it listens on the loopback address only, and only clients that give the server's token (an
 environment variable of its own) when it listens wider. ``Attempts`` bounds token guessing, per client address and
 overall; ``port_number`` checks the port either listens on."""
+
 from __future__ import annotations
 
 import argparse
@@ -44,15 +45,20 @@ def required_token(host: str | None, variable: str, environment: dict[str, str] 
     token = (os.environ if environment is None else environment).get(variable, "")
     example = f"export {variable}=$(openssl rand -hex 16)"
     if token and len(token) < MIN_TOKEN_LENGTH:
-        raise AccessError(f"{variable} is {len(token)} characters long; use at least {MIN_TOKEN_LENGTH} "
-                          f"(for example: {example})")  # fmt: skip
+        raise AccessError(
+            f"{variable} is {len(token)} characters long; use at least {MIN_TOKEN_LENGTH} (for example: {example})"
+        )
     if token and (len(set(token)) < MIN_DISTINCT_CHARACTERS or any(c.isspace() for c in token)):
-        raise AccessError(f"{variable} is too easy to guess (spaces, or fewer than {MIN_DISTINCT_CHARACTERS} "
-                          f"different characters); use a random one, for example: {example}")  # fmt: skip
+        raise AccessError(
+            f"{variable} is too easy to guess (spaces, or fewer than {MIN_DISTINCT_CHARACTERS} "
+            f"different characters); use a random one, for example: {example}"
+        )
     if not token and not is_loopback(host):
-        raise AccessError(f"listening on {host or 'every interface'} needs a login: set {variable} to a secret of "
-                          f"at least {MIN_TOKEN_LENGTH} characters (for example: {example}), or keep the default "
-                          "--host 127.0.0.1")  # fmt: skip
+        raise AccessError(
+            f"listening on {host or 'every interface'} needs a login: set {variable} to a secret of "
+            f"at least {MIN_TOKEN_LENGTH} characters (for example: {example}), or keep the default "
+            "--host 127.0.0.1"
+        )
     return token or None
 
 

@@ -14,6 +14,7 @@ Inputs no LOINC code names exactly (the datasets' own coded descriptors: Gender 
 Unit2, HospAdmTime) and any input of any model may also be sent under ``GARLIC_SYSTEM`` with the model's own name as
 the code (``urn:garlic-icu:variable`` ``HR``).
 """
+
 from __future__ import annotations
 
 import csv
@@ -58,8 +59,9 @@ class Codes:
         self.by_code: dict[tuple[str, str], str] = {(GARLIC_SYSTEM, name): name for name in names}
         self.of_variable: dict[str, Code] = {name: Code(GARLIC_SYSTEM, name) for name in names}
         if table is None:
-            rows = [row for _, row in _rows(TABLE)
-                    if row["naming"] == naming(dataset) and row["variable"] in self.names]  # fmt: skip
+            rows = [
+                row for _, row in _rows(TABLE) if row["naming"] == naming(dataset) and row["variable"] in self.names
+            ]
         else:
             rows = _own_rows(Path(table), naming(dataset), self.names)
         for row in rows:
@@ -82,16 +84,20 @@ def _rows(table: Path) -> list[tuple[int, dict]]:
         if not table.is_file():  # a pipe or a device would block the monitor before it starts
             raise ConfigError(f"the code table {table} is not a file")
         if table.stat().st_size > MAX_TABLE_BYTES:
-            raise ConfigError(f"the code table {table} is over {MAX_TABLE_BYTES} bytes; a code table is a few hundred "
-                              "rows")  # fmt: skip
+            raise ConfigError(
+                f"the code table {table} is over {MAX_TABLE_BYTES} bytes; a code table is a few hundred rows"
+            )
         with open(table, newline="", encoding="utf-8") as lines:
             reader = csv.DictReader(lines)
             missing = [column for column in REQUIRED_COLUMNS if column not in (reader.fieldnames or [])]
             if missing:
-                raise ConfigError(f"the code table {table} has no column {', '.join(missing)} (expected a header of "
-                                  f"{', '.join(REQUIRED_COLUMNS)}, and optionally unit, display, naming)")
-            return [(reader.line_num, {key: (value or "").strip() for key, value in row.items() if key})
-                    for row in reader]  # fmt: skip
+                raise ConfigError(
+                    f"the code table {table} has no column {', '.join(missing)} (expected a header of "
+                    f"{', '.join(REQUIRED_COLUMNS)}, and optionally unit, display, naming)"
+                )
+            return [
+                (reader.line_num, {key: (value or "").strip() for key, value in row.items() if key}) for row in reader
+            ]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(f"the code table {table} cannot be read: {exc}") from None
 

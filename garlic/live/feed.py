@@ -8,6 +8,7 @@ record is sent as one ``Bundle`` of the Observations taken then (a chart row, a 
 service does not acknowledge (it is restarting, or too busy) is sent again until it is: a repeat counts once in the
 store, so nothing is lost and nothing counted twice.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -64,8 +65,13 @@ def instant(at: datetime) -> str:
 
 
 def encounter(bed: str, start: datetime) -> dict:
-    return {"resourceType": "Encounter", "id": bed, "status": "in-progress", "class": ENCOUNTER_CLASS,
-            "period": {"start": instant(start)}}  # fmt: skip
+    return {
+        "resourceType": "Encounter",
+        "id": bed,
+        "status": "in-progress",
+        "class": ENCOUNTER_CLASS,
+        "period": {"start": instant(start)},
+    }
 
 
 def observation(codes: Codes, bed: str, variable: str, at: datetime, value: float) -> dict:
@@ -73,31 +79,43 @@ def observation(codes: Codes, bed: str, variable: str, at: datetime, value: floa
     quantity = {"value": float(f"{value:.6g}")}
     if code.unit:  # the table's, under any system: a hospital's own codes too
         quantity |= {"unit": code.unit, "system": UCUM, "code": code.unit}
-    return {"resourceType": "Observation", "status": "final",
-            "code": {"coding": [{"system": code.system, "code": code.code, **({"display": code.display}
-                                                                                 if code.display else {})}]},
-            "encounter": {"reference": f"Encounter/{bed}"}, "effectiveDateTime": instant(at),
-            "valueQuantity": quantity}  # fmt: skip
+    return {
+        "resourceType": "Observation",
+        "status": "final",
+        "code": {
+            "coding": [
+                {"system": code.system, "code": code.code, **({"display": code.display} if code.display else {})}
+            ]
+        },
+        "encounter": {"reference": f"Encounter/{bed}"},
+        "effectiveDateTime": instant(at),
+        "valueQuantity": quantity,
+    }
 
 
 def bundle(resources: list[dict]) -> dict:
     return {"resourceType": "Bundle", "type": "batch", "entry": [{"resource": resource} for resource in resources]}
 
 
-def chart_rows(observations: pd.DataFrame, static: pd.DataFrame, codes: Codes,
-               start: datetime) -> list[tuple[float, str, dict]]:  # fmt: skip
+def chart_rows(
+    observations: pd.DataFrame, static: pd.DataFrame, codes: Codes, start: datetime
+) -> list[tuple[float, str, dict]]:
     """(hours after admission, bed, Bundle) for every time of every stay, in time order: the static descriptors
     with the first row. Times are sent to the second, as a monitor stamps them."""
     rows: dict[tuple[float, str], list[dict]] = {}
     seconds = np.round(observations["time"].to_numpy(dtype=float) * 3600)
-    for second, stay, variable, value in zip(seconds, observations["stay_id"], observations["variable"].astype(str),
-                                             observations["value"]):  # fmt: skip
+    for second, stay, variable, value in zip(
+        seconds, observations["stay_id"], observations["variable"].astype(str), observations["value"]
+    ):
         at = start + timedelta(seconds=float(second))
         rows.setdefault((second / 3600, str(stay)), []).append(observation(codes, str(stay), variable, at, value))
     for record in static.to_dict("records"):
         bed = str(record.pop("stay_id"))
-        known = [observation(codes, bed, name, start, value) for name, value in record.items()
-                 if name in codes.of_variable and not pd.isna(value)]  # fmt: skip
+        known = [
+            observation(codes, bed, name, start, value)
+            for name, value in record.items()
+            if name in codes.of_variable and not pd.isna(value)
+        ]
         rows.setdefault((0.0, bed), [])[:0] = known
     return [(hours, bed, bundle(resources)) for (hours, bed), resources in sorted(rows.items())]
 
@@ -138,8 +156,7 @@ class Client:
                     self.connection.close()
                 self.connection = None
                 if not self.unanswered:  # said once an outage, not every half second
-                    self.say(f"no answer from {self.parts.geturl()} ({exc}); sending again for up to "
-                             f"{RETRY_SECONDS} s")  # fmt: skip
+                    self.say(f"no answer from {self.parts.geturl()} ({exc}); sending again for up to {RETRY_SECONDS} s")
                     self.unanswered = True
             if time.monotonic() > deadline:
                 raise ConnectionError(f"no answer from {self.parts.geturl()} for {RETRY_SECONDS} s")
@@ -153,8 +170,14 @@ def _diagnostics(answer: bytes) -> str:
         return answer[:200].decode(errors="replace")
 
 
-def feed(client: Client, observations: pd.DataFrame, static: pd.DataFrame, codes: Codes, speed: float,
-         say: Callable[[str], None] = lambda message: None) -> Fed:  # fmt: skip
+def feed(
+    client: Client,
+    observations: pd.DataFrame,
+    static: pd.DataFrame,
+    codes: Codes,
+    speed: float,
+    say: Callable[[str], None] = lambda message: None,
+) -> Fed:
     """Admit every stay's bed now, then send its chart rows at ``speed`` times real time; what was fed."""
     if not speed > 0:
         raise ValueError(f"--speed must be above 0 (times real time), got {speed}")
@@ -180,4 +203,3 @@ def feed(client: Client, observations: pd.DataFrame, static: pd.DataFrame, codes
             say(f"hour {hours:.1f} of the stays: {fed.sent} readings sent")
             shown = time.monotonic()
     return fed
-

@@ -17,6 +17,7 @@ An Observation's ``id``, where it has one, names its readings for later: the sam
 time or code (``amended``, ``corrected``) replaces them, and sent with the status ``entered-in-error`` (its bed and
 id suffice) withdraws them, as FHIR marks a reading that should never have been made.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,19 @@ KEPT_STATUSES = {"registered", "preliminary", "final", "amended", "corrected"}  
 WITHDRAWING = "entered-in-error"
 
 
-REASONS = {400: "not JSON", 401: "no token", 404: "not found", 405: "method", 408: "body too slow", 409: "conflict",
-           413: "too large", 415: "content type", 422: "invalid", 429: "throttled", 503: "busy"}
+REASONS = {
+    400: "not JSON",
+    401: "no token",
+    404: "not found",
+    405: "method",
+    408: "body too slow",
+    409: "conflict",
+    413: "too large",
+    415: "content type",
+    422: "invalid",
+    429: "throttled",
+    503: "busy",
+}
 
 
 class FhirError(ValueError):
@@ -104,8 +116,9 @@ def _resource_class(kind: str):
         from fhir.resources.R4B.encounter import Encounter
 
         return Encounter
-    raise FhirError(422, f"resourceType {kind!r} is not taken here: send an Observation, a Bundle of them or an "
-                         "Encounter")  # fmt: skip
+    raise FhirError(
+        422, f"resourceType {kind!r} is not taken here: send an Observation, a Bundle of them or an Encounter"
+    )
 
 
 def parse_json(body: bytes) -> dict:
@@ -149,8 +162,9 @@ def validated(payload: dict, expected: tuple[str, ...]):
 
 def _instant(value, field: str) -> datetime:
     if not isinstance(value, datetime) or value.tzinfo is None:
-        raise FhirError(422, f"{field} must be a date and time with its time zone (2026-01-01T10:00:00Z), got "
-                             f"{value!s:.40}")  # fmt: skip
+        raise FhirError(
+            422, f"{field} must be a date and time with its time zone (2026-01-01T10:00:00Z), got {value!s:.40}"
+        )
     return value
 
 
@@ -159,10 +173,13 @@ def _reference(reference, kind: str, field: str) -> str:
     text = reference.reference if reference is not None else None
     if text and ABSOLUTE.match(text):  # http://ehr.example/fhir/Patient/123: the same Patient/123
         text = "/".join(text.rsplit("/", 2)[-2:])
-    if not text or not text.startswith(f"{kind}/") or not is_id(text[len(kind) + 1:]):
-        raise FhirError(422, f"{field}.reference must be {kind}/ID (an id of letters, digits, '-' and '.', at most "
-                             "64, not dots only)", "reference")  # fmt: skip
-    return text[len(kind) + 1:]
+    if not text or not text.startswith(f"{kind}/") or not is_id(text[len(kind) + 1 :]):
+        raise FhirError(
+            422,
+            f"{field}.reference must be {kind}/ID (an id of letters, digits, '-' and '.', at most 64, not dots only)",
+            "reference",
+        )
+    return text[len(kind) + 1 :]
 
 
 def _subject(reference, field: str) -> str | None:
@@ -181,8 +198,12 @@ def _codes_read(concept, codes: Codes, where: str) -> str | None:
     codings = (concept.coding or []) if concept is not None else []
     known = sorted({name for name in (codes.variable(c.system, c.code) for c in codings) if name is not None})
     if len(known) > 1:
-        raise FhirError(422, f"{where}.code is coded as {len(known)} different inputs of this model ("
-                             f"{', '.join(known[:4])}); an Observation is one reading: code it as one", "code")
+        raise FhirError(
+            422,
+            f"{where}.code is coded as {len(known)} different inputs of this model ("
+            f"{', '.join(known[:4])}); an Observation is one reading: code it as one",
+            "code",
+        )
     return known[0] if known else None
 
 
@@ -190,8 +211,9 @@ def _unknown_code(concept, codes: Codes, where: str) -> FhirError:
     codings = (concept.coding or []) if concept is not None else []
     sent = ", ".join(f"{c.system!s:.80}|{c.code!s:.40}" for c in codings[:3]) or "no coding"
     sent += f" (and {len(codings) - 3} more codings)" if len(codings) > 3 else ""
-    return FhirError(422, f"{where}.code: {sent} is not an input of this model ({codes.listed_in} lists the codes "
-                          "it reads)", "code")  # fmt: skip
+    return FhirError(
+        422, f"{where}.code: {sent} is not an input of this model ({codes.listed_in} lists the codes it reads)", "code"
+    )
 
 
 def _value(quantity, variable: str, codes: Codes, where: str) -> float:
@@ -199,8 +221,12 @@ def _value(quantity, variable: str, codes: Codes, where: str) -> float:
     if quantity is None or quantity.value is None:
         raise FhirError(422, f"{where}: valueQuantity.value is required (a number)", "value")
     if quantity.comparator is not None:
-        raise FhirError(422, f"{where}.valueQuantity.comparator: a value bounded by {quantity.comparator!s:.2} is "
-                             "not a measured value; send the number measured, without comparator", "comparator")
+        raise FhirError(
+            422,
+            f"{where}.valueQuantity.comparator: a value bounded by {quantity.comparator!s:.2} is "
+            "not a measured value; send the number measured, without comparator",
+            "comparator",
+        )
     value = float(quantity.value)
     if not abs(value) < 1e30:  # float32's range, and no NaN
         raise FhirError(422, f"{where}.valueQuantity.value is out of range", "value")
@@ -214,21 +240,26 @@ def _value(quantity, variable: str, codes: Codes, where: str) -> float:
     return value
 
 
-def observed(observation, codes: Codes, where: str = "Observation",
-             now: float | None = None) -> list[Observed] | Withdrawal:  # fmt: skip
+def observed(
+    observation, codes: Codes, where: str = "Observation", now: float | None = None
+) -> list[Observed] | Withdrawal:
     """The readings an Observation resource holds (its value, and each of its components: a blood pressure panel's
     systolic and diastolic), for a model reading ``codes``, or the withdrawal it sends. ``now``: the service's
     clock (UTC seconds), past which a reading is refused."""
     if observation.status not in KEPT_STATUSES | {WITHDRAWING}:
-        raise FhirError(422, f"{where}.status {observation.status!s:.40} is not a reading to keep (expected one of "
-                             f"{', '.join(sorted(KEPT_STATUSES))}) nor one to withdraw ({WITHDRAWING})",
-                        "status")  # fmt: skip
+        raise FhirError(
+            422,
+            f"{where}.status {observation.status!s:.40} is not a reading to keep (expected one of "
+            f"{', '.join(sorted(KEPT_STATUSES))}) nor one to withdraw ({WITHDRAWING})",
+            "status",
+        )
     bed = _reference(observation.encounter, "Encounter", f"{where}.encounter")
     subject = _subject(observation.subject, f"{where}.subject")
     if observation.status == WITHDRAWING:
         if not observation.id:
-            raise FhirError(422, f"{where}.id is required to withdraw a reading ({WITHDRAWING}): the id it was sent "
-                                 "with", "id")  # fmt: skip
+            raise FhirError(
+                422, f"{where}.id is required to withdraw a reading ({WITHDRAWING}): the id it was sent with", "id"
+            )
         return Withdrawal(bed, observation.id)
     at = observation.effectiveDateTime or observation.effectiveInstant
     if at is None:
@@ -251,21 +282,25 @@ def observed(observation, codes: Codes, where: str = "Observation",
         readings.append((name, _value(component.valueQuantity, name, codes, part)))
     names = [name for name, _ in readings]
     if len(set(names)) < len(names):
-        raise FhirError(422, f"{where}: the same input is sent twice in one Observation (value and components)",
-                        "code")  # fmt: skip
+        raise FhirError(422, f"{where}: the same input is sent twice in one Observation (value and components)", "code")
     if not readings:
         raise FhirError(422, f"{where}: every component is absent (dataAbsentReason); nothing to read", "value")
-    return [Observed(bed, name, at, value, observation.id, subject, part)
-            for part, (name, value) in enumerate(readings)]  # fmt: skip
+    return [
+        Observed(bed, name, at, value, observation.id, subject, part) for part, (name, value) in enumerate(readings)
+    ]
 
 
 def _not_ahead(at: datetime, now: float | None, field: str) -> None:
     """Refuse a time more than ``MAX_AHEAD_SECONDS`` after the service's clock: a wrong date or time zone."""
     now = time.time() if now is None else now
     if at.timestamp() > now + MAX_AHEAD_SECONDS:
-        raise FhirError(422, f"{field} is {(at.timestamp() - now) / 60:.0f} minutes after the service's clock; at "
-                             f"most {MAX_AHEAD_SECONDS // 60} minutes ahead is taken (is its date or time zone "
-                             "right?)", "future")  # fmt: skip
+        raise FhirError(
+            422,
+            f"{field} is {(at.timestamp() - now) / 60:.0f} minutes after the service's clock; at "
+            f"most {MAX_AHEAD_SECONDS // 60} minutes ahead is taken (is its date or time zone "
+            "right?)",
+            "future",
+        )
 
 
 @dataclass(frozen=True)
@@ -289,8 +324,7 @@ class Posted:
 
     def all(self) -> list[Observed | Withdrawal]:
         """Every reading and withdrawal, in the order sent."""
-        return [one for s in self.sent for one in
-                ([s.readings] if isinstance(s.readings, Withdrawal) else s.readings)]  # fmt: skip
+        return [one for s in self.sent for one in ([s.readings] if isinstance(s.readings, Withdrawal) else s.readings)]
 
 
 def observations_in(payload: dict, codes: Codes, now: float | None = None) -> Posted:
@@ -305,8 +339,12 @@ def observations_in(payload: dict, codes: Codes, now: float | None = None) -> Po
     for index, entry in enumerate(resource.entry or []):
         where = f"Bundle.entry[{index}]"
         if entry.request is not None and entry.request.method not in TAKEN_METHODS:
-            raise FhirError(422, f"{where}.request.method {entry.request.method!s:.10} is not taken here: a Bundle "
-                                 f"here only adds Observations ({' or '.join(sorted(TAKEN_METHODS))})", "method")
+            raise FhirError(
+                422,
+                f"{where}.request.method {entry.request.method!s:.10} is not taken here: a Bundle "
+                f"here only adds Observations ({' or '.join(sorted(TAKEN_METHODS))})",
+                "method",
+            )
         if entry.resource is None or entry.resource.get_resource_type() != "Observation":
             raise FhirError(422, f"{where}.resource must be an Observation", "resource")
         raw = payload["entry"][index]["resource"]
@@ -322,12 +360,17 @@ def _bundle_shape(payload: dict) -> None:
     """A Bundle's type and size, checked before its entries are validated (which takes a while for thousands)."""
     entries = payload.get("entry") or []
     if isinstance(entries, list) and len(entries) > MAX_ENTRIES:
-        raise FhirError(413, f"the Bundle holds {len(entries)} entries; at most {MAX_ENTRIES} are taken at once",
-                        "too many entries")  # fmt: skip
+        raise FhirError(
+            413, f"the Bundle holds {len(entries)} entries; at most {MAX_ENTRIES} are taken at once", "too many entries"
+        )
     kind = payload.get("type")
     if kind not in BUNDLE_TYPES:
-        raise FhirError(422, f"Bundle.type {kind!s:.20} is not taken here: send a batch or a transaction of "
-                             "Observations (a searchset or a history is an answer, not new readings)", "bundle type")
+        raise FhirError(
+            422,
+            f"Bundle.type {kind!s:.20} is not taken here: send a batch or a transaction of "
+            "Observations (a searchset or a history is an answer, not new readings)",
+            "bundle type",
+        )
 
 
 def stay_of(payload: dict, bed: str, now: float | None = None) -> Stay:
@@ -342,8 +385,9 @@ def stay_of(payload: dict, bed: str, now: float | None = None) -> Stay:
     end = _instant(period.end, "Encounter.period.end") if period and period.end else None
     if encounter.status in ADMITTING:
         if start is None:
-            raise FhirError(422, "Encounter.period.start is required to admit a bed: the time its readings count from",
-                            "start")  # fmt: skip
+            raise FhirError(
+                422, "Encounter.period.start is required to admit a bed: the time its readings count from", "start"
+            )
         _not_ahead(start, now, "Encounter.period.start")
         return Stay(bed, True, start, None, subject)
     if encounter.status in DISCHARGING:

@@ -25,6 +25,7 @@ order. A bed another scorer scored since this one last did (its newest score in 
 added) is taken as unknown: its step state is dropped and its alert read from the store. A scorer that the service
 does not wake looks for work every ``POLL_SECONDS``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,15 @@ log = logging.getLogger("garlic.live")
 
 
 class Monitor:
-    def __init__(self, store: LiveStore, scorer: BedScorer, alerts: AlertPolicy, max_pending: int = MAX_PENDING,
-                 shard: tuple[int, int] | None = None, takeover: float = TAKEOVER_SECONDS):  # fmt: skip
+    def __init__(
+        self,
+        store: LiveStore,
+        scorer: BedScorer,
+        alerts: AlertPolicy,
+        max_pending: int = MAX_PENDING,
+        shard: tuple[int, int] | None = None,
+        takeover: float = TAKEOVER_SECONDS,
+    ):
         """``shard``: (this scorer's number, of how many) where several scorers share a PostgreSQL store."""
         self.store, self.scorer, self.alerts, self.max_pending = store, scorer, alerts, max_pending
         self.shard, self.takeover = shard, takeover
@@ -94,15 +102,15 @@ class Monitor:
         withdrawn = pending[pending["withdrawn"].astype(bool)]
         self.scorer.forget(set(withdrawn["bed"]))
         after = self.scorer.reads_after(earliest.to_dict())
-        readings = self.store.readings(list(earliest.index), after, self.scorer.static_features,
-                                       pending["id"].tolist())
+        readings = self.store.readings(list(earliest.index), after, self.scorer.static_features, pending["id"].tolist())
         times = readings[["bed", "time"]].drop_duplicates()
         asked = times[times["time"] >= times["bed"].map(earliest)]
         if not withdrawn.empty:  # each such bed's last time asked too, that its newest score be at a time it has
             last = times.groupby("bed")["time"].max()
             emptied = withdrawn[~withdrawn["bed"].isin(last.index)].groupby("bed")["time"].max()  # nothing held
-            asked = pd.concat([asked, last[last.index.isin(withdrawn["bed"])].reset_index(),
-                               emptied.reset_index()]).drop_duplicates()  # fmt: skip
+            asked = pd.concat(
+                [asked, last[last.index.isin(withdrawn["bed"])].reset_index(), emptied.reset_index()]
+            ).drop_duplicates()
         asked = asked.sort_values(["bed", "time"], ignore_index=True)
         risk, drivers = self.scorer.score(readings, asked, set(after))
         state = self.alerts_before(earliest.to_dict())
@@ -111,8 +119,9 @@ class Monitor:
             value = None if pd.isna(risk[row]) else float(risk[row])
             state[bed] = self.alerts.next(state[bed], float(time), value)
             states.append(state[bed])
-            scores.append({"bed": bed, "time": float(time), "risk": value, "alert": state[bed].on,
-                           "drivers": drivers[row]})  # fmt: skip
+            scores.append(
+                {"bed": bed, "time": float(time), "risk": value, "alert": state[bed].on, "drivers": drivers[row]}
+            )
         withdrawn_ids = pending.loc[pending["withdrawn"].astype(bool), "id"].tolist()
         try:
             ids = self.store.save_scores(scores, pending["id"].tolist(), withdrawn_ids, claim)
@@ -131,8 +140,9 @@ class Monitor:
     def alerts_before(self, times: dict[str, float]) -> dict[str, AlertState]:
         """Each bed's alert state at its latest scored time before ``times[bed]``: remembered where that is its
         newest scored time, else from the store."""
-        known = {bed: self.newest[bed][1] for bed, time in times.items()
-                 if bed in self.newest and self.newest[bed][0] < time}  # fmt: skip
+        known = {
+            bed: self.newest[bed][1] for bed, time in times.items() if bed in self.newest and self.newest[bed][0] < time
+        }
         asked = {bed: time for bed, time in times.items() if bed not in known}
         return known | (self.store.alert_states_before(asked, self.alerts.quiet_hours) if asked else {})
 

@@ -6,6 +6,7 @@ An Observation sent with an ``id`` is held under that id; one sent without is he
 its (first) reading, which its answer's ``Location`` names. Its ``meta.versionId`` is the row id of its newest
 reading: a correction (the same id sent again with another value) gives a new one.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -43,28 +44,37 @@ def stored_observation(sent: Sent, held: dict, started: float) -> tuple[int, str
 def observation_bundle(rows: pd.DataFrame, codes: Codes, single: bool) -> dict:
     """The Observations ``rows`` (``LiveStore.observation``'s columns) hold: one (``single``: the readings of one
     id, the held ones, else the withdrawn ones as entered-in-error), or a searchset Bundle of them."""
-    groups = rows.assign(logical=[s if isinstance(s, str) and s else f"r{i}" for s, i in zip(rows["source"],
-                                                                                            rows["id"])])  # fmt: skip
+    groups = rows.assign(
+        logical=[s if isinstance(s, str) and s else f"r{i}" for s, i in zip(rows["source"], rows["id"])]
+    )
     resources = []
     for logical, group in groups.groupby("logical", sort=False):
         held = group[~group["withdrawn"].astype(bool)]
         resources.append(_observation(logical, held if not held.empty else group, codes, held.empty))
     if single:
         return resources[0]
-    return {"resourceType": "Bundle", "type": "searchset", "total": len(resources),
-            "entry": [{"fullUrl": f"Observation/{r['id']}", "resource": r, "search": {"mode": "match"}}
-                      for r in resources]}  # fmt: skip
+    return {
+        "resourceType": "Bundle",
+        "type": "searchset",
+        "total": len(resources),
+        "entry": [{"fullUrl": f"Observation/{r['id']}", "resource": r, "search": {"mode": "match"}} for r in resources],
+    }
 
 
 def _observation(logical: str, rows: pd.DataFrame, codes: Codes, withdrawn: bool) -> dict:
     first = rows.iloc[0]
-    values = [_coded(codes, row.variable) | {"valueQuantity": _quantity(codes, row.variable, row.value)}
-              for row in rows.itertuples()]  # fmt: skip
-    resource = {"resourceType": "Observation", "id": logical,
-                "meta": {"versionId": str(int(rows["id"].max())), "lastUpdated": _instant(rows["received"].max())},
-                "status": "entered-in-error" if withdrawn else "final",
-                "encounter": {"reference": f"Encounter/{first.bed}"},
-                "effectiveDateTime": _instant(first.admitted + first.time * 3600)}  # fmt: skip
+    values = [
+        _coded(codes, row.variable) | {"valueQuantity": _quantity(codes, row.variable, row.value)}
+        for row in rows.itertuples()
+    ]
+    resource = {
+        "resourceType": "Observation",
+        "id": logical,
+        "meta": {"versionId": str(int(rows["id"].max())), "lastUpdated": _instant(rows["received"].max())},
+        "status": "entered-in-error" if withdrawn else "final",
+        "encounter": {"reference": f"Encounter/{first.bed}"},
+        "effectiveDateTime": _instant(first.admitted + first.time * 3600),
+    }
     if isinstance(first.patient, str) and first.patient:
         resource["subject"] = {"reference": f"Patient/{first.patient}"}
     if len(values) == 1:
@@ -87,27 +97,48 @@ def capability(base: str, codes: Codes) -> dict:
     """What this service takes, exactly: Observation create, read and search (encounter, _since), Encounter
     update, batch and transaction Bundles of Observations; JSON only."""
     return {
-        "resourceType": "CapabilityStatement", "status": "active", "kind": "instance", "date": _instant(0)[:10],
-        "fhirVersion": FHIR_VERSION, "format": ["application/fhir+json", "json"],
+        "resourceType": "CapabilityStatement",
+        "status": "active",
+        "kind": "instance",
+        "date": _instant(0)[:10],
+        "fhirVersion": FHIR_VERSION,
+        "format": ["application/fhir+json", "json"],
         "software": {"name": "GARLIC-ICU live ward (garlic monitor)"},
-        "implementation": {"description": f"risk scoring of a ward; reads {len(codes.names)} inputs",
-                           "url": base},
-        "rest": [{
-            "mode": "server",
-            "documentation": f"Bundles: batch or transaction, of Observations POSTed (or PUT), at most {MAX_ENTRIES} "
-                             "entries, stored all or none. Units converted where UCUM gives a fixed conversion, "
-                             "values outside their plausible range refused (docs/live.md).",
-            "interaction": [{"code": "batch"}, {"code": "transaction"}],
-            "resource": [
-                {"type": "Observation", "interaction": [{"code": "create"}, {"code": "read"},
-                                                        {"code": "search-type"}],
-                 "versioning": "versioned", "readHistory": False, "updateCreate": False,
-                 "searchParam": [{"name": "encounter", "type": "reference",
-                                  "documentation": "required: Encounter/ID, the bed"},
-                                 {"name": "_since", "type": "date",
-                                  "documentation": "readings received at or after this instant"}]},
-                {"type": "Encounter", "interaction": [{"code": "update"}], "updateCreate": True,
-                 "documentation": "admits a bed (in-progress ..., period.start) or discharges it (finished)"},
-            ],
-        }],
-    }  # fmt: skip
+        "implementation": {"description": f"risk scoring of a ward; reads {len(codes.names)} inputs", "url": base},
+        "rest": [
+            {
+                "mode": "server",
+                "documentation": f"Bundles: batch or transaction, of Observations POSTed (or PUT), at most {MAX_ENTRIES} "
+                "entries, stored all or none. Units converted where UCUM gives a fixed conversion, "
+                "values outside their plausible range refused (docs/live.md).",
+                "interaction": [{"code": "batch"}, {"code": "transaction"}],
+                "resource": [
+                    {
+                        "type": "Observation",
+                        "interaction": [{"code": "create"}, {"code": "read"}, {"code": "search-type"}],
+                        "versioning": "versioned",
+                        "readHistory": False,
+                        "updateCreate": False,
+                        "searchParam": [
+                            {
+                                "name": "encounter",
+                                "type": "reference",
+                                "documentation": "required: Encounter/ID, the bed",
+                            },
+                            {
+                                "name": "_since",
+                                "type": "date",
+                                "documentation": "readings received at or after this instant",
+                            },
+                        ],
+                    },
+                    {
+                        "type": "Encounter",
+                        "interaction": [{"code": "update"}],
+                        "updateCreate": True,
+                        "documentation": "admits a bed (in-progress ..., period.start) or discharges it (finished)",
+                    },
+                ],
+            }
+        ],
+    }

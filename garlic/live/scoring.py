@@ -16,6 +16,7 @@ gradient boosting's exact tree SHAP values, logistic regression's coefficient x 
 the shap package) gives none; ``unexplained`` says why where it could.
 Risk and drivers from a step state are the one pass's on the cut to float rounding.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,9 @@ from garlic.methods.saved import SavedMethod
 from garlic.models.compact import Garlic
 
 
-def record_tables(readings: pd.DataFrame, static_features: list[str],
-                  stay_id: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+def record_tables(
+    readings: pd.DataFrame, static_features: list[str], stay_id: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One bed's readings (variable, time, value) as the tables of one stay ``stay_id`` (``garlic.io.tables``): its
     observations, and its static row (the newest value of each static feature)."""
     is_static = readings["variable"].isin(static_features).to_numpy()
@@ -47,13 +49,20 @@ def record_tables(readings: pd.DataFrame, static_features: list[str],
 class BedScorer:
     """Risks of cuts of beds' records for one saved method."""
 
-    def __init__(self, trained: SavedMethod, hourly: bool = False, top: int = TOP_DRIVERS, beds: int | None = None,
-                 step_memory: int = STEP_MEMORY):  # fmt: skip
+    def __init__(
+        self,
+        trained: SavedMethod,
+        hourly: bool = False,
+        top: int = TOP_DRIVERS,
+        beds: int | None = None,
+        step_memory: int = STEP_MEMORY,
+    ):
         """``hourly``: the run was trained on a task of prediction times (the early-warning task); ``beds``: how many
         beds keep a step state, where the model has them (default: as many as ``step_memory`` bytes hold)."""
         self.trained, self.hourly, self.top = trained, hourly, top
-        self.explains = (not self.hourly and trained.explains
-                         and getattr(trained.model, "explanation_unavailable", None) is None)  # fmt: skip
+        self.explains = (
+            not self.hourly and trained.explains and getattr(trained.model, "explanation_unavailable", None) is None
+        )
         # Any other model that says what drove each risk (garlic.methods.drivers): by its variables' contributions,
         # or an hourly GARLIC by its built-in importance of the record cut at each asked time
         self.contributes = not self.explains and has_row_importance(trained.method)
@@ -76,8 +85,9 @@ class BedScorer:
         time: those that go on from their step state. Every other bed needs all its readings."""
         return {} if self.steps is None else self.steps.reads_after(earliest)
 
-    def score(self, readings: pd.DataFrame, asked: pd.DataFrame,
-              partial: set[str] = frozenset()) -> tuple[np.ndarray, list[list[str]]]:  # fmt: skip
+    def score(
+        self, readings: pd.DataFrame, asked: pd.DataFrame, partial: set[str] = frozenset()
+    ) -> tuple[np.ndarray, list[list[str]]]:
         """The risk (NaN where none) and the drivers at each row (bed, time) of ``asked``, from ``readings`` (bed,
         variable, time, value) up to that time: every reading of a bed, or for the beds in ``partial`` those after
         its ``reads_after`` time (and every static descriptor)."""
@@ -112,8 +122,9 @@ class BedScorer:
         stays = np.unique(observations["stay_id"].to_numpy())
         cut_static = static.reindex(asked["bed"].to_numpy()[stays]).reset_index(drop=True)
         cut_static.insert(0, "stay_id", stays)
-        tensors = tensors_for_model(self.trained, observations.astype({"time": "float32", "value": "float32"}),
-                                    cut_static)  # fmt: skip
+        tensors = tensors_for_model(
+            self.trained, observations.astype({"time": "float32", "value": "float32"}), cut_static
+        )
         dataset = self.trained.dataset(tensors)
         if self.explains:  # the explanation's pass gives the risk too
             risk = self._explained(dataset, tensors.stay_ids, drivers)
@@ -145,15 +156,23 @@ class BedScorer:
         number = {bed: index for index, bed in enumerate(beds)}
         observations = series[series["bed"].isin(number)].assign(stay_id=lambda t: t["bed"].map(number))
         rows = asked[asked["bed"].isin(number)]
-        tasks = pd.DataFrame({"stay_id": rows["bed"].map(number).to_numpy(), "time": rows["time"].to_numpy(),
-                              "label": 0, "row": rows.index.to_numpy()}).sort_values(["stay_id", "time"])  # fmt: skip
+        tasks = pd.DataFrame(
+            {
+                "stay_id": rows["bed"].map(number).to_numpy(),
+                "time": rows["time"].to_numpy(),
+                "label": 0,
+                "row": rows.index.to_numpy(),
+            }
+        ).sort_values(["stay_id", "time"])
         stay_static = static.reindex(beds).reset_index(drop=True)
         stay_static.insert(0, "stay_id", np.arange(len(beds)))
-        observations = observations[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
-                                                                                     "value": "float32"})
+        observations = observations[["stay_id", "time", "variable", "value"]].astype(
+            {"time": "float32", "value": "float32"}
+        )
         asked_times = tasks[["stay_id", "time", "label"]].astype({"time": "float32", "label": "int8"})
-        risks = predict_hourly(self.trained, observations, stay_static, asked_times,
-                               self.top if self.contributes else 0)  # fmt: skip
+        risks = predict_hourly(
+            self.trained, observations, stay_static, asked_times, self.top if self.contributes else 0
+        )
         if self.contributes:
             for row, names in zip(tasks["row"].to_numpy(), risks["drivers"]):
                 drivers[row] = names

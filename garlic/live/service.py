@@ -26,6 +26,7 @@ reason, bed), never with a value sent.
 Listening on 127.0.0.1 by default; any other address needs a token in ``GARLIC_MONITOR_TOKEN``
 (``garlic.live.access``), which every request must then bring as ``Authorization: Bearer TOKEN``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -65,19 +66,30 @@ class FhirResponse(JSONResponse):
 
 def outcome(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     message = message if len(message) <= MAX_DIAGNOSTICS else message[:MAX_DIAGNOSTICS] + "... (cut)"
-    code = {401: "login", 404: "not-found", 405: "not-supported", 408: "timeout", 409: "conflict", 413: "too-long",
-            415: "not-supported", 429: "throttled", 503: "transient"}.get(status, "invalid")  # fmt: skip
+    code = {
+        401: "login",
+        404: "not-found",
+        405: "not-supported",
+        408: "timeout",
+        409: "conflict",
+        413: "too-long",
+        415: "not-supported",
+        429: "throttled",
+        503: "transient",
+    }.get(status, "invalid")
     issue = {"severity": "error", "code": code, "diagnostics": message}
     headers = {**({"WWW-Authenticate": "Bearer"} if status == 401 else {}), **(headers or {})}
-    return FhirResponse({"resourceType": "OperationOutcome", "issue": [issue]}, status_code=status,
-                        headers=headers or None)  # fmt: skip
+    return FhirResponse(
+        {"resourceType": "OperationOutcome", "issue": [issue]}, status_code=status, headers=headers or None
+    )
 
 
 def refusal(request: Request, status: int, message: str, reason: str, headers: dict | None = None) -> JSONResponse:
     """The OperationOutcome of a refused request, logged in one line: its status, reason and bed, never a value."""
     bed = getattr(request.state, "bed", None)
-    log.warning("refused %s %s: %d %s%s", request.method, _route(request), status, reason,
-                f" (bed {bed})" if bed else "")  # fmt: skip
+    log.warning(
+        "refused %s %s: %d %s%s", request.method, _route(request), status, reason, f" (bed {bed})" if bed else ""
+    )
     return outcome(status, message, headers)
 
 
@@ -112,8 +124,7 @@ async def bounded_body(request: Request) -> bytes:
 def _content_type(request: Request) -> None:
     given = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if given not in TAKEN_TYPES:
-        raise FhirError(415, f"Content-Type {given or '(none)'!s:.60} is not taken: send {FHIR_JSON}",
-                        "content type")  # fmt: skip
+        raise FhirError(415, f"Content-Type {given or '(none)'!s:.60} is not taken: send {FHIR_JSON}", "content type")
 
 
 def _bed_named(payload: dict) -> str | None:
@@ -122,11 +133,14 @@ def _bed_named(payload: dict) -> str | None:
     resource = payload
     if payload.get("resourceType") == "Bundle":
         entries = payload.get("entry")
-        resource = entries[0].get("resource") if isinstance(entries, list) and entries and isinstance(
-            entries[0], dict) else None  # fmt: skip
+        resource = (
+            entries[0].get("resource")
+            if isinstance(entries, list) and entries and isinstance(entries[0], dict)
+            else None
+        )
     encounter = resource.get("encounter") if isinstance(resource, dict) else None
     reference = encounter.get("reference") if isinstance(encounter, dict) else None
-    bed = reference[len("Encounter/"):] if isinstance(reference, str) and reference.startswith("Encounter/") else ""
+    bed = reference[len("Encounter/") :] if isinstance(reference, str) and reference.startswith("Encounter/") else ""
     return bed if is_id(bed) else None
 
 
@@ -149,16 +163,27 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
     async def not_here(request: Request, exc: HTTPException) -> JSONResponse:
         allowed = ", ".join(methods_of(request))
         headers = {**(exc.headers or {}), **({"Allow": allowed} if exc.status_code == 405 else {})}
-        message = (f"{request.method} is not taken here (this path takes {allowed})" if exc.status_code == 405
-                   else "no such resource or path (GET /fhir/metadata lists what this service takes)")  # fmt: skip
-        return refusal(request, exc.status_code, message, "method" if exc.status_code == 405 else "no such path",
-                       headers)  # fmt: skip
+        message = (
+            f"{request.method} is not taken here (this path takes {allowed})"
+            if exc.status_code == 405
+            else "no such resource or path (GET /fhir/metadata lists what this service takes)"
+        )
+        return refusal(
+            request, exc.status_code, message, "method" if exc.status_code == 405 else "no such path", headers
+        )
 
     def methods_of(request: Request) -> list[str]:
         """Every method some route of this request's path takes (Starlette's 405 names the first route's only)."""
         scope = {**request.scope, "method": "GET"}
-        return sorted({method for route in app.routes if getattr(route, "methods", None)
-                       and route.matches(scope)[0] != Match.NONE for method in route.methods} - {"HEAD"})
+        return sorted(
+            {
+                method
+                for route in app.routes
+                if getattr(route, "methods", None) and route.matches(scope)[0] != Match.NONE
+                for method in route.methods
+            }
+            - {"HEAD"}
+        )
 
     @app.exception_handler(ClientDisconnect)
     async def hung_up(request: Request, exc: ClientDisconnect) -> JSONResponse:
@@ -177,8 +202,9 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         if refused is not None:
             return refused
         if in_flight[0] >= MAX_IN_FLIGHT:
-            return refusal(request, 503, f"{MAX_IN_FLIGHT} requests are being answered; send again in a few "
-                                         "seconds", "busy")  # fmt: skip
+            return refusal(
+                request, 503, f"{MAX_IN_FLIGHT} requests are being answered; send again in a few seconds", "busy"
+            )
         in_flight[0] += 1
         try:
             return await call_next(request)
@@ -189,7 +215,7 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         """None for a request with the right token, else its refusal (401, or 429 from an address guessing)."""
         client = request.client.host if request.client else "unknown"
         given = request.headers.get("authorization", "")
-        right = given.startswith("Bearer ") and token_matches(given[len("Bearer "):], token)
+        right = given.startswith("Bearer ") and token_matches(given[len("Bearer ") :], token)
         now = time.monotonic()
         if right and (now - trusted.get(client, -math.inf) < TRUSTED_SECONDS or not attempts.blocked_client(client)):
             trusted[client] = now  # a client of the right token is never locked out by another's guesses
@@ -201,8 +227,12 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
             return refusal(request, 429, "too many wrong tokens from this address; wait a minute", "throttled")
         if given and not right:
             attempts.failed(client)  # no token at all (a probe) is no guess
-        return refusal(request, 401, f"this service needs its token: send Authorization: Bearer ${MONITOR_TOKEN}",
-                       "no token" if not given else "wrong token")  # fmt: skip
+        return refusal(
+            request,
+            401,
+            f"this service needs its token: send Authorization: Bearer ${MONITOR_TOKEN}",
+            "no token" if not given else "wrong token",
+        )
 
     def take(posted, started: float) -> tuple[list[tuple[int, str | None, dict]], dict]:
         """Store what was posted: each Observation's (status, location, resource), and the readings' counts."""
@@ -220,19 +250,38 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         request.state.bed = _bed_named(payload)
         posted = observations_in(payload, codes)
         answers, counts = await run_in_threadpool(take, posted, time.time())
-        counted = {"X-Garlic-Stored": str(counts["stored"]), "X-Garlic-Repeats": str(counts["repeats"]),
-                   "X-Garlic-Withdrawn": str(counts["withdrawn"])}  # fmt: skip
+        counted = {
+            "X-Garlic-Stored": str(counts["stored"]),
+            "X-Garlic-Repeats": str(counts["repeats"]),
+            "X-Garlic-Withdrawn": str(counts["withdrawn"]),
+        }
         base = str(request.base_url).rstrip("/") + "/fhir/"
         if posted.kind == "Observation":
             status, location, resource = answers[0]
-            return FhirResponse(resource, status_code=status, headers={
-                **counted, **({"Location": base + location} if location else {}),
-                **({"ETag": f'W/"{resource["meta"]["versionId"]}"'} if "meta" in resource else {})})  # fmt: skip
-        entries = [{"response": {"status": f"{status} {'Created' if status == 201 else 'OK'}",
-                                 **({"location": location} if location else {})}, "resource": resource}
-                   for status, location, resource in answers]  # fmt: skip
-        return FhirResponse({"resourceType": "Bundle", "type": f"{posted.kind}-response", "entry": entries},
-                            status_code=200, headers=counted)  # fmt: skip
+            return FhirResponse(
+                resource,
+                status_code=status,
+                headers={
+                    **counted,
+                    **({"Location": base + location} if location else {}),
+                    **({"ETag": f'W/"{resource["meta"]["versionId"]}"'} if "meta" in resource else {}),
+                },
+            )
+        entries = [
+            {
+                "response": {
+                    "status": f"{status} {'Created' if status == 201 else 'OK'}",
+                    **({"location": location} if location else {}),
+                },
+                "resource": resource,
+            }
+            for status, location, resource in answers
+        ]
+        return FhirResponse(
+            {"resourceType": "Bundle", "type": f"{posted.kind}-response", "entry": entries},
+            status_code=200,
+            headers=counted,
+        )
 
     for path in ("/fhir", "/fhir/Observation", "/fhir/Bundle"):
         app.add_api_route(path, post, methods=["POST"])
@@ -265,12 +314,17 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         params = dict(request.query_params)
         unknown = sorted(set(params) - {"encounter", "_since", "_count", "_format"})
         if unknown:
-            raise FhirError(400, f"search parameter {unknown[0]!s:.40} is not supported: encounter (Encounter/ID) "
-                                 "and _since (an instant) are", "search parameter")  # fmt: skip
+            raise FhirError(
+                400,
+                f"search parameter {unknown[0]!s:.40} is not supported: encounter (Encounter/ID) "
+                "and _since (an instant) are",
+                "search parameter",
+            )
         bed = params.get("encounter", "").removeprefix("Encounter/")
         if not is_id(bed):
-            raise FhirError(400, "encounter=Encounter/ID (the bed) is required to search Observations",
-                            "search parameter")  # fmt: skip
+            raise FhirError(
+                400, "encounter=Encounter/ID (the bed) is required to search Observations", "search parameter"
+            )
         request.state.bed = bed
         since = _since(params.get("_since"))
         rows = store.observations(bed, since)
@@ -281,12 +335,20 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
         beds = store.beds()
         beds = beds[beds["discharged"].isna()].sort_values("risk", ascending=False, na_position="last")
         trend = store.hour_ago(dict(zip(beds["bed"], beds["time"])))
-        return [{"bed": row.bed, "time": _number(row.time), "risk": _number(row.risk),
-                 "trend": None if _number(row.risk) is None or trend.get(row.bed) is None
-                 else float(row.risk) - trend[row.bed],
-                 "alert": bool(row.alert) if row.alert is not None else False,
-                 "readings": int(_number(row.readings) or 0),
-                 "drivers": row.drivers} for row in beds.itertuples()]  # fmt: skip
+        return [
+            {
+                "bed": row.bed,
+                "time": _number(row.time),
+                "risk": _number(row.risk),
+                "trend": None
+                if _number(row.risk) is None or trend.get(row.bed) is None
+                else float(row.risk) - trend[row.bed],
+                "alert": bool(row.alert) if row.alert is not None else False,
+                "readings": int(_number(row.readings) or 0),
+                "drivers": row.drivers,
+            }
+            for row in beds.itertuples()
+        ]
 
     @app.get("/beds/{bed}")
     def bed_history(bed: str) -> dict:
@@ -294,11 +356,16 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
             raise FhirError(404, "no such bed", "unknown bed")
         history = store.history(bed)
         readings = store.readings([bed])
-        return {"bed": bed, "threshold": monitor.alerts.threshold, "policy": monitor.alerts.settings(),
-                "scores": [{"time": r.time, "risk": _number(r.risk), "alert": bool(r.alert), "drivers": r.drivers}
-                           for r in history.itertuples()],
-                "readings": [{"time": r.time, "variable": r.variable, "value": r.value}
-                             for r in readings.itertuples()]}  # fmt: skip
+        return {
+            "bed": bed,
+            "threshold": monitor.alerts.threshold,
+            "policy": monitor.alerts.settings(),
+            "scores": [
+                {"time": r.time, "risk": _number(r.risk), "alert": bool(r.alert), "drivers": r.drivers}
+                for r in history.itertuples()
+            ],
+            "readings": [{"time": r.time, "variable": r.variable, "value": r.value} for r in readings.itertuples()],
+        }
 
     @app.get("/health")
     def health() -> dict:
@@ -322,14 +389,22 @@ def _since(text: str | None) -> float | None:
     return at.timestamp()
 
 
-def serve(monitor: Monitor, codes: Codes, host: str, port: int, token: str | None,
-          watcher: FolderWatcher | None = None) -> None:  # fmt: skip
+def serve(
+    monitor: Monitor, codes: Codes, host: str, port: int, token: str | None, watcher: FolderWatcher | None = None
+) -> None:
     """Serve until stopped (SIGINT, SIGTERM); the scoring loop (and the folder ``watcher``, given one) runs beside
     it, and stops with it."""
     import uvicorn
 
-    config = uvicorn.Config(create_app(monitor, codes, token), host=host, port=port, log_level="warning",
-                            access_log=False, limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=30)  # fmt: skip
+    config = uvicorn.Config(
+        create_app(monitor, codes, token),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=30,
+    )
     workers = [(monitor, monitor.start())] + ([(watcher, watcher.start())] if watcher else [])
     try:
         uvicorn.Server(config).run()

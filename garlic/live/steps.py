@@ -25,6 +25,7 @@ ward, bounded by memory: at most ``STEP_MEMORY`` bytes (``garlic monitor --step-
 a state, the most recently scored ones; another bed's state is made again when it is next scored
 (``WardSteps.capacity``, said at start-up).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -71,8 +72,7 @@ class _Op:
 class WardSteps:
     """The step states of up to ``capacity`` beds for one saved compact GARLIC (per stay)."""
 
-    def __init__(self, trained: SavedMethod, explains: bool, capacity: int | None = None,
-                 memory: int = STEP_MEMORY):  # fmt: skip
+    def __init__(self, trained: SavedMethod, explains: bool, capacity: int | None = None, memory: int = STEP_MEMORY):
         """``capacity``: beds kept at most (default: as many as ``memory`` bytes hold, up to ``MAX_BEDS``)."""
         self.trained, self.model, self.explains = trained, trained.model, explains
         row = steps.packed(steps.start(self.model))[0]
@@ -97,8 +97,9 @@ class WardSteps:
         return after
 
     @torch.no_grad()
-    def score(self, series: pd.DataFrame, static: pd.DataFrame, asked: pd.DataFrame,
-              partial: set[str] = frozenset()) -> tuple[pd.Series, dict]:  # fmt: skip
+    def score(
+        self, series: pd.DataFrame, static: pd.DataFrame, asked: pd.DataFrame, partial: set[str] = frozenset()
+    ) -> tuple[pd.Series, dict]:
         """As ``BedScorer.score`` for the rows of ``asked``: the risk by row (rows without a step left out), and the
         importance [D] by row where the model explains. The beds in ``partial`` come with their readings from
         ``reads_after`` on only."""
@@ -116,18 +117,21 @@ class WardSteps:
         for bed, begin, end in zip(beds, first, [*first[1:], len(order)]):
             rows = order[begin:end]
             offsets[bed], stop = bounds.get(bed, (0, 0))
-            plans[bed] = self._plan(bed, hours[offsets[bed]:stop], asked.index.to_numpy()[rows], asked_times[rows],
-                                    bed in partial)  # fmt: skip
+            plans[bed] = self._plan(
+                bed, hours[offsets[bed] : stop], asked.index.to_numpy()[rows], asked_times[rows], bed in partial
+            )
         values, mask, times = self._step_inputs(plans, offsets, series)
         static_rows = self._static(static, list(plans))
         # The round's beds as one batch (row i: the i-th bed of ``plans``), their state and undo stepped in place.
         beds = list(plans)
         known = [self.beds[bed] if plans[bed][0] else None for bed in beds]
         fresh = steps.packed(steps.start(self.model))[0]
-        current = steps.unpacked(self.model, torch.stack([fresh if bed_steps is None else bed_steps.state
-                                                          for bed_steps in known]))  # fmt: skip
-        undo = steps.unpacked(self.model, torch.stack([fresh if bed_steps is None else bed_steps.undo
-                                                       for bed_steps in known]))  # fmt: skip
+        current = steps.unpacked(
+            self.model, torch.stack([fresh if bed_steps is None else bed_steps.state for bed_steps in known])
+        )
+        undo = steps.unpacked(
+            self.model, torch.stack([fresh if bed_steps is None else bed_steps.undo for bed_steps in known])
+        )
         # Where each bed's state and undo are at the end: the kept objects while unchanged ("undo": the kept undo,
         # "state": the kept state, after one step from it), else copied out of the batch (``_keep_round``).
         state_kept = [bed_steps is not None for bed_steps in known]
@@ -171,16 +175,21 @@ class WardSteps:
         rows = np.fromiter(risk, dtype=int, count=len(risk))
         return pd.Series(list(risk.values()), index=rows, dtype=float), importance
 
-    def _plan(self, bed: str, hours: np.ndarray, rows: np.ndarray, times: np.ndarray,
-              partial: bool) -> tuple[bool, list[_Op], int]:  # fmt: skip
+    def _plan(
+        self, bed: str, hours: np.ndarray, rows: np.ndarray, times: np.ndarray, partial: bool
+    ) -> tuple[bool, list[_Op], int]:
         """(whether the bed goes on from its state, its steps this round, how many of its first readings ``hours``
         leaves out) for the asked ``rows`` at ``times``, from the hours of its readings in time order (a step's
         readings: rows of them): all of them, or (``partial``) those from ``reads_after`` on."""
         step_of = hours.astype("float32")
         known = self.beds.get(bed)
         before = 0 if known is None else int((step_of < known.last_step).sum())
-        goes_on = (known is not None and len(times) and np.float32(times[0]) >= known.last_step
-                   and (partial or before == known.before_last))  # fmt: skip
+        goes_on = (
+            known is not None
+            and len(times)
+            and np.float32(times[0]) >= known.last_step
+            and (partial or before == known.before_last)
+        )
         if partial and not goes_on:
             raise RuntimeError(f"bed {bed}: asked before its last step with only its later readings read")
         skipped = known.before_last - before if partial else 0
@@ -221,14 +230,19 @@ class WardSteps:
         if not keys:
             return _Keyed({}), _Keyed({}), _Keyed({})
         observations = series.iloc[np.concatenate(chosen)].assign(stay_id=np.concatenate(stay))
-        observations = observations[["stay_id", "time", "variable", "value"]].astype({"time": "float32",
-                                                                                     "value": "float32"})
-        no_static = pd.DataFrame({"stay_id": np.arange(len(keys)),
-                                  **{name: np.nan for name in self.trained.static_features}})  # read from ``static``
+        observations = observations[["stay_id", "time", "variable", "value"]].astype(
+            {"time": "float32", "value": "float32"}
+        )
+        no_static = pd.DataFrame(
+            {"stay_id": np.arange(len(keys)), **{name: np.nan for name in self.trained.static_features}}
+        )  # read from ``static``
         dataset = self.trained.dataset(tensors_for_model(self.trained, observations, no_static))
         device = next(self.model.parameters()).device
-        return (_Keyed(keys, dataset.values[:, 0].to(device)), _Keyed(keys, dataset.mask[:, 0].to(device)),
-                _Keyed(keys, dataset.times[:, 0].to(device)))  # fmt: skip
+        return (
+            _Keyed(keys, dataset.values[:, 0].to(device)),
+            _Keyed(keys, dataset.mask[:, 0].to(device)),
+            _Keyed(keys, dataset.times[:, 0].to(device)),
+        )
 
     def _static(self, static: pd.DataFrame, beds: list[str]) -> dict[str, torch.Tensor]:
         """Each bed's static features, normalised as the model's input."""
@@ -237,10 +251,20 @@ class WardSteps:
         device = next(self.model.parameters()).device
         return {bed: row.to(device) for bed, row in zip(beds, normalised)}
 
-    def _keep_round(self, beds: list[str], known: list, last: list[BedSteps], current: StepState, undo: StepState,
-                    has_step: list[bool], state_kept: list[bool], undo_from: list[str]) -> None:  # fmt: skip
+    def _keep_round(
+        self,
+        beds: list[str],
+        known: list,
+        last: list[BedSteps],
+        current: StepState,
+        undo: StepState,
+        has_step: list[bool],
+        state_kept: list[bool],
+        undo_from: list[str],
+    ) -> None:
         """Keep each bed of the round that has a step: its state and undo copied out of the round's batch (a copy of
         its own, so that a bed kept holds no other bed's memory), or the objects it had where they did not change."""
+
         def copied(batch: StepState, chosen: list[int]) -> dict[int, torch.Tensor]:
             rows = steps.packed(steps.select(batch, torch.tensor(chosen, dtype=torch.long)))
             return {row: packed.clone() for row, packed in zip(chosen, rows)}
@@ -250,8 +274,11 @@ class WardSteps:
         for row, bed in enumerate(beds):
             if has_step[row]:
                 last[row].state = known[row].state if state_kept[row] else states[row]
-                last[row].undo = {"batch": undos.get(row), "undo": getattr(known[row], "undo", None),
-                                  "state": getattr(known[row], "state", None)}[undo_from[row]]  # fmt: skip
+                last[row].undo = {
+                    "batch": undos.get(row),
+                    "undo": getattr(known[row], "undo", None),
+                    "state": getattr(known[row], "state", None),
+                }[undo_from[row]]
                 self._keep(bed, last[row])
 
     def _keep(self, bed: str, bed_steps: BedSteps) -> None:
@@ -263,7 +290,7 @@ class WardSteps:
 
 def _in_step(step_of: np.ndarray, last: float, upto: int) -> int:
     """Readings of the step at ``last`` among the first ``upto``."""
-    return int(((step_of[:upto] == np.float32(last))).sum())
+    return int((step_of[:upto] == np.float32(last)).sum())
 
 
 class _Keyed:

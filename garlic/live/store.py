@@ -25,6 +25,7 @@ releases the locks. So each bed's readings are scored by one scorer at a time, i
 is marked scored only while it is still unscored and as withdrawn or not as it was claimed, and a round that finds
 otherwise is rolled back. SQLite has a single writer: one scorer.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,17 +48,23 @@ SCHEMA_VERSION = "3"  # 2: readings' source and withdrawn; 3: beds' patient (old
 # float32 hours also lose their minutes past it (a year is 8,784 hours: float32 steps of 0.001 hours there).
 LONGEST_STAY_HOURS = 366 * 24
 metadata = sa.MetaData()
-META = sa.Table("meta", metadata, sa.Column("key", sa.String(32), primary_key=True),
-                sa.Column("value", sa.String(200), nullable=False))  # fmt: skip
+META = sa.Table(
+    "meta",
+    metadata,
+    sa.Column("key", sa.String(32), primary_key=True),
+    sa.Column("value", sa.String(200), nullable=False),
+)
 BEDS = sa.Table(
-    "beds", metadata,
+    "beds",
+    metadata,
     sa.Column("bed", sa.String(64), primary_key=True),
     sa.Column("admitted", sa.Float, nullable=False),
     sa.Column("discharged", sa.Float),
     sa.Column("patient", sa.String(64)),
-)  # fmt: skip
+)
 READINGS = sa.Table(
-    "readings", metadata,
+    "readings",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("bed", sa.String(64), nullable=False),
     sa.Column("variable", sa.String(64), nullable=False),
@@ -69,7 +76,7 @@ READINGS = sa.Table(
     sa.Column("withdrawn", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     sa.UniqueConstraint("bed", "variable", "time", "value", name="one_reading"),
     sa.Index("readings_of_bed", "bed", "time"),
-)  # fmt: skip
+)
 # Partial indexes (the sourced readings, the withdrawn ones): the feeds' readings have no source and are not
 # withdrawn, so that adding them touches neither.
 SOURCED = READINGS.c.source.is_not(None)
@@ -82,7 +89,8 @@ LAYOUT_2_INDEXES = [
 # Layout 3: an Observation id belongs to one bed, found from the id alone.
 LAYOUT_3_INDEXES = [sa.Index("readings_by_source", READINGS.c.source, sqlite_where=SOURCED, postgresql_where=SOURCED)]
 SCORES = sa.Table(
-    "scores", metadata,
+    "scores",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("bed", sa.String(64), nullable=False),
     sa.Column("time", sa.Float, nullable=False),
@@ -91,7 +99,7 @@ SCORES = sa.Table(
     sa.Column("drivers", sa.String(400), nullable=False),
     sa.Column("scored_at", sa.Float, nullable=False),
     sa.Index("scores_of_bed", "bed", "time"),
-)  # fmt: skip
+)
 
 
 class StoreError(ValueError):
@@ -146,8 +154,12 @@ def _add_layout_2(db: sa.Connection) -> None:
     """Layout 1 -> 2, in the transaction that opens the store: the readings' source and withdrawn columns."""
     false = sa.false().compile(dialect=db.dialect)
     db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN source {sa.String(64).compile(dialect=db.dialect)}"))
-    db.execute(sa.text(f"ALTER TABLE readings ADD COLUMN withdrawn {sa.Boolean().compile(dialect=db.dialect)} "
-                       f"NOT NULL DEFAULT {false}"))  # fmt: skip
+    db.execute(
+        sa.text(
+            f"ALTER TABLE readings ADD COLUMN withdrawn {sa.Boolean().compile(dialect=db.dialect)} "
+            f"NOT NULL DEFAULT {false}"
+        )
+    )
     for index in LAYOUT_2_INDEXES:
         db.execute(sa.schema.CreateIndex(index))
     db.execute(META.update().where(META.c.key == "schema").values(value="2"))
@@ -177,14 +189,16 @@ def _add_group(db: sa.Connection, rows: list[dict], insert, held_ids: dict | Non
     repeat (another process may add the same reading meanwhile), where its database has one."""
     first, held = rows[0], []
     if first["source"]:
-        held = db.execute(sa.select(READINGS.c.id, READINGS.c.variable, READINGS.c.time, READINGS.c.value,
-                                    READINGS.c.withdrawn)
-                          .where(READINGS.c.bed == first["bed"], READINGS.c.source == first["source"], SOURCED)
-                          ).all()  # fmt: skip
+        held = db.execute(
+            sa.select(
+                READINGS.c.id, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.withdrawn
+            ).where(READINGS.c.bed == first["bed"], READINGS.c.source == first["source"], SOURCED)
+        ).all()
     if first["withdrawn"]:
         if not held:
-            raise FhirError(404, f"bed {first['bed']} holds no reading sent with the id {first['source']}",
-                            "unknown id")  # fmt: skip
+            raise FhirError(
+                404, f"bed {first['bed']} holds no reading sent with the id {first['source']}", "unknown id"
+            )
         live = [r.id for r in held if not r.withdrawn]
         _withdraw(db, live)
         return 0, 0 if live else 1, len(live)  # nothing left to withdraw: a withdrawal sent again
@@ -231,16 +245,24 @@ def _sources_of_one_bed(db: sa.Connection, sources: list[tuple[str, str]]) -> No
     by_source: dict[str, str] = {}
     for bed, source in sources:
         if by_source.setdefault(source, bed) != bed:
-            raise FhirError(409, f"one Observation id is sent for two beds ({by_source[source]} and {bed}); an id "
-                                 "belongs to one bed", "id of another bed")  # fmt: skip
+            raise FhirError(
+                409,
+                f"one Observation id is sent for two beds ({by_source[source]} and {bed}); an id belongs to one bed",
+                "id of another bed",
+            )
     if not sources:
         return
-    elsewhere = sa.or_(*(sa.and_(READINGS.c.source == source, READINGS.c.bed != bed)
-                         for source, bed in by_source.items()))  # fmt: skip
+    elsewhere = sa.or_(
+        *(sa.and_(READINGS.c.source == source, READINGS.c.bed != bed) for source, bed in by_source.items())
+    )
     other = db.execute(sa.select(READINGS.c.bed, READINGS.c.source).where(SOURCED, elsewhere).limit(1)).first()
     if other is not None:
-        raise FhirError(409, f"an Observation id sent for bed {by_source[other.source]} is held by bed {other.bed}; "
-                             "an id belongs to one bed (send a new id)", "id of another bed")  # fmt: skip
+        raise FhirError(
+            409,
+            f"an Observation id sent for bed {by_source[other.source]} is held by bed {other.bed}; "
+            "an id belongs to one bed (send a new id)",
+            "id of another bed",
+        )
 
 
 def _same(row: dict):
@@ -254,8 +276,11 @@ def _repeated(db: sa.Connection, rows: list[dict]) -> int:
     taken_back = 0
     for row in rows:
         source = sa.func.coalesce(sa.literal(row["source"], sa.String), READINGS.c.source)
-        taken_back += db.execute(READINGS.update().where(_same(row), WITHDRAWN).values(
-            withdrawn=False, scored=False, source=source, received=row["received"])).rowcount  # fmt: skip
+        taken_back += db.execute(
+            READINGS.update()
+            .where(_same(row), WITHDRAWN)
+            .values(withdrawn=False, scored=False, source=source, received=row["received"])
+        ).rowcount
         if row["source"]:
             db.execute(READINGS.update().where(_same(row), READINGS.c.source.is_(None)).values(source=row["source"]))
     return taken_back
@@ -303,11 +328,14 @@ class LiveStore:
         with self.engine.begin() as db:
             kept = dict(db.execute(sa.select(META.c.key, META.c.value)).all())
             if not kept and create:
-                db.execute(META.insert(), [{"key": "run_id", "value": run_id},
-                                           {"key": "schema", "value": SCHEMA_VERSION}])  # fmt: skip
+                db.execute(
+                    META.insert(), [{"key": "run_id", "value": run_id}, {"key": "schema", "value": SCHEMA_VERSION}]
+                )
             elif kept.get("run_id") != run_id:
-                raise StoreError(f"the live store {shown} holds the scores of run {kept.get('run_id')}, not "
-                                 f"{run_id}: give another --store")  # fmt: skip
+                raise StoreError(
+                    f"the live store {shown} holds the scores of run {kept.get('run_id')}, not "
+                    f"{run_id}: give another --store"
+                )
             elif kept.get("schema") in ("1", "2"):
                 if kept["schema"] == "1":
                     _add_layout_2(db)
@@ -327,21 +355,30 @@ class LiveStore:
         with self.engine.begin() as db:
             row = db.execute(sa.select(BEDS).where(BEDS.c.bed == stay.bed)).first()
             if row is not None and stay.subject and row.patient and row.patient != stay.subject:
-                raise FhirError(409, f"Encounter.subject is not the patient of bed {stay.bed}: a bed holds one "
-                                     "patient; a new stay needs a new Encounter id", "subject")  # fmt: skip
+                raise FhirError(
+                    409,
+                    f"Encounter.subject is not the patient of bed {stay.bed}: a bed holds one "
+                    "patient; a new stay needs a new Encounter id",
+                    "subject",
+                )
             if stay.admitted:
                 start = _seconds(stay.start)
                 if row is None:
-                    db.execute(BEDS.insert().values(bed=stay.bed, admitted=start, discharged=None,
-                                                    patient=stay.subject))  # fmt: skip
+                    db.execute(
+                        BEDS.insert().values(bed=stay.bed, admitted=start, discharged=None, patient=stay.subject)
+                    )
                     return True
                 if row.admitted != start:
-                    raise FhirError(409, f"bed {stay.bed} was admitted at another time; a new stay needs a new "
-                                         "Encounter id")  # fmt: skip
+                    raise FhirError(
+                        409, f"bed {stay.bed} was admitted at another time; a new stay needs a new Encounter id"
+                    )
                 changed = row.discharged is not None or (stay.subject is not None and row.patient is None)
                 if changed:
-                    db.execute(BEDS.update().where(BEDS.c.bed == stay.bed).values(
-                        discharged=None, patient=row.patient or stay.subject))  # fmt: skip
+                    db.execute(
+                        BEDS.update()
+                        .where(BEDS.c.bed == stay.bed)
+                        .values(discharged=None, patient=row.patient or stay.subject)
+                    )
                 return changed
             if row is None:
                 raise FhirError(404, f"bed {stay.bed} was never admitted")
@@ -387,22 +424,40 @@ class LiveStore:
                     continue
                 hours = (_seconds(reading.at) - bed.admitted) / 3600
                 if hours < 0:
-                    raise FhirError(422, f"a reading of bed {reading.bed} is dated before the bed's admission",
-                                    "before admission")  # fmt: skip
+                    raise FhirError(
+                        422, f"a reading of bed {reading.bed} is dated before the bed's admission", "before admission"
+                    )
                 if hours > LONGEST_STAY_HOURS:
-                    raise FhirError(422, f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after "
-                                         "the bed's admission; a stay is taken up to a year: is its date right?",
-                                    "after a year")  # fmt: skip
+                    raise FhirError(
+                        422,
+                        f"a reading of bed {reading.bed} is dated {hours / 24:.0f} days after "
+                        "the bed's admission; a stay is taken up to a year: is its date right?",
+                        "after a year",
+                    )
                 keys.append((reading, (reading.bed, reading.variable, hours, reading.value)))
-                rows.append({"bed": reading.bed, "variable": reading.variable, "time": hours, "value": reading.value,
-                             "received": received, "scored": False, "source": reading.source,
-                             "withdrawn": False, "part": reading.part})  # fmt: skip
+                rows.append(
+                    {
+                        "bed": reading.bed,
+                        "variable": reading.variable,
+                        "time": hours,
+                        "value": reading.value,
+                        "received": received,
+                        "scored": False,
+                        "source": reading.source,
+                        "withdrawn": False,
+                        "part": reading.part,
+                    }
+                )
             self._one_patient_a_bed(db, beds, [r for r in observed if isinstance(r, Observed) and r.subject])
             sources = sorted({(row["bed"], row["source"]) for row in rows if row["source"]})
             _sources_of_one_bed(db, sources)
             # New readings (new ids, or none), as feeds send them: one statement; else one Observation at a time
-            if (self.insert_reading is not None and not any(row["withdrawn"] for row in rows)
-                    and not _repeats_a_source(rows) and not _held_under(db, sources)):  # fmt: skip
+            if (
+                self.insert_reading is not None
+                and not any(row["withdrawn"] for row in rows)
+                and not _repeats_a_source(rows)
+                and not _held_under(db, sources)
+            ):
                 stored = _inserted(db, self.insert_reading, [_columns(row) for row in rows], held)
                 if stored < len(rows):  # some were held already
                     stored += _repeated(db, rows)
@@ -418,33 +473,50 @@ class LiveStore:
         patients = {bed: row.patient for bed, row in beds.items()}
         for reading in readings:
             if patients[reading.bed] is None:  # only where still none: another request may have named one meanwhile
-                db.execute(BEDS.update().where(BEDS.c.bed == reading.bed, BEDS.c.patient.is_(None))
-                           .values(patient=reading.subject))  # fmt: skip
-                patients[reading.bed] = db.execute(sa.select(BEDS.c.patient).where(BEDS.c.bed == reading.bed)
-                                                   ).scalar_one()  # fmt: skip
+                db.execute(
+                    BEDS.update()
+                    .where(BEDS.c.bed == reading.bed, BEDS.c.patient.is_(None))
+                    .values(patient=reading.subject)
+                )
+                patients[reading.bed] = db.execute(
+                    sa.select(BEDS.c.patient).where(BEDS.c.bed == reading.bed)
+                ).scalar_one()
             if patients[reading.bed] != reading.subject:
-                raise FhirError(409, f"Observation.subject is not the patient of bed {reading.bed} (its Encounter's "
-                                     "or its first Observation's subject): a bed holds one patient's readings",
-                                "subject")  # fmt: skip
+                raise FhirError(
+                    409,
+                    f"Observation.subject is not the patient of bed {reading.bed} (its Encounter's "
+                    "or its first Observation's subject): a bed holds one patient's readings",
+                    "subject",
+                )
 
     def ids_of(self, observed: list[Observed]) -> list[tuple[int, float] | None]:
         """The row id and received time of each reading as held now (None where it is not, a withdrawn one)."""
         if not observed:
             return []
         with self.engine.connect() as db:
-            admitted = dict(db.execute(sa.select(BEDS.c.bed, BEDS.c.admitted).where(
-                BEDS.c.bed.in_({r.bed for r in observed}))).all())  # fmt: skip
+            admitted = dict(
+                db.execute(
+                    sa.select(BEDS.c.bed, BEDS.c.admitted).where(BEDS.c.bed.in_({r.bed for r in observed}))
+                ).all()
+            )
             keys = [(r.bed, r.variable, (_seconds(r.at) - admitted[r.bed]) / 3600, r.value) for r in observed]
             columns = _KEY(READINGS)
-            found = {tuple(row[2:]): (row.id, row.received) for row in db.execute(
-                sa.select(READINGS.c.id, READINGS.c.received, *columns).where(sa.tuple_(*columns).in_(keys), HELD))}
+            found = {
+                tuple(row[2:]): (row.id, row.received)
+                for row in db.execute(
+                    sa.select(READINGS.c.id, READINGS.c.received, *columns).where(sa.tuple_(*columns).in_(keys), HELD)
+                )
+            }
         return [found.get(key) for key in keys]
 
     def observation(self, logical_id: str) -> pd.DataFrame:
         """The readings held under an Observation's id: a source, or ``r`` and a reading's row id (one sent
         without an id): id, bed, variable, time, value, received, source, withdrawn, admitted, patient."""
-        by = (READINGS.c.id == int(logical_id[1:]) if re.fullmatch(r"r[0-9]{1,18}", logical_id)
-              else sa.and_(SOURCED, READINGS.c.source == logical_id))  # fmt: skip
+        by = (
+            READINGS.c.id == int(logical_id[1:])
+            if re.fullmatch(r"r[0-9]{1,18}", logical_id)
+            else sa.and_(SOURCED, READINGS.c.source == logical_id)
+        )
         return self._observations(by)
 
     def observations(self, bed: str, since: float | None = None, limit: int = 1000) -> pd.DataFrame:
@@ -454,15 +526,34 @@ class LiveStore:
 
     def _observations(self, where, limit: int = 1000) -> pd.DataFrame:
         columns = ["id", "bed", "variable", "time", "value", "received", "source", "withdrawn", "admitted", "patient"]
-        query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value,
-                           READINGS.c.received, READINGS.c.source, READINGS.c.withdrawn, BEDS.c.admitted,
-                           BEDS.c.patient)
-                 .join(BEDS, BEDS.c.bed == READINGS.c.bed).where(where).order_by(READINGS.c.id).limit(limit))
+        query = (
+            sa.select(
+                READINGS.c.id,
+                READINGS.c.bed,
+                READINGS.c.variable,
+                READINGS.c.time,
+                READINGS.c.value,
+                READINGS.c.received,
+                READINGS.c.source,
+                READINGS.c.withdrawn,
+                BEDS.c.admitted,
+                BEDS.c.patient,
+            )
+            .join(BEDS, BEDS.c.bed == READINGS.c.bed)
+            .where(where)
+            .order_by(READINGS.c.id)
+            .limit(limit)
+        )
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), columns)
 
-    def save_scores(self, scores: list[dict], scored_ids: list[int], withdrawn_ids: list[int] = (),
-                    claim: sa.Connection | None = None) -> dict[str, int]:  # fmt: skip
+    def save_scores(
+        self,
+        scores: list[dict],
+        scored_ids: list[int],
+        withdrawn_ids: list[int] = (),
+        claim: sa.Connection | None = None,
+    ) -> dict[str, int]:
         """Add scores (bed, time, risk, alert, drivers) and mark the readings they answer as scored, at once: in the
         transaction of a ``claim`` where given (committed with it). ``withdrawn_ids``: those of ``scored_ids`` that
         were withdrawn when read. A reading is marked only while unscored and as withdrawn or not as it was read; one
@@ -471,28 +562,38 @@ class LiveStore:
         now = time.time()
         rows = [{**score, "drivers": json.dumps(score["drivers"]), "scored_at": now} for score in scores]
         withdrawn = set(withdrawn_ids)
-        with (self.engine.begin() if claim is None else _nothing(claim)) as db:
+        with self.engine.begin() if claim is None else _nothing(claim) as db:
             newest: dict[str, int] = {}
             if rows:
                 if self.engine.dialect.name == "postgresql":
-                    ids = db.execute(SCORES.insert().returning(SCORES.c.id, sort_by_parameter_order=True),
-                                     rows).scalars().all()  # fmt: skip
+                    ids = (
+                        db.execute(SCORES.insert().returning(SCORES.c.id, sort_by_parameter_order=True), rows)
+                        .scalars()
+                        .all()
+                    )
                     newest = {row["bed"]: score_id for row, score_id in zip(rows, ids)}
                 else:
                     db.execute(SCORES.insert(), rows)
             marked = 0
             for ids, was in (([i for i in scored_ids if i not in withdrawn], False), (sorted(withdrawn), True)):
                 for part in range(0, len(ids), 10_000):
-                    marked += db.execute(READINGS.update().where(
-                        READINGS.c.id.in_(ids[part:part + 10_000]), READINGS.c.scored.is_(False),
-                        READINGS.c.withdrawn == was).values(scored=True)).rowcount  # fmt: skip
+                    marked += db.execute(
+                        READINGS.update()
+                        .where(
+                            READINGS.c.id.in_(ids[part : part + 10_000]),
+                            READINGS.c.scored.is_(False),
+                            READINGS.c.withdrawn == was,
+                        )
+                        .values(scored=True)
+                    ).rowcount
             if marked != len(scored_ids):
                 raise StaleRound(f"{len(scored_ids) - marked} of a round's readings changed while it scored them")
         return newest
 
     @contextmanager
-    def claim(self, limit: int, shard: tuple[int, int] = (0, 1),
-              takeover: float = 0.0) -> Iterator[tuple[pd.DataFrame, sa.Connection]]:  # fmt: skip
+    def claim(
+        self, limit: int, shard: tuple[int, int] = (0, 1), takeover: float = 0.0
+    ) -> Iterator[tuple[pd.DataFrame, sa.Connection]]:
         """A round of a shared PostgreSQL store: up to ``limit`` pending readings (as ``pending``) of the beds this
         scorer could lock, and the open transaction that holds the locks (give it to ``save_scores``; it commits on
         leaving, or rolls back on an error). Beds of this scorer's ``shard`` (number, of how many: by the hash of the
@@ -504,15 +605,24 @@ class LiveStore:
             " SELECT bed, min(id) AS first FROM readings WHERE NOT scored GROUP BY bed"
             " HAVING mod(abs(hashtext(bed)::bigint), :shards) = :number OR min(received) <= :before"
             " ORDER BY (mod(abs(hashtext(bed)::bigint), :shards) = :number) DESC, min(id) LIMIT :limit)"
-            " SELECT bed FROM waiting WHERE pg_try_advisory_xact_lock(hashtext(bed))")  # fmt: skip
+            " SELECT bed FROM waiting WHERE pg_try_advisory_xact_lock(hashtext(bed))"
+        )
         with self.engine.begin() as db:
-            beds = db.execute(candidates, {"shards": shards, "number": number, "limit": limit,
-                                           "before": time.time() - takeover}).scalars().all()  # fmt: skip
+            beds = (
+                db.execute(
+                    candidates, {"shards": shards, "number": number, "limit": limit, "before": time.time() - takeover}
+                )
+                .scalars()
+                .all()
+            )
             pending = pd.DataFrame(columns=["id", "bed", "time", "withdrawn"])
             if beds:  # read once the locks are held: what another scorer committed before is seen as scored
-                query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time, READINGS.c.withdrawn)
-                         .where(READINGS.c.scored.is_(False), READINGS.c.bed.in_(beds))
-                         .order_by(READINGS.c.id).limit(limit))  # fmt: skip
+                query = (
+                    sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time, READINGS.c.withdrawn)
+                    .where(READINGS.c.scored.is_(False), READINGS.c.bed.in_(beds))
+                    .order_by(READINGS.c.id)
+                    .limit(limit)
+                )
                 pending = _table(db.execute(query).all(), ["id", "bed", "time", "withdrawn"])
             yield pending, db
 
@@ -520,8 +630,7 @@ class LiveStore:
         """Each bed's newest score id (beds without one left out): which scorer scored it last is known by it."""
         if not beds:
             return {}
-        query = (sa.select(SCORES.c.bed, sa.func.max(SCORES.c.id)).where(SCORES.c.bed.in_(beds))
-                 .group_by(SCORES.c.bed))  # fmt: skip
+        query = sa.select(SCORES.c.bed, sa.func.max(SCORES.c.id)).where(SCORES.c.bed.in_(beds)).group_by(SCORES.c.bed)
         with self.engine.connect() as db:
             return dict(db.execute(query).all())
 
@@ -541,33 +650,52 @@ class LiveStore:
     def pending(self, limit: int) -> pd.DataFrame:
         """Up to ``limit`` readings not scored yet (withdrawn ones among them, whose bed is to be scored again
         without them), oldest first: id, bed, time, withdrawn."""
-        query = (sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time, READINGS.c.withdrawn)
-                 .where(READINGS.c.scored.is_(False)).order_by(READINGS.c.id).limit(limit))  # fmt: skip
+        query = (
+            sa.select(READINGS.c.id, READINGS.c.bed, READINGS.c.time, READINGS.c.withdrawn)
+            .where(READINGS.c.scored.is_(False))
+            .order_by(READINGS.c.id)
+            .limit(limit)
+        )
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), ["id", "bed", "time", "withdrawn"])
 
-    def readings(self, beds: list[str], after: dict[str, float] | None = None, always: list[str] = (),
-                 round_ids: list[int] | None = None) -> pd.DataFrame:  # fmt: skip
+    def readings(
+        self,
+        beds: list[str],
+        after: dict[str, float] | None = None,
+        always: list[str] = (),
+        round_ids: list[int] | None = None,
+    ) -> pd.DataFrame:
         """Every reading of ``beds`` not withdrawn: bed, variable, time, value, in time order. A bed in ``after`` only
         from just after that time on, with every reading of the variables ``always`` (the static descriptors,
         whatever their time). With ``round_ids`` (a round's pending readings), of the unscored readings only those:
         one that arrived since the round took its readings waits for the next round, which scores its time."""
         asked = set(beds)
         after = {bed: time for bed, time in (after or {}).items() if bed in asked}
-        held = HELD if round_ids is None else sa.and_(HELD, sa.or_(READINGS.c.scored.is_(True),
-                                                                   READINGS.c.id.in_(round_ids)))  # fmt: skip
+        held = (
+            HELD
+            if round_ids is None
+            else sa.and_(HELD, sa.or_(READINGS.c.scored.is_(True), READINGS.c.id.in_(round_ids)))
+        )
         columns = (READINGS.c.bed, READINGS.c.variable, READINGS.c.time, READINGS.c.value, READINGS.c.id)
         parts = [sa.select(*columns).where(held, READINGS.c.bed.in_([bed for bed in beds if bed not in after]))]
         if after:  # joined to each bed's time, so that the index on (bed, time) finds its later readings
-            since = (sa.values(sa.column("bed", sa.String), sa.column("after", sa.Float), name="since")
-                     .data(list(after.items())).cte("since"))  # fmt: skip
+            since = (
+                sa.values(sa.column("bed", sa.String), sa.column("after", sa.Float), name="since")
+                .data(list(after.items()))
+                .cte("since")
+            )
             of_bed = since.c.bed == READINGS.c.bed
-            parts += [sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(held),
-                      sa.select(*columns).join(since, of_bed & (READINGS.c.time <= since.c.after)
-                                               & READINGS.c.variable.in_(list(always))).where(held)]  # fmt: skip
+            parts += [
+                sa.select(*columns).join(since, of_bed & (READINGS.c.time > since.c.after)).where(held),
+                sa.select(*columns)
+                .join(since, of_bed & (READINGS.c.time <= since.c.after) & READINGS.c.variable.in_(list(always)))
+                .where(held),
+            ]
         union = sa.union_all(*parts).subquery()
         query = sa.select(union.c.bed, union.c.variable, union.c.time, union.c.value).order_by(
-            union.c.bed, union.c.time, union.c.id)
+            union.c.bed, union.c.time, union.c.id
+        )
         with self.engine.connect() as db:
             return _table(db.execute(query).all(), ["bed", "variable", "time", "value"])
 
@@ -578,11 +706,18 @@ class LiveStore:
         their number."""
         if not times:
             return {}
-        since = (sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="asked")
-                 .data(list(times.items())).cte("asked"))  # fmt: skip
+        since = (
+            sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="asked")
+            .data(list(times.items()))
+            .cte("asked")
+        )
         columns = (SCORES.c.bed, SCORES.c.time, SCORES.c.alert, SCORES.c.id)
-        within = sa.select(*columns).join(since, (since.c.bed == SCORES.c.bed) & (SCORES.c.time < since.c.before)
-                                          & (SCORES.c.time >= since.c.before - quiet_hours))  # fmt: skip
+        within = sa.select(*columns).join(
+            since,
+            (since.c.bed == SCORES.c.bed)
+            & (SCORES.c.time < since.c.before)
+            & (SCORES.c.time >= since.c.before - quiet_hours),
+        )
         newest: dict[str, dict[float, tuple[int, bool]]] = {}  # bed -> time -> (id, alert) of its newest score
         with self.engine.connect() as db:
             for bed, at, alert, score_id in db.execute(within):
@@ -595,15 +730,21 @@ class LiveStore:
                 states[bed] = AlertState(by_time[max(by_time)][1], last_on)
             rest = [(bed, before) for bed, before in times.items() if bed not in states]
             if rest:  # nothing scored within the quiet hours: the latest score's alert, whenever it was
-                earlier = (sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="rest")
-                           .data(rest).cte("rest"))  # fmt: skip
+                earlier = (
+                    sa.values(sa.column("bed", sa.String), sa.column("before", sa.Float), name="rest")
+                    .data(rest)
+                    .cte("rest")
+                )
                 older = SCORES.alias("older")
-                latest = (sa.select(sa.func.max(older.c.time)).where(older.c.bed == earlier.c.bed,
-                                                                     older.c.time < earlier.c.before)
-                          .scalar_subquery())  # fmt: skip
+                latest = (
+                    sa.select(sa.func.max(older.c.time))
+                    .where(older.c.bed == earlier.c.bed, older.c.time < earlier.c.before)
+                    .scalar_subquery()
+                )
                 found: dict[str, tuple[int, float, bool]] = {}
-                for bed, at, alert, score_id in db.execute(sa.select(*columns).join(
-                        earlier, (earlier.c.bed == SCORES.c.bed) & (SCORES.c.time == latest))):  # fmt: skip
+                for bed, at, alert, score_id in db.execute(
+                    sa.select(*columns).join(earlier, (earlier.c.bed == SCORES.c.bed) & (SCORES.c.time == latest))
+                ):
                     if bed not in found or score_id > found[bed][0]:
                         found[bed] = (score_id, at, bool(alert))
                 for bed, _ in rest:
@@ -615,10 +756,16 @@ class LiveStore:
         """A bed's risk at each time it has a reading (the newest score of each time; a time whose readings were all
         withdrawn is left out): time, risk, alert, drivers, scored_at."""
         held = sa.select(READINGS.c.time).where(READINGS.c.bed == bed, HELD)
-        newest = (sa.select(sa.func.max(SCORES.c.id)).where(SCORES.c.bed == bed, SCORES.c.time.in_(held))
-                  .group_by(SCORES.c.time))  # fmt: skip
-        query = (sa.select(SCORES.c.time, SCORES.c.risk, SCORES.c.alert, SCORES.c.drivers, SCORES.c.scored_at)
-                 .where(SCORES.c.id.in_(newest)).order_by(SCORES.c.time))  # fmt: skip
+        newest = (
+            sa.select(sa.func.max(SCORES.c.id))
+            .where(SCORES.c.bed == bed, SCORES.c.time.in_(held))
+            .group_by(SCORES.c.time)
+        )
+        query = (
+            sa.select(SCORES.c.time, SCORES.c.risk, SCORES.c.alert, SCORES.c.drivers, SCORES.c.scored_at)
+            .where(SCORES.c.id.in_(newest))
+            .order_by(SCORES.c.time)
+        )
         with self.engine.connect() as db:
             table = _table(db.execute(query).all(), ["time", "risk", "alert", "drivers", "scored_at"])
         table["drivers"] = table["drivers"].map(json.loads)
@@ -629,18 +776,35 @@ class LiveStore:
         not after the clock: a reading dated in the future (a store filled before such readings were refused, or a
         watched file's) never stands for the bed's present."""
         present = SCORES.c.time * 3600 + BEDS.c.admitted <= time.time() + MAX_AHEAD_SECONDS
-        newest = (sa.select(sa.func.max(SCORES.c.id).label("id")).join(BEDS, BEDS.c.bed == SCORES.c.bed)
-                  .where(present).group_by(SCORES.c.bed)).subquery()  # fmt: skip
+        newest = (
+            sa.select(sa.func.max(SCORES.c.id).label("id"))
+            .join(BEDS, BEDS.c.bed == SCORES.c.bed)
+            .where(present)
+            .group_by(SCORES.c.bed)
+        ).subquery()
         latest = (sa.select(SCORES).join(newest, SCORES.c.id == newest.c.id)).subquery()
-        counts = (sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(HELD)
-                  .group_by(READINGS.c.bed)).subquery()  # fmt: skip
-        query = (sa.select(BEDS.c.bed, BEDS.c.admitted, BEDS.c.discharged, counts.c.readings, latest.c.time,
-                           latest.c.risk, latest.c.alert, latest.c.drivers)
-                 .outerjoin(counts, counts.c.bed == BEDS.c.bed)
-                 .outerjoin(latest, latest.c.bed == BEDS.c.bed))  # fmt: skip
+        counts = (
+            sa.select(READINGS.c.bed, sa.func.count().label("readings")).where(HELD).group_by(READINGS.c.bed)
+        ).subquery()
+        query = (
+            sa.select(
+                BEDS.c.bed,
+                BEDS.c.admitted,
+                BEDS.c.discharged,
+                counts.c.readings,
+                latest.c.time,
+                latest.c.risk,
+                latest.c.alert,
+                latest.c.drivers,
+            )
+            .outerjoin(counts, counts.c.bed == BEDS.c.bed)
+            .outerjoin(latest, latest.c.bed == BEDS.c.bed)
+        )
         with self.engine.connect() as db:
-            table = _table(db.execute(query).all(), ["bed", "admitted", "discharged", "readings", "time", "risk",
-                                                     "alert", "drivers"])  # fmt: skip
+            table = _table(
+                db.execute(query).all(),
+                ["bed", "admitted", "discharged", "readings", "time", "risk", "alert", "drivers"],
+            )
         table["drivers"] = table["drivers"].map(lambda text: json.loads(text) if isinstance(text, str) else [])
         return table
 
@@ -651,9 +815,12 @@ class LiveStore:
             for bed, now in times.items():
                 if now is None or pd.isna(now):
                     continue
-                row = db.execute(sa.select(SCORES.c.risk).where(SCORES.c.bed == bed, SCORES.c.time <= now - 1,
-                                                                SCORES.c.risk.is_not(None))
-                                 .order_by(SCORES.c.time.desc(), SCORES.c.id.desc()).limit(1)).first()  # fmt: skip
+                row = db.execute(
+                    sa.select(SCORES.c.risk)
+                    .where(SCORES.c.bed == bed, SCORES.c.time <= now - 1, SCORES.c.risk.is_not(None))
+                    .order_by(SCORES.c.time.desc(), SCORES.c.id.desc())
+                    .limit(1)
+                ).first()
                 if row is not None:
                     risks[bed] = row.risk
         return risks
@@ -668,5 +835,10 @@ class LiveStore:
             withdrawn_pending = db.execute(sa.select(sa.func.count()).where(WITHDRAWN, unscored)).scalar_one()
             beds = db.execute(sa.select(sa.func.count()).select_from(BEDS)).scalar_one()
         readings = stored - withdrawn
-        return {"beds": beds, "readings": readings, "scored": readings - (pending - withdrawn_pending),
-                "withdrawn": withdrawn, "pending": pending}
+        return {
+            "beds": beds,
+            "readings": readings,
+            "scored": readings - (pending - withdrawn_pending),
+            "withdrawn": withdrawn,
+            "pending": pending,
+        }

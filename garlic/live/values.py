@@ -12,6 +12,7 @@ reading can have, and why (its ``source`` column); a value outside is refused (4
 table (``garlic monitor --ranges FILE``, the same columns, ``source`` optional) replaces the rows of the variables it
 names. A variable the tables do not name (a MEDS code of a hospital's own model) is not range-checked.
 """
+
 from __future__ import annotations
 
 import csv
@@ -85,16 +86,20 @@ def to_model_unit(variable: str, value: float, expected: str, code: str | None, 
     named = {ucum(text, expected) for text in sent}
     if None in named:
         unknown = next(text for text in sent if ucum(text, expected) is None)
-        raise UnitError(f"{unknown!r:.40} is not a unit this service reads for {variable} (it reads {variable} in "
-                        f"{expected}{_spelt(expected)}, and converts {_convertible(expected)})")  # fmt: skip
+        raise UnitError(
+            f"{unknown!r:.40} is not a unit this service reads for {variable} (it reads {variable} in "
+            f"{expected}{_spelt(expected)}, and converts {_convertible(expected)})"
+        )
     if len(named) > 1:
         raise UnitError(f"code {code!r:.40} and unit {unit!r:.40} name different units; send one unit")
     (sent_unit,) = named
     if sent_unit == expected:
         return value
     if (sent_unit, expected) not in CONVERSIONS:
-        raise UnitError(f"{sent_unit!r} is not the unit of {variable}, which this model reads in {expected}"
-                        f"{_spelt(expected)}; UCUM gives no fixed conversion from {sent_unit} to it")  # fmt: skip
+        raise UnitError(
+            f"{sent_unit!r} is not the unit of {variable}, which this model reads in {expected}"
+            f"{_spelt(expected)}; UCUM gives no fixed conversion from {sent_unit} to it"
+        )
     scale, offset = CONVERSIONS[(sent_unit, expected)]
     return value * scale + offset
 
@@ -134,8 +139,10 @@ class Ranges:
         if bounds is None or bounds.low <= value <= bounds.high:
             return None
         shown = f" {unit}" if unit else ""
-        return (f"{variable} {value:.6g}{shown} is outside its plausible range {bounds.low:g} to {bounds.high:g}"
-                f"{shown} ({self.listed_in})")  # fmt: skip
+        return (
+            f"{variable} {value:.6g}{shown} is outside its plausible range {bounds.low:g} to {bounds.high:g}"
+            f"{shown} ({self.listed_in})"
+        )
 
 
 def _range(row: dict, table: Path, line: int) -> Range:
@@ -144,8 +151,9 @@ def _range(row: dict, table: Path, line: int) -> Range:
     except ValueError:
         raise ConfigError(f"{table} line {line}: low and high must be numbers") from None
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-        raise ConfigError(f"{table} line {line}: expected finite low <= high, got {row['low']!r:.20} and "
-                          f"{row['high']!r:.20}")  # fmt: skip
+        raise ConfigError(
+            f"{table} line {line}: expected finite low <= high, got {row['low']!r:.20} and {row['high']!r:.20}"
+        )
     return Range(low, high, row.get("source") or "")
 
 
@@ -158,9 +166,12 @@ def _rows(table: Path) -> list[tuple[int, dict]]:
             reader = csv.DictReader(lines)
             missing = [column for column in RANGE_COLUMNS if column not in (reader.fieldnames or [])]
             if missing:
-                raise ConfigError(f"the range table {table} has no column {', '.join(missing)} (expected a header "
-                                  f"of {', '.join(RANGE_COLUMNS)}, and optionally unit, source)")  # fmt: skip
-            return [(reader.line_num, {key: (value or "").strip() for key, value in row.items() if key})
-                    for row in reader]  # fmt: skip
+                raise ConfigError(
+                    f"the range table {table} has no column {', '.join(missing)} (expected a header "
+                    f"of {', '.join(RANGE_COLUMNS)}, and optionally unit, source)"
+                )
+            return [
+                (reader.line_num, {key: (value or "").strip() for key, value in row.items() if key}) for row in reader
+            ]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(f"the range table {table} cannot be read: {exc}") from None

@@ -11,6 +11,7 @@ logged by name and read again when it changes; a file larger than a record may b
 not a regular file (a pipe, a device) is left out, and beyond ``MAX_FILES`` the least recently changed (a warning
 says how many).
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,8 +86,12 @@ class FolderWatcher:
         if len(statuses) - len(newest) != self.left_out:
             self.left_out = len(statuses) - len(newest)
             if self.left_out:
-                log.warning("%d record files left out: the watched folder holds %d, and the %d most recently changed "
-                            "are read", self.left_out, len(statuses), MAX_FILES)  # fmt: skip
+                log.warning(
+                    "%d record files left out: the watched folder holds %d, and the %d most recently changed are read",
+                    self.left_out,
+                    len(statuses),
+                    MAX_FILES,
+                )
         for path in sorted(newest):
             status = statuses[path]
             signature = (status.st_size, status.st_mtime_ns)
@@ -111,8 +116,10 @@ class FolderWatcher:
         descriptors = static.drop(columns="stay_id").melt(var_name="variable", value_name="value").dropna()
         rows = pd.concat([descriptors.assign(time=0.0), observations[["time", "variable", "value"]]])
         rows = rows[rows["variable"].astype(str).isin(self.names)]
-        readings = [Observed(bed, str(variable), admitted + timedelta(hours=float(time)), float(value))
-                    for variable, time, value in zip(rows["variable"], rows["time"], rows["value"])]  # fmt: skip
+        readings = [
+            Observed(bed, str(variable), admitted + timedelta(hours=float(time)), float(value))
+            for variable, time, value in zip(rows["variable"], rows["time"], rows["value"])
+        ]
         return self.monitor.take(readings)[0]
 
     def run(self) -> None:

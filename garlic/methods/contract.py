@@ -53,6 +53,7 @@ A method that can be saved (``can_be_saved``) is saved with its run by ``garlic 
 back checks against the folder's description: a variable order edited there would read every value into another
 variable's column, and a method renamed there would read what another method fitted.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -92,9 +93,11 @@ def answers_prediction_times(method: Method) -> bool:
 def check_answers_prediction_times(method: Method, name: str) -> None:
     """Refuse ``method`` (called ``name`` in the message) for a task of prediction times unless it answers them."""
     if not answers_prediction_times(method):
-        raise ValueError(f"{name} gives one risk per stay, but this dataset asks for a risk at each of its prediction "
-                         "times; use a method that answers them (hourly_gbm, hourly_logreg, alarm_after_hour, "
-                         "GARLIC's compact architecture)")  # fmt: skip
+        raise ValueError(
+            f"{name} gives one risk per stay, but this dataset asks for a risk at each of its prediction "
+            "times; use a method that answers them (hourly_gbm, hourly_logreg, alarm_after_hour, "
+            "GARLIC's compact architecture)"
+        )
 
 
 def check_learns_score(method: Method, score: str, name: str) -> None:
@@ -102,8 +105,9 @@ def check_learns_score(method: Method, score: str, name: str) -> None:
     no score, or that one."""
     learned = getattr(method, "learns_score", None)
     if learned and learned != score:
-        raise ValueError(f"{name} learns the {learned} score, but this dataset's task is scored by "
-                         f"{score or 'its labels alone'}")  # fmt: skip
+        raise ValueError(
+            f"{name} learns the {learned} score, but this dataset's task is scored by {score or 'its labels alone'}"
+        )
 
 
 def can_resume(method: Method) -> bool:

@@ -4,6 +4,7 @@ regression's coefficient x value), or GARLIC's built-in signal importance of the
 dashboard explains an hour). The live ward, ``garlic predict --hourly`` and the faithfulness measurement
 (``garlic.evaluation.faithfulness``) all read it here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,14 +35,16 @@ def row_importance(method: Method, dataset: IrregularDataset) -> np.ndarray:
         cut = dataset.tensors.cut_at_prediction_times()
         importance = []
         for start in range(0, len(cut), CHUNK_ROWS):
-            part = IrregularDataset(cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))),
-                                    dataset.normalisation)  # fmt: skip
+            part = IrregularDataset(
+                cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))), dataset.normalisation
+            )
             batch = collate([part[position] for position in range(len(part))])
             importance.append(explain(method.model, batch, list(cut.variables)).signal.numpy())
         return np.concatenate(importance) if importance else np.zeros((0, len(cut.variables)))
     name = getattr(method, "name", type(method).__name__)
-    raise ValueError(f"{name} does not explain its risks" + (f": {unexplained_reason(method)}"
-                                                              if unexplained_reason(method) else ""))  # fmt: skip
+    raise ValueError(
+        f"{name} does not explain its risks" + (f": {unexplained_reason(method)}" if unexplained_reason(method) else "")
+    )
 
 
 def drivers(method: Method, dataset: IrregularDataset, variables: list[str], top: int) -> list[list[str]]:

@@ -18,6 +18,7 @@ SeFT attends over each stay's observed cells, not over every cell of the grid wi
 (``seft_on_observed_cells``): the same model, a twentieth of the time; its dropout draws are not PyPOTS's. PyPOTS
 is an optional extra (``pip install -e '.[pypots]'``); it is imported when a model is fitted.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,8 +101,10 @@ def _observed_set_forward(backbone, X: torch.Tensor, missing_mask: torch.Tensor)
     by_count = torch.argsort(counts)
     empty = int((counts == 0).sum())
     chunks = [_empty_set_logits(backbone, empty)] if empty else []
-    chunks += [_observed_set_logits(backbone, X.reshape(stays, -1)[chunk], observed[chunk], steps, variables)
-               for chunk in by_count[empty:].split(SET_CHUNK)]  # fmt: skip
+    chunks += [
+        _observed_set_logits(backbone, X.reshape(stays, -1)[chunk], observed[chunk], steps, variables)
+        for chunk in by_count[empty:].split(SET_CHUNK)
+    ]
     return torch.cat(chunks)[torch.argsort(by_count)]  # back in the batch's order
 
 
@@ -114,8 +117,9 @@ def _empty_set_logits(backbone, stays: int) -> torch.Tensor:
     return backbone.classifier(pooled.reshape(stays, -1))
 
 
-def _observed_set_logits(backbone, values: torch.Tensor, observed: torch.Tensor, steps: int,
-                         variables: int) -> torch.Tensor:  # fmt: skip
+def _observed_set_logits(
+    backbone, values: torch.Tensor, observed: torch.Tensor, steps: int, variables: int
+) -> torch.Tensor:
     """Logits [b, n_classes] of b stays' grids ``values`` and ``observed`` [b, T * F], each stay's set of its observed
     cells padded to K, the most a stay of them has."""
     counts = observed.sum(dim=1)
@@ -124,8 +128,14 @@ def _observed_set_logits(backbone, values: torch.Tensor, observed: torch.Tensor,
     cells = torch.argsort((~observed).to(torch.int8), dim=1, stable=True)[:, :size]  # [b, K]
     padding = torch.arange(size, device=values.device) >= counts[:, None]  # [b, K], True: not a cell of the stay
     times = torch.linspace(0.0, 1.0, steps, device=values.device)[cells // variables]
-    elements = torch.cat([backbone._time_encoding(times), backbone.feature_embedding(cells % variables),
-                          values.gather(1, cells).unsqueeze(-1)], dim=-1)  # fmt: skip
+    elements = torch.cat(
+        [
+            backbone._time_encoding(times),
+            backbone.feature_embedding(cells % variables),
+            values.gather(1, cells).unsqueeze(-1),
+        ],
+        dim=-1,
+    )
     elements = backbone.input_projection(elements)  # [b, K, d_model]
     for block in backbone.sab_layers:
         elements = block(elements, key_padding_mask=padding)
@@ -142,15 +152,21 @@ def build(settings: "FieldModel", steps: int, variables: int):
     raindrop_on_pyg_scatter()
 
     set_random_seed(settings.seed)
-    common = {"n_steps": steps, "n_features": variables, "n_classes": 2, "batch_size": settings.batch_size,
-              "epochs": settings.max_epochs,
-              # PyPOTS refuses a patience that the budget cannot reach; then no early stop is needed
-              "patience": settings.patience if settings.patience < settings.max_epochs else None,
-              "device": str(resolve_device(settings.device)), "saving_path": None, "verbose": False}  # fmt: skip
+    common = {
+        "n_steps": steps,
+        "n_features": variables,
+        "n_classes": 2,
+        "batch_size": settings.batch_size,
+        "epochs": settings.max_epochs,
+        # PyPOTS refuses a patience that the budget cannot reach; then no early stop is needed
+        "patience": settings.patience if settings.patience < settings.max_epochs else None,
+        "device": str(resolve_device(settings.device)),
+        "saving_path": None,
+        "verbose": False,
+    }
     hidden = settings.hidden_dim
     if settings.name == "raindrop":  # d_model: a few features per variable, as in the Raindrop paper
-        return Raindrop(n_layers=2, d_model=4 * variables, n_heads=2, d_ffn=hidden, dropout=settings.dropout,
-                        **common)  # fmt: skip
+        return Raindrop(n_layers=2, d_model=4 * variables, n_heads=2, d_ffn=hidden, dropout=settings.dropout, **common)
     if settings.name == "seft":
         classifier = SeFT(n_layers=2, n_heads=2, d_model=hidden, d_ffn=2 * hidden, dropout=settings.dropout, **common)
         seft_on_observed_cells(classifier)
@@ -218,8 +234,9 @@ class FieldTrainer(Trainer):
         self.optimisers, self.schedulers = {"model": classifier.optimizer.torch_optimizer}, {}
         self.passes = ShuffledPasses(len(train_set["y"]), settings.batch_size)
         # the pass draws its seeds itself (``run_epoch``): the loader's own generator leaves torch's untouched
-        self.train_batches = DataLoader(pypots_dataset(settings.name, train_set), batch_sampler=self.passes,
-                                        generator=torch.Generator())  # fmt: skip
+        self.train_batches = DataLoader(
+            pypots_dataset(settings.name, train_set), batch_sampler=self.passes, generator=torch.Generator()
+        )
         self.validation_data = pypots_dataset(settings.name, val_set)
 
     def batches(self, train: IrregularDataset) -> DataLoader:
@@ -271,8 +288,17 @@ class FieldModel(ResumableFit, BaseEstimator):
     (``hidden_dim``, ``dropout``), the batch, the epoch budget and ``patience``, the seed and the device. It resumes
     (``garlic.methods.contract.can_resume``): its fit is ``FieldTrainer``'s."""
 
-    def __init__(self, name: str, hidden_dim: int = 64, dropout: float = 0.2, batch_size: int = 64,
-                 max_epochs: int = 30, patience: int = 5, seed: int = 0, device: str = "auto"):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        hidden_dim: int = 64,
+        dropout: float = 0.2,
+        batch_size: int = 64,
+        max_epochs: int = 30,
+        patience: int = 5,
+        seed: int = 0,
+        device: str = "auto",
+    ):
         if name not in MODELS:
             raise ValueError(f"name must be one of {', '.join(MODELS)}, got {name!r}")
         self.name, self.hidden_dim, self.dropout, self.batch_size = name, hidden_dim, dropout, batch_size
@@ -285,8 +311,10 @@ class FieldModel(ResumableFit, BaseEstimator):
         self.num_variables_ = grids["train"].shape[-1]
         self.inputs_ = fitted_inputs(train)
         self.model_ = build(self, self.hours_, self.num_variables_)
-        sets = {part: {"X": grids[part], "y": data.labels.numpy().astype(np.int64)}
-                for part, data in (("train", train), ("val", validation))}  # fmt: skip
+        sets = {
+            part: {"X": grids[part], "y": data.labels.numpy().astype(np.int64)}
+            for part, data in (("train", train), ("val", validation))
+        }
         FieldTrainer(self.model_, self, sets["train"], sets["val"]).fit(train, validation, **self.training_hooks())
         return self
 
@@ -297,8 +325,10 @@ class FieldModel(ResumableFit, BaseEstimator):
     def save_fitted(self, folder: Path) -> None:
         check_fitted(self)
         save_weights(folder / WEIGHTS, self.model_.model.state_dict())  # the torch module inside PyPOTS's model
-        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "hours": self.hours_,
-                                            "num_variables": self.num_variables_})  # fmt: skip
+        write_json_atomic(
+            folder / FITTED,
+            {"method": self.name, **self.inputs_, "hours": self.hours_, "num_variables": self.num_variables_},
+        )
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)

@@ -9,6 +9,7 @@ saved method's is (``garlic.methods.saved``).
 Fitting and logging import the trainer (scikit-learn's metrics), MLflow and plotting where they are used, not above:
 a saved GARLIC read back to score one stay (``garlic predict``) needs none of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -149,10 +150,17 @@ class WholeStaysGarlic(GarlicEstimator):
 
     def predict_proba(self, dataset: IrregularDataset) -> np.ndarray:
         tensors = dataset.tensors
-        risks = [super(WholeStaysGarlic, self).predict_proba(
-                     IrregularDataset(tensors.subset(np.arange(start, min(start + self.CHUNK_STAYS, len(tensors))))
-                                      .cut_at_prediction_times(), dataset.normalisation))
-                 for start in range(0, len(tensors), self.CHUNK_STAYS)]  # fmt: skip
+        risks = [
+            super(WholeStaysGarlic, self).predict_proba(
+                IrregularDataset(
+                    tensors.subset(
+                        np.arange(start, min(start + self.CHUNK_STAYS, len(tensors)))
+                    ).cut_at_prediction_times(),
+                    dataset.normalisation,
+                )
+            )
+            for start in range(0, len(tensors), self.CHUNK_STAYS)
+        ]
         return np.concatenate(risks) if risks else np.zeros(0)
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:

@@ -18,6 +18,7 @@ alarm earns nothing, count for nothing.
 Every method here answers one risk per prediction time; on a dataset without a tasks table that is one per stay at
 the end of its input, so they also run on the per-stay tasks.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,8 +56,9 @@ def hourly_features(tensors: IrregularTensors, times: PredictionTimes | None = N
         if first < last:
             start = chunk * CHUNK_STAYS
             stays = slice(start, min(start + CHUNK_STAYS, len(tensors)))
-            out[first:last, : len(STATISTICS) * d] = _chunk_features(tensors, stays, times.stay[first:last] - start,
-                                                                     times.time[first:last])  # fmt: skip
+            out[first:last, : len(STATISTICS) * d] = _chunk_features(
+                tensors, stays, times.stay[first:last] - start, times.time[first:last]
+            )
     out[:, len(STATISTICS) * d : -1] = tensors.static[times.stay]
     out[:, -1] = times.time
     return out
@@ -99,8 +101,10 @@ def _chunk_features(tensors: IrregularTensors, stays: slice, stay: np.ndarray, t
     def window(hours: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Count, sum and sum of squares of the values in (time - hours, time]."""
         start = steps_up_to(time - hours) - 1  # the last step outside the window (-1: none)
-        outside = [np.where((start >= 0)[:, None], cumulative[stay, np.maximum(start, 0)], 0)
-                   for cumulative in (count, total, squares)]  # fmt: skip
+        outside = [
+            np.where((start >= 0)[:, None], cumulative[stay, np.maximum(start, 0)], 0)
+            for cumulative in (count, total, squares)
+        ]
         inside = [np.where(seen[:, None], cumulative[stay, at], 0) for cumulative in (count, total, squares)]
         return tuple(a - b for a, b in zip(inside, outside))
 
@@ -205,8 +209,10 @@ class AlarmAfterHour(BaseEstimator):
         """Its hour (none: JSON's null, never alarming) and training score, beside the inputs it was fitted on."""
         check_fitted(self)
         after = None if np.isinf(self.after_) else self.after_
-        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "after_hour": after,
-                                            "train_score": self.train_score_})  # fmt: skip
+        write_json_atomic(
+            folder / FITTED,
+            {"method": self.name, **self.inputs_, "after_hour": after, "train_score": self.train_score_},
+        )
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)

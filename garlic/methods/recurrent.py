@@ -16,6 +16,7 @@ stay's first step while d has not been observed yet):
 The hidden decay depends on the step, so the recurrence steps through time in Python (a baseline, not GARLIC's
 vectorised path); everything else is vectorised over stays, steps and variables.
 """
+
 from __future__ import annotations
 
 import math
@@ -110,8 +111,9 @@ class RecurrentTrainer(Trainer):
 
     def __init__(self, model: nn.Module, settings: "RecurrentModel", device: torch.device):
         self.config, self.model, self.device = settings, model, device
-        self.optimisers = {"model": torch.optim.Adam(model.parameters(), lr=settings.lr,
-                                                     weight_decay=settings.weight_decay)}  # fmt: skip
+        self.optimisers = {
+            "model": torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        }
         self.schedulers = {}
 
     def batches(self, train: IrregularDataset):
@@ -135,8 +137,7 @@ class RecurrentTrainer(Trainer):
 
     def validate(self, validation: IrregularDataset) -> dict:
         risks = predict_proba(self.model, validation)
-        bce = F.binary_cross_entropy(torch.from_numpy(risks).double().clamp(1e-7, 1 - 1e-7),
-                                     validation.labels.double())  # fmt: skip
+        bce = F.binary_cross_entropy(torch.from_numpy(risks).double().clamp(1e-7, 1 - 1e-7), validation.labels.double())
         return {"probabilities": risks, "losses": {"bce": float(bce), "mse": math.nan}}
 
     def validation_loss(self, progress: Progress, losses: dict[str, float]) -> float:
@@ -159,9 +160,19 @@ class RecurrentModel(NetworkMethod, BaseEstimator):
     batches of ``batch_size``, at most ``max_epochs``, stopped after ``early_stopping`` epochs without a better
     validation AUROC. It resumes (``garlic.methods.contract.can_resume``), as GARLIC does."""
 
-    def __init__(self, name: str, hidden_dim: int = 64, dropout: float = 0.2, lr: float = 1e-3,
-                 weight_decay: float = 1e-4, batch_size: int = 64, max_epochs: int = 30, early_stopping: int = 5,
-                 seed: int = 0, device: str = "auto"):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        hidden_dim: int = 64,
+        dropout: float = 0.2,
+        lr: float = 1e-3,
+        weight_decay: float = 1e-4,
+        batch_size: int = 64,
+        max_epochs: int = 30,
+        early_stopping: int = 5,
+        seed: int = 0,
+        device: str = "auto",
+    ):
         if name not in MODELS:
             raise ValueError(f"name must be one of {', '.join(MODELS)}, got {name!r}")
         self.name, self.hidden_dim, self.dropout, self.lr = name, hidden_dim, dropout, lr

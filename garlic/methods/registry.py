@@ -15,6 +15,7 @@ tells one trained unit from another (a run with other settings is never reused),
 change once its runs are archived (``tests/test_methods.py`` pins them). The published numbers of the field live in
 one table of their own, ``garlic.evaluation.published``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -84,13 +85,18 @@ class MethodSpec:
         parameters = self.parameters()
         given = [*self.fixed, *self.from_run, *self.from_data]
         unknown = [name for name in given if name not in parameters]
-        unset = [name for name, parameter in parameters.items()
-                 if parameter.default is inspect.Parameter.empty and name not in given]  # fmt: skip
+        unset = [
+            name
+            for name, parameter in parameters.items()
+            if parameter.default is inspect.Parameter.empty and name not in given
+        ]
         if unknown:
             raise ValueError(f"method {self.name}: {self.make.__name__} takes no argument {', '.join(unknown)}")
         if unset:
-            raise ValueError(f"method {self.name}: nothing gives {', '.join(unset)}, which {self.make.__name__} "
-                             "takes without a default")  # fmt: skip
+            raise ValueError(
+                f"method {self.name}: nothing gives {', '.join(unset)}, which {self.make.__name__} "
+                "takes without a default"
+            )
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """The constructor's arguments, in order."""
@@ -111,8 +117,10 @@ class MethodSpec:
         checked = {}
         for key, raw in settings.items():
             if key not in own:
-                raise ConfigError(f"{key!r} is not a setting of method {self.name} "
-                                  f"(its settings: {', '.join(own) or 'none of its own'})")  # fmt: skip
+                raise ConfigError(
+                    f"{key!r} is not a setting of method {self.name} "
+                    f"(its settings: {', '.join(own) or 'none of its own'})"
+                )
             kind = type(parameters[key].default).__name__
             if kind not in ("int", "float", "bool", "str"):
                 raise ConfigError(f"{self.name}'s setting {key!r} cannot be set from the command line")
@@ -134,18 +142,23 @@ class MethodSpec:
             else:
                 own_keys = ", ".join(self.own_settings())
                 method_keys = f", nor a setting of method {self.name} ({own_keys})" if own_keys else ""
-                raise ConfigError(f"unknown config key {key!r}{method_keys}; known config keys: "
-                                  f"{', '.join(sorted(CONFIG_KEYS))}")  # fmt: skip
+                raise ConfigError(
+                    f"unknown config key {key!r}{method_keys}; known config keys: {', '.join(sorted(CONFIG_KEYS))}"
+                )
         return to_config, self.checked_settings(own)
 
     def arguments(self, context: MethodContext) -> dict:
         """The constructor's arguments for a unit of ``context``, less the fixed ones and those read from the data:
         the defaults, over them what the run gives (``from_run``), over that the method's own settings."""
         config = context.config
-        arguments = {name: parameter.default for name, parameter in self.parameters().items()
-                     if name not in self.fixed and name not in self.from_data}  # fmt: skip
-        arguments |= {argument: config if key == WHOLE_CONFIG else getattr(config, key)
-                      for argument, key in self.from_run.items()}  # fmt: skip
+        arguments = {
+            name: parameter.default
+            for name, parameter in self.parameters().items()
+            if name not in self.fixed and name not in self.from_data
+        }
+        arguments |= {
+            argument: config if key == WHOLE_CONFIG else getattr(config, key) for argument, key in self.from_run.items()
+        }
         return arguments | self.checked_settings(context.settings)
 
     def settings(self, context: MethodContext) -> dict:
@@ -165,8 +178,10 @@ class MethodSpec:
     def check_installed(self) -> None:
         """A clear error naming the extra to install when the method's package is missing."""
         if not self.installed():
-            raise ValueError(f"method {self.name} needs {self.needs_package}, an optional extra: "
-                             f"bin/setup {self.needs_package} (or pip install -e '.[{self.needs_package}]')")  # fmt: skip
+            raise ValueError(
+                f"method {self.name} needs {self.needs_package}, an optional extra: "
+                f"bin/setup {self.needs_package} (or pip install -e '.[{self.needs_package}]')"
+            )
 
     def create(self, context: MethodContext) -> Method:
         """A fresh, unfitted method (``check_installed`` first)."""
@@ -208,16 +223,25 @@ def network_baselines() -> list[str]:
 
 
 def _score(name: str, column: str) -> MethodSpec:
-    return MethodSpec(name, f"the {column} score of the outcomes file, mapped to a risk by a logistic fit",
-                      SeverityScore, from_data={"scores": lambda context: context.labels.set_index("stay_id")[column]},
-                      needs_column=column)  # fmt: skip
+    return MethodSpec(
+        name,
+        f"the {column} score of the outcomes file, mapped to a risk by a logistic fit",
+        SeverityScore,
+        from_data={"scores": lambda context: context.labels.set_index("stay_id")[column]},
+        needs_column=column,
+    )
 
 
 def _summary(name: str) -> MethodSpec:
     kind, static = name.removesuffix("_static"), name.endswith("_static")
     model = {"logreg": "logistic regression", "gbm": "gradient boosting"}[kind]
-    return MethodSpec(name, f"{model} on per-stay summaries{' and the static features' if static else ''}",
-                      SummaryModel, fixed={"kind": kind, "with_static": static}, simple=True)  # fmt: skip
+    return MethodSpec(
+        name,
+        f"{model} on per-stay summaries{' and the static features' if static else ''}",
+        SummaryModel,
+        fixed={"kind": kind, "with_static": static},
+        simple=True,
+    )
 
 
 def _recurrent(name: str, description: str) -> MethodSpec:
@@ -225,35 +249,67 @@ def _recurrent(name: str, description: str) -> MethodSpec:
 
 
 def _field(name: str, description: str) -> MethodSpec:
-    return MethodSpec(f"pypots_{name}", f"{description}, PyPOTS's, on an hourly grid", FieldModel, fixed={"name": name},
-                      from_run={"max_epochs": "max_epochs", "patience": "early_stopping", "seed": "seed",
-                                "device": "device"}, needs_package="pypots")  # fmt: skip
+    return MethodSpec(
+        f"pypots_{name}",
+        f"{description}, PyPOTS's, on an hourly grid",
+        FieldModel,
+        fixed={"name": name},
+        from_run={"max_epochs": "max_epochs", "patience": "early_stopping", "seed": "seed", "device": "device"},
+        needs_package="pypots",
+    )
 
 
 for _spec in (
     _score("saps", "SAPS-I"),
     _score("sofa", "SOFA"),
     *(_summary(name) for name in ("logreg", "logreg_static", "gbm", "gbm_static")),
-    MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)",
-               InputHours),
-    *(MethodSpec(f"hourly_{kind}", f"{model} on features of the record up to each prediction time (hourly tasks)",
-                 HourlyModel, fixed={"kind": kind, "target": "label"})
-      for kind, model in (("gbm", "gradient boosting"), ("logreg", "logistic regression"))),
-    MethodSpec("hourly_gbm_utility", "gradient boosting of whether an alarm gains the Sepsis Challenge's utility, each "
-               "hour weighted by its gain (hourly tasks)", HourlyModel, fixed={"kind": "gbm", "target": "utility"}),
-    MethodSpec("alarm_after_hour", "alarm at every hour from an ICU hour chosen on training (the utility's floor)",
-               AlarmAfterHour, from_run={}),
+    MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)", InputHours),
+    *(
+        MethodSpec(
+            f"hourly_{kind}",
+            f"{model} on features of the record up to each prediction time (hourly tasks)",
+            HourlyModel,
+            fixed={"kind": kind, "target": "label"},
+        )
+        for kind, model in (("gbm", "gradient boosting"), ("logreg", "logistic regression"))
+    ),
+    MethodSpec(
+        "hourly_gbm_utility",
+        "gradient boosting of whether an alarm gains the Sepsis Challenge's utility, each "
+        "hour weighted by its gain (hourly tasks)",
+        HourlyModel,
+        fixed={"kind": "gbm", "target": "utility"},
+    ),
+    MethodSpec(
+        "alarm_after_hour",
+        "alarm at every hour from an ICU hour chosen on training (the utility's floor)",
+        AlarmAfterHour,
+        from_run={},
+    ),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),
     _recurrent("decay_gru", "decay imputation + GRU, without the graph"),
     _field("raindrop", "Raindrop (Zhang et al. 2022)"),
     _field("seft", "SeFT (Horn et al. 2020)"),
     _field("brits", "BRITS (Cao et al. 2018)"),
-    MethodSpec("garlic", "GARLIC with the config's settings", GarlicEstimator, from_run={"config": WHOLE_CONFIG},
-               from_data={"planted": lambda context: context.planted}, seeded=True),
-    MethodSpec("garlic_whole_stays", "GARLIC trained on whole stays, asked at each prediction time on the record "
-               "up to it (the replay of a per-stay model)", WholeStaysGarlic, from_run={"config": WHOLE_CONFIG},
-               from_data={"planted": lambda context: context.planted}, seeded=True),
-    MethodSpec("last_values", "logistic regression on each variable's last value (garlic/methods/template.py)",
-               LastValues),
+    MethodSpec(
+        "garlic",
+        "GARLIC with the config's settings",
+        GarlicEstimator,
+        from_run={"config": WHOLE_CONFIG},
+        from_data={"planted": lambda context: context.planted},
+        seeded=True,
+    ),
+    MethodSpec(
+        "garlic_whole_stays",
+        "GARLIC trained on whole stays, asked at each prediction time on the record "
+        "up to it (the replay of a per-stay model)",
+        WholeStaysGarlic,
+        from_run={"config": WHOLE_CONFIG},
+        from_data={"planted": lambda context: context.planted},
+        seeded=True,
+    ),
+    MethodSpec(
+        "last_values", "logistic regression on each variable's last value (garlic/methods/template.py)", LastValues
+    ),
 ):
     register(_spec)

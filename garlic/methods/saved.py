@@ -19,6 +19,7 @@ GARLIC saved its models before in a folder of its own, ``model.json`` (``LEGACY_
 variables, the static features and the normalisation) beside ``weights.pt``. Such a folder, in a store trained
 before, is still read: as the method.json and fitted.json of a GARLIC that it describes (``_legacy``).
 """
+
 from __future__ import annotations
 
 import json
@@ -93,27 +94,38 @@ def model_input(tensors: IrregularTensors, variables: list[str], normalisation: 
     return IrregularDataset(tensors, normalisation)
 
 
-def fitted_on(name: str, method: Method, config: Config, train: IrregularDataset,
-              settings: dict | None = None) -> SavedMethod:  # fmt: skip
+def fitted_on(
+    name: str, method: Method, config: Config, train: IrregularDataset, settings: dict | None = None
+) -> SavedMethod:
     """``method`` (registered as ``name``, built from ``config`` and its own ``settings``), fitted on ``train``: with
     its inputs and normalisation."""
     tensors = train.tensors
-    return SavedMethod(name, method, config, list(tensors.variables), list(tensors.static_features),
-                       train.normalisation, dict(settings or {}))  # fmt: skip
+    return SavedMethod(
+        name,
+        method,
+        config,
+        list(tensors.variables),
+        list(tensors.static_features),
+        train.normalisation,
+        dict(settings or {}),
+    )
 
 
 def save_method(folder: Path, saved: SavedMethod) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     saved.method.save_fitted(folder)
-    write_json_atomic(folder / METHOD_DESCRIPTION, {
-        "method": saved.name,
-        "config": saved.config.to_dict(),
-        "settings": saved.settings,
-        "variables": saved.variables,
-        "static_features": saved.static_features,
-        "normalisation": saved.normalisation.to_json(),
-    })  # fmt: skip
+    write_json_atomic(
+        folder / METHOD_DESCRIPTION,
+        {
+            "method": saved.name,
+            "config": saved.config.to_dict(),
+            "settings": saved.settings,
+            "variables": saved.variables,
+            "static_features": saved.static_features,
+            "normalisation": saved.normalisation.to_json(),
+        },
+    )
     return folder
 
 
@@ -160,8 +172,9 @@ def _built(name: str, config: Config, settings: dict, described: Path) -> Method
     from garlic.methods import registry
 
     try:  # an unknown method or a missing extra: the registry's own message names what to install
-        return registry.method(name).create(registry.MethodContext(config, pd.DataFrame({"stay_id": []}),
-                                                                   settings=settings))  # fmt: skip
+        return registry.method(name).create(
+            registry.MethodContext(config, pd.DataFrame({"stay_id": []}), settings=settings)
+        )
     except ValueError as exc:
         raise ModelFileError(f"{described}: {exc}") from None
 
@@ -172,21 +185,29 @@ def _check_fitted_by(folder: Path, name: str, method: Method, described: dict[st
     each value would go into another input's column and every risk would change, silently."""
     fitted = read_fitted(folder)
     if "method" not in fitted:
-        raise ModelFileError(f"{folder / FITTED}: records neither the method that wrote it nor its inputs (saved by an "
-                             "older version); train the method again")  # fmt: skip
+        raise ModelFileError(
+            f"{folder / FITTED}: records neither the method that wrote it nor its inputs (saved by an "
+            "older version); train the method again"
+        )
     if fitted["method"] != method.name:
-        raise ModelFileError(f"{folder / METHOD_DESCRIPTION} names method {name}, but {folder / FITTED} was written by "
-                             f"{fitted['method']}")  # fmt: skip
+        raise ModelFileError(
+            f"{folder / METHOD_DESCRIPTION} names method {name}, but {folder / FITTED} was written by "
+            f"{fitted['method']}"
+        )
     for key, inputs in described.items():
         recorded = fitted.get(key)
         if inputs != recorded:
             recorded = recorded if isinstance(recorded, list) else []
-            at = next((i for i, pair in enumerate(zip(inputs, recorded)) if pair[0] != pair[1]),
-                      min(len(inputs), len(recorded)))  # the first position that differs (or where one list ends)
-            raise ModelFileError(f"{folder / METHOD_DESCRIPTION}: its {key} are not those the model was fitted on, in "
-                                 f"their order: {inputs[at : at + 1] or 'nothing'} at position {at}, where "
-                                 f"{folder / FITTED} has {recorded[at : at + 1] or 'nothing'}; use the run's own "
-                                 "model folder")  # fmt: skip
+            at = next(
+                (i for i, pair in enumerate(zip(inputs, recorded)) if pair[0] != pair[1]),
+                min(len(inputs), len(recorded)),
+            )  # the first position that differs (or where one list ends)
+            raise ModelFileError(
+                f"{folder / METHOD_DESCRIPTION}: its {key} are not those the model was fitted on, in "
+                f"their order: {inputs[at : at + 1] or 'nothing'} at position {at}, where "
+                f"{folder / FITTED} has {recorded[at : at + 1] or 'nothing'}; use the run's own "
+                "model folder"
+            )
 
 
 def read_fitted(folder: Path) -> dict:
@@ -209,8 +230,10 @@ def _legacy(folder: Path) -> tuple[dict, dict]:
     """The method.json and fitted.json that a legacy GARLIC folder's ``LEGACY_DESCRIPTION`` stands for."""
     description = json.loads((folder / LEGACY_DESCRIPTION).read_text())
     inputs = {key: description[key] for key in ("variables", "static_features")}
-    return ({"method": GARLIC, "config": description["config"], "normalisation": description["normalisation"],
-             **inputs}, {"method": GARLIC, **inputs})  # fmt: skip
+    return (
+        {"method": GARLIC, "config": description["config"], "normalisation": description["normalisation"], **inputs},
+        {"method": GARLIC, **inputs},
+    )
 
 
 def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:

@@ -4,6 +4,7 @@ the length of the input alone (``InputHours``: what a protocol's windows give aw
 
 Every model is fitted on the training part, its few settings chosen by validation AUROC, and tested once.
 """
+
 from __future__ import annotations
 
 import zipfile
@@ -21,8 +22,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from garlic.data.batches import IrregularDataset
-from garlic.explain.contributions import (SHAP_MISSING, fold, linear_contributions, shap_installed,
-                                          tree_contributions)
+from garlic.explain.contributions import SHAP_MISSING, fold, linear_contributions, shap_installed, tree_contributions
 from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.methods.saved import FITTED, ModelFileError, read_fitted
 from garlic.io.atomic import atomic_file, write_json_atomic
@@ -87,6 +87,7 @@ def load_skops(path: Path):
 
 def _logistic_candidates(seed: int) -> list[tuple[dict, object]]:
     """Median imputation (with missingness indicators), standardisation, L2 logistic regression, one per C."""
+
     def pipeline(c: float):
         imputer = SimpleImputer(strategy="median", add_indicator=True, keep_empty_features=True)
         return make_pipeline(imputer, StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed))
@@ -96,8 +97,10 @@ def _logistic_candidates(seed: int) -> list[tuple[dict, object]]:
 
 def _boosting_candidates(seed: int) -> list[tuple[dict, object]]:
     """Histogram gradient boosting (missing values handled natively), one per setting."""
-    return [(dict(setting), HistGradientBoostingClassifier(**setting, early_stopping=False, random_state=seed))
-            for setting in BOOSTING_SETTINGS]  # fmt: skip
+    return [
+        (dict(setting), HistGradientBoostingClassifier(**setting, early_stopping=False, random_state=seed))
+        for setting in BOOSTING_SETTINGS
+    ]
 
 
 CANDIDATES = {"logreg": _logistic_candidates, "gbm": _boosting_candidates}
@@ -164,8 +167,11 @@ class ChosenClassifier(BaseEstimator):
     @property
     def explained_by(self) -> str:
         """How its contributions are computed, as a page says it."""
-        return ("exact tree SHAP values of the gradient boosting" if self.kind == "gbm" else
-                "coefficient x standardised value of the logistic regression")  # fmt: skip
+        return (
+            "exact tree SHAP values of the gradient boosting"
+            if self.kind == "gbm"
+            else "coefficient x standardised value of the logistic regression"
+        )
 
     def column_contributions(self, dataset: IrregularDataset) -> tuple[np.ndarray, float]:
         """[M, kept columns] each kept feature column's contribution to each risk's log-odds, and the base value:
@@ -193,8 +199,9 @@ class ChosenClassifier(BaseEstimator):
         best_score = -np.inf
         for setting, model in CANDIDATES[self.kind](self.seed):
             _fit_weighted(model, features, self.targets(train), weights)
-            score = roc_auc_score(self.targets(validation), model.predict_proba(held_out)[:, 1],
-                                  sample_weight=held_out_weights)  # fmt: skip
+            score = roc_auc_score(
+                self.targets(validation), model.predict_proba(held_out)[:, 1], sample_weight=held_out_weights
+            )
             if score > best_score:
                 self.model_, self.chosen_, best_score = model, setting | {"validation_auroc": score}, score
         return self
@@ -206,8 +213,9 @@ class ChosenClassifier(BaseEstimator):
     def save_fitted(self, folder: Path) -> None:
         check_fitted(self)
         save_skops(folder / SKOPS_FILE, self.model_)
-        write_json_atomic(folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(),
-                                            "chosen": self.chosen_})  # fmt: skip
+        write_json_atomic(
+            folder / FITTED, {"method": self.name, **self.inputs_, "kept": self.kept_.tolist(), "chosen": self.chosen_}
+        )
 
     def restore_fitted(self, folder: Path) -> None:
         fitted = read_fitted(folder)
@@ -217,9 +225,11 @@ class ChosenClassifier(BaseEstimator):
         # 'kept' marks which feature columns of the inputs the model reads: one of another length scores nothing
         columns = self.columns(self.inputs_)
         if len(self.kept_) != columns or self.kept_.sum() != self.model_.n_features_in_:
-            raise ModelFileError(f"{folder / FITTED}: 'kept' marks {self.kept_.sum()} of {len(self.kept_)} columns, "
-                                 f"but the model reads {self.model_.n_features_in_} of the {columns} {self.COLUMNS} "
-                                 "columns of its inputs")  # fmt: skip
+            raise ModelFileError(
+                f"{folder / FITTED}: 'kept' marks {self.kept_.sum()} of {len(self.kept_)} columns, "
+                f"but the model reads {self.model_.n_features_in_} of the {columns} {self.COLUMNS} "
+                "columns of its inputs"
+            )
 
     def log_fitted(self, parts: dict[str, IrregularDataset]) -> dict[str, float]:
         check_fitted(self)

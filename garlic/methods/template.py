@@ -22,6 +22,7 @@ part's statistics (0 where unobserved), ``mask`` [N, T, D], ``times`` [N, T] in 
 
 This one: logistic regression on each variable's last observed value (0, the training mean, where never observed).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Evaluation metrics for a binary outcome: discrimination and calibration."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,11 @@ def binary_metrics(
     return {
         "auroc": float(roc_auc_score(labels, probabilities, sample_weight=weights)) if both_classes else float("nan"),
         # scikit-learn's sum of precisions can pass 1 by a rounding (1.0000000000000002 for a perfect ranking)
-        "auprc": (min(1.0, float(average_precision_score(labels, probabilities, sample_weight=weights)))
-                  if both_classes else float("nan")),  # fmt: skip
+        "auprc": (
+            min(1.0, float(average_precision_score(labels, probabilities, sample_weight=weights)))
+            if both_classes
+            else float("nan")
+        ),
         "brier": float(np.mean((probabilities - labels) ** 2)),
         "ece": expected_calibration_error(labels, probabilities),
     }

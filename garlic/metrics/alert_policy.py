@@ -16,6 +16,7 @@ every hour with risk >= threshold). The threshold is chosen on validation stays 
 Challenge's utility of the policy's alarms, for a burden (at most so many alerts per patient-day, which needs no
 labels: a new hospital's own stays set it) or for a sensitivity (per alert, ``garlic.metrics.alerts``).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,12 +57,26 @@ class AlertPolicy:
     margin: float = DEFAULT_MARGIN
 
     def __post_init__(self):
-        checks = (("threshold", self.threshold, 0, 1, "a risk in (0, 1]", lambda v: 0 < v <= 1),
-                  ("band", self.band, 0, 1, "a share of the threshold in [0, 1)", lambda v: 0 <= v < 1),
-                  ("quiet_hours", self.quiet_hours, 0, MAX_QUIET_HOURS, f"hours in [0, {MAX_QUIET_HOURS:g}]",
-                   lambda v: 0 <= v <= MAX_QUIET_HOURS),
-                  ("margin", self.margin, 0, MAX_MARGIN, f"a share of the threshold in [0, {MAX_MARGIN:g}]",
-                   lambda v: 0 <= v <= MAX_MARGIN))  # fmt: skip
+        checks = (
+            ("threshold", self.threshold, 0, 1, "a risk in (0, 1]", lambda v: 0 < v <= 1),
+            ("band", self.band, 0, 1, "a share of the threshold in [0, 1)", lambda v: 0 <= v < 1),
+            (
+                "quiet_hours",
+                self.quiet_hours,
+                0,
+                MAX_QUIET_HOURS,
+                f"hours in [0, {MAX_QUIET_HOURS:g}]",
+                lambda v: 0 <= v <= MAX_QUIET_HOURS,
+            ),
+            (
+                "margin",
+                self.margin,
+                0,
+                MAX_MARGIN,
+                f"a share of the threshold in [0, {MAX_MARGIN:g}]",
+                lambda v: 0 <= v <= MAX_MARGIN,
+            ),
+        )
         for name, value, _, _, expected, allowed in checks:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not allowed(float(value)):
                 raise AlertPolicyError(f"alert policy: {name} must be {expected}, got {value!r}")
@@ -120,8 +135,10 @@ class AlertPolicy:
         return {name: float(value) for name, value in asdict(self).items()}
 
     def describe(self) -> str:
-        return (f"alert at risk >= {self.threshold:.4g}, cleared below {self.release:.4g}; once cleared, quiet for "
-                f"{self.quiet_hours:g} h unless the risk reaches {self.rearm:.4g}")  # fmt: skip
+        return (
+            f"alert at risk >= {self.threshold:.4g}, cleared below {self.release:.4g}; once cleared, quiet for "
+            f"{self.quiet_hours:g} h unless the risk reaches {self.rearm:.4g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -144,9 +161,18 @@ def candidate_thresholds(risks: np.ndarray, count: int = CANDIDATES) -> np.ndarr
     return values[(values > 0) & (values <= 1)]
 
 
-def choose_policy(risks, times, lengths, labels=None, *, band: float = DEFAULT_BAND,
-                  quiet_hours: float = DEFAULT_QUIET_HOURS, margin: float = DEFAULT_MARGIN,
-                  alerts_per_day: float | None = None, sensitivity: float | None = None) -> PolicyChoice:  # fmt: skip
+def choose_policy(
+    risks,
+    times,
+    lengths,
+    labels=None,
+    *,
+    band: float = DEFAULT_BAND,
+    quiet_hours: float = DEFAULT_QUIET_HOURS,
+    margin: float = DEFAULT_MARGIN,
+    alerts_per_day: float | None = None,
+    sensitivity: float | None = None,
+) -> PolicyChoice:
     """The policy with these settings and the threshold chosen on these stays (``risks`` at ``times``, flat over
     stays of ``lengths``; ``labels`` their hours' labels where known):
 
@@ -169,8 +195,10 @@ def choose_policy(risks, times, lengths, labels=None, *, band: float = DEFAULT_B
     alarms = template.alarms(risks, times, lengths, thresholds)  # [K, times]
     # Counting alerts needs no labels: unlabelled stays are counted as never septic, their other scores unused.
     parts = alert_parts(np.zeros(len(risks), np.int8) if labels is None else np.asarray(labels), alarms, lengths)
-    scores = [alert_scores({name: value[k] if np.ndim(value) == 2 else value for name, value in parts.items()})
-              for k in range(len(thresholds))]  # fmt: skip
+    scores = [
+        alert_scores({name: value[k] if np.ndim(value) == 2 else value for name, value in parts.items()})
+        for k in range(len(thresholds))
+    ]
     if labels is None:
         scores = [{"alerts_per_100_days": score["alerts_per_100_days"]} for score in scores]
     per_day = np.array([score["alerts_per_100_days"] for score in scores]) * 24 / HOURS_PER_100_DAYS
@@ -185,15 +213,19 @@ def choose_policy(risks, times, lengths, labels=None, *, band: float = DEFAULT_B
     if alerts_per_day is not None:
         meeting = np.flatnonzero(per_day <= alerts_per_day)
         if not len(meeting):
-            raise AlertPolicyError(f"no threshold in (0, 1] gives at most {alerts_per_day:g} alerts per patient-day "
-                                   f"on these stays: the fewest is {per_day.min():.3g}, at threshold "
-                                   f"{thresholds[np.argmin(per_day)]:.4g}")  # fmt: skip
+            raise AlertPolicyError(
+                f"no threshold in (0, 1] gives at most {alerts_per_day:g} alerts per patient-day "
+                f"on these stays: the fewest is {per_day.min():.3g}, at threshold "
+                f"{thresholds[np.argmin(per_day)]:.4g}"
+            )
         k, chosen_by = int(meeting[0]), f"at most {alerts_per_day:g} alerts per patient-day"
     elif sensitivity is not None:
         reaching = np.flatnonzero(np.array([s["sensitivity"] for s in scores]) >= sensitivity - 1e-12)
         if not len(reaching):
-            raise AlertPolicyError(f"no threshold reaches a sensitivity of {sensitivity:g} on these stays (the "
-                                   f"highest is {max(s['sensitivity'] for s in scores):.3g})")  # fmt: skip
+            raise AlertPolicyError(
+                f"no threshold reaches a sensitivity of {sensitivity:g} on these stays (the "
+                f"highest is {max(s['sensitivity'] for s in scores):.3g})"
+            )
         k, chosen_by = int(reaching[-1]), f"a sensitivity of at least {sensitivity:g}"
     else:
         if utility is None:

@@ -21,6 +21,7 @@ Per stay (``alert_parts``) the counts these are sums of, so that a table keeps t
 bootstrap over stays redraws rows (``alert_scores`` with ``weights``). Every count is a few array passes over the
 flat hours of all stays.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -93,8 +94,14 @@ def alert_parts(labels, alarms, lengths) -> dict[str, np.ndarray]:
     first_true, at = np.unique(where[true], return_index=True)
     lead[first_true] = window_onset[true][at] - hour[start_at[true]][at]
     lead = lead.reshape(shape)
-    parts = {"hours": lengths.astype(np.float64), "septic": ~np.isnan(onset), "alerts": alerts.astype(np.float64),
-             "true_alerts": true_alerts.astype(np.float64), "detected": true_alerts > 0, "lead_hours": lead}
+    parts = {
+        "hours": lengths.astype(np.float64),
+        "septic": ~np.isnan(onset),
+        "alerts": alerts.astype(np.float64),
+        "true_alerts": true_alerts.astype(np.float64),
+        "detected": true_alerts > 0,
+        "lead_hours": lead,
+    }
     if single:
         parts.update({name: parts[name][0] for name in ("alerts", "true_alerts", "detected", "lead_hours")})
     return parts
@@ -114,7 +121,12 @@ def alert_scores(parts: dict[str, np.ndarray], weights: np.ndarray | None = None
     def ratio(a: float, b: float) -> float:
         return float(a / b) if b else float("nan")
 
-    return {"sensitivity": ratio(weights @ parts["detected"], septic), "ppv": ratio(weights @ parts["true_alerts"], alerts),
-            "lead_median": float(median), "lead_q1": float(q1), "lead_q3": float(q3),
-            "alerts_per_100_days": ratio(HOURS_PER_100_DAYS * alerts, hours),
-            "share_alerted": ratio(weights @ (parts["alerts"] > 0), stays)}  # fmt: skip
+    return {
+        "sensitivity": ratio(weights @ parts["detected"], septic),
+        "ppv": ratio(weights @ parts["true_alerts"], alerts),
+        "lead_median": float(median),
+        "lead_q1": float(q1),
+        "lead_q3": float(q3),
+        "alerts_per_100_days": ratio(HOURS_PER_100_DAYS * alerts, hours),
+        "share_alerted": ratio(weights @ (parts["alerts"] > 0), stays),
+    }

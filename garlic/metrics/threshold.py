@@ -1,4 +1,5 @@
 """The alert threshold: the highest risk cut-off that still flags a target share of the positive stays."""
+
 from __future__ import annotations
 
 import math

@@ -28,6 +28,7 @@ name in another folder, has the header ``PredictedProbability|PredictedLabel`` a
 Challenge's code warns (a probability outside [0, 1]), skips (an empty cell) or pairs files by their sorted order,
 reading here refuses the file with one line naming it, the line and the column (``ChallengeFileError``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -110,8 +111,12 @@ def hour_worth(labels, lengths) -> HourWorth:
     before, window = r <= DT_OPTIMAL, (DT_OPTIMAL < r) & (r <= DT_LATE)
     alarmed = np.where(before, np.maximum(_RISE * r + _RISE_AT_0, U_FP), np.where(window, _FALL * r + _FALL_AT_0, 0.0))
     silent = np.where(window, _MISS * r + _MISS_AT_0, 0.0)
-    return HourWorth(alarmed=np.where(septic, alarmed, U_FP), silent=np.where(septic, silent, U_TN),
-                     best=septic & (DT_EARLY <= r) & (r <= DT_LATE), stay=stay)  # fmt: skip
+    return HourWorth(
+        alarmed=np.where(septic, alarmed, U_FP),
+        silent=np.where(septic, silent, U_TN),
+        best=septic & (DT_EARLY <= r) & (r <= DT_LATE),
+        stay=stay,
+    )
 
 
 def utility_targets(labels, lengths) -> tuple[np.ndarray, np.ndarray]:
@@ -370,8 +375,9 @@ def _read_columns(path: Path, columns: tuple[Column, ...]) -> list[np.ndarray]:
             column = np.array(cells, dtype=np.float64)
         except ValueError:
             row = next(i for i, cell in enumerate(cells) if not _is_number(cell))
-            raise ChallengeFileError(f"{path} line {row + 2}, column {name}: expected a number, "
-                                     f"got {cells[row]!r}") from None  # fmt: skip
+            raise ChallengeFileError(
+                f"{path} line {row + 2}, column {name}: expected a number, got {cells[row]!r}"
+            ) from None
         faults = np.flatnonzero(~allowed(column))
         if len(faults):
             row = int(faults[0])
@@ -417,8 +423,11 @@ class ChallengeFiles:
 def _psv_files(folder: Path, what: str) -> dict[str, Path]:
     if not folder.is_dir():
         raise ChallengeFileError(f"{folder}: no such folder (expected the {what} files, pNNNNNN{SUFFIX})")
-    return {path.name: path for path in sorted(folder.iterdir())
-            if path.is_file() and path.suffix.lower() == SUFFIX and not path.name.startswith(".")}  # fmt: skip
+    return {
+        path.name: path
+        for path in sorted(folder.iterdir())
+        if path.is_file() and path.suffix.lower() == SUFFIX and not path.name.startswith(".")
+    }
 
 
 def read_folders(labels: Path, predictions: Path) -> ChallengeFiles:
@@ -443,14 +452,20 @@ def read_folders(labels: Path, predictions: Path) -> ChallengeFiles:
         hours = read_labels(label_file)
         probabilities, alarms = read_predictions(prediction_files[name])
         if len(alarms) != len(hours):
-            raise ChallengeFileError(f"{prediction_files[name]}: {len(alarms)} rows of predictions for the "
-                                     f"{len(hours)} hours of {label_file}")  # fmt: skip
+            raise ChallengeFileError(
+                f"{prediction_files[name]}: {len(alarms)} rows of predictions for the "
+                f"{len(hours)} hours of {label_file}"
+            )
         stay_labels.append(hours)
         stay_probabilities.append(probabilities)
         stay_predictions.append(alarms)
-    return ChallengeFiles(list(label_files), np.array([len(h) for h in stay_labels], dtype=np.int64),
-                          np.concatenate(stay_labels), np.concatenate(stay_probabilities),
-                          np.concatenate(stay_predictions))  # fmt: skip
+    return ChallengeFiles(
+        list(label_files),
+        np.array([len(h) for h in stay_labels], dtype=np.int64),
+        np.concatenate(stay_labels),
+        np.concatenate(stay_probabilities),
+        np.concatenate(stay_predictions),
+    )
 
 
 def _write_psv(path: Path, header: str, rows: list[str]) -> Path:

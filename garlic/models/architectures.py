@@ -7,6 +7,7 @@ what differs between architectures they ask (``explanation_unavailable``), never
 (``garlic.models.reference.ReferenceGarlic``, the authors' code). A new architecture implements these members, and
 ``tests/test_architectures.py`` checks every entry of ``ARCHITECTURES`` against them.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable

@@ -29,6 +29,7 @@ Some layers compute their formula in a rearranged but equal form that runs faste
 folded key of ``LagAttention``, the transposed products of ``GraphMessagePassing``); tests/test_model.py checks each
 against a plain implementation of the formula in its docstring.
 """
+
 from __future__ import annotations
 
 import math
@@ -414,8 +415,9 @@ class RunningSummary(nn.Module):
         mean = torch.where(observed, values, 0.0).sum(1) / count.clamp(min=1)
         now = times.gather(1, (lengths - 1).clamp(min=0)[:, None])
         since = now - times.gather(1, last[:, 0])
-        return self.stacked([values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean], count,
-                             since, seen)
+        return self.stacked(
+            [values.gather(1, first)[:, 0], values.gather(1, last)[:, 0], low, high, mean], count, since, seen
+        )
 
     @staticmethod
     def stacked(observed: list[Tensor], count: Tensor, since: Tensor, seen: Tensor) -> Tensor:
@@ -440,8 +442,14 @@ class Garlic(nn.Module):
     ``prediction_parameters()`` are the ones the prediction stage trains.
     """
 
-    PREDICTION_MODULES = ("signal_attention", "sequence_input", "sequence", "temporal_attention", "summary_branch",
-                          "classifier")  # fmt: skip
+    PREDICTION_MODULES = (
+        "signal_attention",
+        "sequence_input",
+        "sequence",
+        "temporal_attention",
+        "summary_branch",
+        "classifier",
+    )
     # Why the built-in explanation (``garlic.explain.built_in``) is not defined for the model, None where it is: what callers
     # ask instead of testing the class.
     explanation_unavailable: str | None = None
@@ -558,8 +566,9 @@ class Garlic(nn.Module):
             context = torch.cat([context, torch.log1p(hours.clamp(min=0))[:, None].to(context.dtype)], dim=-1)
         return self.classifier(context)[:, 0] + self.logit_offset
 
-    def classify_queries(self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None,
-                         queries: Queries) -> Tensor:  # fmt: skip
+    def classify_queries(
+        self, states: Tensor, real: Tensor, static: Tensor, summaries: Tensor | None, queries: Queries
+    ) -> Tensor:
         """The risk at each prediction time of ``queries``: ``classify`` of its stay cut after the steps it sees,
         all at once (the layers before are causal: a stay's step states are its prefixes' step states). A time
         before the stay's first step sees no state and no summary: zeros, and its static features.
@@ -572,8 +581,15 @@ class Garlic(nn.Module):
         summary = None if summaries is None else summaries[queries.stay, last] * seen
         return self.classifier_head(context, static[queries.stay], summary, queries.time)
 
-    def forward(self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor,
-                queries: Queries | None = None) -> GarlicOutput:  # fmt: skip
+    def forward(
+        self,
+        values: Tensor,
+        mask: Tensor,
+        times: Tensor,
+        lengths: Tensor,
+        static: Tensor,
+        queries: Queries | None = None,
+    ) -> GarlicOutput:
         """Everything, for training and explanations: ``encode`` and ``classify`` with the reconstruction head, except
         that ``per_step`` runs on chunks of stays (``in_chunks``) and the running summary is computed at the last step
         alone (``RunningSummary.at_end``), the one step the classifier reads. With ``queries``, the logits are those
@@ -611,9 +627,15 @@ class Garlic(nn.Module):
         return zip(values.split(max(stays, 1)), mask.split(max(stays, 1)), times.split(max(stays, 1)))
 
     def predict_logits(
-        self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor,
-        queries: Queries | None = None, chunk_cells: int = CACHE_CELLS,
-    ) -> Tensor:  # fmt: skip
+        self,
+        values: Tensor,
+        mask: Tensor,
+        times: Tensor,
+        lengths: Tensor,
+        static: Tensor,
+        queries: Queries | None = None,
+        chunk_cells: int = CACHE_CELLS,
+    ) -> Tensor:
         """``forward(...).logits`` without the reconstruction head and the attention: the inference path.
 
         ``per_step`` on chunks of stays (``in_chunks``), the GRU over the whole batch, then ``classify`` (or

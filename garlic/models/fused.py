@@ -24,6 +24,7 @@ The layers hand the kernels only what the kernels take (float CPU tensors whose 
 parameters); anything else goes to PyTorch's layer, which computes it or refuses it with its own error. The kernels
 check the sizes they index by as well, for any other caller.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,13 @@ def build_directory(source: Path = SOURCE) -> Path:
     from torch.utils.cpp_extension import get_cxx_compiler, get_default_build_root
 
     digest = hashlib.sha256(Path(source).read_bytes())
-    for part in (torch.__version__, sys.implementation.cache_tag + sys.abiflags, platform.machine(),
-                 get_cxx_compiler(), *BUILD_FLAGS):  # fmt: skip
+    for part in (
+        torch.__version__,
+        sys.implementation.cache_tag + sys.abiflags,
+        platform.machine(),
+        get_cxx_compiler(),
+        *BUILD_FLAGS,
+    ):
         digest.update(b"\0" + part.encode())
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     return Path(root) / f"garlic_fused_{digest.hexdigest()[:16]}"
@@ -107,8 +113,10 @@ def build_once(library: Path, compile: Callable[[Path], Path]) -> None:
             finally:
                 release(held)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"another process has been building them in {directory} for over "
-                               f"{BUILD_WAIT_SECONDS:.0f} s (it holds {directory / 'build.lock'})")  # fmt: skip
+            raise TimeoutError(
+                f"another process has been building them in {directory} for over "
+                f"{BUILD_WAIT_SECONDS:.0f} s (it holds {directory / 'build.lock'})"
+            )
         if not waiting:
             _say(f"waiting for another process building the fused CPU kernels in {directory}")
             waiting = True
@@ -158,8 +166,11 @@ def kernels():
     try:
         return load_kernels()
     except Exception as error:  # a missing compiler or ninja, a failed build: the PyTorch layers still work
-        log.warning("fused CPU kernels unavailable (%s: %s); using PyTorch's GRU and layer norm",
-                    type(error).__name__, str(error).strip().splitlines()[-1] if str(error).strip() else "")  # fmt: skip
+        log.warning(
+            "fused CPU kernels unavailable (%s: %s); using PyTorch's GRU and layer norm",
+            type(error).__name__,
+            str(error).strip().splitlines()[-1] if str(error).strip() else "",
+        )
         return None
 
 
@@ -238,8 +249,12 @@ class FusedGRU(nn.GRU):
             return False
         if input.shape[2] != self.input_size:
             return False
-        if hx is not None and (not isinstance(hx, Tensor) or hx.shape != (self.num_layers, len(input), self.hidden_size)
-                               or hx.dtype != input.dtype or hx.device != input.device):  # fmt: skip
+        if hx is not None and (
+            not isinstance(hx, Tensor)
+            or hx.shape != (self.num_layers, len(input), self.hidden_size)
+            or hx.dtype != input.dtype
+            or hx.device != input.device
+        ):
             return False
         weights = [w for layer in range(self.num_layers) for w in self._layer_weights(layer)]
         return all(w.dtype == input.dtype and w.device == input.device for w in weights)

@@ -8,6 +8,7 @@ Each field means what the run config's key of the same name means and has its de
 values as it is built (``garlic.config.CHECKS``), one written out by hand (as tests do) is taken as it is. A saved
 model folder keeps the run's config (``garlic.methods.saved``), from which its network is built again by ``from_run``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

@@ -1,5 +1,6 @@
 """Risk per stay from a trained model, in batches of stays sorted by length: little padding, and a stay's risk does
 not depend on the stays batched with it."""
+
 from __future__ import annotations
 
 import numpy as np

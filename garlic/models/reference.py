@@ -52,6 +52,7 @@ The reference reads no static features and has no dropout; neither does this mod
 Shapes: B stays, T steps, D variables, F ``feature_dim``, W ``window_size``, H ``hidden_dim``, L windows (T - W + 1).
 Per-step outputs are laid out over the T steps, a window at the step where it ends; steps before W - 1 hold zeros.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from garlic.config import ConfigError
-from garlic.models.compact import (CACHE_CELLS, DecayImputation, StepwiseProjection, add_adjacency, last_observed,
-                                   step_mask)  # fmt: skip
+from garlic.models.compact import (
+    CACHE_CELLS,
+    DecayImputation,
+    StepwiseProjection,
+    add_adjacency,
+    last_observed,
+    step_mask,
+)
 from garlic.models.fused import FusedGRU
 from garlic.models.network_config import NetworkConfig
 
@@ -369,8 +376,9 @@ class ReferenceGarlic(nn.Module):
         items = self.signal_attention.encode(messages).view(batch * windows, variables, features)
         pooled, signal_weights = self.signal_attention(items)
         states, _ = self.sequence(pooled.view(batch, windows, -1))
-        return messages, _Steps(imputed, lag_weights, signal_weights.view(batch, windows, variables, variables),
-                                self.by_step(states, steps))  # fmt: skip
+        return messages, _Steps(
+            imputed, lag_weights, signal_weights.view(batch, windows, variables, variables), self.by_step(states, steps)
+        )
 
     def classify(
         self, states: Tensor, real: Tensor, static: Tensor, summary: Tensor | None = None, hours: Tensor | None = None
@@ -410,8 +418,10 @@ class ReferenceGarlic(nn.Module):
         steps, padded = values.shape[1], int(self.padded_length)
         length = max(padded, steps)
         if padded and steps > padded:
-            raise ValueError(f"a batch of {steps} steps is longer than the model's padded length {padded} (the "
-                             "training data's): signal_layout=code cannot take longer stays")  # fmt: skip
+            raise ValueError(
+                f"a batch of {steps} steps is longer than the model's padded length {padded} (the "
+                "training data's): signal_layout=code cannot take longer stays"
+            )
         real = step_mask(lengths, steps)
         # Past a stay's last step every step is the same empty step (no value, time 0, the same carried value and
         # mean), so every window wholly past it is the same window: compute the windows up to that first one (at
@@ -470,7 +480,13 @@ class ReferenceGarlic(nn.Module):
         return pooled, weights
 
     def predict_logits(
-        self, values: Tensor, mask: Tensor, times: Tensor, lengths: Tensor, static: Tensor, chunk_cells: int = CACHE_CELLS
+        self,
+        values: Tensor,
+        mask: Tensor,
+        times: Tensor,
+        lengths: Tensor,
+        static: Tensor,
+        chunk_cells: int = CACHE_CELLS,
     ) -> Tensor:
         """The logits alone, without the reconstruction head: the inference path. Same arguments as ``forward``.
 
@@ -499,8 +515,10 @@ class ReferenceGarlic(nn.Module):
 
     def require_variables_layout(self, what: str) -> None:
         if self.config.signal_layout != "variables":
-            raise ValueError(f"{what} needs signal_layout=variables: signal_layout=code mixes windows of all times in "
-                             "each step of its GRU, so no step is a function of the stay's past alone")  # fmt: skip
+            raise ValueError(
+                f"{what} needs signal_layout=variables: signal_layout=code mixes windows of all times in "
+                "each step of its GRU, so no step is a function of the stay's past alone"
+            )
 
 
 @dataclass

@@ -34,6 +34,7 @@ input, ``garlic.data.batches.IrregularDataset``), ``logits`` and ``signal_import
 per stay and back. Equal to the one pass on the same prefix to float
 rounding (tests/test_live_steps.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -111,26 +112,39 @@ def start(model: Garlic, stays: int = 1) -> StepState:
 
     largest = torch.finfo(parameter.dtype).max
     return StepState(
-        steps=zeros(stays, dtype=torch.long), time=zeros(stays), last_value=zeros(stays, d),
-        last_time=zeros(stays, d), seen=zeros(stays, d), past=zeros(stays, w, d, f), past_kept=zeros(stays, w, d),
-        past_real=zeros(stays, w, dtype=torch.bool), hidden=zeros(stays, layers, h),
+        steps=zeros(stays, dtype=torch.long),
+        time=zeros(stays),
+        last_value=zeros(stays, d),
+        last_time=zeros(stays, d),
+        seen=zeros(stays, d),
+        past=zeros(stays, w, d, f),
+        past_kept=zeros(stays, w, d),
+        past_real=zeros(stays, w, dtype=torch.bool),
+        hidden=zeros(stays, layers, h),
         score_max=torch.full((stays,), float("-inf"), dtype=torch.float64, device=parameter.device),
-        score_sum=zeros(stays, dtype=torch.float64), pooled=zeros(stays, h, dtype=torch.float64),
-        importance=zeros(stays, d, dtype=torch.float64), first=zeros(stays, d), low=zeros(stays, d) + largest,
-        high=zeros(stays, d) - largest, total=zeros(stays, d), count=zeros(stays, d),
-    )  # fmt: skip
+        score_sum=zeros(stays, dtype=torch.float64),
+        pooled=zeros(stays, h, dtype=torch.float64),
+        importance=zeros(stays, d, dtype=torch.float64),
+        first=zeros(stays, d),
+        low=zeros(stays, d) + largest,
+        high=zeros(stays, d) - largest,
+        total=zeros(stays, d),
+        count=zeros(stays, d),
+    )
 
 
 @torch.no_grad()
-def advance(model: Garlic, state: StepState, values: Tensor, mask: Tensor, time: Tensor,
-            explain: bool = False) -> StepState:  # fmt: skip
+def advance(
+    model: Garlic, state: StepState, values: Tensor, mask: Tensor, time: Tensor, explain: bool = False
+) -> StepState:
     """``state`` after one more step of each stay: its values (normalised, 0 where not observed), mask [B, D] and
     hours [B]; with ``explain``, the signal importance kept up too. The model must be in eval mode."""
     # 1. The decay carry (DecayImputation), from the state's last observations.
     decay = model.decay
     gap = time[:, None] - state.last_time
-    carried = (torch.exp(-F.relu(decay.rate * gap + decay.offset)) * state.seen if decay.enabled
-               else torch.zeros_like(mask))  # fmt: skip
+    carried = (
+        torch.exp(-F.relu(decay.rate * gap + decay.offset)) * state.seen if decay.enabled else torch.zeros_like(mask)
+    )
     imputed = mask * values + (1 - mask) * carried * state.last_value
     features = model.encoder(imputed[:, None], mask[:, None])  # [B, 1, D, F]
     # 2. The lag attention over the window, then the rest of the step as ``per_step`` runs it.
@@ -186,8 +200,12 @@ def logits(model: Garlic, state: StepState, static: Tensor, hours: Tensor | None
     if model.config.summary_branch:  # ``RunningSummary.at_end`` from the running statistics
         seen = state.count > 0
         mean = state.total / state.count.clamp(min=1)
-        summary = RunningSummary.stacked([state.first, state.last_value, state.low, state.high, mean], state.count,
-                                          state.time[:, None] - state.last_time, seen)  # fmt: skip
+        summary = RunningSummary.stacked(
+            [state.first, state.last_value, state.low, state.high, mean],
+            state.count,
+            state.time[:, None] - state.last_time,
+            seen,
+        )
     return model.classifier_head(context, static, summary, state.time if hours is None else hours)
 
 

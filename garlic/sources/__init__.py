@@ -7,6 +7,7 @@ which options it takes, its cohorts, and what else it offers (one-stay record fi
 the hospital system of each stay). ``discovered()`` finds every module here that has one, so a new source is one
 new module in this folder (``docs/adding-a-source.md``). Imports only ``garlic.io``.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -58,6 +58,7 @@ MIMIC shifts ages over 89 to about 300, these become 90) and Gender (1 = male, 0
   implementation's code is not available here: the variable list and ranges approximate its description (103
   variables from the four event sources), they do not reproduce it item for item; unlike it, zeros are kept.
 """
+
 from __future__ import annotations
 
 import logging
@@ -138,15 +139,19 @@ BENCHMARK_VARIABLES = [
     Variable("Heart Rate", {"chart": (211, 220045)}),
     Variable("Height", {"chart": _HEIGHT_IN + _HEIGHT_CM}, {i: "inches" for i in _HEIGHT_IN}),
     Variable("Mean blood pressure", {"chart": _MAP}),
-    Variable("Oxygen saturation", {"chart": (834, 8498, 220227, 646, 220277), "lab": (50817,)},
-             {i: "fraction_to_percent" for i in (834, 8498, 220227, 646, 220277, 50817)}),
+    Variable(
+        "Oxygen saturation",
+        {"chart": (834, 8498, 220227, 646, 220277), "lab": (50817,)},
+        {i: "fraction_to_percent" for i in (834, 8498, 220227, 646, 220277, 50817)},
+    ),
     Variable("Respiratory rate", {"chart": _RR}),
     Variable("Systolic blood pressure", {"chart": _SBP}, {i: "systolic_text" for i in _SBP}),
     Variable("Temperature", {"chart": _TEMP_C + _TEMP_F}, _TEMPERATURE),
     Variable("Weight", {"chart": _WEIGHT_KG + _WEIGHT_LB + _WEIGHT_OZ}, _WEIGHT),
-    Variable("pH", {"chart": (3839, 1673, 780, 1126, 223830, 4753, 4202, 860, 220274),
-                    "lab": (50820, 51491, 50831, 51094)}),
-]  # fmt: skip
+    Variable(
+        "pH", {"chart": (3839, 1673, 780, 1126, 223830, 4753, 4202, 860, 220274), "lab": (50820, 51491, 50831, 51094)}
+    ),
+]
 
 
 def _chart(name, items, low, high, convert=None):
@@ -175,8 +180,14 @@ GARLIC_VARIABLES = [
     _chart("Mean BP", _MAP, 0, 375),
     _chart("Respiratory rate", _RR, 0, 300),
     _chart("SpO2", (646, 220277), 0, 100, {646: "fraction_to_percent", 220277: "fraction_to_percent"}),
-    Variable("SaO2", {"chart": (834, 220227), "lab": (50817,)},
-             {834: "fraction_to_percent", 220227: "fraction_to_percent"}, None, 0, 100),
+    Variable(
+        "SaO2",
+        {"chart": (834, 220227), "lab": (50817,)},
+        {834: "fraction_to_percent", 220227: "fraction_to_percent"},
+        None,
+        0,
+        100,
+    ),
     _chart("Temperature", _TEMP_C + _TEMP_F, 14.2, 47, _TEMPERATURE),
     _chart("FiO2", _FIO2, 0.2, 1.0, {i: "percent_to_fraction" for i in _FIO2}),
     _chart("GCS eye", (184, 220739), 1, 4, {184: "gcs", 220739: "gcs"}),
@@ -251,9 +262,35 @@ GARLIC_VARIABLES = [
     _lab("Troponin I", (51002,), 0, 1000),
     _lab("Fibrinogen", (51214,), 0, 2000),
     # outputs (OUTPUTEVENTS, mL)
-    _output("Urine output", (40055, 43175, 40069, 40094, 40715, 40473, 40085, 40057, 40056, 40405, 40428, 40096,
-                             40651, 226559, 226560, 226561, 226584, 226563, 226564, 226565, 226567, 226557,
-                             226558), 5000),
+    _output(
+        "Urine output",
+        (
+            40055,
+            43175,
+            40069,
+            40094,
+            40715,
+            40473,
+            40085,
+            40057,
+            40056,
+            40405,
+            40428,
+            40096,
+            40651,
+            226559,
+            226560,
+            226561,
+            226584,
+            226563,
+            226564,
+            226565,
+            226567,
+            226557,
+            226558,
+        ),
+        5000,
+    ),
     _output("Stool output", (40054, 226579), 5000),
     # inputs (INPUTEVENTS_CV and INPUTEVENTS_MV amounts, in the stated unit)
     _input("Norepinephrine", (221906, 30047, 30120), "mg", 100),
@@ -278,13 +315,22 @@ GARLIC_VARIABLES = [
     _input("Lactated Ringer's", (225828, 30021), "ml", 10000),
     _input("Packed red blood cells", (225168, 30001, 30179), "ml", 5000),
     _input("Fresh frozen plasma", (220970, 30005), "ml", 5000),
-]  # fmt: skip
+]
 
 # Input amount units -> (canonical unit, factor to it).
 INPUT_UNITS = {
-    "mg": ("mg", 1.0), "mcg": ("mg", 1e-3), "g": ("mg", 1e3), "gm": ("mg", 1e3), "grams": ("mg", 1e3),
-    "ml": ("ml", 1.0), "l": ("ml", 1e3), "u": ("units", 1.0), "units": ("units", 1.0), "meq": ("meq", 1.0),
-}  # fmt: skip
+    "mg": ("mg", 1.0),
+    "mcg": ("mg", 1e-3),
+    "g": ("mg", 1e3),
+    "gm": ("mg", 1e3),
+    "grams": ("mg", 1e3),
+    "ml": ("ml", 1.0),
+    "l": ("ml", 1e3),
+    "u": ("units", 1.0),
+    "units": ("units", 1.0),
+    "meq": ("meq", 1.0),
+}
+
 
 def _numbers(series: pd.Series) -> pd.Series:
     """Text -> float64 (NaN where not a number), whatever the text column's pandas dtype."""
@@ -363,16 +409,33 @@ EVENT_TABLES = [
     EventTable("LABEVENTS", "lab", "charttime", "valuenum", text="value", unit="valueuom", icustay=False),
     EventTable("OUTPUTEVENTS", "output", "charttime", "value", unit="valueuom", error="iserror"),
     EventTable("INPUTEVENTS_CV", "input", "charttime", "amount", unit="amountuom"),
-    EventTable("INPUTEVENTS_MV", "input", "starttime", "amount", unit="amountuom", end_time="endtime",
-               status="statusdescription"),
-]  # fmt: skip
+    EventTable(
+        "INPUTEVENTS_MV",
+        "input",
+        "starttime",
+        "amount",
+        unit="amountuom",
+        end_time="endtime",
+        status="statusdescription",
+    ),
+]
 
 STAY_COLUMNS = {
-    "ICUSTAYS": ["subject_id", "hadm_id", "icustay_id", "first_careunit", "last_careunit", "first_wardid",
-                 "last_wardid", "intime", "outtime", "los"],
+    "ICUSTAYS": [
+        "subject_id",
+        "hadm_id",
+        "icustay_id",
+        "first_careunit",
+        "last_careunit",
+        "first_wardid",
+        "last_wardid",
+        "intime",
+        "outtime",
+        "los",
+    ],
     "ADMISSIONS": ["hadm_id", "admittime", "dischtime", "deathtime"],
     "PATIENTS": ["subject_id", "gender", "dob", "dod"],
-}  # fmt: skip
+}
 
 
 def find_table(source: Path, name: str) -> Path:
@@ -384,8 +447,9 @@ def find_table(source: Path, name: str) -> Path:
         if path.is_file() and not any(path.samefile(other) for other in found):  # one file on a case-blind disk
             found.append(path)
     if len(found) > 1:
-        raise MimicError(f"{source}: table {name} is in more than one file ({', '.join(p.name for p in found)}); "
-                         "keep one of them")  # fmt: skip
+        raise MimicError(
+            f"{source}: table {name} is in more than one file ({', '.join(p.name for p in found)}); keep one of them"
+        )
     if found:
         return found[0]
     raise MimicError(
@@ -414,8 +478,10 @@ def column_names(path: Path, table: str, wanted: list[str]) -> dict[str, str]:
     actual: dict[str, str] = {}
     for name in read_header(path):
         if name.lower() in actual:
-            raise MimicError(f"{path}: column {name.upper()} appears twice in the header ({actual[name.lower()]!r} and "
-                             f"{name!r}); table {table} must have one")  # fmt: skip
+            raise MimicError(
+                f"{path}: column {name.upper()} appears twice in the header ({actual[name.lower()]!r} and "
+                f"{name!r}); table {table} must have one"
+            )
         actual[name.lower()] = name
     missing = [c.upper() for c in wanted if c not in actual]
     if missing:
@@ -468,30 +534,38 @@ def load_stays(source: Path, strict: bool = False) -> tuple[pd.DataFrame, dict[s
     icustays, icu_path = read_small_table(source, "ICUSTAYS")
     admissions, adm_path = read_small_table(source, "ADMISSIONS")
     patients, pat_path = read_small_table(source, "PATIENTS")
-    icustays = _datetimes(_integers(icustays, ["subject_id", "hadm_id", "icustay_id"], "ICUSTAYS"),
-                          ["intime", "outtime"], "ICUSTAYS")  # fmt: skip
+    icustays = _datetimes(
+        _integers(icustays, ["subject_id", "hadm_id", "icustay_id"], "ICUSTAYS"), ["intime", "outtime"], "ICUSTAYS"
+    )
     backwards = np.flatnonzero((icustays["outtime"] < icustays["intime"]).to_numpy())
     if strict and len(backwards):
         stay = icustays.iloc[backwards[0]]
-        raise MimicError(f"{icu_path} line {backwards[0] + 2}: ICUSTAY_ID {stay['icustay_id']} ends (OUTTIME "
-                         f"{stay['outtime']}) before it begins (INTIME {stay['intime']}) (--strict stops at the first "
-                         "one)")  # fmt: skip
-    admissions = _datetimes(_integers(admissions, ["hadm_id"], "ADMISSIONS"),
-                            ["admittime", "dischtime", "deathtime"], "ADMISSIONS")  # fmt: skip
+        raise MimicError(
+            f"{icu_path} line {backwards[0] + 2}: ICUSTAY_ID {stay['icustay_id']} ends (OUTTIME "
+            f"{stay['outtime']}) before it begins (INTIME {stay['intime']}) (--strict stops at the first "
+            "one)"
+        )
+    admissions = _datetimes(
+        _integers(admissions, ["hadm_id"], "ADMISSIONS"), ["admittime", "dischtime", "deathtime"], "ADMISSIONS"
+    )
     patients = _datetimes(_integers(patients, ["subject_id"], "PATIENTS"), ["dob", "dod"], "PATIENTS")
     stays = icustays.merge(admissions, on="hadm_id", how="inner").merge(patients, on="subject_id", how="inner")
 
     age = (stays["intime"] - stays["dob"]).dt.total_seconds() / (365.25 * 24 * 3600)
     stays["age"] = age.where(age <= 89.99, SHIFTED_AGE)
     stays["los_hours"] = _numbers(stays["los"]) * 24.0
-    died = stays["deathtime"].notna() & (stays["admittime"] <= stays["deathtime"]) & (
-        stays["dischtime"] >= stays["deathtime"]
+    died = (
+        stays["deathtime"].notna()
+        & (stays["admittime"] <= stays["deathtime"])
+        & (stays["dischtime"] >= stays["deathtime"])
     )
     died |= stays["dod"].notna() & (stays["admittime"] <= stays["dod"]) & (stays["dischtime"] >= stays["dod"])
     stays["label"] = died.astype("int8")
     stays["gender"] = stays["gender"].str.upper().map({"M": 1.0, "F": 0.0})
     return stays.sort_values("icustay_id", ignore_index=True), {
-        "ICUSTAYS": icu_path, "ADMISSIONS": adm_path, "PATIENTS": pat_path
+        "ICUSTAYS": icu_path,
+        "ADMISSIONS": adm_path,
+        "PATIENTS": pat_path,
     }
 
 
@@ -536,10 +610,18 @@ def select_stays(stays: pd.DataFrame, cohort: Cohort) -> tuple[pd.DataFrame, dic
         ("OUTTIME before INTIME", lambda s: s["outtime"] < s["intime"]),  # a damaged row: neither time can be trusted
     ]
     if cohort.single_stay_admissions:
-        rules.append(("ICU transfer (first and last care unit or ward differ)",
-                      lambda s: (s["first_careunit"] != s["last_careunit"]) | (s["first_wardid"] != s["last_wardid"])))
-        rules.append(("admission has more than one ICU stay without transfer",
-                      lambda s: s.groupby("hadm_id")["icustay_id"].transform("size") > 1))
+        rules.append(
+            (
+                "ICU transfer (first and last care unit or ward differ)",
+                lambda s: (s["first_careunit"] != s["last_careunit"]) | (s["first_wardid"] != s["last_wardid"]),
+            )
+        )
+        rules.append(
+            (
+                "admission has more than one ICU stay without transfer",
+                lambda s: s.groupby("hadm_id")["icustay_id"].transform("size") > 1,
+            )
+        )
     rules.append((f"age < {ADULT_AGE:g} at INTIME", lambda s: ~(s["age"] >= ADULT_AGE)))
     rules.append((f"LOS < {WINDOW_HOURS:g} h or unknown", lambda s: ~(s["los_hours"] >= WINDOW_HOURS)))
     dropped = {}
@@ -615,8 +697,13 @@ class TableReport:
             self.dropped[reason] = self.dropped.get(reason, 0) + int(count)
 
     def to_json(self) -> dict:
-        return {"rows_read": self.rows_read, "malformed_rows": self.malformed, "malformed_examples": self.examples,
-                "repeated_rows": self.repeated, "dropped_rows": self.dropped}  # fmt: skip
+        return {
+            "rows_read": self.rows_read,
+            "malformed_rows": self.malformed,
+            "malformed_examples": self.examples,
+            "repeated_rows": self.repeated,
+            "dropped_rows": self.dropped,
+        }
 
 
 def iter_batches(path: Path, names: dict[str, str], block_size: int, report: TableReport) -> Iterator[pa.RecordBatch]:
@@ -624,8 +711,10 @@ def iter_batches(path: Path, names: dict[str, str], block_size: int, report: Tab
     (or, when ``report.strict``, stop the read: pyarrow then names the row)."""
 
     def on_invalid_row(row) -> str:
-        report.add_malformed(1, f"line {row.number}: expected {row.expected_columns} fields, got "
-                                f"{row.actual_columns}: {row.text[:120]!r}")  # fmt: skip
+        report.add_malformed(
+            1,
+            f"line {row.number}: expected {row.expected_columns} fields, got {row.actual_columns}: {row.text[:120]!r}",
+        )
         return "skip"
 
     # pyarrow decodes a malformed row before the handler sees it; a row that is not UTF-8 fails there, and pyarrow
@@ -834,8 +923,14 @@ def preprocess(
         observations, report = stream_table(paths[table.name], table, cohort_stays, lookup, block_size, strict)
         parts.append(observations)
         reports[table.name] = report.to_json()
-        log.info("mimic3/%s: %s: %d rows read, %d kept, %d malformed", cohort, table.name, report.rows_read,
-                 len(observations), report.malformed)  # fmt: skip
+        log.info(
+            "mimic3/%s: %s: %d rows read, %d kept, %d malformed",
+            cohort,
+            table.name,
+            report.rows_read,
+            len(observations),
+            report.malformed,
+        )
     observations = pd.concat(parts, ignore_index=True)
 
     observed = np.unique(observations["stay_id"].to_numpy())
@@ -863,8 +958,9 @@ def preprocess(
             "los_hours": kept["los_hours"].to_numpy(),
         }
     )
-    static = pd.DataFrame({"stay_id": kept["icustay_id"].to_numpy(), "Age": kept["age"].to_numpy(),
-                           "Gender": kept["gender"].to_numpy()})  # fmt: skip
+    static = pd.DataFrame(
+        {"stay_id": kept["icustay_id"].to_numpy(), "Age": kept["age"].to_numpy(), "Gender": kept["gender"].to_numpy()}
+    )
     per_variable = observations["variable"].value_counts().reindex(variables).astype(int)
     positives = int(labels["label"].sum())
     manifest = {

@@ -16,6 +16,7 @@ Speed comes from parsing every record of a set in one pyarrow CSV pass: each rec
 record's index, so the whole set is one table. Records whose lines break a rule are re-read line by line, so that
 each skipped line is reported with its file and line number.
 """
+
 from __future__ import annotations
 
 import io
@@ -59,11 +60,43 @@ log = logging.getLogger(__name__)
 SETS = ("a", "b", "c")
 WINDOW_HOURS = 48.0
 TIME_SERIES = [
-    "ALP", "ALT", "AST", "Albumin", "BUN", "Bilirubin", "Cholesterol", "Creatinine", "DiasABP", "FiO2", "GCS",
-    "Glucose", "HCO3", "HCT", "HR", "K", "Lactate", "MAP", "MechVent", "Mg", "NIDiasABP", "NIMAP", "NISysABP",
-    "Na", "PaCO2", "PaO2", "Platelets", "RespRate", "SaO2", "SysABP", "Temp", "TroponinI", "TroponinT", "Urine",
-    "WBC", "pH",
-]  # fmt: skip
+    "ALP",
+    "ALT",
+    "AST",
+    "Albumin",
+    "BUN",
+    "Bilirubin",
+    "Cholesterol",
+    "Creatinine",
+    "DiasABP",
+    "FiO2",
+    "GCS",
+    "Glucose",
+    "HCO3",
+    "HCT",
+    "HR",
+    "K",
+    "Lactate",
+    "MAP",
+    "MechVent",
+    "Mg",
+    "NIDiasABP",
+    "NIMAP",
+    "NISysABP",
+    "Na",
+    "PaCO2",
+    "PaO2",
+    "Platelets",
+    "RespRate",
+    "SaO2",
+    "SysABP",
+    "Temp",
+    "TroponinI",
+    "TroponinT",
+    "Urine",
+    "WBC",
+    "pH",
+]
 STATIC = ["Age", "Gender", "Height", "ICUType", "Weight"]
 VOLUMES = ["Urine"]  # mL since the last reading: two readings at one time are summed
 # Weight is both a descriptor and a series; the P12 benchmark keeps only the descriptor.
@@ -351,12 +384,18 @@ def hourly_tasks(observations: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFra
     counts = last_hour - first_hour + 1
     stay = np.repeat(np.arange(len(labels)), counts)
     hour = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + first_hour[stay]
-    return pd.DataFrame({"stay_id": labels["stay_id"].to_numpy()[stay], "time": hour.astype("float32"),
-                         "label": labels["label"].to_numpy()[stay].astype("int8")})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "stay_id": labels["stay_id"].to_numpy()[stay],
+            "time": hour.astype("float32"),
+            "label": labels["label"].to_numpy()[stay].astype("int8"),
+        }
+    )
 
 
-def preprocess(source: Path, destination: Path, sets: list[str] | None = None, strict: bool = False,
-               cohort: str = COHORTS[0]) -> dict:  # fmt: skip
+def preprocess(
+    source: Path, destination: Path, sets: list[str] | None = None, strict: bool = False, cohort: str = COHORTS[0]
+) -> dict:
     """Read the release in ``source``, build ``cohort`` and write the processed tables to ``destination``; return
     the manifest."""
     if cohort not in COHORTS:
@@ -402,8 +441,9 @@ def preprocess(source: Path, destination: Path, sets: list[str] | None = None, s
     for stay in outcome_without_record:
         log.warning("outcomes row for RecordID %d has no record file; ignored", stay)
     no_series = sorted(set(record_ids) - set(observations["stay_id"]) - set(no_outcome))
-    dropped += [{"stay_id": int(s), "reason": f"no time-series observation in the first {WINDOW_HOURS:g} h"}
-                for s in no_series]  # fmt: skip
+    dropped += [
+        {"stay_id": int(s), "reason": f"no time-series observation in the first {WINDOW_HOURS:g} h"} for s in no_series
+    ]
     kept = np.setdiff1d(record_ids, [d["stay_id"] for d in dropped])
 
     labels = (

@@ -35,6 +35,7 @@ Cohorts (``COHORTS``; each rule is copied into the manifest with its counts):
 Speed: every file of a set is parsed in one pyarrow CSV pass, each line prefixed with its file's index. Files
 whose lines break a rule are re-read line by line, so that each skipped line is reported with its file and line.
 """
+
 from __future__ import annotations
 
 import io
@@ -77,11 +78,41 @@ log = logging.getLogger(__name__)
 
 SETS = ("A", "B")
 TIME_SERIES = [
-    "HR", "O2Sat", "Temp", "SBP", "MAP", "DBP", "Resp", "EtCO2", "BaseExcess", "HCO3", "FiO2", "pH", "PaCO2",
-    "SaO2", "AST", "BUN", "Alkalinephos", "Calcium", "Chloride", "Creatinine", "Bilirubin_direct", "Glucose",
-    "Lactate", "Magnesium", "Phosphate", "Potassium", "Bilirubin_total", "TroponinI", "Hct", "Hgb", "PTT", "WBC",
-    "Fibrinogen", "Platelets",
-]  # fmt: skip
+    "HR",
+    "O2Sat",
+    "Temp",
+    "SBP",
+    "MAP",
+    "DBP",
+    "Resp",
+    "EtCO2",
+    "BaseExcess",
+    "HCO3",
+    "FiO2",
+    "pH",
+    "PaCO2",
+    "SaO2",
+    "AST",
+    "BUN",
+    "Alkalinephos",
+    "Calcium",
+    "Chloride",
+    "Creatinine",
+    "Bilirubin_direct",
+    "Glucose",
+    "Lactate",
+    "Magnesium",
+    "Phosphate",
+    "Potassium",
+    "Bilirubin_total",
+    "TroponinI",
+    "Hct",
+    "Hgb",
+    "PTT",
+    "WBC",
+    "Fibrinogen",
+    "Platelets",
+]
 STATIC = ["Age", "Gender", "Unit1", "Unit2", "HospAdmTime"]
 HOUR, LABEL = "ICULOS", "SepsisLabel"
 COLUMNS = [*TIME_SERIES, *STATIC, HOUR, LABEL]
@@ -408,8 +439,13 @@ HOURLY_STRATA = ["label", "hospital_system"]
 def hourly_tasks(rows: pd.DataFrame, kept: np.ndarray) -> pd.DataFrame:
     """One prediction time per row of the ``kept`` stays: (stay_id, ICULOS, SepsisLabel)."""
     taken = rows["stay_id"].isin(kept).to_numpy()
-    return pd.DataFrame({"stay_id": rows["stay_id"].to_numpy()[taken], "time": rows[HOUR].to_numpy()[taken],
-                         "label": rows[LABEL].to_numpy()[taken].astype("int8")})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "stay_id": rows["stay_id"].to_numpy()[taken],
+            "time": rows[HOUR].to_numpy()[taken],
+            "label": rows[LABEL].to_numpy()[taken].astype("int8"),
+        }
+    )
 
 
 def long_observations(rows: pd.DataFrame) -> pd.DataFrame:
@@ -502,8 +538,7 @@ def read_sets(
     log_skips(skipped_files, log)
     if not records:
         unread = f" ({len(skipped_files)} not read; the first: {skipped_files[0]})" if skipped_files else ""
-        raise PhysioNet2019Error(f"no pNNNNNN.psv file found in {', '.join(str(p) for p in located.values())}"
-                                 f"{unread}")  # fmt: skip
+        raise PhysioNet2019Error(f"no pNNNNNN.psv file found in {', '.join(str(p) for p in located.values())}{unread}")
     stay_ids = np.array([r.stay_id for r in records], dtype=np.int64)
     unique, counts = np.unique(stay_ids, return_counts=True)
     if (counts > 1).any():

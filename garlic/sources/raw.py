@@ -4,6 +4,7 @@ Both parsers read every record of a set in one pyarrow CSV pass over ``prefixed_
 prefixed with its record's index, so the whole set is one table. Records the fast reader cannot take whole go to
 the parser's line-by-line reader, which reports each rejected line as a ``Skip`` naming its file and line.
 """
+
 from __future__ import annotations
 
 import errno
@@ -83,8 +84,10 @@ BYTE_ORDER_MARK = b"\xef\xbb\xbf"
 def header_differs(first_line: bytes, expected: str) -> str:
     """Why a record's first line is not its header ``expected``, naming a byte-order mark when it starts with one."""
     if first_line.startswith(BYTE_ORDER_MARK):
-        return (f"expected header {expected!r}; the first line starts with a byte-order mark (save the file as UTF-8 "
-                "without one)")  # fmt: skip
+        return (
+            f"expected header {expected!r}; the first line starts with a byte-order mark (save the file as UTF-8 "
+            "without one)"
+        )
     return f"expected header {expected!r}; the first line differs"
 
 
@@ -115,8 +118,9 @@ def read_record_file(path: Path) -> bytes | str:
     return too_large(len(data)) or data
 
 
-def folder_records(folder: Path, glob: str, stay_id_of: Callable[[str, str], int | None],
-                   skipped: list[Skip]) -> Iterator[Record]:  # fmt: skip
+def folder_records(
+    folder: Path, glob: str, stay_id_of: Callable[[str, str], int | None], skipped: list[Skip]
+) -> Iterator[Record]:
     """The records of a folder source: its files matching ``glob``, in name order, whose name gives a stay id
     (``stay_id_of(name, path)``); a file that cannot be a record (``read_record_file``) is added to ``skipped``."""
     for file in sorted(folder.glob(glob)):
@@ -130,8 +134,9 @@ def folder_records(folder: Path, glob: str, stay_id_of: Callable[[str, str], int
             yield Record(origin, stay_id, data)
 
 
-def tar_records(archive_path: Path, stay_id_of: Callable[[str, str], int | None],
-                skipped: list[Skip]) -> Iterator[Record]:  # fmt: skip
+def tar_records(
+    archive_path: Path, stay_id_of: Callable[[str, str], int | None], skipped: list[Skip]
+) -> Iterator[Record]:
     """The records of a ``.tar.gz`` source, in archive order; a member too large for a record is added to
     ``skipped`` unread."""
     with tarfile.open(archive_path, "r:gz") as archive:
@@ -157,8 +162,10 @@ class SourceBudget:
         for record in records:
             self.spent += len(record.text)
             if self.spent > MAX_SOURCE_BYTES:
-                raise self.error(f"{record.origin}: the records read so far add up to more than {MAX_SOURCE_BYTES:,} "
-                                 "bytes, far more than any release holds; not read further")  # fmt: skip
+                raise self.error(
+                    f"{record.origin}: the records read so far add up to more than {MAX_SOURCE_BYTES:,} "
+                    "bytes, far more than any release holds; not read further"
+                )
             yield record
 
 
@@ -206,9 +213,12 @@ class LeftOut:
 
 
 def records_with_observations(
-    records: list[Record], observed: np.ndarray, window: str, error: type[Exception],
+    records: list[Record],
+    observed: np.ndarray,
+    window: str,
+    error: type[Exception],
     left_out: list[LeftOut] | None = None,
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """The stay ids of the stand-alone ``records`` that hold a time-series value inside the model's input ``window``:
     a risk computed from no observation at all would be a number made of nothing. Any other record is an ``error``
     naming the file(s); given a ``left_out`` list (many records given to ``garlic predict``) it is added there, with
@@ -217,8 +227,10 @@ def records_with_observations(
     empty = [record for record in records if record.stay_id not in observed]
     if empty and not (left_out is not None and len(empty) < len(records)):
         more = f" (and {len(empty) - 1} more: {', '.join(r.origin for r in empty[1:])})" if len(empty) > 1 else ""
-        raise error(f"{empty[0].origin}: no observation of a time-series variable in {window}; no risk can be "
-                    f"computed from it{more}")  # fmt: skip
+        raise error(
+            f"{empty[0].origin}: no observation of a time-series variable in {window}; no risk can be "
+            f"computed from it{more}"
+        )
     for record in empty:
         log.warning("%s: no observation of a time-series variable in %s; left out, with no risk", record.origin, window)
         left_out.append(LeftOut(record.stay_id, record.origin, f"no observation of a time-series variable in {window}"))

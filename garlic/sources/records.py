@@ -1,5 +1,6 @@
 """Stand-alone record files of any supported format -> observation and static tables, chosen by file suffix (each
 source with one-stay record files names its suffix and reader in its ``SOURCE``)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,9 +17,7 @@ def readers() -> dict[str, Callable]:
     return {s.record_suffix: s.read_record_files for s in discovered().values() if s.record_suffix is not None}
 
 
-def read_record_files(
-    paths: list[Path], left_out: list[LeftOut] | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_record_files(paths: list[Path], left_out: list[LeftOut] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """PhysioNet 2012 ``RECORDID.txt`` or PhysioNet 2019 ``pNNNNNN.psv`` records -> observation and static tables;
     a folder stands for the record files in it. Given ``left_out``, a record without an observation in the model's
     window is added there, with a warning, instead of refused (while one is left)."""

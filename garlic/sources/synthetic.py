@@ -10,6 +10,7 @@ PhysioNet 2012 record file and read back (``physionet2012.format_record``), as u
 ``generate`` writes a few new stays, simulated apart from the cohort, as such files into ``example-records/``, ready
 for ``garlic predict`` and the dashboard's upload right after the first training.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,10 +28,19 @@ VITALS = ["HR", "SysABP", "RespRate", "Temp", "SaO2"]
 LABS = ["Lactate", "Creatinine", "BUN", "WBC", "Platelets", "GCS", "Glucose"]
 VARIABLES = VITALS + LABS
 SCALE = {  # (mean, standard deviation) in clinical units
-    "HR": (85, 15), "SysABP": (120, 20), "RespRate": (18, 4), "Temp": (37.0, 0.7), "SaO2": (96, 2),
-    "Lactate": (1.8, 1.0), "Creatinine": (1.2, 0.6), "BUN": (20, 10), "WBC": (10, 4), "Platelets": (220, 80),
-    "GCS": (13, 2.5), "Glucose": (130, 40),
-}  # fmt: skip
+    "HR": (85, 15),
+    "SysABP": (120, 20),
+    "RespRate": (18, 4),
+    "Temp": (37.0, 0.7),
+    "SaO2": (96, 2),
+    "Lactate": (1.8, 1.0),
+    "Creatinine": (1.2, 0.6),
+    "BUN": (20, 10),
+    "WBC": (10, 4),
+    "Platelets": (220, 80),
+    "GCS": (13, 2.5),
+    "Glucose": (130, 40),
+}
 EXAMPLE_RECORDS = "example-records"
 EXAMPLE_IDS = [900_001, 900_002, 900_003]  # outside the cohort's 100000.. range: stays no split has seen
 # How strongly each variable reads the latent deterioration directly.
@@ -82,7 +92,9 @@ def simulate(n_stays: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataF
             state[:, hour] += 0.5 * state[:, hour - 1]
         for edge in PLANTED_GRAPH:
             if hour >= edge.lag_hours:
-                state[:, hour, position[edge.target]] += edge.weight * state[:, hour - edge.lag_hours, position[edge.source]]
+                state[:, hour, position[edge.target]] += (
+                    edge.weight * state[:, hour - edge.lag_hours, position[edge.source]]
+                )
 
     # The dynamics above inflate each variable's spread well past 1 (and the values past physiology, e.g. negative
     # heart rates); rescale so that SCALE's standard deviations hold. Per-variable scaling keeps every correlation.

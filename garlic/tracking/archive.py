@@ -20,6 +20,7 @@ file is checked as it is read (``DamagedArchiveError``): a risk or a metric that
 repeated in a risks file or a unit repeated in a runs table is refused, naming the file and line, rather than read
 into a wrong table.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,8 +60,9 @@ def check_probabilities(path: Path, table: pd.DataFrame, columns) -> None:
         outside = ~pd.to_numeric(table[column], errors="coerce").between(0, 1)
         if outside.any():
             position = int(np.flatnonzero(outside.to_numpy())[0])
-            raise DamagedArchiveError(f"{path}, line {_line(position)}: {column} {table[column].iloc[position]} is "
-                                      "not a number in [0, 1]")  # fmt: skip
+            raise DamagedArchiveError(
+                f"{path}, line {_line(position)}: {column} {table[column].iloc[position]} is not a number in [0, 1]"
+            )
 
 
 def check_unique(path: Path, table: pd.DataFrame, key: list[str]) -> None:
@@ -204,8 +206,10 @@ class RunArchive:
             return None
         path = self.folder / self.layout.risks(row | {"seed": seed})
         if not path.is_file():
-            raise FileNotFoundError(f"{self.folder / self.layout.table} names {method} {protocol}/split_{split} seed "
-                                    f"{seed}, but its risks {path} are missing")  # fmt: skip
+            raise FileNotFoundError(
+                f"{self.folder / self.layout.table} names {method} {protocol}/split_{split} seed "
+                f"{seed}, but its risks {path} are missing"
+            )
         metrics = {name: float(row[name]) for name in METRICS}
         return Unit(method, protocol, split, seed, str(row["run_id"]), settings, metrics, read_risks(path, self.labels))
 
@@ -240,9 +244,20 @@ class RunArchive:
             return
         for unit in units:
             write_risks(self.folder / risks_path(*unit.key), unit.predictions)
-        new = pd.DataFrame([{"method": u.method, "protocol": u.protocol, "split": u.split, "seed": u.seed,
-                             "run_id": u.run_id, "settings": u.settings,
-                             **{name: u.metrics[name] for name in METRICS}} for u in units])  # fmt: skip
+        new = pd.DataFrame(
+            [
+                {
+                    "method": u.method,
+                    "protocol": u.protocol,
+                    "split": u.split,
+                    "seed": u.seed,
+                    "run_id": u.run_id,
+                    "settings": u.settings,
+                    **{name: u.metrics[name] for name in METRICS},
+                }
+                for u in units
+            ]
+        )
         new["seed"] = new["seed"].astype("Int64")
         self.keep_rows(new, list(self.layout.key), RUN_COLUMNS)
 
@@ -275,6 +290,8 @@ def study_archive(out: Path | None, table: str, dataset: str, data_root: Path) -
 def archived(archive: RunArchive, method: str, protocol: str) -> list[Unit]:
     """Every unit of ``method`` on ``protocol`` that the archive keeps for its data, with its test risks."""
     rows = archive.runs[archive.runs["method"].eq(method) & archive.runs["protocol"].eq(protocol)]
-    units = [archive.find(method, protocol, int(row.split), None if pd.isna(row.seed) else int(row.seed),
-                          row.settings) for row in rows.itertuples()]  # fmt: skip
+    units = [
+        archive.find(method, protocol, int(row.split), None if pd.isna(row.seed) else int(row.seed), row.settings)
+        for row in rows.itertuples()
+    ]
     return [unit for unit in units if unit is not None]

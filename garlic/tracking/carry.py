@@ -11,6 +11,7 @@ holds the units under way and nothing else.
 
     CARRY/<method>-<protocol>-split_<k>[-seed_<s>]-<settings digest>-<data digest>.pt
 """
+
 from __future__ import annotations
 
 import re

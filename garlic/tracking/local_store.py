@@ -8,6 +8,7 @@ read) is left to MLflow (``garlic.tracking.queries.download_run_model``), whose 
 ``database_error``: the SQLite error under an exception, which the command line and the dashboard report as a
 store that cannot be used.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Figures logged with every run: ROC and precision-recall curves, reliability diagram, learned graph; and the
 alert burden curves of hourly runs."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -61,10 +62,20 @@ def burden_figure(curves: dict, chosen: dict, title: str) -> plt.Figure:
             burden, sensitivity, ppv = chosen[name]
             left.plot([burden], [sensitivity], marker="o", color=color, markeredgecolor="black")
             right.plot([burden], [ppv], marker="o", color=color, markeredgecolor="black")
-    left.set(xscale="log", xlabel="alerts per 100 patient-days", ylabel="sensitivity (septic stays with a true alert)",
-             ylim=(0, 1), title="Sensitivity")  # fmt: skip
-    right.set(xscale="log", xlabel="alerts per 100 patient-days", ylabel="PPV (true alerts / alerts)", ylim=(0, 1),
-              title="PPV")  # fmt: skip
+    left.set(
+        xscale="log",
+        xlabel="alerts per 100 patient-days",
+        ylabel="sensitivity (septic stays with a true alert)",
+        ylim=(0, 1),
+        title="Sensitivity",
+    )
+    right.set(
+        xscale="log",
+        xlabel="alerts per 100 patient-days",
+        ylabel="PPV (true alerts / alerts)",
+        ylim=(0, 1),
+        title="PPV",
+    )
     left.legend(loc="upper left", fontsize="small")
     figure.suptitle(f"{title}; dots: the operating point chosen on validation")
     figure.tight_layout()
@@ -91,8 +102,9 @@ def edges_figure(variables: list[str], edges: list[tuple[int, int, float]], titl
     x, y = np.cos(angle), np.sin(angle)
     figure, axis = plt.subplots(figsize=(6, 6))
     for i, j, width in edges:
-        axis.annotate("", xy=(x[j], y[j]), xytext=(x[i], y[i]),
-                      arrowprops={"arrowstyle": "->", "lw": width, "alpha": 0.7})  # fmt: skip
+        axis.annotate(
+            "", xy=(x[j], y[j]), xytext=(x[i], y[i]), arrowprops={"arrowstyle": "->", "lw": width, "alpha": 0.7}
+        )
     axis.scatter(x, y, s=30, color="tab:orange", zorder=3)
     for name, px, py in zip(variables, x, y):
         axis.text(px * 1.1, py * 1.1, name, ha="center", va="center", fontsize=7)

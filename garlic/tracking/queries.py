@@ -8,6 +8,7 @@ their logged params (``unit_runs``, ``finished_unit``, ``interrupted_unit``); a 
 what identifies them, a digest of their settings among it (``finished_run``). A unit counts as done only when its
 run FINISHED (``is_finished``): a run killed, failed or left RUNNING by a dead process is done again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -84,9 +85,13 @@ def _tagged(tags: dict[str, str], status: str) -> str:
 
 def finished_run(experiment_id: str, tags: dict[str, str]) -> mlflow.entities.Run | None:
     """The newest FINISHED run of the experiment carrying all of ``tags``, or None."""
-    found = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=_tagged(tags, f"= '{FINISHED}'"),
-                               order_by=["attributes.start_time DESC"], max_results=1,
-                               output_format="list")  # fmt: skip
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=_tagged(tags, f"= '{FINISHED}'"),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+        output_format="list",
+    )
     return found[0] if found else None
 
 
@@ -94,8 +99,12 @@ def interrupted_run(experiment_id: str, tags: dict[str, str], store: Path) -> st
     """The newest run of the experiment carrying all of ``tags`` that stopped before it finished (killed, failed, or
     left RUNNING by a process that died with its machine) and kept its training state in ``store``
     (``run_contract.training_state_path``), to be continued rather than trained again; None when there is none."""
-    stopped = mlflow.search_runs(experiment_ids=[experiment_id], filter_string=_tagged(tags, f"!= '{FINISHED}'"),
-                                 order_by=["attributes.start_time DESC"], output_format="list")  # fmt: skip
+    stopped = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=_tagged(tags, f"!= '{FINISHED}'"),
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
     for run in stopped:
         if run_contract.training_state_path(store, run.info.run_id).is_file():
             return run.info.run_id
@@ -109,10 +118,13 @@ def unit_runs(store: Path, config: Config, split_name: str, data_digest: str, fi
         return []
     use_store(store)
     status = "=" if finished else "!="
-    query = (f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
-             f"and params.seed = '{config.seed}' and attributes.status {status} '{FINISHED}'")  # fmt: skip
-    found = mlflow.search_runs(search_all_experiments=True, filter_string=query, output_format="list",
-                               order_by=["attributes.start_time DESC"])  # fmt: skip
+    query = (
+        f"params.split = '{split_name}' and params.{run_contract.DATA_DIGEST} = '{data_digest}' "
+        f"and params.seed = '{config.seed}' and attributes.status {status} '{FINISHED}'"
+    )
+    found = mlflow.search_runs(
+        search_all_experiments=True, filter_string=query, output_format="list", order_by=["attributes.start_time DESC"]
+    )
     # a run tagged with a method is another method's (garlic train --method), not GARLIC's
     return [run for run in found if run_contract.METHOD not in run.data.tags and matches(run.data.params, config)]
 
@@ -122,8 +134,10 @@ def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: 
     or left RUNNING by a process that died with its machine) and kept its training state, to be resumed where it
     stopped rather than trained from its first epoch; None when there is none."""
     for run in unit_runs(store, config, split_name, data_digest, finished=False):
-        if ("mlflow.parentRunId" not in run.data.tags
-                and run_contract.training_state_path(store, run.info.run_id).is_file()):  # fmt: skip
+        if (
+            "mlflow.parentRunId" not in run.data.tags
+            and run_contract.training_state_path(store, run.info.run_id).is_file()
+        ):
             return run.info.run_id
     return None
 
@@ -146,8 +160,9 @@ def model_seeds(protocol_name: str, config: Config, seeds: list[int] | None = No
     return tuple(seeds or protocol(protocol_name).seeds or (config.seed,))
 
 
-def stored_runs(config: Config, protocol_name: str, stores: list[Path],
-                data_root: Path) -> list[tuple[int, int, Path, mlflow.entities.Run]]:  # fmt: skip
+def stored_runs(
+    config: Config, protocol_name: str, stores: list[Path], data_root: Path
+) -> list[tuple[int, int, Path, mlflow.entities.Run]]:
     """(split, seed, store, run) of every finished run of the GARLIC ``config`` (a preset) on the protocol's splits
     and seeds that ``stores`` hold, found as the comparison table finds them: for the studies that read the trained
     models."""
@@ -172,15 +187,19 @@ def existing_experiment(name: str, store: Path) -> str | None:
 
 def split_runs(run: mlflow.entities.Run) -> list[mlflow.entities.Run]:
     """The split runs nested under ``run`` (a run that groups several splits or seeds); none under a split run."""
-    return mlflow.search_runs(experiment_ids=[run.info.experiment_id], output_format="list",
-                              filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'")  # fmt: skip
+    return mlflow.search_runs(
+        experiment_ids=[run.info.experiment_id],
+        output_format="list",
+        filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'",
+    )
 
 
 def runs_with_models() -> list[mlflow.entities.Run]:
     """Every run of the store MLflow points at that logged a model (``MODEL_ARTIFACT``), the newest first."""
     client = mlflow.MlflowClient()
-    runs = mlflow.search_runs(search_all_experiments=True, order_by=["attributes.start_time DESC"],
-                              output_format="list")  # fmt: skip
+    runs = mlflow.search_runs(
+        search_all_experiments=True, order_by=["attributes.start_time DESC"], output_format="list"
+    )
     return [run for run in runs if client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)]
 
 
@@ -206,6 +225,8 @@ def download_run_model(run_id: str, store: Path = DEFAULT_STORE) -> Path:
     except (MlflowException, OSError) as exc:
         method = run.data.tags.get(run_contract.METHOD)
         if method:
-            raise RunNotFoundError(f"run {run_id} is a {method} run that saved no model: only `garlic train --method` "
-                                   "saves one, and not for the severity scores (new records carry no score)") from exc  # fmt: skip
+            raise RunNotFoundError(
+                f"run {run_id} is a {method} run that saved no model: only `garlic train --method` "
+                "saves one, and not for the severity scores (new records carry no score)"
+            ) from exc
         raise RunNotFoundError(f"run {run_id} has no model artifact (did it finish?)") from exc

@@ -33,6 +33,7 @@ would silently put training stays into a run's "test" part. So whatever re-reads
 (``garlic evaluate``, the dashboard) calls ``verify_split`` first, which refuses a split or a dataset that is not
 the one the run was trained on, and ``--resume`` calls ``verify_unchanged`` before it trains on.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -108,8 +109,12 @@ def manifest_digest(manifest: dict) -> str:
 
 def split_params(split: Split, folder: Path, manifest: dict) -> dict[str, str]:
     """The parameters a split run logs about the stays it is trained and tested on."""
-    return {SPLIT: split.name, DATA_FOLDER: str(folder), SPLIT_DIGEST: split.digest(),
-            DATA_DIGEST: manifest_digest(manifest)}  # fmt: skip
+    return {
+        SPLIT: split.name,
+        DATA_FOLDER: str(folder),
+        SPLIT_DIGEST: split.digest(),
+        DATA_DIGEST: manifest_digest(manifest),
+    }
 
 
 def parse_split_name(name: str) -> tuple[str, int]:

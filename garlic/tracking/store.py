@@ -4,6 +4,7 @@ dataset, runs started, claimed and ended, and a run's model folder logged. What 
 
 Browse it with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db``.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,10 @@ def use_store(store: Path = DEFAULT_STORE) -> str:
                     template = empty_database(store)
                 shutil.copyfile(template, temporary)
                 with closing(sqlite3.connect(temporary)) as connection, connection:
-                    connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
-                                       ((store / "artifacts" / "0").as_uri(),))  # as MLflow would have made it
+                    connection.execute(
+                        "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                        ((store / "artifacts" / "0").as_uri(),),
+                    )  # as MLflow would have made it
                 os.chmod(temporary, 0o644)
                 os.replace(temporary, database)
     uri = f"sqlite:///{database}"
@@ -147,8 +150,10 @@ def claim_run(store: Path, run_id: str) -> Iterator[None]:
     try:
         handle = acquire(path, wait=False)
     except LockHeld:
-        raise RunInUseError(f"run {run_id} is being trained by another process right now; "
-                            "wait for it to end (or stop it) before resuming it") from None  # fmt: skip
+        raise RunInUseError(
+            f"run {run_id} is being trained by another process right now; "
+            "wait for it to end (or stop it) before resuming it"
+        ) from None
     try:
         yield
     finally:
@@ -168,8 +173,11 @@ def mark_dead_runs_failed(experiment_id: str, store: Path = DEFAULT_STORE) -> li
     """
     client = mlflow.MlflowClient()
     running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
-    dead = [r.info.run_id for r in running
-            if was_claimed(store, r.info.run_id) and not is_held(_run_lock(store, r.info.run_id))]  # fmt: skip
+    dead = [
+        r.info.run_id
+        for r in running
+        if was_claimed(store, r.info.run_id) and not is_held(_run_lock(store, r.info.run_id))
+    ]
     dead += [r.info.run_id for r in running if r.data.tags.get("mlflow.parentRunId") in dead]
     for run_id in dead:
         client.set_terminated(run_id, status="FAILED")

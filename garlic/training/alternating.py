@@ -20,6 +20,7 @@ training log-odds to its logits, so that its risks keep the real prevalence; val
 ``AlternatingTrainer`` is this schedule as hooks of the one fit loop (``garlic.training.trainer.Trainer``);
 ``garlic.training.schedules.make_trainer`` picks it, or the reference code's, by the config's ``schedule``.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,10 +62,16 @@ class AlternatingTrainer(Trainer):
             ),
         }
         remember_base_rates(self.optimisers)
-        self.schedulers = {
-            name: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=config.lr_patience)
-            for name, opt in self.optimisers.items()
-        } if config.lr_schedule == "plateau" else {}  # fmt: skip
+        self.schedulers = (
+            {
+                name: torch.optim.lr_scheduler.ReduceLROnPlateau(
+                    opt, mode="min", factor=0.5, patience=config.lr_patience
+                )
+                for name, opt in self.optimisers.items()
+            }
+            if config.lr_schedule == "plateau"
+            else {}
+        )
         self.class_weights: tuple[float, float] | None = None  # set by ``fit`` when ``balance_classes``
         self.network = distributed.wrap(self.model)
         world = distributed.current()

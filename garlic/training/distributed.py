@@ -8,6 +8,7 @@ same optimisation steps as one process would, with DistributedDataParallel avera
 test are small; every rank evaluates them whole, so that all ranks take the same model-selection decisions without
 talking to each other. Only rank 0 logs to MLflow and writes the training state.
 """
+
 from __future__ import annotations
 
 import contextlib

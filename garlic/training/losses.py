@@ -5,6 +5,7 @@
 
 The MSE is the architecture's own (``reconstruction_loss`` of the model).
 """
+
 from __future__ import annotations
 
 import torch
@@ -71,8 +72,9 @@ def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_siz
         output = forward(model, batch)
         targets = positions if batch.queries is None else batch.queries.index.cpu()
         probabilities[targets] = torch.sigmoid(output.logits).cpu()
-        totals["bce"] += float(F.binary_cross_entropy_with_logits(output.logits, batch.targets, batch.target_weights,
-                                                                  reduction="sum"))  # fmt: skip
+        totals["bce"] += float(
+            F.binary_cross_entropy_with_logits(output.logits, batch.targets, batch.target_weights, reduction="sum")
+        )
         totals["mse"] += float(model.reconstruction_loss(output, batch.values, batch.mask)) * len(batch)
     losses = {"bce": totals["bce"] / max(len(dataset.targets), 1), "mse": totals["mse"] / max(len(dataset), 1)}
     penalty = float(graph_penalty(model))

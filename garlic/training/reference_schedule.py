@@ -1,5 +1,6 @@
 """The reference code's training loop (``main.py`` of SCAI-Lab/GARLIC) as hooks of the one fit loop
 (``garlic.training.trainer.Trainer``), for ``schedule=reference``."""
+
 from __future__ import annotations
 
 import torch
@@ -50,15 +51,23 @@ class ReferenceTrainer(Trainer):
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
         self.model = build_model(num_variables, num_static, NetworkConfig.from_run(config)).to(self.device)
-        optimiser = torch.optim.Adam([
-            {"params": self.model.reconstruction_parameters(), "lr": config.lr_rec, "weight_decay": config.wd_rec},
-            {"params": self.model.prediction_parameters(), "lr": config.lr_cls, "weight_decay": config.wd_cls},
-        ])  # fmt: skip
+        optimiser = torch.optim.Adam(
+            [
+                {"params": self.model.reconstruction_parameters(), "lr": config.lr_rec, "weight_decay": config.wd_rec},
+                {"params": self.model.prediction_parameters(), "lr": config.lr_cls, "weight_decay": config.wd_cls},
+            ]
+        )
         self.optimisers = {"both": optimiser}  # named like the compact trainer's, so ``state`` and ``restore`` serve
         remember_base_rates(self.optimisers)
-        self.schedulers = {"both": torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimiser, mode="max", factor=0.5, patience=3, threshold=1e-4, min_lr=1e-5)
-        } if config.lr_schedule == "plateau" else {}  # fmt: skip
+        self.schedulers = (
+            {
+                "both": torch.optim.lr_scheduler.ReduceLROnPlateau(
+                    optimiser, mode="max", factor=0.5, patience=3, threshold=1e-4, min_lr=1e-5
+                )
+            }
+            if config.lr_schedule == "plateau"
+            else {}
+        )
         self.class_weights = None
         self.network = self.model
 
@@ -67,8 +76,10 @@ class ReferenceTrainer(Trainer):
         the budget, from 0); mean losses and the AUROC of the risks the batches met on the way."""
         self.model.train()
         trains = {RECONSTRUCTION: stage == RECONSTRUCTION, PREDICTION: stage == PREDICTION or first_stage}
-        for name, parameters in ((RECONSTRUCTION, self.model.reconstruction_parameters()),
-                                 (PREDICTION, self.model.prediction_parameters())):  # fmt: skip
+        for name, parameters in (
+            (RECONSTRUCTION, self.model.reconstruction_parameters()),
+            (PREDICTION, self.model.prediction_parameters()),
+        ):
             for parameter in parameters:
                 parameter.requires_grad_(trains[name])
         optimiser = self.optimisers["both"]

@@ -1,6 +1,7 @@
 """GARLIC's training schedules by the config's ``schedule`` name: ``compact`` (the alternating decoupled
 optimisation, ``garlic.training.alternating``) and ``reference`` (the reference code's loop,
 ``garlic.training.reference_schedule``)."""
+
 from __future__ import annotations
 
 from garlic.config import Config, ConfigError

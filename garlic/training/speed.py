@@ -9,6 +9,7 @@ shared machine were seen to differ by 20%. Asked for, the work of the epoch in f
 matrix products, forward and backward (``torch.utils.flop_counter``, on a sample of batches scaled to the epoch's
 padded steps). ``cpu_name`` names the machine a measurement was made on.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -58,8 +59,9 @@ def epoch_gflop(trainer, batches: list, config: Config) -> float:
     return counter.get_total_flops() * cells(batches) / cells(sample) / 1e9
 
 
-def measure_speed(config: Config, data_root: Path, batches: int | None = None, split_index: int = 0,
-                  count_flops: bool = False) -> dict:  # fmt: skip
+def measure_speed(
+    config: Config, data_root: Path, batches: int | None = None, split_index: int = 0, count_flops: bool = False
+) -> dict:
     """The training epoch's seconds (its first ``batches`` only, where given) and the inference rate of ``config``
     on split ``split_index`` of its dataset under ``data_root``; with ``count_flops``, the epoch's GFLOP."""
     folder = ensure_processed(config.dataset, data_root)

@@ -8,6 +8,7 @@ epoch, and within an epoch every ``Trainer.checkpoint_seconds`` (``EpochPass``),
 continued from that state ends exactly as an uninterrupted one. Under ``torchrun`` the same code trains
 data-parallel (``garlic.training.distributed``). The loop knows no model: a schedule builds its own.
 """
+
 from __future__ import annotations
 
 import copy
@@ -101,9 +102,14 @@ class EpochPass:
 
     running: ClassVar["EpochPass | None"] = None
 
-    def __init__(self, batches: Iterable, resume: dict | None = None,
-                 checkpoint: Callable[[dict], None] | None = None, checkpoint_seconds: float = math.inf,
-                 epoch: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        batches: Iterable,
+        resume: dict | None = None,
+        checkpoint: Callable[[dict], None] | None = None,
+        checkpoint_seconds: float = math.inf,
+        epoch: int = 1,
+    ):
         self.batches, self.checkpoint, self.checkpoint_seconds = batches, checkpoint, checkpoint_seconds
         self.epoch = epoch  # the fit's epoch this pass is (from 1), for the progress display
         self.done = resume["batches_done"] if resume else 0
@@ -128,8 +134,11 @@ class EpochPass:
 
     def underway(self) -> dict:
         """How far the pass has come (a copy: the tally's lists go on growing)."""
-        return {"batches_done": self.done, "tally": {key: copy.copy(value) for key, value in self.sums.items()},
-                "seconds": self.seconds_before + time.perf_counter() - self.started}  # fmt: skip
+        return {
+            "batches_done": self.done,
+            "tally": {key: copy.copy(value) for key, value in self.sums.items()},
+            "seconds": self.seconds_before + time.perf_counter() - self.started,
+        }
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         batches = _batches_after(self.batches, self.done) if self.done else self.batches
@@ -141,7 +150,8 @@ class EpochPass:
                 self.done = index + 1
                 # Under torchrun every rank takes part in a state: they checkpoint together once any rank's time is up.
                 if self.checkpoint is not None and distributed.any_rank(
-                        time.monotonic() - last >= self.checkpoint_seconds):  # fmt: skip
+                    time.monotonic() - last >= self.checkpoint_seconds
+                ):
                     self.checkpoint(self.underway())
                     last = time.monotonic()
         finally:
@@ -153,8 +163,9 @@ def _batches_after(batches: DataLoader, done: int) -> DataLoader:
     to its end, as the whole pass walks it; the seed every DataLoader pass draws comes from a generator of its own, so
     the global random state stays as the checkpoint left it (the interrupted pass drew it when it began)."""
     remaining = list(batches.batch_sampler)[done:]
-    return DataLoader(batches.dataset, batch_sampler=remaining, collate_fn=batches.collate_fn,
-                      generator=torch.Generator())  # fmt: skip
+    return DataLoader(
+        batches.dataset, batch_sampler=remaining, collate_fn=batches.collate_fn, generator=torch.Generator()
+    )
 
 
 class Trainer:
@@ -221,8 +232,11 @@ class Trainer:
             start = time.perf_counter()
             # Within the epoch, the fit stands where it stood when the epoch began, and the sampler draws this epoch.
             began, sampler_epoch = replace(progress, epoch=progress.epoch - 1), sampler.epoch
-            checkpoint = (lambda underway: on_state(self.state(began, best_state, sampler_epoch, underway))
-                          ) if checkpoints else None  # fmt: skip
+            checkpoint = (
+                (lambda underway: on_state(self.state(began, best_state, sampler_epoch, underway)))
+                if checkpoints
+                else None
+            )
             epoch_pass = EpochPass(batches, underway, checkpoint, self.checkpoint_seconds, progress.epoch)
             underway = None
             trained = self.run_epoch(epoch_pass, progress)
@@ -311,8 +325,10 @@ def _with_every_ranks_tally(epoch_pass: dict) -> dict:
     names, tally = list(epoch_pass["tally"]), epoch_pass["tally"]
     kinds = [type(tally[name]) for name in names]
     values = torch.tensor([float(tally[name]) for name in names], dtype=torch.float64)
-    tallies = [{name: kind(value) for name, kind, value in zip(names, kinds, gathered.tolist())}
-               for gathered in distributed.all_gather(values)]  # fmt: skip
+    tallies = [
+        {name: kind(value) for name, kind, value in zip(names, kinds, gathered.tolist())}
+        for gathered in distributed.all_gather(values)
+    ]
     return {**epoch_pass, "tally": tallies[0], RANK_TALLIES: tallies}
 
 

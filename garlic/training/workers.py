@@ -6,6 +6,7 @@ job holds a lock while its child lives, so that a second command on the same sto
 to a log file; the child dies with this process (``PARENT_ENV``, ``die_with_parent``). At a deadline no job starts any more
 and the running ones get SIGTERM: their MLflow runs end FAILED, and the next call trains those units anew.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,20 @@ from garlic.io.locks import LockHeld, acquire, release
 
 def add_worker_arguments(parser: argparse.ArgumentParser, units: str) -> None:
     """``--workers N`` and ``--deadline MINUTES``, alike in every command that trains its ``units`` in workers."""
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help=f"train {units} in N parallel processes (default 1: one at a time, in this one)")
-    parser.add_argument("--deadline", type=float, metavar="MINUTES",
-                        help="with --workers: start none after MINUTES of training and stop the running ones then "
-                             "(the next call trains them anew), then write the tables of what finished")  # fmt: skip
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"train {units} in N parallel processes (default 1: one at a time, in this one)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        metavar="MINUTES",
+        help="with --workers: start none after MINUTES of training and stop the running ones then "
+        "(the next call trains them anew), then write the tables of what finished",
+    )
 
 
 def check_worker_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, worker: bool = False) -> None:
@@ -40,8 +50,10 @@ def check_worker_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.deadline is not None and not worker and not (args.deadline >= 0 and args.workers > 1):
-        parser.error(f"--deadline takes minutes (0 or more), with --workers 2 or more; got --deadline "
-                     f"{args.deadline} with --workers {args.workers}")  # fmt: skip
+        parser.error(
+            f"--deadline takes minutes (0 or more), with --workers 2 or more; got --deadline "
+            f"{args.deadline} with --workers {args.workers}"
+        )
 
 
 @dataclass
@@ -52,8 +64,9 @@ class Job:
     log: Path  # its stdout and stderr
 
 
-def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None,
-             finished: Callable[[Job], None] | None = None) -> dict[str, str]:  # fmt: skip
+def run_jobs(
+    jobs: list[Job], workers: int, minutes: float | None = None, finished: Callable[[Job], None] | None = None
+) -> dict[str, str]:
     """Run ``jobs``, ``workers`` at a time; returns each job's outcome by name ("done" when its command succeeded).
     ``minutes`` from now is the deadline (none without). ``finished(job)`` is called, one call at a time, as soon as
     a job's command has succeeded: to keep its unit while the other jobs run."""
@@ -74,8 +87,9 @@ def run_jobs(jobs: list[Job], workers: int, minutes: float | None = None,
         try:
             with open(job.log, "w") as sink:
                 # The child inherits the claim (one lock, two descriptors): it holds the unit while it lives.
-                process = subprocess.Popen(job.command, stdout=sink, stderr=subprocess.STDOUT, env=environment,
-                                           pass_fds=(claim,))  # fmt: skip
+                process = subprocess.Popen(
+                    job.command, stdout=sink, stderr=subprocess.STDOUT, env=environment, pass_fds=(claim,)
+                )
             try:
                 code = process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
