@@ -651,8 +651,10 @@ def merged_sites(out: Path, made: pd.DataFrame) -> pd.DataFrame:
     """The archive's new-hospital policies, with those made now replacing the same units'."""
     index = archive_folder(out) / "site-thresholds.csv"
     before = pd.read_csv(index) if index.is_file() else pd.DataFrame(columns=SITE_COLUMNS)
+    if made.empty:
+        return before
     key = ["method", "split", "policy"]
-    kept = before[~before.set_index(key).index.isin(made.set_index(key).index)] if len(made) else before
+    kept = before[~before.set_index(key).index.isin(made.set_index(key).index)]
     return pd.concat([kept, made], ignore_index=True) if len(kept) else made
 
 
