@@ -67,7 +67,6 @@ RUN_COLUMNS = [
     "auprc",
     *POLICY_COLUMNS,
 ]
-SITE_POLICIES = ("carried", "site-burden", "site-labelled")  # a new hospital's threshold: see ``site_thresholds``
 SITE_COLUMNS = ["method", "split", "policy", "alert_threshold", "alerts_per_100_days_asked", "refused"]
 ALERT_SCORES = ("utility", "sensitivity", "ppv", "alerts_per_100_days")  # paired between methods
 WARD = ("utility", "warned_in_time", "median_warning_hours", "false_alarms_per_100_days")
@@ -591,6 +590,14 @@ def site_table(out: Path, sites: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def read_curve(path: Path) -> pd.DataFrame:
+    """A unit's archived burden curve, refused naming the file when its columns are not ``CURVE_COLUMNS``."""
+    curve = pd.read_csv(path)
+    if tuple(curve.columns) != alerting.CURVE_COLUMNS:
+        raise ValueError(f"{path}: columns {list(curve.columns)}, expected {list(alerting.CURVE_COLUMNS)}")
+    return curve
+
+
 def burden_figures(out: Path, runs: pd.DataFrame, summary: pd.DataFrame) -> list[Path]:
     """Per protocol, each method's sensitivity and PPV against alerts per 100 patient-days over its policy's
     threshold (the curves of its splits summed), its chosen operating point marked: ``early-warning-burden-
@@ -600,7 +607,7 @@ def burden_figures(out: Path, runs: pd.DataFrame, summary: pd.DataFrame) -> list
         curves, chosen = {}, {}
         for method, of_method in group.groupby("method", sort=False):
             frames = [
-                pd.read_csv(parts_path(out, method, protocol_name, int(split), "curve")) for split in of_method["split"]
+                read_curve(parts_path(out, method, protocol_name, int(split), "curve")) for split in of_method["split"]
             ]
             curves[method] = alerting.curve_scores(sum(frame.set_index("threshold") for frame in frames).reset_index())
             point = summary[(summary["method"] == method) & (summary["protocol"] == protocol_name)].iloc[0]
