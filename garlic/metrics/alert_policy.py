@@ -207,7 +207,8 @@ def choose_policy(
         worth = hour_worth(labels, lengths)
         inaction, best = worth.silent.sum(), worth.total(worth.best)
         if best > inaction:
-            utility = (alarms @ (worth.alarmed - worth.silent)) / (best - inaction)
+            gain = worth.alarmed - worth.silent  # a threshold's row at a time: a [K, hours] float copy is GBs
+            utility = np.array([gain[row].sum() for row in alarms]) / (best - inaction)
         for k, score in enumerate(scores):
             score["utility"] = float(utility[k]) if utility is not None else float("nan")
     if alerts_per_day is not None:
