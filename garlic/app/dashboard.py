@@ -287,13 +287,9 @@ def choose_upload(store: str, run_id: str) -> tuple[Replay, str] | None:
 def ward_table(ward: LiveStore) -> pd.DataFrame:
     """The admitted beds, highest risk first: bed, risk, trend (change over the last hour), alert, readings,
     drivers, time (hours since admission of the newest risk)."""
-    beds = ward.beds()
-    beds = beds[beds["discharged"].isna()].sort_values("risk", ascending=False, na_position="last")
-    hour_ago = ward.hour_ago(dict(zip(beds["bed"], beds["time"])))
-    beds["trend"] = beds["risk"] - beds["bed"].map(hour_ago)
-    beds["alert"] = beds["alert"].fillna(False).astype(bool)
+    beds = ward.ward()  # the service's /ward, as a table
     beds["drivers"] = beds["drivers"].map(", ".join)
-    return beds[["bed", "risk", "trend", "alert", "readings", "drivers", "time"]].reset_index(drop=True)
+    return beds[["bed", "risk", "trend", "alert", "readings", "drivers", "time"]]
 
 
 def open_bed() -> None:

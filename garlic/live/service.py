@@ -332,22 +332,17 @@ def create_app(monitor: Monitor, codes: Codes, token: str | None, attempts: Atte
 
     @app.get("/ward")
     def ward() -> list[dict]:
-        beds = store.beds()
-        beds = beds[beds["discharged"].isna()].sort_values("risk", ascending=False, na_position="last")
-        trend = store.hour_ago(dict(zip(beds["bed"], beds["time"])))
         return [
             {
                 "bed": row.bed,
                 "time": _number(row.time),
                 "risk": _number(row.risk),
-                "trend": None
-                if _number(row.risk) is None or trend.get(row.bed) is None
-                else float(row.risk) - trend[row.bed],
-                "alert": bool(row.alert) if row.alert is not None else False,
-                "readings": int(_number(row.readings) or 0),
+                "trend": _number(row.trend),
+                "alert": bool(row.alert),
+                "readings": int(row.readings),
                 "drivers": row.drivers,
             }
-            for row in beds.itertuples()
+            for row in store.ward().itertuples()
         ]
 
     @app.get("/beds/{bed}")

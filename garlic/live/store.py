@@ -808,6 +808,18 @@ class LiveStore:
         table["drivers"] = table["drivers"].map(lambda text: json.loads(text) if isinstance(text, str) else [])
         return table
 
+    def ward(self) -> pd.DataFrame:
+        """The admitted beds, highest risk first (the ward's view, the service's and the dashboard's): bed, time
+        (hours since admission of the newest risk), risk, trend (its change over the last hour; NaN without a risk
+        an hour before), alert, readings and drivers."""
+        beds = self.beds()
+        beds = beds[beds["discharged"].isna()].sort_values("risk", ascending=False, na_position="last")
+        hour_ago = self.hour_ago(dict(zip(beds["bed"], beds["time"])))
+        beds["trend"] = beds["risk"] - beds["bed"].map(hour_ago)
+        beds["alert"] = beds["alert"].fillna(False).astype(bool)
+        beds["readings"] = beds["readings"].fillna(0).astype(int)
+        return beds[["bed", "time", "risk", "trend", "alert", "readings", "drivers"]].reset_index(drop=True)
+
     def hour_ago(self, times: dict[str, float]) -> dict[str, float]:
         """Each bed's risk an hour before ``times[bed]`` (its newest score at or before then), where it had one."""
         risks = {}
