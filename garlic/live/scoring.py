@@ -30,7 +30,6 @@ from garlic.live.steps import STEP_MEMORY, WardSteps
 from garlic.methods.drivers import has_row_importance
 from garlic.methods.contract import unexplained_reason
 from garlic.methods.saved import SavedMethod
-from garlic.models.compact import Garlic
 
 
 def record_tables(
@@ -67,7 +66,8 @@ class BedScorer:
         # or an hourly GARLIC by its built-in importance of the record cut at each asked time
         self.contributes = not self.explains and has_row_importance(trained.method)
         self.unexplained = unexplained_reason(trained.method)  # why a model that could explain does not here
-        has_steps = not hourly and trained.explains and isinstance(trained.model, Garlic)
+        # asked of the model, not its class: one whose layers go on one step at a time (garlic.models.steps)
+        has_steps = not hourly and trained.explains and getattr(trained.model, "takes_steps", False)
         self.steps = WardSteps(trained, self.explains, beds, step_memory) if has_steps else None
 
     @property

@@ -442,6 +442,8 @@ class Garlic(nn.Module):
     ``prediction_parameters()`` are the ones the prediction stage trains.
     """
 
+    takes_steps = True  # every layer is causal up to the pooling: garlic.models.steps goes on one step at a time
+
     PREDICTION_MODULES = (
         "signal_attention",
         "sequence_input",
