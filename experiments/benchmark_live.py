@@ -46,6 +46,16 @@ from garlic.live.feed import encounter, observation
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def wait_until_scored(port: int, seconds: float, poll: float) -> None:
+    """Until the service on ``port`` has no reading left to score, or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
+            if json.loads(answer.read())["pending"] == 0:
+                return
+        time.sleep(poll)
+
+
 def tiny_synthetic_run(folder: Path) -> tuple[str, Path]:
     from garlic import runs
     from garlic.config import Config
@@ -197,12 +207,7 @@ def backlog(args, run_id: str, mlruns: Path, store: str, port: int, trained) -> 
     service = start_service(run_id, mlruns, store, port, args.scorers)
     try:
         cpu = cpu_seconds(service.pid)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
-                if json.loads(answer.read())["pending"] == 0:
-                    break
-            time.sleep(0.2)
+        wait_until_scored(port, 600, 0.2)
         cpu = cpu_seconds(service.pid, cpu)
     finally:
         service.terminate()
@@ -214,9 +219,10 @@ def backlog(args, run_id: str, mlruns: Path, store: str, port: int, trained) -> 
     engine.dispose()
     print("CPU seconds while scoring: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
     kind = sa.engine.make_url(store).get_backend_name()
+    rate = f"{scores / (last - first):.0f}/s" if last > first else "all in one round (too small a backlog to time)"
     print(
         f"backlog: beds {args.beds}, readings {args.beds * turns}, {kind}, scorers {args.scorers}: scores {scores} "
-        f"in {last - first:.1f} s, {scores / (last - first):.0f}/s, left {pending}"
+        f"in {last - first:.1f} s, {rate}, left {pending}"
     )
 
 
@@ -295,12 +301,7 @@ def main() -> None:
             began = time.monotonic()
             load(port, beds, args.seconds, args.every, codes, trained.variables, start, sent, args.clients)
             took = time.monotonic() - began
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
-                    if json.loads(answer.read())["pending"] == 0:
-                        break
-                time.sleep(0.5)
+            wait_until_scored(port, 300, 0.5)
             cpu = cpu_seconds(service.pid, cpu)
         finally:
             service.terminate()

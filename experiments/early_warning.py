@@ -297,9 +297,10 @@ def paired_utility(
     }
 
 
-def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
-    """Each learned method against the floor and against gradient boosting, on the splits both have run."""
-    rows = []
+def pairings(runs: pd.DataFrame) -> list[tuple[str, str, str, list[int]]]:
+    """(protocol, method, other, splits) of each learned method against the floor and against gradient boosting,
+    on the splits both have run."""
+    found = []
     for protocol_name, group in runs.groupby("protocol", sort=False):
         splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
         wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [
@@ -308,8 +309,15 @@ def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
         for method, other in wanted:
             shared = sorted(splits[method] & splits.get(other, set()))
             if shared:
-                rows.append(paired_utility(units, method, other, protocol_name, shared))
-    return pd.DataFrame(rows)
+                found.append((protocol_name, method, other, shared))
+    return found
+
+
+def pairs(units: dict, runs: pd.DataFrame) -> pd.DataFrame:
+    """Each learned method against the floor and against gradient boosting, in utility (``pairings``)."""
+    return pd.DataFrame(
+        [paired_utility(units, method, other, protocol, shared) for protocol, method, other, shared in pairings(runs)]
+    )
 
 
 def report(
@@ -556,17 +564,11 @@ def paired_alerts(alerts: dict, method: str, other: str, protocol_name: str, spl
 
 
 def alert_pairs(alerts: dict, runs: pd.DataFrame) -> pd.DataFrame:
-    """Each method under its policy against the floor and against gradient boosting, on the splits both have."""
+    """Each method under its policy against the floor and against gradient boosting (``pairings`` of the units that
+    chose a policy)."""
     rows = []
-    for protocol_name, group in complete(runs).groupby("protocol", sort=False):
-        splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
-        wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [
-            (m, "hourly_gbm") for m in splits if m not in (FLOOR, "hourly_gbm")
-        ]
-        for method, other in wanted:
-            shared = sorted(splits[method] & splits.get(other, set()))
-            if shared:
-                rows += paired_alerts(alerts, method, other, protocol_name, shared)
+    for protocol, method, other, shared in pairings(complete(runs)):
+        rows += paired_alerts(alerts, method, other, protocol, shared)
     return pd.DataFrame(rows)
 
 
