@@ -6,7 +6,8 @@ run as written except that:
 
 - ``bin/setup && ...`` runs what follows: the Python running this walk is the set-up venv (the set-up itself is
   timed by ``experiments/benchmark_first_run.py --setup``); the test-suite line is skipped (CI runs it);
-- ``.venv/bin/garlic`` and ``.venv/bin/python`` are this checkout's command line and Python;
+- ``.venv/bin/garlic`` and ``.venv/bin/python`` are this checkout's command line and Python, and another
+  ``.venv/bin/`` tool the one beside this Python;
 - servers (the dashboard, ``mlflow ui``, ``garlic monitor``) get a free port, must answer on it, and are then
   stopped; the walk goes on to the next lines while one starts, and waits for its answer before it ends (a server
   spends its start-up importing, on a core of its own); one started in the background (a line ending in ``&``)
@@ -175,7 +176,8 @@ def _walk_line(
     in_background = command.endswith("&")
     words = shlex.split(command.removesuffix("&").replace("../shared/data", str(shared)))
     program = {".venv/bin/garlic": [sys.executable, "-m", "garlic.cli"], ".venv/bin/python": [sys.executable]}
-    words = program.get(words[0], [words[0]]) + words[1:]
+    installed = Path(sys.executable).parent / words[0].removeprefix(".venv/bin/")  # another tool of the venv
+    words = program.get(words[0], [str(installed) if words[0].startswith(".venv/bin/") else words[0]]) + words[1:]
     if quick and words[3:4] == ["train"]:
         words += QUICK_TRAINING
     if words[3:4] == ["feed"] and "monitor" in background:

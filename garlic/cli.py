@@ -468,6 +468,7 @@ def _predict(args: argparse.Namespace) -> None:
         for flag, value, used in (
             ("--threshold", args.threshold, args.hourly or args.labels),
             ("--window-hours", args.window_hours, args.labels),
+            ("--split", args.split, args.labels),
             *((flag, value, args.hourly) for flag, value in policy_flags),
         )
         if value is not None and not used
@@ -475,7 +476,7 @@ def _predict(args: argparse.Namespace) -> None:
     if unused:
         raise ValueError(
             f"{' and '.join(unused)}: a per-stay prediction has no alarm or window to set; "
-            "--threshold goes with --hourly or --labels, --window-hours with --labels, the alert "
+            "--threshold goes with --hourly or --labels, --window-hours and --split with --labels, the alert "
             "policy's --profile, --band, --quiet-hours and --margin with --hourly"
         )
     store = _existing_store(args)
@@ -556,7 +557,7 @@ def _predict_hourly(args: argparse.Namespace, store: Path) -> None:
 def _predict_meds(args: argparse.Namespace, store: Path) -> None:
     """``garlic predict --labels``: a MEDS folder's label rows scored, written in the MEDS prediction schema."""
     from garlic.inference import predict_meds
-    from garlic.io.meds import read_labels, shards, write_predictions
+    from garlic.io.meds import SUBJECT_SPLITS, read_labels, read_subject_splits, shards, write_predictions
     from garlic.io.tables import MANIFEST, read_manifest
     from garlic.methods.saved import load_predictor
     from garlic.sources.meds import read_tables
@@ -576,6 +577,13 @@ def _predict_meds(args: argparse.Namespace, store: Path) -> None:
                 f"{folder}); give the --window-hours it was preprocessed with"
             )
     label_rows = read_labels(args.labels)
+    if args.split is not None:
+        splits = read_subject_splits(args.input[0])
+        if splits is None:
+            raise ValueError(f"--split {args.split}: {_shown(args.input[0] / SUBJECT_SPLITS)} is absent")
+        label_rows = label_rows[label_rows["subject_id"].isin(splits["subject_id"][splits["split"] == args.split])]
+        if label_rows.empty:
+            raise ValueError(f"--split {args.split}: no label row of {_shown(args.labels)} has a subject in it")
     _say(f"reading {_shown(args.input[0])} for {len(label_rows)} label rows, a window of {window:g} h ...")
     tables = read_tables(shards(args.input[0]), label_rows, float(window), trained.variables, trained.static_features)
     risks = predict_meds(trained, tables)
@@ -1037,6 +1045,11 @@ def parser() -> argparse.ArgumentParser:
         "--window-hours",
         type=float,
         help="with --labels: the input window (default: the run's dataset's, under --data-root)",
+    )
+    predict.add_argument(
+        "--split",
+        choices=["train", "tuning", "held_out"],
+        help="with --labels: only the label rows of this split's subjects (the MEDS folder's subject_splits)",
     )
     predict.set_defaults(handler=_predict)
 

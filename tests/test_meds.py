@@ -951,3 +951,29 @@ def test_predictions_pass_meds_evaluations_strict_schema_and_are_scored_by_it(ti
 
     scores = evaluate_binary_classification(polars.from_arrow(table))
     assert 0 <= scores["samples_equally_weighted"]["binary_accuracy"] <= 1
+
+
+def test_predict_split_answers_only_that_splits_subjects_and_names_a_missing_splits_file(timed_meds, tmp_path):
+    root, run = timed_meds
+    folder = tmp_path / "meds"
+    shutil.copytree(root / "meds", folder)
+    labels = folder / "labels" / "labels.parquet"
+    asked = ["predict", "--run", run, "--input", str(folder), "--labels", str(labels), "--split", "held_out"]
+    done = garlic_here(*asked, "--output", str(tmp_path / "none.parquet"), root=root)
+    assert done.returncode != 0 and not (tmp_path / "none.parquet").exists()
+    errors = [line for line in done.stderr.splitlines() if line.startswith("garlic: error:")]
+    assert len(errors) == 1 and errors[0].endswith("metadata/subject_splits.parquet is absent")
+
+    subjects = pq.read_table(labels).column("subject_id").to_numpy()
+    held_out = np.unique(subjects)[::4]
+    splits = pa.table(
+        {
+            "subject_id": np.unique(subjects),
+            "split": np.where(np.isin(np.unique(subjects), held_out), "held_out", "train"),
+        }
+    )
+    pq.write_table(splits, folder / "metadata" / "subject_splits.parquet")
+    done = garlic_here(*asked, "--output", str(tmp_path / "held_out.parquet"), "--threshold", "0.5", root=root)
+    assert done.returncode == 0, done.stderr
+    scored = pq.read_table(tmp_path / "held_out.parquet").to_pandas()
+    assert set(scored["subject_id"]) == set(held_out) and len(scored) == 2 * len(held_out)  # both of each's times

@@ -164,3 +164,21 @@ def test_synthetic_cohort_flows_through_tensors_and_splits(tmp_path):
     for split in splits:
         assert (len(split.train), len(split.validation), len(split.test)) == (320, 40, 40)
         assert split.normalisation.value_mean.shape == (len(VARIABLES),)
+
+
+def test_the_hourly_cohort_asks_at_every_whole_hour_and_leaves_the_default_cohort_as_it_was(tmp_path):
+    from garlic.data.datasets import preprocess
+
+    name, folder, manifest = preprocess("synthetic", tmp_path, cohort="hourly", stays=40, seed=3)
+    plain_name, plain_folder, plain = preprocess("synthetic", tmp_path, stays=40, seed=3)
+    assert (name, plain_name) == ("synthetic-hourly", "synthetic")
+    hourly, default = read_processed(folder), read_processed(plain_folder)
+    assert_frames_equal(hourly.observations, default.observations)
+    assert default.tasks is None and "cohort" not in plain and manifest["cohort"] == "hourly"
+    tasks = hourly.tasks
+    first = np.maximum(np.ceil(default.observations.groupby("stay_id")["time"].min()), 1)
+    for stay, asked in tasks.groupby("stay_id"):
+        assert asked["time"].tolist() == list(np.arange(first[stay], HOURS + 1, dtype=float))
+    labels = default.labels.set_index("stay_id")["label"]
+    assert (tasks["label"].to_numpy() == labels.loc[tasks["stay_id"]].to_numpy()).all()
+    assert manifest["counts"]["prediction_times"] == len(tasks)

@@ -375,12 +375,11 @@ def locate_sets(source: Path) -> dict[str, tuple[Path, Path]]:
     return found
 
 
-def hourly_tasks(observations: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+def hourly_tasks(observations: pd.DataFrame, labels: pd.DataFrame, last_hour: int = int(WINDOW_HOURS)) -> pd.DataFrame:
     """The ``hourly`` cohort's prediction times: (stay_id, h, the stay's label) for every whole hour h from the first
-    at or after the stay's first time-series observation to ``WINDOW_HOURS``."""
+    at or after the stay's first time-series observation (at least 1) to ``last_hour``."""
     first_hour = np.ceil(observations.groupby("stay_id")["time"].min().reindex(labels["stay_id"]).to_numpy())
     first_hour = np.maximum(first_hour, 1).astype(int)
-    last_hour = int(WINDOW_HOURS)
     counts = last_hour - first_hour + 1
     stay = np.repeat(np.arange(len(labels)), counts)
     hour = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + first_hour[stay]

@@ -9,6 +9,12 @@ scored against the truth. Variables carry PhysioNet 2012 parameter names, so a s
 PhysioNet 2012 record file and read back (``physionet2012.format_record``), as uploads and ``garlic predict`` do:
 ``generate`` writes a few new stays, simulated apart from the cohort, as such files into ``example-records/``, ready
 for ``garlic predict`` and the dashboard's upload right after the first training.
+
+Cohorts (``garlic preprocess synthetic --cohort NAME``):
+- ``outcome`` (default, the dataset ``synthetic``): one prediction per stay from its 48 hours.
+- ``hourly`` (``synthetic-hourly``): the same stays, tables and label, with a prediction time at every whole hour
+  from the first observation to hour 48, as PhysioNet 2012's ``hourly`` cohort: a small dataset with several
+  prediction times per stay (exported to MEDS, the usual label file of several rows per subject).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pandas as pd
 
 from garlic.io.tables import atomic_directory, read_manifest, write_processed
 from garlic.sources import Source
-from garlic.sources.physionet2012 import format_record
+from garlic.sources.physionet2012 import format_record, hourly_tasks
 
 HOURS = 48
 VITALS = ["HR", "SysABP", "RespRate", "Temp", "SaO2"]
@@ -40,6 +46,12 @@ SCALE = {  # (mean, standard deviation) in clinical units
     "Platelets": (220, 80),
     "GCS": (13, 2.5),
     "Glucose": (130, 40),
+}
+COHORTS = ("outcome", "hourly")
+HOURLY_TASK = {  # what the ``hourly`` cohort's manifest says of its task (``garlic.io.tables.TASKS``)
+    "prediction_times": f"every whole hour from the first observation to hour {HOURS}",
+    "label": "the stay's deterioration outcome",
+    "score": "auroc",
 }
 EXAMPLE_RECORDS = "example-records"
 EXAMPLE_IDS = [900_001, 900_002, 900_003]  # outside the cohort's 100000.. range: stays no split has seen
@@ -152,7 +164,7 @@ def simulate(n_stays: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataF
     return observations, static, pd.DataFrame({"stay_id": stay_ids, "label": labels})
 
 
-def generate(destination: Path, n_stays: int = 2000, seed: int = 0) -> dict:
+def generate(destination: Path, n_stays: int = 2000, seed: int = 0, cohort: str = COHORTS[0]) -> dict:
     """Write the synthetic cohort's tables to ``destination``; return its manifest."""
     observations, static, labels = simulate(n_stays, seed)
     manifest = {
@@ -163,7 +175,11 @@ def generate(destination: Path, n_stays: int = 2000, seed: int = 0) -> dict:
         "ground_truth_graph": [edge.__dict__ for edge in PLANTED_GRAPH],
         "direct_loadings": LOADING,
     }
-    write_processed(Path(destination), observations, static, labels, VARIABLES, manifest)
+    tasks = None
+    if cohort == "hourly":  # the default cohort's manifest stays as it was, so its runs keep their data digest
+        tasks = hourly_tasks(observations, labels, HOURS)
+        manifest |= {"cohort": cohort, "task": HOURLY_TASK}
+    write_processed(Path(destination), observations, static, labels, VARIABLES, manifest, tasks)
     write_example_records(Path(destination) / EXAMPLE_RECORDS, seed)
     return read_manifest(Path(destination))  # as written, with the counts that write_processed adds
 
@@ -186,6 +202,8 @@ def write_example_records(folder: Path, seed: int = 0) -> list[Path]:
 
 SOURCE = Source(
     "synthetic",
-    lambda destination, stays=2000, seed=0: generate(destination, n_stays=stays, seed=seed),
+    lambda destination, cohort, stays=2000, seed=0: generate(destination, n_stays=stays, seed=seed, cohort=cohort),
     options=frozenset({"stays", "seed"}),
+    cohorts=COHORTS,
+    plain_default=True,
 )
