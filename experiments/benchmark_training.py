@@ -159,7 +159,7 @@ def speed_report(frame: pd.DataFrame) -> str:
         "# Speed",
         "",
         "Each row is one measurement on one of this project's CPU machines, named in its row "
-        "(they have differed between sessions: compare rows of the same CPU; the command is in the row's "
+        "(the machines have differed over time: compare rows of the same CPU; the command is in the row's "
         "`command` column of `speed.csv`): one training epoch in the reconstruction stage (the costlier stage), "
         "the matrix-product work of that epoch (forward and backward) and the seconds it would take at this "
         "machine's measured 2048 x 2048 matrix-multiply rate (the floor), inference over the split's validation "

@@ -1,7 +1,8 @@
 """The field's irregular-series classifiers from PyPOTS (the well-kept library of them): Raindrop (Zhang et al.,
 ICLR 2022), SeFT (Horn et al., ICML 2020) and BRITS (Cao et al., NeurIPS 2018), as methods of ``garlic.evaluation.fit_and_test``, on
 an hourly grid of the same stays. GRU-D is ours (``garlic.methods.recurrent``): PyPOTS's GRU-D tied with it on every
-P12 protocol (docs/experiments.md, stop 41), so the project keeps one, the one that needs no optional extra.
+P12 protocol (docs/results/physionet2012-how.md, "The field's models"), so the project keeps one, the one that needs
+no optional extra.
 
 PyPOTS's models read a regular grid ``X`` [N, H, D] with NaN where nothing was measured. Each stay's observations
 (normalised with the split's training statistics, as every method here sees them) are put on hourly bins: bin h

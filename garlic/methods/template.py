@@ -1,5 +1,5 @@
 """The method to copy: a new model starts as a copy of this file (``docs/adding-a-model.md``), one entry in
-``garlic.methods.registry`` and one line in ``docs/experiments.md``; ``tests/test_method_conformance.py`` then checks
+``garlic.methods.registry`` and one line in ``docs/methods.md``; ``tests/test_method_conformance.py`` then checks
 it as it checks every registered method, with no edit.
 
 A method follows scikit-learn's conventions (``garlic.methods.contract``):
