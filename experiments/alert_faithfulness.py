@@ -26,7 +26,8 @@ models' data: a check of the explanations, not of the models' accuracy.
         --dataset physionet2019-hourly --split five-split/split_0 --train-stays 4000 --validation-stays 1000 \
         --max-stays 1000 --max-alerts 1000
 
-``--out FILE`` writes the table as Markdown, with this command at its top.
+``--out FILE.md`` writes the table as Markdown, with this command at its top, and its rows as ``FILE.csv``
+beside it (the early-warning table reads ``alert-faithfulness.csv`` from its own folder).
 """
 
 from __future__ import annotations
@@ -199,9 +200,34 @@ def _hourly_kind(name: str) -> tuple[str, str]:
 
 
 def markdown(table: pd.DataFrame, command: str) -> str:
+    """The page: the command, what was removed and how, the table, and each run's share of its risk that removing
+    its top drivers took away."""
     shown = table.assign(alerts=table["alerts"].astype(int)).round(4)
-    lines = [f"`{command}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        "# Are an alert's drivers the ones the model needs?",
+        "",
+        f"`{command}`",
+        "",
+        "At each alerted hour measured (risk at or above the run's threshold), half of the variables observed by "
+        "then (rounded up) are removed from the record, ranked by the model's own explanation at that hour, and the "
+        "model asked again at that hour; a drop is the risk before minus after. Faithful drivers give top > random "
+        "> bottom (`experiments/alert_faithfulness.py` says how the stays and models were chosen). A run read `fitted on "
+        "N stays` is a model fitted afresh on a sample of the split's training stays, its settings and threshold "
+        "chosen on validation: a check of the explanations, not of the published models' accuracy.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(str(row[column]) for column in COLUMNS) + " |" for _, row in shown.iterrows()]
+    lines.append("")
+    for row in table.itertuples():
+        order = (
+            "top > random > bottom" if row.drop_top > row.drop_random > row.drop_bottom else "not top > random > bottom"
+        )
+        lines.append(
+            f"- {row.method} ({row.split}): {order}; removing the top half took away {row.drop_top / row.risk:.0%} "
+            f"of the mean risk, a random half {row.drop_random / row.risk:.0%}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -262,6 +288,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if args.out is not None:
         with atomic_file(args.out, "w") as out:
             out.write(text)
+        with atomic_file(args.out.with_suffix(".csv"), "w") as out:
+            table.assign(command=command).to_csv(out, index=False, float_format="%.6g")
     return table
 
 

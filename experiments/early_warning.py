@@ -53,6 +53,7 @@ METHODS = ("hourly_gbm", "hourly_gbm_utility", "hourly_logreg", "alarm_after_hou
 FLOOR = "alarm_after_hour"
 PROTOCOLS = ("five-split", "cross-hospital", "in-hospital")
 TABLE = "early-warning"
+FAITHFULNESS = "alert-faithfulness.csv"  # experiments.alert_faithfulness --out alert-faithfulness.md writes it
 POLICY_COLUMNS = ["alert_threshold", "alert_band", "alert_quiet_hours", "alert_margin"]
 RUN_COLUMNS = [
     "method",
@@ -640,9 +641,38 @@ def write_table(out: Path, runs: pd.DataFrame) -> pd.DataFrame:
         with atomic_file(out / name, mode="w", suffix=".csv") as handle:
             frame.to_csv(handle, index=False, float_format="%.6g")
     figures = burden_figures(out, runs, per_alert) if len(per_alert) else []
+    faithfulness = out / FAITHFULNESS
+    drivers = pd.read_csv(faithfulness) if faithfulness.is_file() else pd.DataFrame()
     with atomic_file(out / f"{TABLE}.md", mode="w", suffix=".md") as handle:
-        handle.write(report(summary, paired, per_alert, per_alert_paired, sites, figures))
+        handle.write(report(summary, paired, per_alert, per_alert_paired, sites, figures) + drivers_report(drivers))
     return summary
+
+
+def drivers_report(drivers: pd.DataFrame) -> str:
+    """The section on the faithfulness of each method's alert drivers (``experiments.alert_faithfulness``'s rows,
+    kept beside the table as ``FAITHFULNESS``); nothing where they were not measured."""
+    if drivers.empty:
+        return ""
+    lines = [
+        "",
+        "## Are an alert's drivers the ones the model needs?",
+        "",
+        "At alerted hours, half of the variables observed by then are removed from the record, ranked by the "
+        "model's own explanation at that hour (the drivers the ward and the dashboard show), and the model asked "
+        "again: the mean drop in risk when the top, a random or the bottom half goes. Faithful drivers give top > "
+        "random > bottom. Made by `" + drivers["command"].iloc[0] + "` (how and on which stays: "
+        "`alert-faithfulness.md`).",
+        "",
+        "| method | split | threshold | alerted hours | mean risk | drop, top half | drop, random half | "
+        "drop, bottom half |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in drivers.itertuples():
+        lines.append(
+            f"| {row.method} | {row.split} | {row.threshold:.3f} | {row.alerts:.0f} | {row.risk:.3f} | "
+            f"{row.drop_top:.3f} | {row.drop_random:.3f} | {row.drop_bottom:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def merged_runs(out: Path, made: pd.DataFrame) -> pd.DataFrame:

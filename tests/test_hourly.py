@@ -772,8 +772,18 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
     # up), and so does a random half: the three drops are one, each asked of a record left with nothing observed
     assert row["drop_top"] == pytest.approx(row["drop_random"]) == pytest.approx(row["drop_bottom"])
     text = out.read_text()
-    assert text.startswith("`python -m experiments.alert_faithfulness --mlruns") and "| hourly_logreg |" in text
+    assert text.splitlines()[2].startswith("`python -m experiments.alert_faithfulness --mlruns")
+    assert "| hourly_logreg |" in text
     assert text in capsys.readouterr().out
+    # Its rows beside it, which the early-warning table shows in a section of its own
+    from experiments import early_warning
+
+    kept = pd.read_csv(out.with_suffix(".csv"))
+    assert kept["drop_top"].tolist() == pytest.approx([row["drop_top"]]) and kept["alerts"].tolist() == [row["alerts"]]
+    section = early_warning.drivers_report(kept)
+    assert "## Are an alert's drivers the ones the model needs?" in section
+    assert f"| hourly_logreg | {row['split']} | {row['threshold']:.3f} | {row['alerts']:.0f} |" in section
+    assert text.splitlines()[2].strip("`") in section and early_warning.drivers_report(pd.DataFrame()) == ""
     # A few stays read from the tables alone: the same stays and hours as in the whole cohort's tensors
     folder = hourly_root / "processed" / "physionet2019-hourly"
     tensors = load_tensors(folder)
