@@ -13,7 +13,8 @@ from garlic.models.compact import graph_penalty
 from garlic.models.predict import predict_proba
 from garlic.io.atomic import write_json_atomic
 from garlic.methods.garlic import GarlicEstimator
-from garlic.methods.saved import LEGACY_DESCRIPTION, WEIGHTS, fitted_on, load_method, load_predictor, save_method
+from garlic.methods.model_files import LEGACY_DESCRIPTION, WEIGHTS
+from garlic.methods.saved import fitted_on, load_method, load_predictor, save_method
 from garlic.tracking.run_contract import GARLIC
 from garlic.tracking.store import use_store
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses

@@ -24,7 +24,8 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.explain.built_in import normalised_graph
 from garlic.methods.contract import check_fitted, check_learns_score, fitted_inputs
-from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, load_weights, read_fitted
+from garlic.methods.model_files import WEIGHTS, load_state, load_weights, read_fitted
+from garlic.methods.network import NetworkMethod
 from garlic.models.architectures import build_model
 from garlic.models.network_config import NetworkConfig
 from garlic.tracking.run_contract import GARLIC

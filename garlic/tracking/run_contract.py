@@ -18,7 +18,7 @@ epoch. An hourly run also logs the alert policy it chose on validation (``alert_
 Artifacts (paths inside a run; the names below own them):
 
 - ``config.json`` (``CONFIG``), ``data_manifest.json`` (``DATA_MANIFEST``): on the run that ``garlic train`` started;
-- ``model/`` (``MODEL``): the saved method (``garlic.methods.saved``), on every split run of one that is saved;
+- ``model/`` (``MODEL``): the saved method (``garlic.methods.model_files``), on every split run of one that is saved;
 - ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
 - ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
 - ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;
