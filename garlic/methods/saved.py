@@ -20,11 +20,11 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.data.splits import Normalisation
 from garlic.io.tensors import IrregularTensors
+from garlic.methods import registry
 from garlic.methods.contract import Method, can_be_saved, explains
 from garlic.methods.model_files import FITTED, Description, ModelFileError, check_fitted_by, read_description
 from garlic.methods.model_files import write_description
 from garlic.tracking.local_store import DEFAULT_STORE, stored_model_folder
-from garlic.tracking.run_contract import GARLIC
 
 
 @dataclass
@@ -130,15 +130,8 @@ def load_method(folder: Path) -> SavedMethod:
 
 
 def _built(described: Description) -> Method:
-    """A fresh method of the description's name, config and own settings, as the registry builds it. GARLIC, the
-    model a one-stay ``garlic predict`` usually reads, is built from its own module: the registry imports every
-    method (scikit-learn, MLflow, plotting), which GARLIC scoring a stay needs none of."""
-    if described.method == GARLIC:
-        from garlic.methods.garlic import GarlicEstimator
-
-        return GarlicEstimator(described.config)
-    from garlic.methods import registry
-
+    """A fresh method of the description's name, config and own settings, as the registry builds it (importing that
+    method's module alone: a saved GARLIC scoring one stay imports no scikit-learn, MLflow or plotting)."""
     try:  # an unknown method or a missing extra: the registry's own message names what to install
         return registry.method(described.method).create(
             registry.MethodContext(described.config, pd.DataFrame({"stay_id": []}), settings=described.settings)

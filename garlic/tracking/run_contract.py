@@ -75,11 +75,10 @@ def method_of(run) -> str:
 
 
 def method_params(method: str, config: dict, settings: dict) -> dict:
-    """A run's parameters for its method: GARLIC's are its config (``settings``); another method's are the dataset
-    and protocol it ran on, its name and its settings."""
-    if method == GARLIC:
-        return settings
-    return {DATASET: config[DATASET], "split_protocol": config["split_protocol"], METHOD: method, **settings}
+    """A run's parameters for its method: the dataset and protocol it ran on, its name where its runs are tagged with
+    it (``method_tags``) and its settings (``MethodSpec.settings``; GARLIC's, the run's config, hold the dataset and
+    protocol already)."""
+    return {DATASET: config[DATASET], "split_protocol": config["split_protocol"], **method_tags(method), **settings}
 
 
 def training_state_path(store: Path, run_id: str) -> Path:
