@@ -86,7 +86,7 @@ def run_variants(
 
             def work(variant=variant, split=split) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
-                estimator = GarlicEstimator(variant, cohort.planted, explain=False)
+                estimator = GarlicEstimator.of_run(variant, cohort.planted, explain=False)
                 state = (
                     None
                     if carried is None

@@ -129,7 +129,7 @@ def p12_curve(source: Path, repeats: int) -> tuple[float, float]:
     normalisation = Normalisation(
         np.zeros(d, "float32"), np.ones(d, "float32"), np.zeros(s, "float32"), np.ones(s, "float32")
     )
-    estimator = GarlicEstimator(config)
+    estimator = GarlicEstimator.of_run(config)
     # An untrained network of P12's size stands in for a fitted one: what is timed does not depend on its weights.
     estimator.model_ = Garlic(d, s, NetworkConfig.from_run(config)).eval()
     estimator.inputs_ = {"variables": physionet2012.TIME_SERIES, "static_features": physionet2012.STATIC}

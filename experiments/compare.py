@@ -686,7 +686,7 @@ def method_settings(methods: list[str], datasets: list[str], overrides: list[str
     lines = []
     for name in methods:
         spec = registry.method(name)
-        if registry.WHOLE_CONFIG in spec.from_run.values():
+        if spec.keyed_by_run:
             continue
         given = {
             dataset: spec.arguments(

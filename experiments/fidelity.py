@@ -219,7 +219,7 @@ class FidelityStudy:
 
         def full() -> dict[str, float]:
             mlflow.log_params(config.to_dict() | {"split_name": split.name})
-            estimator = GarlicEstimator(config, self.cohort.planted, explain=False)
+            estimator = GarlicEstimator.of_run(config, self.cohort.planted, explain=False)
             parts = split_parts(tensors, split)
             metrics = fit_and_test(estimator, parts)
             log_method(fitted_on(GARLIC, estimator, config, parts["train"]))  # ranked with when the split resumes
@@ -260,7 +260,7 @@ class FidelityStudy:
                     config.to_dict()
                     | {"split_name": split.name, "full_run": full_run, "kept_share_of_observed": kept_share}
                 )
-                estimator = GarlicEstimator(config, explain=False)
+                estimator = GarlicEstimator.of_run(config, explain=False)
                 return fit_and_test(estimator, split_parts(smaller, split, normalisation))
 
             tags = self.tags(split, condition, method, fraction)

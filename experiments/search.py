@@ -172,7 +172,7 @@ def validation_score(
         if trial.should_prune():
             raise optuna.TrialPruned(f"score {score(record):.4f} at epoch {record.epoch}")
 
-    estimator = GarlicEstimator(config, explain=False)
+    estimator = GarlicEstimator.of_run(config, explain=False)
     estimator.set_training_hooks(on_epoch=None if trial is None else report)
     estimator.fit(train, validation)
     result = estimator.fit_result_

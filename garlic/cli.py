@@ -364,7 +364,7 @@ def _train(args: argparse.Namespace) -> None:
         source = args.config or (_shown(preset) if preset else "built-in defaults")
         preset_name = Path(args.config).stem if args.config else preset.stem if preset else None
         # A method fitted in one go (gradient boosting, logistic regression ...) has no epochs to count.
-        epochs = config.max_epochs if hasattr(spec.make, "set_training_hooks") else None
+        epochs = config.max_epochs if hasattr(spec.method_class, "set_training_hooks") else None
         budget = f", at most {epochs} epochs" if epochs else ""
         _say(f"dataset {config.dataset}, {which} of the {config.split_protocol} protocol{budget} (config: {source})")
         if not spec.seeded:  # a method other than GARLIC: one run per split, whatever seeds the protocol names

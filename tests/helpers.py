@@ -283,3 +283,12 @@ def error_line(stderr: str) -> str:
     *steps, error = stderr.strip().splitlines()
     assert all(line.startswith("garlic: ") and line.endswith(" ...") for line in steps), stderr
     return error
+
+
+def garlic_settings(config):
+    """GARLIC's network and training settings (``NetworkConfig``, ``TrainingConfig``) of the run config ``config``, as
+    ``make_trainer`` and the trainers take them."""
+    from garlic.models.network_config import NetworkConfig
+    from garlic.training.training_config import TrainingConfig
+
+    return NetworkConfig.from_run(config), TrainingConfig.from_run(config)

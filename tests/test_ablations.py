@@ -13,7 +13,7 @@ from garlic.models.compact import Garlic, StepwiseProjection
 from garlic.models.network_config import NetworkConfig
 from garlic.training.losses import PREDICTION, RECONSTRUCTION
 from garlic.training.schedules import make_trainer
-from helpers import synthetic_cohort, synthetic_root
+from helpers import synthetic_cohort, synthetic_root, garlic_settings
 
 TINY = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "lr_cls": 3e-3, "lr_rec": 3e-3, "max_epochs": 1}
 
@@ -64,7 +64,7 @@ def test_joint_training_stays_in_the_reconstruction_stage_and_trains_the_graph_e
     config = Config().override(
         {**TINY, "max_epochs": 3, "stage_patience": 1, "stage_tolerance": 0.99, "alternating": alternating}
     )
-    trainer = make_trainer(config, len(cohort.tensors.variables), len(cohort.tensors.static_features))
+    trainer = make_trainer(*garlic_settings(config), len(cohort.tensors.variables), len(cohort.tensors.static_features))
     graphs = []
     result = trainer.fit(
         cohort.parts["train"],

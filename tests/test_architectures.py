@@ -11,7 +11,7 @@ from garlic.models.architectures import ARCHITECTURES, Architecture, build_model
 from garlic.models.compact import step_mask
 from garlic.models.network_config import NetworkConfig
 from garlic.training.schedules import make_trainer
-from helpers import random_batch
+from helpers import random_batch, garlic_settings
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
@@ -60,7 +60,7 @@ def test_a_trained_network_holds_its_own_settings_not_the_run_config(schedule):
         max_epochs=3,
         seed=7,
     )
-    network = make_trainer(run, 4, 0).model.config
+    network = make_trainer(*garlic_settings(run), 4, 0).model.config
     assert network == NetworkConfig(hidden_dim=8, feature_dim=4, window_size=2, use_graph=False, architecture=schedule)
     # What only trains the network (rates, epochs, seed) is no setting of it.
     assert NetworkConfig.from_run(run.override({"lr_cls": 0.1, "max_epochs": 9, "seed": 1})) == network

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from garlic.config import Config
-from garlic.methods import saved
+from garlic.methods import model_files
 from garlic.training import state as training_state
 from garlic.io import atomic
 
@@ -31,7 +31,7 @@ def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, mo
     training_state.save_training_state(tmp_path / "state.pt", state, Config())
     assert os.stat(tmp_path / "state.pt").st_mode & 0o777 == 0o644  # readable like every other artifact
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / saved.WEIGHTS).write_bytes(b"the previous weights")
+    (tmp_path / "model" / model_files.WEIGHTS).write_bytes(b"the previous weights")
 
     def save_some_then_fail(obj, out):
         out.write(b"half a file")
@@ -41,10 +41,10 @@ def test_saved_model_weights_and_training_state_are_published_whole(tmp_path, mo
     with pytest.raises(SystemExit):
         training_state.save_training_state(tmp_path / "state.pt", {"weights": torch.zeros(3)}, Config())
     with pytest.raises(SystemExit):
-        saved.save_weights(tmp_path / "model" / saved.WEIGHTS, torch.nn.Linear(2, 1).state_dict())
+        model_files.save_weights(tmp_path / "model" / model_files.WEIGHTS, torch.nn.Linear(2, 1).state_dict())
     monkeypatch.undo()
     torch.testing.assert_close(torch.load(tmp_path / "state.pt", weights_only=True)["weights"], torch.ones(3))
-    assert (tmp_path / "model" / saved.WEIGHTS).read_bytes() == b"the previous weights"
+    assert (tmp_path / "model" / model_files.WEIGHTS).read_bytes() == b"the previous weights"
     assert leftovers(tmp_path) == [] and leftovers(tmp_path / "model") == []
 
 

@@ -28,7 +28,7 @@ from garlic.sources import synthetic
 from garlic.training.alternating import AlternatingTrainer
 from garlic.training.state import RANK_TALLIES
 from garlic.training.trainer import Trainer
-from helpers import synthetic_cohort
+from helpers import synthetic_cohort, garlic_settings
 
 # dropout 0: with dropout on, each rank draws its own masks, so the runs agree only in distribution.
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "batch_size": 64, "max_epochs": 2, "dropout": 0.0}
@@ -160,7 +160,8 @@ def _fit_whole_then_resumed(rank: int, root, address: str, out) -> None:
             for part in ("train", "validation")
         )
         config = Config.for_dataset("synthetic").override({**SMALL, "batch_size": 32})
-        fresh = lambda: AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))  # noqa: E731
+        settings = (*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
+        fresh = lambda: AlternatingTrainer(*settings)  # noqa: E731
         Trainer.checkpoint_seconds = 0.0
         written = []
 

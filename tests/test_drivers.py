@@ -336,7 +336,7 @@ def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_ea
     config = Config.for_dataset("synthetic").override(
         {"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1, "early_stopping": 1, "device": "cpu"}
     )
-    garlic = GarlicEstimator(config).fit(hourly_parts["train"], hourly_parts["validation"])
+    garlic = GarlicEstimator.of_run(config).fit(hourly_parts["train"], hourly_parts["validation"])
     test = hourly_parts["test"]
     importance = row_importance(garlic, test)
     times = test.prediction_times
@@ -364,7 +364,7 @@ def test_the_live_ward_shows_an_hourly_garlics_drivers_by_its_built_in_importanc
     config = Config.for_dataset("synthetic").override(
         {"hidden_dim": 8, "feature_dim": 4, "max_epochs": 1, "early_stopping": 1, "device": "cpu"}
     )
-    garlic = GarlicEstimator(config).fit(hourly_parts["train"], hourly_parts["validation"])
+    garlic = GarlicEstimator.of_run(config).fit(hourly_parts["train"], hourly_parts["validation"])
     test = hourly_parts["test"]
     scorer = BedScorer(saved(garlic, test), hourly=True)
     assert scorer.contributes and not scorer.explains

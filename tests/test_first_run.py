@@ -12,6 +12,7 @@ from garlic.sources import synthetic
 from garlic.sources.records import read_record_files
 from garlic.io.tables import read_processed
 from garlic.io.tensors import load_tensors
+from helpers import garlic_settings
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_the_synthetic_preset_alternates_between_the_stages(cohort):
         part: IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
         for part in ("train", "validation")
     }
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     history = trainer.fit(parts["train"], parts["validation"]).history
     stages = [record.stage for record in history]
     switches = sum(a != b for a, b in zip(stages, stages[1:]))

@@ -618,8 +618,10 @@ def test_garlic_trained_on_whole_stays_answers_each_hour_on_the_record_cut_there
     config = Config().override(
         {"dataset": "physionet2019-hourly", "max_epochs": 1, "hidden_dim": 8, "feature_dim": 4, "device": "cpu"}
     )
-    whole = WholeStaysGarlic(config, explain=False).fit(parts["train"], parts["validation"])
-    per_stay = GarlicEstimator(config, explain=False).fit(whole_stays(parts["train"]), whole_stays(parts["validation"]))
+    whole = WholeStaysGarlic.of_run(config, explain=False).fit(parts["train"], parts["validation"])
+    per_stay = GarlicEstimator.of_run(config, explain=False).fit(
+        whole_stays(parts["train"]), whole_stays(parts["validation"])
+    )
     fitted = whole.model.state_dict()
     assert all(torch.equal(fitted[key], value) for key, value in per_stay.model.state_dict().items())  # the same fit
     test = parts["test"]

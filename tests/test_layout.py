@@ -1,6 +1,7 @@
 """The package layout of the README: data flows one way through ``garlic``'s packages, and none imports back up."""
 
 import ast
+import graphlib
 from pathlib import Path
 
 import garlic
@@ -58,6 +59,39 @@ def upward_imports(package: Path) -> list[str]:
     return upward
 
 
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the modules of the package it imports. Every import counts, those inside functions
+    (and under ``TYPE_CHECKING``) too: an import deferred into a function defers when a circle bites, not whether the
+    two modules need each other (the circle of 8 files through ``garlic.methods.saved`` was closed by a lazy import
+    of the registry, and module-level imports alone showed none). ``from garlic.methods import registry`` is the
+    module ``garlic.methods.registry``, a package's ``__init__`` the package."""
+    top = package.name
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == top:
+                named = [f"{node.module}.{alias.name}" for alias in node.names]
+                imported |= {name for name in named if name in modules} or {node.module}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names if alias.name.split(".")[0] == top}
+        graph[module] = {name for name in imported if name in modules} - {module}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in ``graph`` (its modules in import order, the first repeated last), or [] if none."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as circle:
+        return list(reversed(circle.args[1]))
+    return []
+
+
 def test_every_package_and_top_module_has_a_layer():
     top = {path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
     packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
@@ -80,6 +114,27 @@ def test_the_check_reports_an_upward_import(tmp_path):
         "garlic.models.bad (line 2) imports garlic.training.trainer",
         "garlic.models.bad (line 6) imports garlic.methods",
     ]
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    # Within a layer the layering allows any import; a circle there (garlic.methods had one of 8 files) means no
+    # module of it can be read, tested or imported first on its own.
+    assert import_circle(module_graph(PACKAGE)) == []
+
+
+def test_the_check_reports_a_circle_closed_by_a_lazy_import(tmp_path):
+    methods = tmp_path / "garlic" / "methods"
+    methods.mkdir(parents=True)
+    for name in ("__init__", "contract"):
+        (methods / f"{name}.py").write_text("")
+    (methods / "loader.py").write_text(
+        "from garlic.methods.contract import x\n\n\ndef load():\n    from garlic.methods import kind\n"
+    )
+    (methods / "kind.py").write_text("from garlic.methods.loader import load\n")
+    circle = import_circle(module_graph(tmp_path / "garlic"))
+    assert set(circle) == {"garlic.methods.loader", "garlic.methods.kind"} and circle[0] == circle[-1]
+    (methods / "loader.py").write_text("from garlic.methods import contract\n")  # the loader no longer needs a kind
+    assert import_circle(module_graph(tmp_path / "garlic")) == []
 
 
 def test_the_fit_loop_imports_no_model():

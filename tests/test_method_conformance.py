@@ -111,9 +111,12 @@ def test_its_settings_are_its_constructors(name, cohort):
     spec, unit = registry.method(name), context(name, cohort)
     method = spec.create(unit)
     params = method.get_params()
-    settings = spec.settings(unit)
-    expected = {"config": unit.config} if "config" in params else {k: v for k, v in settings.items() if k != "method"}
-    assert {key: params[key] for key in expected} == expected
+    settings, arguments = spec.settings(unit), spec.arguments(unit)
+    assert {key: params[key] for key in arguments} == arguments
+    if spec.keyed_by_run:  # told apart by the run's config (GARLIC): the same config, the same arguments
+        assert spec.arguments(unit.with_config(Config().override(settings))) == arguments
+    else:
+        assert {k: v for k, v in settings.items() if k != "method"} == arguments
     assert clone(method).get_params().keys() == params.keys()
 
 

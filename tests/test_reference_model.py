@@ -40,7 +40,7 @@ from garlic.training.alternating import AlternatingTrainer
 from garlic.training.reference_schedule import ReferenceTrainer
 from garlic.training.schedules import make_trainer
 from garlic.sources import synthetic
-from helpers import random_batch, synthetic_cohort
+from helpers import random_batch, synthetic_cohort, garlic_settings
 
 B, T, D, S, W, FEATURES = 5, 12, 4, 3, 3, 4
 
@@ -412,7 +412,7 @@ def scripted_fit(cohort, monkeypatch, bces, train_aurocs, **overrides):
     Returns the fit, the weight at the start of each epoch and the learning rates after each epoch."""
     tensors, _, parts = cohort
     config = Config().override({**FAST, **overrides})
-    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     weight = trainer.model.classifier[2].bias
     with torch.no_grad():
         weight.zero_()  # whole numbers from here on
@@ -470,7 +470,9 @@ def test_reference_schedule_stops_after_the_patience_once_warm(cohort, monkeypat
 
 def test_reference_stages_train_the_references_parameter_groups(cohort):
     tensors, _, parts = cohort
-    trainer = make_trainer(Config().override(FAST), len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(
+        *garlic_settings(Config().override(FAST)), len(tensors.variables), len(tensors.static_features)
+    )
     model = trainer.model
     batches = garlic.training.reference_schedule.loader(parts["train"], 64, shuffle=True)
 
@@ -499,9 +501,11 @@ def test_reference_stages_train_the_references_parameter_groups(cohort):
 def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
     tensors, split, parts = cohort
     config = Config().override({**FAST, "max_epochs": 3})
-    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     assert isinstance(trainer, ReferenceTrainer) and isinstance(trainer.model, ReferenceGarlic)
-    estimator = GarlicEstimator(config).fit(parts["train"], parts["validation"])  # the config's trainer, as above
+    estimator = GarlicEstimator.of_run(config).fit(
+        parts["train"], parts["validation"]
+    )  # the config's trainer, as above
     fitted = estimator.fit_result_
     assert len(fitted.history) == 3 and 1 <= fitted.best_epoch <= 3
     times, lengths = parts["train"].times, parts["train"].lengths
@@ -527,9 +531,13 @@ def test_reference_training_runs_end_to_end_saves_and_reloads(cohort, tmp_path):
     importance = ig_importance(reloaded.model, stays, steps=2)  # the post-hoc explanation needs only the logits
     torch.testing.assert_close(importance.sum(dim=(1, 2)), torch.ones(4))
     with pytest.raises(ConfigError, match="make_trainer"):
-        AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+        AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     with pytest.raises(ConfigError, match="schedule"):
-        make_trainer(config.override({"schedule": "fast"}), len(tensors.variables), len(tensors.static_features))
+        make_trainer(
+            *garlic_settings(config.override({"schedule": "fast"})),
+            len(tensors.variables),
+            len(tensors.static_features),
+        )
 
 
 def test_a_resumed_reference_fit_ends_as_an_uninterrupted_one(cohort):
@@ -538,8 +546,8 @@ def test_a_resumed_reference_fit_ends_as_an_uninterrupted_one(cohort):
     sizes = len(tensors.variables), len(tensors.static_features)
     states = []
     save = lambda state: states.append(copy.deepcopy(state))  # noqa: E731 (the state shares the live tensors)
-    whole = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], on_state=save)
-    resumed = make_trainer(config, *sizes).fit(parts["train"], parts["validation"], resume=states[0])
+    whole = make_trainer(*garlic_settings(config), *sizes).fit(parts["train"], parts["validation"], on_state=save)
+    resumed = make_trainer(*garlic_settings(config), *sizes).fit(parts["train"], parts["validation"], resume=states[0])
     assert [r.stage for r in resumed.history] == [r.stage for r in whole.history]
     assert [r.val_bce for r in resumed.history] == [r.val_bce for r in whole.history]
     np.testing.assert_array_equal(

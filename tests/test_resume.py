@@ -35,7 +35,7 @@ from garlic.training.state import load_training_state, save_training_state
 from garlic.training.alternating import AlternatingTrainer
 from garlic.training.schedules import make_trainer
 from garlic.training.trainer import Trainer
-from helpers import garlic_main, synthetic_cohort
+from helpers import garlic_main, synthetic_cohort, garlic_settings
 
 SMALL = {"hidden_dim": 16, "feature_dim": 4, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 32, "max_epochs": 4}
 GARLIC = [sys.executable, "-m", "garlic.cli"]
@@ -72,13 +72,13 @@ def test_a_fit_continued_from_any_epochs_training_state_ends_exactly_as_the_unin
     def save(state: dict) -> None:  # the state holds the live tensors: written at once, as the runs do
         save_training_state(tmp_path / f"epoch{state['progress']['epoch']}.pt", state, config)
 
-    whole = AlternatingTrainer(config, *sizes).fit(parts["train"], parts["validation"], on_state=save)
+    whole = AlternatingTrainer(*garlic_settings(config), *sizes).fit(parts["train"], parts["validation"], on_state=save)
     expected = predict_proba(whole.model, parts["validation"])
     assert [r.stage for r in whole.history] == ["reconstruction"] * 2 + ["prediction"] * 2
 
     for epoch in (1, 2, 3):
         path = tmp_path / f"epoch{epoch}.pt"
-        continued = AlternatingTrainer(config, *sizes).fit(
+        continued = AlternatingTrainer(*garlic_settings(config), *sizes).fit(
             parts["train"], parts["validation"], resume=load_training_state(path, config)
         )
         np.testing.assert_array_equal(predict_proba(continued.model, parts["validation"]), expected)
@@ -108,7 +108,7 @@ def _fits(name: str, tensors, epochs: int) -> tuple[Callable[[], Trainer], Confi
         if name == "compact"
         else {**SMALL, "max_epochs": epochs, "architecture": "reference", "schedule": "reference"}
     )
-    return lambda: make_trainer(config, *sizes), config
+    return lambda: make_trainer(*garlic_settings(config), *sizes), config
 
 
 def _assert_same_fit(got, want, validation) -> None:

@@ -1,6 +1,8 @@
 """A run records the stays it used; evaluation and the dashboard refuse data or splits that are not those."""
 
+import ast
 import shutil
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -125,3 +127,17 @@ def test_a_run_is_not_resumed_on_a_split_that_changed(tmp_path):
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=250, seed=1)  # preprocessed again
     with pytest.raises(StaleRunDataError, match="the stays of split five-split/split_0 in .* changed since it started"):
         runs.resume(run_id, tmp_path, store)
+
+
+def test_every_tag_the_cli_writes_is_one_the_run_contract_declares():
+    # What a run records is run_contract's: a tag the CLI writes by a bare string would be one nobody declared.
+    cli = Path(run_contract.__file__).parents[1] / "cli.py"
+    written = [
+        node.args[1]
+        for node in ast.walk(ast.parse(cli.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "set_tag"
+    ]
+    assert written, "garlic train writes its stages tag"
+    for tag in written:
+        assert isinstance(tag, ast.Attribute) and ast.unparse(tag.value) == "run_contract", ast.unparse(tag)
+        assert hasattr(run_contract, tag.attr), tag.attr

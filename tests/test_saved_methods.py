@@ -21,7 +21,7 @@ from garlic.app import sources
 from garlic import runs
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset
-from garlic.methods.saved import ModelFileError
+from garlic.methods.model_files import ModelFileError
 from garlic.methods.summary import SKOPS_FILE, load_skops
 from garlic.tracking.store import get_run, use_store
 from garlic.io.tables import read_processed

@@ -13,7 +13,8 @@ from garlic.models.compact import graph_penalty
 from garlic.models.predict import predict_proba
 from garlic.io.atomic import write_json_atomic
 from garlic.methods.garlic import GarlicEstimator
-from garlic.methods.saved import LEGACY_DESCRIPTION, WEIGHTS, fitted_on, load_method, load_predictor, save_method
+from garlic.methods.model_files import LEGACY_DESCRIPTION, WEIGHTS
+from garlic.methods.saved import fitted_on, load_method, load_predictor, save_method
 from garlic.tracking.run_contract import GARLIC
 from garlic.tracking.store import use_store
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, stage_losses
@@ -21,7 +22,7 @@ import garlic.training.trainer
 from garlic.training.alternating import AlternatingTrainer
 from garlic.training.losses import evaluate
 from garlic.training.trainer import WARMUP, cosine_factor
-from helpers import synthetic_cohort
+from helpers import synthetic_cohort, garlic_settings
 
 FAST = {"hidden_dim": 32, "feature_dim": 8, "lr_cls": 3e-3, "lr_rec": 3e-3, "batch_size": 64}
 
@@ -42,7 +43,9 @@ def changed(before, parameters):
 
 def test_each_stage_updates_only_its_own_parameters(cohort):
     _, tensors, parts = cohort
-    trainer = AlternatingTrainer(Config().override(FAST), len(tensors.variables), len(tensors.static_features))
+    trainer = AlternatingTrainer(
+        *garlic_settings(Config().override(FAST)), len(tensors.variables), len(tensors.static_features)
+    )
     model = trainer.model
     batches = loader(parts["train"], 64, shuffle=True)
 
@@ -61,7 +64,7 @@ def test_stage_switches_after_patience_and_early_stopping_ends_training(cohort):
     _, tensors, parts = cohort
     # With zero learning rates nothing improves after the first epoch, so the schedule alone drives the stages.
     config = Config().override({**FAST, "lr_cls": 0.0, "lr_rec": 0.0, "stage_patience": 1, "early_stopping": 4})
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     fitted = trainer.fit(parts["train"], parts["validation"])
     # A new stage starts from an infinite best loss, so its first epoch always counts as an improvement.
     assert [r.stage for r in fitted.history] == [RECONSTRUCTION, RECONSTRUCTION, PREDICTION, PREDICTION, RECONSTRUCTION]
@@ -72,7 +75,7 @@ def test_stage_switches_when_progress_falls_below_the_tolerance(cohort):
     _, tensors, parts = cohort
     # The losses do fall epoch after epoch here, but never by 90%: only the first epoch of a stage counts.
     config = Config().override({**FAST, "stage_patience": 2, "stage_tolerance": 0.9, "max_epochs": 5})
-    fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
+    fitted = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features)).fit(
         parts["train"], parts["validation"]
     )
     assert [r.stage for r in fitted.history] == [RECONSTRUCTION] * 3 + [PREDICTION] * 2
@@ -90,7 +93,7 @@ def test_early_stopping_counts_only_gains_of_the_tolerance(cohort, monkeypatch, 
         lambda labels, risk, weights=None: {"auroc": next(scores), "auprc": 0.5},
     )
     config = Config().override({**FAST, "early_stopping": 3, "early_stopping_tolerance": tolerance, "max_epochs": 6})
-    fitted = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).fit(
+    fitted = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features)).fit(
         parts["train"], parts["validation"]
     )
     assert len(fitted.history) == epochs
@@ -108,7 +111,7 @@ def test_class_weights_give_each_outcome_half_of_the_loss():
 def test_balanced_loss_weights_each_stay_by_its_outcome_before_the_offset(cohort):
     _, tensors, parts = cohort
     config = Config().override(FAST)
-    model = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).model
+    model = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features)).model
     model.eval()  # the same logits in both passes: no dropout
     model.logit_offset.fill_(-1.5)
     batch = collate([parts["train"][i] for i in range(32)])
@@ -123,7 +126,7 @@ def test_balanced_loss_weights_each_stay_by_its_outcome_before_the_offset(cohort
 def test_balanced_training_keeps_risks_at_the_real_prevalence_and_reloads(cohort, tmp_path):
     _, tensors, parts = cohort
     config = Config().override({**FAST, "balance_classes": True, "max_epochs": 3})
-    estimator = GarlicEstimator(config).fit(parts["train"], parts["validation"])
+    estimator = GarlicEstimator.of_run(config).fit(parts["train"], parts["validation"])
     fitted = estimator.fit_result_
     train_labels = parts["train"].labels
     positives = float(train_labels.sum())
@@ -176,7 +179,7 @@ def test_a_frozen_group_keeps_its_learning_rate(cohort):
     config = Config().override(
         {**FAST, "stage_patience": 1, "stage_tolerance": 0.9, "lambda_cls": 0.0, "lr_patience": 0, "max_epochs": 4}
     )
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     rates = []
     trainer.fit(
         parts["train"],
@@ -193,7 +196,7 @@ def test_the_cosine_schedule_warms_up_then_decays_every_group_to_zero_over_the_b
     assert cosine_factor(1.0) == pytest.approx(0.0, abs=1e-12)
     _, tensors, parts = cohort
     config = Config().override({**FAST, "lr_schedule": "cosine", "max_epochs": 4, "stage_patience": 0})
-    trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
     rates = []
     on_epoch = lambda r: rates.append([o.param_groups[0]["lr"] for o in trainer.optimisers.values()])  # noqa: E731
     fitted = trainer.fit(parts["train"], parts["validation"], on_epoch=on_epoch)
@@ -209,7 +212,7 @@ def test_the_cosine_schedule_warms_up_then_decays_every_group_to_zero_over_the_b
 def test_validation_losses_keep_the_reconstruction_error_apart_from_the_objective(cohort):
     _, tensors, parts = cohort
     config = Config().override(FAST)
-    model = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features)).model
+    model = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features)).model
     checked = evaluate(model, parts["validation"], config)
     losses = checked["losses"]
     penalty = float(graph_penalty(model).detach())  # a parameter sum: detached, it is a plain number
@@ -232,7 +235,7 @@ def test_training_is_deterministic_and_learns(cohort):
     config = Config().override({**FAST, "max_epochs": 3})
     results = []
     for _ in range(2):
-        trainer = AlternatingTrainer(config, len(tensors.variables), len(tensors.static_features))
+        trainer = AlternatingTrainer(*garlic_settings(config), len(tensors.variables), len(tensors.static_features))
         fitted = trainer.fit(parts["train"], parts["validation"])
         results.append(predict_proba(fitted.model, parts["validation"]))
     np.testing.assert_array_equal(results[0], results[1])

@@ -33,7 +33,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from garlic.data.batches import IrregularDataset
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.saved import FITTED, WEIGHTS, ResumableFit, load_state, read_fitted, save_weights
+from garlic.methods.model_files import FITTED, WEIGHTS, load_state, read_fitted, save_weights
+from garlic.methods.network import ResumableFit
 from garlic.training.device import resolve_device
 from garlic.training.trainer import EpochPass, Progress, Trainer
 from garlic.io.atomic import write_json_atomic

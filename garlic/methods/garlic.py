@@ -2,8 +2,9 @@
 beside its risks (the learned graph, the explanations, the best epoch), and its network saved and read back as every
 saved method's is (``garlic.methods.saved``).
 
-    estimator = GarlicEstimator(config)                 # config: garlic.config.Config
-    estimator.fit(train, validation)                    # the config's trainer (garlic.training.schedules.make_trainer)
+    estimator = GarlicEstimator(network, training)      # its network's settings and its training's
+    estimator = GarlicEstimator.of_run(config)          # or both, as a run config (garlic.config.Config) gives them
+    estimator.fit(train, validation)                    # the training's trainer (garlic.training.schedules.make_trainer)
     risk = estimator.predict_proba(test)                # [N], in dataset order
 
 Fitting and logging import the trainer (scikit-learn's metrics), MLflow and plotting where they are used, not above:
@@ -24,9 +25,11 @@ from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.explain.built_in import normalised_graph
 from garlic.methods.contract import check_fitted, check_learns_score, fitted_inputs
-from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, load_weights, read_fitted
+from garlic.methods.model_files import WEIGHTS, load_state, load_weights, read_fitted
+from garlic.methods.network import NetworkMethod
 from garlic.models.architectures import build_model
 from garlic.models.network_config import NetworkConfig
+from garlic.training.training_config import TrainingConfig
 from garlic.tracking.run_contract import GARLIC
 
 if TYPE_CHECKING:
@@ -34,8 +37,11 @@ if TYPE_CHECKING:
 
 
 class GarlicEstimator(NetworkMethod):
-    """GARLIC of ``config``, fitted on a training part, its best epoch chosen on a validation part.
+    """GARLIC, fitted on a training part, its best epoch chosen on a validation part.
 
+    - ``network``: the network's settings (``garlic.models.network_config``);
+    - ``training``: how it is trained (``garlic.training.training_config``: the schedule, the optimisation, what it
+      learns at each prediction time, the seed and the device);
     - ``planted``: a known graph (the synthetic cohort's) that the learned one is scored against;
     - ``explain``: whether ``log_fitted`` logs the explanations of the test part.
 
@@ -48,13 +54,24 @@ class GarlicEstimator(NetworkMethod):
     name = GARLIC
     explains = True
 
-    def __init__(self, config: Config, planted: list[dict] | None = None, explain: bool = True):
-        self.config, self.planted, self.explain = config, planted, explain
+    def __init__(
+        self,
+        network: NetworkConfig = NetworkConfig(),
+        training: TrainingConfig = TrainingConfig(),
+        planted: list[dict] | None = None,
+        explain: bool = True,
+    ):
+        self.network, self.training, self.planted, self.explain = network, training, planted, explain
+
+    @classmethod
+    def of_run(cls, config: Config, planted: list[dict] | None = None, explain: bool = True) -> "GarlicEstimator":
+        """GARLIC with the network and training settings of the run config ``config`` (a preset's)."""
+        return cls(NetworkConfig.from_run(config), TrainingConfig.from_run(config), planted, explain)
 
     # scikit-learn's get_params / set_params, written out rather than inherited from its BaseEstimator: a one-stay
     # `garlic predict` builds this class and must not import scikit-learn (2.5 s) to do it.
     def get_params(self, deep: bool = True) -> dict:
-        return {"config": self.config, "planted": self.planted, "explain": self.explain}
+        return {"network": self.network, "training": self.training, "planted": self.planted, "explain": self.explain}
 
     def set_params(self, **params) -> "GarlicEstimator":
         for key, value in params.items():
@@ -66,7 +83,7 @@ class GarlicEstimator(NetworkMethod):
     @property
     def learns_score(self) -> str | None:
         """With ``hourly_target`` 'utility', what the Sepsis Challenge's utility rewards (``contract.learns_score``)."""
-        if self.config.hourly_target != "utility":
+        if self.training.hourly_target != "utility":
             return None
         # Here, not at the top: garlic.metrics imports scikit-learn, which a one-stay `garlic predict` never needs.
         from garlic.metrics.utility import SEPSIS_UTILITY
@@ -77,7 +94,7 @@ class GarlicEstimator(NetworkMethod):
     def at_prediction_times(self) -> bool:
         """The compact network answers any prediction time (``Garlic.classify_queries``, one pass per stay); the
         reference one gives one risk per stay."""
-        return self.config.architecture == "compact"
+        return self.network.architecture == "compact"
 
     def fit(self, train: IrregularDataset, validation: IrregularDataset) -> "GarlicEstimator":
         from garlic.training.schedules import make_trainer
@@ -86,7 +103,7 @@ class GarlicEstimator(NetworkMethod):
             check_learns_score(self, train.prediction_times.score, "GARLIC with hourly_target=utility")
             train, validation = train.with_utility_targets(), validation.with_utility_targets()
         tensors = train.tensors
-        trainer = make_trainer(self.config, len(tensors.variables), len(tensors.static_features))
+        trainer = make_trainer(self.network, self.training, len(tensors.variables), len(tensors.static_features))
         self.fit_result_ = trainer.fit(train, validation, **self.training_hooks())
         self.model_, self.inputs_ = self.fit_result_.model, fitted_inputs(train)
         return self
@@ -102,8 +119,7 @@ class GarlicEstimator(NetworkMethod):
 
     def restore_fitted(self, folder: Path) -> None:
         inputs = {key: read_fitted(folder)[key] for key in ("variables", "static_features")}
-        network = NetworkConfig.from_run(self.config)
-        model = build_model(len(inputs["variables"]), len(inputs["static_features"]), network)
+        model = build_model(len(inputs["variables"]), len(inputs["static_features"]), self.network)
         weights = load_weights(folder / WEIGHTS)
         weights.setdefault("logit_offset", torch.zeros(()))  # saved before the offset existed: trained unweighted
         load_state(model, folder / WEIGHTS, weights)
@@ -130,7 +146,7 @@ class GarlicEstimator(NetworkMethod):
         elif self.explain:  # the run and its model are kept; what the explanation cannot say is said instead
             mlflow.set_tag(run_contract.EXPLANATIONS_TAG, model.explanation_unavailable)
         metrics = {"best_epoch": float(self.fit_result_.best_epoch)}
-        if self.planted and self.config.use_graph:
+        if self.planted and self.network.use_graph:
             graph = normalised_graph(model).cpu().numpy()
             metrics["edge_recovery_auroc"] = edge_recovery_auroc(graph, variables, self.planted)
         return metrics

@@ -32,7 +32,7 @@ from garlic.io.atomic import write_json_atomic
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths, utility_targets
 from garlic.methods.contract import check_fitted, check_learns_score, fitted_inputs
-from garlic.methods.saved import FITTED, ModelFileError, read_fitted
+from garlic.methods.model_files import FITTED, ModelFileError, read_fitted
 from garlic.methods.summary import CANDIDATES, ChosenClassifier
 
 STATISTICS = ("last", "hours_since", "count", "change", "mean_6h", "mean_24h", "std_24h")

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from garlic.data.batches import IrregularDataset, loader
 from garlic.methods.contract import fitted_inputs
-from garlic.methods.saved import WEIGHTS, NetworkMethod, load_state, read_fitted
+from garlic.methods.model_files import WEIGHTS, load_state, read_fitted
+from garlic.methods.network import NetworkMethod
 from garlic.models.compact import DecayImputation, last_observed, step_mask
 from garlic.models.fused import FusedGRU
 from garlic.models.predict import predict_proba

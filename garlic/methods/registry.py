@@ -9,15 +9,21 @@ experiments.compare --methods NAME`` read it, so that a new model is one entry (
 
 A method's settings are its constructor's arguments (scikit-learn's ``get_params`` convention): an entry says which
 of them it fixes (``fixed``: what its name implies), which it takes from the run's config (``from_run``: the seed,
-the epoch budget, the device) and which it reads from the dataset (``from_data``); the others keep their defaults
+the epoch budget, the device; GARLIC's network and training settings, from the preset's keys) and which it reads
+from the dataset (``from_data``); the others keep their defaults
 unless ``garlic train --set KEY=VALUE`` gives them (``MethodContext.settings``). ``MethodSpec.settings``, hashed,
 tells one trained unit from another (a run with other settings is never reused), so an entry's settings must not
 change once its runs are archived (``tests/test_methods.py`` pins them). The published numbers of the field live in
 one table of their own, ``garlic.evaluation.published``.
+
+An entry names its class by where it is (``"garlic.methods.summary:SummaryModel"``), imported when the method is
+first built or asked about: reading a saved GARLIC back to score one stay builds it here without importing the other
+methods (scikit-learn, MLflow, plotting). A class given as itself (``docs/adding-a-model.md``) is as good.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 from dataclasses import dataclass, field, fields, replace
@@ -27,17 +33,13 @@ import pandas as pd
 
 from garlic.config import Config, ConfigError, setting_value, split_assignment
 from garlic.methods.contract import Method
-from garlic.methods.field import FieldModel
-from garlic.methods.garlic import GarlicEstimator, WholeStaysGarlic
-from garlic.methods.hourly import AlarmAfterHour, HourlyModel
-from garlic.methods.recurrent import RecurrentModel
-from garlic.methods.summary import InputHours, SeverityScore, SummaryModel
-from garlic.tracking import queries
-from garlic.methods.template import LastValues
+from garlic.models.network_config import NetworkConfig
+from garlic.training.training_config import TrainingConfig
 
 CONFIG_KEYS = frozenset(item.name for item in fields(Config))
-WHOLE_CONFIG = "*"  # a ``from_run`` value: the argument takes the run's whole config (GARLIC's)
 EPOCHS = {"max_epochs": "max_epochs", "early_stopping": "early_stopping", "seed": "seed", "device": "device"}
+# GARLIC's settings, its network's and its training's, as a run config (a preset) gives them
+GARLIC_SETTINGS = {"network": NetworkConfig.from_run, "training": TrainingConfig.from_run}
 
 
 @dataclass(frozen=True)
@@ -58,31 +60,50 @@ class MethodContext:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: ``make``, its class, called with its constructor's arguments: ``fixed`` ones (what the
-    entry's name implies: the kind of summary model), ``from_run`` ones (argument -> the run config's key it takes;
-    ``WHOLE_CONFIG``: the config itself), ``from_data`` ones (argument -> what reads it from the context: a severity
-    score column), and the others at their defaults or as ``--set`` gave them. ``named``: whether its settings begin
-    with its name (grud's and decay_gru's were archived without it). ``simple``: a simple baseline; ``seeded``:
+    """A registered method: ``make``, its class (or where it is, ``"module:Class"``), called with its constructor's
+    arguments: ``fixed`` ones (what the entry's name implies: the kind of summary model), ``from_run`` ones (argument
+    -> the run config's key it takes, or what builds it from the run config: GARLIC's ``NetworkConfig.from_run``),
+    ``from_data`` ones (argument -> what reads it from the context: a severity score column), and the others at their
+    defaults or as ``--set`` gave them. ``named``: whether its settings begin with its name (grud's and decay_gru's
+    were archived without it); ``keyed_by_run``: whether its units are told apart by the run's whole config rather
+    than by its name and arguments (GARLIC's were archived so, ``queries.identifying_config``: a preset is what
+    names them). ``simple``: a simple baseline; ``seeded``:
     trained once per model seed that a protocol names (GARLIC), where the others train once per split;
     ``needs_column``: a label-table column it cannot run without; ``needs_package``: the optional extra it cannot run
     without (``pyproject.toml``). Build one with ``create``."""
 
     name: str
     description: str
-    make: Callable[..., Method]
+    make: Callable[..., Method] | str
     fixed: dict = field(default_factory=dict)
-    from_run: dict[str, str] = field(default_factory=lambda: {"seed": "seed"})
+    from_run: dict[str, str | Callable[[Config], object]] = field(default_factory=lambda: {"seed": "seed"})
     from_data: dict[str, Callable[[MethodContext], object]] = field(default_factory=dict)
     named: bool = True
+    keyed_by_run: bool = False
     simple: bool = False
     seeded: bool = False
     needs_column: str | None = None
     needs_package: str | None = None
 
     def __post_init__(self) -> None:
-        """An entry that names an argument its class does not take, or leaves one without a default unset, is
-        refused as it is written, not when a run first builds it."""
-        parameters = self.parameters()
+        """An entry whose class is given as itself is checked as it is written (``check``); one that names where its
+        class is, when the class is first imported (``tests/test_methods.py`` imports every entry's)."""
+        if not isinstance(self.make, str):
+            self.check(self.make)
+
+    @property
+    def method_class(self) -> Callable[..., Method]:
+        """The method's class, imported (and checked) on first use where the entry names where it is."""
+        if not isinstance(self.make, str):
+            return self.make
+        module, _, name = self.make.partition(":")
+        found = getattr(importlib.import_module(module), name)
+        self.check(found)
+        return found
+
+    def check(self, method_class: Callable[..., Method]) -> None:
+        """Refuse an entry that names an argument its class does not take, or leaves one without a default unset."""
+        parameters = dict(inspect.signature(method_class).parameters)
         given = [*self.fixed, *self.from_run, *self.from_data]
         unknown = [name for name in given if name not in parameters]
         unset = [
@@ -91,22 +112,21 @@ class MethodSpec:
             if parameter.default is inspect.Parameter.empty and name not in given
         ]
         if unknown:
-            raise ValueError(f"method {self.name}: {self.make.__name__} takes no argument {', '.join(unknown)}")
+            raise ValueError(f"method {self.name}: {method_class.__name__} takes no argument {', '.join(unknown)}")
         if unset:
             raise ValueError(
-                f"method {self.name}: nothing gives {', '.join(unset)}, which {self.make.__name__} "
+                f"method {self.name}: nothing gives {', '.join(unset)}, which {method_class.__name__} "
                 "takes without a default"
             )
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """The constructor's arguments, in order."""
-        return dict(inspect.signature(self.make).parameters)
+        return dict(inspect.signature(self.method_class).parameters)
 
     def own_settings(self) -> list[str]:
         """The settings ``--set`` gives the method itself: its constructor's arguments that the entry neither fixes,
-        nor takes from the run's config, nor reads from the dataset. GARLIC has none: its settings are the config's."""
-        if WHOLE_CONFIG in self.from_run.values():
-            return []
+        nor takes from the run's config, nor reads from the dataset. GARLIC has none: its network's and its
+        training's settings are built from the run's config (``GARLIC_SETTINGS``), which ``--set`` sets."""
         taken = {*self.fixed, *self.from_run, *self.from_data}
         return [name for name in self.parameters() if name not in taken]
 
@@ -157,16 +177,18 @@ class MethodSpec:
             if name not in self.fixed and name not in self.from_data
         }
         arguments |= {
-            argument: config if key == WHOLE_CONFIG else getattr(config, key) for argument, key in self.from_run.items()
+            argument: key(config) if callable(key) else getattr(config, key) for argument, key in self.from_run.items()
         }
         return arguments | self.checked_settings(context.settings)
 
     def settings(self, context: MethodContext) -> dict:
         """What tells a trained unit from another (hashed: ``garlic.studies.settings_digest``): the method's name and
-        its arguments (``arguments``), which ``get_params`` of the method built gives back. A method that takes the
-        run's whole config (GARLIC) is identified by that config, as its units are (``queries.identifying_config``)."""
-        if WHOLE_CONFIG in self.from_run.values():
-            return queries.identifying_config(context.config)
+        its arguments (``arguments``), which ``get_params`` of the method built gives back; a method ``keyed_by_run``
+        (GARLIC), the run's config, as its units are archived (``queries.identifying_config``)."""
+        if self.keyed_by_run:
+            from garlic.tracking.queries import identifying_config  # MLflow: a saved method read back never asks
+
+            return identifying_config(context.config)
         return ({"method": self.name} if self.named else {}) | self.arguments(context)
 
     def available(self, labels: pd.DataFrame) -> bool:
@@ -187,7 +209,7 @@ class MethodSpec:
         """A fresh, unfitted method (``check_installed`` first)."""
         self.check_installed()
         data = {argument: read(context) for argument, read in self.from_data.items()}
-        return self.make(**self.fixed, **data, **self.arguments(context))
+        return self.method_class(**self.fixed, **data, **self.arguments(context))
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -219,14 +241,16 @@ def simple_baselines() -> list[str]:
 
 def network_baselines() -> list[str]:
     """The baselines trained epoch by epoch, as GARLIC is (GRU-D, decay-GRU, PyPOTS's models)."""
-    return [name for name, spec in METHODS.items() if hasattr(spec.make, "set_training_hooks") and not spec.seeded]
+    return [
+        name for name, spec in METHODS.items() if hasattr(spec.method_class, "set_training_hooks") and not spec.seeded
+    ]
 
 
 def _score(name: str, column: str) -> MethodSpec:
     return MethodSpec(
         name,
         f"the {column} score of the outcomes file, mapped to a risk by a logistic fit",
-        SeverityScore,
+        "garlic.methods.summary:SeverityScore",
         from_data={"scores": lambda context: context.labels.set_index("stay_id")[column]},
         needs_column=column,
     )
@@ -238,21 +262,23 @@ def _summary(name: str) -> MethodSpec:
     return MethodSpec(
         name,
         f"{model} on per-stay summaries{' and the static features' if static else ''}",
-        SummaryModel,
+        "garlic.methods.summary:SummaryModel",
         fixed={"kind": kind, "with_static": static},
         simple=True,
     )
 
 
 def _recurrent(name: str, description: str) -> MethodSpec:
-    return MethodSpec(name, description, RecurrentModel, fixed={"name": name}, from_run=EPOCHS, named=False)
+    return MethodSpec(
+        name, description, "garlic.methods.recurrent:RecurrentModel", fixed={"name": name}, from_run=EPOCHS, named=False
+    )
 
 
 def _field(name: str, description: str) -> MethodSpec:
     return MethodSpec(
         f"pypots_{name}",
         f"{description}, PyPOTS's, on an hourly grid",
-        FieldModel,
+        "garlic.methods.field:FieldModel",
         fixed={"name": name},
         from_run={"max_epochs": "max_epochs", "patience": "early_stopping", "seed": "seed", "device": "device"},
         needs_package="pypots",
@@ -263,12 +289,16 @@ for _spec in (
     _score("saps", "SAPS-I"),
     _score("sofa", "SOFA"),
     *(_summary(name) for name in ("logreg", "logreg_static", "gbm", "gbm_static")),
-    MethodSpec("input_hours", "logistic regression on the hours of input alone (a protocol's length leak)", InputHours),
+    MethodSpec(
+        "input_hours",
+        "logistic regression on the hours of input alone (a protocol's length leak)",
+        "garlic.methods.summary:InputHours",
+    ),
     *(
         MethodSpec(
             f"hourly_{kind}",
             f"{model} on features of the record up to each prediction time (hourly tasks)",
-            HourlyModel,
+            "garlic.methods.hourly:HourlyModel",
             fixed={"kind": kind, "target": "label"},
         )
         for kind, model in (("gbm", "gradient boosting"), ("logreg", "logistic regression"))
@@ -277,13 +307,13 @@ for _spec in (
         "hourly_gbm_utility",
         "gradient boosting of whether an alarm gains the Sepsis Challenge's utility, each "
         "hour weighted by its gain (hourly tasks)",
-        HourlyModel,
+        "garlic.methods.hourly:HourlyModel",
         fixed={"kind": "gbm", "target": "utility"},
     ),
     MethodSpec(
         "alarm_after_hour",
         "alarm at every hour from an ICU hour chosen on training (the utility's floor)",
-        AlarmAfterHour,
+        "garlic.methods.hourly:AlarmAfterHour",
         from_run={},
     ),
     _recurrent("grud", "GRU-D (Che et al. 2018)"),
@@ -294,22 +324,28 @@ for _spec in (
     MethodSpec(
         "garlic",
         "GARLIC with the config's settings",
-        GarlicEstimator,
-        from_run={"config": WHOLE_CONFIG},
+        "garlic.methods.garlic:GarlicEstimator",
+        fixed={"explain": True},
+        from_run=GARLIC_SETTINGS,
         from_data={"planted": lambda context: context.planted},
+        keyed_by_run=True,
         seeded=True,
     ),
     MethodSpec(
         "garlic_whole_stays",
         "GARLIC trained on whole stays, asked at each prediction time on the record "
         "up to it (the replay of a per-stay model)",
-        WholeStaysGarlic,
-        from_run={"config": WHOLE_CONFIG},
+        "garlic.methods.garlic:WholeStaysGarlic",
+        fixed={"explain": True},
+        from_run=GARLIC_SETTINGS,
         from_data={"planted": lambda context: context.planted},
+        keyed_by_run=True,
         seeded=True,
     ),
     MethodSpec(
-        "last_values", "logistic regression on each variable's last value (garlic/methods/template.py)", LastValues
+        "last_values",
+        "logistic regression on each variable's last value (garlic/methods/template.py)",
+        "garlic.methods.template:LastValues",
     ),
 ):
     register(_spec)

@@ -24,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 from garlic.data.batches import IrregularDataset
 from garlic.explain.contributions import SHAP_MISSING, fold, linear_contributions, shap_installed, tree_contributions
 from garlic.methods.contract import check_fitted, fitted_inputs
-from garlic.methods.saved import FITTED, ModelFileError, read_fitted
+from garlic.methods.model_files import FITTED, ModelFileError, read_fitted
 from garlic.io.atomic import atomic_file, write_json_atomic
 from garlic.io.tensors import IrregularTensors
 

@@ -12,7 +12,7 @@ A method follows scikit-learn's conventions (``garlic.methods.contract``):
 - ``predict_proba(dataset)`` gives one risk in [0, 1] per stay, in the dataset's order, and calls ``check_fitted``
   first, so that a call before ``fit`` is a clear ``NotFittedError``;
 - optional: ``save_fitted(folder)`` and ``restore_fitted(folder)`` write what it fitted and read it back (JSON, a
-  scikit-learn model in skops's format, torch weights with ``garlic.methods.saved.save_weights``; never
+  scikit-learn model in skops's format, torch weights with ``garlic.methods.model_files.save_weights``; never
   pickle), so that its runs are saved and ``garlic predict``, ``garlic evaluate`` and the dashboard use them;
   ``log_fitted(parts)`` logs what it shows beyond its risks (see ``SummaryModel.log_fitted``).
 
@@ -35,7 +35,7 @@ from garlic.data.batches import IrregularDataset
 from garlic.io.atomic import write_json_atomic
 from garlic.methods.contract import check_fitted, fitted_inputs
 from garlic.methods.summary import SKOPS_FILE, load_skops, save_skops
-from garlic.methods.saved import FITTED, read_fitted
+from garlic.methods.model_files import FITTED, read_fitted
 
 
 class LastValues(BaseEstimator):

@@ -6,7 +6,7 @@ model, not the whole run configuration (data, optimisation, schedule, device).
 
 Each field means what the run config's key of the same name means and has its default; the run config checks the
 values as it is built (``garlic.config.CHECKS``), one written out by hand (as tests do) is taken as it is. A saved
-model folder keeps the run's config (``garlic.methods.saved``), from which its network is built again by ``from_run``.
+model folder keeps the run's config (``garlic.methods.model_files``), from which its network is built again by ``from_run``.
 """
 
 from __future__ import annotations

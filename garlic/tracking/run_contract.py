@@ -18,7 +18,7 @@ epoch. An hourly run also logs the alert policy it chose on validation (``alert_
 Artifacts (paths inside a run; the names below own them):
 
 - ``config.json`` (``CONFIG``), ``data_manifest.json`` (``DATA_MANIFEST``): on the run that ``garlic train`` started;
-- ``model/`` (``MODEL``): the saved method (``garlic.methods.saved``), on every split run of one that is saved;
+- ``model/`` (``MODEL``): the saved method (``garlic.methods.model_files``), on every split run of one that is saved;
 - ``predictions/<part>.csv`` (``predictions(part)``): ``stay_id, label, risk`` of the validation and test parts;
 - ``plots/<name>`` (``plot(name)``): ROC/PR, calibration and graph figures;
 - ``graph/adjacency.csv`` (``GRAPH``): the learned adjacency, rows the sources;
@@ -75,11 +75,10 @@ def method_of(run) -> str:
 
 
 def method_params(method: str, config: dict, settings: dict) -> dict:
-    """A run's parameters for its method: GARLIC's are its config (``settings``); another method's are the dataset
-    and protocol it ran on, its name and its settings."""
-    if method == GARLIC:
-        return settings
-    return {DATASET: config[DATASET], "split_protocol": config["split_protocol"], METHOD: method, **settings}
+    """A run's parameters for its method: the dataset and protocol it ran on, its name where its runs are tagged with
+    it (``method_tags``) and its settings (``MethodSpec.settings``; GARLIC's, the run's config, hold the dataset and
+    protocol already)."""
+    return {DATASET: config[DATASET], "split_protocol": config["split_protocol"], **method_tags(method), **settings}
 
 
 def training_state_path(store: Path, run_id: str) -> Path:

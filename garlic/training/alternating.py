@@ -28,12 +28,13 @@ import math
 import numpy as np
 import torch
 
-from garlic.config import Config, ConfigError
+from garlic.config import ConfigError
 from garlic.data.batches import IrregularDataset, loader
 from garlic.models.architectures import build_model
 from garlic.models.network_config import NetworkConfig
 from garlic.training import distributed
 from garlic.training.device import resolve_device
+from garlic.training.training_config import TrainingConfig
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, class_weights, evaluate, stage_losses
 from garlic.training.trainer import EpochPass, Progress, Trainer, remember_base_rates
 
@@ -46,13 +47,13 @@ class AlternatingTrainer(Trainer):
 
     stages = (RECONSTRUCTION, PREDICTION)
 
-    def __init__(self, config: Config, num_variables: int, num_static: int):
+    def __init__(self, network: NetworkConfig, config: TrainingConfig, num_variables: int, num_static: int):
         if config.schedule != "compact":
             raise ConfigError(f"AlternatingTrainer runs schedule=compact, not {config.schedule!r}: use make_trainer")
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        self.model = build_model(num_variables, num_static, NetworkConfig.from_run(config)).to(self.device)
+        self.model = build_model(num_variables, num_static, network).to(self.device)
         self.optimisers = {
             RECONSTRUCTION: torch.optim.Adam(
                 self.model.reconstruction_parameters(), lr=config.lr_rec, weight_decay=config.wd_rec

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from garlic.config import Config
 from garlic.data.batches import IrregularDataset
 from garlic.models.compact import Garlic, GarlicOutput, graph_penalty
 from garlic.models.predict import INFERENCE_BATCH, in_length_order
+from garlic.training.training_config import TrainingConfig
 
 RECONSTRUCTION, PREDICTION = "reconstruction", "prediction"
 
@@ -37,7 +37,7 @@ def class_weights(labels: torch.Tensor) -> tuple[float, float]:
 def stage_losses(
     model: Garlic,
     batch,
-    config: Config,
+    config: TrainingConfig,
     network: nn.Module | None = None,
     weights: tuple[float, float] | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -61,7 +61,9 @@ def stage_losses(
 
 
 @torch.no_grad()
-def evaluate(model: Garlic, dataset: IrregularDataset, config: Config, batch_size: int = INFERENCE_BATCH) -> dict:
+def evaluate(
+    model: Garlic, dataset: IrregularDataset, config: TrainingConfig, batch_size: int = INFERENCE_BATCH
+) -> dict:
     """Risk per stay, or per prediction time (in dataset order), and the mean loss parts and stage objectives over
     ``dataset`` (the BCE per target, weighted by the dataset's ``target_weights`` where it has them; the
     reconstruction error per stay)."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from garlic.config import Config, ConfigError
+from garlic.config import ConfigError
 from garlic.data.batches import IrregularDataset, loader
 from garlic.metrics import binary_metrics
 from garlic.models.architectures import build_model
 from garlic.models.network_config import NetworkConfig
 from garlic.training import distributed
 from garlic.training.device import resolve_device
+from garlic.training.training_config import TrainingConfig
 from garlic.training.losses import PREDICTION, RECONSTRUCTION, evaluate, stage_losses
 from garlic.training.trainer import EpochPass, Progress, Trainer, remember_base_rates
 
@@ -42,7 +43,7 @@ class ReferenceTrainer(Trainer):
 
     stages = (RECONSTRUCTION, PREDICTION)
 
-    def __init__(self, config: Config, num_variables: int, num_static: int):
+    def __init__(self, network: NetworkConfig, config: TrainingConfig, num_variables: int, num_static: int):
         if distributed.current().size > 1:
             raise ValueError("schedule=reference runs in a single process, not under torchrun")
         if config.balance_classes:
@@ -50,7 +51,7 @@ class ReferenceTrainer(Trainer):
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        self.model = build_model(num_variables, num_static, NetworkConfig.from_run(config)).to(self.device)
+        self.model = build_model(num_variables, num_static, network).to(self.device)
         optimiser = torch.optim.Adam(
             [
                 {"params": self.model.reconstruction_parameters(), "lr": config.lr_rec, "weight_decay": config.wd_rec},

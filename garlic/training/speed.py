@@ -25,9 +25,11 @@ from garlic.data.batches import IrregularDataset, loader
 from garlic.data.datasets import ensure_processed
 from garlic.data.splits import load_splits
 from garlic.io.tensors import load_tensors
+from garlic.models.network_config import NetworkConfig
 from garlic.models.predict import predict_proba
 from garlic.training.losses import RECONSTRUCTION, stage_losses
 from garlic.training.schedules import make_trainer
+from garlic.training.training_config import TrainingConfig
 
 INFERENCE_PASSES = 5
 FLOP_SAMPLE_BATCHES = 8
@@ -72,7 +74,12 @@ def measure_speed(
         return IrregularDataset(tensors.subset(split.positions(tensors, name)), split.normalisation)
 
     train, held_out = part("train"), part("validation")
-    trainer = make_trainer(config, len(tensors.variables), len(tensors.static_features))
+    trainer = make_trainer(
+        NetworkConfig.from_run(config),
+        TrainingConfig.from_run(config),
+        len(tensors.variables),
+        len(tensors.static_features),
+    )
     trainer.model.prepare(train.times, train.lengths)
     epoch = loader(train, config.batch_size, shuffle=True, seed=config.seed)
     timed = list(itertools.islice(epoch, batches)) if batches else list(epoch)

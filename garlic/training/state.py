@@ -1,6 +1,6 @@
 """The state of an unfinished fit (weights, optimisers, schedules, sampler, random state, progress), saved after every
 epoch and within long epochs (with how far the epoch has come) so that a killed run goes on where it stopped. Not the
-trained model: that is ``garlic.methods.saved``'s.
+trained model: that is ``garlic.methods.model_files``'s.
 
 A state records the config it was made under; a state of another run's config (copied into this run's folder, or
 left by another version of the run) or a file of another structure is refused in one line naming the file, before
