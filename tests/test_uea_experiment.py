@@ -93,7 +93,8 @@ def test_paired_differences_call_a_clear_gap_a_win_and_one_model_against_itself_
     for seed in (0, 1):
         right = labels.copy()
         wrong = np.where(np.arange(60) < 30, (labels + 1) % 3, labels)  # half wrong
-        for method, predicted in (("garlic", right), ("logreg", wrong), ("gbm", right)):
+        constant = np.zeros(60, dtype=int)
+        for method, predicted in (("garlic", right), ("logreg", wrong), ("gbm", right), ("last_values", constant)):
             rows.append(
                 pd.DataFrame(
                     {
@@ -107,7 +108,11 @@ def test_paired_differences_call_a_clear_gap_a_win_and_one_model_against_itself_
                     }
                 )
             )
-    table, paired = experiment.scored(pd.concat(rows))
+    predictions = pd.concat(rows)
+    table, paired = experiment.scored(predictions)
+    assert experiment.one_class_notes(predictions) == [
+        "last_values gives one class to every test series of tiny, in every seed."
+    ]
     assert table.set_index("method").loc["logreg", "accuracy"] == pytest.approx(0.5)
     paired = paired.set_index("method")
     assert paired.loc["logreg", "accuracy_verdict"] == "win"
