@@ -35,11 +35,11 @@ with a 95% bootstrap interval over the test series (each resample draws the seri
 method), and each method's paired difference with GARLIC on the same draws: a difference whose interval holds 0 is
 a tie.
 
-Imputation: on each seed's test series, ``experiments.imputation.HIDDEN_SHARE`` of the values left are hidden (seed
-s) and imputed from the rest, as ``experiments.imputation`` does on P12, by GARLIC's reconstruction head (the seed's
-model: each value from what the variables sent over the graph from the previous ``window_size`` samples), the
-last value carried forward, linear interpolation between the neighbours left (the one that reads later samples)
-and the training mean; normalised MAE (errors in training standard deviations), mean +/- std over the seeds and
+Imputation: on each seed's test series, ``garlic.evaluation.imputation.HIDDEN_SHARE`` of the values left are
+hidden (seed s) and imputed from the rest, as ``experiments.imputation`` does on P12, by GARLIC's reconstruction head
+(the seed's model: each value from what the variables sent over the graph from the previous ``window_size``
+samples), the last value carried forward, linear interpolation between the neighbours left (the one that reads
+later samples) and the training mean; normalised MAE (errors in training standard deviations), mean +/- std over the seeds and
 GARLIC's paired difference per seed.
 
 ``--screen SEED ...`` first trains the variations of the preset (``SCREENED``) with those seeds and scores them on
@@ -66,11 +66,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 from torch import nn
 
-from experiments.imputation import HIDDEN_SHARE, hide, reconstructed, simple_imputations
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, loader
 from garlic.data.splits import load_splits
 from garlic.evaluation.fit_and_test import split_parts
+from garlic.evaluation.imputation import HIDDEN_SHARE, hide, reconstructed, simple_imputations
 from garlic.evaluation.stats import BOOTSTRAP, mean_std
 from garlic.io.atomic import atomic_file
 from garlic.io.tables import MANIFEST, read_manifest
@@ -491,7 +491,7 @@ def report(
         "## Imputation",
         "",
         f"{HIDDEN_SHARE:.0%} of the test series' values left hidden (drawn with the seed) and imputed from the rest "
-        "(`experiments.imputation`'s methods): GARLIC's reconstruction head of the seed's model reads the previous "
+        "(`garlic.evaluation.imputation`, as `experiments.imputation` on P12): GARLIC's reconstruction head of the seed's model reads the previous "
         "samples only, as last-value carry-forward does; linear interpolation also reads the next value left. "
         "Normalised MAE (in training standard deviations), mean ± std over the seeds.",
         "",
