@@ -110,6 +110,8 @@ def _preprocess(args: argparse.Namespace) -> None:
         strict=args.strict,
         stays=args.stays,
         seed=args.seed,
+        drop_share=args.drop_share,
+        drop_sensors=args.drop_sensors,
         labels=args.labels,
         window_hours=args.window_hours,
         variables=args.variables,
@@ -212,6 +214,16 @@ def _stage_spans(run_id: str) -> str:
         else:
             spans.append([stage, metric.step, metric.step])
     return ", ".join(f"{stage} {first}-{last}" if first != last else f"{stage} {first}" for stage, first, last in spans)
+
+
+def _check_binary(dataset: str, data_root: Path) -> None:
+    """Refuse a processed dataset of several classes before anything is made for its run (``tables.check_binary``;
+    ``garlic.runs.train`` checks it again for its other callers)."""
+    from garlic.io.tables import MANIFEST, check_binary, read_manifest
+
+    folder = processed_folder(dataset, data_root)
+    if (folder / MANIFEST).is_file():
+        check_binary(read_manifest(folder), dataset)
 
 
 def _prepare(dataset: str, protocol_name: str, data_root: Path) -> None:
@@ -358,6 +370,7 @@ def _train(args: argparse.Namespace) -> None:
         spec.check_installed()
         assignments, method_settings = spec.parse_settings(args.set)  # the method's own settings, the config's
         config = _config(args, assignments)
+        _check_binary(config.dataset, args.data_root)
         indices, seeds = _units(args, config.split_protocol)
         which = f"split {indices[0]}" if len(indices) == 1 else f"splits {', '.join(map(str, indices))}"
         preset = Config.preset_path(config.dataset)
@@ -926,7 +939,19 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--cohort", help=f"named cohort, its own dataset and folder ({cohorts})")
     prep.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     prep.add_argument("--stays", type=int, help="synthetic: number of stays (default 2000)")
-    prep.add_argument("--seed", type=int, help="synthetic: generator seed (default 0)")
+    prep.add_argument(
+        "--seed",
+        type=int,
+        help="synthetic: generator seed; uea: seed of the values dropped and the validation draw (default 0)",
+    )
+    prep.add_argument(
+        "--drop-share",
+        type=float,
+        help="uea: share of each series' values removed at random (default 0.6, as Raindrop's PAM)",
+    )
+    prep.add_argument(
+        "--drop-sensors", type=int, help="uea: variables of each series removed whole, at random (default 0)"
+    )
     prep.add_argument("--name", help="meds: the dataset's name NAME, written as meds-NAME (default: meds)")
     prep.add_argument("--labels", type=Path, help="meds: the label file, or a folder of them (docs/own-data.md)")
     prep.add_argument(

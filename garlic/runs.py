@@ -46,7 +46,7 @@ from garlic.tracking.store import DEFAULT_STORE, claim_run, get_run, tracked_run
 from garlic.training import distributed
 from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
-from garlic.io.tables import LABELS, read_manifest
+from garlic.io.tables import LABELS, check_binary, read_manifest
 from garlic.io.tensors import IrregularTensors, load_tensors
 
 
@@ -84,12 +84,13 @@ def train(
     spec.check_installed()  # before any data is read
     with distributed.main_first():  # rank 0 builds the caches (tensors, splits) that the others then read
         folder = ensure_processed(config.dataset, data_root)
+        manifest = read_manifest(folder)
+        check_binary(manifest, config.dataset)
         tensors = load_tensors(folder)
         splits = load_splits(folder, tensors, config.split_protocol, config.dataset)
     chosen = chosen_splits(splits, [0] if split_indices is None else split_indices, config.split_protocol)
     for split in chosen:  # before any run opens: a fit on one outcome fails deep inside a method, or learns nothing
         _check_both_outcomes(tensors, split, config.dataset)
-    manifest = read_manifest(folder)
     labels, settings = pq.read_table(folder / LABELS).to_pandas(), spec.checked_settings(method_settings or {})
     if not spec.available(labels):
         raise ValueError(f"method {method} needs the {spec.needs_column} column, which {config.dataset} does not have")

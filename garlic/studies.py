@@ -47,7 +47,7 @@ from garlic.tracking.store import DEFAULT_STORE, claim_run, use_experiment, use_
 from garlic.training.state import load_training_state, save_training_state  # noqa: E402
 from garlic.evaluation.stats import mean_std  # noqa: E402
 from garlic.training.workers import add_worker_arguments, check_worker_arguments, die_with_parent  # noqa: E402
-from garlic.io.tables import LABELS, read_manifest  # noqa: E402
+from garlic.io.tables import LABELS, check_binary, read_manifest  # noqa: E402
 from garlic.io.tensors import IrregularTensors, load_tensors  # noqa: E402
 
 log = logging.getLogger("experiments")
@@ -140,10 +140,12 @@ class Cohort:
 
 def load_cohort(dataset: str, data_root: Path, protocol: str, indices: list[int] | None) -> Cohort:
     folder = ensure_processed(dataset, data_root)
+    manifest = read_manifest(folder)
+    check_binary(manifest, dataset)
     tensors = load_tensors(folder)
     splits = load_splits(folder, tensors, protocol, dataset)
     indices = list(range(len(splits))) if indices is None else indices
-    return Cohort(tensors, chosen_splits(splits, indices, protocol), read_manifest(folder).get("ground_truth_graph"))
+    return Cohort(tensors, chosen_splits(splits, indices, protocol), manifest.get("ground_truth_graph"))
 
 
 def open_experiment(name: str, store: Path) -> str:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from experiments import imputation
-from experiments.imputation import hide, reconstructed, simple_imputations
+from garlic.evaluation.imputation import hide, reconstructed, simple_imputations
 from garlic import studies
 from garlic.data.batches import IrregularDataset
 from garlic.methods.field import hourly_grid

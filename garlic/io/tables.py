@@ -6,8 +6,9 @@ A processed dataset is one folder holding:
   ``stay_id`` (int64), ``time`` (float32, hours since ICU admission), ``variable`` (dictionary string),
   ``value`` (float32).
 - ``static.parquet``: one row per stay, ``stay_id`` then one float32 column per static feature (null = unknown).
-- ``labels.parquet``: one row per stay, ``stay_id``, ``label`` (int8, the prediction target) and any
-  reference columns the source provides (for example SAPS-I for baselines).
+- ``labels.parquet``: one row per stay, ``stay_id``, ``label`` (int8, the prediction target: 0/1, or a class's
+  index into the manifest's ``classes`` for a dataset of several classes, ``multiclass``) and any reference columns
+  the source provides (for example SAPS-I for baselines).
   Volumes (``manifest["summed_variables"]``: P12 ``Urine``, MIMIC-III output events) recorded more than once at
   one time are one row holding their sum (``sum_simultaneous``): two outputs charted together are both output.
   Any other variable may repeat at one time; the tensors keep its later row (see ``tensors``).
@@ -16,6 +17,8 @@ A processed dataset is one folder holding:
   stay's observations up to that time) and ``label`` (int8). Sorted by stay, then time. Without it a dataset asks
   for one risk per stay, from its whole input, with the stay's ``labels.label`` (``tensors.PredictionTimes``).
   With it, the manifest's ``task`` says what the rows are and how they are scored.
+- further tables a source keeps beside these (``write_processed``'s ``extra``: the UEA source's ``dropped.parquet``,
+  the observations it removed), written with them.
 - ``manifest.json``: what was read (files and SHA-256), the preprocessing version, the variable list, counts and
   every dropped stay or skipped row with its reason. It is written last: a folder without it is incomplete.
 
@@ -204,14 +207,17 @@ def write_processed(
     variables: list[str],
     manifest: dict,
     tasks: pd.DataFrame | None = None,
+    extra: dict[str, pd.DataFrame] | None = None,
 ) -> Path:
     """Write the three tables (four with ``tasks``) and the manifest into ``destination``, atomically; a dataset
     without a stay is refused, so that a source with no usable record never replaces a good dataset (nor its saved
     splits).
 
     ``observations`` needs columns stay_id, time, variable, value; ``static`` and ``labels`` need ``stay_id``,
-    and ``labels`` a 0/1 ``label`` column. Every stay in ``observations`` must have a label and a static row.
-    ``tasks``, when given, needs stay_id, time and a 0/1 label, and every labelled stay at least one row.
+    and ``labels`` a ``label`` column: 0/1, or with the manifest's ``classes`` (their names, at least two) each
+    stay's class index. Every stay in ``observations`` must have a label and a static row. ``tasks``, when given,
+    needs stay_id, time and a 0/1 label, and every labelled stay at least one row. ``extra``: further tables by file
+    name (``dropped.parquet``), written beside the others.
     """
     if labels.empty:
         raise NoUsableStayError(
@@ -225,8 +231,15 @@ def write_processed(
         missing = set(observations["stay_id"].unique()) - set(frame["stay_id"])
         if missing:
             raise ValueError(f"{len(missing)} stays have observations but no {name} row, e.g. {sorted(missing)[:5]}")
-    if not labels["label"].isin([0, 1]).all():
-        raise ValueError("labels.label must be 0 or 1")
+    classes = manifest.get("classes")
+    if classes is not None and len(classes) < 2:
+        raise ValueError(f"manifest classes {classes}: a dataset of classes needs at least two")
+    if not labels["label"].isin(range(len(classes)) if classes else [0, 1]).all():
+        raise ValueError(
+            "labels.label must be 0 or 1"
+            if classes is None
+            else f"labels.label must be a class index 0..{len(classes) - 1}"
+        )
 
     if tasks is not None:
         tasks = _checked_tasks(tasks, labels)
@@ -241,7 +254,11 @@ def write_processed(
             **manifest.get("counts", {}),
             "stays": int(labels["stay_id"].nunique()),
             "observations": int(len(observations)),
-            "positives": int(labels["label"].sum()),
+            **(
+                {"positives": int(labels["label"].sum())}
+                if classes is None
+                else {"per_class": {name: int((labels["label"] == k).sum()) for k, name in enumerate(classes)}}
+            ),
             **(
                 {}
                 if tasks is None
@@ -256,6 +273,8 @@ def write_processed(
         pq.write_table(pa.Table.from_pandas(labels, preserve_index=False), staging / LABELS)
         if tasks is not None:
             pq.write_table(pa.Table.from_pandas(tasks, preserve_index=False), staging / TASKS)
+        for name, table in (extra or {}).items():
+            pq.write_table(pa.Table.from_pandas(table, preserve_index=False), staging / name)
         write_json_atomic(staging / MANIFEST, manifest)
     return destination
 
@@ -312,6 +331,17 @@ def read_manifest(folder: Path) -> dict:
             f"{path}: not a processed dataset's manifest ({manifest!s:.200}); run `garlic preprocess` for it again"
         )
     return manifest
+
+
+def check_binary(manifest: dict, dataset: str) -> None:
+    """Refuse a dataset of several classes (the manifest's ``classes``) where a method predicts the risk of a 0/1
+    outcome, as every method of ``garlic.methods.registry`` does: it would read class indices as outcomes."""
+    classes = manifest.get("classes")
+    if classes is not None:
+        raise ValueError(
+            f"{dataset} has {len(classes)} classes ({', '.join(map(str, classes))}), and the project's methods predict "
+            "the risk of a 0/1 outcome; its comparison is python -m experiments.uea"
+        )
 
 
 def read_processed(folder: Path) -> ProcessedDataset:

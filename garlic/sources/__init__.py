@@ -1,5 +1,5 @@
 """Where data come from: one module per source (``synthetic``, ``physionet2012``, ``physionet2019``, ``mimic3``,
-``meds``), each reading its raw records into the processed tables of ``garlic.io.tables``, with the parsers' shared
+``meds``, ``uea``), each reading its raw records into the processed tables of ``garlic.io.tables``, with the parsers' shared
 helpers in ``raw``.
 
 A source module declares itself with one ``SOURCE = Source(...)`` at its end: how ``garlic preprocess`` builds it,
