@@ -206,7 +206,11 @@ def test_evaluate_names_a_broken_weights_file_in_one_line(trained, capsys):
         ),
         (["preprocess", "synthetic", "--stays", "-5"], "--stays must be at least 1, got -5"),
         (["preprocess", "synthetic", "--strict"], "--strict does not apply to synthetic"),
-        (["preprocess", "synthetic", "--cohort", "garlic"], "--cohort does not apply to synthetic"),
+        (
+            ["preprocess", "synthetic", "--cohort", "garlic"],
+            "unknown cohort 'garlic' for synthetic; choose one of outcome, hourly",
+        ),
+        (["preprocess", "meds", "--cohort", "garlic"], "--cohort does not apply to meds"),
         (
             ["preprocess", "physionet2012", "--source", ".", "--cohort", "garlic"],
             "unknown cohort 'garlic' for physionet2012",
