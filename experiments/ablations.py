@@ -33,13 +33,13 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from garlic import studies
+from garlic import runs, studies
 from garlic.config import Config
 from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
 from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
-from garlic.tracking import carry, queries
+from garlic.tracking import carry, queries, run_contract
 from garlic.tracking.archive import RunArchive, Unit
 from garlic.training.workers import Job, run_jobs
 
@@ -91,12 +91,18 @@ def run_variants(
                     None
                     if carried is None
                     else carry.unit_state(
-                        carried, f"{STUDY}-{name}", split.name, None, variant.to_dict(), archive.data_digest
+                        carried,
+                        run_contract.UnitIdentity(
+                            f"{STUDY}-{name}",
+                            config.dataset,
+                            split.name,
+                            None,
+                            queries.settings_digest(variant.to_dict()),
+                            archive.data_digest,
+                        ),
                     )
                 )
-                return studies.fit_and_test_resuming(
-                    estimator, split_parts(cohort.tensors, split), variant, store, state
-                )
+                return runs.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store, state)
 
             tags = unit_tags(config, name, split.index)
             if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
