@@ -1,6 +1,6 @@
 """What the MLflow stores hold, asked in one place: which runs match a unit's settings, whether a unit is done (or
 stopped half-way, to be resumed), a run's split runs, a split run's model folder and test predictions, and the runs
-the dashboard lists. ``experiments.compare``, the studies (``garlic.studies``, ``experiments/``), ``garlic.runs`` and
+the dashboard lists. The comparison table (``garlic.studies.comparison``), the studies (``garlic.studies``, ``experiments/``), ``garlic.runs`` and
 the dashboard (``garlic.app``) ask these rather than search the stores themselves.
 
 A unit is one method on one split (and model seed), on one dataset (``run_contract.UnitIdentity``); its run carries
