@@ -30,17 +30,19 @@ A call naming fewer methods, presets or protocols than the table at ``OUT`` hold
 rather than cutting it: the rows it does not name are made from the units the run archive keeps of them, and the
 report names them. A damaged archive (``garlic.tracking.archive.DamagedArchiveError``) is refused in one line.
 
-Resumable from MLflow (``garlic.tracking.queries``): a GARLIC unit (preset, split, seed) is done when any of the
-``--mlruns`` stores holds a FINISHED split run with that split, seed and config on the same data
-(``run_contract.DATA_DIGEST``), so runs trained in parallel into separate stores are gathered by listing every store;
-new work goes into the first, and a GARLIC unit that another live process trains into it
-(``garlic.studies.comparison_units.unit_lock``) is left to that process. A unit whose run stopped half-way in the first store (killed, or its machine gone) with its training
-state kept is resumed from its last state (``queries.interrupted_unit``), in the same MLflow run, not trained again
-from the start. Baselines reuse their finished runs the same way (``garlic.studies.resumable``). Each unit is kept
-in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training state is kept there
-too, outside the store, and a store that has no run of the unit (the next session's, on a fresh machine) goes on
-from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``); the report then
-says how far each carried unit has come ("Under way"). ``--no-train`` only gathers, and names what is missing;
+Resumable from MLflow (``garlic.tracking.queries``): a unit is done when any of the ``--mlruns`` stores holds a
+FINISHED run of it, in any experiment, whichever command trained it (this table, ``garlic train``, a study): its run
+carries the unit's identity (``garlic.tracking.run_contract.UnitIdentity``: method, split, settings and data), and a
+GARLIC split run that ``garlic train`` finished before runs carried it is found by its split, seed and config on the
+same data (``run_contract.DATA_DIGEST``). Runs trained in parallel into separate stores are gathered by listing every
+store; new work goes into the first, in the dataset's experiment, and a GARLIC unit that another live process trains
+into it (``garlic.studies.comparison_units.unit_lock``) is left to that process. A unit whose run stopped half-way in
+the first store (killed, or its machine gone) with its training state kept is resumed from its last state
+(``queries.interrupted_unit``, ``garlic.runs.run_unit``), in the same MLflow run, not trained again from the start.
+Each unit is kept in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training
+state is kept there too, outside the store, and a store that has no run of the unit (the next session's, on a fresh
+machine) goes on from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``);
+the report then says how far each carried unit has come ("Under way"). ``--no-train`` only gathers, and names what is missing;
 ``--splits K ...`` trains only those splits and gathers the others: two calls, each into its own store with its own
 splits, train one method's splits on two cores (a registered method trains in its call's process), and a last
 ``--no-train`` call naming both stores makes the whole table.

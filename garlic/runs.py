@@ -246,7 +246,7 @@ class _Run:
         begin = (
             {"run_id": previous.info.run_id} if previous is not None else {"run_name": where.name, "tags": where.tags}
         )
-        unit = unit_identity(self.spec, context, split, run_contract.manifest_digest(self.manifest))
+        unit = unit_identity(self.spec, context, split.name, run_contract.manifest_digest(self.manifest))
         with tracked_run(**begin, nested=True) if where.nested else nullcontext():
             run = mlflow.active_run().info  # the nested run, or the parent itself
             mlflow.set_tags(unit.tags())  # a run started before units were tagged gets them as it goes on
@@ -281,13 +281,13 @@ class _Run:
 
 
 def unit_identity(
-    spec: registry.MethodSpec, context: registry.MethodContext, split: Split, data_digest: str
+    spec: registry.MethodSpec, context: registry.MethodContext, split_name: str, data_digest: str
 ) -> run_contract.UnitIdentity:
-    """The unit that ``spec`` built from ``context`` is on ``split`` of the data of ``data_digest``, whichever path
-    trains it."""
+    """The unit that ``spec`` built from ``context`` is on the split ``split_name`` of the data of ``data_digest``,
+    whichever path trains it."""
     seed = context.config.seed if spec.seeded else None
     settings = queries.settings_digest(spec.settings(context))
-    return run_contract.UnitIdentity(spec.name, context.config.dataset, split.name, seed, settings, data_digest)
+    return run_contract.UnitIdentity(spec.name, context.config.dataset, split_name, seed, settings, data_digest)
 
 
 def fit_and_test_resuming(

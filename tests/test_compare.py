@@ -19,7 +19,9 @@ from experiments import compare
 from garlic import runs, studies
 from garlic.studies import comparison, comparison_units
 from garlic.training.workers import PARENT_ENV
+from garlic.config import Config
 from garlic.data.splits import PROTOCOLS, Protocol
+from garlic.evaluation.fit_and_test import split_parts
 from garlic.evaluation import published
 from garlic.evaluation import stats
 from garlic.io.locks import acquire, release
@@ -1144,3 +1146,45 @@ def test_the_report_gives_each_methods_settings_with_the_epoch_budget_the_datase
         comparison.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [], {}, lines
     )
     assert text.split("## The methods' settings\n\n")[1].endswith("\n\n" + "\n".join(lines) + "\n")
+
+
+def test_every_path_sees_every_finished_unit_and_stores_written_before_units_were_tagged_still_read(
+    tmp_path, monkeypatch
+):
+    # One unit, whichever path trained it and in whichever experiment: the table gathers `garlic train --method`'s
+    # run and a baseline run in the experiment `baselines-DATASET` that carries the tags the baselines wrote before
+    # (study among them), and a GARLIC split run of `garlic train` that carries no unit tags at all; none is trained.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=300, seed=2)
+    monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (0, 1)))
+    store = tmp_path / "mlruns"
+    settings = {"split_protocol": "two"}
+    by_train, _ = runs.train(Config.for_dataset("synthetic").override(settings), [0], tmp_path, store, method="logreg")
+    loaded = studies.load_cohort("synthetic", tmp_path, "two", [1])
+    earlier = studies.Baselines(Config.for_dataset("synthetic").override(settings), loaded, tmp_path, store)
+    unit = earlier.unit("logreg", loaded.splits[0])
+    experiment = studies.open_experiment("baselines-synthetic", store)  # where the baselines' runs were kept
+
+    def work() -> dict[str, float]:
+        parts = split_parts(loaded.tensors, loaded.splits[0])
+        return runs.fit_and_test_resuming(earlier.method("logreg"), parts, earlier.config, store)
+
+    _, by_study, _ = runs.resumable_run(
+        None, None, {"experiment_id": experiment, "run_name": "logreg/split_1", "tags": unit.tags()}, work, store
+    )
+    mlflow.MlflowClient().set_tag(by_study, "study", "baseline")
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "two", "seed": 0})
+    untagged, _ = runs.train(config, [1], tmp_path, store, preset="synthetic")
+    for key in ("dataset", "data_digest", "method", "split", "settings"):  # as `garlic train` left its runs before
+        mlflow.MlflowClient().delete_tag(untagged, key)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished unit was trained again")
+
+    monkeypatch.setattr(runs, "fit_and_test_resuming", never)
+    monkeypatch.setattr(runs, "train", never)
+    monkeypatch.setattr(runs, "resume", never)
+    found, missing = comparison_units.baseline_units(["logreg"], "synthetic", "two", [store], tmp_path, [])
+    assert [(u.split, u.run_id) for u in found] == [(0, by_train), (1, by_study)] and missing == []
+    monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (1,), seeds=(0,)))
+    (garlic,), missing = comparison_units.garlic_units("synthetic", config, "two", [store], tmp_path, train=True)
+    assert garlic.run_id == untagged and missing == []

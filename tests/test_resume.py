@@ -547,7 +547,7 @@ def test_a_study_unit_stopped_half_way_goes_on_in_its_own_run_and_ends_as_the_un
     loaded = studies.load_cohort("synthetic", root, "five-split", [0])
 
     def unit_in(store: Path) -> studies.Baselines:
-        return studies.Baselines(config, loaded, studies.open_experiment("baselines-synthetic", store), root, store)
+        return studies.Baselines(config, loaded, root, store)
 
     whole = unit_in(tmp_path / "whole").run(["garlic"])
     saved = runs.save_training_state
@@ -652,9 +652,7 @@ def test_a_study_unit_whose_store_is_gone_goes_on_from_its_carried_state_and_end
     carried = tmp_path / "unfinished"
 
     def unit_in(store: Path) -> studies.Baselines:
-        return studies.Baselines(
-            config, loaded, studies.open_experiment("baselines-synthetic", store), root, store, carried
-        )
+        return studies.Baselines(config, loaded, root, store, carried)
 
     whole = unit_in(tmp_path / "whole").run(["decay_gru"])
     assert list(carried.iterdir()) == []

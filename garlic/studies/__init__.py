@@ -276,15 +276,14 @@ BASELINE_STUDY = "baseline"  # the study tag of the baselines' summary run
 
 class Baselines:
     """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run
-    (``runs.run_unit``), found by its identity in any experiment of the store."""
+    (``runs.run_unit``), found by its identity in any experiment of the store, and trained into the dataset's
+    experiment, where ``garlic train`` puts its runs too."""
 
-    def __init__(
-        self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path, carried: Path | None = None
-    ):
-        """``store``: the MLflow store of ``experiment_id``, where the units' training states are kept; ``carried``,
-        a folder where they are also carried beyond it (``garlic.tracking.carry``)."""
-        self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, Path(store)
-        self.carried = carried
+    def __init__(self, config: Config, cohort: Cohort, data_root, store: Path, carried: Path | None = None):
+        """``store``: the MLflow store the units' runs and training states are kept in; ``carried``, a folder where
+        the states are also carried beyond it (``garlic.tracking.carry``)."""
+        self.config, self.cohort, self.store, self.carried = config, cohort, Path(store), carried
+        self.experiment_id = open_experiment(config.dataset, store)
         folder = processed_folder(config.dataset, data_root)
         self.context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
         self.data_digest = run_contract.manifest_digest(read_manifest(folder))  # a run on other data is never reused
@@ -301,7 +300,7 @@ class Baselines:
 
     def unit(self, method: str, split: Split) -> run_contract.UnitIdentity:
         """The unit of ``method`` on ``split`` (``runs.unit_identity``)."""
-        return runs.unit_identity(registry.method(method), self.context, split, self.data_digest)
+        return runs.unit_identity(registry.method(method), self.context, split.name, self.data_digest)
 
     def method(self, name: str) -> Method:
         """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""

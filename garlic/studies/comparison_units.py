@@ -3,9 +3,11 @@ preset of ``--presets`` on each split (and model seed) of each protocol, each ga
 table's run archive, else trained (``python -m experiments.compare``, whose help says how).
 
 A source's table (``physionet2019``, ``TABLE_COHORTS``) runs each protocol on its own cohort (``protocol_dataset``).
-A GARLIC unit is trained through ``garlic.runs.train`` (in this process, or in ``garlic train`` worker processes:
-``train_in_workers``), a registered method's through ``garlic.studies.Baselines``; either is kept in the run archive
-as soon as it has finished.
+A unit is found by its identity (``garlic.tracking.run_contract.UnitIdentity``) in any experiment of any store given,
+whichever command trained it. A GARLIC unit is trained through ``garlic.runs.train`` (in this process, or in
+``garlic train`` worker processes: ``train_in_workers``), a registered method's through ``garlic.studies.Baselines``,
+both into the dataset's experiment and fitted as every unit is (``garlic.runs.fit_and_test_resuming``); either is
+kept in the run archive as soon as it has finished.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import mlflow
+import pandas as pd
 
 from garlic import runs, studies
 from garlic.config import CONFIG_DIR, Config
@@ -86,7 +91,7 @@ def garlic_units(
             unit_config = config.override({"split_protocol": protocol_name, "seed": seed})
             settings = queries.config_digest(unit_config)
             split_name = f"{protocol_name}/split_{index}"
-            found = queries.finished_unit(stores, unit_config, split_name, digest)
+            found = finished_preset(stores, unit_config, split_name, digest)
             if found is None and archive is not None:
                 kept = archive.find(name, protocol_name, index, seed, settings)
                 if kept is not None:
@@ -99,7 +104,7 @@ def garlic_units(
                     log.warning("%s on %s, seed %d: another process is training it; left out", name, split_name, seed)
                 else:
                     try:  # it may have finished while this process waited for it
-                        found = queries.finished_unit(stores[:1], unit_config, split_name, digest)
+                        found = finished_preset(stores[:1], unit_config, split_name, digest)
                         interrupted = queries.interrupted_unit(stores[0], unit_config, split_name, digest)
                         if found is None and interrupted is not None:
                             log.info("resuming %s on %s, seed %d (run %s)", name, split_name, seed, interrupted)
@@ -107,7 +112,7 @@ def garlic_units(
                         elif found is None:
                             log.info("training %s on %s, seed %d", name, split_name, seed)
                             runs.train(unit_config, [index], data_root, stores[0], preset=name, carry=carry)
-                        found = queries.finished_unit(stores[:1], unit_config, split_name, digest)
+                        found = finished_preset(stores[:1], unit_config, split_name, digest)
                     finally:
                         release(claim)
             if found is None:
@@ -117,6 +122,19 @@ def garlic_units(
             if archive is not None:  # now, not after the call's last unit: the machine may not last that long
                 archive.keep(units[-1:])
     return units, missing
+
+
+def finished_preset(
+    stores: list[Path], config: Config, split_name: str, data_digest: str
+) -> tuple[Path, mlflow.entities.Run] | None:
+    """A finished run of the GARLIC unit of ``config`` (a preset's, its protocol and model seed set) on
+    ``split_name`` in any of ``stores``, with its store: found by the unit's identity (``runs.unit_identity``), whichever
+    path trained it in whichever experiment, else, a run that ``garlic train`` finished before units were tagged, by
+    its logged params (``queries.finished_unit``)."""
+    unit = runs.unit_identity(
+        registry.method(run_contract.GARLIC), registry.MethodContext(config, pd.DataFrame()), split_name, data_digest
+    )
+    return queries.finished_unit_run(stores, unit) or queries.finished_unit(stores, config, split_name, data_digest)
 
 
 def finished_unit(name: str, protocol_name: str, index: int, seed: int, settings: str, store: Path, run) -> Unit:
@@ -211,7 +229,7 @@ def train_in_workers(
         if archive is None:
             return
         config, digest = pending_config(unit, data_root, overrides)
-        found = queries.finished_unit([store], config, f"{unit.protocol}/split_{unit.split}", digest)
+        found = finished_preset([store], config, f"{unit.protocol}/split_{unit.split}", digest)
         if found is not None:
             archive.keep(
                 [
@@ -236,41 +254,49 @@ def baseline_units(
     carry: Path | None = None,
     splits: list[int] | None = None,
 ) -> tuple[list[Unit], list[Pending]]:
-    """The baselines on the protocol's splits (deterministic: one run per split, whatever the protocol's seeds):
-    a split's unit kept in ``archive`` is read from it, the others reuse their finished runs in any of ``stores`` or,
-    with ``train``, run into the first (carrying their training states in ``carry``; only the splits of ``splits``
-    when given); returns the units and the method and split of each that has no run."""
+    """The registered methods on the protocol's splits (one unit per split, whatever the protocol's seeds): a split's
+    unit kept in ``archive`` is read from it, else its finished run in any experiment of ``stores`` (found by its
+    identity: the table's, ``garlic train --method``'s or a study's) is gathered, else, with ``train``, it runs in
+    the first store's experiment of the dataset (``studies.Baselines``; carrying its training state in ``carry``;
+    only the splits of ``splits`` when given); returns the units and the method and split of each that has none."""
     if not methods:
         return [], []
     config = Config.for_dataset(dataset).override([*overrides, f"split_protocol={protocol_name}"])
     cohort = studies.load_cohort(dataset, data_root, protocol_name, None)
-    name = f"baselines-{dataset}"
-    first = studies.Baselines(config, cohort, studies.open_experiment(name, stores[0]), data_root, stores[0], carry)
-    units, to_run = [], []
-    for method in first.available(methods):
-        settings = queries.settings_digest(first.settings(method))
-        kept = [
-            None if archive is None else archive.find(method, protocol_name, split.index, None, settings)
-            for split in cohort.splits
-        ]
-        units += [unit for unit in kept if unit is not None]
-        if any(unit is None for unit in kept):  # some splits kept, by a call whose machine went away before the rest
-            to_run.append(method)
-    # The other stores are only read (no experiment is created in them); the first one, last, trains what none holds.
-    others = [(store, queries.existing_experiment(name, store)) for store in stores[1:]]
-    runners = [
-        (store, studies.Baselines(config, cohort, found, data_root, store))
-        for store, found in others
-        if found is not None
-    ]
-    for store, runner in [*runners, (stores[0], first)]:
-        use_store(store)
+    runner = studies.Baselines(config, cohort, data_root, stores[0], carry)
+    units, available = [], runner.available(methods)
 
-        def gather(record: dict, store=store, runner=runner) -> None:
-            predictions = queries.test_predictions(store, record["run_id"])
-            metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
+    def gather(unit: Unit) -> None:
+        units.append(unit)
+        if archive is not None:  # now, not after the call's last unit: the machine may not last that long
+            archive.keep([unit])
+
+    for method in available:
+        for split in cohort.splits:
+            unit = runner.unit(method, split)
+            kept = None if archive is None else archive.find(method, protocol_name, split.index, None, unit.settings)
+            if kept is not None:
+                units.append(kept)
+            elif (found := queries.finished_unit_run(stores, unit)) is not None:
+                gather(finished_unit(method, protocol_name, split.index, None, unit.settings, *found))
+    held = {(unit.method, unit.split) for unit in units}
+    to_run = [
+        (method, split)
+        for method in available
+        for split in cohort.splits
+        if (method, split.index) not in held and (splits is None or split.index in splits)
+    ]
+    if train and to_run:
+        use_store(stores[0])
+        skip = {(method, split.index) for method in methods for split in cohort.splits} - {
+            (method, split.index) for method, split in to_run
+        }
+
+        def trained(record: dict) -> None:
             settings = queries.settings_digest(runner.settings(record["method"]))
-            units.append(
+            predictions = queries.test_predictions(stores[0], record["run_id"])
+            metrics = {metric: record[f"test_{metric}"] for metric in METRICS}
+            gather(
                 Unit(
                     record["method"],
                     protocol_name,
@@ -282,20 +308,12 @@ def baseline_units(
                     predictions,
                 )
             )
-            if archive is not None:  # now, not after the call's last unit: the machine may not last that long
-                archive.keep(units[-1:])
 
-        held = {(unit.method, unit.split) for unit in units}
-        if runner is first and train and splits is not None:  # the other splits: gathered, not trained
-            runner.run(to_run, False, skip=held, finished=gather)
-            held = {(unit.method, unit.split) for unit in units} | {
-                (method, split.index) for method in to_run for split in cohort.splits if split.index not in splits
-            }
-        runner.run(to_run, train and runner is first, skip=held, finished=gather)
+        runner.run(list(dict.fromkeys(method for method, _ in to_run)), True, skip=skip, finished=trained)
     done = {(unit.method, unit.split) for unit in units}
     missing = [
         Pending(method, protocol_name, split.index, None)
-        for method in first.available(to_run)
+        for method in available
         for split in cohort.splits
         if (method, split.index) not in done
     ]
