@@ -57,13 +57,15 @@ VARIANTS = {
 
 
 def unit_tags(config: Config, variant: str, split: int) -> dict:
-    """What identifies the run of ``variant`` on ``split`` (its settings by digest)."""
+    """What identifies the run of ``variant`` on ``split``: its settings by digest, told apart as GARLIC's units are
+    (``queries.identifying_config``: a config key added since a unit was archived, at the value that trains as before,
+    leaves its digest alone)."""
     return {
         "study": STUDY,
         "dataset": config.dataset,
         "variant": variant,
         "split": split,
-        "settings": queries.settings_digest(config.override(VARIANTS[variant]).to_dict()),
+        "settings": queries.settings_digest(queries.identifying_config(config.override(VARIANTS[variant]))),
     }
 
 
@@ -83,8 +85,9 @@ def run_variants(
     for name in variants:
         variant = config.override(VARIANTS[name])
         for split in cohort.splits:
+            tags = unit_tags(config, name, split.index)
 
-            def work(variant=variant, split=split) -> dict[str, float]:
+            def work(variant=variant, split=split, settings=tags["settings"]) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
                 estimator = GarlicEstimator(variant, cohort.planted, explain=False)
                 state = (
@@ -97,14 +100,13 @@ def run_variants(
                             config.dataset,
                             split.name,
                             None,
-                            queries.settings_digest(variant.to_dict()),
+                            settings,
                             archive.data_digest,
                         ),
                     )
                 )
                 return runs.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store, state)
 
-            tags = unit_tags(config, name, split.index)
             if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
                 kept = archive.row(variant=name, split=split.index, settings=tags["settings"]) if archive else None
                 if kept is not None:

@@ -1,10 +1,12 @@
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from experiments.ablations import VARIANTS, main, run_variants, with_published
+from experiments.ablations import VARIANTS, main, run_variants, unit_tags, with_published
 from garlic import runs, studies
 from garlic.tracking.archive import study_archive
 from garlic.config import Config
@@ -293,3 +295,15 @@ def test_each_variant_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_n
     assert list(records["variant"]) == ["full", "no_graph"] and records["run_id"][0] == kept["run_id"][0]
     assert len(mlflow.search_runs(experiment_ids=[fresh])) == 1
     assert sorted(pd.read_csv(out / "ablation_runs.csv")["variant"]) == ["full", "no_graph"]
+
+
+def test_a_variant_archived_before_a_config_key_was_added_is_found_by_the_same_digest():
+    # The committed study's units were archived before `hours_input` and `hourly_target` existed; at the values that
+    # train as before, those keys leave a variant's digest alone, so the study is made again from its archive.
+    archive = Path(__file__).resolve().parents[1] / "docs" / "results" / "studies" / "ablations-physionet2012-raindrop"
+    kept = pd.read_csv(archive / "ablation_runs.csv", dtype=str).set_index(["variant", "split"])
+    config = studies.preset_config("physionet2012-fast", "physionet2012", ["split_protocol=raindrop"])
+    for variant in VARIANTS:
+        assert unit_tags(config, variant, 0)["settings"] == kept.loc[(variant, "0"), "settings"], variant
+    other = config.override({"hourly_target": "utility"})  # a value that trains otherwise: another unit
+    assert unit_tags(other, "full", 0)["settings"] != kept.loc[("full", "0"), "settings"]
