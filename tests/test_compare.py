@@ -1188,3 +1188,20 @@ def test_every_path_sees_every_finished_unit_and_stores_written_before_units_wer
     monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (1,), seeds=(0,)))
     (garlic,), missing = comparison_units.garlic_units("synthetic", config, "two", [store], tmp_path, train=True)
     assert garlic.run_id == untagged and missing == []
+
+
+def test_a_garlic_unit_that_garlic_train_finished_is_the_studies_unit_too(tmp_path, monkeypatch):
+    # The early-warning study trains its GARLIC presets as registered methods; `garlic train --config` of the same
+    # preset on the same split is the same unit, found by its identity rather than trained twice.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=300, seed=2)
+    store = tmp_path / "mlruns"
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "five-split"})
+    trained, _ = runs.train(config, [0], tmp_path, store, preset="synthetic")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished unit was trained again")
+
+    monkeypatch.setattr(runs, "fit_and_test_resuming", never)
+    loaded = studies.load_cohort("synthetic", tmp_path, "five-split", [0])
+    (record,) = studies.Baselines(config, loaded, tmp_path, store).run(["garlic"]).to_dict("records")
+    assert record["run_id"] == trained

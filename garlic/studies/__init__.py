@@ -2,8 +2,9 @@
 ``garlic.evaluation.fit_and_test`` (the one path that fits, selects, tests and logs a method on a split): the common
 arguments, the presets, the cohort and its splits, resumable MLflow runs, mean +/- std tables and the registered
 methods on a cohort's splits (``Baselines``). Which runs the stores hold is asked of ``garlic.tracking.queries``, and
-the runs kept beside the tables are ``garlic.tracking.archive``'s. The scripts of ``experiments/`` import it, never
-one another.
+the runs kept beside the tables are ``garlic.tracking.archive``'s. The comparison table is this package's too:
+``comparison`` (the table, its paired differences and report) made from the units ``comparison_units`` gathers or
+trains. The scripts of ``experiments/`` import it, never one another.
 
 Resuming: every unit of work is an MLflow run tagged with what identifies it: a registered method's unit with its
 ``run_contract.UnitIdentity`` (``Baselines``, through ``runs.run_unit``, found in any experiment of the store), a
