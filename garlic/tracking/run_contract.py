@@ -58,7 +58,7 @@ DATA_DIGEST = "data_digest"
 SPLIT_INDICES = "split_indices"
 SEEDS = "seeds"
 PRESET = "preset"
-METHOD = "method"  # the tag naming a registered method other than GARLIC (``garlic.methods.registry``)
+METHOD = "method"  # the tag naming a run's registered method (``garlic.methods.registry``); GARLIC's by default
 SETTINGS = "settings"  # the tag of a unit's run: the digest of its settings (``UnitIdentity``)
 STAGES = "stages"  # the tag of a GARLIC split run: its training stages by epoch ("reconstruction 1-3, ...")
 
@@ -122,14 +122,6 @@ class UnitIdentity:
         seed = "" if self.seed is None else f"-seed_{self.seed}"
         split = self.split.replace("/", "-")
         return f"{self.method}-{split}{seed}-{self.settings}-{self.data_digest[:data_digest_chars]}.pt"
-
-    @property
-    def protocol(self) -> str:
-        return parse_split_name(self.split)[0]
-
-    @property
-    def split_index(self) -> int:
-        return parse_split_name(self.split)[1]
 
 
 def training_state_path(store: Path, run_id: str) -> Path:
