@@ -33,13 +33,13 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from garlic import studies
+from garlic import runs, studies
 from garlic.config import Config
 from garlic.evaluation import published
 from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts
 from garlic.evaluation.stats import paired_difference
 from garlic.methods.garlic import GarlicEstimator
-from garlic.tracking import carry, queries
+from garlic.tracking import carry, queries, run_contract
 from garlic.tracking.archive import RunArchive, Unit
 from garlic.training.workers import Job, run_jobs
 
@@ -57,13 +57,15 @@ VARIANTS = {
 
 
 def unit_tags(config: Config, variant: str, split: int) -> dict:
-    """What identifies the run of ``variant`` on ``split`` (its settings by digest)."""
+    """What identifies the run of ``variant`` on ``split``: its settings by digest, told apart as GARLIC's units are
+    (``queries.identifying_config``: a config key added since a unit was archived, at the value that trains as before,
+    leaves its digest alone)."""
     return {
         "study": STUDY,
         "dataset": config.dataset,
         "variant": variant,
         "split": split,
-        "settings": queries.settings_digest(config.override(VARIANTS[variant]).to_dict()),
+        "settings": queries.settings_digest(queries.identifying_config(config.override(VARIANTS[variant]))),
     }
 
 
@@ -83,22 +85,28 @@ def run_variants(
     for name in variants:
         variant = config.override(VARIANTS[name])
         for split in cohort.splits:
+            tags = unit_tags(config, name, split.index)
 
-            def work(variant=variant, split=split) -> dict[str, float]:
+            def work(variant=variant, split=split, settings=tags["settings"]) -> dict[str, float]:
                 mlflow.log_params(variant.to_dict() | {"split_name": split.name})
                 estimator = GarlicEstimator.of_run(variant, cohort.planted, explain=False)
                 state = (
                     None
                     if carried is None
                     else carry.unit_state(
-                        carried, f"{STUDY}-{name}", split.name, None, variant.to_dict(), archive.data_digest
+                        carried,
+                        run_contract.UnitIdentity(
+                            f"{STUDY}-{name}",
+                            config.dataset,
+                            split.name,
+                            None,
+                            settings,
+                            archive.data_digest,
+                        ),
                     )
                 )
-                return studies.fit_and_test_resuming(
-                    estimator, split_parts(cohort.tensors, split), variant, store, state
-                )
+                return runs.fit_and_test_resuming(estimator, split_parts(cohort.tensors, split), variant, store, state)
 
-            tags = unit_tags(config, name, split.index)
             if queries.finished_run(experiment_id, {k: str(v) for k, v in tags.items()}) is None:
                 kept = archive.row(variant=name, split=split.index, settings=tags["settings"]) if archive else None
                 if kept is not None:

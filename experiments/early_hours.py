@@ -74,7 +74,6 @@ def train_and_keep(
 ) -> pd.DataFrame:
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its test risks at ``HOURS``."""
     digest = run_contract.manifest_digest(read_manifest(processed_folder(DATASET, data_root)))
-    experiment = studies.open_experiment(f"early-hours-{DATASET}", store)
     cohort = studies.load_cohort(DATASET, data_root, PROTOCOL, splits)
     plans = [
         (studies.preset_config(preset, DATASET, overrides), GARLIC_METHODS, preset),
@@ -82,7 +81,7 @@ def train_and_keep(
     ]
     rows = []
     for config, methods, named_preset in plans:
-        runner = studies.Baselines(config.override({"split_protocol": PROTOCOL}), cohort, experiment, data_root, store)
+        runner = studies.Baselines(config.override({"split_protocol": PROTOCOL}), cohort, data_root, store)
         for record in runner.run(list(methods), train).to_dict("records"):
             row = {
                 "method": row_name(record["method"], named_preset),

@@ -119,7 +119,6 @@ def train_and_keep(
 ) -> pd.DataFrame:
     """Every unit's run (trained where missing, with ``train``), and with ``out`` its stays' parts kept there."""
     digest = run_contract.manifest_digest(read_manifest(processed_folder(DATASET, data_root)))
-    experiment = studies.open_experiment(f"baselines-{DATASET}", store)
     rows, sites = [], []
     for protocol_name in protocols:
         cohort = studies.load_cohort(DATASET, data_root, protocol_name, None)
@@ -128,9 +127,7 @@ def train_and_keep(
         }
         records = []
         for preset, config in configs.items():
-            runner = studies.Baselines(
-                config.override({"split_protocol": protocol_name}), cohort, experiment, data_root, store
-            )
+            runner = studies.Baselines(config.override({"split_protocol": protocol_name}), cohort, data_root, store)
             chosen = methods if preset is None else ["garlic"]
             records += [
                 (preset or record["method"], runner.settings(record["method"]), record)

@@ -188,7 +188,8 @@ class FidelityStudy:
         return kept if all(row is not None for row in kept) else None
 
     def tags(self, split: Split, condition: str, method: str, fraction: float) -> dict:
-        settings = self.config.to_dict() | ({"ig_steps": self.ig_steps} if method == "ig" else {})
+        # told apart as GARLIC's units are: a config key added since a unit was archived leaves its digest alone
+        settings = queries.identifying_config(self.config) | ({"ig_steps": self.ig_steps} if method == "ig" else {})
         return {
             "study": STUDY,
             "dataset": self.config.dataset,

@@ -17,6 +17,7 @@ fits; only rank 0 logs and writes the training state.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from garlic.training.state import load_training_state, save_training_state
 from garlic.training.trainer import EpochRecord
 from garlic.io.tables import LABELS, check_binary, read_manifest
 from garlic.io.tensors import IrregularTensors, load_tensors
+
+log = logging.getLogger("experiments")
 
 
 @dataclass
@@ -230,9 +233,9 @@ class _Run:
         tested (``garlic.evaluation.fit_and_test.fit_and_test``) in the parent itself or in its nested run (resumed
         where one was started), and the fitted method logged where it can be saved.
 
-        A method that can resume (``contract.can_resume``: GARLIC, the recurrent and PyPOTS baselines) saves the fit's
-        state beside the run after every epoch and within long ones (``run_contract.training_state_path``) and
-        continues a state found there; another one starts its split again. The run's ``split_params`` tie it to the stays it used."""
+        The unit's run carries its identity's tags (``run_contract.UnitIdentity``), so that every other path finds it,
+        and is fitted as every unit is (``fit_and_test_resuming``: resumed from its own or its carried training
+        state); the run's ``split_params`` tie it to the stays it used."""
         record = run_contract.split_params(split, self.folder, self.manifest)
         previous = where.previous
         if previous is not None and queries.is_finished(previous):
@@ -244,45 +247,31 @@ class _Run:
         begin = (
             {"run_id": previous.info.run_id} if previous is not None else {"run_name": where.name, "tags": where.tags}
         )
+        unit = unit_identity(self.spec, context, split.name, run_contract.manifest_digest(self.manifest))
         with tracked_run(**begin, nested=True) if where.nested else nullcontext():
             run = mlflow.active_run().info  # the nested run, or the parent itself
+            mlflow.set_tags(unit.tags())  # a run started before units were tagged gets them as it goes on
+            logged = get_run(run.run_id).data.params
             if where.nested and previous is None:
                 mlflow.log_params(
                     run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context))
                 )
-            state_path = run_contract.training_state_path(self.store, run.run_id)
-            resumes = can_resume(method)
-            carried = (
-                None
-                if self.carry is None or not resumes
-                else carry.unit_state(
-                    self.carry,
-                    self.preset or self.spec.name,
-                    split.name,
-                    context.config.seed,
-                    run_contract.method_params(self.spec.name, context.config.to_dict(), self.spec.settings(context)),
-                    run_contract.manifest_digest(self.manifest),
-                )
-            )
-            source = carry.resume_from(carried, state_path) if resumes else None
-            resume = load_training_state(source, context.config) if source is not None else None
-            distributed.broadcast_state({"resume": resume})
-            if source != state_path:  # a new run, even where it goes on from its unit's carried state
-                mlflow.log_params(record)
-
-            def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
-                save_training_state(state_path, state, context.config)
-                carry.carry(carried, state_path)
-
-            if resumes:
-                method.set_training_hooks(on_epoch=report, on_state=save, resume=resume)
+            # a new run, even where it goes on from its unit's carried state; a resumed one said it when it began
+            mlflow.log_params({key: value for key, value in record.items() if key not in logged})
             parts = split_parts(self.tensors, split)
-            metrics = fit_and_test(method, parts)
-            if can_be_saved(method):
+
+            def save_method() -> None:
                 log_method(fitted_on(self.spec.name, method, context.config, parts["train"], context.settings))
-            if resumes:
-                shutil.rmtree(state_path.parent, ignore_errors=True)
-                carry.finish(carried)
+
+            metrics = fit_and_test_resuming(
+                method,
+                parts,
+                context.config,
+                self.store,
+                carry.unit_state(self.carry, unit),
+                report,
+                save_method if can_be_saved(method) else None,
+            )
             best_epoch = metrics.get("best_epoch")
             return SplitResult(
                 run.run_id,
@@ -290,6 +279,96 @@ class _Run:
                 None if best_epoch is None else int(best_epoch),
                 {metric: metrics[f"test_{metric}"] for metric in METRICS},
             )
+
+
+def unit_identity(
+    spec: registry.MethodSpec, context: registry.MethodContext, split_name: str, data_digest: str
+) -> run_contract.UnitIdentity:
+    """The unit that ``spec`` built from ``context`` is on the split ``split_name`` of the data of ``data_digest``,
+    whichever path trains it."""
+    seed = context.config.seed if spec.seeded else None
+    settings = queries.settings_digest(spec.settings(context))
+    return run_contract.UnitIdentity(spec.name, context.config.dataset, split_name, seed, settings, data_digest)
+
+
+def fit_and_test_resuming(
+    method: Method,
+    parts: dict,
+    config: Config,
+    store: Path,
+    carried: Path | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+    fitted: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """``fit_and_test`` of one unit in the active run, the one way every path fits a unit: a method that resumes
+    (``contract.can_resume``) saves the state of its fit (``garlic.training.state``, checked against ``config``) at
+    ``run_contract.training_state_path`` of ``store`` after every epoch and within long ones, and goes on from the
+    state a stopped fit of this run left there, else from the unit's ``carried`` state (``garlic.tracking.carry``:
+    also kept there at every save). ``on_epoch`` hears each epoch; ``fitted`` (logging what was fitted) is called
+    once the method is tested, before its states are removed. Under ``torchrun`` the state gone on from is sent to
+    the other ranks (``_help_fit``)."""
+    path = run_contract.training_state_path(store, mlflow.active_run().info.run_id)
+    resumes = can_resume(method)
+    source = carry.resume_from(carried, path) if resumes else None
+    resume = load_training_state(source, config) if source is not None else None
+    distributed.broadcast_state({"resume": resume})
+
+    def save(state: dict) -> None:  # called on every rank: gathering the state takes them all
+        save_training_state(path, state, config)
+        carry.carry(carried, path)
+
+    if resumes:
+        method.set_training_hooks(on_epoch=on_epoch, on_state=save, resume=resume)
+    metrics = fit_and_test(method, parts)
+    if fitted is not None:
+        fitted()
+    if resumes:
+        shutil.rmtree(path.parent, ignore_errors=True)
+        carry.finish(carried)
+    return metrics
+
+
+def resumable_run(
+    finished: mlflow.entities.Run | None,
+    stopped: str | None,
+    begin: dict,
+    work: Callable[[], dict[str, float]],
+    store: Path | None,
+) -> tuple[dict[str, float], str, bool]:
+    """A unit's run, in one of three ways: the ``finished`` run's metrics reused; else ``work`` run inside the run
+    ``stopped`` with a training state kept in ``store`` (``work`` goes on from it: ``fit_and_test_resuming``); else
+    ``work`` inside a new run (``mlflow.start_run(**begin)``). A run is held (``claim_run``) while it trains: a second
+    process never continues it at the same time. Returns (metrics, run id, reused)."""
+    if finished is not None:
+        log.info("reusing finished run %s (%s)", finished.info.run_id, finished.info.run_name)
+        return dict(finished.data.metrics), finished.info.run_id, True
+    if stopped is not None:
+        log.info("resuming run %s from its training state", stopped)
+        with claim_run(store, stopped), mlflow.start_run(run_id=stopped) as run:
+            return work(), run.info.run_id, False
+    log.info("training %s", begin.get("run_name"))
+    with mlflow.start_run(**begin) as run:
+        with claim_run(store, run.info.run_id) if store is not None else nullcontext():
+            metrics = work()
+    return metrics, run.info.run_id, False
+
+
+def run_unit(
+    unit: run_contract.UnitIdentity,
+    experiment_id: str,
+    run_name: str,
+    work: Callable[[], dict[str, float]],
+    store: Path,
+) -> tuple[dict[str, float], str, bool]:
+    """``resumable_run`` of ``unit`` in ``store``: its finished run in any experiment of the store reused, else its
+    stopped run with a training state gone on with, else a new run of ``experiment_id`` tagged as the unit."""
+    return resumable_run(
+        None if (found := queries.finished_unit_run([store], unit)) is None else found[1],
+        queries.interrupted_unit_run(store, unit),
+        {"experiment_id": experiment_id, "run_name": run_name, "tags": unit.tags()},
+        work,
+        store,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from experiments.ablations import VARIANTS, main, run_variants, with_published
-from garlic import studies
+from experiments.ablations import VARIANTS, main, run_variants, unit_tags, with_published
+from garlic import runs, studies
 from garlic.tracking.archive import study_archive
 from garlic.config import Config
 from garlic.data.batches import IrregularDataset, collate
@@ -247,14 +249,14 @@ def test_a_variant_whose_store_is_gone_goes_on_from_its_carried_state_and_ends_a
         return run_variants(config, loaded, experiment, store, ["no_graph"], archive=archive, carried=carried)
 
     whole = variants_in(tmp_path / "whole")
-    saved = studies.save_training_state
+    saved = runs.save_training_state
 
     def save_then_die(path, state, config):
         saved(path, state, config)
         if state["progress"]["epoch"] == 2:
             raise KeyboardInterrupt("the machine went away")
 
-    monkeypatch.setattr(studies, "save_training_state", save_then_die)
+    monkeypatch.setattr(runs, "save_training_state", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         variants_in(tmp_path / "gone")
     monkeypatch.undo()
@@ -273,14 +275,14 @@ def test_each_variant_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_n
     out = tmp_path / "out"
     archive = study_archive(out, "ablation_runs", "synthetic", data_root)
     experiment = studies.open_experiment("ablations-synthetic", tmp_path / "gone")
-    fit = studies.fit_and_test_resuming
+    fit = runs.fit_and_test_resuming
 
     def cut_off_in_no_graph(estimator, parts, variant, store, carried=None):
         if not variant.use_graph:
             raise KeyboardInterrupt("the machine went away")
         return fit(estimator, parts, variant, store, carried)
 
-    monkeypatch.setattr(studies, "fit_and_test_resuming", cut_off_in_no_graph)
+    monkeypatch.setattr(runs, "fit_and_test_resuming", cut_off_in_no_graph)
     with pytest.raises(KeyboardInterrupt):
         run_variants(command_config(), loaded, experiment, tmp_path / "gone", ["full", "no_graph"], archive=archive)
     kept = pd.read_csv(out / "ablation_runs.csv")
@@ -293,3 +295,15 @@ def test_each_variant_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_n
     assert list(records["variant"]) == ["full", "no_graph"] and records["run_id"][0] == kept["run_id"][0]
     assert len(mlflow.search_runs(experiment_ids=[fresh])) == 1
     assert sorted(pd.read_csv(out / "ablation_runs.csv")["variant"]) == ["full", "no_graph"]
+
+
+def test_a_variant_archived_before_a_config_key_was_added_is_found_by_the_same_digest():
+    # The committed study's units were archived before `hours_input` and `hourly_target` existed; at the values that
+    # train as before, those keys leave a variant's digest alone, so the study is made again from its archive.
+    archive = Path(__file__).resolve().parents[1] / "docs" / "results" / "studies" / "ablations-physionet2012-raindrop"
+    kept = pd.read_csv(archive / "ablation_runs.csv", dtype=str).set_index(["variant", "split"])
+    config = studies.preset_config("physionet2012-fast", "physionet2012", ["split_protocol=raindrop"])
+    for variant in VARIANTS:
+        assert unit_tags(config, variant, 0)["settings"] == kept.loc[(variant, "0"), "settings"], variant
+    other = config.override({"hourly_target": "utility"})  # a value that trains otherwise: another unit
+    assert unit_tags(other, "full", 0)["settings"] != kept.loc[("full", "0"), "settings"]

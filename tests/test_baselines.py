@@ -135,8 +135,7 @@ def data_root(tmp_path_factory):
 def test_the_baselines_runner_logs_each_methods_test_predictions_and_reuses_a_finished_run(data_root, tmp_path):
     config = Config().override(TINY)
     loaded = studies.load_cohort("synthetic", data_root, "five-split", [0])
-    experiment = studies.open_experiment("baselines-test", tmp_path / "mlruns")
-    runner = studies.Baselines(config, loaded, experiment, data_root, tmp_path / "mlruns")
+    runner = studies.Baselines(config, loaded, data_root, tmp_path / "mlruns")
     methods = ["saps", "sofa", "logreg"]  # each method's own fit and risks: tests/test_method_conformance.py
     records = runner.run(methods)
     assert list(records["method"]) == methods
@@ -173,7 +172,9 @@ def test_command_prints_the_table_with_paper_columns(data_root, tmp_path, capsys
     printed = capsys.readouterr().out
     assert "| method | splits | auroc | auprc | brier | ece |" in printed and "paper_auroc" in printed
     assert "| saps | 2 |" in printed and "| logreg | 2 |" in printed
-    assert len(mlflow.search_runs(experiment_names=["baselines-synthetic"])) == 5  # 2 methods x 2 splits + summary
+    # the units in the dataset's experiment, where `garlic train` keeps its runs; the table's summary in its own
+    assert len(mlflow.search_runs(experiment_names=["synthetic"])) == 4  # 2 methods x 2 splits
+    assert len(mlflow.search_runs(experiment_names=["baselines-synthetic"])) == 1
 
 
 @pytest.mark.parametrize("kind", ["gbm", "logreg"])

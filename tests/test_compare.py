@@ -16,16 +16,19 @@ import pandas as pd
 import pytest
 
 from experiments import compare
-from garlic import runs
+from garlic import runs, studies
+from garlic.studies import comparison, comparison_units
 from garlic.training.workers import PARENT_ENV
+from garlic.config import Config
 from garlic.data.splits import PROTOCOLS, Protocol
+from garlic.evaluation.fit_and_test import split_parts
 from garlic.evaluation import published
 from garlic.evaluation import stats
 from garlic.io.locks import acquire, release
 from garlic.io.tables import read_manifest
 from garlic.sources import synthetic
 from garlic.tracking import queries, run_contract
-from garlic.tracking.archive import RunArchive
+from garlic.tracking.archive import RunArchive, Unit
 from garlic.tracking.store import use_store
 
 TINY = ["--set", "max_epochs=1", "--set", "hidden_dim=8", "--set", "feature_dim=4"]
@@ -130,22 +133,26 @@ def test_runs_on_other_data_are_not_reused(compared, tmp_path):
     root, store, _, _, _ = compared
     other = tmp_path / "other"
     synthetic.generate(other / "processed" / "synthetic", n_stays=300, seed=9)
-    config = compare.preset_config("synthetic", "synthetic", TINY[1::2])
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2])
     with tiny_protocol():
-        units, missing = compare.garlic_units("synthetic", config, "tiny", [store], other, train=False)
+        units, missing = comparison_units.garlic_units("synthetic", config, "tiny", [store], other, train=False)
     assert units == [] and list(map(str, missing)) == ["synthetic tiny/split_0 seed 0", "synthetic tiny/split_0 seed 1"]
 
 
 def test_a_unit_another_process_is_training_is_not_trained_twice(compared, tmp_path, monkeypatch):
     root, _, _, _, _ = compared
     store = tmp_path / "store"
-    config = compare.preset_config("synthetic", "synthetic", TINY[1::2])
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2])
     trained = []
-    monkeypatch.setattr(compare.runs, "train", lambda config, splits, *a, **k: trained.append((splits, config.seed)))
-    held = acquire(compare.unit_lock(store, "synthetic", "tiny", 0, 1), wait=False)  # "another process", seed 1
+    monkeypatch.setattr(
+        comparison_units.runs, "train", lambda config, splits, *a, **k: trained.append((splits, config.seed))
+    )
+    held = acquire(
+        comparison_units.unit_lock(store, "synthetic", "tiny", 0, 1), wait=False
+    )  # "another process", seed 1
     try:
         with tiny_protocol():
-            _, missing = compare.garlic_units("synthetic", config, "tiny", [store], root, train=True)
+            _, missing = comparison_units.garlic_units("synthetic", config, "tiny", [store], root, train=True)
     finally:
         release(held)
     assert trained == [([0], 0)]  # seed 0 trained here; seed 1 left to the process that holds it
@@ -275,7 +282,7 @@ def test_a_table_with_nothing_paired_is_read_back_by_the_next_call(compared, tmp
             )
         paired = pd.read_csv(out / "synthetic-paired.csv")
         assert paired["baseline"].tolist() == methods * 2  # one row per metric
-    assert list(paired.columns) == compare.PAIRED_COLUMNS
+    assert list(paired.columns) == comparison.PAIRED_COLUMNS
 
 
 @pytest.mark.slow
@@ -283,7 +290,7 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
     store, out, carried = tmp_path / "mlruns", tmp_path / "results", tmp_path / "unfinished"
     # splits 0, 2 and 4 are trained here first, as any earlier command would have left them
-    config = compare.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "five-split"})
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "five-split"})
     for split in (0, 2, 4):
         runs.train(config, [split], data_root=tmp_path, store=store, preset="synthetic")
     command = [
@@ -311,7 +318,7 @@ def test_workers_train_the_missing_units_in_parallel_processes_into_the_first_st
         raise KeyboardInterrupt("the machine went away")
 
     with monkeypatch.context() as patched:  # cut off as the workers end: each unit was kept as its process ended
-        patched.setattr(compare, "baseline_units", machine_gone)
+        patched.setattr(comparison, "baseline_units", machine_gone)
         with pytest.raises(KeyboardInterrupt):
             compare.main(command)
     kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")  # 0, 2 and 4 as the store was read, 1 and 3 as trained
@@ -395,12 +402,14 @@ def test_the_table_is_made_again_from_the_run_archive_when_the_stores_are_gone(c
     assert paired((moved / "synthetic.md").read_text()) == paired(first[0])
     assert all(run.info.run_name == "comparison" for run in split_runs(tmp_path / "empty"))  # nothing trained
     # other settings are other units: the archive does not stand in for them
-    config = compare.preset_config("synthetic", "synthetic", [*TINY[1::2], "hidden_dim=16"])
+    config = studies.preset_config("synthetic", "synthetic", [*TINY[1::2], "hidden_dim=16"])
     digest = run_contract.manifest_digest(read_manifest(root / "processed" / "synthetic"))
     labels = pd.read_parquet(root / "processed" / "synthetic" / "labels.parquet").set_index("stay_id")["label"]
     archive = RunArchive(moved / "synthetic-runs", digest, labels)
     with tiny_protocol():
-        units, missing = compare.garlic_units("synthetic", config, "tiny", [tmp_path / "empty"], root, False, archive)
+        units, missing = comparison_units.garlic_units(
+            "synthetic", config, "tiny", [tmp_path / "empty"], root, False, archive
+        )
     assert units == [] and len(missing) == 2
 
 
@@ -416,7 +425,7 @@ def test_each_unit_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_none
             raise KeyboardInterrupt("the machine went away")
         return train(config, *args, **kwargs)
 
-    monkeypatch.setattr(compare.runs, "train", cut_off_in_seed_1)
+    monkeypatch.setattr(comparison_units.runs, "train", cut_off_in_seed_1)
     with pytest.raises(KeyboardInterrupt):
         compare_tiny(tmp_path, store, out)
     kept = pd.read_csv(out / "synthetic-runs" / "runs.csv")
@@ -426,7 +435,7 @@ def test_each_unit_is_archived_as_it_finishes_so_a_call_cut_off_later_loses_none
         ("synthetic", 0),
     ]
     assert not (out / "synthetic.md").exists()  # the table waits for the call's end
-    monkeypatch.setattr(compare.runs, "train", train)
+    monkeypatch.setattr(comparison_units.runs, "train", train)
     fresh = tmp_path / "next-machine"  # the store went with the machine; the next call trains only the cut-off unit
     compare_tiny(tmp_path, fresh, out)
     (trained,) = [run for run in split_runs(fresh) if run.info.run_name != "comparison"]
@@ -441,11 +450,15 @@ def test_a_baseline_trains_only_the_splits_the_run_archive_does_not_keep(tmp_pat
     labels = pd.read_parquet(tmp_path / "processed" / "synthetic" / "labels.parquet").set_index("stay_id")["label"]
     archive = RunArchive(tmp_path / "synthetic-runs", digest, labels)
     monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (0, 1)))
-    first, _ = compare.baseline_units(["logreg"], "synthetic", "two", [tmp_path / "first"], tmp_path, [], archive)
+    first, _ = comparison_units.baseline_units(
+        ["logreg"], "synthetic", "two", [tmp_path / "first"], tmp_path, [], archive
+    )
     kept = pd.read_csv(tmp_path / "synthetic-runs" / "runs.csv")
     kept[kept["split"] == 0].to_csv(tmp_path / "synthetic-runs" / "runs.csv", index=False)  # split 1 was cut off
     archive = RunArchive(tmp_path / "synthetic-runs", digest, labels)
-    units, _ = compare.baseline_units(["logreg"], "synthetic", "two", [tmp_path / "next"], tmp_path, [], archive)
+    units, _ = comparison_units.baseline_units(
+        ["logreg"], "synthetic", "two", [tmp_path / "next"], tmp_path, [], archive
+    )
     assert [unit.run_id for unit in units] == [first[0].run_id, units[1].run_id] != [u.run_id for u in first]
     (trained,) = split_runs(tmp_path / "next")
     assert trained.info.run_id == units[1].run_id and trained.data.params["split_name"] == "two/split_1"
@@ -518,7 +531,7 @@ def test_a_row_whose_runs_are_gone_is_kept_from_the_previous_table_and_named(com
 
 def unit(method, split, risk, labels):
     predictions = pd.DataFrame({"stay_id": np.arange(len(labels)), "label": labels, "risk": risk})
-    return compare.Unit(method, "p", split, None, "run", "settings", {}, predictions)
+    return Unit(method, "p", split, None, "run", "settings", {}, predictions)
 
 
 def test_paired_difference_calls_a_clear_gain_a_win_noise_a_tie_and_the_same_risks_identical():
@@ -559,7 +572,7 @@ def test_weighted_scores_equal_sklearns_with_sample_weights_ties_included():
 def test_a_key_added_since_a_unit_was_archived_leaves_its_digest_alone_at_the_value_that_trains_as_before():
     archive = Path(__file__).resolve().parents[1] / "docs" / "results" / "physionet2012-runs" / "runs.csv"
     kept = pd.read_csv(archive, dtype=str).set_index(["method", "protocol", "split"])
-    config = compare.preset_config("physionet2012-best", "physionet2012", []).override({"split_protocol": "raindrop"})
+    config = studies.preset_config("physionet2012-best", "physionet2012", []).override({"split_protocol": "raindrop"})
     # The unit was archived before ``lr_schedule`` existed; at "plateau" it trains as it did then.
     assert queries.config_digest(config) == kept.loc[("physionet2012-best", "raindrop", "0"), "settings"]
     assert (
@@ -605,10 +618,10 @@ def test_past_the_deadline_no_unit_starts_and_the_table_names_them_not_yet_run(t
 def test_a_unit_that_another_process_trains_is_skipped(tmp_path, capsys):
     store = tmp_path / "mlruns"
     (store / "locks").mkdir(parents=True)
-    unit = compare.Pending("synthetic", "tiny", 0, 0)
+    unit = comparison_units.Pending("synthetic", "tiny", 0, 0)
     held = acquire(store / "locks" / "unit-synthetic-tiny-split_0-seed_0", wait=False)
     try:
-        compare.train_in_workers([unit], 2, store, tmp_path, [])
+        comparison_units.train_in_workers([unit], 2, store, tmp_path, [])
     finally:
         release(held)
     assert "synthetic tiny/split_0 seed 0: skipped: another process is training it" in capsys.readouterr().out
@@ -664,7 +677,9 @@ def test_a_preset_named_with_against_is_paired_run_by_run_on_the_same_split_and_
     old = [unit("old", seed, risk) for seed, risk in enumerate(risks)]
     same = [unit("new", seed, risk) for seed, risk in enumerate(risks)]  # each seed equals the old one's
     baseline, network = [unit("logreg", None, risks[1])], [unit("pypots_raindrop", None, risks[0])]
-    paired = compare.comparisons(old + same + baseline + network, ["old", "new"], ["garlic-reference"], against=["old"])
+    paired = comparison.comparisons(
+        old + same + baseline + network, ["old", "new"], ["garlic-reference"], against=["old"]
+    )
     rows = paired.set_index(["preset", "baseline", "metric"])
     for metric in ("auroc", "auprc"):
         tie = rows.loc[("new", "old", metric)]
@@ -689,7 +704,7 @@ def test_a_network_baseline_still_training_is_paired_on_the_splits_it_has():
 
     preset = [scored("fast", split, 1.0) for split in range(5)]
     partial = [scored("pypots_seft", split, 0.2) for split in (0, 1)]
-    paired = compare.comparisons(preset + partial, ["fast"], ["p"], against=["fast"])
+    paired = comparison.comparisons(preset + partial, ["fast"], ["p"], against=["fast"])
     row = paired.set_index(["baseline", "metric"]).loc[("pypots_seft", "auroc")]
     assert row["runs"] == 2 and row["verdict"] == "win"
     assert row["difference"] == pytest.approx(stats.paired_difference(preset[:2], partial, "auroc")["difference"])
@@ -849,10 +864,10 @@ def test_cross_hospital_rows_and_the_drop_from_the_models_own_hospital(tmp_path,
 
 
 def test_a_sources_preset_runs_on_each_of_its_cohorts_and_nowhere_else():
-    config = compare.preset_config("physionet2019-cpu", "physionet2019-early", ["split_protocol=cross-hospital"])
+    config = studies.preset_config("physionet2019-cpu", "physionet2019-early", ["split_protocol=cross-hospital"])
     assert (config.dataset, config.split_protocol) == ("physionet2019-early", "cross-hospital")
     with pytest.raises(ValueError, match="'physionet2019-cpu' is for dataset 'physionet2019', not 'physionet2012'"):
-        compare.preset_config("physionet2019-cpu", "physionet2012", [])
+        studies.preset_config("physionet2019-cpu", "physionet2012", [])
 
 
 def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_path):
@@ -861,7 +876,7 @@ def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_
     two_hospital_records(tmp_path / "source")  # septic stays are labelled from hour 15 of their 20
     for cohort in ("garlic", "raindrop"):  # the first 48 hours, labelled rows too; the rows before the label
         preprocess(tmp_path / "source", tmp_path / "processed" / f"physionet2019-{cohort}", cohort=cohort)
-        lines = compare.what_the_model_sees(f"physionet2019-{cohort}", tmp_path, ["five-split"])
+        lines = comparison.what_the_model_sees(f"physionet2019-{cohort}", tmp_path, ["five-split"])
         assert lines[0].startswith(f"`physionet2019-{cohort}` (protocols five-split): input: ")
         labels = pd.read_parquet(tmp_path / "processed" / f"physionet2019-{cohort}" / "labels.parquet")
         splits = [
@@ -880,10 +895,10 @@ def test_the_report_counts_the_test_positives_whose_input_shows_their_label(tmp_
 
 
 def test_a_source_table_runs_each_protocol_on_its_own_cohort(tmp_path, capsys):
-    assert compare.protocol_dataset("physionet2019", "garlic-reference") == "physionet2019-garlic"
-    assert compare.protocol_dataset("physionet2019", "raindrop") == "physionet2019-raindrop"
-    assert compare.protocol_dataset("physionet2019", "cross-hospital") == "physionet2019-raindrop"
-    assert compare.protocol_dataset("physionet2012", "raindrop") == "physionet2012"
+    assert comparison_units.protocol_dataset("physionet2019", "garlic-reference") == "physionet2019-garlic"
+    assert comparison_units.protocol_dataset("physionet2019", "raindrop") == "physionet2019-raindrop"
+    assert comparison_units.protocol_dataset("physionet2019", "cross-hospital") == "physionet2019-raindrop"
+    assert comparison_units.protocol_dataset("physionet2012", "raindrop") == "physionet2012"
     from garlic.sources.physionet2019 import preprocess
 
     two_hospital_records(tmp_path / "source")
@@ -971,7 +986,7 @@ def test_workers_train_a_sources_preset_on_the_cohort_named(tmp_path):
 
 
 def test_published_rows_come_from_the_one_table_of_published_numbers():
-    shown = compare.table([], ["raindrop"], "physionet2012").set_index("method")
+    shown = comparison.table([], ["raindrop"], "physionet2012").set_index("method")
     for row in published.results("physionet2012", "raindrop"):
         assert (shown.loc[row.method, "auroc_mean"], shown.loc[row.method, "auprc_std"]) == (row.auroc[0], row.auprc[1])
     assert {"published: KEDGN", "published: ISTS-PLM"} <= set(shown.index)  # the best published on these splits
@@ -1061,7 +1076,7 @@ def test_a_unit_stopped_half_way_is_resumed_in_its_own_run_not_trained_again(tmp
     # goes on from the state's epoch in that MLflow run, and the unit's row is that run.
     synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=200, seed=3)
     store = tmp_path / "mlruns"
-    config = compare.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=8", "feature_dim=4"])
+    config = studies.preset_config("synthetic", "synthetic", ["max_epochs=3", "hidden_dim=8", "feature_dim=4"])
     config = config.override({"split_protocol": "five-split"})
 
     def dies_in_the_second_epoch(split, record):  # after epoch 1's state was saved, before epoch 2's
@@ -1074,7 +1089,7 @@ def test_a_unit_stopped_half_way_is_resumed_in_its_own_run_not_trained_again(tmp
     (stopped,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     assert stopped.info.status == "KILLED"
     assert run_contract.training_state_path(store, stopped.info.run_id).is_file()
-    units, missing = compare.garlic_units("synthetic", config, "five-split", [store], tmp_path, train=True)
+    units, missing = comparison_units.garlic_units("synthetic", config, "five-split", [store], tmp_path, train=True)
     assert missing == [] and [u.split for u in units if u.split == 0] == [0]
     (unit,) = [u for u in units if u.split == 0]
     assert unit.run_id == stopped.info.run_id and len(split_runs(store)) == 5
@@ -1087,9 +1102,9 @@ def test_a_unit_stopped_half_way_is_resumed_in_its_own_run_not_trained_again(tmp
 
 
 def test_the_report_says_what_the_input_hours_alone_score_on_each_protocol_and_what_that_means():
-    def unit(method: str, protocol_name: str, split: int, auroc: float) -> compare.Unit:
+    def unit(method: str, protocol_name: str, split: int, auroc: float) -> Unit:
         metrics = {"auroc": auroc, "auprc": auroc / 2, "brier": 0.1, "ece": 0.01}
-        return compare.Unit(method, protocol_name, split, None, f"run{split}", "digest", metrics, pd.DataFrame())
+        return Unit(method, protocol_name, split, None, f"run{split}", "digest", metrics, pd.DataFrame())
 
     units = [
         unit("input_hours", "raindrop", 0, 0.70),
@@ -1097,10 +1112,10 @@ def test_the_report_says_what_the_input_hours_alone_score_on_each_protocol_and_w
         unit("gbm", "raindrop", 0, 0.9),
         unit("input_hours", "garlic-reference", 0, 0.52),
     ]
-    summary = compare.table(units, ["raindrop", "garlic-reference"])
+    summary = comparison.table(units, ["raindrop", "garlic-reference"])
 
     def made(rows: pd.DataFrame) -> str:
-        return compare.report(
+        return comparison.report(
             rows, pd.DataFrame(), pd.DataFrame(), [], [], "python -m experiments.compare", "p19", [], {}
         )
 
@@ -1115,19 +1130,78 @@ def test_the_report_says_what_the_input_hours_alone_score_on_each_protocol_and_w
 def test_the_report_gives_each_methods_settings_with_the_epoch_budget_the_datasets_configuration_sets():
     from garlic.config import Config
 
-    (line,) = compare.method_settings(["pypots_raindrop", "garlic"], ["physionet2012"], [])  # GARLIC's: its preset
+    (line,) = comparison.method_settings(["pypots_raindrop", "garlic"], ["physionet2012"], [])  # GARLIC's: its preset
     budget = Config.for_dataset("physionet2012")
     assert line.startswith("- `pypots_raindrop`: hidden_dim 64, dropout 0.2, batch_size 64, ")
     assert f"max_epochs {budget.max_epochs}, patience {budget.early_stopping}, seed 0" in line
     # where the datasets' configurations differ, a line for each; --set reaches them as it reaches the runs
     assert Config.for_dataset("synthetic").max_epochs != budget.max_epochs
-    lines = compare.method_settings(["decay_gru"], ["physionet2012", "synthetic"], ["max_epochs=7"])
+    lines = comparison.method_settings(["decay_gru"], ["physionet2012", "synthetic"], ["max_epochs=7"])
     assert [line.split(":")[0] for line in lines] == [
         "- `decay_gru` on `physionet2012`",
         "- `decay_gru` on `synthetic`",
     ]
     assert all("max_epochs 7," in line for line in lines)
-    text = compare.report(
-        compare.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [], {}, lines
+    text = comparison.report(
+        comparison.table([], []), pd.DataFrame(), pd.DataFrame(), [], [], "python -m ...", "p12", [], {}, lines
     )
     assert text.split("## The methods' settings\n\n")[1].endswith("\n\n" + "\n".join(lines) + "\n")
+
+
+def test_every_path_sees_every_finished_unit_and_stores_written_before_units_were_tagged_still_read(
+    tmp_path, monkeypatch
+):
+    # One unit, whichever path trained it and in whichever experiment: the table gathers `garlic train --method`'s
+    # run and a baseline run in the experiment `baselines-DATASET` that carries the tags the baselines wrote before
+    # (study among them), and a GARLIC split run of `garlic train` that carries no unit tags at all; none is trained.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=300, seed=2)
+    monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (0, 1)))
+    store = tmp_path / "mlruns"
+    settings = {"split_protocol": "two"}
+    by_train, _ = runs.train(Config.for_dataset("synthetic").override(settings), [0], tmp_path, store, method="logreg")
+    loaded = studies.load_cohort("synthetic", tmp_path, "two", [1])
+    earlier = studies.Baselines(Config.for_dataset("synthetic").override(settings), loaded, tmp_path, store)
+    unit = earlier.unit("logreg", loaded.splits[0])
+    experiment = studies.open_experiment("baselines-synthetic", store)  # where the baselines' runs were kept
+
+    def work() -> dict[str, float]:
+        parts = split_parts(loaded.tensors, loaded.splits[0])
+        return runs.fit_and_test_resuming(earlier.method("logreg"), parts, earlier.config, store)
+
+    _, by_study, _ = runs.resumable_run(
+        None, None, {"experiment_id": experiment, "run_name": "logreg/split_1", "tags": unit.tags()}, work, store
+    )
+    mlflow.MlflowClient().set_tag(by_study, "study", "baseline")
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "two", "seed": 0})
+    untagged, _ = runs.train(config, [1], tmp_path, store, preset="synthetic")
+    for key in ("dataset", "data_digest", "method", "split", "settings"):  # as `garlic train` left its runs before
+        mlflow.MlflowClient().delete_tag(untagged, key)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished unit was trained again")
+
+    monkeypatch.setattr(runs, "fit_and_test_resuming", never)
+    monkeypatch.setattr(runs, "train", never)
+    monkeypatch.setattr(runs, "resume", never)
+    found, missing = comparison_units.baseline_units(["logreg"], "synthetic", "two", [store], tmp_path, [])
+    assert [(u.split, u.run_id) for u in found] == [(0, by_train), (1, by_study)] and missing == []
+    monkeypatch.setitem(PROTOCOLS, "two", Protocol("two", (1,), seeds=(0,)))
+    (garlic,), missing = comparison_units.garlic_units("synthetic", config, "two", [store], tmp_path, train=True)
+    assert garlic.run_id == untagged and missing == []
+
+
+def test_a_garlic_unit_that_garlic_train_finished_is_the_studies_unit_too(tmp_path, monkeypatch):
+    # The early-warning study trains its GARLIC presets as registered methods; `garlic train --config` of the same
+    # preset on the same split is the same unit, found by its identity rather than trained twice.
+    synthetic.generate(tmp_path / "processed" / "synthetic", n_stays=300, seed=2)
+    store = tmp_path / "mlruns"
+    config = studies.preset_config("synthetic", "synthetic", TINY[1::2]).override({"split_protocol": "five-split"})
+    trained, _ = runs.train(config, [0], tmp_path, store, preset="synthetic")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished unit was trained again")
+
+    monkeypatch.setattr(runs, "fit_and_test_resuming", never)
+    loaded = studies.load_cohort("synthetic", tmp_path, "five-split", [0])
+    (record,) = studies.Baselines(config, loaded, tmp_path, store).run(["garlic"]).to_dict("records")
+    assert record["run_id"] == trained

@@ -19,7 +19,7 @@ from experiments import compare
 from experiments.baselines.run import main as baselines_main
 from garlic.config import Config, ConfigError
 from garlic.methods import registry
-from garlic.tracking import queries
+from garlic.tracking import queries, run_contract
 from garlic.tracking.store import use_store
 from helpers import garlic_main, synthetic_root
 
@@ -70,7 +70,8 @@ def test_the_guides_copy_of_the_template_is_trained_saved_and_compared_by_its_co
             compare.main([*argv[3:], "--data-root", str(root), "--mlruns", str(store)])
     printed = capsys.readouterr().out
     use_store(store)
-    (run,) = mlflow.search_runs(experiment_names=["synthetic"], output_format="list")  # garlic train's
+    runs = mlflow.search_runs(experiment_names=["synthetic"], output_format="list")  # garlic train's and the table's
+    (run,) = [run for run in runs if run_contract.SPLIT_INDICES in run.data.params]  # garlic train's
     assert run.info.status == "FINISHED" and run.data.params["C"] == "0.1"  # --set reached the method's own setting
     test = pd.read_csv(mlflow.artifacts.download_artifacts(f"{run.info.artifact_uri}/predictions/test.csv"))
     assert len(test) == int(run.data.params["n_test"]) and test["risk"].between(0, 1).all()
@@ -137,7 +138,6 @@ def test_the_simple_baselines_are_the_registrys_and_a_model_the_data_cannot_feed
 
 
 def test_a_method_run_saves_no_model_it_cannot_and_is_never_taken_for_a_garlic_unit(root, tmp_path, capsys):
-    from garlic.tracking import run_contract
     from garlic.io.tables import read_manifest
 
     store = tmp_path / "mlruns"

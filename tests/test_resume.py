@@ -547,17 +547,17 @@ def test_a_study_unit_stopped_half_way_goes_on_in_its_own_run_and_ends_as_the_un
     loaded = studies.load_cohort("synthetic", root, "five-split", [0])
 
     def unit_in(store: Path) -> studies.Baselines:
-        return studies.Baselines(config, loaded, studies.open_experiment("baselines-synthetic", store), root, store)
+        return studies.Baselines(config, loaded, root, store)
 
     whole = unit_in(tmp_path / "whole").run(["garlic"])
-    saved = studies.save_training_state
+    saved = runs.save_training_state
 
     def save_then_die(path, state, config):  # the first state is saved, then the machine goes away
         saved(path, state, config)
         raise KeyboardInterrupt("the machine went away")
 
     store = tmp_path / "stopped"
-    monkeypatch.setattr(studies, "save_training_state", save_then_die)
+    monkeypatch.setattr(runs, "save_training_state", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         unit_in(store).run(["garlic"])
     monkeypatch.undo()
@@ -652,20 +652,18 @@ def test_a_study_unit_whose_store_is_gone_goes_on_from_its_carried_state_and_end
     carried = tmp_path / "unfinished"
 
     def unit_in(store: Path) -> studies.Baselines:
-        return studies.Baselines(
-            config, loaded, studies.open_experiment("baselines-synthetic", store), root, store, carried
-        )
+        return studies.Baselines(config, loaded, root, store, carried)
 
     whole = unit_in(tmp_path / "whole").run(["decay_gru"])
     assert list(carried.iterdir()) == []
-    saved = studies.save_training_state
+    saved = runs.save_training_state
 
     def save_then_die(path, state, config):  # the second epoch's state is saved, then the machine goes away
         saved(path, state, config)
         if state["progress"]["epoch"] == 2:
             raise KeyboardInterrupt("the machine went away")
 
-    monkeypatch.setattr(studies, "save_training_state", save_then_die)
+    monkeypatch.setattr(runs, "save_training_state", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         unit_in(tmp_path / "gone").run(["decay_gru"])
     monkeypatch.undo()

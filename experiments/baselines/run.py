@@ -14,8 +14,9 @@ Methods (``--methods``; default: every one of the registry, ``garlic.methods.reg
   (``garlic.methods.field``; the ``pypots`` extra), when named;
 - any method registered later (``docs/adding-a-model.md``).
 
-Each method on each split is one MLflow run in the experiment ``baselines-<dataset>`` (tags: study, method, split,
-settings), reused when already finished. The table holds mean +/- std over splits of test AUROC, AUPRC, Brier and
+Each method on each split is one MLflow run in the dataset's experiment, tagged with its unit's identity
+(``garlic.tracking.run_contract.UnitIdentity``), reused when any path finished it before (``garlic.studies.Baselines``);
+the table's summary run is in the experiment ``baselines-<dataset>``. The table holds mean +/- std over splits of test AUROC, AUPRC, Brier and
 ECE, ECE and Brier after temperature scaling fitted on validation, and the paper's published numbers where they
 exist (labelled "paper"; left blank otherwise rather than guessed).
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     config = studies.study_config(args)
     cohort = studies.load_cohort(args.dataset, args.data_root, config.split_protocol, args.splits)
     experiment_id = studies.open_experiment(f"baselines-{args.dataset}", args.mlruns)
-    records = studies.Baselines(config, cohort, experiment_id, args.data_root, args.mlruns).run(args.methods)
+    records = studies.Baselines(config, cohort, args.data_root, args.mlruns).run(args.methods)
     table = with_paper_numbers(studies.results_table(records, ["method"]), args.dataset)
     tables = {"baseline_results": table}
     summary = studies.log_summary(

@@ -100,9 +100,9 @@ def _run_label(run: mlflow.entities.Run) -> tuple[str, str]:
     preset the run was trained from names it where it has one (``physionet2012-best · AUROC …``)."""
     params = run.data.params
     started = datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    label = [
-        run.data.tags.get(run_contract.PRESET) or run.data.tags.get(run_contract.METHOD) or params.get("dataset", "?")
-    ]
+    method = run_contract.method_of(run)  # GARLIC's unit runs carry its name too: its dataset names them
+    named = method if method != run_contract.GARLIC else params.get("dataset", "?")
+    label = [run.data.tags.get(run_contract.PRESET) or named]
     if "test_auroc" in run.data.metrics:
         label.append(f"AUROC {run.data.metrics['test_auroc']:.3f}")
     details = [params.get("split", "no split"), f"started {started}", f"run {run.info.run_id}"]

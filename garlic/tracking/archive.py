@@ -2,7 +2,7 @@
 that trained them: a store lives on one machine, the repository outlives it. One class, ``RunArchive``, in two
 layouts (``Layout``):
 
-- a table's (``TABLE``, ``experiments.compare``; ``open_archive``), under ``docs/results/<dataset>-runs/``:
+- a table's (``TABLE``, ``garlic.studies.comparison``; ``open_archive``), under ``docs/results/<dataset>-runs/``:
   ``runs.csv``, one row per unit, ``method, protocol, split, seed, run_id, settings, data_digest, auroc, auprc,
   brier, ece`` (test metrics; ``seed`` empty for a deterministic baseline); the unit's test risks in
   ``<method>/<protocol>-split_<k>[-seed_<s>].csv.gz``;

@@ -3,8 +3,8 @@ beside a scratch store, or a working tree that a cut-off session gets back, e.g.
 
 A resumable fit saves its state in its MLflow store after every epoch and within long ones
 (``run_contract.training_state_path``), named by its run; the store lives and dies with one machine. With a carry
-folder, every save is also copied there, named by the unit it belongs to: its method, split, model seed, settings and
-data, none of which depends on a store. A unit started in another store (the next session's, on a fresh machine)
+folder, every save is also copied there, named by the unit it belongs to (``run_contract.UnitIdentity``): its method,
+split, model seed, settings and data, none of which depends on a store. A unit started in another store (the next session's, on a fresh machine)
 with no state of its own goes on from its carried state, in a new run: exactly where it stopped, but with the per-epoch
 metrics of the epochs before in the old run only. A carried state is removed once its unit has finished, so the folder
 holds the units under way and nothing else.
@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from garlic.io.atomic import atomic_file
-from garlic.tracking.queries import settings_digest
+from garlic.tracking.run_contract import UnitIdentity
 
 DATA_DIGEST_CHARS = 12
 _DATA_DIGEST = re.compile(rf"-([0-9a-f]{{{DATA_DIGEST_CHARS}}})$")  # how a unit's file name ends
@@ -31,12 +31,9 @@ def check_folder(folder: Path | None) -> None:
         raise ValueError(f"--carry {folder} is a file; it names the folder the training states are carried in")
 
 
-def unit_state(folder: Path, method: str, split_name: str, seed: int | None, settings: dict, data_digest: str) -> Path:
-    """Where the unit's state is carried in ``folder`` (``split_name``: ``protocol/split_k``; a baseline's unit has
-    no ``seed``)."""
-    seed_part = "" if seed is None else f"-seed_{seed}"
-    name = f"{method}-{split_name.replace('/', '-')}{seed_part}-{settings_digest(settings)}"
-    return Path(folder) / f"{name}-{data_digest[:DATA_DIGEST_CHARS]}.pt"
+def unit_state(folder: Path | None, unit: UnitIdentity) -> Path | None:
+    """Where ``unit``'s state is carried in ``folder``; None without a folder (nothing carried)."""
+    return None if folder is None else Path(folder) / unit.carried_name(DATA_DIGEST_CHARS)
 
 
 def of_data(path: Path, data_digests: set[str]) -> bool:

@@ -1,11 +1,14 @@
 """What the MLflow stores hold, asked in one place: which runs match a unit's settings, whether a unit is done (or
 stopped half-way, to be resumed), a run's split runs, a split run's model folder and test predictions, and the runs
-the dashboard lists. ``experiments.compare``, the studies (``garlic.studies``, ``experiments/``), ``garlic.runs`` and
+the dashboard lists. The comparison table (``garlic.studies.comparison``), the studies (``garlic.studies``, ``experiments/``), ``garlic.runs`` and
 the dashboard (``garlic.app``) ask these rather than search the stores themselves.
 
-A unit is one preset or method on one split (and model seed), on one dataset: GARLIC's units are split runs found by
-their logged params (``unit_runs``, ``finished_unit``, ``interrupted_unit``); a study's units are runs tagged with
-what identifies them, a digest of their settings among it (``finished_run``). A unit counts as done only when its
+A unit is one method on one split (and model seed), on one dataset (``run_contract.UnitIdentity``); its run carries
+the unit's tags in whichever experiment of whichever store it was trained, and any path finds it by them
+(``finished_unit_run``, ``interrupted_unit_run``). GARLIC's split runs that ``garlic train`` finished before units
+were tagged are found by their logged params (``unit_runs``, ``finished_unit``, ``interrupted_unit``); a study's own
+units (an ablation's variant, a fidelity condition) are runs tagged with what identifies them in the study's
+experiment (``finished_run``). A unit counts as done only when its
 run FINISHED (``is_finished``): a run killed, failed or left RUNNING by a dead process is done again.
 """
 
@@ -95,6 +98,37 @@ def finished_run(experiment_id: str, tags: dict[str, str]) -> mlflow.entities.Ru
     return found[0] if found else None
 
 
+def _unit_runs(store: Path, unit: run_contract.UnitIdentity, status: str) -> list[mlflow.entities.Run]:
+    """The runs of ``unit`` in any experiment of ``store`` whose status compares by ``status``, the newest first."""
+    if not has_database(store):
+        return []
+    use_store(store)
+    return mlflow.search_runs(
+        search_all_experiments=True,
+        filter_string=_tagged(unit.tags(), status),
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
+
+
+def finished_unit_run(stores: list[Path], unit: run_contract.UnitIdentity) -> tuple[Path, mlflow.entities.Run] | None:
+    """The newest FINISHED run of ``unit`` in the first of ``stores`` that holds one, with that store; or None."""
+    for store in stores:
+        found = _unit_runs(store, unit, f"= '{FINISHED}'")
+        if found:
+            return Path(store), found[0]
+    return None
+
+
+def interrupted_unit_run(store: Path, unit: run_contract.UnitIdentity) -> str | None:
+    """The newest run of ``unit`` in ``store`` that stopped before it finished and kept its training state there,
+    to go on from it; None when there is none."""
+    for run in _unit_runs(store, unit, f"!= '{FINISHED}'"):
+        if run_contract.training_state_path(store, run.info.run_id).is_file():
+            return run.info.run_id
+    return None
+
+
 def interrupted_run(experiment_id: str, tags: dict[str, str], store: Path) -> str | None:
     """The newest run of the experiment carrying all of ``tags`` that stopped before it finished (killed, failed, or
     left RUNNING by a process that died with its machine) and kept its training state in ``store``
@@ -125,8 +159,10 @@ def unit_runs(store: Path, config: Config, split_name: str, data_digest: str, fi
     found = mlflow.search_runs(
         search_all_experiments=True, filter_string=query, output_format="list", order_by=["attributes.start_time DESC"]
     )
-    # a run tagged with a method is another method's (garlic train --method), not GARLIC's
-    return [run for run in found if run_contract.METHOD not in run.data.tags and matches(run.data.params, config)]
+    # a run tagged with another method is that method's (garlic train --method), not GARLIC's
+    return [
+        run for run in found if run_contract.method_of(run) == run_contract.GARLIC and matches(run.data.params, config)
+    ]
 
 
 def interrupted_unit(store: Path, config: Config, split_name: str, data_digest: str) -> str | None:

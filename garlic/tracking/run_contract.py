@@ -25,6 +25,12 @@ Artifacts (paths inside a run; the names below own them):
 - ``explanations/`` (``EXPLANATIONS``, ``explanation(name)``): importance tables and figures; a run whose model
   has no built-in explanation has none, and its tag ``explanations`` (``EXPLANATIONS_TAG``) says why.
 
+A unit of work is one method on one split of one dataset's data, with its settings (and model seed): the same unit
+whichever command trains it (``garlic train``, the comparison table, a study) and whichever store or experiment holds
+its run. ``UnitIdentity`` says what it is, once: the tags every unit's run carries (``UnitIdentity.tags``), by which
+any path finds a finished one in any experiment of a store (``garlic.tracking.queries.finished_unit_run``), and the
+name of its carried training state (``garlic.tracking.carry``).
+
 Outside the MLflow artifacts, a split run that is training keeps its training state (for ``--resume``) at
 ``training_state_path(store, run_id)``: ``STORE/training-states/<run id>/training.pt``.
 
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from garlic.data.splits import Split, read_split
@@ -51,7 +58,8 @@ DATA_DIGEST = "data_digest"
 SPLIT_INDICES = "split_indices"
 SEEDS = "seeds"
 PRESET = "preset"
-METHOD = "method"  # the tag naming a registered method other than GARLIC (``garlic.methods.registry``)
+METHOD = "method"  # the tag naming a run's registered method (``garlic.methods.registry``); GARLIC's by default
+SETTINGS = "settings"  # the tag of a unit's run: the digest of its settings (``UnitIdentity``)
 STAGES = "stages"  # the tag of a GARLIC split run: its training stages by epoch ("reconstruction 1-3, ...")
 
 CONFIG = "config.json"
@@ -79,6 +87,40 @@ def method_params(method: str, config: dict, settings: dict) -> dict:
     it (``method_tags``) and its settings (``MethodSpec.settings``; GARLIC's, the run's config, hold the dataset and
     protocol already)."""
     return {DATASET: config[DATASET], "split_protocol": config["split_protocol"], **method_tags(method), **settings}
+
+
+@dataclass(frozen=True)
+class UnitIdentity:
+    """What a unit of work is: the registered ``method`` on the split ``split`` (``<protocol>/split_<k>``) of the
+    data of ``data_digest`` (``manifest_digest``; ``dataset`` its name), trained with the settings of digest
+    ``settings`` (``garlic.tracking.queries.settings_digest`` of ``MethodSpec.settings``: its arguments, a GARLIC
+    preset's config, the model seed among them), and ``seed`` (a seeded method's model seed, named in its carried
+    state; None for the others, whose seed, where they take one, is among their settings)."""
+
+    method: str
+    dataset: str
+    split: str
+    seed: int | None
+    settings: str
+    data_digest: str
+
+    def tags(self) -> dict[str, str]:
+        """The tags the unit's run carries, and by which it is found: every path writes and reads these (runs that
+        the baselines' study wrote before also carry ``study``, which finding them does not ask for)."""
+        return {
+            DATASET: self.dataset,
+            DATA_DIGEST: self.data_digest,
+            METHOD: self.method,
+            SPLIT: self.split,
+            SETTINGS: self.settings,
+        }
+
+    def carried_name(self, data_digest_chars: int) -> str:
+        """The file name of the unit's carried training state (``garlic.tracking.carry``): method, split, seed,
+        settings digest and the first ``data_digest_chars`` of its data digest."""
+        seed = "" if self.seed is None else f"-seed_{self.seed}"
+        split = self.split.replace("/", "-")
+        return f"{self.method}-{split}{seed}-{self.settings}-{self.data_digest[:data_digest_chars]}.pt"
 
 
 def training_state_path(store: Path, run_id: str) -> Path:

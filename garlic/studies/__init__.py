@@ -2,15 +2,17 @@
 ``garlic.evaluation.fit_and_test`` (the one path that fits, selects, tests and logs a method on a split): the common
 arguments, the presets, the cohort and its splits, resumable MLflow runs, mean +/- std tables and the registered
 methods on a cohort's splits (``Baselines``). Which runs the stores hold is asked of ``garlic.tracking.queries``, and
-the runs kept beside the tables are ``garlic.tracking.archive``'s. The scripts of ``experiments/`` import it, never
-one another.
+the runs kept beside the tables are ``garlic.tracking.archive``'s. The comparison table is this package's too:
+``comparison`` (the table, its paired differences and report) made from the units ``comparison_units`` gathers or
+trains. The scripts of ``experiments/`` import it, never one another.
 
-Resuming: every unit of work (one condition on one split) is an MLflow run tagged with what identifies it (study,
-condition, split, ... and a digest of its settings). Before a unit runs, the experiment is searched for a FINISHED
-run with the same tags (``queries.finished_run``); if there is one, its metrics are reused and nothing is retrained.
-A crashed or interrupted run is left FAILED/RUNNING; a method that resumes (``contract.can_resume``) saved the state
-of its fit under the store as it trained (``fit_and_test_resuming``), and the unit goes on from that state in its
-own run; any other is redone.
+Resuming: every unit of work is an MLflow run tagged with what identifies it: a registered method's unit with its
+``run_contract.UnitIdentity`` (``Baselines``, through ``runs.run_unit``, found in any experiment of the store), a
+study's own unit (one condition on one split) with the study's tags (``resumable``, found in the study's experiment).
+Before a unit runs, a FINISHED run with the same tags is looked for; if there is one, its metrics are reused and
+nothing is retrained. A crashed or interrupted run is left FAILED/RUNNING; a method that resumes
+(``contract.can_resume``) saved the state of its fit under the store as it trained (``runs.fit_and_test_resuming``),
+and the unit goes on from that state in its own run; any other is redone.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -37,14 +37,14 @@ import pyarrow.parquet as pq  # noqa: E402
 from garlic.config import CONFIG_DIR, Config  # noqa: E402
 from garlic.data.datasets import DEFAULT_DATA_ROOT, dataset_name, ensure_processed, processed_folder  # noqa: E402
 from garlic.data.splits import Split, chosen_splits, load_splits  # noqa: E402
-from garlic.evaluation.fit_and_test import TEST_METRICS, fit_and_test, split_parts  # noqa: E402
+from garlic.evaluation.fit_and_test import TEST_METRICS, split_parts  # noqa: E402
 from garlic.methods import registry  # noqa: E402
-from garlic.methods.contract import Method, can_resume  # noqa: E402
-from garlic.tracking import carry, run_contract  # noqa: E402
+from garlic import runs  # noqa: E402
+from garlic.methods.contract import Method  # noqa: E402
+from garlic.tracking import carry, queries, run_contract  # noqa: E402
 from garlic.tracking.archive import RunArchive, study_archive  # noqa: E402
-from garlic.tracking.queries import finished_run, interrupted_run, settings_digest, stored_runs  # noqa: E402
-from garlic.tracking.store import DEFAULT_STORE, claim_run, use_experiment, use_store  # noqa: E402
-from garlic.training.state import load_training_state, save_training_state  # noqa: E402
+from garlic.tracking.queries import finished_run, interrupted_run, stored_runs  # noqa: E402
+from garlic.tracking.store import DEFAULT_STORE, use_experiment, use_store  # noqa: E402
 from garlic.evaluation.stats import mean_std  # noqa: E402
 from garlic.training.workers import add_worker_arguments, check_worker_arguments, die_with_parent  # noqa: E402
 from garlic.io.tables import LABELS, check_binary, read_manifest  # noqa: E402
@@ -212,53 +212,21 @@ Predictions = Callable[[str], pd.DataFrame]
 def resumable(
     experiment_id: str, tags: dict, run_name: str, work: Callable[[], dict[str, float]], store: Path | None = None
 ) -> tuple[dict[str, float], str, bool]:
-    """Run ``work`` inside a new MLflow run of the experiment, tagged ``tags``, unless a finished one exists; with
-    ``store``, inside the run of those tags that stopped with a training state in it (``queries.interrupted_run``),
-    where ``work`` goes on from that state (``fit_and_test_resuming``). A run is held (``claim_run``) while it
-    trains: a second process never continues it at the same time.
+    """A study's own unit (an ablation's variant, a fidelity condition), found in its experiment by ``tags``: its
+    finished run reused, else ``work`` run inside the run of those tags that stopped with a training state in
+    ``store`` (``queries.interrupted_run``), else in a new run tagged ``tags`` (``runs.resumable_run``).
 
     Returns (metrics, run id, reused). ``work`` logs what it likes, its metrics included (as
     ``garlic.evaluation.fit_and_test.fit_and_test`` does), and returns the metrics to report.
     """
     tags = {key: str(value) for key, value in tags.items()}
-    found = finished_run(experiment_id, tags)
-    if found is not None:
-        log.info("reusing finished run %s (%s)", found.info.run_id, run_name)
-        return dict(found.data.metrics), found.info.run_id, True
-    stopped = None if store is None else interrupted_run(experiment_id, tags, store)
-    if stopped is not None:
-        log.info("resuming run %s (%s) from its training state", stopped, run_name)
-        with claim_run(store, stopped), mlflow.start_run(run_id=stopped) as run:
-            return work(), run.info.run_id, False
-    log.info("training %s", run_name)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
-        with claim_run(store, run.info.run_id) if store is not None else nullcontext():
-            metrics = work()
-    return metrics, run.info.run_id, False
-
-
-def fit_and_test_resuming(
-    method: Method, parts: dict, config: Config, store: Path, carried: Path | None = None
-) -> dict[str, float]:
-    """``fit_and_test`` in the active run; a method that resumes (``contract.can_resume``) saves the state of its
-    fit (``garlic.training.state``, checked against ``config``) under ``store`` after every epoch and within long
-    ones, and goes on from the state a stopped fit of this run left there, else from the unit's ``carried`` state
-    (``garlic.tracking.carry``: also kept there at every save). The states are removed once tested."""
-    path = run_contract.training_state_path(store, mlflow.active_run().info.run_id)
-    if not can_resume(method):
-        return fit_and_test(method, parts)
-    source = carry.resume_from(carried, path)
-    resume = load_training_state(source, config) if source is not None else None
-
-    def save(state: dict) -> None:
-        save_training_state(path, state, config)
-        carry.carry(carried, path)
-
-    method.set_training_hooks(on_state=save, resume=resume)
-    metrics = fit_and_test(method, parts)
-    shutil.rmtree(path.parent, ignore_errors=True)
-    carry.finish(carried)
-    return metrics
+    return runs.resumable_run(
+        finished_run(experiment_id, tags),
+        None if store is None else interrupted_run(experiment_id, tags, store),
+        {"experiment_id": experiment_id, "run_name": run_name, "tags": tags},
+        work,
+        store,
+    )
 
 
 def results_table(records: pd.DataFrame, by: list[str], metrics=TEST_METRICS) -> pd.DataFrame:
@@ -306,19 +274,19 @@ def write_tables(folder: Path | None, tables: dict[str, pd.DataFrame]) -> None:
         (folder / f"{table_name}.md").write_text(markdown(table) + "\n")
 
 
-BASELINE_STUDY = "baseline"  # the study tag of ``Baselines``' runs
+BASELINE_STUDY = "baseline"  # the study tag of the baselines' summary run
 
 
 class Baselines:
-    """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run."""
+    """The registered methods (``garlic.methods.registry``) on a cohort's splits, each unit a resumable MLflow run
+    (``runs.run_unit``), found by its identity in any experiment of the store, and trained into the dataset's
+    experiment, where ``garlic train`` puts its runs too."""
 
-    def __init__(
-        self, config: Config, cohort: Cohort, experiment_id: str, data_root, store: Path, carried: Path | None = None
-    ):
-        """``store``: the MLflow store of ``experiment_id``, where the units' training states are kept; ``carried``,
-        a folder where they are also carried beyond it (``garlic.tracking.carry``)."""
-        self.config, self.cohort, self.experiment_id, self.store = config, cohort, experiment_id, Path(store)
-        self.carried = carried
+    def __init__(self, config: Config, cohort: Cohort, data_root, store: Path, carried: Path | None = None):
+        """``store``: the MLflow store the units' runs and training states are kept in; ``carried``, a folder where
+        the states are also carried beyond it (``garlic.tracking.carry``)."""
+        self.config, self.cohort, self.store, self.carried = config, cohort, Path(store), carried
+        self.experiment_id = open_experiment(config.dataset, store)
         folder = processed_folder(config.dataset, data_root)
         self.context = registry.MethodContext(config, pq.read_table(folder / LABELS).to_pandas())
         self.data_digest = run_contract.manifest_digest(read_manifest(folder))  # a run on other data is never reused
@@ -333,6 +301,10 @@ class Baselines:
     def settings(self, method: str) -> dict:
         return registry.method(method).settings(self.context)
 
+    def unit(self, method: str, split: Split) -> run_contract.UnitIdentity:
+        """The unit of ``method`` on ``split`` (``runs.unit_identity``)."""
+        return runs.unit_identity(registry.method(method), self.context, split.name, self.data_digest)
+
     def method(self, name: str) -> Method:
         """A fresh, unfitted ``name`` (a method of ``garlic.evaluation.fit_and_test``)."""
         return registry.method(name).create(self.context)
@@ -344,7 +316,7 @@ class Baselines:
         skip: set[tuple[str, int]] = frozenset(),
         finished: Callable[[dict], None] | None = None,
     ) -> pd.DataFrame:
-        """One record per method and split: reused from a finished run of the experiment, else fitted and tested
+        """One record per method and split: reused from a finished run of the store, else fitted and tested
         (with ``train`` False, left out); a (method, split index) in ``skip`` (found elsewhere) is left out. Each
         record is also given to ``finished`` as soon as it is made (e.g. to archive it before the next is trained)."""
         records = []
@@ -353,31 +325,22 @@ class Baselines:
                 if (method, split.index) in skip:
                     continue
 
-                def work(method=method, split=split) -> dict[str, float]:
+                unit = self.unit(method, split)
+
+                def work(method=method, split=split, unit=unit) -> dict[str, float]:
                     mlflow.log_params(self.settings(method) | {"split_name": split.name})
-                    carried = (
-                        None
-                        if self.carried is None
-                        else carry.unit_state(
-                            self.carried, method, split.name, None, self.settings(method), self.data_digest
-                        )
-                    )
-                    return fit_and_test_resuming(
-                        self.method(method), split_parts(self.cohort.tensors, split), self.config, self.store, carried
+                    return runs.fit_and_test_resuming(
+                        self.method(method),
+                        split_parts(self.cohort.tensors, split),
+                        self.config,
+                        self.store,
+                        carry.unit_state(self.carried, unit),
                     )
 
-                tags = {
-                    "study": BASELINE_STUDY,
-                    "dataset": self.config.dataset,
-                    "data_digest": self.data_digest,
-                    "method": method,
-                    "split": split.name,
-                    "settings": settings_digest(self.settings(method)),
-                }
-                if not train and finished_run(self.experiment_id, tags) is None:
+                if not train and queries.finished_unit_run([self.store], unit) is None:
                     continue
-                metrics, run_id, _ = resumable(
-                    self.experiment_id, tags, f"{method}/split_{split.index}", work, self.store
+                metrics, run_id, _ = runs.run_unit(
+                    unit, self.experiment_id, f"{method}/split_{split.index}", work, self.store
                 )
                 records.append({"method": method, "split": split.index, "run_id": run_id, **metrics})
                 if finished is not None:
