@@ -55,7 +55,7 @@ def test_a_method_whose_extra_is_missing_says_which_to_install(tmp_path, capsys)
     spec = registry.MethodSpec(
         "needs_extra",
         "a method of a missing package",
-        registry.FieldModel,
+        "garlic.methods.field:FieldModel",
         fixed={"name": "brits"},
         needs_package="no_such_package_here",
     )
