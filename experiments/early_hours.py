@@ -41,7 +41,7 @@ from garlic.io.atomic import atomic_file
 from garlic.io.tables import read_manifest
 from garlic.metrics import binary_metrics
 from garlic.tracking import queries, run_contract
-from garlic.tracking.archive import Unit
+from garlic.tracking.archive import GZIP, Unit
 
 log = logging.getLogger("experiments")
 
@@ -99,7 +99,7 @@ def train_and_keep(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_file(path, suffix=".csv.gz") as handle:
                     predictions.loc[predictions["time"].isin(HOURS), RISK_COLUMNS].to_csv(
-                        handle, index=False, compression="gzip", float_format="%.6g"
+                        handle, index=False, compression=GZIP, float_format="%.6g"
                     )
             log.info("%s split_%d: kept", row["method"], row["split"])
     return pd.DataFrame(rows, columns=RUN_COLUMNS)

@@ -45,6 +45,7 @@ from garlic.io.atomic import atomic_file
 from garlic.io.tables import read_manifest
 from garlic.metrics.utility import STAY_PARTS, choose_threshold, stay_lengths, stay_parts, ward_scores
 from garlic.tracking import queries, run_contract
+from garlic.tracking.archive import GZIP
 
 log = logging.getLogger("experiments")
 
@@ -86,7 +87,7 @@ def parts_path(out: Path, method: str, protocol: str, split: int, kind: str = ""
 def write_frame(path: Path, frame: pd.DataFrame) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, suffix=".csv.gz") as handle:
-        frame.to_csv(handle, index=False, compression="gzip", float_format="%.6g")
+        frame.to_csv(handle, index=False, compression=GZIP, float_format="%.6g")
 
 
 def unit_parts(store: Path, run_id: str, threshold: float) -> pd.DataFrame:
