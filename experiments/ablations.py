@@ -15,7 +15,7 @@ split, settings), reused when already finished. Three tables are logged as artif
 With ``--out``, that folder is also the study's run archive (``garlic.tracking.archive``: the runs table and each
 run's test risks), read where the store lacks a run: the tables are made again from the repository alone. Each unit
 is kept there as soon as it has finished, and with ``--carry DIR`` an unfinished one's training state is carried
-beyond the store (``garlic.tracking.carry``), so that a unit cut off with its machine goes on in the next session.
+beyond the store (``garlic.tracking.carry``), so that a unit cut off with its machine goes on in the next run, on another machine.
 
     python -m experiments.ablations --dataset synthetic --splits 0 1 --max-epochs 3
 

@@ -40,7 +40,7 @@ into it (``garlic.studies.comparison_units.unit_lock``) is left to that process.
 the first store (killed, or its machine gone) with its training state kept is resumed from its last state
 (``queries.interrupted_unit``, ``garlic.runs.run_unit``), in the same MLflow run, not trained again from the start.
 Each unit is kept in the run archive as soon as it has finished; with ``--carry DIR`` an unfinished unit's training
-state is kept there too, outside the store, and a store that has no run of the unit (the next session's, on a fresh
+state is kept there too, outside the store, and a store that has no run of the unit (a later run's, on a fresh
 machine) goes on from it (``garlic.tracking.carry``; with ``--workers``, each worker's ``garlic train --carry DIR``);
 the report then says how far each carried unit has come ("Under way"). ``--no-train`` only gathers, and names what is missing;
 ``--splits K ...`` trains only those splits and gathers the others: two calls, each into its own store with its own

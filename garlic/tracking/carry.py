@@ -1,10 +1,10 @@
 """The training states of unfinished units, carried where they outlive their store (``--carry DIR``: durable storage
-beside a scratch store, or a working tree that a cut-off session gets back, e.g. ``docs/results/unfinished``).
+beside a scratch store, or a working tree that a cut-off machine's work is committed to, e.g. ``docs/results/unfinished``).
 
 A resumable fit saves its state in its MLflow store after every epoch and within long ones
 (``run_contract.training_state_path``), named by its run; the store lives and dies with one machine. With a carry
 folder, every save is also copied there, named by the unit it belongs to (``run_contract.UnitIdentity``): its method,
-split, model seed, settings and data, none of which depends on a store. A unit started in another store (the next session's, on a fresh machine)
+split, model seed, settings and data, none of which depends on a store. A unit started in another store (a later run's, on a fresh machine)
 with no state of its own goes on from its carried state, in a new run: exactly where it stopped, but with the per-epoch
 metrics of the epochs before in the old run only. A carried state is removed once its unit has finished, so the folder
 holds the units under way and nothing else.
