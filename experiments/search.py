@@ -12,8 +12,11 @@ are read once per final configuration.
 
 - **The starting point**: a new study's first trial is the preset's own values (where they lie in the space), so
   that the report can say how far the best trial is from where the search began, on the same splits.
-- **The objective** (``--objective``): the validation AUROC of the selected epoch (the default), or the mean of its
-  validation AUROC and AUPRC (``auroc+auprc``: a model is compared with the others in both). A study keeps its own.
+- **The objective** (``--objective``): the validation AUROC of the selected epoch (the default), the mean of its
+  validation AUROC and AUPRC (``auroc+auprc``: a model is compared with the others in both), or, on a task scored
+  by the Sepsis Challenge's utility (``physionet2019-hourly``), the selected epoch's validation utility at the
+  threshold best for it (``utility``: what the early-warning table reads from a run's validation stays; no trial is
+  pruned, an epoch's record does not hold it). A study keeps its own.
 - **Pruning**: after every epoch of the first screening split, a trial reports that epoch's score; Optuna's median
   pruner stops it when it falls below the median of earlier trials at that epoch (after
   ``PRUNE_AFTER_TRIALS`` trials and ``PRUNE_AFTER_EPOCHS`` epochs).
@@ -63,6 +66,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 import optuna.visualization.matplotlib as optuna_plots  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -76,6 +80,7 @@ from garlic.io.atomic import atomic_file  # noqa: E402
 from garlic.io.locks import locked  # noqa: E402
 from garlic.io.tensors import IrregularTensors  # noqa: E402
 from garlic.methods.garlic import GarlicEstimator  # noqa: E402
+from garlic.metrics.utility import choose_threshold, stay_lengths  # noqa: E402
 from garlic.tracking.store import claim_run  # noqa: E402
 from garlic.training.trainer import EpochRecord  # noqa: E402
 
@@ -93,6 +98,10 @@ SPACE = {
     "batch_size": ("choice", [64, 128, 256]),
     "stage_patience": ("choice", [0, 1, 3]),
     "balance_classes": ("choice", [False, True]),
+    "max_epochs": ("choice", [10, 15, 20]),
+    # the hourly task's own choices (physionet2019-hourly): what each hour learns, and whether the hour is read
+    "hourly_target": ("choice", ["label", "utility"]),
+    "hours_input": ("choice", [False, True]),
 }
 PRUNE_AFTER_TRIALS = 5
 PRUNE_AFTER_EPOCHS = 3
@@ -104,12 +113,23 @@ PRESET_NAME = re.compile(r"[A-Za-z0-9_-]+")  # what --write-preset takes: a file
 
 
 class Objective(NamedTuple):
-    """What a trial is scored by (``--objective``), at its selected epoch; each epoch's score is also what the pruner
-    compares."""
+    """What a trial is scored by (``--objective``), at its selected epoch: each epoch's ``score`` (also what the
+    pruner compares), or, where an epoch's record cannot say it, ``after_fit`` of the fitted estimator on the
+    validation part (then nothing is pruned)."""
 
     metric: str  # the MLflow metric and the trials table's column
     wording: str  # how the report names it
-    score: Callable[[EpochRecord], float]
+    score: Callable[[EpochRecord], float] | None
+    after_fit: Callable[[GarlicEstimator, IrregularDataset], float] | None = None
+
+
+def validation_utility(estimator: GarlicEstimator, validation: IrregularDataset) -> float:
+    """The Sepsis Challenge's normalised utility of the validation risks at the threshold best for them
+    (``garlic.metrics.utility.choose_threshold``): what the hourly task's table reads from a run's validation
+    stays."""
+    times = validation.prediction_times
+    risks = np.asarray(estimator.predict_proba(validation), dtype=np.float64)
+    return choose_threshold(times.label, risks, stay_lengths(times.stay)).normalised_utility
 
 
 OBJECTIVES = {
@@ -118,6 +138,9 @@ OBJECTIVES = {
         "validation_auroc_auprc",
         "mean of validation AUROC and AUPRC",
         lambda record: (record.val_auroc + record.val_auprc) / 2,
+    ),
+    "utility": Objective(
+        "validation_utility", "validation utility (the Challenge's, at its best threshold)", None, validation_utility
     ),
 }
 DEFAULT_OBJECTIVE = "auroc"  # also what every study made before ``--objective`` existed searched
@@ -158,14 +181,17 @@ def validation_score(
     tensors: IrregularTensors,
     split: Split,
     trial: optuna.Trial | None,
-    score: Callable[[EpochRecord], float],
+    objective: Objective,
 ) -> float:
-    """Fit on the split's training part, select on its validation part (reporting each epoch's ``score`` to ``trial``
-    for pruning), and return the ``score`` of the selected epoch. The test part is not built."""
+    """Fit on the split's training part, select on its validation part (reporting each epoch's score to ``trial``
+    for pruning, where the objective has one), and return the objective at the selected epoch. The test part is not
+    built."""
     train, validation = (
         IrregularDataset(tensors.subset(split.positions(tensors, part)), split.normalisation)
         for part in ("train", "validation")
     )
+
+    score = objective.score
 
     def report(record: EpochRecord) -> None:
         trial.report(score(record), record.epoch)
@@ -173,8 +199,10 @@ def validation_score(
             raise optuna.TrialPruned(f"score {score(record):.4f} at epoch {record.epoch}")
 
     estimator = GarlicEstimator.of_run(config, explain=False)
-    estimator.set_training_hooks(on_epoch=None if trial is None else report)
+    estimator.set_training_hooks(on_epoch=None if trial is None or score is None else report)
     estimator.fit(train, validation)
+    if objective.after_fit is not None:  # the estimator keeps its selected epoch's weights
+        return objective.after_fit(estimator, validation)
     result = estimator.fit_result_
     return next(score(r) for r in result.history if r.epoch == result.best_epoch)
 
@@ -182,7 +210,7 @@ def validation_score(
 def objective(base: Config, cohort: studies.Cohort, names: list[str], study_name: str, goal: str, store: Path):
     """A trial: its runs in the MLflow ``store``, the trial's run claimed while it trains, so that a search started
     after this process was killed marks them FAILED (``garlic.tracking.store.mark_dead_runs_failed``)."""
-    metric, _, score = OBJECTIVES[goal]
+    metric = OBJECTIVES[goal].metric
 
     def run_trial(trial: optuna.Trial) -> float:
         values = draw(trial, names)
@@ -194,7 +222,9 @@ def objective(base: Config, cohort: studies.Cohort, names: list[str], study_name
             for position, split in enumerate(cohort.splits):
                 with tracked_run(run_name=split.name, nested=True, tags=tags):
                     mlflow.log_param("split", split.name)
-                    scored = validation_score(config, cohort.tensors, split, trial if position == 0 else None, score)
+                    scored = validation_score(
+                        config, cohort.tensors, split, trial if position == 0 else None, OBJECTIVES[goal]
+                    )
                     mlflow.log_metric(metric, scored)
                 scores.append(scored)
             value = sum(scores) / len(scores)
@@ -562,8 +592,8 @@ def main(argv: list[str] | None = None) -> None:
         "--objective",
         choices=list(OBJECTIVES),
         default=DEFAULT_OBJECTIVE,
-        help="what a trial is scored by at its selected epoch: validation AUROC (default), or the mean "
-        "of validation AUROC and AUPRC",
+        help="what a trial is scored by at its selected epoch: validation AUROC (default), the mean "
+        "of validation AUROC and AUPRC, or (a task scored by the Challenge's utility) the validation utility",
     )
     parser.add_argument("--write-preset", metavar="NAME", help="write the best trial's configuration as a preset")
     args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -19,8 +20,11 @@ import sqlalchemy
 from experiments import search
 from garlic import studies
 from garlic.config import Config
+from garlic.data.batches import IrregularDataset
 from garlic.data.datasets import processed_folder
 from garlic.data.splits import Split
+from garlic.methods.garlic import GarlicEstimator
+from garlic.metrics.utility import choose_threshold, stay_lengths
 from garlic.sources import synthetic
 from garlic.tracking.store import use_store
 
@@ -378,3 +382,26 @@ def test_a_database_server_is_opened_again_when_another_process_made_its_schema_
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
     assert search.rdb_storage("postgresql://searcher:s3cret@db.example.org/optuna") == "the storage"
     assert len(opened) == 2
+
+
+def test_the_utility_objective_is_the_selected_epochs_validation_utility_at_its_best_threshold(tmp_path, no_test_part):
+    root = tmp_path / "data"
+    synthetic.generate(processed_folder("synthetic-hourly", root), n_stays=120, seed=3, cohort="hourly")
+    config = studies.preset_config("synthetic", "synthetic-hourly", ["max_epochs=2", "hidden_dim=16", "feature_dim=4"])
+    cohort = studies.load_cohort("synthetic-hourly", root, "five-split", [0])
+    (split,) = cohort.splits
+    scored = search.validation_score(config, cohort.tensors, split, None, search.OBJECTIVES["utility"])
+
+    train, validation = (
+        IrregularDataset(cohort.tensors.subset(split.positions(cohort.tensors, part)), split.normalisation)
+        for part in ("train", "validation")
+    )
+    estimator = GarlicEstimator.of_run(config, explain=False).fit(train, validation)
+    times = validation.prediction_times
+    risks = np.asarray(estimator.predict_proba(validation), dtype=np.float64)
+    best = choose_threshold(times.label, risks, stay_lengths(times.stay))
+    assert len(np.unique(times.stay)) < len(times.label)  # several hours a stay: the utility sums them per stay
+    assert scored == pytest.approx(best.normalised_utility)
+    # another threshold than the best scores less: the objective is the best one's
+    worse = choose_threshold(times.label, np.zeros_like(risks), stay_lengths(times.stay)).normalised_utility
+    assert scored >= worse
