@@ -17,7 +17,7 @@ top > random > bottom, as the per-stay fidelity study (``experiments.fidelity``)
 (not its whole tensor cache, gigabytes for P19): a small measurement on a machine already busy.
 
 Where no run saved its model (a study's units save none), ``--fit NAME [NAME ...]`` fits hourly models afresh on
-a sample of one split instead: ``--train-stays`` and ``--validation-stays`` of its parts (read from the tables, as
+a sample of one split, instead of ``--runs`` or beside them (one table, the fitted rows first): ``--train-stays`` and ``--validation-stays`` of its parts (read from the tables, as
 ``--max-stays`` of its test part), each setting chosen on validation and the alarm threshold of highest utility
 there (the task must be scored by the Sepsis Challenge's utility), then measured alike. Smaller than the published
 models' data: a check of the explanations, not of the models' accuracy.
@@ -233,9 +233,10 @@ def markdown(table: pd.DataFrame, command: str) -> str:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    asked = parser.add_mutually_exclusive_group(required=True)
-    asked.add_argument("--runs", nargs="+", help="hourly run ids (a split run each, with its saved model)")
-    asked.add_argument("--fit", nargs="+", metavar="NAME", help="hourly models fitted afresh on a sample of --split")
+    parser.add_argument("--runs", nargs="+", default=[], help="hourly run ids (a split run each, with its saved model)")
+    parser.add_argument(
+        "--fit", nargs="+", default=[], metavar="NAME", help="hourly models fitted afresh on a sample of --split"
+    )
     parser.add_argument("--mlruns", type=Path, help="the MLflow store of the runs")
     parser.add_argument("--dataset", default="physionet2019-hourly", help="with --fit")
     parser.add_argument("--split", default="five-split/split_0", help="with --fit: the saved split sampled")
@@ -251,8 +252,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--out", type=Path, help="a Markdown file for the table")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not args.runs and not args.fit:
+        parser.error("name the hourly models measured: --runs (saved runs), --fit (fitted afresh), or both")
+    if args.runs and args.mlruns is None:
+        parser.error("--runs needs --mlruns, the store that holds them")
+    rows = []
     if args.fit:
-        rows = fitted_faithfulness(
+        rows += fitted_faithfulness(
             args.fit,
             args.dataset,
             args.split,
@@ -264,23 +270,20 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             args.max_alerts,
             args.seed,
         )
-    elif args.mlruns is None:
-        parser.error("--runs needs --mlruns, the store that holds them")
-    else:
-        rows = [
-            run_faithfulness(
-                run_id,
-                args.mlruns,
-                args.data_root,
-                args.part,
-                args.threshold,
-                args.fraction,
-                args.max_alerts,
-                args.seed,
-                args.max_stays,
-            )
-            for run_id in args.runs
-        ]
+    rows += [
+        run_faithfulness(
+            run_id,
+            args.mlruns,
+            args.data_root,
+            args.part,
+            args.threshold,
+            args.fraction,
+            args.max_alerts,
+            args.seed,
+            args.max_stays,
+        )
+        for run_id in args.runs
+    ]
     table = pd.DataFrame(rows, columns=COLUMNS)
     command = "python -m experiments.alert_faithfulness " + " ".join(sys.argv[1:] if argv is None else argv)
     text = markdown(table, command)

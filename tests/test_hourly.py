@@ -798,6 +798,13 @@ def test_the_alert_faithfulness_study_measures_a_trained_hourly_run(hourly_root,
         ["--mlruns", str(store), "--runs", run_id, "--data-root", str(hourly_root), "--max-stays", "4"]
     )
     assert 0 < small["alerts"].iloc[0] <= len(few.prediction_times())
+    # Saved runs and models fitted afresh, measured in one table: the fitted rows first, then the runs'
+    both = alert_faithfulness.main(
+        ["--fit", "hourly_logreg", "--train-stays", "30", "--validation-stays", "6", "--mlruns", str(store)]
+        + ["--runs", run_id, "--data-root", str(hourly_root), "--max-stays", "4"]
+    )
+    assert list(both["run"]) == ["fitted on 30 stays", run_id]
+    assert both.iloc[1].to_dict() == pytest.approx(small.iloc[0].to_dict())
     # A study's unit records its data digest and split name as tags, and no split digest: read by name once the
     # data digest is checked
     from garlic.io.tables import read_manifest
@@ -840,6 +847,9 @@ def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_ru
     with pytest.raises(SystemExit):
         alert_faithfulness.main(["--runs", "abc"])
     assert "--runs needs --mlruns" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        alert_faithfulness.main(["--data-root", str(hourly_root)])
+    assert "name the hourly models measured" in capsys.readouterr().err
 
 
 def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_root, hourly_run, tmp_path, capsys):
