@@ -21,6 +21,10 @@ learned method against the floor, and logistic regression against gradient boost
 difference over splits with a 95% bootstrap interval over test stays (each resample redraws every split's test
 stays; an interval holding 0 is a tie).
 
+``early-warning-goal.csv`` and its section say where each method stands against the bedside goal (``GOALS``):
+within hospitals at the policy chosen on validation, across them at the site's own threshold, with what each
+misses and the best PPV any threshold reaches at the goal's sensitivity on the test stays' burden curve.
+
 ``--no-train`` only gathers what the stores and the archive hold.
 """
 
@@ -326,6 +330,7 @@ def report(
     per_alert_paired: pd.DataFrame,
     sites: pd.DataFrame,
     figures: list[Path],
+    goals: pd.DataFrame,
 ) -> str:
     lines = [
         "# Early warning: the P19 hourly task, scored as the Sepsis Challenge scored it",
@@ -371,7 +376,7 @@ def report(
             f"| {row.method} | {row.against} | {row.protocol} | {row.runs} | {row.difference:+.3f} | "
             f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}] | {row.verdict} |"
         )
-    return "\n".join(lines + alert_report(per_alert, per_alert_paired, sites, figures)) + "\n"
+    return "\n".join(lines + alert_report(per_alert, per_alert_paired, sites, figures) + goal_report(goals)) + "\n"
 
 
 def alert_report(per_alert: pd.DataFrame, paired: pd.DataFrame, sites: pd.DataFrame, figures: list[Path]) -> list[str]:
@@ -591,6 +596,116 @@ def site_table(out: Path, sites: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What a ward can live with (the bedside issue's goal): within a hospital, a TREWS-like alarm; across hospitals,
+# with the site's own threshold, better than the Epic model's PPV of 0.13-0.26. Each entry: (score, at least or at
+# most, the goal).
+GOALS = {
+    "within": (
+        ("sensitivity", ">=", 0.80),
+        ("ppv", ">=", 0.33),
+        ("lead_median", ">=", 6),
+        ("alerts_per_100_days", "<=", 30),
+    ),
+    "across": (("sensitivity", ">=", 0.70), ("ppv", ">=", 0.25)),
+}
+SITE_POLICIES = ("site-burden", "site-labelled")  # the site's own threshold
+
+
+def shortfalls(point, scope: str) -> list[str]:
+    """The goals of ``scope`` that the operating point ``point`` (its scores as attributes) misses, each said with
+    the value and the goal."""
+    missed = []
+    for score, way, goal in GOALS[scope]:
+        value = getattr(point, score)
+        if (value < goal) if way == ">=" else (value > goal):
+            shown = (f"{value:.1%}", f"{goal:.0%}") if score in ("sensitivity", "ppv") else (f"{value:.1f}", goal)
+            missed.append(f"{score} {shown[0]} (goal {way} {shown[1]})")
+    return missed
+
+
+def frontier(curve: pd.DataFrame, sensitivity: float) -> tuple[float, float]:
+    """The highest PPV of any threshold of a (summed) burden curve whose sensitivity is at least ``sensitivity``,
+    and the alerts per 100 patient-days there; NaNs where no threshold reaches it."""
+    scores = alerting.curve_scores(curve)
+    reaching = scores[(scores["sensitivity"] >= sensitivity) & scores["ppv"].notna()]
+    if reaching.empty:
+        return np.nan, np.nan
+    best = reaching.loc[reaching["ppv"].idxmax()]
+    return float(best["ppv"]), float(best["alerts_per_100_days"])
+
+
+def goal_table(out: Path, runs: pd.DataFrame, per_alert: pd.DataFrame, sites: pd.DataFrame) -> pd.DataFrame:
+    """Each method against ``GOALS``: within hospitals (``five-split``, ``in-hospital``) at the policy it chose on
+    validation, across them (``cross-hospital``, each direction) at the site's own threshold (``SITE_POLICIES``);
+    what it misses, and, read from the test stays' burden curve (not a choice: no threshold is chosen on test), the
+    best PPV any threshold gives at the goal's sensitivity."""
+    rows, chosen = [], complete(runs)
+
+    def curve(method: str, protocol_name: str, splits) -> pd.DataFrame:
+        frames = [read_curve(parts_path(out, method, protocol_name, int(split), "curve")) for split in splits]
+        return sum(frame.set_index("threshold") for frame in frames).reset_index()
+
+    for point in per_alert[per_alert["protocol"] != "cross-hospital"].itertuples():
+        splits = chosen[(chosen["method"] == point.method) & (chosen["protocol"] == point.protocol)]["split"]
+        best = frontier(curve(point.method, point.protocol, splits), GOALS["within"][0][2])
+        rows.append(goal_row(point, point.protocol, "chosen on validation", "within", best))
+    for point in sites[sites["policy"].isin(SITE_POLICIES)].dropna(subset=["alert_threshold"]).itertuples():
+        split = 0 if point.direction == "A->B" else 1
+        best = frontier(curve(point.method, "cross-hospital", [split]), GOALS["across"][0][2])
+        rows.append(goal_row(point, f"cross-hospital {point.direction}", point.policy, "across", best))
+    return pd.DataFrame(rows)
+
+
+def goal_row(point, where: str, policy: str, scope: str, best: tuple[float, float]) -> dict:
+    missed = shortfalls(point, scope)
+    return {
+        "method": point.method,
+        "where": where,
+        "policy": policy,
+        "sensitivity": point.sensitivity,
+        "ppv": point.ppv,
+        "lead_median": point.lead_median,
+        "alerts_per_100_days": point.alerts_per_100_days,
+        "missed": "; ".join(missed) if missed else "none: goal reached",
+        "best_ppv_at_goal_sensitivity": best[0],
+        "alerts_per_100_days_there": best[1],
+    }
+
+
+def goal_report(goals: pd.DataFrame) -> list[str]:
+    """The section that says where each method stands against ``GOALS``, and how far it is."""
+    if goals.empty:
+        return []
+    lines = [
+        "",
+        "## Against the ward's goal",
+        "",
+        "Within hospitals: sensitivity at least 80%, PPV at least 33% (TREWS's one alert in three), a median lead of "
+        "at least 6 hours, at most 30 alerts per 100 patient-days, at the policy chosen on validation. Across "
+        "hospitals, with the site's own threshold (`site-burden`, `site-labelled` above): PPV at least 25% with "
+        "sensitivity at least 70%. `missed` lists what the operating point falls short of. The last two columns say "
+        "how far any threshold of the policy could go: on the test stays' burden curve (read, not chosen: no "
+        "threshold is picked on test), the best PPV at the goal's sensitivity (80% within, 70% across) and the "
+        "burden there.",
+        "",
+        "| method | where | policy | sensitivity | PPV | lead hours | alerts / 100 days | missed | best PPV at "
+        "the goal's sensitivity | alerts / 100 days there |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in goals.itertuples():
+        best = (
+            "none reaches it"
+            if pd.isna(row.best_ppv_at_goal_sensitivity)
+            else f"{row.best_ppv_at_goal_sensitivity:.1%}"
+        )
+        there = "" if pd.isna(row.alerts_per_100_days_there) else f"{row.alerts_per_100_days_there:.1f}"
+        lines.append(
+            f"| {row.method} | {row.where} | {row.policy} | {row.sensitivity:.1%} | {row.ppv:.1%} | "
+            f"{row.lead_median:.0f} | {row.alerts_per_100_days:.1f} | {row.missed} | {best} | {there} |"
+        )
+    return lines
+
+
 def read_curve(path: Path) -> pd.DataFrame:
     """A unit's archived burden curve, refused naming the file when its columns are not ``CURVE_COLUMNS``."""
     curve = pd.read_csv(path)
@@ -639,10 +754,15 @@ def write_table(out: Path, runs: pd.DataFrame) -> pd.DataFrame:
         with atomic_file(out / name, mode="w", suffix=".csv") as handle:
             frame.to_csv(handle, index=False, float_format="%.6g")
     figures = burden_figures(out, runs, per_alert) if len(per_alert) else []
+    goals = goal_table(out, runs, per_alert, sites) if len(per_alert) else pd.DataFrame()
+    with atomic_file(out / f"{TABLE}-goal.csv", mode="w", suffix=".csv") as handle:
+        goals.to_csv(handle, index=False, float_format="%.6g")
     faithfulness = out / FAITHFULNESS
     drivers = pd.read_csv(faithfulness) if faithfulness.is_file() else pd.DataFrame()
     with atomic_file(out / f"{TABLE}.md", mode="w", suffix=".md") as handle:
-        handle.write(report(summary, paired, per_alert, per_alert_paired, sites, figures) + drivers_report(drivers))
+        handle.write(
+            report(summary, paired, per_alert, per_alert_paired, sites, figures, goals) + drivers_report(drivers)
+        )
     return summary
 
 

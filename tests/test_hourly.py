@@ -993,3 +993,31 @@ def test_calibrate_sets_a_sites_threshold_that_predict_and_the_ward_read(hourly_
                 ]
             )
         assert message in capsys.readouterr().err
+
+
+def test_the_goal_section_says_what_an_operating_point_misses_and_the_best_ppv_at_the_goals_sensitivity():
+    from types import SimpleNamespace
+
+    from experiments import early_warning
+
+    within = SimpleNamespace(sensitivity=0.85, ppv=0.20, lead_median=4.0, alerts_per_100_days=25.0)
+    assert early_warning.shortfalls(within, "within") == ["ppv 20.0% (goal >= 33%)", "lead_median 4.0 (goal >= 6)"]
+    reached = SimpleNamespace(sensitivity=0.80, ppv=0.33, lead_median=6.0, alerts_per_100_days=30.0)
+    assert early_warning.shortfalls(reached, "within") == []  # each goal's bound is met at the bound itself
+    assert early_warning.shortfalls(within, "across") == ["ppv 20.0% (goal >= 25%)"]
+    # Three thresholds over 10 septic stays and 2,400 hours (100 patient-days): sensitivity 0.9, 0.8, 0.5 with PPV
+    # 0.2, 0.25, 0.5; the best PPV at sensitivity >= 0.8 is the middle one's, at 40 alerts per 100 patient-days
+    curve = pd.DataFrame(
+        {
+            "threshold": [0.1, 0.2, 0.3],
+            "stays": 100,
+            "hours": 2400,
+            "septic": 10,
+            "alerts": [45, 40, 10],
+            "true_alerts": [9, 10, 5],
+            "detected": [9, 8, 5],
+            "alerted": [40, 35, 10],
+        }
+    )
+    assert early_warning.frontier(curve, 0.8) == pytest.approx((0.25, 40.0))
+    assert np.isnan(early_warning.frontier(curve, 0.95)).all()  # no threshold reaches it
