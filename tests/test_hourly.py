@@ -1021,3 +1021,44 @@ def test_the_goal_section_says_what_an_operating_point_misses_and_the_best_ppv_a
     )
     assert early_warning.frontier(curve, 0.8) == pytest.approx((0.25, 40.0))
     assert np.isnan(early_warning.frontier(curve, 0.95)).all()  # no threshold reaches it
+
+
+def test_the_stacked_model_is_the_boosting_with_garlics_log_odds_as_one_more_column(hourly_root, tmp_path):
+    from garlic.config import Config
+    from garlic.evaluation.fit_and_test import split_parts
+    from garlic.methods import registry
+    from garlic.methods.garlic import GarlicEstimator
+    from garlic.methods.hourly import hourly_features
+    from garlic.methods.saved import fitted_on, load_method, save_method
+
+    folder = hourly_root / "processed" / "physionet2019-hourly"
+    tensors = load_tensors(folder)
+    parts = split_parts(tensors, load_splits(folder, tensors, "five-split")[0])
+    config = Config().override(
+        {"dataset": "physionet2019-hourly", "max_epochs": 1, "hidden_dim": 8, "feature_dim": 4, "device": "cpu"}
+    )
+    context = registry.MethodContext(config, pd.DataFrame())
+    stacked = registry.method("hourly_stacked").create(context).fit(parts["train"], parts["validation"])
+    assert stacked.target == "utility" and stacked.learns_score is not None
+    # GARLIC inside is the one GARLIC's own entry fits from the same config: the same weights
+    alone = registry.method("garlic").create(context).set_params(explain=False)
+    alone.fit(parts["train"], parts["validation"])
+    inside = stacked.garlic_.model.state_dict()
+    assert all(torch.equal(inside[key], value) for key, value in alone.model.state_dict().items())
+    test = parts["test"]
+    features = stacked.features(test)
+    np.testing.assert_array_equal(features[:, :-1], hourly_features(test.tensors))
+    risk = np.clip(alone.predict_proba(test), 1e-6, 1 - 1e-6)
+    np.testing.assert_allclose(features[:, -1], np.log(risk / (1 - risk)), rtol=1e-5, atol=1e-5)
+    assert stacked.kept_[-1]  # the boosting reads GARLIC's column
+    # Its drivers are the variables' only: GARLIC's column, like the hour, is no variable's
+    groups = stacked.feature_groups(stacked.inputs_)
+    assert groups[-1] == -1 and len(groups) == features.shape[1]
+    contributions = stacked.contributions(test)
+    assert contributions.shape == (len(test.prediction_times), len(tensors.variables))
+    # Saved and read back: the boosting and GARLIC both, the same risks
+    saved = save_method(tmp_path / "model", fitted_on("hourly_stacked", stacked, config, parts["train"]))
+    assert (saved / "garlic" / "fitted.json").is_file()
+    again = load_method(saved)
+    np.testing.assert_allclose(again.method.predict_proba(test), stacked.predict_proba(test), rtol=1e-6)
+    assert isinstance(again.method.garlic_, GarlicEstimator)

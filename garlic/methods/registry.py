@@ -332,6 +332,16 @@ for _spec in (
         seeded=True,
     ),
     MethodSpec(
+        "hourly_stacked",
+        "hourly_gbm_utility on its features plus GARLIC's risk at each prediction time, GARLIC with the config's "
+        "settings fitted first (a stacked model, hourly tasks)",
+        "garlic.methods.stacked:HourlyStacked",
+        fixed={"target": "utility"},
+        from_run={**GARLIC_SETTINGS, "seed": "seed"},
+        keyed_by_run=True,
+        seeded=True,
+    ),
+    MethodSpec(
         "garlic_whole_stays",
         "GARLIC trained on whole stays, asked at each prediction time on the record "
         "up to it (the replay of a per-stay model)",
