@@ -4,8 +4,9 @@ Challenge scored it, within and across hospitals.
     python -m experiments.early_warning --mlruns STORE --out docs/results
 
 Every method of ``--methods`` (registry names: the hourly baselines and the floor by default) and GARLIC with each
-preset of ``--presets`` (files of ``garlic/configs/``, trained on every hour at once; a row named by the preset) is
-trained on every split of every protocol of ``--protocols`` through the one fit-select-test-log path
+preset of ``--presets`` (files of ``garlic/configs/``, trained on every hour at once; a row named by the preset),
+and the stacked model (``hourly_stacked``: the boosting with GARLIC's risk as one more column) with GARLIC of each
+preset of ``--stacked`` (a row ``hourly_stacked+PRESET``), is trained on every split of every protocol of ``--protocols`` through the one fit-select-test-log path
 (``garlic.studies.Baselines``, resumable: a finished run is reused), on ``physionet2019-hourly`` (``garlic
 preprocess physionet2019 --cohort hourly``). Each run chooses its alarm threshold on validation, by utility, and is
 tested once.
@@ -17,9 +18,9 @@ the table is made again from the repository alone, and a bootstrap over stays re
 ``early-warning.md`` and ``early-warning.csv``: per method and protocol the utility, hourly AUROC and AUPRC (mean
 +/- std over splits), the share of septic stays warned in time, the median hours of warning before onset and the
 false alarms per 100 patient-days (over the protocol's test stays pooled); and ``early-warning-paired.csv``: each
-learned method against the floor, and logistic regression against gradient boosting, in utility: the mean
-difference over splits with a 95% bootstrap interval over test stays (each resample redraws every split's test
-stays; an interval holding 0 is a tie).
+learned method against the floor and against gradient boosting, and each GARLIC preset and stacked model against
+``hourly_gbm_utility``, in utility: the mean difference over splits with a 95% bootstrap interval over test stays
+(each resample redraws every split's test stays; an interval holding 0 is a tie).
 
 ``early-warning-goal.csv`` and its section say where each method stands against the bedside goal (``GOALS``):
 within hospitals at the policy chosen on validation, across them at the site's own threshold, with what each
@@ -56,6 +57,8 @@ log = logging.getLogger("experiments")
 DATASET = "physionet2019-hourly"
 METHODS = ("hourly_gbm", "hourly_gbm_utility", "hourly_logreg", "alarm_after_hour")
 FLOOR = "alarm_after_hour"
+BEST = "hourly_gbm_utility"  # the best alarm of the baselines: what a GARLIC preset or a stacked model must beat
+STACKED = "hourly_stacked"
 PROTOCOLS = ("five-split", "cross-hospital", "in-hospital")
 TABLE = "early-warning"
 FAITHFULNESS = "alert-faithfulness.csv"  # experiments.alert_faithfulness --out alert-faithfulness.md writes it
@@ -116,6 +119,7 @@ def validation_utility(store: Path, run_id: str) -> float:
 def train_and_keep(
     methods: list[str],
     presets: list[str],
+    stacked: list[str],
     protocols: list[str],
     store: Path,
     data_root: Path,
@@ -127,15 +131,15 @@ def train_and_keep(
     rows, sites = [], []
     for protocol_name in protocols:
         cohort = studies.load_cohort(DATASET, data_root, protocol_name, None)
-        configs = {None: Config.for_dataset(DATASET)} | {
-            preset: studies.preset_config(preset, DATASET, []) for preset in presets
-        }
+        # (the row's name, None: each method's own; the methods; the run config they are built from)
+        groups = [(None, methods, Config.for_dataset(DATASET))]
+        groups += [(preset, ["garlic"], studies.preset_config(preset, DATASET, [])) for preset in presets]
+        groups += [(f"{STACKED}+{p}", [STACKED], studies.preset_config(p, DATASET, [])) for p in stacked]
         records = []
-        for preset, config in configs.items():
+        for row_name, chosen, config in groups:
             runner = studies.Baselines(config.override({"split_protocol": protocol_name}), cohort, data_root, store)
-            chosen = methods if preset is None else ["garlic"]
             records += [
-                (preset or record["method"], runner.settings(record["method"]), record)
+                (row_name or record["method"], runner.settings(record["method"]), record)
                 for record in runner.run(chosen, train).to_dict("records")
             ]
         for name, settings, record in records:
@@ -302,13 +306,15 @@ def paired_utility(
 
 def pairings(runs: pd.DataFrame) -> list[tuple[str, str, str, list[int]]]:
     """(protocol, method, other, splits) of each learned method against the floor and against gradient boosting,
-    on the splits both have run."""
+    and of each GARLIC preset and stacked model against the best boosting (``BEST``), on the splits both have
+    run."""
     found = []
     for protocol_name, group in runs.groupby("protocol", sort=False):
         splits = {method: set(rows_of["split"].astype(int)) for method, rows_of in group.groupby("method")}
         wanted = [(m, FLOOR) for m in splits if m != FLOOR] + [
             (m, "hourly_gbm") for m in splits if m not in (FLOOR, "hourly_gbm")
         ]
+        wanted += [(m, BEST) for m in splits if m not in METHODS]
         for method, other in wanted:
             shared = sorted(splits[method] & splits.get(other, set()))
             if shared:
@@ -819,6 +825,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="*", default=list(METHODS), help="registry methods (none: presets only)")
     parser.add_argument("--presets", nargs="*", default=[], help="GARLIC presets (garlic/configs/NAME.json)")
+    parser.add_argument(
+        "--stacked", nargs="*", default=[], metavar="PRESET", help=f"{STACKED} with GARLIC of each of these presets"
+    )
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS))
     parser.add_argument("--mlruns", type=Path, default=Path("mlruns"))
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA_ROOT)
@@ -827,7 +836,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     made, sites = train_and_keep(
-        args.methods, args.presets, args.protocols, args.mlruns, args.data_root, args.out, not args.no_train
+        args.methods,
+        args.presets,
+        args.stacked,
+        args.protocols,
+        args.mlruns,
+        args.data_root,
+        args.out,
+        not args.no_train,
     )
     if args.out is not None:
         index = archive_folder(args.out) / "runs.csv"
