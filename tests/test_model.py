@@ -5,6 +5,7 @@ import torch
 
 from helpers import random_batch
 from garlic.config import Config
+from garlic.data.batches import Queries
 from garlic.models.compact import (
     DecayImputation,
     Garlic,
@@ -407,8 +408,6 @@ def test_without_the_gru_a_state_depends_on_its_own_step_alone(use_gru):
 
 @pytest.mark.parametrize("summary_branch, hours_input", [(False, False), (True, False), (False, True)])
 def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch, hours_input):
-    from garlic.data.batches import Queries
-
     values, mask, times, lengths, static = random_batch()
     model = small_model(use_static=True, summary_branch=summary_branch, hours_input=hours_input)
     stay = torch.tensor([0, 0, 0, 2, 2, 4])
@@ -429,3 +428,27 @@ def test_a_logit_at_each_prediction_time_is_the_stay_cut_there(summary_branch, h
         later = Queries(stay, steps, torch.arange(len(stay)), torch.zeros(len(stay)), asked_at + 24)
         moved = model.predict_logits(values, mask, times, lengths, static, queries=later)
         assert torch.equal(moved, asked) != hours_input  # the hours asked at reach the classifier only when fed
+
+
+@pytest.mark.parametrize("summary_branch", [False, True])
+def test_a_prediction_time_of_a_stay_without_steps_sees_zeros_not_nan(summary_branch):
+    """A record emptied (every value removed, as the faithfulness studies remove them) is still asked at its time:
+    its state and summary are zeros, its risk the classifier's on them and its static features."""
+    torch.manual_seed(0)
+    model = Garlic(3, 2, NetworkConfig(hidden_dim=8, feature_dim=4, summary_branch=summary_branch)).eval()
+    values, mask, times = torch.randn(2, 4, 3), torch.ones(2, 4, 3), torch.arange(4.0).repeat(2, 1)
+    mask[1], values[1], times[1] = 0, 0, 0
+    static = torch.randn(2, 2)
+    asked = Queries(
+        stay=torch.tensor([0, 1]),
+        steps=torch.tensor([4, 0]),
+        index=torch.tensor([0, 1]),
+        labels=torch.zeros(2),
+        time=torch.tensor([3.0, 3.0]),
+    )
+    with torch.no_grad():
+        logits = model(values, mask, times, torch.tensor([4, 0]), static, queries=asked).logits
+        summary = torch.zeros(1, 8 * 3) if summary_branch else None
+        alone = model.classifier_head(torch.zeros(1, 8), static[1:], summary, asked.time[1:])
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[1:], alone)

@@ -578,9 +578,10 @@ class Garlic(nn.Module):
         states [B, T, H], real [B, T], static [B, S], summaries [B, T, 8 D] or None -> logits [P]
         """
         last = (queries.steps - 1).clamp(min=0)
-        seen = (queries.steps > 0)[:, None].to(states.dtype)
-        context = self.temporal_attention.up_to_each_step(states, real)[queries.stay, last] * seen
-        summary = None if summaries is None else summaries[queries.stay, last] * seen
+        # where, not a product: a stay without any real step attends over nothing (NaN), and NaN x 0 is NaN
+        seen = (queries.steps > 0)[:, None]
+        context = torch.where(seen, self.temporal_attention.up_to_each_step(states, real)[queries.stay, last], 0.0)
+        summary = None if summaries is None else torch.where(seen, summaries[queries.stay, last], 0.0)
         return self.classifier_head(context, static[queries.stay], summary, queries.time)
 
     def forward(
