@@ -26,6 +26,9 @@ models' data: a check of the explanations, not of the models' accuracy.
         --dataset physionet2019-hourly --split five-split/split_0 --train-stays 4000 --validation-stays 1000 \
         --max-stays 1000 --max-alerts 1000
 
+``--fit-presets PRESET [PRESET ...]`` fits GARLIC with each preset on the same sample, alike (a row
+``garlic+PRESET``; its drivers GARLIC's built-in signal importance of the record up to the hour).
+
 ``--out FILE.md`` writes the table as Markdown, with this command at its top, and its rows as ``FILE.csv``
 beside it (the early-warning table reads ``alert-faithfulness.csv`` from its own folder).
 """
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -148,11 +152,14 @@ def fitted_faithfulness(
     fraction: float = 0.5,
     max_alerts: int | None = None,
     seed: int = 0,
+    presets: list[str] = (),
 ) -> list[dict]:
-    """The table's rows for hourly models ``names`` fitted on a sample of the split ``split_name`` (the module's
-    docstring)."""
+    """The table's rows for hourly models ``names`` and GARLIC with each of ``presets`` (a row ``garlic+PRESET``),
+    fitted on a sample of the split ``split_name`` (the module's docstring)."""
+    from garlic.methods.garlic import GarlicEstimator
     from garlic.methods.hourly import HourlyModel
     from garlic.metrics.utility import SEPSIS_UTILITY, choose_threshold, stay_lengths
+    from garlic.studies import preset_config
 
     folder = processed_folder(dataset, data_root)
     split = read_split(folder, *run_contract.parse_split_name(split_name))
@@ -171,10 +178,16 @@ def fitted_faithfulness(
             f"--fit chooses the alarm threshold by the utility, but {dataset}'s task is scored by "
             f"{times.score or 'its labels alone'}"
         )
-    rows = []
+    models = {}  # each row's name -> a fresh model, every name checked before anything is fitted
     for name in names:
         kind, target = _hourly_kind(name)
-        model = HourlyModel(kind, seed=seed, target=target).fit(parts["train"], parts["validation"])
+        models[name] = partial(HourlyModel, kind, seed=seed, target=target)
+    for preset in presets:
+        config = preset_config(preset, dataset, [f"seed={seed}"])
+        models[f"garlic+{preset}"] = partial(GarlicEstimator.of_run, config, explain=False)
+    rows = []
+    for name, made in models.items():
+        model = made().fit(parts["train"], parts["validation"])
         risk = model.predict_proba(parts["validation"])
         threshold = choose_threshold(times.label, risk, stay_lengths(times.stay)).threshold
         log.info("%s fitted on %d stays, alarm at risk >= %.4g", name, len(parts["train"]), threshold)
@@ -238,6 +251,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "--fit", nargs="+", default=[], metavar="NAME", help="hourly models fitted afresh on a sample of --split"
     )
     parser.add_argument("--mlruns", type=Path, help="the MLflow store of the runs")
+    parser.add_argument(
+        "--fit-presets", nargs="+", default=[], metavar="PRESET", help="GARLIC with these presets, fitted as --fit's"
+    )
     parser.add_argument("--dataset", default="physionet2019-hourly", help="with --fit")
     parser.add_argument("--split", default="five-split/split_0", help="with --fit: the saved split sampled")
     parser.add_argument("--train-stays", type=int, default=4000, help="with --fit")
@@ -252,12 +268,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--out", type=Path, help="a Markdown file for the table")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if not args.runs and not args.fit:
+    if not args.runs and not args.fit and not args.fit_presets:
         parser.error("name the hourly models measured: --runs (saved runs), --fit (fitted afresh), or both")
     if args.runs and args.mlruns is None:
         parser.error("--runs needs --mlruns, the store that holds them")
     rows = []
-    if args.fit:
+    if args.fit or args.fit_presets:
         rows += fitted_faithfulness(
             args.fit,
             args.dataset,
@@ -269,6 +285,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             args.fraction,
             args.max_alerts,
             args.seed,
+            args.fit_presets,
         )
     rows += [
         run_faithfulness(

@@ -842,6 +842,15 @@ def test_the_alert_faithfulness_study_fits_hourly_models_on_a_sample_where_no_ru
     )
     assert list(table["method"]) == ["hourly_logreg_utility", "hourly_logreg"] and (table["alerts"] > 0).all()
     assert table["run"].eq("fitted on 30 stays").all() and table["split"].eq("five-split/split_0").all()
+    # GARLIC of a preset, fitted on the same sample and measured alike, its drivers its built-in signal importance
+    garlic = alert_faithfulness.main(
+        ["--fit-presets", "physionet2019-cpu-utility", "--data-root", str(hourly_root)]
+        + ["--train-stays", "30", "--validation-stays", "6", "--max-stays", "6"]
+    )
+    (row,) = garlic.to_dict("records")
+    assert row["method"] == "garlic+physionet2019-cpu-utility" and row["run"] == "fitted on 30 stays"
+    assert row["alerts"] > 0 and row["risk"] >= row["threshold"]
+    assert np.isfinite([row["drop_top"], row["drop_random"], row["drop_bottom"]]).all()
     with pytest.raises(ValueError, match="--fit takes hourly_gbm, hourly_logreg and their _utility forms, got 'gbm'"):
         alert_faithfulness.main(["--fit", "gbm", "--data-root", str(hourly_root)])
     with pytest.raises(SystemExit):
