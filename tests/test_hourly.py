@@ -695,6 +695,29 @@ def test_the_early_warning_table_is_remade_from_its_archive_alone(hourly_root, t
     assert {name: (out / name).read_text() for name in made} == made
 
 
+def test_the_early_warning_table_trains_the_stacked_model_of_a_preset_and_pairs_it_with_the_best_boosting(
+    hourly_root, tmp_path
+):
+    from experiments import early_warning
+
+    out = tmp_path / "out"
+    early_warning.main(
+        ["--data-root", str(hourly_root), "--out", str(out), "--mlruns", str(tmp_path / "store")]
+        + ["--protocols", "cross-hospital", "--methods", "hourly_gbm_utility"]
+        + ["--stacked", "physionet2019-cpu-utility"]
+    )
+    made = (out / "early-warning.md").read_text()
+    stacked = "hourly_stacked+physionet2019-cpu-utility"
+    assert f"| {stacked} | cross-hospital | 2 |" in made
+    assert f"| {stacked} | hourly_gbm_utility | cross-hospital | 2 |" in made  # paired with the best boosting
+    kept = pd.read_csv(out / "physionet2019-hourly-runs" / "runs.csv")
+    assert set(kept["method"]) == {"hourly_gbm_utility", stacked}
+    import mlflow
+
+    tags = [mlflow.get_run(run_id).data.tags for run_id in kept[kept["method"] == stacked]["run_id"]]
+    assert {tag["method"] for tag in tags} == {"hourly_stacked"}
+
+
 def test_the_hourly_speed_benchmark_fits_on_one_hospital_and_scores_every_hour(hourly_root, hourly_run, capsys):
     from experiments import benchmark_hourly
 
