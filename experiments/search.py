@@ -609,7 +609,9 @@ def main(argv: list[str] | None = None) -> None:
     base = studies.study_config(args)
     protocol = args.protocol or base.split_protocol
     base = base.override({"split_protocol": protocol})
-    cohort = studies.load_cohort(args.dataset, args.data_root, protocol, args.splits or [0])
+    indices = args.splits or [0]
+    # only a search reads the data: the report of a study (--trials 0) is made from its storage or journal alone
+    cohort = studies.load_cohort(args.dataset, args.data_root, protocol, indices) if args.trials else None
     names = args.space or list(SPACE)
     name = args.study or f"search-{args.preset}-{protocol}"
     args.mlruns.mkdir(parents=True, exist_ok=True)
@@ -620,7 +622,7 @@ def main(argv: list[str] | None = None) -> None:
         "dataset": args.dataset,
         "protocol": protocol,
         "objective": args.objective,
-        "splits": [split.index for split in cohort.splits],
+        "splits": indices,
         "space": sorted(names),
         "settings": unsearched,
     }

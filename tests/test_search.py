@@ -142,6 +142,11 @@ def test_trials_are_tracked_runs_scored_on_validation_and_a_second_process_adds_
     assert len(moved.trials) == 4 and moved.trials[0].user_attrs["starting_point"]
     assert moved.user_attrs["identity"] == found.user_attrs["identity"]
     assert "4 trials (4 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
+    # A report needs no data: the study's journal alone, on a machine without the dataset
+    bare, nowhere = tmp_path / "bare", tmp_path / "no-data"
+    search.main(arguments(nowhere, bare, "--splits", "0", "1", "--trials", "0", "--out", str(report_dir)))
+    assert "restored from" in capsys.readouterr().out and not nowhere.exists()
+    assert "4 trials (4 complete)" in (report_dir / "search-synthetic-five-split.md").read_text()
 
 
 def test_each_finished_trial_is_printed_and_kept_in_the_report_before_the_search_ends(
