@@ -17,6 +17,7 @@ raised the risk lowers it most. Only observed variables count: removing one neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -98,16 +99,19 @@ def alert_faithfulness(
     fraction: float = 0.5,
     seed: int = 0,
     max_alerts: int | None = None,
+    explain: Callable[[Method, IrregularDataset], np.ndarray] = row_importance,
 ) -> pd.Series:
     """The mean drop in risk at the alerted prediction times (risk >= ``threshold``) when the top, a random or the
-    bottom ``fraction`` of their variables are removed (``removal_drops``), with how many were measured: at most
-    ``max_alerts`` of them, drawn at random (seeded) where there are more."""
+    bottom ``fraction`` of their variables are removed (``removal_drops``), ranked by ``explain`` (default: the
+    method's own explanation; ``garlic.methods.drivers.row_gradients``: integrated gradients), with how many were
+    measured: at most ``max_alerts`` of them, drawn at random (seeded) where there are more."""
     risk = method.predict_proba(dataset)
     alerted = np.flatnonzero(risk >= threshold)
     rng = np.random.default_rng(seed)
     if max_alerts is not None and len(alerted) > max_alerts:
         alerted = np.sort(rng.choice(alerted, max_alerts, replace=False))
-    drops = removal_drops(method, _rows_of(dataset, alerted), np.arange(len(alerted)), fraction, seed)
+    asked = _rows_of(dataset, alerted)
+    drops = removal_drops(method, asked, np.arange(len(alerted)), fraction, seed, explain(method, asked))
     means = drops[[f"drop_{condition}" for condition in CONDITIONS]].mean()
     return pd.concat([pd.Series({"alerts": len(drops), "risk": drops["risk"].mean()}), means])
 
