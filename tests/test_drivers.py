@@ -12,7 +12,7 @@ import pytest
 
 from garlic.data.batches import IrregularDataset
 from garlic.explain.contributions import SHAP_MISSING, top_drivers
-from garlic.methods.drivers import row_importance
+from garlic.methods.drivers import row_gradients, row_importance, row_signal_importance
 from garlic.evaluation.faithfulness import alert_faithfulness, removal_drops, removed_variables
 from garlic.io.tensors import PredictionTimes
 from garlic.methods.contract import explains_rows, unexplained_reason
@@ -323,8 +323,8 @@ def test_the_replay_of_a_model_that_cannot_explain_here_has_no_why(fitted, hourl
 
 
 def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_each_cut_record(hourly_parts):
-    """GARLIC trained on the same hours (one small epoch): its importance at an hour is its built-in signal
-    importance of the record cut there, and the removal asks it again at that hour as it asks the baselines."""
+    """GARLIC trained on the same hours (one small epoch): its built-in signal importance at an hour is that of the
+    record cut there, and the removal asks it again at that hour as it asks the baselines."""
     import torch
 
     from garlic.config import Config
@@ -338,7 +338,7 @@ def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_ea
     )
     garlic = GarlicEstimator.of_run(config).fit(hourly_parts["train"], hourly_parts["validation"])
     test = hourly_parts["test"]
-    importance = row_importance(garlic, test)
+    importance = row_signal_importance(garlic, test)
     times = test.prediction_times
     row = int(np.flatnonzero(times.time == 24)[0])
     cut = test.tensors.subset(np.array([times.stay[row]]))
@@ -352,7 +352,7 @@ def test_garlic_is_measured_the_same_way_by_its_built_in_signal_importance_of_ea
     assert np.isfinite(drops[["drop_top", "drop_random", "drop_bottom"]].to_numpy()).all()
 
 
-def test_the_live_ward_shows_an_hourly_garlics_drivers_by_its_built_in_importance(hourly_parts):
+def test_the_live_ward_shows_an_hourly_garlics_drivers_by_integrated_gradients(hourly_parts):
     import pandas as pd
     import torch
 
@@ -373,6 +373,7 @@ def test_the_live_ward_shows_an_hourly_garlics_drivers_by_its_built_in_importanc
     asked = pd.DataFrame({"bed": "bed-0", "time": times.time[rows]})
     _, drivers = scorer.score(ward_readings(test, [0]), asked)
     importance = row_importance(garlic, test)[rows]
+    np.testing.assert_array_equal(importance, row_gradients(garlic, test)[rows])
     assert drivers == [top_drivers(row, test.tensors.variables, TOP_DRIVERS) for row in importance] and all(drivers)
 
 
@@ -381,7 +382,6 @@ def test_integrated_gradients_drivers_add_up_to_the_logit_above_a_record_with_no
 
     from garlic.config import Config
     from garlic.data.batches import collate
-    from garlic.methods.drivers import row_gradients
     from garlic.methods.garlic import GarlicEstimator
 
     config = Config.for_dataset("synthetic").override({"max_epochs": 1, "hidden_dim": 8, "feature_dim": 4})

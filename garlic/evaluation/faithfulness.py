@@ -3,7 +3,7 @@ explains its risks.
 
 At an alerted prediction time (a stay's record up to hour t), rank the variables the record has observed by up to t
 by the model's own importance at that hour (``garlic.methods.drivers.row_importance``: a method's contributions,
-or GARLIC's built-in signal importance on the record cut at t), then remove ``fraction`` of them (rounded half up,
+or GARLIC's integrated gradients of its logit at t), then remove ``fraction`` of them (rounded half up,
 as ``garlic.explain.removal.keep_count`` counts) and ask the model again at t:
 
 - ``top``: the highest-ranked ones (the drivers), ``bottom``: the lowest, ``random``: a seeded random choice.
@@ -103,7 +103,7 @@ def alert_faithfulness(
 ) -> pd.Series:
     """The mean drop in risk at the alerted prediction times (risk >= ``threshold``) when the top, a random or the
     bottom ``fraction`` of their variables are removed (``removal_drops``), ranked by ``explain`` (default: the
-    method's own explanation; ``garlic.methods.drivers.row_gradients``: integrated gradients), with how many were
+    method's drivers; ``garlic.methods.drivers.row_signal_importance``: GARLIC's built-in one), with how many were
     measured: at most ``max_alerts`` of them, drawn at random (seeded) where there are more."""
     risk = method.predict_proba(dataset)
     alerted = np.flatnonzero(risk >= threshold)

@@ -9,7 +9,8 @@ descriptors (age, sex ...) are readings too: a bed's newest value of each is its
 reading of a time-varying input has no risk (None).
 
 The drivers are the inputs that the model's own explanation ranks highest at that time: GARLIC's built-in one (the
-compact architecture; for an hourly GARLIC, on the record cut at each asked time), or the variables whose
+compact architecture, per stay; an hourly GARLIC's by integrated gradients of the record cut at each asked time,
+``garlic.methods.drivers``), or the variables whose
 contributions raised the risk most for a model that explains each risk by its variables (``contract.explains_rows``:
 gradient boosting's exact tree SHAP values, logistic regression's coefficient x value, per stay or at each hour;
 ``garlic.methods.drivers``). A model without one (the reference architecture, the floor, gradient boosting without
@@ -63,7 +64,7 @@ class BedScorer:
             not self.hourly and trained.explains and getattr(trained.model, "explanation_unavailable", None) is None
         )
         # Any other model that says what drove each risk (garlic.methods.drivers): by its variables' contributions,
-        # or an hourly GARLIC by its built-in importance of the record cut at each asked time
+        # or an hourly GARLIC by integrated gradients of the record cut at each asked time
         self.contributes = not self.explains and has_row_importance(trained.method)
         self.unexplained = unexplained_reason(trained.method)  # why a model that could explain does not here
         # asked of the model, not its class: one whose layers go on one step at a time (garlic.models.steps)

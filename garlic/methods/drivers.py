@@ -1,8 +1,13 @@
-"""What drove a model's risk at each prediction time, by the model's own explanation, whichever it is: a method's
-variable contributions (``contract.explains_rows``: gradient boosting's exact tree SHAP values, logistic
-regression's coefficient x value), or GARLIC's built-in signal importance of the record cut at that time (as the
-dashboard explains an hour). The live ward, ``garlic predict --hourly`` and the faithfulness measurement
-(``garlic.evaluation.faithfulness``) all read it here.
+"""What drove a model's risk at each prediction time: a method's variable contributions (``contract.explains_rows``:
+gradient boosting's exact tree SHAP values, logistic regression's coefficient x value), or, for GARLIC, the
+integrated gradients of its logit at that time, summed per variable (``row_gradients``). The live ward, ``garlic
+predict --hourly`` and the faithfulness measurement (``garlic.evaluation.faithfulness``) all read it here.
+
+Why gradients for GARLIC and not its built-in signal importance (``row_signal_importance``, what the dashboard draws
+for an hour): at P19's hourly alerts, removing the top half of the variables by the built-in importance lowered
+GARLIC's risk less than removing a random half, and the bottom half most; by integrated gradients, top > random >
+bottom, as for the boosting and the regression (``docs/results/alert-faithfulness.md``). A ward's drivers must be
+what the alarm needs.
 """
 
 from __future__ import annotations
@@ -24,35 +29,38 @@ def has_row_importance(method: Method) -> bool:
 
 
 def row_importance(method: Method, dataset: IrregularDataset) -> np.ndarray:
-    """[M, D] how much each variable drove the risk at each of the dataset's prediction times, by the method's own
-    explanation: its contributions (gradient boosting, logistic regression), or GARLIC's built-in signal importance
-    of the record cut at that time (as the dashboard explains an hour)."""
+    """[M, D] how much each variable drove the risk at each of the dataset's prediction times: the method's
+    contributions (gradient boosting, logistic regression), or GARLIC's integrated gradients (``row_gradients``)."""
     if explains_rows(method):
         return method.contributions(dataset)
     if has_row_importance(method):
-        from garlic.explain.built_in import explain
-
-        cut = dataset.tensors.cut_at_prediction_times()
-        importance = []
-        for start in range(0, len(cut), CHUNK_ROWS):
-            part = IrregularDataset(
-                cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))), dataset.normalisation
-            )
-            batch = collate([part[position] for position in range(len(part))])
-            importance.append(explain(method.model, batch, list(cut.variables)).signal.numpy())
-        return np.concatenate(importance) if importance else np.zeros((0, len(cut.variables)))
+        return row_gradients(method, dataset)
     name = getattr(method, "name", type(method).__name__)
     raise ValueError(
         f"{name} does not explain its risks" + (f": {unexplained_reason(method)}" if unexplained_reason(method) else "")
     )
 
 
+def row_signal_importance(method: Method, dataset: IrregularDataset) -> np.ndarray:
+    """[M, D] GARLIC's built-in signal importance of the record cut at each prediction time (as the dashboard explains
+    an hour): measured beside ``row_gradients``, not the bedside's drivers (the module's docstring)."""
+    from garlic.explain.built_in import explain
+
+    cut = dataset.tensors.cut_at_prediction_times()
+    importance = []
+    for start in range(0, len(cut), CHUNK_ROWS):
+        part = IrregularDataset(cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))), dataset.normalisation)
+        batch = collate([part[position] for position in range(len(part))])
+        importance.append(explain(method.model, batch, list(cut.variables)).signal.numpy())
+    return np.concatenate(importance) if importance else np.zeros((0, len(cut.variables)))
+
+
 def row_gradients(method: Method, dataset: IrregularDataset) -> np.ndarray:
     """[M, D] a network method's signed integrated gradients at each prediction time, per variable: the
     attribution of the logit of the record cut at that time to each observed cell (its value and observed flag
     together, from the record with nothing observed; ``garlic.explain.integrated_gradients``), summed over the
-    cell's variable. A gradient's drivers, beside a network's own (``row_importance``); in log-odds, as the
-    contributions of gradient boosting and logistic regression are."""
+    cell's variable: GARLIC's drivers (``row_importance``), in log-odds as the contributions of gradient boosting and
+    logistic regression are."""
     from garlic.explain.integrated_gradients import integrated_gradients
 
     cut = dataset.tensors.cut_at_prediction_times()
