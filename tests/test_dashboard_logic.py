@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import mlflow
@@ -37,7 +38,7 @@ from garlic.app.summary import (
 )
 from garlic.metrics.threshold import threshold_at_sensitivity
 from garlic.config import Config
-from garlic.data.batches import collate
+from garlic.data.batches import IrregularDataset, collate
 from garlic.data.datasets import processed_folder
 from garlic.models.compact import Garlic
 from garlic.models.network_config import NetworkConfig
@@ -47,6 +48,7 @@ from garlic.sources import physionet2019
 from garlic.sources.physionet2012 import format_record
 from garlic.sources.records import readers
 from garlic.io.tables import DatasetNotFoundError, read_processed
+from garlic.io.tensors import PredictionTimes
 from helpers import TinyRun, run_without_model, tiny_run
 
 
@@ -383,3 +385,21 @@ def test_a_physionet2019_record_is_read_and_its_unknown_variables_named(loaded, 
     misnamed.write_bytes(path.read_bytes())
     with pytest.raises(physionet2019.PhysioNet2019Error, match="pNNNNNN.psv"):
         physionet2019.read_record_files([misnamed])
+
+
+def test_an_hourly_runs_alert_drivers_in_the_replay_are_garlics_integrated_gradients_as_the_wards(loaded):
+    from garlic.methods.drivers import row_gradients
+
+    trained, test = loaded
+    replay = replay_stay(trained, test, 0)
+    index = len(replay.hours) - 1
+    hour = explain_hour(trained, replay, index, hourly=True)
+    assert hour.explanation is not None  # the built-in explanation is still drawn beside the drivers
+    # the ward's and predict's drivers at that hour: row_gradients of the stay asked at that hour
+    record = test.tensors.subset(np.array([0]))
+    asked = PredictionTimes(np.zeros(1, np.int64), replay.hours[index : index + 1].astype("float32"), np.zeros(1))
+    ward = row_gradients(trained.method, IrregularDataset(replace(record, task=asked), test.normalisation))[0]
+    np.testing.assert_allclose(hour.contributions.to_numpy(), ward, rtol=1e-4, atol=1e-6)
+    raised = [name for name in hour.contributions.sort_values(ascending=False).index if hour.contributions[name] > 0]
+    assert [name for name, _ in drivers_at(hour)] == raised[:2]
+    assert explain_hour(trained, replay, index).contributions is None  # a per-stay run: the built-in signals

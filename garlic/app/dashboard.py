@@ -110,6 +110,14 @@ def cached_predictions(store: str, run_id: str, part: str) -> pd.DataFrame:
     return sources.predictions(Path(store), run_id, part)
 
 
+def hourly_run(store: str, run_id: str) -> bool:
+    """Whether the run was tested at prediction times (an hourly task: its test predictions have a time each)."""
+    try:
+        return "time" in cached_predictions(store, run_id, "test")
+    except RunNotFoundError:  # a run that logged no predictions is replayed as a per-stay one
+        return False
+
+
 @st.cache_resource(show_spinner=False)
 def cached_artifact(store: str, run_id: str, path: str) -> bytes | None:
     return sources.artifact_bytes(Path(store), run_id, path)
@@ -406,7 +414,14 @@ def replayed_hour(last_hour: int, speed: float) -> int:
 
 @shown_plainly
 def bedside_view(
-    replay: Replay, title: str, policy: AlertPolicy, trained: SavedMethod, speed: float, timed: bool, onsets: pd.Series
+    replay: Replay,
+    title: str,
+    policy: AlertPolicy,
+    trained: SavedMethod,
+    speed: float,
+    timed: bool,
+    onsets: pd.Series,
+    hourly: bool = False,
 ) -> None:
     last_hour = int(replay.hours[-1])
     if st.session_state.playing != timed:
@@ -440,7 +455,7 @@ def bedside_view(
     )
     now = hour - 1
     risk = replay.risk[now]
-    explained = explain_hour(trained, replay, now)
+    explained = explain_hour(trained, replay, now, hourly)
     drivers = drivers_at(explained)
     trend = risk_trend(replay.risk, now)
 
@@ -705,7 +720,7 @@ def page(config: argparse.Namespace) -> None:
         playing = st.session_state.playing
         onsets = cached_onsets(store, run_id, data_root) if source == TEST_SPLIT else pd.Series(dtype=float)
         st.fragment(bedside_view, run_every=1.0 / speed if playing else None)(
-            replay, title, policy, trained, speed, playing, onsets
+            replay, title, policy, trained, speed, playing, onsets, hourly_run(store, run_id)
         )
 
 

@@ -26,7 +26,7 @@ import torch
 from garlic.app.summary import value_direction
 from garlic.data.batches import Batch, IrregularDataset
 from garlic.explain.built_in import Explanation, explain
-from garlic.explain.integrated_gradients import gradient_explanation
+from garlic.explain.integrated_gradients import gradient_explanation, integrated_gradients
 from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
 from garlic.methods.saved import SavedMethod
@@ -170,10 +170,12 @@ def replay_stay(trained: SavedMethod, dataset: IrregularDataset, position: int) 
     return Replay(int(dataset.stay_ids[position]), hours, method_risk_curve(trained, record, hours), stay, record)
 
 
-def explain_hour(trained: SavedMethod, replay: Replay, index: int) -> Hour:
+def explain_hour(trained: SavedMethod, replay: Replay, index: int, hourly: bool = False) -> Hour:
     """Observation-, signal- and edge-level importance of the risk at hour ``hours[index]``: the model's built-in
     explanation, integrated gradients (no edges) for a GARLIC model without one; for another method, its variables'
-    contributions where it explains each risk by them (none before the first observation), else nothing."""
+    contributions where it explains each risk by them (none before the first observation), else nothing. For an
+    ``hourly`` run's GARLIC, also its variables' integrated gradients at the hour as contributions: the drivers the
+    ward and ``garlic predict`` name for its alerts (``garlic.methods.drivers``)."""
     batch = prefix_batch(replay.stay, replay.hours[index : index + 1])
     if not trained.explains:
         contributions = None
@@ -188,7 +190,11 @@ def explain_hour(trained: SavedMethod, replay: Replay, index: int) -> Hour:
         explanation = explain(trained.model, batch, trained.variables)
     else:
         explanation = gradient_explanation(trained.model, batch, trained.variables)
-    return Hour(replay.stay_id, float(replay.hours[index]), batch, explanation)
+    gradients = None
+    if hourly:
+        attribution = integrated_gradients(trained.model, batch).sum(1)[0].numpy()
+        gradients = pd.Series(attribution, index=trained.variables, name="contribution")
+    return Hour(replay.stay_id, float(replay.hours[index]), batch, explanation, gradients)
 
 
 def observations_at(hour: Hour, trained: SavedMethod) -> pd.DataFrame:
@@ -234,13 +240,14 @@ def contribution_bars(hour: Hour, top: int = 10) -> pd.DataFrame:
 
 
 def drivers_at(hour: Hour, top: int = 2) -> list[tuple[str, str | None]]:
-    """The ``top`` most important variables at the hour (for a method explained by contributions, those that raised
-    the risk most) and which way each has moved lately (none without an explanation)."""
-    if hour.explanation is not None:
+    """The ``top`` variables that drove the risk at the hour (by contributions where the hour has them: those that
+    raised the risk most; else the most important signals) and which way each has moved lately (none without an
+    explanation)."""
+    if hour.contributions is not None:
+        names, variables = contribution_bars(hour, top)["variable"], list(hour.contributions.index)
+    elif hour.explanation is not None:
         signals = signals_at(hour)
         names, variables = signals[signals > 0].index[:top], hour.explanation.variables
-    elif hour.contributions is not None:
-        names, variables = contribution_bars(hour, top)["variable"], list(hour.contributions.index)
     else:
         return []
     drivers = []
