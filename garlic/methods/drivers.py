@@ -12,9 +12,11 @@ what the alarm needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from garlic.data.batches import IrregularDataset, collate
+from garlic.data.batches import Batch, IrregularDataset, collate
 from garlic.explain.contributions import top_drivers
 from garlic.methods.contract import Method, explains, explains_rows, unexplained_reason
 
@@ -46,13 +48,8 @@ def row_signal_importance(method: Method, dataset: IrregularDataset) -> np.ndarr
     an hour): measured beside ``row_gradients``, not the bedside's drivers (the module's docstring)."""
     from garlic.explain.built_in import explain
 
-    cut = dataset.tensors.cut_at_prediction_times()
-    importance = []
-    for start in range(0, len(cut), CHUNK_ROWS):
-        part = IrregularDataset(cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))), dataset.normalisation)
-        batch = collate([part[position] for position in range(len(part))])
-        importance.append(explain(method.model, batch, list(cut.variables)).signal.numpy())
-    return np.concatenate(importance) if importance else np.zeros((0, len(cut.variables)))
+    variables = list(dataset.tensors.variables)
+    return _per_cut_record(dataset, lambda batch: explain(method.model, batch, variables).signal.numpy())
 
 
 def row_gradients(method: Method, dataset: IrregularDataset) -> np.ndarray:
@@ -63,13 +60,17 @@ def row_gradients(method: Method, dataset: IrregularDataset) -> np.ndarray:
     logistic regression are."""
     from garlic.explain.integrated_gradients import integrated_gradients
 
+    return _per_cut_record(dataset, lambda batch: integrated_gradients(method.model, batch).sum(1).numpy())
+
+
+def _per_cut_record(dataset: IrregularDataset, per_variable: Callable[[Batch], np.ndarray]) -> np.ndarray:
+    """[M, D] ``per_variable`` of batches of the records cut at each prediction time, ``CHUNK_ROWS`` at a time."""
     cut = dataset.tensors.cut_at_prediction_times()
-    attributions = []
+    rows = []
     for start in range(0, len(cut), CHUNK_ROWS):
         part = IrregularDataset(cut.subset(np.arange(start, min(start + CHUNK_ROWS, len(cut)))), dataset.normalisation)
-        batch = collate([part[position] for position in range(len(part))])
-        attributions.append(integrated_gradients(method.model, batch).sum(1).numpy())
-    return np.concatenate(attributions) if attributions else np.zeros((0, len(cut.variables)))
+        rows.append(per_variable(collate([part[position] for position in range(len(part))])))
+    return np.concatenate(rows) if rows else np.zeros((0, len(cut.variables)))
 
 
 def drivers(method: Method, dataset: IrregularDataset, variables: list[str], top: int) -> list[list[str]]:
