@@ -646,18 +646,13 @@ def goal_table(out: Path, runs: pd.DataFrame, per_alert: pd.DataFrame, sites: pd
     what it misses, and, read from the test stays' burden curve (not a choice: no threshold is chosen on test), the
     best PPV any threshold gives at the goal's sensitivity."""
     rows, chosen = [], complete(runs)
-
-    def curve(method: str, protocol_name: str, splits) -> pd.DataFrame:
-        frames = [read_curve(parts_path(out, method, protocol_name, int(split), "curve")) for split in splits]
-        return sum(frame.set_index("threshold") for frame in frames).reset_index()
-
     for point in per_alert[per_alert["protocol"] != "cross-hospital"].itertuples():
         splits = chosen[(chosen["method"] == point.method) & (chosen["protocol"] == point.protocol)]["split"]
-        best = frontier(curve(point.method, point.protocol, splits), GOALS["within"][0][2])
+        best = frontier(pooled_curve(out, point.method, point.protocol, splits), GOALS["within"][0][2])
         rows.append(goal_row(point, point.protocol, "chosen on validation", "within", best))
     for point in sites[sites["policy"].isin(SITE_POLICIES)].dropna(subset=["alert_threshold"]).itertuples():
         split = 0 if point.direction == "A->B" else 1
-        best = frontier(curve(point.method, "cross-hospital", [split]), GOALS["across"][0][2])
+        best = frontier(pooled_curve(out, point.method, "cross-hospital", [split]), GOALS["across"][0][2])
         rows.append(goal_row(point, f"cross-hospital {point.direction}", point.policy, "across", best))
     return pd.DataFrame(rows)
 
@@ -712,6 +707,12 @@ def goal_report(goals: pd.DataFrame) -> list[str]:
     return lines
 
 
+def pooled_curve(out: Path, method: str, protocol_name: str, splits) -> pd.DataFrame:
+    """The archived burden curves of a method's units on ``splits`` of a protocol, summed (their counts add up)."""
+    frames = [read_curve(parts_path(out, method, protocol_name, int(split), "curve")) for split in splits]
+    return sum(frame.set_index("threshold") for frame in frames).reset_index()
+
+
 def read_curve(path: Path) -> pd.DataFrame:
     """A unit's archived burden curve, refused naming the file when its columns are not ``CURVE_COLUMNS``."""
     curve = pd.read_csv(path)
@@ -728,10 +729,7 @@ def burden_figures(out: Path, runs: pd.DataFrame, summary: pd.DataFrame) -> list
     for protocol_name, group in complete(runs).groupby("protocol", sort=False):
         curves, chosen = {}, {}
         for method, of_method in group.groupby("method", sort=False):
-            frames = [
-                read_curve(parts_path(out, method, protocol_name, int(split), "curve")) for split in of_method["split"]
-            ]
-            curves[method] = alerting.curve_scores(sum(frame.set_index("threshold") for frame in frames).reset_index())
+            curves[method] = alerting.curve_scores(pooled_curve(out, method, protocol_name, of_method["split"]))
             point = summary[(summary["method"] == method) & (summary["protocol"] == protocol_name)].iloc[0]
             chosen[method] = (point["alerts_per_100_days"], point["sensitivity"], point["ppv"])
         figure = plots.burden_figure(curves, chosen, f"P19 hourly, {protocol_name}: test stays pooled")

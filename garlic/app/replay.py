@@ -26,12 +26,13 @@ import torch
 from garlic.app.summary import value_direction
 from garlic.data.batches import Batch, IrregularDataset
 from garlic.explain.built_in import Explanation, explain
-from garlic.explain.integrated_gradients import gradient_explanation, integrated_gradients
+from garlic.explain.integrated_gradients import gradient_explanation
 from garlic.explain.report import observation_table
 from garlic.models.compact import Garlic, at_last_step, step_mask
 from garlic.methods.saved import SavedMethod
 from garlic.io.tensors import IrregularTensors, PredictionTimes
 from garlic.methods.contract import answers_prediction_times, explains_rows
+from garlic.methods.drivers import gradient_contributions
 
 Stay = dict[str, torch.Tensor]  # one stay as an IrregularDataset item: values, mask, times, lengths, static, labels
 
@@ -192,7 +193,7 @@ def explain_hour(trained: SavedMethod, replay: Replay, index: int, hourly: bool 
         explanation = gradient_explanation(trained.model, batch, trained.variables)
     gradients = None
     if hourly:
-        attribution = integrated_gradients(trained.model, batch).sum(1)[0].numpy()
+        attribution = gradient_contributions(trained.model, batch)[0]
         gradients = pd.Series(attribution, index=trained.variables, name="contribution")
     return Hour(replay.stay_id, float(replay.hours[index]), batch, explanation, gradients)
 

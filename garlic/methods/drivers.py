@@ -58,9 +58,15 @@ def row_gradients(method: Method, dataset: IrregularDataset) -> np.ndarray:
     together, from the record with nothing observed; ``garlic.explain.integrated_gradients``), summed over the
     cell's variable: GARLIC's drivers (``row_importance``), in log-odds as the contributions of gradient boosting and
     logistic regression are."""
+    return _per_cut_record(dataset, lambda batch: gradient_contributions(method.model, batch))
+
+
+def gradient_contributions(model, batch: Batch) -> np.ndarray:
+    """[B, D] each stay's integrated gradients of its logit (``garlic.explain.integrated_gradients``) summed per
+    variable: the drivers of ``row_gradients`` for records already batched (the dashboard's hour)."""
     from garlic.explain.integrated_gradients import integrated_gradients
 
-    return _per_cut_record(dataset, lambda batch: integrated_gradients(method.model, batch).sum(1).numpy())
+    return integrated_gradients(model, batch).sum(1).numpy()
 
 
 def _per_cut_record(dataset: IrregularDataset, per_variable: Callable[[Batch], np.ndarray]) -> np.ndarray:
