@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from garlic.data.batches import IrregularDataset
-from garlic.methods.contract import check_fitted
 from garlic.methods.garlic import GarlicEstimator
 from garlic.methods.hourly import HourlyModel, hourly_features
 from garlic.models.network_config import NetworkConfig
@@ -59,7 +58,6 @@ class HourlyStacked(HourlyModel):
 
     def features(self, dataset: IrregularDataset) -> np.ndarray:
         """[M, hourly features + 1]: ``hourly_features`` and GARLIC's log-odds at each prediction time."""
-        check_fitted(self.garlic_)
         risk = np.clip(np.asarray(self.garlic_.predict_proba(dataset), dtype="float64"), SURE, 1 - SURE)
         return np.column_stack([hourly_features(dataset.tensors), np.log(risk / (1 - risk))]).astype("float32")
 
